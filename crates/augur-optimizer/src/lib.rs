@@ -1,0 +1,17 @@
+//! Augur's optimizers as pure functions over plain data.
+//!
+//! Nothing here does IO, spawns tasks or reads a clock: given the same search space, history
+//! and seed, every designer returns the same suggestions. The service turns stored trials into
+//! a [`DesignerInput`] and stores what comes back.
+
+pub mod designer;
+pub mod grid;
+pub mod quasi_random;
+pub mod random;
+pub mod space;
+
+pub use designer::{
+    Algorithm, CompletedTrial, Designer, DesignerInput, DesignerOutput, Goal, MetricSpec, Outcome,
+    designer_for,
+};
+pub use space::{Assignment, Child, Parameter, ParameterKind, Scale, SearchSpace, Value};
