@@ -58,11 +58,24 @@ pub enum Scale {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ParameterKind {
-    Double { min: f64, max: f64, scale: Scale },
-    Integer { min: i64, max: i64, scale: Scale },
+    Double {
+        min: f64,
+        max: f64,
+        scale: Scale,
+    },
+    Integer {
+        min: i64,
+        max: i64,
+        scale: Scale,
+    },
     /// Strictly increasing numeric values.
-    Discrete { values: Vec<f64>, scale: Scale },
-    Categorical { values: Vec<String> },
+    Discrete {
+        values: Vec<f64>,
+        scale: Scale,
+    },
+    Categorical {
+        values: Vec<String>,
+    },
 }
 
 /// Parameters that are active only when their parent takes one of `when`.
@@ -211,9 +224,7 @@ fn to_unit(x: f64, min: f64, max: f64, scale: Scale) -> f64 {
         Scale::Linear => (x - min) / (max - min),
         Scale::Log => (x.ln() - min.ln()) / (max.ln() - min.ln()),
         // Reverse log: 1 - log-position of the mirrored value (max + min - x).
-        Scale::ReverseLog => {
-            1.0 - ((max + min - x).ln() - min.ln()) / (max.ln() - min.ln())
-        }
+        Scale::ReverseLog => 1.0 - ((max + min - x).ln() - min.ln()) / (max.ln() - min.ln()),
     };
     u.clamp(0.0, 1.0)
 }
@@ -280,7 +291,10 @@ impl SearchSpace {
                     return Err((p.id.clone(), "missing value for an active parameter".into()));
                 };
                 if !p.kind.contains(v) {
-                    return Err((p.id.clone(), format!("{v:?} is outside the parameter's domain")));
+                    return Err((
+                        p.id.clone(),
+                        format!("{v:?} is outside the parameter's domain"),
+                    ));
                 }
                 active.push(&p.id);
                 for child in &p.children {
@@ -294,7 +308,10 @@ impl SearchSpace {
         let mut active = Vec::new();
         walk(&self.parameters, assignment, &mut active)?;
         if let Some(extra) = assignment.keys().find(|k| !active.contains(&k.as_str())) {
-            return Err((extra.clone(), "not an active parameter of this search space".into()));
+            return Err((
+                extra.clone(),
+                "not an active parameter of this search space".into(),
+            ));
         }
         Ok(())
     }
