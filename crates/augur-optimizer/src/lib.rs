@@ -14,4 +14,5 @@ pub use designer::{
     Algorithm, CompletedTrial, Designer, DesignerInput, DesignerOutput, Goal, MetricSpec, Outcome,
     designer_for,
 };
+pub use grid::{DEFAULT_GRID_RESOLUTION, grid_size};
 pub use space::{Assignment, Child, Parameter, ParameterKind, Scale, SearchSpace, Value};
