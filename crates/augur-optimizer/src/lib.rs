@@ -9,6 +9,7 @@ pub mod grid;
 pub mod quasi_random;
 pub mod random;
 pub mod space;
+pub mod stopping;
 
 pub use designer::{
     Algorithm, CompletedTrial, Designer, DesignerInput, DesignerOutput, Goal, MetricSpec, Outcome,
@@ -16,3 +17,4 @@ pub use designer::{
 };
 pub use grid::{DEFAULT_GRID_RESOLUTION, grid_size};
 pub use space::{Assignment, Child, Parameter, ParameterKind, Scale, SearchSpace, Value};
+pub use stopping::{StoppingRule, should_stop};
