@@ -95,8 +95,7 @@ pub fn designer_for(algorithm: Algorithm) -> Box<dyn Designer> {
         Algorithm::Random => Box::new(crate::random::RandomDesigner),
         Algorithm::QuasiRandom => Box::new(crate::quasi_random::QuasiRandomDesigner),
         Algorithm::Grid => Box::new(crate::grid::GridDesigner::default()),
-        // Until the GP bandit lands, its slot is served by the quasi-random designer.
-        Algorithm::GpBandit => Box::new(crate::quasi_random::QuasiRandomDesigner),
+        Algorithm::GpBandit => Box::new(crate::gp_bandit::GpBanditDesigner::default()),
     }
 }
 

@@ -5,11 +5,14 @@
 //! a [`DesignerInput`] and stores what comes back.
 
 pub mod designer;
+pub mod gp;
+pub mod gp_bandit;
 pub mod grid;
 pub mod quasi_random;
 pub mod random;
 pub mod space;
 pub mod stopping;
+pub mod test_functions;
 
 pub use designer::{
     Algorithm, CompletedTrial, Designer, DesignerInput, DesignerOutput, Goal, MetricSpec, Outcome,

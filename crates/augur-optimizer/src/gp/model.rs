@@ -1,0 +1,386 @@
+//! A zero-mean GP regression model: MAP hyperparameters and the posterior.
+//!
+//! The log marginal likelihood (Rasmussen & Williams 2006, eq. 5.8) on standardized outputs
+//! `y` with `K = K_f + σ_n² I`:
+//! `−ln p(y|θ) = ½ yᵀK⁻¹y + ½ ln|K| + n/2 ln 2π`, and its gradient (eq. 5.9)
+//! `∂/∂θ_j = −½ tr((ααᵀ − K⁻¹) ∂K/∂θ_j)` with `α = K⁻¹y`.
+//! We minimize it plus weak normal priors on `θ` (log-normal priors on the hyperparameters)
+//! with L-BFGS (argmin) from several starts.
+
+use std::cell::RefCell;
+
+use argmin::core::{CostFunction, Error, Executor, Gradient, State};
+use argmin::solver::linesearch::MoreThuenteLineSearch;
+use argmin::solver::quasinewton::LBFGS;
+use nalgebra::{Cholesky, DMatrix, DVector, Dyn};
+use rand::{Rng, RngExt};
+
+use super::kernel::{Hyper, length_scale_factor, matern52, scaled_r2};
+
+/// Prior means and standard deviations of `θ` (for standardized outputs on `[0, 1]^D`):
+/// signal variance around 1, length scales around 0.5, noise around 1e-3, each within a
+/// factor of e^σ.
+const PRIOR_LN_AMPLITUDE: (f64, f64) = (0.0, 1.0);
+const PRIOR_LN_LENGTH_SCALE: (f64, f64) = (-0.693, 1.0);
+const PRIOR_LN_NOISE: (f64, f64) = (-6.9, 2.0);
+/// Hard box for `θ`, enforced by a steep quadratic penalty outside it (argmin's L-BFGS is
+/// unbounded).
+const BOUNDS_AMPLITUDE: (f64, f64) = (-4.6, 4.6);
+const BOUNDS_LENGTH_SCALE: (f64, f64) = (-4.6, 3.0);
+const BOUNDS_NOISE: (f64, f64) = (-18.0, 0.0);
+
+/// The default starting point of the hyperparameter search (the prior means).
+pub fn default_theta(dim: usize) -> Vec<f64> {
+    let mut t = vec![PRIOR_LN_LENGTH_SCALE.0; dim + 2];
+    t[0] = PRIOR_LN_AMPLITUDE.0;
+    t[dim + 1] = PRIOR_LN_NOISE.0;
+    t
+}
+
+fn prior_and_bounds(dim: usize, j: usize) -> ((f64, f64), (f64, f64)) {
+    if j == 0 {
+        (PRIOR_LN_AMPLITUDE, BOUNDS_AMPLITUDE)
+    } else if j == dim + 1 {
+        (PRIOR_LN_NOISE, BOUNDS_NOISE)
+    } else {
+        (PRIOR_LN_LENGTH_SCALE, BOUNDS_LENGTH_SCALE)
+    }
+}
+
+/// `K_f` (noise-free kernel matrix) of `x`.
+fn kernel_matrix(h: &Hyper, x: &[Vec<f64>]) -> DMatrix<f64> {
+    let n = x.len();
+    let mut k = DMatrix::zeros(n, n);
+    for a in 0..n {
+        k[(a, a)] = h.amplitude;
+        for b in 0..a {
+            let v = h.k(&x[a], &x[b]);
+            k[(a, b)] = v;
+            k[(b, a)] = v;
+        }
+    }
+    k
+}
+
+/// Cholesky of `K_f + noise·I`, adding jitter (growing tenfold, up to 1e-2 of the
+/// amplitude) until it succeeds.
+pub fn robust_cholesky(
+    mut k: DMatrix<f64>,
+    noise: f64,
+    amplitude: f64,
+) -> Option<Cholesky<f64, Dyn>> {
+    let n = k.nrows();
+    for i in 0..n {
+        k[(i, i)] += noise;
+    }
+    if let Some(c) = k.clone().cholesky() {
+        return Some(c);
+    }
+    let mut jitter = 1e-8 * amplitude.max(1e-12);
+    while jitter <= 1e-2 * amplitude.max(1e-12) {
+        let mut kj = k.clone();
+        for i in 0..n {
+            kj[(i, i)] += jitter;
+        }
+        if let Some(c) = kj.cholesky() {
+            return Some(c);
+        }
+        jitter *= 10.0;
+    }
+    None
+}
+
+/// Negative log posterior of `θ` (up to a constant) and its gradient.
+pub fn neg_log_posterior(
+    x: &[Vec<f64>],
+    y: &DVector<f64>,
+    theta: &[f64],
+) -> Option<(f64, Vec<f64>)> {
+    let n = x.len();
+    let dim = theta.len() - 2;
+    let h = Hyper::from_theta(theta);
+    let kf = kernel_matrix(&h, x);
+    let chol = robust_cholesky(kf.clone(), h.noise, h.amplitude)?;
+    let alpha = chol.solve(y);
+    let log_det: f64 = 2.0
+        * chol
+            .l_dirty()
+            .diagonal()
+            .iter()
+            .map(|v| v.ln())
+            .sum::<f64>();
+    let mut cost =
+        0.5 * y.dot(&alpha) + 0.5 * log_det + 0.5 * n as f64 * (2.0 * std::f64::consts::PI).ln();
+    // W = K⁻¹ − ααᵀ, so that ∂cost/∂θ_j = ½ Σ_ab W_ab ∂K_ab/∂θ_j.
+    let mut w = chol.inverse();
+    w.ger(-1.0, &alpha, &alpha, 1.0);
+    let mut grad = vec![0.0; theta.len()];
+    for a in 0..n {
+        // Diagonal: ∂K_aa/∂ln σ² = σ², ∂K_aa/∂ln σ_n² = σ_n² − floor, length scales: 0.
+        grad[0] += 0.5 * w[(a, a)] * h.amplitude;
+        grad[dim + 1] += 0.5 * w[(a, a)] * (h.noise - super::kernel::NOISE_FLOOR);
+        for b in 0..a {
+            let wab = w[(a, b)]; // counted twice (a, b) and (b, a)
+            grad[0] += wab * kf[(a, b)];
+            let r = scaled_r2(&h.inv_ls2, &x[a], &x[b]).sqrt();
+            let c = wab * length_scale_factor(h.amplitude, r);
+            for j in 0..dim {
+                let d = x[a][j] - x[b][j];
+                grad[1 + j] += c * d * d * h.inv_ls2[j];
+            }
+        }
+    }
+    for (j, t) in theta.iter().enumerate() {
+        let ((mu, sd), (lo, hi)) = prior_and_bounds(dim, j);
+        cost += 0.5 * ((t - mu) / sd).powi(2);
+        grad[j] += (t - mu) / (sd * sd);
+        let excess = if *t < lo {
+            t - lo
+        } else if *t > hi {
+            t - hi
+        } else {
+            0.0
+        };
+        cost += 100.0 * excess * excess;
+        grad[j] += 200.0 * excess;
+    }
+    (cost.is_finite() && grad.iter().all(|g| g.is_finite())).then_some((cost, grad))
+}
+
+/// The objective handed to argmin; caches the last evaluation because L-BFGS asks for the
+/// cost and the gradient of the same point one after the other.
+struct Objective<'a> {
+    x: &'a [Vec<f64>],
+    y: &'a DVector<f64>,
+    cache: RefCell<Option<(Vec<f64>, Option<(f64, Vec<f64>)>)>>,
+}
+
+impl Objective<'_> {
+    fn eval(&self, theta: &DVector<f64>) -> Option<(f64, Vec<f64>)> {
+        let t: Vec<f64> = theta.iter().copied().collect();
+        if let Some((ct, v)) = self.cache.borrow().as_ref()
+            && *ct == t
+        {
+            return v.clone();
+        }
+        let v = neg_log_posterior(self.x, self.y, &t);
+        *self.cache.borrow_mut() = Some((t, v.clone()));
+        v
+    }
+}
+
+impl CostFunction for Objective<'_> {
+    type Param = DVector<f64>;
+    type Output = f64;
+    fn cost(&self, p: &Self::Param) -> Result<f64, Error> {
+        // A failed factorization is a very bad point, not an error: the line search backs off.
+        Ok(self.eval(p).map_or(1e30, |(c, _)| c))
+    }
+}
+
+impl Gradient for Objective<'_> {
+    type Param = DVector<f64>;
+    type Gradient = DVector<f64>;
+    fn gradient(&self, p: &Self::Param) -> Result<DVector<f64>, Error> {
+        match self.eval(p) {
+            Some((_, g)) => Ok(DVector::from_vec(g)),
+            None => Err(Error::msg("kernel matrix is not positive definite")),
+        }
+    }
+}
+
+/// Fitting effort.
+#[derive(Debug, Clone, Copy)]
+pub struct FitOptions {
+    /// Random starts (around the prior mean) besides the given ones.
+    pub random_starts: usize,
+    /// L-BFGS runs, from the best starting points.
+    pub runs: usize,
+    pub max_iters: u64,
+}
+
+/// MAP hyperparameters for `(x, y)`: L-BFGS from the best of `starts` plus random draws
+/// from the prior. Returns the best `θ` found (a start if every run fails).
+pub fn fit_theta(
+    x: &[Vec<f64>],
+    y: &DVector<f64>,
+    starts: &[Vec<f64>],
+    options: FitOptions,
+    rng: &mut impl Rng,
+) -> Vec<f64> {
+    let dim = x.first().map_or(0, Vec::len);
+    let mut candidates: Vec<Vec<f64>> = starts
+        .iter()
+        .filter(|s| s.len() == dim + 2 && s.iter().all(|v| v.is_finite()))
+        .cloned()
+        .collect();
+    candidates.push(default_theta(dim));
+    for _ in 0..options.random_starts {
+        let t: Vec<f64> = (0..dim + 2)
+            .map(|j| {
+                let ((mu, sd), (lo, hi)) = prior_and_bounds(dim, j);
+                // A uniform draw over ±1.5 prior sd: crude, but bounded and cheap.
+                (mu + sd * 1.5 * (2.0 * rng.random::<f64>() - 1.0)).clamp(lo, hi)
+            })
+            .collect();
+        candidates.push(t);
+    }
+    let mut scored: Vec<(f64, Vec<f64>)> = candidates
+        .into_iter()
+        .map(|t| {
+            (
+                neg_log_posterior(x, y, &t).map_or(f64::INFINITY, |v| v.0),
+                t,
+            )
+        })
+        .collect();
+    scored.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut best = scored[0].clone();
+    for (_, start) in scored.iter().take(options.runs.max(1)) {
+        let objective = Objective {
+            x,
+            y,
+            cache: RefCell::new(None),
+        };
+        let Ok(solver) = LBFGS::new(MoreThuenteLineSearch::new(), 7).with_tolerance_grad(1e-5)
+        else {
+            continue;
+        };
+        let result = Executor::new(objective, solver)
+            .configure(|s| {
+                s.param(DVector::from_vec(start.clone()))
+                    .max_iters(options.max_iters)
+            })
+            .run();
+        if let Ok(res) = result
+            && let Some(p) = res.state().get_best_param()
+        {
+            let cost = res.state().get_best_cost();
+            if cost < best.0 {
+                best = (cost, p.iter().copied().collect());
+            }
+        }
+    }
+    best.1
+}
+
+/// A fitted posterior over a set of points. With `alpha` it predicts means; without (a
+/// covariance-only posterior including pending points) only variances.
+pub struct Posterior {
+    pub hyper: Hyper,
+    x: Vec<Vec<f64>>,
+    chol: Cholesky<f64, Dyn>,
+    alpha: Option<DVector<f64>>,
+}
+
+impl Posterior {
+    /// Condition on `x` with outputs `y` (`None`: covariance only).
+    pub fn new(hyper: Hyper, x: Vec<Vec<f64>>, y: Option<&DVector<f64>>) -> Option<Self> {
+        let chol = robust_cholesky(kernel_matrix(&hyper, &x), hyper.noise, hyper.amplitude)?;
+        let alpha = y.map(|y| chol.solve(y));
+        Some(Posterior {
+            hyper,
+            x,
+            chol,
+            alpha,
+        })
+    }
+
+    /// Posterior means (zeros for a covariance-only posterior) and variances of the latent
+    /// function at `points`: `μ = k*ᵀα`, `σ² = k** − ‖L⁻¹k*‖²`.
+    pub fn predict(&self, points: &[Vec<f64>]) -> (Vec<f64>, Vec<f64>) {
+        let (n, m) = (self.x.len(), points.len());
+        let mut ks = DMatrix::zeros(n, m);
+        for (c, p) in points.iter().enumerate() {
+            for (r, xi) in self.x.iter().enumerate() {
+                ks[(r, c)] = matern52(
+                    self.hyper.amplitude,
+                    scaled_r2(&self.hyper.inv_ls2, xi, p).sqrt(),
+                );
+            }
+        }
+        let mean = match &self.alpha {
+            Some(a) => (ks.transpose() * a).iter().copied().collect(),
+            None => vec![0.0; m],
+        };
+        let v = self
+            .chol
+            .l_dirty()
+            .solve_lower_triangular(&ks)
+            .unwrap_or_else(|| DMatrix::zeros(n, m));
+        let var = (0..m)
+            .map(|c| (self.hyper.amplitude - v.column(c).norm_squared()).max(1e-12))
+            .collect();
+        (mean, var)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{SeedableRng, rngs::StdRng};
+
+    #[test]
+    fn likelihood_gradient_matches_finite_differences() {
+        let mut rng = StdRng::seed_from_u64(1);
+        let x: Vec<Vec<f64>> = (0..12)
+            .map(|_| (0..3).map(|_| rng.random::<f64>()).collect())
+            .collect();
+        let y = DVector::from_iterator(12, x.iter().map(|p| (5.0 * p[0]).sin() + p[1] * p[1]));
+        // One length scale outside its bounds so the penalty's gradient is checked too.
+        let theta = [0.2, -1.0, 3.5, -0.3, -4.0];
+        let (_, grad) = neg_log_posterior(&x, &y, &theta).expect("positive definite");
+        for j in 0..theta.len() {
+            let eps = 1e-5;
+            let mut tp = theta;
+            tp[j] += eps;
+            let mut tm = theta;
+            tm[j] -= eps;
+            let fp = neg_log_posterior(&x, &y, &tp).map_or(f64::NAN, |v| v.0);
+            let fm = neg_log_posterior(&x, &y, &tm).map_or(f64::NAN, |v| v.0);
+            let numeric = (fp - fm) / (2.0 * eps);
+            assert!(
+                (grad[j] - numeric).abs() < 1e-4 * numeric.abs().max(1.0),
+                "θ_{j}: {} vs {numeric}",
+                grad[j]
+            );
+        }
+    }
+
+    #[test]
+    fn posterior_of_one_point_matches_the_hand_computed_values() {
+        // One observation y = 2 at 0, σ² = 1, ℓ = 1, noise ≈ 1e-6: at distance 0.5 the
+        // correlation is ρ = (1 + √5/2 + 5/12) e^{−√5/2} = 0.8286..., so μ = 2ρ/(1+σ_n²) and
+        // σ² = 1 − ρ²/(1+σ_n²).
+        let theta = [0.0, 0.0, -40.0];
+        let h = Hyper::from_theta(&theta);
+        let y = DVector::from_vec(vec![2.0]);
+        let post = Posterior::new(h, vec![vec![0.0]], Some(&y)).expect("factorizes");
+        let (mean, var) = post.predict(&[vec![0.5], vec![0.0]]);
+        let rho = (1.0 + 5f64.sqrt() / 2.0 + 5.0 / 12.0) * (-5f64.sqrt() / 2.0).exp();
+        assert!((rho - 0.828_6).abs() < 1e-3);
+        assert!((mean[0] - 2.0 * rho).abs() < 1e-5, "{}", mean[0]);
+        assert!((var[0] - (1.0 - rho * rho)).abs() < 1e-5, "{}", var[0]);
+        assert!((mean[1] - 2.0).abs() < 1e-5 && var[1] < 1e-5);
+    }
+
+    #[test]
+    fn fitting_finds_a_long_length_scale_for_an_irrelevant_feature() {
+        let mut rng = StdRng::seed_from_u64(2);
+        let x: Vec<Vec<f64>> = (0..30)
+            .map(|_| (0..2).map(|_| rng.random::<f64>()).collect())
+            .collect();
+        let y = DVector::from_iterator(30, x.iter().map(|p| (6.0 * p[0]).sin()));
+        let y = &y - DVector::from_element(30, y.mean());
+        let options = FitOptions {
+            random_starts: 3,
+            runs: 2,
+            max_iters: 50,
+        };
+        let theta = fit_theta(&x, &y, &[], options, &mut rng);
+        assert!(
+            theta[2] > theta[1] + 1.0,
+            "ℓ_irrelevant ≫ ℓ_relevant: {theta:?}"
+        );
+    }
+}

@@ -1,0 +1,136 @@
+//! Bearer-token auth. Tokens are stored as SHA-256 digests. A server bound to loopback with
+//! no token configured is open; otherwise every request but `/healthz` and `/readyz` needs a
+//! token. A trial token (given to a dispatched trial) may only read and report to its own
+//! trial.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Request, State};
+use axum::http::{Method, header::AUTHORIZATION};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+
+use super::AppState;
+use super::error::ApiError;
+use crate::store::TokenRecord;
+
+/// How long a checked token is trusted without asking the database again.
+const CACHE_TTL: Duration = Duration::from_secs(30);
+
+/// Hex SHA-256 of a token: what the store keeps.
+pub fn hash_token(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// A new random token (256 bits, hex).
+pub fn new_token() -> String {
+    let bytes: [u8; 32] = rand::random();
+    format!("augur_{}", hex::encode(bytes))
+}
+
+#[derive(Clone, Default)]
+pub struct Auth {
+    /// Open: bound to loopback with no token configured.
+    pub open: bool,
+    cache: Arc<Mutex<HashMap<String, (TokenRecord, Instant)>>>,
+}
+
+impl Auth {
+    pub fn new(open: bool) -> Self {
+        Self { open, cache: Arc::default() }
+    }
+}
+
+pub async fn require_token(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    // Only owned parts cross the await: a request body is not Sync.
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    let authorization = request.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).map(str::to_string);
+    match check(&state, &method, &path, authorization.as_deref()).await {
+        Ok(()) => next.run(request).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn check(
+    state: &AppState,
+    method: &Method,
+    path: &str,
+    authorization: Option<&str>,
+) -> Result<(), ApiError> {
+    if state.auth.open || path == "/healthz" || path == "/readyz" {
+        return Ok(());
+    }
+    let token = authorization
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or(ApiError::Unauthenticated)?;
+    let record = lookup(state, &hash_token(token)).await?.ok_or(ApiError::Unauthenticated)?;
+    match record.scope {
+        None => Ok(()),
+        Some((study, trial)) if trial_route(method, path) == Some((study, trial)) => Ok(()),
+        Some(_) => Err(ApiError::PermissionDenied("this token may only report to its own trial".into())),
+    }
+}
+
+async fn lookup(state: &AppState, hash: &str) -> Result<Option<TokenRecord>, ApiError> {
+    if let Ok(cache) = state.auth.cache.lock() {
+        if let Some((record, at)) = cache.get(hash) {
+            if at.elapsed() < CACHE_TTL {
+                return Ok(Some(record.clone()));
+            }
+        }
+    }
+    let found = state.service.store().find_token(hash).await.map_err(|e| ApiError::Internal(e.to_string()))?;
+    if let (Some(record), Ok(mut cache)) = (&found, state.auth.cache.lock()) {
+        cache.insert(hash.to_string(), (record.clone(), Instant::now()));
+    }
+    Ok(found)
+}
+
+/// `(study, trial)` if this request reads or reports to one trial: GET of the trial or its
+/// should_stop, POST of its measurements/complete/fail/heartbeat.
+fn trial_route(method: &Method, path: &str) -> Option<(i64, i64)> {
+    let parts: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+    let (study, trial, action) = match parts.as_slice() {
+        ["", "v1", "studies", s, "trials", t] => (s, t, None),
+        ["", "v1", "studies", s, "trials", t, a] => (s, t, Some(*a)),
+        _ => return None,
+    };
+    let allowed = match (method, action) {
+        (&Method::GET, None | Some("should_stop")) => true,
+        (&Method::POST, Some("measurements" | "complete" | "fail" | "heartbeat")) => true,
+        _ => false,
+    };
+    if !allowed {
+        return None;
+    }
+    Some((study.parse().ok()?, trial.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trial_tokens_reach_only_their_trials_reporting_routes() {
+        assert_eq!(trial_route(&Method::POST, "/v1/studies/3/trials/7/complete"), Some((3, 7)));
+        assert_eq!(trial_route(&Method::GET, "/v1/studies/3/trials/7"), Some((3, 7)));
+        assert_eq!(trial_route(&Method::PATCH, "/v1/studies/3/trials/7"), None);
+        assert_eq!(trial_route(&Method::POST, "/v1/studies/3/suggest"), None);
+        assert_eq!(trial_route(&Method::DELETE, "/v1/studies/3"), None);
+        assert_eq!(trial_route(&Method::POST, "/v1/studies/3/trials/7/exclude"), None);
+    }
+
+    #[test]
+    fn token_hash_is_sha256_hex() {
+        assert_eq!(
+            hash_token("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+}

@@ -1,0 +1,120 @@
+//! The API's one error type, rendered as `{"error": {"code", "message", "field"}}` in one
+//! place. Internal causes are logged and never shown.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::model::ValidationError;
+use crate::service::ServiceError;
+
+#[derive(Debug)]
+pub enum ApiError {
+    /// 400: a field of the request is wrong; `field` names it.
+    InvalidArgument { message: String, field: Option<String> },
+    /// 401: no valid bearer token.
+    Unauthenticated,
+    /// 403: the token may not do this (a trial token used on another trial).
+    PermissionDenied(String),
+    /// 404: no such study, trial or route.
+    NotFound(String),
+    /// 405: the route exists, the method does not.
+    MethodNotAllowed,
+    /// 409: the study or trial is in the wrong state for this request.
+    FailedPrecondition { message: String, field: Option<String> },
+    /// 413: the body is larger than the configured limit.
+    PayloadTooLarge,
+    /// 415: the body is not JSON.
+    UnsupportedMediaType,
+    /// 500: logged with its cause; the client sees only that it happened.
+    Internal(String),
+}
+
+/// The body of every error response.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// invalid_argument, unauthenticated, permission_denied, not_found, method_not_allowed,
+    /// failed_precondition, payload_too_large, unsupported_media_type, internal
+    pub code: String,
+    pub message: String,
+    /// The offending field, e.g. `parameters[2].min`.
+    pub field: Option<String>,
+}
+
+impl ApiError {
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError::InvalidArgument { message: message.into(), field: Some(field.into()) }
+    }
+}
+
+impl From<ValidationError> for ApiError {
+    fn from(e: ValidationError) -> Self {
+        ApiError::InvalidArgument { message: e.message, field: Some(e.field) }
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> Self {
+        match e {
+            ServiceError::Invalid(v) => v.into(),
+            ServiceError::NotFound(what) => ApiError::NotFound(format!("{what} not found")),
+            ServiceError::Conflict { message, field } => ApiError::FailedPrecondition { message, field },
+            ServiceError::Store(s) => ApiError::Internal(s.to_string()),
+            ServiceError::Internal(s) => ApiError::Internal(s),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code, message, field) = match self {
+            ApiError::InvalidArgument { message, field } => {
+                (StatusCode::BAD_REQUEST, "invalid_argument", message, field)
+            }
+            ApiError::Unauthenticated => (
+                StatusCode::UNAUTHORIZED,
+                "unauthenticated",
+                "send Authorization: Bearer <token>".to_string(),
+                None,
+            ),
+            ApiError::PermissionDenied(m) => (StatusCode::FORBIDDEN, "permission_denied", m, None),
+            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, "not_found", m, None),
+            ApiError::MethodNotAllowed => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take that method".to_string(),
+                None,
+            ),
+            ApiError::FailedPrecondition { message, field } => {
+                (StatusCode::CONFLICT, "failed_precondition", message, field)
+            }
+            ApiError::PayloadTooLarge => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                "the request body is larger than the server accepts".to_string(),
+                None,
+            ),
+            ApiError::UnsupportedMediaType => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "send the body as application/json".to_string(),
+                None,
+            ),
+            ApiError::Internal(cause) => {
+                tracing::error!(%cause, "internal error");
+                (StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error".to_string(), None)
+            }
+        };
+        let body = ErrorBody { error: ErrorDetail { code: code.to_string(), message, field } };
+        (status, Json(body)).into_response()
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

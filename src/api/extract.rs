@@ -1,0 +1,81 @@
+//! Extractors that answer bad input with a JSON error naming the field: bodies, queries and
+//! path ids. An empty body reads as `{}`.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+
+/// A JSON body, parsed with the path of the first bad field.
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let json_type = req
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| {
+                let mime = v.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+                mime == "application/json" || mime.ends_with("+json")
+            });
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::PayloadTooLarge
+            } else {
+                ApiError::invalid("body", rejection.body_text())
+            }
+        })?;
+        let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) { b"{}" } else { &bytes };
+        if json_type == Some(false) && bytes != b"{}" {
+            return Err(ApiError::UnsupportedMediaType);
+        }
+        let de = &mut serde_json::Deserializer::from_slice(bytes);
+        let value = serde_path_to_error::deserialize(de).map_err(|e| body_error(&e))?;
+        Ok(ApiJson(value))
+    }
+}
+
+fn body_error(e: &serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let path = e.path().to_string();
+    let message = e.inner().to_string();
+    // serde reports an unknown field at its parent; name the field itself.
+    // For an unknown field the path already ends with the field's name.
+    let field = if path == "." { "body".to_string() } else { path };
+    ApiError::invalid(field, message)
+}
+
+/// Query parameters, parsed with the name of the first bad one.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        let query = parts.uri.query().unwrap_or("");
+        let de = serde_urlencoded::Deserializer::new(form_urlencoded_parse(query));
+        serde_path_to_error::deserialize(de).map(ApiQuery).map_err(|e| {
+            let path = e.path().to_string();
+            let message = e.inner().to_string();
+            let field = if path == "." { "query".to_string() } else { path };
+            ApiError::invalid(field, message)
+        })
+    }
+}
+
+fn form_urlencoded_parse(query: &str) -> form_urlencoded::Parse<'_> {
+    form_urlencoded::parse(query.as_bytes())
+}
+
+/// Parse a path segment as a positive id, naming the segment on failure.
+pub fn parse_id(raw: &str, field: &str) -> Result<i64, ApiError> {
+    raw.parse::<i64>()
+        .ok()
+        .filter(|id| *id >= 1)
+        .ok_or_else(|| ApiError::NotFound(format!("{field} {raw:?} not found: ids are positive integers")))
+}

@@ -1,0 +1,88 @@
+//! Liveness, readiness, Prometheus metrics and the OpenAPI document.
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::AppState;
+use super::error::ErrorBody;
+use crate::model::TrialState;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
+        .routes(routes!(openapi_yaml))
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct HealthStatus {
+    /// `ok`, or `unavailable` when the database cannot be reached.
+    pub status: String,
+}
+
+/// The process is up.
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses((status = 200, description = "Up", body = HealthStatus)))]
+pub async fn healthz() -> axum::Json<HealthStatus> {
+    axum::Json(HealthStatus { status: "ok".into() })
+}
+
+/// The database is reachable.
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    responses(
+        (status = 200, description = "Ready", body = HealthStatus),
+        (status = 503, description = "The database cannot be reached", body = HealthStatus),
+    ))]
+pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+    match state.service.store().ping().await {
+        Ok(()) => (StatusCode::OK, axum::Json(HealthStatus { status: "ok".into() })),
+        Err(error) => {
+            tracing::warn!(%error, "not ready");
+            (StatusCode::SERVICE_UNAVAILABLE, axum::Json(HealthStatus { status: "unavailable".into() }))
+        }
+    }
+}
+
+/// Prometheus metrics: requests and latencies by route, group-commit batch sizes, and
+/// trials by state.
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses(
+        (status = 200, description = "Prometheus text format", content_type = "text/plain", body = String),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+    ))]
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    // Trials by state are read at scrape time, so every replica reports the shared truth.
+    match state.service.store().count_all_trials().await {
+        Ok(counts) => {
+            for s in TrialState::ALL {
+                let n = match s {
+                    TrialState::Requested => counts.requested,
+                    TrialState::Active => counts.active,
+                    TrialState::Stopping => counts.stopping,
+                    TrialState::Completed => counts.completed,
+                    TrialState::Infeasible => counts.infeasible,
+                    TrialState::Failed => counts.failed,
+                };
+                metrics::gauge!("augur_trials", "state" => s.as_str()).set(n as f64);
+            }
+        }
+        Err(error) => tracing::warn!(%error, "could not count trials for /metrics"),
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
+}
+
+/// This API's OpenAPI 3.1 document.
+#[utoipa::path(get, path = "/openapi.yaml", tag = "operations",
+    responses(
+        (status = 200, description = "The OpenAPI document", content_type = "application/yaml", body = String),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+    ))]
+pub async fn openapi_yaml(State(state): State<AppState>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/yaml")], state.openapi_yaml.to_string())
+}

@@ -1,0 +1,141 @@
+//! HTTP: axum routers and thin handlers over the service. The router *is* the OpenAPI spec:
+//! every route is registered through `utoipa_axum::routes!`, and `openapi.yaml` at the top
+//! of the repository is its committed snapshot (a test keeps them equal).
+
+pub mod auth;
+pub mod error;
+mod extract;
+mod health;
+mod studies;
+mod trials;
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tower_http::timeout::TimeoutLayer;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+
+pub use studies::{StudyList, SuggestRequest, SuggestResponse};
+pub use trials::{CompleteRequest, MeasurementRequest, TrialList};
+
+use crate::service::Service;
+use error::ApiError;
+
+/// Request bodies larger than this are refused with 413.
+pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub service: Service,
+    pub auth: auth::Auth,
+    pub metrics: PrometheusHandle,
+    pub openapi_yaml: Arc<str>,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Augur",
+        description = "Self-hosted hyperparameter tuning: studies, trials, suggestions (ask/tell), measurements.",
+        license(name = "Apache-2.0", identifier = "Apache-2.0")
+    ),
+    modifiers(&BearerAuth),
+    security(("bearer" = [])),
+    tags(
+        (name = "studies", description = "Create and manage studies"),
+        (name = "trials", description = "Suggest, report and inspect trials"),
+        (name = "operations", description = "Health, readiness, metrics, this document"),
+    )
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(studies::router())
+        .merge(trials::router())
+        .merge(health::router())
+}
+
+/// The OpenAPI document the server serves, as YAML.
+pub fn openapi_yaml() -> String {
+    let (_, api) = routes().split_for_parts();
+    api.to_yaml().unwrap_or_else(|e| format!("# could not render the OpenAPI document: {e}\n"))
+}
+
+/// The Prometheus recorder is process-wide; every app in the process shares it.
+pub fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            if metrics::set_global_recorder(recorder).is_err() {
+                tracing::warn!("a metrics recorder was already installed");
+            }
+            handle
+        })
+        .clone()
+}
+
+pub fn router(service: Service, open: bool, body_limit: usize) -> Router {
+    let state = AppState {
+        service,
+        auth: auth::Auth::new(open),
+        metrics: metrics_handle(),
+        openapi_yaml: openapi_yaml().into(),
+    };
+    let (router, _) = routes().split_for_parts();
+    router
+        .route_layer(middleware::from_fn(record_request))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), auth::require_token))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(TimeoutLayer::with_status_code(axum::http::StatusCode::GATEWAY_TIMEOUT, Duration::from_secs(60)))
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::NotFound("no such route".into())
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
+/// Count and time every request by method, matched route and status.
+async fn record_request(request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().to_string();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    metrics::counter!("augur_http_requests_total", "method" => method.clone(), "route" => route.clone(), "status" => status)
+        .increment(1);
+    metrics::histogram!("augur_http_request_duration_seconds", "method" => method, "route" => route)
+        .record(started.elapsed().as_secs_f64());
+    response
+}
+

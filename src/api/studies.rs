@@ -1,0 +1,210 @@
+//! `/v1/studies`: create, list, get, change, stop, delete; suggest; optimal trials.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::AppState;
+use super::error::{ApiResult, ErrorBody};
+use super::extract::{ApiJson, ApiQuery, parse_id};
+use super::trials::TrialList;
+use crate::model::{Study, StudySpec, StudyState, StudyUpdate, Trial};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_study, list_studies))
+        .routes(routes!(get_study, update_study, delete_study))
+        .routes(routes!(stop_study))
+        .routes(routes!(suggest_trials))
+        .routes(routes!(optimal_trials))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct StudyListQuery {
+    /// Only studies in this state.
+    state: Option<StudyState>,
+    /// Only studies whose name contains this (case-insensitive).
+    name: Option<String>,
+    /// 1-1000, default 100.
+    page_size: Option<i64>,
+    page_token: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StudyList {
+    pub studies: Vec<Study>,
+    /// Absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_page_token: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SuggestRequest {
+    /// How many trials to hand out (1-1000), default 1.
+    #[serde(default = "one")]
+    pub count: i64,
+    /// A stable worker id: a worker asking again gets back the unfinished trials it holds.
+    pub client_id: Option<String>,
+}
+
+fn one() -> i64 {
+    1
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SuggestResponse {
+    pub trials: Vec<Trial>,
+    pub study_state: StudyState,
+    /// Present when no trial could be handed out now but one may come later (the cap is
+    /// full, or the last trials are still running): ask again after this many seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_secs: Option<u64>,
+}
+
+const STUDY_ID: &str = "study id (a positive integer)";
+
+/// Create a study from a spec.
+#[utoipa::path(post, path = "/v1/studies", tag = "studies", request_body = StudySpec,
+    responses(
+        (status = 201, description = "The study, with defaults (and the seed) filled in", body = Study),
+        (status = 400, description = "A field of the spec is wrong; `field` names it", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 415, description = "Body is not JSON", body = ErrorBody),
+    ))]
+pub async fn create_study(
+    State(state): State<AppState>,
+    ApiJson(spec): ApiJson<StudySpec>,
+) -> ApiResult<(StatusCode, Json<Study>)> {
+    let study = state.service.create_study(spec).await?;
+    Ok((StatusCode::CREATED, Json(study)))
+}
+
+/// List studies by id, optionally filtered by state and name.
+#[utoipa::path(get, path = "/v1/studies", tag = "studies", params(StudyListQuery),
+    responses(
+        (status = 200, description = "A page of studies", body = StudyList),
+        (status = 400, description = "A query parameter is wrong", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+    ))]
+pub async fn list_studies(
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<StudyListQuery>,
+) -> ApiResult<Json<StudyList>> {
+    let page = state
+        .service
+        .list_studies(q.state, q.name.as_deref(), q.page_size, q.page_token.as_deref())
+        .await?;
+    Ok(Json(StudyList { studies: page.items, next_page_token: page.next_page_token }))
+}
+
+/// A study with its trial counts and best trial.
+#[utoipa::path(get, path = "/v1/studies/{study}", tag = "studies",
+    params(("study" = String, Path, description = STUDY_ID)),
+    responses(
+        (status = 200, description = "The study", body = Study),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 404, description = "No such study", body = ErrorBody),
+    ))]
+pub async fn get_study(State(state): State<AppState>, Path(study): Path<String>) -> ApiResult<Json<Study>> {
+    let id = parse_id(&study, "study")?;
+    Ok(Json(state.service.get_study(id).await?))
+}
+
+/// Change the budget of a live study: `max_trials`, `parallel_trials`, `max_failed_trials`.
+/// A study that completed or failed on its budget becomes active again when it is raised.
+#[utoipa::path(patch, path = "/v1/studies/{study}", tag = "studies", request_body = StudyUpdate,
+    params(("study" = String, Path, description = STUDY_ID)),
+    responses(
+        (status = 200, description = "The changed study", body = Study),
+        (status = 400, description = "A field is wrong", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 404, description = "No such study", body = ErrorBody),
+        (status = 409, description = "The study was stopped", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 415, description = "Body is not JSON", body = ErrorBody),
+    ))]
+pub async fn update_study(
+    State(state): State<AppState>,
+    Path(study): Path<String>,
+    ApiJson(update): ApiJson<StudyUpdate>,
+) -> ApiResult<Json<Study>> {
+    let id = parse_id(&study, "study")?;
+    Ok(Json(state.service.update_study(id, update).await?))
+}
+
+/// Delete a study with all its trials and measurements.
+#[utoipa::path(delete, path = "/v1/studies/{study}", tag = "studies",
+    params(("study" = String, Path, description = STUDY_ID)),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 404, description = "No such study", body = ErrorBody),
+    ))]
+pub async fn delete_study(State(state): State<AppState>, Path(study): Path<String>) -> ApiResult<StatusCode> {
+    let id = parse_id(&study, "study")?;
+    state.service.delete_study(id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Stop a study: no more suggestions. Running trials may still report.
+#[utoipa::path(post, path = "/v1/studies/{study}/stop", tag = "studies",
+    params(("study" = String, Path, description = STUDY_ID)),
+    responses(
+        (status = 200, description = "The study, stopped (unchanged if it had already ended)", body = Study),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 404, description = "No such study", body = ErrorBody),
+    ))]
+pub async fn stop_study(State(state): State<AppState>, Path(study): Path<String>) -> ApiResult<Json<Study>> {
+    let id = parse_id(&study, "study")?;
+    Ok(Json(state.service.stop_study(id).await?))
+}
+
+/// Ask for trials to run. Never more than `parallel_trials` unfinished trials at once nor
+/// `max_trials` in all; a `client_id` that holds unfinished trials gets those back.
+#[utoipa::path(post, path = "/v1/studies/{study}/suggest", tag = "trials", request_body = SuggestRequest,
+    params(("study" = String, Path, description = STUDY_ID)),
+    responses(
+        (status = 200, description = "Trials to run (possibly none: see retry_after_secs and study_state)", body = SuggestResponse),
+        (status = 400, description = "A field is wrong", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 404, description = "No such study", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 415, description = "Body is not JSON", body = ErrorBody),
+    ))]
+pub async fn suggest_trials(
+    State(state): State<AppState>,
+    Path(study): Path<String>,
+    ApiJson(req): ApiJson<SuggestRequest>,
+) -> ApiResult<Json<SuggestResponse>> {
+    let id = parse_id(&study, "study")?;
+    let count = usize::try_from(req.count)
+        .map_err(|_| super::error::ApiError::invalid("count", "must be between 1 and 1000"))?;
+    let out = state.service.suggest(id, count, req.client_id).await?;
+    Ok(Json(SuggestResponse {
+        trials: out.trials,
+        study_state: out.study_state,
+        retry_after_secs: out.retry_after_secs,
+    }))
+}
+
+/// The best completed trial, or the Pareto set of a study with several metrics.
+#[utoipa::path(get, path = "/v1/studies/{study}/optimal_trials", tag = "trials",
+    params(("study" = String, Path, description = STUDY_ID)),
+    responses(
+        (status = 200, description = "The optimal trials (none before the first completes)", body = TrialList),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 404, description = "No such study", body = ErrorBody),
+    ))]
+pub async fn optimal_trials(State(state): State<AppState>, Path(study): Path<String>) -> ApiResult<Json<TrialList>> {
+    let id = parse_id(&study, "study")?;
+    let trials = state.service.optimal_trials(id).await?;
+    Ok(Json(TrialList { trials, next_page_token: None }))
+}

@@ -1,0 +1,309 @@
+//! `/v1/studies/{study}/trials`: add, list, get, exclude; measurements, complete, fail,
+//! heartbeat, should_stop.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::AppState;
+use super::error::{ApiError, ApiResult, ErrorBody};
+use super::extract::{ApiJson, ApiQuery, parse_id};
+use crate::model::{Measurement, Trial, TrialState};
+use crate::service::Completion;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(add_trial, list_trials))
+        .routes(routes!(get_trial, update_trial))
+        .routes(routes!(add_measurement))
+        .routes(routes!(complete_trial))
+        .routes(routes!(fail_trial))
+        .routes(routes!(heartbeat_trial))
+        .routes(routes!(should_stop))
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct TrialList {
+    pub trials: Vec<Trial>,
+    /// Absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_page_token: Option<String>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct TrialListQuery {
+    /// Only trials in this state.
+    state: Option<TrialState>,
+    /// 1-1000, default 100.
+    page_size: Option<i64>,
+    page_token: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FinalMeasurementInput {
+    pub metrics: BTreeMap<String, f64>,
+}
+
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AddTrialRequest {
+    /// A value for every active parameter.
+    #[schema(value_type = BTreeMap<String, serde_json::Value>)]
+    pub parameters: augur_optimizer::Assignment,
+    /// Given: the trial is added completed (a prior result the optimizer learns from).
+    /// Absent: it is added `requested`, and the next suggest hands it out first.
+    pub final_measurement: Option<FinalMeasurementInput>,
+}
+
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TrialUpdate {
+    /// Keep the trial but hide it from the optimizer and from the best trial.
+    pub excluded: bool,
+}
+
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MeasurementRequest {
+    /// Training step (>= 0); a second report at the same step replaces the first.
+    pub step: i64,
+    pub elapsed_secs: Option<f64>,
+    /// Values of some or all of the study's metrics.
+    pub metrics: BTreeMap<String, f64>,
+}
+
+/// Send `metrics`, or `infeasible_reason`, or neither: then the final measurement is chosen
+/// from the reported ones by the study's `measurement_selection`.
+#[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteRequest {
+    /// Every metric of the study.
+    pub metrics: Option<BTreeMap<String, f64>>,
+    /// Step of the final measurement (default 0).
+    pub step: Option<i64>,
+    /// The trial ran but its point is infeasible.
+    pub infeasible_reason: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FailRequest {
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ShouldStopResponse {
+    pub should_stop: bool,
+}
+
+const STUDY_ID: &str = "study id (a positive integer)";
+const TRIAL_ID: &str = "trial id within the study (a positive integer)";
+
+fn ids(study: &str, trial: &str) -> ApiResult<(i64, i64)> {
+    Ok((parse_id(study, "study")?, parse_id(trial, "trial")?))
+}
+
+/// Add a trial with chosen parameters, completed (prior result) or requested.
+#[utoipa::path(post, path = "/v1/studies/{study}/trials", tag = "trials", request_body = AddTrialRequest,
+    params(("study" = String, Path, description = STUDY_ID)),
+    responses(
+        (status = 201, description = "The new trial", body = Trial),
+        (status = 400, description = "A parameter or metric is wrong", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 404, description = "No such study", body = ErrorBody),
+        (status = 409, description = "The study is not active, its budget is spent, or its cap is full", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 415, description = "Body is not JSON", body = ErrorBody),
+    ))]
+pub async fn add_trial(
+    State(state): State<AppState>,
+    Path(study): Path<String>,
+    ApiJson(req): ApiJson<AddTrialRequest>,
+) -> ApiResult<(StatusCode, Json<Trial>)> {
+    let id = parse_id(&study, "study")?;
+    let trial = state
+        .service
+        .add_trial(id, req.parameters, req.final_measurement.map(|m| m.metrics))
+        .await?;
+    Ok((StatusCode::CREATED, Json(trial)))
+}
+
+/// List a study's trials by id.
+#[utoipa::path(get, path = "/v1/studies/{study}/trials", tag = "trials",
+    params(("study" = String, Path, description = STUDY_ID), TrialListQuery),
+    responses(
+        (status = 200, description = "A page of trials", body = TrialList),
+        (status = 400, description = "A query parameter is wrong", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 404, description = "No such study", body = ErrorBody),
+    ))]
+pub async fn list_trials(
+    State(state): State<AppState>,
+    Path(study): Path<String>,
+    ApiQuery(q): ApiQuery<TrialListQuery>,
+) -> ApiResult<Json<TrialList>> {
+    let id = parse_id(&study, "study")?;
+    let page = state.service.list_trials(id, q.state, q.page_size, q.page_token.as_deref()).await?;
+    Ok(Json(TrialList { trials: page.items, next_page_token: page.next_page_token }))
+}
+
+/// One trial with its measurements.
+#[utoipa::path(get, path = "/v1/studies/{study}/trials/{trial}", tag = "trials",
+    params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID)),
+    responses(
+        (status = 200, description = "The trial", body = Trial),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "A trial token for another trial", body = ErrorBody),
+        (status = 404, description = "No such study or trial", body = ErrorBody),
+    ))]
+pub async fn get_trial(
+    State(state): State<AppState>,
+    Path((study, trial)): Path<(String, String)>,
+) -> ApiResult<Json<Trial>> {
+    let (study, trial) = ids(&study, &trial)?;
+    Ok(Json(state.service.get_trial(study, trial).await?))
+}
+
+/// Exclude a trial from the optimizer (and from the best trial) without deleting it, or
+/// include it again.
+#[utoipa::path(patch, path = "/v1/studies/{study}/trials/{trial}", tag = "trials", request_body = TrialUpdate,
+    params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID)),
+    responses(
+        (status = 200, description = "The trial", body = Trial),
+        (status = 400, description = "A field is wrong", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 404, description = "No such study or trial", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 415, description = "Body is not JSON", body = ErrorBody),
+    ))]
+pub async fn update_trial(
+    State(state): State<AppState>,
+    Path((study, trial)): Path<(String, String)>,
+    ApiJson(req): ApiJson<TrialUpdate>,
+) -> ApiResult<Json<Trial>> {
+    let (study, trial) = ids(&study, &trial)?;
+    Ok(Json(state.service.set_excluded(study, trial, req.excluded).await?))
+}
+
+/// Report an intermediate measurement of a running trial (renews its lease).
+#[utoipa::path(post, path = "/v1/studies/{study}/trials/{trial}/measurements", tag = "trials",
+    request_body = MeasurementRequest,
+    params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID)),
+    responses(
+        (status = 200, description = "The trial with the new measurement", body = Trial),
+        (status = 400, description = "A field is wrong", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "A trial token for another trial", body = ErrorBody),
+        (status = 404, description = "No such study or trial", body = ErrorBody),
+        (status = 409, description = "The trial is not running", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 415, description = "Body is not JSON", body = ErrorBody),
+    ))]
+pub async fn add_measurement(
+    State(state): State<AppState>,
+    Path((study, trial)): Path<(String, String)>,
+    ApiJson(req): ApiJson<MeasurementRequest>,
+) -> ApiResult<Json<Trial>> {
+    let (study, trial) = ids(&study, &trial)?;
+    let measurement = Measurement { step: req.step, elapsed_secs: req.elapsed_secs, metrics: req.metrics };
+    Ok(Json(state.service.add_measurement(study, trial, measurement).await?))
+}
+
+/// Complete a trial with metrics, as infeasible, or from its measurements.
+#[utoipa::path(post, path = "/v1/studies/{study}/trials/{trial}/complete", tag = "trials",
+    request_body(content = CompleteRequest, description = "May be empty"),
+    params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID)),
+    responses(
+        (status = 200, description = "The finished trial", body = Trial),
+        (status = 400, description = "A field is wrong, or no measurement to select", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "A trial token for another trial", body = ErrorBody),
+        (status = 404, description = "No such study or trial", body = ErrorBody),
+        (status = 409, description = "The trial already finished", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 415, description = "Body is not JSON", body = ErrorBody),
+    ))]
+pub async fn complete_trial(
+    State(state): State<AppState>,
+    Path((study, trial)): Path<(String, String)>,
+    ApiJson(req): ApiJson<CompleteRequest>,
+) -> ApiResult<Json<Trial>> {
+    let (study, trial) = ids(&study, &trial)?;
+    let outcome = match (req.metrics, req.infeasible_reason) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid("infeasible_reason", "send either metrics or infeasible_reason, not both"));
+        }
+        (Some(metrics), None) => Completion::Metrics { metrics, step: req.step },
+        (None, Some(reason)) => Completion::Infeasible(reason),
+        (None, None) => Completion::Selected,
+    };
+    Ok(Json(state.service.complete_trial(study, trial, outcome).await?))
+}
+
+/// Mark a trial failed.
+#[utoipa::path(post, path = "/v1/studies/{study}/trials/{trial}/fail", tag = "trials",
+    request_body(content = FailRequest, description = "May be empty"),
+    params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID)),
+    responses(
+        (status = 200, description = "The failed trial", body = Trial),
+        (status = 400, description = "A field is wrong", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "A trial token for another trial", body = ErrorBody),
+        (status = 404, description = "No such study or trial", body = ErrorBody),
+        (status = 409, description = "The trial already finished", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 415, description = "Body is not JSON", body = ErrorBody),
+    ))]
+pub async fn fail_trial(
+    State(state): State<AppState>,
+    Path((study, trial)): Path<(String, String)>,
+    ApiJson(req): ApiJson<FailRequest>,
+) -> ApiResult<Json<Trial>> {
+    let (study, trial) = ids(&study, &trial)?;
+    let reason = req.reason.unwrap_or_else(|| "failed (no reason given)".to_string());
+    Ok(Json(state.service.fail_trial(study, trial, reason).await?))
+}
+
+/// Extend a running trial's lease.
+#[utoipa::path(post, path = "/v1/studies/{study}/trials/{trial}/heartbeat", tag = "trials",
+    params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID)),
+    responses(
+        (status = 200, description = "The trial with its new lease", body = Trial),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "A trial token for another trial", body = ErrorBody),
+        (status = 404, description = "No such study or trial", body = ErrorBody),
+        (status = 409, description = "The trial is not running", body = ErrorBody),
+    ))]
+pub async fn heartbeat_trial(
+    State(state): State<AppState>,
+    Path((study, trial)): Path<(String, String)>,
+) -> ApiResult<Json<Trial>> {
+    let (study, trial) = ids(&study, &trial)?;
+    Ok(Json(state.service.heartbeat(study, trial).await?))
+}
+
+/// Whether the study's early-stopping rule says this trial should stop now.
+#[utoipa::path(get, path = "/v1/studies/{study}/trials/{trial}/should_stop", tag = "trials",
+    params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID)),
+    responses(
+        (status = 200, description = "The verdict; a stopped trial moves to `stopping`", body = ShouldStopResponse),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "A trial token for another trial", body = ErrorBody),
+        (status = 404, description = "No such study or trial", body = ErrorBody),
+    ))]
+pub async fn should_stop(
+    State(state): State<AppState>,
+    Path((study, trial)): Path<(String, String)>,
+) -> ApiResult<Json<ShouldStopResponse>> {
+    let (study, trial) = ids(&study, &trial)?;
+    Ok(Json(ShouldStopResponse { should_stop: state.service.should_stop(study, trial).await? }))
+}

@@ -1,0 +1,107 @@
+//! Building and running the server: open the store, decide whether auth is open, bind, serve
+//! until shut down.
+
+use std::net::SocketAddr;
+
+use tokio::net::TcpListener;
+
+use crate::api;
+use crate::service::Service;
+use crate::store::{self, Store};
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// `sqlite://augur.db` (default), `sqlite::memory:`, or `postgres://…`.
+    pub database_url: String,
+    pub listen: SocketAddr,
+    /// An admin token to accept, stored hashed under the name `env` (e.g. from AUGUR_TOKEN).
+    pub token: Option<String>,
+    pub body_limit: usize,
+}
+
+impl ServerConfig {
+    pub fn new(database_url: impl Into<String>, listen: SocketAddr) -> Self {
+        Self { database_url: database_url.into(), listen, token: None, body_limit: api::DEFAULT_BODY_LIMIT }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error(
+        "refusing to serve on {0} without a token: set AUGUR_TOKEN (or --token), or create one with `augur token create`; only a loopback address may run open"
+    )]
+    OpenOnNetwork(SocketAddr),
+    #[error("server error: {0}")]
+    Serve(#[from] std::io::Error),
+}
+
+/// A bound, ready server.
+pub struct App {
+    addr: SocketAddr,
+    listener: TcpListener,
+    router: axum::Router,
+    pub open: bool,
+}
+
+impl App {
+    /// Open the store (applying migrations), register the configured token, bind.
+    pub async fn build(config: ServerConfig) -> Result<App, AppError> {
+        let store = store::connect(&config.database_url).await?;
+        if let Some(token) = &config.token {
+            register_env_token(&*store, token).await?;
+        }
+        let open = store.count_tokens().await? == 0;
+        if open && !config.listen.ip().is_loopback() {
+            return Err(AppError::OpenOnNetwork(config.listen));
+        }
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| AppError::Bind { addr: config.listen, source })?;
+        let addr = listener.local_addr()?;
+        let router = api::router(Service::new(store), open, config.body_limit);
+        Ok(App { addr, listener, router, open })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Serve until Ctrl-C / SIGTERM, finishing requests in flight.
+    pub async fn run(self) -> Result<(), AppError> {
+        axum::serve(self.listener, self.router).with_graceful_shutdown(shutdown_signal()).await?;
+        Ok(())
+    }
+}
+
+/// The token given in the environment is stored (hashed) under the name `env`, replacing an
+/// earlier one, so that restarting with a new AUGUR_TOKEN rotates it.
+async fn register_env_token(store: &dyn Store, token: &str) -> Result<(), store::StoreError> {
+    let hash = api::auth::hash_token(token);
+    if store.find_token(&hash).await?.is_some() {
+        return Ok(());
+    }
+    store.delete_token("env").await?;
+    store.insert_token("env", &hash, None, chrono::Utc::now()).await
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = terminate => {} }
+}

@@ -1,0 +1,162 @@
+//! The `augur` command line. `serve`, `migrate` and `token create` work on the database
+//! directly; everything else is a thin client of the HTTP API.
+
+mod client;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::app::{App, ServerConfig};
+use client::Client;
+
+const DEFAULT_DATABASE_URL: &str = "sqlite://augur.db";
+
+#[derive(Debug, Parser)]
+#[command(name = "augur", version, about = "Self-hosted hyperparameter tuning service")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ClientArgs {
+    /// The Augur server.
+    #[arg(long, env = "AUGUR_URL", default_value = "http://127.0.0.1:8080", global = true)]
+    pub url: String,
+    /// Bearer token for the server.
+    #[arg(long, env = "AUGUR_TOKEN", global = true, hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the API server.
+    Serve {
+        /// sqlite://PATH (the default, created if missing) or postgres://USER:PASS@HOST/DB.
+        #[arg(long, env = "AUGUR_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
+        database_url: String,
+        #[arg(long, env = "AUGUR_LISTEN", default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+        /// Accept this bearer token (stored hashed). Without any token the server only runs
+        /// on a loopback address, open.
+        #[arg(long, env = "AUGUR_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Largest request body accepted, in bytes.
+        #[arg(long, default_value_t = crate::api::DEFAULT_BODY_LIMIT)]
+        body_limit: usize,
+    },
+    /// Apply database migrations and exit (`serve` also applies them on start).
+    Migrate {
+        #[arg(long, env = "AUGUR_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
+        database_url: String,
+    },
+    /// API tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// Studies (through the HTTP API).
+    Study {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        command: StudyCommand,
+    },
+    /// Print the OpenAPI document the server serves.
+    Openapi,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create an admin token, print it once, store only its hash.
+    Create {
+        #[arg(long)]
+        name: String,
+        #[arg(long, env = "AUGUR_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
+        database_url: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ExportFormat {
+    Csv,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StudyCommand {
+    /// Create a study from a YAML or JSON spec file.
+    Create {
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+    },
+    /// List studies.
+    List,
+    /// Show a study with its trial counts and best trial.
+    Show { id: i64 },
+    /// List a study's trials.
+    Trials { id: i64 },
+    /// The best trial (or the Pareto set).
+    Best { id: i64 },
+    /// Export all trials.
+    Export {
+        id: i64,
+        #[arg(long, value_enum, default_value = "csv")]
+        format: ExportFormat,
+    },
+    /// Stop a study.
+    Stop { id: i64 },
+}
+
+/// Run a parsed command; errors come back as one line for the user.
+pub async fn run(cli: Cli) -> Result<(), String> {
+    match cli.command {
+        Command::Serve { database_url, listen, token, body_limit } => {
+            let mut config = ServerConfig::new(database_url, listen);
+            config.token = token;
+            config.body_limit = body_limit;
+            let app = App::build(config).await.map_err(|e| e.to_string())?;
+            let mode = if app.open { "open (loopback, no token)" } else { "bearer tokens required" };
+            tracing::info!(addr = %app.addr(), auth = mode, "augur is serving");
+            println!("augur listening on http://{} ({mode})", app.addr());
+            app.run().await.map_err(|e| e.to_string())
+        }
+        Command::Migrate { database_url } => {
+            crate::store::connect(&database_url).await.map_err(|e| e.to_string())?;
+            println!("migrations applied to {}", redact(&database_url));
+            Ok(())
+        }
+        Command::Token { command: TokenCommand::Create { name, database_url } } => {
+            let store = crate::store::connect(&database_url).await.map_err(|e| e.to_string())?;
+            let token = crate::api::auth::new_token();
+            store
+                .insert_token(&name, &crate::api::auth::hash_token(&token), None, chrono::Utc::now())
+                .await
+                .map_err(|e| format!("could not create token {name:?}: {e}"))?;
+            println!("{token}");
+            eprintln!("token {name:?} created; it is shown only once");
+            Ok(())
+        }
+        Command::Openapi => {
+            print!("{}", crate::api::openapi_yaml());
+            Ok(())
+        }
+        Command::Study { client, command } => {
+            let client = Client::new(&client.url, client.token.as_deref())?;
+            client::run_study_command(&client, command).await
+        }
+    }
+}
+
+/// The URL with any password hidden, for messages.
+fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => url.to_string(),
+    }
+}

@@ -1,0 +1,25 @@
+//! Plain domain types and their validation: the study spec as users write it, the validated
+//! configuration the service works with, trials and measurements. No IO.
+
+pub mod spec;
+pub mod trial;
+
+pub use spec::{
+    AlgorithmName, EarlyStoppingSpec, MeasurementSelection, MetricGoal, MetricSpecInput,
+    ParameterInput, StudyConfig, StudySpec, StudyUpdate,
+};
+pub use trial::{Measurement, Study, StudyState, Trial, TrialCounts, TrialState};
+
+/// A bad input, with the path of the offending field (`parameters[2].min`).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct ValidationError {
+    pub field: String,
+    pub message: String,
+}
+
+impl ValidationError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { field: field.into(), message: message.into() }
+    }
+}

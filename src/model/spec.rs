@@ -1,0 +1,526 @@
+//! The study spec (DESIGN §2) as users write it in JSON or YAML, and its validation into a
+//! [`StudyConfig`] that the service and optimizer use. Every rejection names its field.
+
+use std::collections::BTreeSet;
+
+use augur_optimizer::stopping::StoppingRule;
+use augur_optimizer::{
+    Algorithm, Child, Goal, MetricSpec, Parameter, ParameterKind, Scale, SearchSpace, Value,
+};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::ValidationError;
+
+/// Default lease of a pulled trial: it returns to `requested` after this long without news.
+pub const DEFAULT_TRIAL_LEASE_SECS: i64 = 600;
+
+/// A study spec as submitted. Unknown fields are rejected.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StudySpec {
+    /// Display name.
+    pub name: String,
+    /// Search algorithm; `gp_bandit` when absent.
+    #[serde(default)]
+    pub algorithm: AlgorithmName,
+    /// One metric, or several for a multi-objective study.
+    pub metrics: Vec<MetricSpecInput>,
+    pub parameters: Vec<ParameterInput>,
+    /// Trials in all, of any outcome.
+    pub max_trials: i64,
+    /// At most this many trials requested/active/stopping at once.
+    #[serde(default = "one")]
+    pub parallel_trials: i64,
+    /// The study fails once this many trials have failed. Unlimited when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_failed_trials: Option<i64>,
+    /// Which measurement becomes final when a trial completes without metrics.
+    #[serde(default)]
+    pub measurement_selection: MeasurementSelection,
+    /// Makes suggestions reproducible; chosen at random (and stored) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub early_stopping: Option<EarlyStoppingSpec>,
+    /// Seconds an active pulled trial may go without heartbeat, measurement or completion
+    /// before it returns to `requested`.
+    #[serde(default = "default_lease")]
+    pub trial_lease_secs: i64,
+}
+
+fn one() -> i64 {
+    1
+}
+fn default_lease() -> i64 {
+    DEFAULT_TRIAL_LEASE_SECS
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AlgorithmName {
+    #[default]
+    GpBandit,
+    Random,
+    QuasiRandom,
+    Grid,
+}
+
+impl From<AlgorithmName> for Algorithm {
+    fn from(a: AlgorithmName) -> Self {
+        match a {
+            AlgorithmName::GpBandit => Algorithm::GpBandit,
+            AlgorithmName::Random => Algorithm::Random,
+            AlgorithmName::QuasiRandom => Algorithm::QuasiRandom,
+            AlgorithmName::Grid => Algorithm::Grid,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MetricGoal {
+    Maximize,
+    Minimize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MetricSpecInput {
+    pub id: String,
+    pub goal: MetricGoal,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MeasurementSelection {
+    #[default]
+    Last,
+    Best,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StoppingRuleName {
+    Median,
+    DecayCurve,
+}
+
+/// Early stopping: `median` stops a trial whose best value so far is worse than the median
+/// of completed trials' running averages at the same step; `decay_curve` extrapolates its
+/// learning curve and stops it when it is unlikely to beat the best.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EarlyStoppingSpec {
+    pub rule: StoppingRuleName,
+    /// Completed trials needed before the rule stops anything (default 5 for median, 0
+    /// for decay_curve).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_completed_trials: Option<i64>,
+    /// decay_curve: measurements a trial needs before its curve is extrapolated (default 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_curve_points: Option<i64>,
+    /// decay_curve: standard errors of optimism granted before a trial is judged hopeless
+    /// (default 2); larger stops less often.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sigmas: Option<f64>,
+}
+
+impl EarlyStoppingSpec {
+    fn validate(&self) -> Result<StoppingRule, ValidationError> {
+        let count = |v: Option<i64>, field: &str| -> Result<Option<usize>, ValidationError> {
+            match v {
+                None => Ok(None),
+                Some(n) if (0..=MAX_BUDGET).contains(&n) => Ok(Some(n as usize)),
+                Some(n) => Err(ValidationError::new(
+                    format!("early_stopping.{field}"),
+                    format!("must be between 0 and {MAX_BUDGET}, got {n}"),
+                )),
+            }
+        };
+        let min_completed = count(self.min_completed_trials, "min_completed_trials")?;
+        let min_points = count(self.min_curve_points, "min_curve_points")?;
+        match self.rule {
+            StoppingRuleName::Median => {
+                for (name, given) in [("min_curve_points", self.min_curve_points.is_some()), ("sigmas", self.sigmas.is_some())] {
+                    if given {
+                        return Err(ValidationError::new(
+                            format!("early_stopping.{name}"),
+                            "applies to the decay_curve rule only",
+                        ));
+                    }
+                }
+                let mut rule = StoppingRule::median();
+                if let (StoppingRule::Median { min_completed_trials }, Some(n)) = (&mut rule, min_completed) {
+                    *min_completed_trials = n;
+                }
+                Ok(rule)
+            }
+            StoppingRuleName::DecayCurve => {
+                let mut rule = StoppingRule::decay_curve();
+                if let StoppingRule::DecayCurve { min_completed_trials, min_curve_points, sigmas } = &mut rule {
+                    if let Some(n) = min_completed {
+                        *min_completed_trials = n;
+                    }
+                    if let Some(n) = min_points {
+                        *min_curve_points = n;
+                    }
+                    if let Some(s) = self.sigmas {
+                        if !(s.is_finite() && s >= 0.0) {
+                            return Err(ValidationError::new("early_stopping.sigmas", "must be a number >= 0"));
+                        }
+                        *sigmas = s;
+                    }
+                }
+                Ok(rule)
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ParameterType {
+    Double,
+    Integer,
+    Discrete,
+    Categorical,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ScaleName {
+    Linear,
+    Log,
+    ReverseLog,
+}
+
+/// One parameter of the search space.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ParameterInput {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: ParameterType,
+    /// Lower bound (double, integer).
+    #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "whole_as_integer")]
+    pub min: Option<f64>,
+    /// Upper bound (double, integer).
+    #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "whole_as_integer")]
+    pub max: Option<f64>,
+    /// Feasible values: increasing numbers (discrete) or strings (categorical).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<serde_json::Value>>)]
+    pub values: Option<Vec<Value>>,
+    /// linear (default), log or reverse_log; numeric types only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale: Option<ScaleName>,
+    /// Conditional parameters, active only when this parameter takes one of `when`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(no_recursion)]
+    pub children: Vec<ChildInput>,
+}
+
+/// Bounds are shown as given: `8`, not `8.0`.
+fn whole_as_integer<S: serde::Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(x) => Value::from_number(*x).serialize(s),
+        None => s.serialize_none(),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChildInput {
+    #[schema(value_type = Vec<serde_json::Value>)]
+    pub when: Vec<Value>,
+    #[schema(no_recursion)]
+    pub parameters: Vec<ParameterInput>,
+}
+
+/// Changes to a live study (`PATCH /v1/studies/{study}`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StudyUpdate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_trials: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_trials: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_failed_trials: Option<i64>,
+}
+
+/// A validated study: what the service and the optimizer work with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StudyConfig {
+    pub algorithm: Algorithm,
+    pub metrics: Vec<MetricSpec>,
+    pub space: SearchSpace,
+    pub max_trials: u64,
+    pub parallel_trials: u64,
+    pub max_failed_trials: Option<u64>,
+    pub measurement_selection: MeasurementSelection,
+    pub seed: u64,
+    pub early_stopping: Option<StoppingRule>,
+    pub trial_lease_secs: i64,
+}
+
+/// The largest budget a study may ask for; far above what any tuning run needs, and it keeps
+/// counters inside every backend's integer range.
+const MAX_BUDGET: i64 = 100_000_000;
+
+fn positive(value: i64, field: &str) -> Result<u64, ValidationError> {
+    if !(1..=MAX_BUDGET).contains(&value) {
+        return Err(ValidationError::new(field, format!("must be between 1 and {MAX_BUDGET}, got {value}")));
+    }
+    Ok(value as u64)
+}
+
+fn check_id(id: &str, field: &str) -> Result<(), ValidationError> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
+        && !id.starts_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ValidationError::new(
+            field,
+            format!("{id:?} is not a valid id: use 1-64 letters, digits, '_', '-' or '.', not starting with '-'"),
+        ))
+    }
+}
+
+impl StudySpec {
+    /// Validate and convert. `seed` must already be filled in (see [`StudySpec::with_seed`]).
+    pub fn validate(&self) -> Result<StudyConfig, ValidationError> {
+        if self.name.trim().is_empty() || self.name.len() > 256 {
+            return Err(ValidationError::new("name", "must be 1-256 characters and not blank"));
+        }
+        if self.metrics.is_empty() {
+            return Err(ValidationError::new("metrics", "a study needs at least one metric"));
+        }
+        let mut metric_ids = BTreeSet::new();
+        let mut metrics = Vec::new();
+        for (i, m) in self.metrics.iter().enumerate() {
+            let field = format!("metrics[{i}].id");
+            check_id(&m.id, &field)?;
+            if !metric_ids.insert(m.id.as_str()) {
+                return Err(ValidationError::new(field, format!("duplicate metric id {:?}", m.id)));
+            }
+            let goal = match m.goal {
+                MetricGoal::Maximize => Goal::Maximize,
+                MetricGoal::Minimize => Goal::Minimize,
+            };
+            metrics.push(MetricSpec { id: m.id.clone(), goal });
+        }
+        if self.parameters.is_empty() {
+            return Err(ValidationError::new("parameters", "a study needs at least one parameter"));
+        }
+        let mut ids = BTreeSet::new();
+        let parameters = convert_parameters(&self.parameters, "parameters", &mut ids)?;
+        let max_trials = positive(self.max_trials, "max_trials")?;
+        let parallel_trials = positive(self.parallel_trials, "parallel_trials")?;
+        let max_failed_trials = self
+            .max_failed_trials
+            .map(|v| positive(v, "max_failed_trials"))
+            .transpose()?;
+        let early_stopping = self.early_stopping.as_ref().map(EarlyStoppingSpec::validate).transpose()?;
+        if !(1..=30 * 24 * 3600).contains(&self.trial_lease_secs) {
+            return Err(ValidationError::new("trial_lease_secs", "must be between 1 and 2592000 (30 days)"));
+        }
+        let algorithm: Algorithm = self.algorithm.into();
+        let space = SearchSpace { parameters };
+        Ok(StudyConfig {
+            algorithm,
+            metrics,
+            space,
+            max_trials,
+            parallel_trials,
+            max_failed_trials,
+            measurement_selection: self.measurement_selection,
+            seed: self.seed.unwrap_or(0),
+            early_stopping,
+            trial_lease_secs: self.trial_lease_secs,
+        })
+    }
+
+    /// The spec with a seed: the given one, or `fallback` (stored so that the study's
+    /// suggestions can be reproduced later).
+    pub fn with_seed(mut self, fallback: u64) -> Self {
+        self.seed.get_or_insert(fallback);
+        self
+    }
+
+    /// Apply a live change, validating the result as a whole.
+    pub fn apply_update(&self, update: &StudyUpdate) -> Result<(StudySpec, StudyConfig), ValidationError> {
+        let mut next = self.clone();
+        if let Some(v) = update.max_trials {
+            positive(v, "max_trials")?;
+            next.max_trials = v;
+        }
+        if let Some(v) = update.parallel_trials {
+            positive(v, "parallel_trials")?;
+            next.parallel_trials = v;
+        }
+        if let Some(v) = update.max_failed_trials {
+            positive(v, "max_failed_trials")?;
+            next.max_failed_trials = Some(v);
+        }
+        let config = next.validate()?;
+        Ok((next, config))
+    }
+}
+
+fn convert_parameters(
+    inputs: &[ParameterInput],
+    path: &str,
+    ids: &mut BTreeSet<String>,
+) -> Result<Vec<Parameter>, ValidationError> {
+    inputs
+        .iter()
+        .enumerate()
+        .map(|(i, p)| convert_parameter(p, &format!("{path}[{i}]"), ids))
+        .collect()
+}
+
+fn convert_parameter(
+    p: &ParameterInput,
+    path: &str,
+    ids: &mut BTreeSet<String>,
+) -> Result<Parameter, ValidationError> {
+    let field = |name: &str| format!("{path}.{name}");
+    check_id(&p.id, &field("id"))?;
+    if !ids.insert(p.id.clone()) {
+        return Err(ValidationError::new(field("id"), format!("duplicate parameter id {:?}", p.id)));
+    }
+    let scale = match p.scale {
+        None | Some(ScaleName::Linear) => Scale::Linear,
+        Some(ScaleName::Log) => Scale::Log,
+        Some(ScaleName::ReverseLog) => Scale::ReverseLog,
+    };
+    let not_allowed = |name: &str, what: &str| {
+        ValidationError::new(field(name), format!("is not allowed for a {what} parameter"))
+    };
+    let kind = match p.kind {
+        ParameterType::Double | ParameterType::Integer => {
+            let what = if p.kind == ParameterType::Double { "double" } else { "integer" };
+            if p.values.is_some() {
+                return Err(not_allowed("values", what));
+            }
+            let min = p.min.ok_or_else(|| ValidationError::new(field("min"), "is required"))?;
+            let max = p.max.ok_or_else(|| ValidationError::new(field("max"), "is required"))?;
+            if !min.is_finite() {
+                return Err(ValidationError::new(field("min"), "must be a finite number"));
+            }
+            if !max.is_finite() {
+                return Err(ValidationError::new(field("max"), "must be a finite number"));
+            }
+            if min >= max {
+                return Err(ValidationError::new(field("min"), format!("min ({min}) must be less than max ({max})")));
+            }
+            if scale != Scale::Linear && min <= 0.0 {
+                return Err(ValidationError::new(field("min"), "must be > 0 on a log or reverse_log scale"));
+            }
+            if p.kind == ParameterType::Double {
+                ParameterKind::Double { min, max, scale }
+            } else {
+                for (name, v) in [("min", min), ("max", max)] {
+                    if v.fract() != 0.0 || v.abs() > 9.0e15 {
+                        return Err(ValidationError::new(field(name), "must be a whole number for an integer parameter"));
+                    }
+                }
+                ParameterKind::Integer { min: min as i64, max: max as i64, scale }
+            }
+        }
+        ParameterType::Discrete => {
+            if p.min.is_some() {
+                return Err(not_allowed("min", "discrete"));
+            }
+            if p.max.is_some() {
+                return Err(not_allowed("max", "discrete"));
+            }
+            let values = p.values.as_ref().ok_or_else(|| ValidationError::new(field("values"), "is required"))?;
+            if values.is_empty() {
+                return Err(ValidationError::new(field("values"), "must not be empty"));
+            }
+            let mut numbers = Vec::with_capacity(values.len());
+            for (j, v) in values.iter().enumerate() {
+                let x = v
+                    .as_f64()
+                    .filter(|x| x.is_finite())
+                    .ok_or_else(|| ValidationError::new(format!("{path}.values[{j}]"), "must be a finite number"))?;
+                if let Some(prev) = numbers.last() {
+                    if x <= *prev {
+                        return Err(ValidationError::new(
+                            format!("{path}.values[{j}]"),
+                            "discrete values must be strictly increasing",
+                        ));
+                    }
+                }
+                numbers.push(x);
+            }
+            if scale != Scale::Linear && numbers[0] <= 0.0 {
+                return Err(ValidationError::new(field("values"), "must all be > 0 on a log or reverse_log scale"));
+            }
+            ParameterKind::Discrete { values: numbers, scale }
+        }
+        ParameterType::Categorical => {
+            for name in ["min", "max"] {
+                let present = if name == "min" { p.min.is_some() } else { p.max.is_some() };
+                if present {
+                    return Err(not_allowed(name, "categorical"));
+                }
+            }
+            if p.scale.is_some() {
+                return Err(not_allowed("scale", "categorical"));
+            }
+            let values = p.values.as_ref().ok_or_else(|| ValidationError::new(field("values"), "is required"))?;
+            if values.is_empty() {
+                return Err(ValidationError::new(field("values"), "must not be empty"));
+            }
+            let mut seen = BTreeSet::new();
+            let mut strings = Vec::new();
+            for (j, v) in values.iter().enumerate() {
+                let Value::Str(s) = v else {
+                    return Err(ValidationError::new(format!("{path}.values[{j}]"), "categorical values must be strings"));
+                };
+                if s.is_empty() {
+                    return Err(ValidationError::new(format!("{path}.values[{j}]"), "must not be empty"));
+                }
+                if !seen.insert(s.clone()) {
+                    return Err(ValidationError::new(format!("{path}.values[{j}]"), format!("duplicate value {s:?}")));
+                }
+                strings.push(s.clone());
+            }
+            ParameterKind::Categorical { values: strings }
+        }
+    };
+    let mut children = Vec::new();
+    for (c, child) in p.children.iter().enumerate() {
+        let cpath = format!("{path}.children[{c}]");
+        if child.when.is_empty() {
+            return Err(ValidationError::new(format!("{cpath}.when"), "must name at least one parent value"));
+        }
+        for (w, v) in child.when.iter().enumerate() {
+            let ok = match (&kind, v) {
+                (ParameterKind::Double { .. }, _) => false,
+                (k, v) => k.contains(v),
+            };
+            if !ok {
+                let why = if matches!(kind, ParameterKind::Double { .. }) {
+                    "a double parameter cannot have conditional children".to_string()
+                } else {
+                    format!("{v:?} is not a value of parent parameter {:?}", p.id)
+                };
+                return Err(ValidationError::new(format!("{cpath}.when[{w}]"), why));
+            }
+        }
+        let parameters = convert_parameters(&child.parameters, &format!("{cpath}.parameters"), ids)?;
+        if parameters.is_empty() {
+            return Err(ValidationError::new(format!("{cpath}.parameters"), "must not be empty"));
+        }
+        children.push(Child { when: child.when.clone(), parameters });
+    }
+    Ok(Parameter { id: p.id.clone(), kind, children })
+}

@@ -1,0 +1,163 @@
+//! Studies and trials as the API shows them, and their states.
+
+use std::collections::BTreeMap;
+
+use augur_optimizer::Assignment;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::StudySpec;
+
+/// `requested → active → (stopping →) completed | infeasible | failed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TrialState {
+    /// Created, waiting for a worker to take it.
+    Requested,
+    /// Handed to a worker (or a dispatched job) and running.
+    Active,
+    /// The early-stopping rule asked it to stop; it completes with its selected measurement.
+    Stopping,
+    Completed,
+    Infeasible,
+    Failed,
+}
+
+impl TrialState {
+    pub const ALL: [TrialState; 6] = [
+        TrialState::Requested,
+        TrialState::Active,
+        TrialState::Stopping,
+        TrialState::Completed,
+        TrialState::Infeasible,
+        TrialState::Failed,
+    ];
+
+    /// Unfinished trials count against `parallel_trials`.
+    pub fn is_unfinished(self) -> bool {
+        matches!(self, TrialState::Requested | TrialState::Active | TrialState::Stopping)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrialState::Requested => "requested",
+            TrialState::Active => "active",
+            TrialState::Stopping => "stopping",
+            TrialState::Completed => "completed",
+            TrialState::Infeasible => "infeasible",
+            TrialState::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+}
+
+/// `active → completed | stopped | failed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StudyState {
+    Active,
+    /// Every trial of the budget finished (or the grid was exhausted).
+    Completed,
+    /// Stopped by a user.
+    Stopped,
+    /// `max_failed_trials` trials failed.
+    Failed,
+}
+
+impl StudyState {
+    pub const ALL: [StudyState; 4] =
+        [StudyState::Active, StudyState::Completed, StudyState::Stopped, StudyState::Failed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StudyState::Active => "active",
+            StudyState::Completed => "completed",
+            StudyState::Stopped => "stopped",
+            StudyState::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+}
+
+/// Metric values at one step of a trial.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Measurement {
+    /// Training step (epoch, iteration); one measurement per step, a later report replaces it.
+    pub step: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elapsed_secs: Option<f64>,
+    pub metrics: BTreeMap<String, f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Trial {
+    /// Counts from 1 within a study.
+    pub id: i64,
+    pub state: TrialState,
+    /// Values of the active parameters.
+    #[schema(value_type = BTreeMap<String, serde_json::Value>)]
+    pub parameters: Assignment,
+    pub measurements: Vec<Measurement>,
+    pub final_measurement: Option<Measurement>,
+    pub infeasible_reason: Option<String>,
+    pub fail_reason: Option<String>,
+    pub client_id: Option<String>,
+    /// Completed because the early-stopping rule asked it to stop.
+    pub early_stopped: bool,
+    /// Kept and shown, but not given to the optimizer nor counted as best.
+    pub excluded: bool,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub completed_at: Option<DateTime<Utc>>,
+}
+
+/// Trials of a study by state, and in all.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TrialCounts {
+    pub requested: u64,
+    pub active: u64,
+    pub stopping: u64,
+    pub completed: u64,
+    pub infeasible: u64,
+    pub failed: u64,
+    pub total: u64,
+}
+
+impl TrialCounts {
+    pub fn add(&mut self, state: TrialState, n: u64) {
+        let slot = match state {
+            TrialState::Requested => &mut self.requested,
+            TrialState::Active => &mut self.active,
+            TrialState::Stopping => &mut self.stopping,
+            TrialState::Completed => &mut self.completed,
+            TrialState::Infeasible => &mut self.infeasible,
+            TrialState::Failed => &mut self.failed,
+        };
+        *slot += n;
+        self.total += n;
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Study {
+    pub id: i64,
+    pub name: String,
+    pub state: StudyState,
+    /// Why the study ended, when it failed or was stopped.
+    pub state_reason: Option<String>,
+    /// The spec with defaults filled in (and the seed chosen, when none was given).
+    pub spec: StudySpec,
+    pub trial_counts: TrialCounts,
+    /// The best completed trial (first metric), absent for multi-metric studies: see
+    /// `optimal_trials`.
+    pub best_trial: Option<Trial>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}

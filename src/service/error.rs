@@ -1,0 +1,36 @@
+//! The service layer's one error type. The API maps each variant to an HTTP status in
+//! `api/error.rs`.
+
+use crate::model::ValidationError;
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// A field of the request is wrong (400).
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    /// No such study or trial (404).
+    #[error("{0} not found")]
+    NotFound(String),
+    /// The request is well-formed but the study or trial is in the wrong state for it (409).
+    #[error("{message}")]
+    Conflict { message: String, field: Option<String> },
+    /// Storage failed (500; the cause is logged, not shown).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A bug or a lost background task (500).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ServiceError {
+    pub fn conflict(message: impl Into<String>) -> Self {
+        ServiceError::Conflict { message: message.into(), field: None }
+    }
+
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ServiceError::Invalid(ValidationError::new(field, message))
+    }
+}
+
+pub type ServiceResult<T> = Result<T, ServiceError>;

@@ -1,0 +1,549 @@
+//! Every operation on studies and trials. Reads go straight to the store; every change to a
+//! study goes through its group-commit batcher (`group_commit.rs`) and the state machine
+//! (`state_machine.rs`), which is where the trial states and the parallelism cap are enforced.
+
+mod error;
+mod group_commit;
+mod pareto;
+mod state_machine;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use augur_optimizer::{Assignment, CompletedTrial, DesignerInput, Goal, Outcome, designer_for};
+use chrono::Utc;
+
+pub use error::{ServiceError, ServiceResult};
+pub use state_machine::Completion;
+
+use group_commit::GroupCommit;
+use state_machine::{Command, Reply};
+
+use crate::model::{
+    Measurement, Study, StudySpec, StudyState, StudyUpdate, Trial, TrialState, ValidationError,
+};
+use crate::store::{Store, StudyRecord, TrialRecord};
+
+/// Page sizes: the default, and the most one request may ask for.
+pub const DEFAULT_PAGE_SIZE: i64 = 100;
+pub const MAX_PAGE_SIZE: i64 = 1000;
+/// Most trials one suggest call may ask for.
+pub const MAX_SUGGEST_COUNT: usize = 1000;
+/// What a worker is told to wait when the cap is full.
+const RETRY_AFTER_SECS: u64 = 1;
+
+/// A page of a list, with the token of the next page when there is one.
+#[derive(Debug)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub next_page_token: Option<String>,
+}
+
+#[derive(Debug)]
+pub struct Suggestions {
+    pub trials: Vec<Trial>,
+    pub study_state: StudyState,
+    pub retry_after_secs: Option<u64>,
+}
+
+#[derive(Clone)]
+pub struct Service {
+    store: Arc<dyn Store>,
+    commits: GroupCommit,
+    /// Model-based suggestions for one study are computed one at a time in this process, so
+    /// that each sees the trials the previous one handed out as pending.
+    design_locks: Arc<Mutex<HashMap<i64, Arc<tokio::sync::Mutex<()>>>>>,
+}
+
+impl Service {
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Self { commits: GroupCommit::new(store.clone()), store, design_locks: Arc::default() }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub async fn create_study(&self, spec: StudySpec) -> ServiceResult<Study> {
+        let spec = spec.with_seed(rand::random::<u32>() as u64);
+        spec.validate()?;
+        let record = self.store.insert_study(&spec, Utc::now()).await?;
+        self.study_view(record).await
+    }
+
+    pub async fn get_study(&self, study_id: i64) -> ServiceResult<Study> {
+        let record = self.study_record(study_id).await?;
+        self.study_view(record).await
+    }
+
+    pub async fn list_studies(
+        &self,
+        state: Option<StudyState>,
+        name_contains: Option<&str>,
+        page_size: Option<i64>,
+        page_token: Option<&str>,
+    ) -> ServiceResult<Page<Study>> {
+        let (limit, after) = page_bounds(page_size, page_token)?;
+        let records = self.store.list_studies(state, name_contains, after, limit + 1).await?;
+        let (records, next) = split_page(records, limit, |s| s.id);
+        let mut items = Vec::with_capacity(records.len());
+        for record in records {
+            items.push(self.study_view(record).await?);
+        }
+        Ok(Page { items, next_page_token: next })
+    }
+
+    pub async fn delete_study(&self, study_id: i64) -> ServiceResult<()> {
+        if self.store.delete_study(study_id).await? {
+            Ok(())
+        } else {
+            Err(not_found_study(study_id))
+        }
+    }
+
+    pub async fn stop_study(&self, study_id: i64) -> ServiceResult<Study> {
+        self.change_study(study_id, Command::Stop).await
+    }
+
+    pub async fn update_study(&self, study_id: i64, update: StudyUpdate) -> ServiceResult<Study> {
+        self.change_study(study_id, Command::Update(update)).await
+    }
+
+    async fn change_study(&self, study_id: i64, command: Command) -> ServiceResult<Study> {
+        match self.commits.submit(study_id, command).await? {
+            Reply::Study(record) => self.study_view(record).await,
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Hand out up to `count` trials, never exceeding `parallel_trials` unfinished nor
+    /// `max_trials` in all (enforced in `state_machine.rs`).
+    pub async fn suggest(
+        &self,
+        study_id: i64,
+        count: usize,
+        client_id: Option<String>,
+    ) -> ServiceResult<Suggestions> {
+        if !(1..=MAX_SUGGEST_COUNT).contains(&count) {
+            return Err(ServiceError::invalid("count", format!("must be between 1 and {MAX_SUGGEST_COUNT}")));
+        }
+        if let Some(client) = &client_id {
+            if client.is_empty() || client.len() > 256 {
+                return Err(ServiceError::invalid("client_id", "must be 1-256 characters"));
+            }
+        }
+        let study = self.study_record(study_id).await?;
+        let config = study.spec.validate().map_err(corrupt_spec(study_id))?;
+        let designer = designer_for(config.algorithm);
+        let reply = if designer.uses_history() && study.state == StudyState::Active {
+            // Model-based designers read a snapshot and think outside the study's lock.
+            let lock = self.design_lock(study_id)?;
+            let _one_at_a_time = lock.lock().await;
+            let trials = self.store.all_trials(study_id).await?;
+            let wanted = suggestions_needed(&trials, &config, count, client_id.as_deref());
+            let precomputed = if wanted > 0 {
+                Some(self.run_designer(&study, &config, &trials, wanted).await?)
+            } else {
+                None
+            };
+            self.commits.submit(study_id, Command::Suggest { count, client_id, precomputed }).await?
+        } else {
+            self.commits.submit(study_id, Command::Suggest { count, client_id, precomputed: None }).await?
+        };
+        let Reply::Suggested { trials, study_state, retry_later } = reply else {
+            return Err(unexpected(reply));
+        };
+        Ok(Suggestions {
+            trials: self.trial_views(study_id, trials).await?,
+            study_state,
+            retry_after_secs: retry_later.then_some(RETRY_AFTER_SECS),
+        })
+    }
+
+    fn design_lock(&self, study_id: i64) -> ServiceResult<Arc<tokio::sync::Mutex<()>>> {
+        let mut locks = self
+            .design_locks
+            .lock()
+            .map_err(|_| ServiceError::Internal("design lock registry poisoned".into()))?;
+        Ok(locks.entry(study_id).or_default().clone())
+    }
+
+    async fn run_designer(
+        &self,
+        study: &StudyRecord,
+        config: &crate::model::StudyConfig,
+        trials: &[TrialRecord],
+        count: usize,
+    ) -> ServiceResult<Vec<Assignment>> {
+        let completed: Vec<CompletedTrial> = trials
+            .iter()
+            .filter(|t| !t.excluded && !t.state.is_unfinished())
+            .map(|t| CompletedTrial { parameters: t.parameters.clone(), outcome: outcome_of(t, config) })
+            .collect();
+        let pending: Vec<Assignment> =
+            trials.iter().filter(|t| t.state.is_unfinished()).map(|t| t.parameters.clone()).collect();
+        let space = config.space.clone();
+        let metrics = config.metrics.clone();
+        let seed = config.seed;
+        let first_trial_number = study.next_trial_id.max(1) as u64;
+        let previous_state = study.designer_state.clone();
+        let algorithm = config.algorithm;
+        // The optimizer is CPU-bound: keep it off the async workers.
+        let output = tokio::task::spawn_blocking(move || {
+            let input = DesignerInput {
+                space: &space,
+                metrics: &metrics,
+                completed: &completed,
+                pending: &pending,
+                count,
+                first_trial_number,
+                seed,
+                previous_state: previous_state.as_ref(),
+            };
+            designer_for(algorithm).suggest(&input)
+        })
+        .await
+        .map_err(|e| ServiceError::Internal(format!("designer task: {e}")))?;
+        if let Some(state) = &output.state {
+            // A cache for warm starts: losing it costs time, never correctness.
+            if let Err(error) = self.store.set_designer_state(study.id, state).await {
+                tracing::warn!(study_id = study.id, %error, "could not keep designer state");
+            }
+        }
+        Ok(output.suggestions)
+    }
+
+    pub async fn add_trial(
+        &self,
+        study_id: i64,
+        parameters: Assignment,
+        final_metrics: Option<BTreeMap<String, f64>>,
+    ) -> ServiceResult<Trial> {
+        let study = self.study_record(study_id).await?;
+        let config = study.spec.validate().map_err(corrupt_spec(study_id))?;
+        config
+            .space
+            .check_assignment(&parameters)
+            .map_err(|(id, why)| ServiceError::invalid(format!("parameters.{id}"), why))?;
+        let final_measurement = match final_metrics {
+            Some(metrics) => {
+                check_metrics(&config, &metrics, "final_measurement.metrics", true)?;
+                Some(Measurement { step: 0, elapsed_secs: None, metrics })
+            }
+            None => None,
+        };
+        self.change_trial(study_id, Command::AddTrial { parameters, final_measurement }).await
+    }
+
+    pub async fn list_trials(
+        &self,
+        study_id: i64,
+        state: Option<TrialState>,
+        page_size: Option<i64>,
+        page_token: Option<&str>,
+    ) -> ServiceResult<Page<Trial>> {
+        let (limit, after) = page_bounds(page_size, page_token)?;
+        self.study_record(study_id).await?;
+        let records = self.store.list_trials(study_id, state, after, limit + 1).await?;
+        let (records, next) = split_page(records, limit, |t| t.id);
+        Ok(Page { items: self.trial_views(study_id, records).await?, next_page_token: next })
+    }
+
+    pub async fn get_trial(&self, study_id: i64, trial_id: i64) -> ServiceResult<Trial> {
+        let record = self.trial_record(study_id, trial_id).await?;
+        Ok(self.trial_views(study_id, vec![record]).await?.remove(0))
+    }
+
+    pub async fn add_measurement(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        measurement: Measurement,
+    ) -> ServiceResult<Trial> {
+        let study = self.study_record(study_id).await?;
+        let config = study.spec.validate().map_err(corrupt_spec(study_id))?;
+        if measurement.step < 0 {
+            return Err(ServiceError::invalid("step", "must be >= 0"));
+        }
+        if measurement.elapsed_secs.is_some_and(|s| !(s.is_finite() && s >= 0.0)) {
+            return Err(ServiceError::invalid("elapsed_secs", "must be a finite number >= 0"));
+        }
+        check_metrics(&config, &measurement.metrics, "metrics", false)?;
+        self.change_trial(study_id, Command::AddMeasurement { trial_id, measurement }).await
+    }
+
+    pub async fn complete_trial(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        outcome: Completion,
+    ) -> ServiceResult<Trial> {
+        let study = self.study_record(study_id).await?;
+        let config = study.spec.validate().map_err(corrupt_spec(study_id))?;
+        match &outcome {
+            Completion::Metrics { metrics, step } => {
+                check_metrics(&config, metrics, "metrics", true)?;
+                if step.is_some_and(|s| s < 0) {
+                    return Err(ServiceError::invalid("step", "must be >= 0"));
+                }
+            }
+            Completion::Infeasible(reason) if reason.trim().is_empty() => {
+                return Err(ServiceError::invalid("infeasible_reason", "must not be blank"));
+            }
+            _ => {}
+        }
+        self.change_trial(study_id, Command::Complete { trial_id, outcome }).await
+    }
+
+    pub async fn fail_trial(&self, study_id: i64, trial_id: i64, reason: String) -> ServiceResult<Trial> {
+        self.change_trial(study_id, Command::Fail { trial_id, reason }).await
+    }
+
+    pub async fn heartbeat(&self, study_id: i64, trial_id: i64) -> ServiceResult<Trial> {
+        self.change_trial(study_id, Command::Heartbeat { trial_id }).await
+    }
+
+    pub async fn set_excluded(&self, study_id: i64, trial_id: i64, excluded: bool) -> ServiceResult<Trial> {
+        self.change_trial(study_id, Command::SetExcluded { trial_id, excluded }).await
+    }
+
+    /// Whether the study's early-stopping rule says this trial should stop; if so an active
+    /// trial moves to `stopping`.
+    pub async fn should_stop(&self, study_id: i64, trial_id: i64) -> ServiceResult<bool> {
+        let study = self.study_record(study_id).await?;
+        let config = study.spec.validate().map_err(corrupt_spec(study_id))?;
+        let trial = self.trial_record(study_id, trial_id).await?;
+        if trial.state == TrialState::Stopping {
+            return Ok(true);
+        }
+        let Some(rule) = &config.early_stopping else {
+            return Ok(false);
+        };
+        if trial.state != TrialState::Active {
+            return Ok(false);
+        }
+        let metric = &config.metrics[0];
+        let trials = self.store.all_trials(study_id).await?;
+        let last = trials.last().map_or(0, |t| t.id);
+        let curves = curves_by_trial(self.store.measurements(study_id, 1, last).await?, &metric.id);
+        let completed: Vec<Vec<(u64, f64)>> = trials
+            .iter()
+            .filter(|t| t.state == TrialState::Completed && !t.excluded)
+            .filter_map(|t| curves.get(&t.id).cloned())
+            .collect();
+        let own = curves.get(&trial_id).cloned().unwrap_or_default();
+        let stop = augur_optimizer::stopping::should_stop(rule, metric.goal, &own, &completed);
+        if stop {
+            match self.commits.submit(study_id, Command::MarkStopping { trial_id }).await {
+                Ok(_) => {}
+                // It finished meanwhile: nothing left to stop.
+                Err(ServiceError::Conflict { .. }) => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(stop)
+    }
+
+    /// The best trial, or the Pareto set of a multi-metric study.
+    pub async fn optimal_trials(&self, study_id: i64) -> ServiceResult<Vec<Trial>> {
+        let study = self.study_record(study_id).await?;
+        let config = study.spec.validate().map_err(corrupt_spec(study_id))?;
+        let records = if config.metrics.len() == 1 {
+            let maximize = config.metrics[0].goal == Goal::Maximize;
+            self.store.best_trial(study_id, maximize).await?.into_iter().collect()
+        } else {
+            let completed: Vec<TrialRecord> = self
+                .store
+                .all_trials(study_id)
+                .await?
+                .into_iter()
+                .filter(|t| t.state == TrialState::Completed && !t.excluded && t.final_measurement.is_some())
+                .collect();
+            pareto::pareto_front(completed, &config.metrics)
+        };
+        self.trial_views(study_id, records).await
+    }
+
+    async fn change_trial(&self, study_id: i64, command: Command) -> ServiceResult<Trial> {
+        match self.commits.submit(study_id, command).await? {
+            Reply::Trial(record) => Ok(self.trial_views(study_id, vec![record]).await?.remove(0)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn study_record(&self, study_id: i64) -> ServiceResult<StudyRecord> {
+        self.store.get_study(study_id).await?.ok_or_else(|| not_found_study(study_id))
+    }
+
+    async fn trial_record(&self, study_id: i64, trial_id: i64) -> ServiceResult<TrialRecord> {
+        match self.store.get_trial(study_id, trial_id).await? {
+            Some(t) => Ok(t),
+            None => {
+                self.study_record(study_id).await?;
+                Err(ServiceError::NotFound(format!("trial {trial_id} of study {study_id}")))
+            }
+        }
+    }
+
+    async fn study_view(&self, record: StudyRecord) -> ServiceResult<Study> {
+        let counts = self.store.count_trials(record.id).await?;
+        let best_trial = match record.spec.metrics.as_slice() {
+            [only] => {
+                let maximize = only.goal == crate::model::MetricGoal::Maximize;
+                match self.store.best_trial(record.id, maximize).await? {
+                    Some(t) => Some(self.trial_views(record.id, vec![t]).await?.remove(0)),
+                    None => None,
+                }
+            }
+            _ => None,
+        };
+        Ok(Study {
+            id: record.id,
+            name: record.name,
+            state: record.state,
+            state_reason: record.state_reason,
+            spec: record.spec,
+            trial_counts: counts,
+            best_trial,
+            created_at: record.created_at,
+            updated_at: record.updated_at,
+        })
+    }
+
+    /// Trials as the API shows them, with their measurements (one query for all).
+    async fn trial_views(&self, study_id: i64, records: Vec<TrialRecord>) -> ServiceResult<Vec<Trial>> {
+        let (Some(first), Some(last)) =
+            (records.iter().map(|t| t.id).min(), records.iter().map(|t| t.id).max())
+        else {
+            return Ok(Vec::new());
+        };
+        let mut by_trial: HashMap<i64, Vec<Measurement>> = HashMap::new();
+        for (trial_id, m) in self.store.measurements(study_id, first, last).await? {
+            by_trial.entry(trial_id).or_default().push(m);
+        }
+        Ok(records
+            .into_iter()
+            .map(|t| Trial {
+                measurements: by_trial.remove(&t.id).unwrap_or_default(),
+                id: t.id,
+                state: t.state,
+                parameters: t.parameters,
+                final_measurement: t.final_measurement,
+                infeasible_reason: t.infeasible_reason,
+                fail_reason: t.fail_reason,
+                client_id: t.client_id,
+                early_stopped: t.early_stopped,
+                excluded: t.excluded,
+                created_at: t.created_at,
+                started_at: t.started_at,
+                completed_at: t.completed_at,
+            })
+            .collect())
+    }
+}
+
+/// How many new points a model-based designer should propose for this call: none when the
+/// client resumes its trials, when requested trials are waiting, or when the cap is full.
+fn suggestions_needed(
+    trials: &[TrialRecord],
+    config: &crate::model::StudyConfig,
+    count: usize,
+    client_id: Option<&str>,
+) -> usize {
+    let unfinished: Vec<&TrialRecord> = trials.iter().filter(|t| t.state.is_unfinished()).collect();
+    if client_id.is_some_and(|c| unfinished.iter().any(|t| t.client_id.as_deref() == Some(c))) {
+        return 0;
+    }
+    let waiting = unfinished.iter().filter(|t| t.state == TrialState::Requested).count();
+    let free = (config.parallel_trials as usize).saturating_sub(unfinished.len());
+    let budget = (config.max_trials as usize).saturating_sub(trials.len());
+    count.saturating_sub(waiting).min(free).min(budget)
+}
+
+fn outcome_of(trial: &TrialRecord, config: &crate::model::StudyConfig) -> Outcome {
+    match (trial.state, &trial.final_measurement) {
+        (TrialState::Completed, Some(m))
+            if config.metrics.iter().all(|spec| m.metrics.contains_key(&spec.id)) =>
+        {
+            Outcome::Measured(m.metrics.clone())
+        }
+        (TrialState::Failed, _) => Outcome::Failed,
+        _ => Outcome::Infeasible,
+    }
+}
+
+/// `(step, value)` learning curves of one metric, by trial, sorted by step.
+fn curves_by_trial(rows: Vec<(i64, Measurement)>, metric: &str) -> HashMap<i64, Vec<(u64, f64)>> {
+    let mut curves: HashMap<i64, Vec<(u64, f64)>> = HashMap::new();
+    for (trial_id, m) in rows {
+        if let Some(v) = m.metrics.get(metric) {
+            curves.entry(trial_id).or_default().push((m.step.max(0) as u64, *v));
+        }
+    }
+    curves
+}
+
+/// Every metric must be one of the study's, with a finite value; `require_all` demands
+/// every metric of the study (final measurements).
+fn check_metrics(
+    config: &crate::model::StudyConfig,
+    metrics: &BTreeMap<String, f64>,
+    field: &str,
+    require_all: bool,
+) -> ServiceResult<()> {
+    for (id, value) in metrics {
+        if !config.metrics.iter().any(|m| &m.id == id) {
+            return Err(ServiceError::invalid(format!("{field}.{id}"), "not a metric of this study"));
+        }
+        if !value.is_finite() {
+            return Err(ServiceError::invalid(format!("{field}.{id}"), "must be a finite number"));
+        }
+    }
+    if require_all {
+        if let Some(missing) = config.metrics.iter().find(|m| !metrics.contains_key(&m.id)) {
+            return Err(ServiceError::invalid(format!("{field}.{}", missing.id), "is required"));
+        }
+    } else if metrics.is_empty() {
+        return Err(ServiceError::invalid(field, "must report at least one metric"));
+    }
+    Ok(())
+}
+
+fn page_bounds(page_size: Option<i64>, page_token: Option<&str>) -> ServiceResult<(i64, i64)> {
+    let limit = page_size.unwrap_or(DEFAULT_PAGE_SIZE);
+    if !(1..=MAX_PAGE_SIZE).contains(&limit) {
+        return Err(ServiceError::invalid("page_size", format!("must be between 1 and {MAX_PAGE_SIZE}")));
+    }
+    let after = match page_token {
+        None | Some("") => 0,
+        Some(token) => token
+            .parse::<i64>()
+            .ok()
+            .filter(|n| *n >= 0)
+            .ok_or_else(|| ServiceError::invalid("page_token", "not a token from a previous page"))?,
+    };
+    Ok((limit, after))
+}
+
+/// Keep `limit` items; the next page token is the last kept id when more were found.
+fn split_page<T>(mut items: Vec<T>, limit: i64, id: impl Fn(&T) -> i64) -> (Vec<T>, Option<String>) {
+    if items.len() as i64 > limit {
+        items.truncate(limit as usize);
+        let next = items.last().map(|t| id(t).to_string());
+        (items, next)
+    } else {
+        (items, None)
+    }
+}
+
+fn not_found_study(study_id: i64) -> ServiceError {
+    ServiceError::NotFound(format!("study {study_id}"))
+}
+
+fn corrupt_spec(study_id: i64) -> impl Fn(ValidationError) -> ServiceError {
+    move |e| ServiceError::Internal(format!("stored spec of study {study_id} is invalid: {e}"))
+}
+
+fn unexpected(reply: Reply) -> ServiceError {
+    ServiceError::Internal(format!("unexpected reply {reply:?}"))
+}

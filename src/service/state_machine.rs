@@ -1,0 +1,569 @@
+//! The trial and study state machines, and the parallelism cap: the one place where trials
+//! change state. A [`StudyBatch`] applies a batch of [`Command`]s to one study inside one
+//! locked transaction (see `group_commit.rs`). Each command is checked against the state
+//! left by the commands before it and either applies fully or changes nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use augur_optimizer::{Assignment, DesignerInput, designer_for};
+use chrono::{DateTime, Duration, Utc};
+
+use super::{ServiceError, ServiceResult};
+use crate::model::{
+    Measurement, MeasurementSelection, StudyConfig, StudyState, StudyUpdate, TrialState,
+};
+use crate::store::{Store, StudyRecord, StudyTx, TrialRecord};
+
+/// A change to one study.
+#[derive(Debug)]
+pub enum Command {
+    /// Hand out up to `count` trials. `precomputed` carries suggestions from a designer that
+    /// needs the history (computed outside the lock); otherwise the designer runs here.
+    Suggest { count: usize, client_id: Option<String>, precomputed: Option<Vec<Assignment>> },
+    /// Add a trial with chosen parameters, completed when `final_measurement` is given.
+    AddTrial { parameters: Assignment, final_measurement: Option<Measurement> },
+    AddMeasurement { trial_id: i64, measurement: Measurement },
+    Complete { trial_id: i64, outcome: Completion },
+    Fail { trial_id: i64, reason: String },
+    Heartbeat { trial_id: i64 },
+    /// The early-stopping rule said stop: active → stopping.
+    MarkStopping { trial_id: i64 },
+    SetExcluded { trial_id: i64, excluded: bool },
+    Stop,
+    Update(StudyUpdate),
+}
+
+/// How a trial completes.
+#[derive(Debug)]
+pub enum Completion {
+    Metrics { metrics: BTreeMap<String, f64>, step: Option<i64> },
+    Infeasible(String),
+    /// Select the final measurement from the reported ones (`measurement_selection`).
+    Selected,
+}
+
+#[derive(Debug)]
+pub enum Reply {
+    /// The trials handed out, the study's state after the batch, and whether the caller
+    /// should ask again later (the cap was full, or the budget is spent while trials that
+    /// may come back are still running).
+    Suggested { trials: Vec<TrialRecord>, study_state: StudyState, retry_later: bool },
+    Trial(TrialRecord),
+    Study(StudyRecord),
+}
+
+pub(super) struct StudyBatch {
+    tx: Box<dyn StudyTx>,
+    study: StudyRecord,
+    config: StudyConfig,
+    now: DateTime<Utc>,
+    /// Every trial this batch has loaded or created, by id.
+    trials: BTreeMap<i64, TrialRecord>,
+    created: BTreeSet<i64>,
+    changed: BTreeSet<i64>,
+    measurements: Vec<(i64, Measurement)>,
+    /// Failed trials stored before this batch, read when first needed.
+    stored_failed: Option<u64>,
+    /// Trials this batch failed.
+    failed_in_batch: u64,
+    study_changed: bool,
+}
+
+impl StudyBatch {
+    /// Apply `commands` in one transaction. The outer error means the transaction itself
+    /// failed (nothing applied); inner errors are per command.
+    pub async fn run(
+        store: &dyn Store,
+        study_id: i64,
+        commands: Vec<Command>,
+    ) -> ServiceResult<Vec<ServiceResult<Reply>>> {
+        let Some(mut tx) = store.begin_study(study_id).await? else {
+            return Err(ServiceError::NotFound(format!("study {study_id}")));
+        };
+        let study = tx.study().clone();
+        let config = study
+            .spec
+            .validate()
+            .map_err(|e| ServiceError::Internal(format!("stored spec of study {study_id}: {e}")))?;
+        let unfinished = tx.unfinished_trials().await?;
+        let mut batch = StudyBatch {
+            tx,
+            study,
+            config,
+            now: Utc::now(),
+            trials: unfinished.into_iter().map(|t| (t.id, t)).collect(),
+            created: BTreeSet::new(),
+            changed: BTreeSet::new(),
+            measurements: Vec::new(),
+            stored_failed: None,
+            failed_in_batch: 0,
+            study_changed: false,
+        };
+        batch.expire_leases();
+        let mut results = Vec::with_capacity(commands.len());
+        for command in commands {
+            let result = batch.apply(command).await;
+            batch.settle_study_state().await?;
+            results.push(result);
+        }
+        batch.write().await?;
+        Ok(results)
+    }
+
+    async fn apply(&mut self, command: Command) -> ServiceResult<Reply> {
+        match command {
+            Command::Suggest { count, client_id, precomputed } => {
+                self.suggest(count, client_id, precomputed)
+            }
+            Command::AddTrial { parameters, final_measurement } => {
+                self.add_trial(parameters, final_measurement)
+            }
+            Command::AddMeasurement { trial_id, measurement } => {
+                self.add_measurement(trial_id, measurement).await
+            }
+            Command::Complete { trial_id, outcome } => self.complete(trial_id, outcome).await,
+            Command::Fail { trial_id, reason } => self.fail(trial_id, reason).await,
+            Command::Heartbeat { trial_id } => {
+                let lease = self.lease();
+                let trial = self.running_trial(trial_id, "heartbeat").await?;
+                trial.lease_expires_at = lease;
+                Ok(self.touched(trial_id))
+            }
+            Command::MarkStopping { trial_id } => {
+                let trial = self.running_trial(trial_id, "stop").await?;
+                if trial.state == TrialState::Active {
+                    trial.state = TrialState::Stopping;
+                }
+                Ok(self.touched(trial_id))
+            }
+            Command::SetExcluded { trial_id, excluded } => {
+                let trial = self.trial_mut(trial_id).await?;
+                trial.excluded = excluded;
+                Ok(self.touched(trial_id))
+            }
+            Command::Stop => {
+                if self.study.state == StudyState::Active {
+                    self.set_study_state(StudyState::Stopped, Some("stopped by a user".into()));
+                }
+                Ok(Reply::Study(self.study.clone()))
+            }
+            Command::Update(update) => self.update(update).await,
+        }
+    }
+
+    /// Active trials whose lease ran out go back to `requested`, same parameters, so that
+    /// another worker takes them.
+    fn expire_leases(&mut self) {
+        for trial in self.trials.values_mut() {
+            let expired = trial.lease_expires_at.is_some_and(|at| at <= self.now);
+            if trial.state.is_unfinished() && trial.state != TrialState::Requested && expired {
+                trial.state = TrialState::Requested;
+                trial.client_id = None;
+                trial.lease_expires_at = None;
+                trial.started_at = None;
+                self.changed.insert(trial.id);
+            }
+        }
+    }
+
+    fn lease(&self) -> Option<DateTime<Utc>> {
+        Some(self.now + Duration::seconds(self.config.trial_lease_secs))
+    }
+
+    fn unfinished_count(&self) -> u64 {
+        self.trials.values().filter(|t| t.state.is_unfinished()).count() as u64
+    }
+
+    /// Trials created so far, from the per-study counter.
+    fn created_count(&self) -> u64 {
+        (self.study.next_trial_id - 1).max(0) as u64
+    }
+
+    fn budget_left(&self) -> u64 {
+        self.config.max_trials.saturating_sub(self.created_count())
+    }
+
+    /// The parallelism cap: how many more trials may be unfinished right now.
+    fn free_slots(&self) -> u64 {
+        self.config.parallel_trials.saturating_sub(self.unfinished_count())
+    }
+
+    fn suggest(
+        &mut self,
+        count: usize,
+        client_id: Option<String>,
+        precomputed: Option<Vec<Assignment>>,
+    ) -> ServiceResult<Reply> {
+        if self.study.state != StudyState::Active {
+            return Ok(self.suggested(Vec::new(), false));
+        }
+        // A worker that asks again gets back the trials it already holds.
+        if let Some(client) = &client_id {
+            let held: Vec<TrialRecord> = self
+                .trials
+                .values()
+                .filter(|t| {
+                    t.client_id.as_deref() == Some(client)
+                        && matches!(t.state, TrialState::Active | TrialState::Stopping)
+                })
+                .cloned()
+                .collect();
+            if !held.is_empty() {
+                for t in &held {
+                    let lease = self.lease();
+                    if let Some(trial) = self.trials.get_mut(&t.id) {
+                        trial.lease_expires_at = lease;
+                    }
+                    self.changed.insert(t.id);
+                }
+                return Ok(self.suggested(held, false));
+            }
+        }
+        let mut handed = Vec::new();
+        // Requested trials (added by a user, or back from an expired lease) go first.
+        let waiting: Vec<i64> = self
+            .trials
+            .values()
+            .filter(|t| t.state == TrialState::Requested)
+            .map(|t| t.id)
+            .take(count)
+            .collect();
+        for id in waiting {
+            let lease = self.lease();
+            if let Some(trial) = self.trials.get_mut(&id) {
+                trial.state = TrialState::Active;
+                trial.client_id = client_id.clone();
+                trial.started_at = Some(self.now);
+                trial.lease_expires_at = lease;
+                handed.push(trial.clone());
+                self.changed.insert(id);
+            }
+        }
+        let wanted = (count - handed.len()) as u64;
+        let new_count = wanted.min(self.free_slots()).min(self.budget_left()) as usize;
+        if new_count > 0 {
+            let suggestions = match precomputed {
+                Some(points) => points,
+                None => self.design(new_count),
+            };
+            for parameters in suggestions.into_iter().take(new_count) {
+                let trial = self.new_trial(parameters, TrialState::Active, client_id.clone());
+                handed.push(trial);
+            }
+        }
+        let retry_later = handed.is_empty();
+        Ok(self.suggested(handed, retry_later))
+    }
+
+    /// Run a designer that does not need the history, with the exact trial numbers.
+    fn design(&self, count: usize) -> Vec<Assignment> {
+        let designer = designer_for(self.config.algorithm);
+        let input = DesignerInput {
+            space: &self.config.space,
+            metrics: &self.config.metrics,
+            completed: &[],
+            pending: &[],
+            count,
+            first_trial_number: self.study.next_trial_id.max(1) as u64,
+            seed: self.config.seed,
+            previous_state: None,
+        };
+        designer.suggest(&input).suggestions
+    }
+
+    fn suggested(&self, trials: Vec<TrialRecord>, retry_later: bool) -> Reply {
+        let active = self.study.state == StudyState::Active;
+        Reply::Suggested { trials, study_state: self.study.state, retry_later: retry_later && active }
+    }
+
+    fn new_trial(
+        &mut self,
+        parameters: Assignment,
+        state: TrialState,
+        client_id: Option<String>,
+    ) -> TrialRecord {
+        let id = self.study.next_trial_id;
+        self.study.next_trial_id += 1;
+        self.study_changed = true;
+        let running = state == TrialState::Active;
+        let trial = TrialRecord {
+            study_id: self.study.id,
+            id,
+            state,
+            parameters,
+            client_id,
+            final_measurement: None,
+            objective: None,
+            infeasible_reason: None,
+            fail_reason: None,
+            early_stopped: false,
+            excluded: false,
+            lease_expires_at: if running { self.lease() } else { None },
+            created_at: self.now,
+            started_at: running.then_some(self.now),
+            completed_at: None,
+        };
+        self.trials.insert(id, trial.clone());
+        self.created.insert(id);
+        trial
+    }
+
+    fn add_trial(
+        &mut self,
+        parameters: Assignment,
+        final_measurement: Option<Measurement>,
+    ) -> ServiceResult<Reply> {
+        if self.study.state != StudyState::Active {
+            return Err(ServiceError::conflict(format!(
+                "study {} is {}; trials can only be added to an active study",
+                self.study.id,
+                self.study.state.as_str()
+            )));
+        }
+        if self.budget_left() == 0 {
+            return Err(ServiceError::conflict(format!(
+                "the study's budget of {} trials is spent; raise max_trials first",
+                self.config.max_trials
+            )));
+        }
+        match final_measurement {
+            None => {
+                if self.free_slots() == 0 {
+                    return Err(ServiceError::conflict(format!(
+                        "parallel_trials ({}) trials are already unfinished; complete one first",
+                        self.config.parallel_trials
+                    )));
+                }
+                Ok(Reply::Trial(self.new_trial(parameters, TrialState::Requested, None)))
+            }
+            Some(measurement) => {
+                let mut trial = self.new_trial(parameters, TrialState::Completed, None);
+                trial.objective = self.objective(&measurement.metrics);
+                trial.final_measurement = Some(measurement);
+                trial.completed_at = Some(self.now);
+                self.trials.insert(trial.id, trial.clone());
+                Ok(Reply::Trial(trial))
+            }
+        }
+    }
+
+    fn objective(&self, metrics: &BTreeMap<String, f64>) -> Option<f64> {
+        self.config.metrics.first().and_then(|m| metrics.get(&m.id)).copied()
+    }
+
+    /// The trial, loading it if this batch has not yet.
+    async fn trial_mut(&mut self, trial_id: i64) -> ServiceResult<&mut TrialRecord> {
+        if !self.trials.contains_key(&trial_id) {
+            if let Some(trial) = self.tx.trials_by_id(&[trial_id]).await?.pop() {
+                self.trials.insert(trial_id, trial);
+            }
+        }
+        self.trials
+            .get_mut(&trial_id)
+            .ok_or_else(|| ServiceError::NotFound(format!("trial {trial_id} of study {}", self.study.id)))
+    }
+
+    /// A trial that a worker is running (active or stopping).
+    async fn running_trial(&mut self, trial_id: i64, action: &str) -> ServiceResult<&mut TrialRecord> {
+        let trial = self.trial_mut(trial_id).await?;
+        if !matches!(trial.state, TrialState::Active | TrialState::Stopping) {
+            return Err(ServiceError::conflict(format!(
+                "cannot {action} trial {trial_id}: it is {}",
+                trial.state.as_str()
+            )));
+        }
+        Ok(trial)
+    }
+
+    fn touched(&mut self, trial_id: i64) -> Reply {
+        self.changed.insert(trial_id);
+        match self.trials.get(&trial_id) {
+            Some(t) => Reply::Trial(t.clone()),
+            None => Reply::Study(self.study.clone()),
+        }
+    }
+
+    async fn add_measurement(&mut self, trial_id: i64, measurement: Measurement) -> ServiceResult<Reply> {
+        let lease = self.lease();
+        let trial = self.running_trial(trial_id, "add a measurement to").await?;
+        trial.lease_expires_at = lease;
+        self.measurements.retain(|(t, m)| !(*t == trial_id && m.step == measurement.step));
+        self.measurements.push((trial_id, measurement));
+        Ok(self.touched(trial_id))
+    }
+
+    async fn complete(&mut self, trial_id: i64, outcome: Completion) -> ServiceResult<Reply> {
+        let trial = self.trial_mut(trial_id).await?;
+        if !trial.state.is_unfinished() {
+            return Err(ServiceError::conflict(format!(
+                "trial {trial_id} is already {}",
+                trial.state.as_str()
+            )));
+        }
+        let early_stopped = trial.state == TrialState::Stopping;
+        let (state, final_measurement, infeasible_reason) = match outcome {
+            Completion::Infeasible(reason) => (TrialState::Infeasible, None, Some(reason)),
+            Completion::Metrics { metrics, step } => {
+                let step = step.unwrap_or(0);
+                (TrialState::Completed, Some(Measurement { step, elapsed_secs: None, metrics }), None)
+            }
+            Completion::Selected => {
+                let selected = self.select_measurement(trial_id).await?;
+                (TrialState::Completed, Some(selected), None)
+            }
+        };
+        let objective = final_measurement.as_ref().and_then(|m| self.objective(&m.metrics));
+        let now = self.now;
+        let trial = self.trial_mut(trial_id).await?;
+        trial.state = state;
+        trial.final_measurement = final_measurement;
+        trial.objective = objective;
+        trial.infeasible_reason = infeasible_reason;
+        trial.early_stopped = early_stopped;
+        trial.completed_at = Some(now);
+        trial.lease_expires_at = None;
+        Ok(self.touched(trial_id))
+    }
+
+    /// The final measurement of a trial completed without metrics: its last, or its best by
+    /// the first metric, among those that report every metric of the study.
+    async fn select_measurement(&mut self, trial_id: i64) -> ServiceResult<Measurement> {
+        let mut all: BTreeMap<i64, Measurement> = self
+            .tx
+            .measurements(trial_id)
+            .await?
+            .into_iter()
+            .map(|m| (m.step, m))
+            .collect();
+        for (t, m) in &self.measurements {
+            if *t == trial_id {
+                all.insert(m.step, m.clone());
+            }
+        }
+        let complete = all
+            .into_values()
+            .filter(|m| self.config.metrics.iter().all(|spec| m.metrics.contains_key(&spec.id)));
+        let first = &self.config.metrics[0];
+        let chosen = match self.config.measurement_selection {
+            MeasurementSelection::Last => complete.max_by_key(|m| m.step),
+            MeasurementSelection::Best => {
+                let better = |m: &Measurement| {
+                    let v = m.metrics.get(&first.id).copied().unwrap_or(f64::NAN);
+                    match first.goal {
+                        augur_optimizer::Goal::Maximize => v,
+                        augur_optimizer::Goal::Minimize => -v,
+                    }
+                };
+                complete.max_by(|a, b| better(a).total_cmp(&better(b)))
+            }
+        };
+        chosen.ok_or_else(|| {
+            ServiceError::invalid(
+                "metrics",
+                format!(
+                    "trial {trial_id} has no measurement with every metric of the study to select; \
+                     send metrics or infeasible_reason"
+                ),
+            )
+        })
+    }
+
+    async fn fail(&mut self, trial_id: i64, reason: String) -> ServiceResult<Reply> {
+        let now = self.now;
+        let trial = self.trial_mut(trial_id).await?;
+        if !trial.state.is_unfinished() {
+            return Err(ServiceError::conflict(format!(
+                "trial {trial_id} is already {}",
+                trial.state.as_str()
+            )));
+        }
+        trial.state = TrialState::Failed;
+        trial.fail_reason = Some(reason);
+        trial.completed_at = Some(now);
+        trial.lease_expires_at = None;
+        self.failed_in_batch += 1;
+        Ok(self.touched(trial_id))
+    }
+
+    async fn failed_count(&mut self) -> ServiceResult<u64> {
+        let stored = match self.stored_failed {
+            Some(n) => n,
+            None => {
+                let n = self.tx.count_failed().await?;
+                self.stored_failed = Some(n);
+                n
+            }
+        };
+        Ok(stored + self.failed_in_batch)
+    }
+
+    async fn update(&mut self, update: StudyUpdate) -> ServiceResult<Reply> {
+        if self.study.state == StudyState::Stopped {
+            return Err(ServiceError::conflict(format!("study {} was stopped", self.study.id)));
+        }
+        let (spec, config) = self.study.spec.apply_update(&update)?;
+        self.study.spec = spec;
+        self.config = config;
+        self.study_changed = true;
+        // A study that ended on its budget or its failures resumes when they are raised.
+        let failed = self.failed_count().await?;
+        let failures_ok = self.config.max_failed_trials.is_none_or(|max| failed < max);
+        let reopen = match self.study.state {
+            StudyState::Completed => self.budget_left() > 0 && failures_ok,
+            StudyState::Failed => failures_ok,
+            _ => false,
+        };
+        if reopen {
+            self.set_study_state(StudyState::Active, None);
+        }
+        Ok(Reply::Study(self.study.clone()))
+    }
+
+    fn set_study_state(&mut self, state: StudyState, reason: Option<String>) {
+        self.study.state = state;
+        self.study.state_reason = reason;
+        self.study_changed = true;
+    }
+
+    /// After each command: an active study fails on too many failed trials, and completes
+    /// when its budget is spent and nothing is left running.
+    async fn settle_study_state(&mut self) -> ServiceResult<()> {
+        if self.study.state != StudyState::Active {
+            return Ok(());
+        }
+        if let (Some(max), true) = (self.config.max_failed_trials, self.failed_in_batch > 0) {
+            let failed = self.failed_count().await?;
+            if failed >= max {
+                self.set_study_state(
+                    StudyState::Failed,
+                    Some(format!("{failed} trials failed (max_failed_trials: {max})")),
+                );
+                return Ok(());
+            }
+        }
+        if self.budget_left() == 0 && self.unfinished_count() == 0 {
+            self.set_study_state(StudyState::Completed, None);
+        }
+        Ok(())
+    }
+
+    async fn write(mut self) -> ServiceResult<()> {
+        let created: Vec<TrialRecord> =
+            self.created.iter().filter_map(|id| self.trials.get(id).cloned()).collect();
+        let changed: Vec<TrialRecord> = self
+            .changed
+            .iter()
+            .filter(|id| !self.created.contains(id))
+            .filter_map(|id| self.trials.get(id).cloned())
+            .collect();
+        self.tx.insert_trials(&created).await?;
+        self.tx.update_trials(&changed).await?;
+        self.tx.upsert_measurements(&self.measurements, self.now).await?;
+        if self.study_changed {
+            self.study.updated_at = self.now;
+            self.tx.update_study(&self.study).await?;
+        }
+        self.tx.commit().await?;
+        Ok(())
+    }
+}

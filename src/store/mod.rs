@@ -1,0 +1,130 @@
+//! Persistence: the only code that speaks SQL. One [`Store`] interface, implemented for
+//! PostgreSQL and SQLite from the same SQL (see `sql.rs`), proven equal by the conformance
+//! suite in `tests/store_conformance.rs`.
+
+mod postgres;
+mod records;
+mod sql;
+mod sqlite;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+pub use postgres::PostgresStore;
+pub use records::{StudyRecord, TokenRecord, TrialRecord};
+pub use sqlite::SqliteStore;
+
+use crate::model::{Measurement, StudySpec, StudyState, TrialCounts, TrialState};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A stored document no longer parses: a bug or a hand edit, never user input.
+    #[error("corrupt stored data: {0}")]
+    Corrupt(String),
+    #[error("unsupported database URL {0:?}: use sqlite://PATH or postgres://…")]
+    UnsupportedUrl(String),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Open the store a URL names (`sqlite://augur.db`, `sqlite::memory:`, `postgres://…`) and
+/// apply its migrations.
+pub async fn connect(url: &str) -> StoreResult<std::sync::Arc<dyn Store>> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(std::sync::Arc::new(PostgresStore::connect(url).await?))
+    } else if url.starts_with("sqlite:") {
+        Ok(std::sync::Arc::new(SqliteStore::connect(url).await?))
+    } else {
+        Err(StoreError::UnsupportedUrl(url.to_string()))
+    }
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// `postgres` or `sqlite`.
+    fn backend(&self) -> &'static str;
+    async fn ping(&self) -> StoreResult<()>;
+
+    async fn insert_study(&self, spec: &StudySpec, now: DateTime<Utc>) -> StoreResult<StudyRecord>;
+    async fn get_study(&self, study_id: i64) -> StoreResult<Option<StudyRecord>>;
+    /// Studies with id > `after_id`, by id, at most `limit`.
+    async fn list_studies(
+        &self,
+        state: Option<StudyState>,
+        name_contains: Option<&str>,
+        after_id: i64,
+        limit: i64,
+    ) -> StoreResult<Vec<StudyRecord>>;
+    /// Deletes the study with its trials, measurements and tokens. False if there was none.
+    async fn delete_study(&self, study_id: i64) -> StoreResult<bool>;
+
+    async fn count_trials(&self, study_id: i64) -> StoreResult<TrialCounts>;
+    /// Counts over every study, for `/metrics`.
+    async fn count_all_trials(&self) -> StoreResult<TrialCounts>;
+    /// The completed, not excluded trial with the best first-metric value.
+    async fn best_trial(&self, study_id: i64, maximize: bool) -> StoreResult<Option<TrialRecord>>;
+    /// Trials with id > `after_id`, by id, at most `limit`, measurements not loaded.
+    async fn list_trials(
+        &self,
+        study_id: i64,
+        state: Option<TrialState>,
+        after_id: i64,
+        limit: i64,
+    ) -> StoreResult<Vec<TrialRecord>>;
+    async fn get_trial(&self, study_id: i64, trial_id: i64) -> StoreResult<Option<TrialRecord>>;
+    /// Every trial of the study (for designers, Pareto sets and exports).
+    async fn all_trials(&self, study_id: i64) -> StoreResult<Vec<TrialRecord>>;
+    /// Measurements of trials `first..=last`, by trial then step.
+    async fn measurements(
+        &self,
+        study_id: i64,
+        first_trial: i64,
+        last_trial: i64,
+    ) -> StoreResult<Vec<(i64, Measurement)>>;
+    async fn set_designer_state(&self, study_id: i64, state: &serde_json::Value) -> StoreResult<()>;
+
+    /// Begin the one kind of transaction that changes a study: it holds the study's lock (row
+    /// lock on PostgreSQL, the write lock on SQLite) until commit or drop. `None` if the study
+    /// does not exist.
+    async fn begin_study(&self, study_id: i64) -> StoreResult<Option<Box<dyn StudyTx>>>;
+
+    async fn insert_token(
+        &self,
+        name: &str,
+        token_hash: &str,
+        scope: Option<(i64, i64)>,
+        now: DateTime<Utc>,
+    ) -> StoreResult<()>;
+    async fn find_token(&self, token_hash: &str) -> StoreResult<Option<TokenRecord>>;
+    async fn delete_token(&self, name: &str) -> StoreResult<bool>;
+    /// Tokens not scoped to a trial: with none, a loopback server is open.
+    async fn count_tokens(&self) -> StoreResult<i64>;
+}
+
+/// A transaction on one locked study. Dropping it without `commit` rolls back.
+#[async_trait]
+pub trait StudyTx: Send {
+    /// The study row as locked at the start of the transaction.
+    fn study(&self) -> &StudyRecord;
+    /// Trials in requested/active/stopping.
+    async fn unfinished_trials(&mut self) -> StoreResult<Vec<TrialRecord>>;
+    async fn trials_by_id(&mut self, ids: &[i64]) -> StoreResult<Vec<TrialRecord>>;
+    async fn count_failed(&mut self) -> StoreResult<u64>;
+    async fn measurements(&mut self, trial_id: i64) -> StoreResult<Vec<Measurement>>;
+    async fn insert_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()>;
+    /// Writes every mutable column of each trial.
+    async fn update_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()>;
+    /// Inserts, or replaces the measurement at the same (trial, step).
+    async fn upsert_measurements(
+        &mut self,
+        rows: &[(i64, Measurement)],
+        now: DateTime<Utc>,
+    ) -> StoreResult<()>;
+    /// Writes state, state_reason, spec, next_trial_id and updated_at.
+    async fn update_study(&mut self, study: &StudyRecord) -> StoreResult<()>;
+    async fn commit(self: Box<Self>) -> StoreResult<()>;
+}

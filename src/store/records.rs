@@ -1,0 +1,170 @@
+//! What the store reads and writes, typed; conversion from raw rows lives here so that a
+//! corrupt document surfaces as `StoreError::Corrupt`, never as a panic.
+
+use augur_optimizer::Assignment;
+use chrono::{DateTime, Utc};
+use sqlx::types::Json;
+
+use super::StoreError;
+use crate::model::{Measurement, StudySpec, StudyState, TrialState};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct StudyRecord {
+    pub id: i64,
+    pub name: String,
+    pub state: StudyState,
+    pub state_reason: Option<String>,
+    pub spec: StudySpec,
+    /// The id the next new trial gets.
+    pub next_trial_id: i64,
+    pub designer_state: Option<serde_json::Value>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrialRecord {
+    pub study_id: i64,
+    pub id: i64,
+    pub state: TrialState,
+    pub parameters: Assignment,
+    pub client_id: Option<String>,
+    pub final_measurement: Option<Measurement>,
+    /// The first metric's final value, for ordering by best.
+    pub objective: Option<f64>,
+    pub infeasible_reason: Option<String>,
+    pub fail_reason: Option<String>,
+    pub early_stopped: bool,
+    pub excluded: bool,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub completed_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenRecord {
+    pub name: String,
+    /// `(study, trial)` for a token that may only report to one trial.
+    pub scope: Option<(i64, i64)>,
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct StudyRow {
+    pub id: i64,
+    pub name: String,
+    pub state: String,
+    pub state_reason: Option<String>,
+    pub spec: Json<serde_json::Value>,
+    pub next_trial_id: i64,
+    pub designer_state: Option<Json<serde_json::Value>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl TryFrom<StudyRow> for StudyRecord {
+    type Error = StoreError;
+    fn try_from(r: StudyRow) -> Result<Self, StoreError> {
+        let state = StudyState::parse(&r.state)
+            .ok_or_else(|| StoreError::Corrupt(format!("study {}: state {:?}", r.id, r.state)))?;
+        let spec = serde_json::from_value(r.spec.0)
+            .map_err(|e| StoreError::Corrupt(format!("study {}: spec: {e}", r.id)))?;
+        Ok(StudyRecord {
+            id: r.id,
+            name: r.name,
+            state,
+            state_reason: r.state_reason,
+            spec,
+            next_trial_id: r.next_trial_id,
+            designer_state: r.designer_state.map(|j| j.0),
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct TrialRow {
+    pub study_id: i64,
+    pub id: i64,
+    pub state: String,
+    pub parameters: Json<serde_json::Value>,
+    pub client_id: Option<String>,
+    pub final_measurement: Option<Json<serde_json::Value>>,
+    pub objective: Option<f64>,
+    pub infeasible_reason: Option<String>,
+    pub fail_reason: Option<String>,
+    pub early_stopped: bool,
+    pub excluded: bool,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub completed_at: Option<DateTime<Utc>>,
+}
+
+impl TryFrom<TrialRow> for TrialRecord {
+    type Error = StoreError;
+    fn try_from(r: TrialRow) -> Result<Self, StoreError> {
+        let corrupt = |what: &str, e: String| {
+            StoreError::Corrupt(format!("trial {}/{}: {what}: {e}", r.study_id, r.id))
+        };
+        let state = TrialState::parse(&r.state).ok_or_else(|| corrupt("state", r.state.clone()))?;
+        let parameters = serde_json::from_value(r.parameters.0.clone())
+            .map_err(|e| corrupt("parameters", e.to_string()))?;
+        let final_measurement = match &r.final_measurement {
+            Some(j) => Some(
+                serde_json::from_value(j.0.clone())
+                    .map_err(|e| corrupt("final_measurement", e.to_string()))?,
+            ),
+            None => None,
+        };
+        Ok(TrialRecord {
+            study_id: r.study_id,
+            id: r.id,
+            state,
+            parameters,
+            client_id: r.client_id,
+            final_measurement,
+            objective: r.objective,
+            infeasible_reason: r.infeasible_reason,
+            fail_reason: r.fail_reason,
+            early_stopped: r.early_stopped,
+            excluded: r.excluded,
+            lease_expires_at: r.lease_expires_at,
+            created_at: r.created_at,
+            started_at: r.started_at,
+            completed_at: r.completed_at,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct MeasurementRow {
+    pub trial_id: i64,
+    pub step: i64,
+    pub elapsed_secs: Option<f64>,
+    pub metrics: Json<std::collections::BTreeMap<String, f64>>,
+}
+
+impl From<MeasurementRow> for (i64, Measurement) {
+    fn from(r: MeasurementRow) -> Self {
+        (r.trial_id, Measurement { step: r.step, elapsed_secs: r.elapsed_secs, metrics: r.metrics.0 })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct TokenRow {
+    pub name: String,
+    pub study_id: Option<i64>,
+    pub trial_id: Option<i64>,
+}
+
+impl From<TokenRow> for TokenRecord {
+    fn from(r: TokenRow) -> Self {
+        TokenRecord { name: r.name, scope: r.study_id.zip(r.trial_id) }
+    }
+}
+
+pub(super) fn to_json<T: serde::Serialize>(v: &T) -> Result<Json<serde_json::Value>, StoreError> {
+    serde_json::to_value(v).map(Json).map_err(|e| StoreError::Corrupt(e.to_string()))
+}

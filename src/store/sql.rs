@@ -1,0 +1,471 @@
+//! The SQL both backends share. PostgreSQL and SQLite accept the same statements here
+//! (`$N` placeholders, `ON CONFLICT`, `RETURNING`, `CAST`), so one implementation is stamped
+//! out for each by `impl_sql_store!`; only connecting, beginning a study transaction and
+//! locking the study row differ, and those are passed in.
+
+macro_rules! study_cols {
+    () => {
+        "id, name, state, state_reason, spec, next_trial_id, designer_state, created_at, updated_at"
+    };
+}
+macro_rules! trial_cols {
+    () => {
+        "study_id, id, state, parameters, client_id, final_measurement, objective, infeasible_reason, \
+         fail_reason, early_stopped, excluded, lease_expires_at, created_at, started_at, completed_at"
+    };
+}
+pub(super) use study_cols;
+
+pub(super) const INSERT_STUDY: &str = concat!(
+    "INSERT INTO studies (name, state, spec, next_trial_id, created_at, updated_at) \
+     VALUES ($1, 'active', $2, 1, $3, $3) RETURNING ",
+    study_cols!()
+);
+pub(super) const GET_STUDY: &str = concat!("SELECT ", study_cols!(), " FROM studies WHERE id = $1");
+pub(super) const LIST_STUDIES: &str = concat!(
+    "SELECT ",
+    study_cols!(),
+    " FROM studies WHERE (CAST($1 AS TEXT) IS NULL OR state = $1) \
+     AND (CAST($2 AS TEXT) IS NULL OR lower(name) LIKE $2 ESCAPE '\\') \
+     AND id > $3 ORDER BY id LIMIT $4"
+);
+pub(super) const DELETE_STUDY: &str = "DELETE FROM studies WHERE id = $1";
+pub(super) const COUNT_TRIALS: &str =
+    "SELECT state, COUNT(*) FROM trials WHERE study_id = $1 GROUP BY state";
+pub(super) const COUNT_ALL_TRIALS: &str = "SELECT state, COUNT(*) FROM trials GROUP BY state";
+pub(super) const BEST_TRIAL_MAX: &str = concat!(
+    "SELECT ",
+    trial_cols!(),
+    " FROM trials WHERE study_id = $1 AND objective IS NOT NULL AND state = 'completed' \
+     AND excluded = FALSE ORDER BY objective DESC, id LIMIT 1"
+);
+pub(super) const BEST_TRIAL_MIN: &str = concat!(
+    "SELECT ",
+    trial_cols!(),
+    " FROM trials WHERE study_id = $1 AND objective IS NOT NULL AND state = 'completed' \
+     AND excluded = FALSE ORDER BY objective ASC, id LIMIT 1"
+);
+pub(super) const LIST_TRIALS: &str = concat!(
+    "SELECT ",
+    trial_cols!(),
+    " FROM trials WHERE study_id = $1 AND (CAST($2 AS TEXT) IS NULL OR state = $2) \
+     AND id > $3 ORDER BY id LIMIT $4"
+);
+pub(super) const GET_TRIAL: &str =
+    concat!("SELECT ", trial_cols!(), " FROM trials WHERE study_id = $1 AND id = $2");
+pub(super) const ALL_TRIALS: &str =
+    concat!("SELECT ", trial_cols!(), " FROM trials WHERE study_id = $1 ORDER BY id");
+pub(super) const UNFINISHED_TRIALS: &str = concat!(
+    "SELECT ",
+    trial_cols!(),
+    " FROM trials WHERE study_id = $1 AND state IN ('requested', 'active', 'stopping') ORDER BY id"
+);
+pub(super) const COUNT_FAILED: &str =
+    "SELECT COUNT(*) FROM trials WHERE study_id = $1 AND state = 'failed'";
+pub(super) const MEASUREMENTS_RANGE: &str = "SELECT trial_id, step, elapsed_secs, metrics FROM measurements \
+     WHERE study_id = $1 AND trial_id BETWEEN $2 AND $3 ORDER BY trial_id, step";
+pub(super) const SET_DESIGNER_STATE: &str = "UPDATE studies SET designer_state = $2 WHERE id = $1";
+pub(super) const INSERT_TRIAL: &str = concat!(
+    "INSERT INTO trials (",
+    trial_cols!(),
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+);
+pub(super) const UPDATE_TRIAL: &str = "UPDATE trials SET state = $3, parameters = $4, client_id = $5, \
+     final_measurement = $6, objective = $7, infeasible_reason = $8, fail_reason = $9, \
+     early_stopped = $10, excluded = $11, lease_expires_at = $12, started_at = $13, \
+     completed_at = $14 WHERE study_id = $1 AND id = $2";
+pub(super) const UPSERT_MEASUREMENT: &str = "INSERT INTO measurements \
+     (study_id, trial_id, step, elapsed_secs, metrics, created_at) VALUES ($1, $2, $3, $4, $5, $6) \
+     ON CONFLICT (study_id, trial_id, step) DO UPDATE SET elapsed_secs = excluded.elapsed_secs, \
+     metrics = excluded.metrics, created_at = excluded.created_at";
+pub(super) const UPDATE_STUDY: &str = "UPDATE studies SET state = $2, state_reason = $3, spec = $4, \
+     next_trial_id = $5, updated_at = $6 WHERE id = $1";
+pub(super) const INSERT_TOKEN: &str = "INSERT INTO api_tokens (name, token_hash, study_id, trial_id, created_at) \
+     VALUES ($1, $2, $3, $4, $5)";
+pub(super) const FIND_TOKEN: &str =
+    "SELECT name, study_id, trial_id FROM api_tokens WHERE token_hash = $1";
+pub(super) const DELETE_TOKEN: &str = "DELETE FROM api_tokens WHERE name = $1";
+pub(super) const COUNT_TOKENS: &str = "SELECT COUNT(*) FROM api_tokens WHERE study_id IS NULL";
+
+/// Implements `Store` for `$store` (with field `pool: sqlx::Pool<$db>`) and `StudyTx` for
+/// `$tx` (fields `tx: sqlx::Transaction<'static, $db>`, `study: StudyRecord`).
+/// `$begin` is an expression `(&$store) -> Future<Result<Transaction>>`; `$lock` the SQL that
+/// reads (and on PostgreSQL locks) the study row.
+macro_rules! impl_sql_store {
+    ($store:ty, $tx:ident, $db:ty, $backend:literal, $lock:expr, |$s:ident| $begin:expr) => {
+        use $crate::store::records::{
+            to_json, MeasurementRow, StudyRow, TokenRow, TrialRow,
+        };
+        use $crate::store::sql::*;
+        use $crate::store::{StoreResult, StudyRecord, StudyTx, TokenRecord, TrialRecord};
+        use $crate::model::{Measurement, StudySpec, StudyState, TrialCounts, TrialState};
+
+        pub struct $tx {
+            tx: sqlx::Transaction<'static, $db>,
+            study: StudyRecord,
+        }
+
+        fn counts_from(rows: Vec<(String, i64)>) -> StoreResult<TrialCounts> {
+            let mut counts = TrialCounts::default();
+            for (state, n) in rows {
+                let state = TrialState::parse(&state).ok_or_else(|| {
+                    $crate::store::StoreError::Corrupt(format!("trial state {state:?}"))
+                })?;
+                counts.add(state, n.max(0) as u64);
+            }
+            Ok(counts)
+        }
+
+        fn trials_from(rows: Vec<TrialRow>) -> StoreResult<Vec<TrialRecord>> {
+            rows.into_iter().map(TrialRecord::try_from).collect()
+        }
+
+        #[async_trait::async_trait]
+        impl $crate::store::Store for $store {
+            fn backend(&self) -> &'static str {
+                $backend
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn ping(&self) -> StoreResult<()> {
+                sqlx::query("SELECT 1").execute(&self.pool).await?;
+                Ok(())
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn insert_study(
+                &self,
+                spec: &StudySpec,
+                now: chrono::DateTime<chrono::Utc>,
+            ) -> StoreResult<StudyRecord> {
+                let row: StudyRow = sqlx::query_as(INSERT_STUDY)
+                    .bind(&spec.name)
+                    .bind(to_json(spec)?)
+                    .bind(now)
+                    .fetch_one(&self.pool)
+                    .await?;
+                row.try_into()
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn get_study(&self, study_id: i64) -> StoreResult<Option<StudyRecord>> {
+                let row: Option<StudyRow> =
+                    sqlx::query_as(GET_STUDY).bind(study_id).fetch_optional(&self.pool).await?;
+                row.map(StudyRecord::try_from).transpose()
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn list_studies(
+                &self,
+                state: Option<StudyState>,
+                name_contains: Option<&str>,
+                after_id: i64,
+                limit: i64,
+            ) -> StoreResult<Vec<StudyRecord>> {
+                let pattern = name_contains.map(|n| {
+                    let escaped = n
+                        .to_lowercase()
+                        .replace('\\', "\\\\")
+                        .replace('%', "\\%")
+                        .replace('_', "\\_");
+                    format!("%{escaped}%")
+                });
+                let rows: Vec<StudyRow> = sqlx::query_as(LIST_STUDIES)
+                    .bind(state.map(|s| s.as_str()))
+                    .bind(pattern)
+                    .bind(after_id)
+                    .bind(limit)
+                    .fetch_all(&self.pool)
+                    .await?;
+                rows.into_iter().map(StudyRecord::try_from).collect()
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn delete_study(&self, study_id: i64) -> StoreResult<bool> {
+                let done = sqlx::query(DELETE_STUDY).bind(study_id).execute(&self.pool).await?;
+                Ok(done.rows_affected() > 0)
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn count_trials(&self, study_id: i64) -> StoreResult<TrialCounts> {
+                let rows: Vec<(String, i64)> =
+                    sqlx::query_as(COUNT_TRIALS).bind(study_id).fetch_all(&self.pool).await?;
+                counts_from(rows)
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn count_all_trials(&self) -> StoreResult<TrialCounts> {
+                let rows: Vec<(String, i64)> =
+                    sqlx::query_as(COUNT_ALL_TRIALS).fetch_all(&self.pool).await?;
+                counts_from(rows)
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn best_trial(
+                &self,
+                study_id: i64,
+                maximize: bool,
+            ) -> StoreResult<Option<TrialRecord>> {
+                let sql = if maximize { BEST_TRIAL_MAX } else { BEST_TRIAL_MIN };
+                let row: Option<TrialRow> =
+                    sqlx::query_as(sql).bind(study_id).fetch_optional(&self.pool).await?;
+                row.map(TrialRecord::try_from).transpose()
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn list_trials(
+                &self,
+                study_id: i64,
+                state: Option<TrialState>,
+                after_id: i64,
+                limit: i64,
+            ) -> StoreResult<Vec<TrialRecord>> {
+                let rows: Vec<TrialRow> = sqlx::query_as(LIST_TRIALS)
+                    .bind(study_id)
+                    .bind(state.map(|s| s.as_str()))
+                    .bind(after_id)
+                    .bind(limit)
+                    .fetch_all(&self.pool)
+                    .await?;
+                trials_from(rows)
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn get_trial(
+                &self,
+                study_id: i64,
+                trial_id: i64,
+            ) -> StoreResult<Option<TrialRecord>> {
+                let row: Option<TrialRow> = sqlx::query_as(GET_TRIAL)
+                    .bind(study_id)
+                    .bind(trial_id)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                row.map(TrialRecord::try_from).transpose()
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn all_trials(&self, study_id: i64) -> StoreResult<Vec<TrialRecord>> {
+                let rows: Vec<TrialRow> =
+                    sqlx::query_as(ALL_TRIALS).bind(study_id).fetch_all(&self.pool).await?;
+                trials_from(rows)
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn measurements(
+                &self,
+                study_id: i64,
+                first_trial: i64,
+                last_trial: i64,
+            ) -> StoreResult<Vec<(i64, Measurement)>> {
+                let rows: Vec<MeasurementRow> = sqlx::query_as(MEASUREMENTS_RANGE)
+                    .bind(study_id)
+                    .bind(first_trial)
+                    .bind(last_trial)
+                    .fetch_all(&self.pool)
+                    .await?;
+                Ok(rows.into_iter().map(Into::into).collect())
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn set_designer_state(
+                &self,
+                study_id: i64,
+                state: &serde_json::Value,
+            ) -> StoreResult<()> {
+                sqlx::query(SET_DESIGNER_STATE)
+                    .bind(study_id)
+                    .bind(sqlx::types::Json(state))
+                    .execute(&self.pool)
+                    .await?;
+                Ok(())
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn begin_study(
+                &self,
+                study_id: i64,
+            ) -> StoreResult<Option<Box<dyn StudyTx>>> {
+                let $s = self;
+                let mut tx = $begin.await?;
+                let row: Option<StudyRow> =
+                    sqlx::query_as($lock).bind(study_id).fetch_optional(&mut *tx).await?;
+                match row {
+                    None => Ok(None),
+                    Some(row) => Ok(Some(Box::new($tx { tx, study: row.try_into()? }))),
+                }
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn insert_token(
+                &self,
+                name: &str,
+                token_hash: &str,
+                scope: Option<(i64, i64)>,
+                now: chrono::DateTime<chrono::Utc>,
+            ) -> StoreResult<()> {
+                sqlx::query(INSERT_TOKEN)
+                    .bind(name)
+                    .bind(token_hash)
+                    .bind(scope.map(|s| s.0))
+                    .bind(scope.map(|s| s.1))
+                    .bind(now)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(())
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn find_token(&self, token_hash: &str) -> StoreResult<Option<TokenRecord>> {
+                let row: Option<TokenRow> =
+                    sqlx::query_as(FIND_TOKEN).bind(token_hash).fetch_optional(&self.pool).await?;
+                Ok(row.map(Into::into))
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn delete_token(&self, name: &str) -> StoreResult<bool> {
+                let done = sqlx::query(DELETE_TOKEN).bind(name).execute(&self.pool).await?;
+                Ok(done.rows_affected() > 0)
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn count_tokens(&self) -> StoreResult<i64> {
+                let (n,): (i64,) = sqlx::query_as(COUNT_TOKENS).fetch_one(&self.pool).await?;
+                Ok(n)
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl StudyTx for $tx {
+            fn study(&self) -> &StudyRecord {
+                &self.study
+            }
+
+            async fn unfinished_trials(&mut self) -> StoreResult<Vec<TrialRecord>> {
+                let rows: Vec<TrialRow> = sqlx::query_as(UNFINISHED_TRIALS)
+                    .bind(self.study.id)
+                    .fetch_all(&mut *self.tx)
+                    .await?;
+                trials_from(rows)
+            }
+
+            async fn trials_by_id(&mut self, ids: &[i64]) -> StoreResult<Vec<TrialRecord>> {
+                let mut out = Vec::with_capacity(ids.len());
+                for id in ids {
+                    let row: Option<TrialRow> = sqlx::query_as(GET_TRIAL)
+                        .bind(self.study.id)
+                        .bind(id)
+                        .fetch_optional(&mut *self.tx)
+                        .await?;
+                    if let Some(row) = row {
+                        out.push(row.try_into()?);
+                    }
+                }
+                Ok(out)
+            }
+
+            async fn count_failed(&mut self) -> StoreResult<u64> {
+                let (n,): (i64,) = sqlx::query_as(COUNT_FAILED)
+                    .bind(self.study.id)
+                    .fetch_one(&mut *self.tx)
+                    .await?;
+                Ok(n.max(0) as u64)
+            }
+
+            async fn measurements(&mut self, trial_id: i64) -> StoreResult<Vec<Measurement>> {
+                let rows: Vec<MeasurementRow> = sqlx::query_as(MEASUREMENTS_RANGE)
+                    .bind(self.study.id)
+                    .bind(trial_id)
+                    .bind(trial_id)
+                    .fetch_all(&mut *self.tx)
+                    .await?;
+                Ok(rows.into_iter().map(|r| <(i64, Measurement)>::from(r).1).collect())
+            }
+
+            async fn insert_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()> {
+                for t in trials {
+                    sqlx::query(INSERT_TRIAL)
+                        .bind(t.study_id)
+                        .bind(t.id)
+                        .bind(t.state.as_str())
+                        .bind(to_json(&t.parameters)?)
+                        .bind(&t.client_id)
+                        .bind(t.final_measurement.as_ref().map(to_json).transpose()?)
+                        .bind(t.objective)
+                        .bind(&t.infeasible_reason)
+                        .bind(&t.fail_reason)
+                        .bind(t.early_stopped)
+                        .bind(t.excluded)
+                        .bind(t.lease_expires_at)
+                        .bind(t.created_at)
+                        .bind(t.started_at)
+                        .bind(t.completed_at)
+                        .execute(&mut *self.tx)
+                        .await?;
+                }
+                Ok(())
+            }
+
+            async fn update_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()> {
+                for t in trials {
+                    sqlx::query(UPDATE_TRIAL)
+                        .bind(t.study_id)
+                        .bind(t.id)
+                        .bind(t.state.as_str())
+                        .bind(to_json(&t.parameters)?)
+                        .bind(&t.client_id)
+                        .bind(t.final_measurement.as_ref().map(to_json).transpose()?)
+                        .bind(t.objective)
+                        .bind(&t.infeasible_reason)
+                        .bind(&t.fail_reason)
+                        .bind(t.early_stopped)
+                        .bind(t.excluded)
+                        .bind(t.lease_expires_at)
+                        .bind(t.started_at)
+                        .bind(t.completed_at)
+                        .execute(&mut *self.tx)
+                        .await?;
+                }
+                Ok(())
+            }
+
+            async fn upsert_measurements(
+                &mut self,
+                rows: &[(i64, Measurement)],
+                now: chrono::DateTime<chrono::Utc>,
+            ) -> StoreResult<()> {
+                for (trial_id, m) in rows {
+                    sqlx::query(UPSERT_MEASUREMENT)
+                        .bind(self.study.id)
+                        .bind(trial_id)
+                        .bind(m.step)
+                        .bind(m.elapsed_secs)
+                        .bind(to_json(&m.metrics)?)
+                        .bind(now)
+                        .execute(&mut *self.tx)
+                        .await?;
+                }
+                Ok(())
+            }
+
+            async fn update_study(&mut self, study: &StudyRecord) -> StoreResult<()> {
+                sqlx::query(UPDATE_STUDY)
+                    .bind(study.id)
+                    .bind(study.state.as_str())
+                    .bind(&study.state_reason)
+                    .bind(to_json(&study.spec)?)
+                    .bind(study.next_trial_id)
+                    .bind(study.updated_at)
+                    .execute(&mut *self.tx)
+                    .await?;
+                Ok(())
+            }
+
+            async fn commit(self: Box<Self>) -> StoreResult<()> {
+                self.tx.commit().await?;
+                Ok(())
+            }
+        }
+    };
+}
+pub(super) use impl_sql_store;
