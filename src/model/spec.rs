@@ -265,6 +265,18 @@ pub struct StudyConfig {
     pub trial_lease_secs: i64,
 }
 
+impl StudyConfig {
+    /// How many trials the study will create in all: `max_trials`, or fewer when a grid has
+    /// fewer points.
+    pub fn trial_budget(&self) -> u64 {
+        match self.algorithm {
+            Algorithm::Grid => augur_optimizer::grid::grid_size(&self.space)
+                .map_or(self.max_trials, |points| points.min(self.max_trials)),
+            _ => self.max_trials,
+        }
+    }
+}
+
 /// The largest budget a study may ask for; far above what any tuning run needs, and it keeps
 /// counters inside every backend's integer range.
 const MAX_BUDGET: i64 = 100_000_000;

@@ -456,7 +456,7 @@ fn suggestions_needed(
     }
     let waiting = unfinished.iter().filter(|t| t.state == TrialState::Requested).count();
     let free = (config.parallel_trials as usize).saturating_sub(unfinished.len());
-    let budget = (config.max_trials as usize).saturating_sub(trials.len());
+    let budget = (config.trial_budget() as usize).saturating_sub(trials.len());
     count.saturating_sub(waiting).min(free).min(budget)
 }
 

@@ -180,7 +180,7 @@ impl StudyBatch {
     }
 
     fn budget_left(&self) -> u64 {
-        self.config.max_trials.saturating_sub(self.created_count())
+        self.config.trial_budget().saturating_sub(self.created_count())
     }
 
     /// The parallelism cap: how many more trials may be unfinished right now.

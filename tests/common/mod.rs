@@ -1,0 +1,211 @@
+//! Shared test helpers: real databases (a fresh PostgreSQL database or SQLite file per test),
+//! the server on port 0 in-process or as a real `augur` process, and a small JSON client.
+#![allow(dead_code, reason = "each test binary uses a different part of these helpers")]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use augur::{App, ServerConfig};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+/// Admin URL of the test PostgreSQL (see scripts/start-postgres.sh).
+pub fn postgres_admin_url() -> String {
+    std::env::var("AUGUR_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".to_string())
+}
+
+/// A database that lives as long as this value (SQLite: a file in a temp dir).
+pub struct TestDb {
+    pub url: String,
+    pub backend: &'static str,
+    _dir: Option<tempfile::TempDir>,
+}
+
+pub fn sqlite_db() -> TestDb {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}", dir.path().join("augur.db").display());
+    TestDb { url, backend: "sqlite", _dir: Some(dir) }
+}
+
+/// A new, empty PostgreSQL database. Fails loudly if PostgreSQL is not running: run the
+/// README's test command, which starts it.
+pub async fn postgres_db() -> TestDb {
+    use sqlx::Connection;
+    let admin = postgres_admin_url();
+    let mut conn = sqlx::PgConnection::connect(&admin)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL at {admin} is not reachable ({e}); run scripts/test.sh"));
+    let name = format!("augur_test_{}", uuid_like());
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut conn)
+        .await
+        .expect("create test database");
+    let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b).to_string();
+    TestDb { url: format!("{base}/{name}"), backend: "postgres", _dir: None }
+}
+
+pub async fn db(backend: &str) -> TestDb {
+    match backend {
+        "postgres" => postgres_db().await,
+        _ => sqlite_db(),
+    }
+}
+
+fn uuid_like() -> String {
+    let bytes: [u8; 8] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The server, in this process, on an ephemeral loopback port.
+pub struct TestApp {
+    pub addr: SocketAddr,
+    pub base: String,
+    pub http: reqwest::Client,
+    pub token: Option<String>,
+    pub db: TestDb,
+}
+
+pub async fn spawn_app(db: TestDb) -> TestApp {
+    spawn_app_with(db, None).await
+}
+
+pub async fn spawn_app_with(db: TestDb, token: Option<&str>) -> TestApp {
+    let mut config = ServerConfig::new(db.url.clone(), "127.0.0.1:0".parse().expect("addr"));
+    config.token = token.map(str::to_string);
+    let app = App::build(config).await.expect("server starts");
+    let addr = app.addr();
+    tokio::spawn(app.run());
+    TestApp {
+        addr,
+        base: format!("http://{addr}"),
+        http: reqwest::Client::new(),
+        token: token.map(str::to_string),
+        db,
+    }
+}
+
+pub struct Response {
+    pub status: StatusCode,
+    pub body: Value,
+}
+
+impl TestApp {
+    pub async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Response {
+        call(&self.http, &self.base, self.token.as_deref(), method, path, body).await
+    }
+
+    pub async fn get(&self, path: &str) -> Response {
+        self.call(Method::GET, path, None).await
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> Response {
+        self.call(Method::POST, path, Some(body)).await
+    }
+
+    /// Create a study and return its id; panics unless 201.
+    pub async fn create_study(&self, spec: Value) -> i64 {
+        let r = self.post("/v1/studies", spec).await;
+        assert_eq!(r.status, StatusCode::CREATED, "create study: {}", r.body);
+        r.body["id"].as_i64().expect("study id")
+    }
+}
+
+pub async fn call(
+    http: &reqwest::Client,
+    base: &str,
+    token: Option<&str>,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> Response {
+    let mut request = http.request(method, format!("{base}{path}"));
+    if let Some(t) = token {
+        request = request.bearer_auth(t);
+    }
+    if let Some(b) = body {
+        request = request.json(&b);
+    }
+    let response = request.send().await.expect("request sent");
+    let status = response.status();
+    let text = response.text().await.expect("body read");
+    let body = if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
+    Response { status, body }
+}
+
+/// A small spec with every parameter type and a conditional child.
+pub fn spec(algorithm: &str, max_trials: i64, parallel_trials: i64) -> Value {
+    json!({
+        "name": format!("{algorithm}-test"),
+        "algorithm": algorithm,
+        "metrics": [{"id": "accuracy", "goal": "maximize"}],
+        "parameters": [
+            {"id": "lr", "type": "double", "min": 0.0001, "max": 1.0, "scale": "log"},
+            {"id": "layers", "type": "integer", "min": 1, "max": 8},
+            {"id": "batch", "type": "discrete", "values": [16, 32, 64, 128]},
+            {"id": "kernel", "type": "categorical", "values": ["rbf", "poly"],
+             "children": [{"when": ["poly"], "parameters": [{"id": "degree", "type": "integer", "min": 2, "max": 5}]}]}
+        ],
+        "max_trials": max_trials,
+        "parallel_trials": parallel_trials,
+        "seed": 7
+    })
+}
+
+/// The `augur` binary that cargo built for these tests.
+pub fn augur_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_augur"))
+}
+
+/// A real `augur serve` process; killed when dropped.
+pub struct ServerProcess {
+    pub child: Child,
+    pub base: String,
+}
+
+impl ServerProcess {
+    pub fn start(database_url: &str, port: u16) -> ServerProcess {
+        let child = Command::new(augur_bin())
+            .args(["serve", "--database-url", database_url, "--listen", &format!("127.0.0.1:{port}")])
+            .env("AUGUR_LOG", "warn")
+            .env_remove("AUGUR_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn augur serve");
+        ServerProcess { child, base: format!("http://127.0.0.1:{port}") }
+    }
+
+    /// Wait until `/readyz` answers 200.
+    pub async fn wait_ready(&self) {
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(r) = http.get(format!("{}/readyz", self.base)).send().await {
+                if r.status().is_success() {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("augur serve at {} did not become ready", self.base);
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A free loopback port.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
