@@ -1,0 +1,358 @@
+//! The parallelism cap and the trial budget under real concurrency: many clients hammering
+//! one study through `suggest` and `complete`, on two `augur serve` replicas sharing one
+//! PostgreSQL database (and, second, one server on a SQLite file), while a monitor reads the
+//! database directly and records the most unfinished trials it ever saw committed.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+
+use common::{ServerProcess, free_port};
+
+const CLIENTS: usize = 64;
+const PARALLEL: i64 = 4;
+const MAX_TRIALS: i64 = 400;
+/// The whole run gives up after this long.
+const DEADLINE: Duration = Duration::from_secs(120);
+/// Upper bound on requests one client sends, so that a stuck study cannot spin forever.
+const MAX_REQUESTS_PER_CLIENT: usize = 20_000;
+
+const UNFINISHED_SQL: &str = "SELECT count(*) FROM trials WHERE study_id = $1 AND state IN ('requested','active','stopping')";
+
+/// How the monitor reads the database behind the servers.
+enum Monitor {
+    Postgres(sqlx::PgPool),
+    Sqlite(sqlx::SqlitePool),
+}
+
+impl Monitor {
+    async fn unfinished(&self, study_id: i64) -> Result<i64, sqlx::Error> {
+        let (n,): (i64,) = match self {
+            Monitor::Postgres(pool) => {
+                sqlx::query_as(UNFINISHED_SQL)
+                    .bind(study_id)
+                    .fetch_one(pool)
+                    .await?
+            }
+            Monitor::Sqlite(pool) => {
+                sqlx::query_as(UNFINISHED_SQL)
+                    .bind(study_id)
+                    .fetch_one(pool)
+                    .await?
+            }
+        };
+        Ok(n)
+    }
+
+    async fn trials(&self, study_id: i64) -> Vec<(i64, String)> {
+        const SQL: &str = "SELECT id, state FROM trials WHERE study_id = $1 ORDER BY id";
+        match self {
+            Monitor::Postgres(pool) => sqlx::query_as(SQL)
+                .bind(study_id)
+                .fetch_all(pool)
+                .await
+                .expect("read trials"),
+            Monitor::Sqlite(pool) => sqlx::query_as(SQL)
+                .bind(study_id)
+                .fetch_all(pool)
+                .await
+                .expect("read trials"),
+        }
+    }
+}
+
+/// What the clients saw, for the checks at the end.
+#[derive(Default)]
+struct Ledger {
+    /// trial id → how many times a suggest handed it out.
+    handed: BTreeMap<i64, u32>,
+    /// trial id → how many completes were acknowledged with 200.
+    completed: BTreeMap<i64, u32>,
+    /// Unexpected answers, described.
+    errors: Vec<String>,
+}
+
+async fn post(
+    http: &reqwest::Client,
+    url: String,
+    body: Value,
+) -> Result<(StatusCode, Value), String> {
+    let response = http
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| format!("POST {url}: {e}"))?;
+    let status = response.status();
+    let body = response.json::<Value>().await.unwrap_or(Value::Null);
+    Ok((status, body))
+}
+
+/// One worker: suggest one trial, complete it, repeat until the study is completed.
+async fn client(
+    n: usize,
+    base: String,
+    study_id: i64,
+    ledger: Arc<Mutex<Ledger>>,
+    done: Arc<AtomicBool>,
+) {
+    let http = reqwest::Client::new();
+    // Half the clients identify themselves, half do not: both paths must respect the cap.
+    let mut request = json!({"count": 1});
+    if n.is_multiple_of(2) {
+        request["client_id"] = json!(format!("c{n}"));
+    }
+    for _ in 0..MAX_REQUESTS_PER_CLIENT {
+        if done.load(Ordering::Relaxed) {
+            return;
+        }
+        let (status, body) = match post(
+            &http,
+            format!("{base}/v1/studies/{study_id}/suggest"),
+            request.clone(),
+        )
+        .await
+        {
+            Ok(answer) => answer,
+            Err(e) => {
+                ledger.lock().await.errors.push(format!("client {n}: {e}"));
+                return;
+            }
+        };
+        if status != StatusCode::OK {
+            ledger
+                .lock()
+                .await
+                .errors
+                .push(format!("client {n}: suggest answered {status}: {body}"));
+            return;
+        }
+        let trials = body["trials"].as_array().cloned().unwrap_or_default();
+        if trials.is_empty() {
+            if body["study_state"] == "completed" {
+                done.store(true, Ordering::Relaxed);
+                return;
+            }
+            // The cap is full: back off a little (not the advertised second, to keep load up).
+            tokio::time::sleep(Duration::from_millis(2 + (n as u64 % 7))).await;
+            continue;
+        }
+        for trial in trials {
+            let Some(id) = trial["id"].as_i64() else {
+                ledger
+                    .lock()
+                    .await
+                    .errors
+                    .push(format!("client {n}: trial without id: {trial}"));
+                return;
+            };
+            *ledger.lock().await.handed.entry(id).or_default() += 1;
+            let accuracy = (id as f64 * 0.618).fract();
+            let url = format!("{base}/v1/studies/{study_id}/trials/{id}/complete");
+            match post(&http, url, json!({"metrics": {"accuracy": accuracy}})).await {
+                Ok((StatusCode::OK, _)) => {
+                    *ledger.lock().await.completed.entry(id).or_default() += 1
+                }
+                Ok((status, body)) => ledger.lock().await.errors.push(format!(
+                    "client {n}: complete {id} answered {status}: {body}"
+                )),
+                Err(e) => {
+                    ledger.lock().await.errors.push(format!("client {n}: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+    ledger.lock().await.errors.push(format!(
+        "client {n}: gave up after {MAX_REQUESTS_PER_CLIENT} requests"
+    ));
+}
+
+/// Run `CLIENTS` workers spread over `bases` against one study until it completes, with a
+/// monitor polling the database; then check the cap, the budget and every trial.
+async fn hammer_one_study(bases: &[String], monitor: Monitor) {
+    let http = reqwest::Client::new();
+    let spec = json!({
+        "name": "concurrency",
+        "algorithm": "random",
+        "metrics": [{"id": "accuracy", "goal": "maximize"}],
+        "parameters": [
+            {"id": "lr", "type": "double", "min": 0.0001, "max": 1.0, "scale": "log"},
+            {"id": "layers", "type": "integer", "min": 1, "max": 8},
+            {"id": "kernel", "type": "categorical", "values": ["rbf", "poly"]}
+        ],
+        "max_trials": MAX_TRIALS,
+        "parallel_trials": PARALLEL,
+        "seed": 11
+    });
+    let (status, study) = post(&http, format!("{}/v1/studies", bases[0]), spec)
+        .await
+        .expect("create study");
+    assert_eq!(status, StatusCode::CREATED, "create study: {study}");
+    let study_id = study["id"].as_i64().expect("study id");
+
+    let monitor = Arc::new(monitor);
+    let done = Arc::new(AtomicBool::new(false));
+    let max_seen = Arc::new(AtomicI64::new(0));
+    let polls = Arc::new(AtomicI64::new(0));
+    let monitor_task = {
+        let (monitor, done, max_seen, polls) = (
+            monitor.clone(),
+            done.clone(),
+            max_seen.clone(),
+            polls.clone(),
+        );
+        tokio::spawn(async move {
+            let deadline = Instant::now() + DEADLINE;
+            while !done.load(Ordering::Relaxed) && Instant::now() < deadline {
+                match monitor.unfinished(study_id).await {
+                    Ok(n) => {
+                        max_seen.fetch_max(n, Ordering::Relaxed);
+                        polls.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // SQLite may be briefly busy; the next poll will do.
+                    Err(e) => eprintln!("monitor: {e}"),
+                }
+                tokio::time::sleep(Duration::from_millis(3)).await;
+            }
+        })
+    };
+
+    let ledger = Arc::new(Mutex::new(Ledger::default()));
+    let started = Instant::now();
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|n| {
+            let base = bases[n % bases.len()].clone();
+            tokio::spawn(client(n, base, study_id, ledger.clone(), done.clone()))
+        })
+        .collect();
+    let all = futures::future::join_all(clients);
+    let finished = tokio::time::timeout(DEADLINE, all).await;
+    done.store(true, Ordering::Relaxed);
+    monitor_task.await.expect("monitor task");
+    let finished = finished.unwrap_or_else(|_| {
+        panic!(
+            "the study did not complete within {DEADLINE:?} ({} polls)",
+            polls.load(Ordering::Relaxed)
+        )
+    });
+    for joined in finished {
+        joined.expect("client task panicked");
+    }
+    eprintln!(
+        "{} trials by {CLIENTS} clients on {} server(s) in {:.1?}; monitor polled {} times, max unfinished {}",
+        MAX_TRIALS,
+        bases.len(),
+        started.elapsed(),
+        polls.load(Ordering::Relaxed),
+        max_seen.load(Ordering::Relaxed)
+    );
+
+    let ledger = ledger.lock().await;
+    assert!(
+        ledger.errors.is_empty(),
+        "unexpected answers:\n{}",
+        ledger.errors.join("\n")
+    );
+    assert!(polls.load(Ordering::Relaxed) > 10, "the monitor hardly ran");
+    let max_seen = max_seen.load(Ordering::Relaxed);
+    assert!(
+        max_seen <= PARALLEL,
+        "{max_seen} unfinished trials at once, cap {PARALLEL}"
+    );
+
+    let expected: Vec<i64> = (1..=MAX_TRIALS).collect();
+    let handed_twice: Vec<_> = ledger.handed.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        handed_twice.is_empty(),
+        "trials handed out more than once: {handed_twice:?}"
+    );
+    assert_eq!(
+        ledger.handed.keys().copied().collect::<Vec<_>>(),
+        expected,
+        "trials handed out"
+    );
+    let completed_twice: Vec<_> = ledger.completed.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        completed_twice.is_empty(),
+        "trials completed more than once: {completed_twice:?}"
+    );
+    assert_eq!(
+        ledger.completed.keys().copied().collect::<Vec<_>>(),
+        expected,
+        "trials completed"
+    );
+
+    let stored = monitor.trials(study_id).await;
+    assert_eq!(
+        stored.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+        expected,
+        "stored trial ids"
+    );
+    let not_completed: Vec<_> = stored
+        .iter()
+        .filter(|(_, state)| state != "completed")
+        .collect();
+    assert!(
+        not_completed.is_empty(),
+        "trials not completed: {not_completed:?}"
+    );
+
+    let response = http
+        .get(format!("{}/v1/studies/{study_id}", bases[bases.len() - 1]))
+        .send()
+        .await
+        .expect("get study");
+    assert_eq!(response.status(), StatusCode::OK);
+    let study: Value = response.json().await.expect("study JSON");
+    assert_eq!(study["state"], "completed", "study: {study}");
+}
+
+/// Two replicas on one PostgreSQL never hand out more than `parallel_trials` at once nor
+/// more than `max_trials` in all, and every trial is handed out and completed exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_postgres_replicas_keep_the_cap_and_the_budget_under_64_clients() {
+    let db = common::postgres_db().await;
+    let first = ServerProcess::start(&db.url, free_port());
+    first.wait_ready().await;
+    // The second starts once the first has migrated, as a rolling deployment would.
+    let second = ServerProcess::start(&db.url, free_port());
+    second.wait_ready().await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&db.url)
+        .await
+        .expect("monitor connects");
+    hammer_one_study(
+        &[first.base.clone(), second.base.clone()],
+        Monitor::Postgres(pool),
+    )
+    .await;
+}
+
+/// The same on a SQLite file behind one server process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_server_keeps_the_cap_and_the_budget_under_64_clients() {
+    let db = common::sqlite_db();
+    let server = ServerProcess::start(&db.url, free_port());
+    server.wait_ready().await;
+    let options = db
+        .url
+        .parse::<sqlx::sqlite::SqliteConnectOptions>()
+        .expect("SQLite URL")
+        .read_only(true)
+        .busy_timeout(Duration::from_secs(5));
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .expect("monitor opens the SQLite file");
+    hammer_one_study(std::slice::from_ref(&server.base), Monitor::Sqlite(pool)).await;
+}
