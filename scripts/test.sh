@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The test command: everything CI runs. Starts (or installs) PostgreSQL itself, then checks
+# formatting and lints, runs every test against real SQLite files and a real PostgreSQL, and
+# fuzzes the live API against openapi.yaml with schemathesis.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "PostgreSQL"
+admin_url=$(scripts/start-postgres.sh)
+export AUGUR_TEST_POSTGRES_URL="$admin_url"
+# drop databases left by earlier runs (one is created per test)
+runuser -u postgres -- psql -tAc "SELECT datname FROM pg_database WHERE datname LIKE 'augur_test_%'" \
+  | while read -r db; do [ -n "$db" ] && runuser -u postgres -- dropdb --if-exists "$db"; done
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "cargo test"
+cargo test --workspace 2>&1 | tee target/test-output.txt
+# a closing line for the record: totals over every test binary
+awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i }' target/test-output.txt
+
+step "schemathesis against openapi.yaml"
+scripts/schemathesis.sh
