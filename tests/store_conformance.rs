@@ -72,12 +72,17 @@ fn trial(study_id: i64, id: i64, state: TrialState, x: f64) -> TrialRecord {
         created_at: now(),
         started_at: Some(now()),
         completed_at: None,
+        change_seq: 0,
     }
 }
 
 fn completed(mut t: TrialRecord, acc: f64) -> TrialRecord {
     t.state = TrialState::Completed;
-    t.final_measurement = Some(Measurement { step: 3, elapsed_secs: Some(1.5), metrics: [("acc".to_string(), acc)].into() });
+    t.final_measurement = Some(Measurement {
+        step: 3,
+        elapsed_secs: Some(1.5),
+        metrics: [("acc".to_string(), acc)].into(),
+    });
     t.objective = Some(acc);
     t.completed_at = Some(now());
     t.lease_expires_at = None;
@@ -85,7 +90,11 @@ fn completed(mut t: TrialRecord, acc: f64) -> TrialRecord {
 }
 
 async fn insert(store: &dyn Store, study: i64, trials: &[TrialRecord]) {
-    let mut tx = store.begin_study(study).await.expect("begin").expect("study exists");
+    let mut tx = store
+        .begin_study(study)
+        .await
+        .expect("begin")
+        .expect("study exists");
     let mut s = tx.study().clone();
     s.next_trial_id += trials.len() as i64;
     tx.insert_trials(trials).await.expect("insert trials");
@@ -95,8 +104,14 @@ async fn insert(store: &dyn Store, study: i64, trials: &[TrialRecord]) {
 
 async fn studies_insert_get_list_filter_delete(store: Arc<dyn Store>) {
     store.ping().await.expect("ping");
-    let a = store.insert_study(&spec("Alpha net"), now()).await.expect("insert");
-    let b = store.insert_study(&spec("beta_100%"), now()).await.expect("insert");
+    let a = store
+        .insert_study(&spec("Alpha net"), now())
+        .await
+        .expect("insert");
+    let b = store
+        .insert_study(&spec("beta_100%"), now())
+        .await
+        .expect("insert");
     assert_eq!(a.state, StudyState::Active);
     assert_eq!(a.next_trial_id, 1);
     assert_eq!(a.spec, spec("Alpha net"));
@@ -105,16 +120,56 @@ async fn studies_insert_get_list_filter_delete(store: Arc<dyn Store>) {
     assert_eq!(store.get_study(9999).await.expect("get"), None);
 
     let all = store.list_studies(None, None, 0, 10).await.expect("list");
-    assert_eq!(all.iter().map(|s| s.id).collect::<Vec<_>>(), vec![a.id, b.id]);
-    let after = store.list_studies(None, None, a.id, 10).await.expect("list");
+    assert_eq!(
+        all.iter().map(|s| s.id).collect::<Vec<_>>(),
+        vec![a.id, b.id]
+    );
+    let after = store
+        .list_studies(None, None, a.id, 10)
+        .await
+        .expect("list");
     assert_eq!(after.len(), 1);
-    assert_eq!(store.list_studies(None, None, 0, 1).await.expect("list").len(), 1);
-    let by_name = store.list_studies(None, Some("ALPHA"), 0, 10).await.expect("list");
-    assert_eq!(by_name.iter().map(|s| s.id).collect::<Vec<_>>(), vec![a.id], "case-insensitive");
-    let literal = store.list_studies(None, Some("0%"), 0, 10).await.expect("list");
-    assert_eq!(literal.iter().map(|s| s.id).collect::<Vec<_>>(), vec![b.id], "% is literal");
-    assert!(store.list_studies(None, Some("_"), 0, 10).await.expect("list").iter().all(|s| s.name.contains('_')));
-    assert!(store.list_studies(Some(StudyState::Stopped), None, 0, 10).await.expect("list").is_empty());
+    assert_eq!(
+        store
+            .list_studies(None, None, 0, 1)
+            .await
+            .expect("list")
+            .len(),
+        1
+    );
+    let by_name = store
+        .list_studies(None, Some("ALPHA"), 0, 10)
+        .await
+        .expect("list");
+    assert_eq!(
+        by_name.iter().map(|s| s.id).collect::<Vec<_>>(),
+        vec![a.id],
+        "case-insensitive"
+    );
+    let literal = store
+        .list_studies(None, Some("0%"), 0, 10)
+        .await
+        .expect("list");
+    assert_eq!(
+        literal.iter().map(|s| s.id).collect::<Vec<_>>(),
+        vec![b.id],
+        "% is literal"
+    );
+    assert!(
+        store
+            .list_studies(None, Some("_"), 0, 10)
+            .await
+            .expect("list")
+            .iter()
+            .all(|s| s.name.contains('_'))
+    );
+    assert!(
+        store
+            .list_studies(Some(StudyState::Stopped), None, 0, 10)
+            .await
+            .expect("list")
+            .is_empty()
+    );
 
     assert!(store.delete_study(a.id).await.expect("delete"));
     assert!(!store.delete_study(a.id).await.expect("delete twice"));
@@ -122,18 +177,31 @@ async fn studies_insert_get_list_filter_delete(store: Arc<dyn Store>) {
 }
 
 async fn study_transaction_inserts_updates_and_commits(store: Arc<dyn Store>) {
-    let study = store.insert_study(&spec("tx"), now()).await.expect("insert");
-    assert!(store.begin_study(424242).await.expect("begin").is_none(), "no such study");
+    let study = store
+        .insert_study(&spec("tx"), now())
+        .await
+        .expect("insert");
+    assert!(
+        store.begin_study(424242).await.expect("begin").is_none(),
+        "no such study"
+    );
     let t1 = trial(study.id, 1, TrialState::Active, 0.1);
     let t2 = trial(study.id, 2, TrialState::Requested, 0.2);
     let t3 = completed(trial(study.id, 3, TrialState::Active, 0.3), 0.9);
     insert(&*store, study.id, &[t1.clone(), t2.clone(), t3.clone()]).await;
 
-    let mut tx = store.begin_study(study.id).await.expect("begin").expect("study");
+    let mut tx = store
+        .begin_study(study.id)
+        .await
+        .expect("begin")
+        .expect("study");
     assert_eq!(tx.study().next_trial_id, 4);
     let unfinished = tx.unfinished_trials().await.expect("unfinished");
     assert_eq!(unfinished, vec![t1.clone(), t2.clone()]);
-    assert_eq!(tx.trials_by_id(&[3, 99]).await.expect("by id"), vec![t3.clone()]);
+    assert_eq!(
+        tx.trials_by_id(&[3, 99]).await.expect("by id"),
+        vec![t3.clone()]
+    );
     assert_eq!(tx.count_failed().await.expect("failed"), 0);
     let mut failed = t1.clone();
     failed.state = TrialState::Failed;
@@ -141,8 +209,14 @@ async fn study_transaction_inserts_updates_and_commits(store: Arc<dyn Store>) {
     failed.lease_expires_at = None;
     let mut excluded = t3.clone();
     excluded.excluded = true;
-    tx.update_trials(&[failed.clone(), excluded.clone()]).await.expect("update");
-    assert_eq!(tx.count_failed().await.expect("failed"), 1, "reads see the transaction's writes");
+    tx.update_trials(&[failed.clone(), excluded.clone()])
+        .await
+        .expect("update");
+    assert_eq!(
+        tx.count_failed().await.expect("failed"),
+        1,
+        "reads see the transaction's writes"
+    );
     let mut s = tx.study().clone();
     s.state = StudyState::Failed;
     s.state_reason = Some("why".into());
@@ -151,19 +225,44 @@ async fn study_transaction_inserts_updates_and_commits(store: Arc<dyn Store>) {
     tx.update_study(&s).await.expect("update study");
     tx.commit().await.expect("commit");
 
-    assert_eq!(store.get_trial(study.id, 1).await.expect("get"), Some(failed));
-    assert_eq!(store.get_trial(study.id, 3).await.expect("get"), Some(excluded));
+    assert_eq!(
+        store.get_trial(study.id, 1).await.expect("get"),
+        Some(failed)
+    );
+    assert_eq!(
+        store.get_trial(study.id, 3).await.expect("get"),
+        Some(excluded)
+    );
     assert_eq!(store.get_study(study.id).await.expect("get"), Some(s));
-    store.set_designer_state(study.id, &serde_json::json!({"lengthscales": [0.5]})).await.expect("designer state");
-    let reread = store.get_study(study.id).await.expect("get").expect("study");
-    assert_eq!(reread.designer_state, Some(serde_json::json!({"lengthscales": [0.5]})));
+    store
+        .set_designer_state(study.id, &serde_json::json!({"lengthscales": [0.5]}))
+        .await
+        .expect("designer state");
+    let reread = store
+        .get_study(study.id)
+        .await
+        .expect("get")
+        .expect("study");
+    assert_eq!(
+        reread.designer_state,
+        Some(serde_json::json!({"lengthscales": [0.5]}))
+    );
 }
 
 async fn dropped_transaction_rolls_back(store: Arc<dyn Store>) {
-    let study = store.insert_study(&spec("rollback"), now()).await.expect("insert");
+    let study = store
+        .insert_study(&spec("rollback"), now())
+        .await
+        .expect("insert");
     {
-        let mut tx = store.begin_study(study.id).await.expect("begin").expect("study");
-        tx.insert_trials(&[trial(study.id, 1, TrialState::Active, 0.5)]).await.expect("insert");
+        let mut tx = store
+            .begin_study(study.id)
+            .await
+            .expect("begin")
+            .expect("study");
+        tx.insert_trials(&[trial(study.id, 1, TrialState::Active, 0.5)])
+            .await
+            .expect("insert");
         // dropped without commit
     }
     assert_eq!(store.get_trial(study.id, 1).await.expect("get"), None);
@@ -172,21 +271,55 @@ async fn dropped_transaction_rolls_back(store: Arc<dyn Store>) {
 
 async fn measurements_upsert_by_step_and_range(store: Arc<dyn Store>) {
     let study = store.insert_study(&spec("m"), now()).await.expect("insert");
-    insert(&*store, study.id, &[1, 2, 3].map(|i| trial(study.id, i, TrialState::Active, 0.1))).await;
-    let m = |step: i64, acc: f64| Measurement { step, elapsed_secs: Some(step as f64), metrics: BTreeMap::from([("acc".to_string(), acc)]) };
-    let mut tx = store.begin_study(study.id).await.expect("begin").expect("study");
-    tx.upsert_measurements(&[(1, m(1, 0.1)), (1, m(2, 0.2)), (2, m(1, 0.3)), (3, m(5, 0.4))], now()).await.expect("upsert");
-    tx.upsert_measurements(&[(1, m(2, 0.25))], now()).await.expect("replace");
-    assert_eq!(tx.measurements(1).await.expect("read"), vec![m(1, 0.1), m(2, 0.25)]);
+    insert(
+        &*store,
+        study.id,
+        &[1, 2, 3].map(|i| trial(study.id, i, TrialState::Active, 0.1)),
+    )
+    .await;
+    let m = |step: i64, acc: f64| Measurement {
+        step,
+        elapsed_secs: Some(step as f64),
+        metrics: BTreeMap::from([("acc".to_string(), acc)]),
+    };
+    let mut tx = store
+        .begin_study(study.id)
+        .await
+        .expect("begin")
+        .expect("study");
+    tx.upsert_measurements(
+        &[
+            (1, m(1, 0.1)),
+            (1, m(2, 0.2)),
+            (2, m(1, 0.3)),
+            (3, m(5, 0.4)),
+        ],
+        now(),
+    )
+    .await
+    .expect("upsert");
+    tx.upsert_measurements(&[(1, m(2, 0.25))], now())
+        .await
+        .expect("replace");
+    assert_eq!(
+        tx.measurements(1).await.expect("read"),
+        vec![m(1, 0.1), m(2, 0.25)]
+    );
     tx.commit().await.expect("commit");
     let range = store.measurements(study.id, 1, 2).await.expect("range");
     assert_eq!(range, vec![(1, m(1, 0.1)), (1, m(2, 0.25)), (2, m(1, 0.3))]);
-    assert_eq!(store.measurements(study.id, 3, 3).await.expect("one"), vec![(3, m(5, 0.4))]);
+    assert_eq!(
+        store.measurements(study.id, 3, 3).await.expect("one"),
+        vec![(3, m(5, 0.4))]
+    );
 }
 
 async fn counts_best_and_paging(store: Arc<dyn Store>) {
     let study = store.insert_study(&spec("c"), now()).await.expect("insert");
-    let other = store.insert_study(&spec("other"), now()).await.expect("insert");
+    let other = store
+        .insert_study(&spec("other"), now())
+        .await
+        .expect("insert");
     let mut best_excluded = completed(trial(study.id, 4, TrialState::Active, 0.4), 0.99);
     best_excluded.excluded = true;
     let trials = vec![
@@ -197,21 +330,44 @@ async fn counts_best_and_paging(store: Arc<dyn Store>) {
         completed(trial(study.id, 5, TrialState::Active, 0.5), 0.1),
     ];
     insert(&*store, study.id, &trials).await;
-    insert(&*store, other.id, &[trial(other.id, 1, TrialState::Requested, 0.9)]).await;
+    insert(
+        &*store,
+        other.id,
+        &[trial(other.id, 1, TrialState::Requested, 0.9)],
+    )
+    .await;
 
     let counts = store.count_trials(study.id).await.expect("counts");
     assert_eq!((counts.completed, counts.active, counts.total), (4, 1, 5));
     let all = store.count_all_trials().await.expect("all counts");
     assert!(all.total >= 6 && all.requested >= 1);
-    assert_eq!(store.best_trial(study.id, true).await.expect("best").map(|t| t.id), Some(2), "excluded trials are never best");
-    assert_eq!(store.best_trial(study.id, false).await.expect("best").map(|t| t.id), Some(5));
+    assert_eq!(
+        store
+            .best_trial(study.id, true)
+            .await
+            .expect("best")
+            .map(|t| t.id),
+        Some(2),
+        "excluded trials are never best"
+    );
+    assert_eq!(
+        store
+            .best_trial(study.id, false)
+            .await
+            .expect("best")
+            .map(|t| t.id),
+        Some(5)
+    );
     assert_eq!(store.best_trial(other.id, true).await.expect("best"), None);
 
     let page = store.list_trials(study.id, None, 0, 2).await.expect("page");
     assert_eq!(page.iter().map(|t| t.id).collect::<Vec<_>>(), vec![1, 2]);
     let next = store.list_trials(study.id, None, 2, 2).await.expect("page");
     assert_eq!(next.iter().map(|t| t.id).collect::<Vec<_>>(), vec![3, 4]);
-    let active = store.list_trials(study.id, Some(TrialState::Active), 0, 10).await.expect("filter");
+    let active = store
+        .list_trials(study.id, Some(TrialState::Active), 0, 10)
+        .await
+        .expect("filter");
     assert_eq!(active.iter().map(|t| t.id).collect::<Vec<_>>(), vec![3]);
     assert_eq!(store.all_trials(study.id).await.expect("all"), trials);
 }
@@ -219,25 +375,79 @@ async fn counts_best_and_paging(store: Arc<dyn Store>) {
 async fn tokens_insert_find_delete_count(store: Arc<dyn Store>) {
     let study = store.insert_study(&spec("t"), now()).await.expect("insert");
     assert_eq!(store.count_tokens().await.expect("count"), 0);
-    store.insert_token("ci", "hash-ci", None, now()).await.expect("insert");
-    store.insert_token("trial", "hash-trial", Some((study.id, 3)), now()).await.expect("insert");
-    assert_eq!(store.count_tokens().await.expect("count"), 1, "trial tokens do not close an open server");
-    let found = store.find_token("hash-trial").await.expect("find").expect("token");
+    store
+        .insert_token("ci", "hash-ci", None, now())
+        .await
+        .expect("insert");
+    store
+        .insert_token("trial", "hash-trial", Some((study.id, 3)), now())
+        .await
+        .expect("insert");
+    assert_eq!(
+        store.count_tokens().await.expect("count"),
+        1,
+        "trial tokens do not close an open server"
+    );
+    let found = store
+        .find_token("hash-trial")
+        .await
+        .expect("find")
+        .expect("token");
     assert_eq!(found.scope, Some((study.id, 3)));
-    assert_eq!(store.find_token("hash-ci").await.expect("find").map(|t| t.name), Some("ci".to_string()));
+    assert_eq!(
+        store
+            .find_token("hash-ci")
+            .await
+            .expect("find")
+            .map(|t| t.name),
+        Some("ci".to_string())
+    );
     assert_eq!(store.find_token("nope").await.expect("find"), None);
-    assert!(store.insert_token("ci", "another", None, now()).await.is_err(), "names are unique");
+    assert!(
+        store
+            .insert_token("ci", "another", None, now())
+            .await
+            .is_err(),
+        "names are unique"
+    );
     assert!(store.delete_token("ci").await.expect("delete"));
     assert_eq!(store.count_tokens().await.expect("count"), 0);
 }
 
 async fn deleting_a_study_cascades(store: Arc<dyn Store>) {
-    let study = store.insert_study(&spec("cascade"), now()).await.expect("insert");
-    insert(&*store, study.id, &[trial(study.id, 1, TrialState::Active, 0.5)]).await;
-    let mut tx = store.begin_study(study.id).await.expect("begin").expect("study");
-    tx.upsert_measurements(&[(1, Measurement { step: 1, elapsed_secs: None, metrics: BTreeMap::new() })], now()).await.expect("m");
+    let study = store
+        .insert_study(&spec("cascade"), now())
+        .await
+        .expect("insert");
+    insert(
+        &*store,
+        study.id,
+        &[trial(study.id, 1, TrialState::Active, 0.5)],
+    )
+    .await;
+    let mut tx = store
+        .begin_study(study.id)
+        .await
+        .expect("begin")
+        .expect("study");
+    tx.upsert_measurements(
+        &[(
+            1,
+            Measurement {
+                step: 1,
+                elapsed_secs: None,
+                metrics: BTreeMap::new(),
+            },
+        )],
+        now(),
+    )
+    .await
+    .expect("m");
     tx.commit().await.expect("commit");
-    store.insert_token("trial-token", "h", Some((study.id, 1)), now()).await.expect("token");
+    store
+        .insert_token("trial-token", "h", Some((study.id, 1)), now())
+        .await
+        .expect("token");
     assert!(store.delete_study(study.id).await.expect("delete"));
     assert_eq!(store.all_trials(study.id).await.expect("all"), vec![]);
     assert_eq!(store.measurements(study.id, 1, 1).await.expect("m"), vec![]);

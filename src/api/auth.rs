@@ -40,15 +40,26 @@ pub struct Auth {
 
 impl Auth {
     pub fn new(open: bool) -> Self {
-        Self { open, cache: Arc::default() }
+        Self {
+            open,
+            cache: Arc::default(),
+        }
     }
 }
 
-pub async fn require_token(State(state): State<AppState>, request: Request, next: Next) -> Response {
+pub async fn require_token(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
     // Only owned parts cross the await: a request body is not Sync.
     let method = request.method().clone();
     let path = request.uri().path().to_string();
-    let authorization = request.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let authorization = request
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     match check(&state, &method, &path, authorization.as_deref()).await {
         Ok(()) => next.run(request).await,
         Err(e) => e.into_response(),
@@ -69,11 +80,15 @@ async fn check(
         .map(str::trim)
         .filter(|t| !t.is_empty())
         .ok_or(ApiError::Unauthenticated)?;
-    let record = lookup(state, &hash_token(token)).await?.ok_or(ApiError::Unauthenticated)?;
+    let record = lookup(state, &hash_token(token))
+        .await?
+        .ok_or(ApiError::Unauthenticated)?;
     match record.scope {
         None => Ok(()),
         Some((study, trial)) if trial_route(method, path) == Some((study, trial)) => Ok(()),
-        Some(_) => Err(ApiError::PermissionDenied("this token may only report to its own trial".into())),
+        Some(_) => Err(ApiError::PermissionDenied(
+            "this token may only report to its own trial".into(),
+        )),
     }
 }
 
@@ -85,7 +100,12 @@ async fn lookup(state: &AppState, hash: &str) -> Result<Option<TokenRecord>, Api
             }
         }
     }
-    let found = state.service.store().find_token(hash).await.map_err(|e| ApiError::Internal(e.to_string()))?;
+    let found = state
+        .service
+        .store()
+        .find_token(hash)
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
     if let (Some(record), Ok(mut cache)) = (&found, state.auth.cache.lock()) {
         cache.insert(hash.to_string(), (record.clone(), Instant::now()));
     }
@@ -118,12 +138,21 @@ mod tests {
 
     #[test]
     fn trial_tokens_reach_only_their_trials_reporting_routes() {
-        assert_eq!(trial_route(&Method::POST, "/v1/studies/3/trials/7/complete"), Some((3, 7)));
-        assert_eq!(trial_route(&Method::GET, "/v1/studies/3/trials/7"), Some((3, 7)));
+        assert_eq!(
+            trial_route(&Method::POST, "/v1/studies/3/trials/7/complete"),
+            Some((3, 7))
+        );
+        assert_eq!(
+            trial_route(&Method::GET, "/v1/studies/3/trials/7"),
+            Some((3, 7))
+        );
         assert_eq!(trial_route(&Method::PATCH, "/v1/studies/3/trials/7"), None);
         assert_eq!(trial_route(&Method::POST, "/v1/studies/3/suggest"), None);
         assert_eq!(trial_route(&Method::DELETE, "/v1/studies/3"), None);
-        assert_eq!(trial_route(&Method::POST, "/v1/studies/3/trials/7/exclude"), None);
+        assert_eq!(
+            trial_route(&Method::POST, "/v1/studies/3/trials/7/exclude"),
+            None
+        );
     }
 
     #[test]

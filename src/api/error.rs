@@ -13,7 +13,10 @@ use crate::service::ServiceError;
 #[derive(Debug)]
 pub enum ApiError {
     /// 400: a field of the request is wrong; `field` names it.
-    InvalidArgument { message: String, field: Option<String> },
+    InvalidArgument {
+        message: String,
+        field: Option<String>,
+    },
     /// 401: no valid bearer token.
     Unauthenticated,
     /// 403: the token may not do this (a trial token used on another trial).
@@ -23,7 +26,10 @@ pub enum ApiError {
     /// 405: the route exists, the method does not.
     MethodNotAllowed,
     /// 409: the study or trial is in the wrong state for this request.
-    FailedPrecondition { message: String, field: Option<String> },
+    FailedPrecondition {
+        message: String,
+        field: Option<String>,
+    },
     /// 413: the body is larger than the configured limit.
     PayloadTooLarge,
     /// 415: the body is not JSON.
@@ -50,13 +56,19 @@ pub struct ErrorDetail {
 
 impl ApiError {
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
-        ApiError::InvalidArgument { message: message.into(), field: Some(field.into()) }
+        ApiError::InvalidArgument {
+            message: message.into(),
+            field: Some(field.into()),
+        }
     }
 }
 
 impl From<ValidationError> for ApiError {
     fn from(e: ValidationError) -> Self {
-        ApiError::InvalidArgument { message: e.message, field: Some(e.field) }
+        ApiError::InvalidArgument {
+            message: e.message,
+            field: Some(e.field),
+        }
     }
 }
 
@@ -65,7 +77,9 @@ impl From<ServiceError> for ApiError {
         match e {
             ServiceError::Invalid(v) => v.into(),
             ServiceError::NotFound(what) => ApiError::NotFound(format!("{what} not found")),
-            ServiceError::Conflict { message, field } => ApiError::FailedPrecondition { message, field },
+            ServiceError::Conflict { message, field } => {
+                ApiError::FailedPrecondition { message, field }
+            }
             ServiceError::Store(s) => ApiError::Internal(s.to_string()),
             ServiceError::Internal(s) => ApiError::Internal(s),
         }
@@ -109,10 +123,21 @@ impl IntoResponse for ApiError {
             ),
             ApiError::Internal(cause) => {
                 tracing::error!(%cause, "internal error");
-                (StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error".to_string(), None)
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "internal error".to_string(),
+                    None,
+                )
             }
         };
-        let body = ErrorBody { error: ErrorDetail { code: code.to_string(), message, field } };
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: code.to_string(),
+                message,
+                field,
+            },
+        };
         (status, Json(body)).into_response()
     }
 }

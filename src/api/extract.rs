@@ -21,7 +21,12 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(|v| {
-                let mime = v.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+                let mime = v
+                    .split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_ascii_lowercase();
                 mime == "application/json" || mime.ends_with("+json")
             });
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
@@ -31,7 +36,11 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
                 ApiError::invalid("body", rejection.body_text())
             }
         })?;
-        let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) { b"{}" } else { &bytes };
+        let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+            b"{}"
+        } else {
+            &bytes
+        };
         if json_type == Some(false) && bytes != b"{}" {
             return Err(ApiError::UnsupportedMediaType);
         }
@@ -46,7 +55,11 @@ fn body_error(e: &serde_path_to_error::Error<serde_json::Error>) -> ApiError {
     let message = e.inner().to_string();
     // serde reports an unknown field at its parent; name the field itself.
     // For an unknown field the path already ends with the field's name.
-    let field = if path == "." { "body".to_string() } else { path };
+    let field = if path == "." {
+        "body".to_string()
+    } else {
+        path
+    };
     ApiError::invalid(field, message)
 }
 
@@ -59,12 +72,18 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
         let query = parts.uri.query().unwrap_or("");
         let de = serde_urlencoded::Deserializer::new(form_urlencoded_parse(query));
-        serde_path_to_error::deserialize(de).map(ApiQuery).map_err(|e| {
-            let path = e.path().to_string();
-            let message = e.inner().to_string();
-            let field = if path == "." { "query".to_string() } else { path };
-            ApiError::invalid(field, message)
-        })
+        serde_path_to_error::deserialize(de)
+            .map(ApiQuery)
+            .map_err(|e| {
+                let path = e.path().to_string();
+                let message = e.inner().to_string();
+                let field = if path == "." {
+                    "query".to_string()
+                } else {
+                    path
+                };
+                ApiError::invalid(field, message)
+            })
     }
 }
 
@@ -77,5 +96,9 @@ pub fn parse_id(raw: &str, field: &str) -> Result<i64, ApiError> {
     raw.parse::<i64>()
         .ok()
         .filter(|id| *id >= 1)
-        .ok_or_else(|| ApiError::NotFound(format!("{field} {raw:?} not found: ids are positive integers")))
+        .ok_or_else(|| {
+            ApiError::NotFound(format!(
+                "{field} {raw:?} not found: ids are positive integers"
+            ))
+        })
 }

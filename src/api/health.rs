@@ -30,7 +30,9 @@ pub struct HealthStatus {
 #[utoipa::path(get, path = "/healthz", tag = "operations",
     responses((status = 200, description = "Up", body = HealthStatus)))]
 pub async fn healthz() -> axum::Json<HealthStatus> {
-    axum::Json(HealthStatus { status: "ok".into() })
+    axum::Json(HealthStatus {
+        status: "ok".into(),
+    })
 }
 
 /// The database is reachable.
@@ -41,10 +43,20 @@ pub async fn healthz() -> axum::Json<HealthStatus> {
     ))]
 pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     match state.service.store().ping().await {
-        Ok(()) => (StatusCode::OK, axum::Json(HealthStatus { status: "ok".into() })),
+        Ok(()) => (
+            StatusCode::OK,
+            axum::Json(HealthStatus {
+                status: "ok".into(),
+            }),
+        ),
         Err(error) => {
             tracing::warn!(%error, "not ready");
-            (StatusCode::SERVICE_UNAVAILABLE, axum::Json(HealthStatus { status: "unavailable".into() }))
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                axum::Json(HealthStatus {
+                    status: "unavailable".into(),
+                }),
+            )
         }
     }
 }
@@ -74,7 +86,10 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         }
         Err(error) => tracing::warn!(%error, "could not count trials for /metrics"),
     }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
 }
 
 /// This API's OpenAPI 3.1 document.
@@ -84,5 +99,8 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         (status = 401, description = "No valid bearer token", body = ErrorBody),
     ))]
 pub async fn openapi_yaml(State(state): State<AppState>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/yaml")], state.openapi_yaml.to_string())
+    (
+        [(header::CONTENT_TYPE, "application/yaml")],
+        state.openapi_yaml.to_string(),
+    )
 }

@@ -78,7 +78,8 @@ fn routes() -> OpenApiRouter<AppState> {
 /// The OpenAPI document the server serves, as YAML.
 pub fn openapi_yaml() -> String {
     let (_, api) = routes().split_for_parts();
-    api.to_yaml().unwrap_or_else(|e| format!("# could not render the OpenAPI document: {e}\n"))
+    api.to_yaml()
+        .unwrap_or_else(|e| format!("# could not render the OpenAPI document: {e}\n"))
 }
 
 /// The Prometheus recorder is process-wide; every app in the process shares it.
@@ -108,9 +109,15 @@ pub fn router(service: Service, open: bool, body_limit: usize) -> Router {
         .route_layer(middleware::from_fn(record_request))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(state.clone(), auth::require_token))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token,
+        ))
         .layer(DefaultBodyLimit::max(body_limit))
-        .layer(TimeoutLayer::with_status_code(axum::http::StatusCode::GATEWAY_TIMEOUT, Duration::from_secs(60)))
+        .layer(TimeoutLayer::with_status_code(
+            axum::http::StatusCode::GATEWAY_TIMEOUT,
+            Duration::from_secs(60),
+        ))
         .with_state(state)
 }
 
@@ -138,4 +145,3 @@ async fn record_request(request: Request, next: Next) -> Response {
         .record(started.elapsed().as_secs_f64());
     response
 }
-

@@ -100,9 +100,17 @@ pub async fn list_studies(
 ) -> ApiResult<Json<StudyList>> {
     let page = state
         .service
-        .list_studies(q.state, q.name.as_deref(), q.page_size, q.page_token.as_deref())
+        .list_studies(
+            q.state,
+            q.name.as_deref(),
+            q.page_size,
+            q.page_token.as_deref(),
+        )
         .await?;
-    Ok(Json(StudyList { studies: page.items, next_page_token: page.next_page_token }))
+    Ok(Json(StudyList {
+        studies: page.items,
+        next_page_token: page.next_page_token,
+    }))
 }
 
 /// A study with its trial counts and best trial.
@@ -113,7 +121,10 @@ pub async fn list_studies(
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 404, description = "No such study", body = ErrorBody),
     ))]
-pub async fn get_study(State(state): State<AppState>, Path(study): Path<String>) -> ApiResult<Json<Study>> {
+pub async fn get_study(
+    State(state): State<AppState>,
+    Path(study): Path<String>,
+) -> ApiResult<Json<Study>> {
     let id = parse_id(&study, "study")?;
     Ok(Json(state.service.get_study(id).await?))
 }
@@ -148,7 +159,10 @@ pub async fn update_study(
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 404, description = "No such study", body = ErrorBody),
     ))]
-pub async fn delete_study(State(state): State<AppState>, Path(study): Path<String>) -> ApiResult<StatusCode> {
+pub async fn delete_study(
+    State(state): State<AppState>,
+    Path(study): Path<String>,
+) -> ApiResult<StatusCode> {
     let id = parse_id(&study, "study")?;
     state.service.delete_study(id).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -162,7 +176,10 @@ pub async fn delete_study(State(state): State<AppState>, Path(study): Path<Strin
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 404, description = "No such study", body = ErrorBody),
     ))]
-pub async fn stop_study(State(state): State<AppState>, Path(study): Path<String>) -> ApiResult<Json<Study>> {
+pub async fn stop_study(
+    State(state): State<AppState>,
+    Path(study): Path<String>,
+) -> ApiResult<Json<Study>> {
     let id = parse_id(&study, "study")?;
     Ok(Json(state.service.stop_study(id).await?))
 }
@@ -203,8 +220,14 @@ pub async fn suggest_trials(
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 404, description = "No such study", body = ErrorBody),
     ))]
-pub async fn optimal_trials(State(state): State<AppState>, Path(study): Path<String>) -> ApiResult<Json<TrialList>> {
+pub async fn optimal_trials(
+    State(state): State<AppState>,
+    Path(study): Path<String>,
+) -> ApiResult<Json<TrialList>> {
     let id = parse_id(&study, "study")?;
     let trials = state.service.optimal_trials(id).await?;
-    Ok(Json(TrialList { trials, next_page_token: None }))
+    Ok(Json(TrialList {
+        trials,
+        next_page_token: None,
+    }))
 }

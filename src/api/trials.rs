@@ -26,6 +26,53 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(fail_trial))
         .routes(routes!(heartbeat_trial))
         .routes(routes!(should_stop))
+        .routes(routes!(trial_changes))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ChangesQuery {
+    /// The `cursor` of a previous answer; absent to start from the beginning.
+    after: Option<String>,
+    /// 1-1000, default 100.
+    page_size: Option<i64>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct TrialChanges {
+    /// Trials created or changed after the cursor, oldest change first.
+    pub trials: Vec<Trial>,
+    /// Ask again with `?after=<cursor>` for later changes.
+    pub cursor: String,
+    /// More changes are waiting: ask again right away.
+    pub has_more: bool,
+}
+
+/// Trials created or changed since a cursor: for live views that must not reload every trial.
+#[utoipa::path(get, path = "/v1/studies/{study}/changes", tag = "trials",
+    params(("study" = String, Path, description = STUDY_ID), ChangesQuery),
+    responses(
+        (status = 200, description = "Changed trials and the next cursor", body = TrialChanges),
+        (status = 400, description = "A query parameter is wrong", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 404, description = "No such study", body = ErrorBody),
+    ))]
+pub async fn trial_changes(
+    State(state): State<AppState>,
+    Path(study): Path<String>,
+    ApiQuery(q): ApiQuery<ChangesQuery>,
+) -> ApiResult<Json<TrialChanges>> {
+    let id = parse_id(&study, "study")?;
+    let changes = state
+        .service
+        .trial_changes(id, q.after.as_deref(), q.page_size)
+        .await?;
+    Ok(Json(TrialChanges {
+        trials: changes.trials,
+        cursor: changes.cursor,
+        has_more: changes.has_more,
+    }))
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -152,8 +199,14 @@ pub async fn list_trials(
     ApiQuery(q): ApiQuery<TrialListQuery>,
 ) -> ApiResult<Json<TrialList>> {
     let id = parse_id(&study, "study")?;
-    let page = state.service.list_trials(id, q.state, q.page_size, q.page_token.as_deref()).await?;
-    Ok(Json(TrialList { trials: page.items, next_page_token: page.next_page_token }))
+    let page = state
+        .service
+        .list_trials(id, q.state, q.page_size, q.page_token.as_deref())
+        .await?;
+    Ok(Json(TrialList {
+        trials: page.items,
+        next_page_token: page.next_page_token,
+    }))
 }
 
 /// One trial with its measurements.
@@ -191,7 +244,12 @@ pub async fn update_trial(
     ApiJson(req): ApiJson<TrialUpdate>,
 ) -> ApiResult<Json<Trial>> {
     let (study, trial) = ids(&study, &trial)?;
-    Ok(Json(state.service.set_excluded(study, trial, req.excluded).await?))
+    Ok(Json(
+        state
+            .service
+            .set_excluded(study, trial, req.excluded)
+            .await?,
+    ))
 }
 
 /// Report an intermediate measurement of a running trial (renews its lease).
@@ -214,8 +272,17 @@ pub async fn add_measurement(
     ApiJson(req): ApiJson<MeasurementRequest>,
 ) -> ApiResult<Json<Trial>> {
     let (study, trial) = ids(&study, &trial)?;
-    let measurement = Measurement { step: req.step, elapsed_secs: req.elapsed_secs, metrics: req.metrics };
-    Ok(Json(state.service.add_measurement(study, trial, measurement).await?))
+    let measurement = Measurement {
+        step: req.step,
+        elapsed_secs: req.elapsed_secs,
+        metrics: req.metrics,
+    };
+    Ok(Json(
+        state
+            .service
+            .add_measurement(study, trial, measurement)
+            .await?,
+    ))
 }
 
 /// Complete a trial with metrics, as infeasible, or from its measurements.
@@ -240,13 +307,21 @@ pub async fn complete_trial(
     let (study, trial) = ids(&study, &trial)?;
     let outcome = match (req.metrics, req.infeasible_reason) {
         (Some(_), Some(_)) => {
-            return Err(ApiError::invalid("infeasible_reason", "send either metrics or infeasible_reason, not both"));
+            return Err(ApiError::invalid(
+                "infeasible_reason",
+                "send either metrics or infeasible_reason, not both",
+            ));
         }
-        (Some(metrics), None) => Completion::Metrics { metrics, step: req.step },
+        (Some(metrics), None) => Completion::Metrics {
+            metrics,
+            step: req.step,
+        },
         (None, Some(reason)) => Completion::Infeasible(reason),
         (None, None) => Completion::Selected,
     };
-    Ok(Json(state.service.complete_trial(study, trial, outcome).await?))
+    Ok(Json(
+        state.service.complete_trial(study, trial, outcome).await?,
+    ))
 }
 
 /// Mark a trial failed.
@@ -269,7 +344,9 @@ pub async fn fail_trial(
     ApiJson(req): ApiJson<FailRequest>,
 ) -> ApiResult<Json<Trial>> {
     let (study, trial) = ids(&study, &trial)?;
-    let reason = req.reason.unwrap_or_else(|| "failed (no reason given)".to_string());
+    let reason = req
+        .reason
+        .unwrap_or_else(|| "failed (no reason given)".to_string());
     Ok(Json(state.service.fail_trial(study, trial, reason).await?))
 }
 
@@ -305,5 +382,7 @@ pub async fn should_stop(
     Path((study, trial)): Path<(String, String)>,
 ) -> ApiResult<Json<ShouldStopResponse>> {
     let (study, trial) = ids(&study, &trial)?;
-    Ok(Json(ShouldStopResponse { should_stop: state.service.should_stop(study, trial).await? }))
+    Ok(Json(ShouldStopResponse {
+        should_stop: state.service.should_stop(study, trial).await?,
+    }))
 }

@@ -14,7 +14,10 @@ pub enum ServiceError {
     NotFound(String),
     /// The request is well-formed but the study or trial is in the wrong state for it (409).
     #[error("{message}")]
-    Conflict { message: String, field: Option<String> },
+    Conflict {
+        message: String,
+        field: Option<String>,
+    },
     /// Storage failed (500; the cause is logged, not shown).
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -25,7 +28,10 @@ pub enum ServiceError {
 
 impl ServiceError {
     pub fn conflict(message: impl Into<String>) -> Self {
-        ServiceError::Conflict { message: message.into(), field: None }
+        ServiceError::Conflict {
+            message: message.into(),
+            field: None,
+        }
     }
 
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {

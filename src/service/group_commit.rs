@@ -37,7 +37,10 @@ pub(super) struct GroupCommit {
 
 impl GroupCommit {
     pub fn new(store: Arc<dyn Store>) -> Self {
-        Self { store, senders: Arc::default() }
+        Self {
+            store,
+            senders: Arc::default(),
+        }
     }
 
     /// Apply `command` to `study_id` in the next batch; returns once that batch committed.
@@ -58,7 +61,10 @@ impl GroupCommit {
                 Err(mpsc::error::SendError(returned)) => {
                     job = returned;
                     let mut senders = self.senders.lock().map_err(|_| poisoned())?;
-                    if senders.get(&study_id).is_some_and(|s| s.same_channel(&sender)) {
+                    if senders
+                        .get(&study_id)
+                        .is_some_and(|s| s.same_channel(&sender))
+                    {
                         senders.remove(&study_id);
                     }
                 }
@@ -71,7 +77,12 @@ impl GroupCommit {
 
     fn spawn_batcher(&self, study_id: i64) -> mpsc::UnboundedSender<Job> {
         let (sender, receiver) = mpsc::unbounded_channel();
-        tokio::spawn(run_batcher(self.store.clone(), self.senders.clone(), study_id, receiver));
+        tokio::spawn(run_batcher(
+            self.store.clone(),
+            self.senders.clone(),
+            study_id,
+            receiver,
+        ));
         sender
     }
 }
@@ -121,7 +132,8 @@ async fn run_batcher(
 /// One transaction for all `jobs`; each gets its own result, sent only after the commit.
 async fn apply_batch(store: &dyn Store, study_id: i64, jobs: Vec<Job>) {
     metrics::histogram!("augur_group_commit_batch_size").record(jobs.len() as f64);
-    let (commands, replies): (Vec<_>, Vec<_>) = jobs.into_iter().map(|j| (j.command, j.reply)).unzip();
+    let (commands, replies): (Vec<_>, Vec<_>) =
+        jobs.into_iter().map(|j| (j.command, j.reply)).unzip();
     match StudyBatch::run(store, study_id, commands).await {
         Ok(results) => {
             for (reply, result) in replies.into_iter().zip(results) {

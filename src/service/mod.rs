@@ -39,6 +39,14 @@ pub struct Page<T> {
     pub next_page_token: Option<String>,
 }
 
+/// Trials changed since a cursor.
+#[derive(Debug)]
+pub struct Changes {
+    pub trials: Vec<Trial>,
+    pub cursor: String,
+    pub has_more: bool,
+}
+
 #[derive(Debug)]
 pub struct Suggestions {
     pub trials: Vec<Trial>,
@@ -57,7 +65,11 @@ pub struct Service {
 
 impl Service {
     pub fn new(store: Arc<dyn Store>) -> Self {
-        Self { commits: GroupCommit::new(store.clone()), store, design_locks: Arc::default() }
+        Self {
+            commits: GroupCommit::new(store.clone()),
+            store,
+            design_locks: Arc::default(),
+        }
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -84,13 +96,19 @@ impl Service {
         page_token: Option<&str>,
     ) -> ServiceResult<Page<Study>> {
         let (limit, after) = page_bounds(page_size, page_token)?;
-        let records = self.store.list_studies(state, name_contains, after, limit + 1).await?;
+        let records = self
+            .store
+            .list_studies(state, name_contains, after, limit + 1)
+            .await?;
         let (records, next) = split_page(records, limit, |s| s.id);
         let mut items = Vec::with_capacity(records.len());
         for record in records {
             items.push(self.study_view(record).await?);
         }
-        Ok(Page { items, next_page_token: next })
+        Ok(Page {
+            items,
+            next_page_token: next,
+        })
     }
 
     pub async fn delete_study(&self, study_id: i64) -> ServiceResult<()> {
@@ -125,11 +143,17 @@ impl Service {
         client_id: Option<String>,
     ) -> ServiceResult<Suggestions> {
         if !(1..=MAX_SUGGEST_COUNT).contains(&count) {
-            return Err(ServiceError::invalid("count", format!("must be between 1 and {MAX_SUGGEST_COUNT}")));
+            return Err(ServiceError::invalid(
+                "count",
+                format!("must be between 1 and {MAX_SUGGEST_COUNT}"),
+            ));
         }
         if let Some(client) = &client_id {
             if client.is_empty() || client.len() > 256 {
-                return Err(ServiceError::invalid("client_id", "must be 1-256 characters"));
+                return Err(ServiceError::invalid(
+                    "client_id",
+                    "must be 1-256 characters",
+                ));
             }
         }
         let study = self.study_record(study_id).await?;
@@ -146,11 +170,34 @@ impl Service {
             } else {
                 None
             };
-            self.commits.submit(study_id, Command::Suggest { count, client_id, precomputed }).await?
+            self.commits
+                .submit(
+                    study_id,
+                    Command::Suggest {
+                        count,
+                        client_id,
+                        precomputed,
+                    },
+                )
+                .await?
         } else {
-            self.commits.submit(study_id, Command::Suggest { count, client_id, precomputed: None }).await?
+            self.commits
+                .submit(
+                    study_id,
+                    Command::Suggest {
+                        count,
+                        client_id,
+                        precomputed: None,
+                    },
+                )
+                .await?
         };
-        let Reply::Suggested { trials, study_state, retry_later } = reply else {
+        let Reply::Suggested {
+            trials,
+            study_state,
+            retry_later,
+        } = reply
+        else {
             return Err(unexpected(reply));
         };
         Ok(Suggestions {
@@ -178,10 +225,16 @@ impl Service {
         let completed: Vec<CompletedTrial> = trials
             .iter()
             .filter(|t| !t.excluded && !t.state.is_unfinished())
-            .map(|t| CompletedTrial { parameters: t.parameters.clone(), outcome: outcome_of(t, config) })
+            .map(|t| CompletedTrial {
+                parameters: t.parameters.clone(),
+                outcome: outcome_of(t, config),
+            })
             .collect();
-        let pending: Vec<Assignment> =
-            trials.iter().filter(|t| t.state.is_unfinished()).map(|t| t.parameters.clone()).collect();
+        let pending: Vec<Assignment> = trials
+            .iter()
+            .filter(|t| t.state.is_unfinished())
+            .map(|t| t.parameters.clone())
+            .collect();
         let space = config.space.clone();
         let metrics = config.metrics.clone();
         let seed = config.seed;
@@ -228,11 +281,22 @@ impl Service {
         let final_measurement = match final_metrics {
             Some(metrics) => {
                 check_metrics(&config, &metrics, "final_measurement.metrics", true)?;
-                Some(Measurement { step: 0, elapsed_secs: None, metrics })
+                Some(Measurement {
+                    step: 0,
+                    elapsed_secs: None,
+                    metrics,
+                })
             }
             None => None,
         };
-        self.change_trial(study_id, Command::AddTrial { parameters, final_measurement }).await
+        self.change_trial(
+            study_id,
+            Command::AddTrial {
+                parameters,
+                final_measurement,
+            },
+        )
+        .await
     }
 
     pub async fn list_trials(
@@ -244,9 +308,50 @@ impl Service {
     ) -> ServiceResult<Page<Trial>> {
         let (limit, after) = page_bounds(page_size, page_token)?;
         self.study_record(study_id).await?;
-        let records = self.store.list_trials(study_id, state, after, limit + 1).await?;
+        let records = self
+            .store
+            .list_trials(study_id, state, after, limit + 1)
+            .await?;
         let (records, next) = split_page(records, limit, |t| t.id);
-        Ok(Page { items: self.trial_views(study_id, records).await?, next_page_token: next })
+        Ok(Page {
+            items: self.trial_views(study_id, records).await?,
+            next_page_token: next,
+        })
+    }
+
+    /// Trials created or changed since `cursor` (from a previous answer; none = from the
+    /// start), oldest change first, and the cursor to ask with next. Dashboards poll this
+    /// instead of reloading every trial.
+    pub async fn trial_changes(
+        &self,
+        study_id: i64,
+        cursor: Option<&str>,
+        page_size: Option<i64>,
+    ) -> ServiceResult<Changes> {
+        let (limit, _) = page_bounds(page_size, None)?;
+        let after = match cursor {
+            None | Some("") => (0, 0),
+            Some(c) => c
+                .split_once('.')
+                .and_then(|(s, i)| Some((s.parse::<i64>().ok()?, i.parse::<i64>().ok()?)))
+                .filter(|(s, i)| *s >= 0 && *i >= 0)
+                .ok_or_else(|| {
+                    ServiceError::invalid("after", "not a cursor from a previous answer")
+                })?,
+        };
+        self.study_record(study_id).await?;
+        let records = self
+            .store
+            .changed_trials(study_id, after, limit + 1)
+            .await?;
+        let has_more = records.len() as i64 > limit;
+        let records: Vec<TrialRecord> = records.into_iter().take(limit as usize).collect();
+        let next = records.last().map_or(after, |t| (t.change_seq, t.id));
+        Ok(Changes {
+            trials: self.trial_views(study_id, records).await?,
+            cursor: format!("{}.{}", next.0, next.1),
+            has_more,
+        })
     }
 
     pub async fn get_trial(&self, study_id: i64, trial_id: i64) -> ServiceResult<Trial> {
@@ -265,11 +370,24 @@ impl Service {
         if measurement.step < 0 {
             return Err(ServiceError::invalid("step", "must be >= 0"));
         }
-        if measurement.elapsed_secs.is_some_and(|s| !(s.is_finite() && s >= 0.0)) {
-            return Err(ServiceError::invalid("elapsed_secs", "must be a finite number >= 0"));
+        if measurement
+            .elapsed_secs
+            .is_some_and(|s| !(s.is_finite() && s >= 0.0))
+        {
+            return Err(ServiceError::invalid(
+                "elapsed_secs",
+                "must be a finite number >= 0",
+            ));
         }
         check_metrics(&config, &measurement.metrics, "metrics", false)?;
-        self.change_trial(study_id, Command::AddMeasurement { trial_id, measurement }).await
+        self.change_trial(
+            study_id,
+            Command::AddMeasurement {
+                trial_id,
+                measurement,
+            },
+        )
+        .await
     }
 
     pub async fn complete_trial(
@@ -288,23 +406,40 @@ impl Service {
                 }
             }
             Completion::Infeasible(reason) if reason.trim().is_empty() => {
-                return Err(ServiceError::invalid("infeasible_reason", "must not be blank"));
+                return Err(ServiceError::invalid(
+                    "infeasible_reason",
+                    "must not be blank",
+                ));
             }
             _ => {}
         }
-        self.change_trial(study_id, Command::Complete { trial_id, outcome }).await
+        self.change_trial(study_id, Command::Complete { trial_id, outcome })
+            .await
     }
 
-    pub async fn fail_trial(&self, study_id: i64, trial_id: i64, reason: String) -> ServiceResult<Trial> {
-        self.change_trial(study_id, Command::Fail { trial_id, reason }).await
+    pub async fn fail_trial(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        reason: String,
+    ) -> ServiceResult<Trial> {
+        self.change_trial(study_id, Command::Fail { trial_id, reason })
+            .await
     }
 
     pub async fn heartbeat(&self, study_id: i64, trial_id: i64) -> ServiceResult<Trial> {
-        self.change_trial(study_id, Command::Heartbeat { trial_id }).await
+        self.change_trial(study_id, Command::Heartbeat { trial_id })
+            .await
     }
 
-    pub async fn set_excluded(&self, study_id: i64, trial_id: i64, excluded: bool) -> ServiceResult<Trial> {
-        self.change_trial(study_id, Command::SetExcluded { trial_id, excluded }).await
+    pub async fn set_excluded(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        excluded: bool,
+    ) -> ServiceResult<Trial> {
+        self.change_trial(study_id, Command::SetExcluded { trial_id, excluded })
+            .await
     }
 
     /// Whether the study's early-stopping rule says this trial should stop; if so an active
@@ -325,7 +460,10 @@ impl Service {
         let metric = &config.metrics[0];
         let trials = self.store.all_trials(study_id).await?;
         let last = trials.last().map_or(0, |t| t.id);
-        let curves = curves_by_trial(self.store.measurements(study_id, 1, last).await?, &metric.id);
+        let curves = curves_by_trial(
+            self.store.measurements(study_id, 1, last).await?,
+            &metric.id,
+        );
         let completed: Vec<Vec<(u64, f64)>> = trials
             .iter()
             .filter(|t| t.state == TrialState::Completed && !t.excluded)
@@ -334,7 +472,11 @@ impl Service {
         let own = curves.get(&trial_id).cloned().unwrap_or_default();
         let stop = augur_optimizer::stopping::should_stop(rule, metric.goal, &own, &completed);
         if stop {
-            match self.commits.submit(study_id, Command::MarkStopping { trial_id }).await {
+            match self
+                .commits
+                .submit(study_id, Command::MarkStopping { trial_id })
+                .await
+            {
                 Ok(_) => {}
                 // It finished meanwhile: nothing left to stop.
                 Err(ServiceError::Conflict { .. }) => return Ok(false),
@@ -350,14 +492,20 @@ impl Service {
         let config = study.spec.validate().map_err(corrupt_spec(study_id))?;
         let records = if config.metrics.len() == 1 {
             let maximize = config.metrics[0].goal == Goal::Maximize;
-            self.store.best_trial(study_id, maximize).await?.into_iter().collect()
+            self.store
+                .best_trial(study_id, maximize)
+                .await?
+                .into_iter()
+                .collect()
         } else {
             let completed: Vec<TrialRecord> = self
                 .store
                 .all_trials(study_id)
                 .await?
                 .into_iter()
-                .filter(|t| t.state == TrialState::Completed && !t.excluded && t.final_measurement.is_some())
+                .filter(|t| {
+                    t.state == TrialState::Completed && !t.excluded && t.final_measurement.is_some()
+                })
                 .collect();
             pareto::pareto_front(completed, &config.metrics)
         };
@@ -372,7 +520,10 @@ impl Service {
     }
 
     async fn study_record(&self, study_id: i64) -> ServiceResult<StudyRecord> {
-        self.store.get_study(study_id).await?.ok_or_else(|| not_found_study(study_id))
+        self.store
+            .get_study(study_id)
+            .await?
+            .ok_or_else(|| not_found_study(study_id))
     }
 
     async fn trial_record(&self, study_id: i64, trial_id: i64) -> ServiceResult<TrialRecord> {
@@ -380,7 +531,9 @@ impl Service {
             Some(t) => Ok(t),
             None => {
                 self.study_record(study_id).await?;
-                Err(ServiceError::NotFound(format!("trial {trial_id} of study {study_id}")))
+                Err(ServiceError::NotFound(format!(
+                    "trial {trial_id} of study {study_id}"
+                )))
             }
         }
     }
@@ -411,10 +564,15 @@ impl Service {
     }
 
     /// Trials as the API shows them, with their measurements (one query for all).
-    async fn trial_views(&self, study_id: i64, records: Vec<TrialRecord>) -> ServiceResult<Vec<Trial>> {
-        let (Some(first), Some(last)) =
-            (records.iter().map(|t| t.id).min(), records.iter().map(|t| t.id).max())
-        else {
+    async fn trial_views(
+        &self,
+        study_id: i64,
+        records: Vec<TrialRecord>,
+    ) -> ServiceResult<Vec<Trial>> {
+        let (Some(first), Some(last)) = (
+            records.iter().map(|t| t.id).min(),
+            records.iter().map(|t| t.id).max(),
+        ) else {
             return Ok(Vec::new());
         };
         let mut by_trial: HashMap<i64, Vec<Measurement>> = HashMap::new();
@@ -454,7 +612,10 @@ fn suggestions_needed(
     if client_id.is_some_and(|c| unfinished.iter().any(|t| t.client_id.as_deref() == Some(c))) {
         return 0;
     }
-    let waiting = unfinished.iter().filter(|t| t.state == TrialState::Requested).count();
+    let waiting = unfinished
+        .iter()
+        .filter(|t| t.state == TrialState::Requested)
+        .count();
     let free = (config.parallel_trials as usize).saturating_sub(unfinished.len());
     let budget = (config.trial_budget() as usize).saturating_sub(trials.len());
     count.saturating_sub(waiting).min(free).min(budget)
@@ -463,7 +624,10 @@ fn suggestions_needed(
 fn outcome_of(trial: &TrialRecord, config: &crate::model::StudyConfig) -> Outcome {
     match (trial.state, &trial.final_measurement) {
         (TrialState::Completed, Some(m))
-            if config.metrics.iter().all(|spec| m.metrics.contains_key(&spec.id)) =>
+            if config
+                .metrics
+                .iter()
+                .all(|spec| m.metrics.contains_key(&spec.id)) =>
         {
             Outcome::Measured(m.metrics.clone())
         }
@@ -477,7 +641,10 @@ fn curves_by_trial(rows: Vec<(i64, Measurement)>, metric: &str) -> HashMap<i64, 
     let mut curves: HashMap<i64, Vec<(u64, f64)>> = HashMap::new();
     for (trial_id, m) in rows {
         if let Some(v) = m.metrics.get(metric) {
-            curves.entry(trial_id).or_default().push((m.step.max(0) as u64, *v));
+            curves
+                .entry(trial_id)
+                .or_default()
+                .push((m.step.max(0) as u64, *v));
         }
     }
     curves
@@ -493,18 +660,30 @@ fn check_metrics(
 ) -> ServiceResult<()> {
     for (id, value) in metrics {
         if !config.metrics.iter().any(|m| &m.id == id) {
-            return Err(ServiceError::invalid(format!("{field}.{id}"), "not a metric of this study"));
+            return Err(ServiceError::invalid(
+                format!("{field}.{id}"),
+                "not a metric of this study",
+            ));
         }
         if !value.is_finite() {
-            return Err(ServiceError::invalid(format!("{field}.{id}"), "must be a finite number"));
+            return Err(ServiceError::invalid(
+                format!("{field}.{id}"),
+                "must be a finite number",
+            ));
         }
     }
     if require_all {
         if let Some(missing) = config.metrics.iter().find(|m| !metrics.contains_key(&m.id)) {
-            return Err(ServiceError::invalid(format!("{field}.{}", missing.id), "is required"));
+            return Err(ServiceError::invalid(
+                format!("{field}.{}", missing.id),
+                "is required",
+            ));
         }
     } else if metrics.is_empty() {
-        return Err(ServiceError::invalid(field, "must report at least one metric"));
+        return Err(ServiceError::invalid(
+            field,
+            "must report at least one metric",
+        ));
     }
     Ok(())
 }
@@ -512,7 +691,10 @@ fn check_metrics(
 fn page_bounds(page_size: Option<i64>, page_token: Option<&str>) -> ServiceResult<(i64, i64)> {
     let limit = page_size.unwrap_or(DEFAULT_PAGE_SIZE);
     if !(1..=MAX_PAGE_SIZE).contains(&limit) {
-        return Err(ServiceError::invalid("page_size", format!("must be between 1 and {MAX_PAGE_SIZE}")));
+        return Err(ServiceError::invalid(
+            "page_size",
+            format!("must be between 1 and {MAX_PAGE_SIZE}"),
+        ));
     }
     let after = match page_token {
         None | Some("") => 0,
@@ -520,13 +702,19 @@ fn page_bounds(page_size: Option<i64>, page_token: Option<&str>) -> ServiceResul
             .parse::<i64>()
             .ok()
             .filter(|n| *n >= 0)
-            .ok_or_else(|| ServiceError::invalid("page_token", "not a token from a previous page"))?,
+            .ok_or_else(|| {
+                ServiceError::invalid("page_token", "not a token from a previous page")
+            })?,
     };
     Ok((limit, after))
 }
 
 /// Keep `limit` items; the next page token is the last kept id when more were found.
-fn split_page<T>(mut items: Vec<T>, limit: i64, id: impl Fn(&T) -> i64) -> (Vec<T>, Option<String>) {
+fn split_page<T>(
+    mut items: Vec<T>,
+    limit: i64,
+    id: impl Fn(&T) -> i64,
+) -> (Vec<T>, Option<String>) {
     if items.len() as i64 > limit {
         items.truncate(limit as usize);
         let next = items.last().map(|t| id(t).to_string());

@@ -65,14 +65,21 @@ mod tests {
             created_at: Utc::now(),
             started_at: None,
             completed_at: None,
+            change_seq: 0,
         }
     }
 
     #[test]
     fn front_keeps_only_undominated_trials_for_mixed_goals() {
         let metrics = vec![
-            MetricSpec { id: "acc".into(), goal: Goal::Maximize },
-            MetricSpec { id: "latency".into(), goal: Goal::Minimize },
+            MetricSpec {
+                id: "acc".into(),
+                goal: Goal::Maximize,
+            },
+            MetricSpec {
+                id: "latency".into(),
+                goal: Goal::Minimize,
+            },
         ];
         // 2 dominates 1 (better acc, lower latency); 3 and 4 trade off; 5 equals 3 (kept:
         // equal points do not dominate each other).
@@ -84,7 +91,10 @@ mod tests {
             trial(5, 0.90, 30.0),
             trial(6, 0.60, 40.0),
         ];
-        let ids: Vec<i64> = pareto_front(trials, &metrics).iter().map(|t| t.id).collect();
+        let ids: Vec<i64> = pareto_front(trials, &metrics)
+            .iter()
+            .map(|t| t.id)
+            .collect();
         assert_eq!(ids, vec![2, 3, 4, 5]);
     }
 }

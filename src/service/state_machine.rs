@@ -19,16 +19,39 @@ use crate::store::{Store, StudyRecord, StudyTx, TrialRecord};
 pub enum Command {
     /// Hand out up to `count` trials. `precomputed` carries suggestions from a designer that
     /// needs the history (computed outside the lock); otherwise the designer runs here.
-    Suggest { count: usize, client_id: Option<String>, precomputed: Option<Vec<Assignment>> },
+    Suggest {
+        count: usize,
+        client_id: Option<String>,
+        precomputed: Option<Vec<Assignment>>,
+    },
     /// Add a trial with chosen parameters, completed when `final_measurement` is given.
-    AddTrial { parameters: Assignment, final_measurement: Option<Measurement> },
-    AddMeasurement { trial_id: i64, measurement: Measurement },
-    Complete { trial_id: i64, outcome: Completion },
-    Fail { trial_id: i64, reason: String },
-    Heartbeat { trial_id: i64 },
+    AddTrial {
+        parameters: Assignment,
+        final_measurement: Option<Measurement>,
+    },
+    AddMeasurement {
+        trial_id: i64,
+        measurement: Measurement,
+    },
+    Complete {
+        trial_id: i64,
+        outcome: Completion,
+    },
+    Fail {
+        trial_id: i64,
+        reason: String,
+    },
+    Heartbeat {
+        trial_id: i64,
+    },
     /// The early-stopping rule said stop: active → stopping.
-    MarkStopping { trial_id: i64 },
-    SetExcluded { trial_id: i64, excluded: bool },
+    MarkStopping {
+        trial_id: i64,
+    },
+    SetExcluded {
+        trial_id: i64,
+        excluded: bool,
+    },
     Stop,
     Update(StudyUpdate),
 }
@@ -36,7 +59,10 @@ pub enum Command {
 /// How a trial completes.
 #[derive(Debug)]
 pub enum Completion {
-    Metrics { metrics: BTreeMap<String, f64>, step: Option<i64> },
+    Metrics {
+        metrics: BTreeMap<String, f64>,
+        step: Option<i64>,
+    },
     Infeasible(String),
     /// Select the final measurement from the reported ones (`measurement_selection`).
     Selected,
@@ -47,7 +73,11 @@ pub enum Reply {
     /// The trials handed out, the study's state after the batch, and whether the caller
     /// should ask again later (the cap was full, or the budget is spent while trials that
     /// may come back are still running).
-    Suggested { trials: Vec<TrialRecord>, study_state: StudyState, retry_later: bool },
+    Suggested {
+        trials: Vec<TrialRecord>,
+        study_state: StudyState,
+        retry_later: bool,
+    },
     Trial(TrialRecord),
     Study(StudyRecord),
 }
@@ -112,15 +142,19 @@ impl StudyBatch {
 
     async fn apply(&mut self, command: Command) -> ServiceResult<Reply> {
         match command {
-            Command::Suggest { count, client_id, precomputed } => {
-                self.suggest(count, client_id, precomputed)
-            }
-            Command::AddTrial { parameters, final_measurement } => {
-                self.add_trial(parameters, final_measurement)
-            }
-            Command::AddMeasurement { trial_id, measurement } => {
-                self.add_measurement(trial_id, measurement).await
-            }
+            Command::Suggest {
+                count,
+                client_id,
+                precomputed,
+            } => self.suggest(count, client_id, precomputed),
+            Command::AddTrial {
+                parameters,
+                final_measurement,
+            } => self.add_trial(parameters, final_measurement),
+            Command::AddMeasurement {
+                trial_id,
+                measurement,
+            } => self.add_measurement(trial_id, measurement).await,
             Command::Complete { trial_id, outcome } => self.complete(trial_id, outcome).await,
             Command::Fail { trial_id, reason } => self.fail(trial_id, reason).await,
             Command::Heartbeat { trial_id } => {
@@ -171,7 +205,10 @@ impl StudyBatch {
     }
 
     fn unfinished_count(&self) -> u64 {
-        self.trials.values().filter(|t| t.state.is_unfinished()).count() as u64
+        self.trials
+            .values()
+            .filter(|t| t.state.is_unfinished())
+            .count() as u64
     }
 
     /// Trials created so far, from the per-study counter.
@@ -180,12 +217,16 @@ impl StudyBatch {
     }
 
     fn budget_left(&self) -> u64 {
-        self.config.trial_budget().saturating_sub(self.created_count())
+        self.config
+            .trial_budget()
+            .saturating_sub(self.created_count())
     }
 
     /// The parallelism cap: how many more trials may be unfinished right now.
     fn free_slots(&self) -> u64 {
-        self.config.parallel_trials.saturating_sub(self.unfinished_count())
+        self.config
+            .parallel_trials
+            .saturating_sub(self.unfinished_count())
     }
 
     fn suggest(
@@ -273,7 +314,11 @@ impl StudyBatch {
 
     fn suggested(&self, trials: Vec<TrialRecord>, retry_later: bool) -> Reply {
         let active = self.study.state == StudyState::Active;
-        Reply::Suggested { trials, study_state: self.study.state, retry_later: retry_later && active }
+        Reply::Suggested {
+            trials,
+            study_state: self.study.state,
+            retry_later: retry_later && active,
+        }
     }
 
     fn new_trial(
@@ -302,6 +347,7 @@ impl StudyBatch {
             created_at: self.now,
             started_at: running.then_some(self.now),
             completed_at: None,
+            change_seq: 0,
         };
         self.trials.insert(id, trial.clone());
         self.created.insert(id);
@@ -334,7 +380,11 @@ impl StudyBatch {
                         self.config.parallel_trials
                     )));
                 }
-                Ok(Reply::Trial(self.new_trial(parameters, TrialState::Requested, None)))
+                Ok(Reply::Trial(self.new_trial(
+                    parameters,
+                    TrialState::Requested,
+                    None,
+                )))
             }
             Some(measurement) => {
                 let mut trial = self.new_trial(parameters, TrialState::Completed, None);
@@ -348,7 +398,11 @@ impl StudyBatch {
     }
 
     fn objective(&self, metrics: &BTreeMap<String, f64>) -> Option<f64> {
-        self.config.metrics.first().and_then(|m| metrics.get(&m.id)).copied()
+        self.config
+            .metrics
+            .first()
+            .and_then(|m| metrics.get(&m.id))
+            .copied()
     }
 
     /// The trial, loading it if this batch has not yet.
@@ -358,13 +412,17 @@ impl StudyBatch {
                 self.trials.insert(trial_id, trial);
             }
         }
-        self.trials
-            .get_mut(&trial_id)
-            .ok_or_else(|| ServiceError::NotFound(format!("trial {trial_id} of study {}", self.study.id)))
+        self.trials.get_mut(&trial_id).ok_or_else(|| {
+            ServiceError::NotFound(format!("trial {trial_id} of study {}", self.study.id))
+        })
     }
 
     /// A trial that a worker is running (active or stopping).
-    async fn running_trial(&mut self, trial_id: i64, action: &str) -> ServiceResult<&mut TrialRecord> {
+    async fn running_trial(
+        &mut self,
+        trial_id: i64,
+        action: &str,
+    ) -> ServiceResult<&mut TrialRecord> {
         let trial = self.trial_mut(trial_id).await?;
         if !matches!(trial.state, TrialState::Active | TrialState::Stopping) {
             return Err(ServiceError::conflict(format!(
@@ -383,11 +441,16 @@ impl StudyBatch {
         }
     }
 
-    async fn add_measurement(&mut self, trial_id: i64, measurement: Measurement) -> ServiceResult<Reply> {
+    async fn add_measurement(
+        &mut self,
+        trial_id: i64,
+        measurement: Measurement,
+    ) -> ServiceResult<Reply> {
         let lease = self.lease();
         let trial = self.running_trial(trial_id, "add a measurement to").await?;
         trial.lease_expires_at = lease;
-        self.measurements.retain(|(t, m)| !(*t == trial_id && m.step == measurement.step));
+        self.measurements
+            .retain(|(t, m)| !(*t == trial_id && m.step == measurement.step));
         self.measurements.push((trial_id, measurement));
         Ok(self.touched(trial_id))
     }
@@ -405,14 +468,24 @@ impl StudyBatch {
             Completion::Infeasible(reason) => (TrialState::Infeasible, None, Some(reason)),
             Completion::Metrics { metrics, step } => {
                 let step = step.unwrap_or(0);
-                (TrialState::Completed, Some(Measurement { step, elapsed_secs: None, metrics }), None)
+                (
+                    TrialState::Completed,
+                    Some(Measurement {
+                        step,
+                        elapsed_secs: None,
+                        metrics,
+                    }),
+                    None,
+                )
             }
             Completion::Selected => {
                 let selected = self.select_measurement(trial_id).await?;
                 (TrialState::Completed, Some(selected), None)
             }
         };
-        let objective = final_measurement.as_ref().and_then(|m| self.objective(&m.metrics));
+        let objective = final_measurement
+            .as_ref()
+            .and_then(|m| self.objective(&m.metrics));
         let now = self.now;
         let trial = self.trial_mut(trial_id).await?;
         trial.state = state;
@@ -440,9 +513,12 @@ impl StudyBatch {
                 all.insert(m.step, m.clone());
             }
         }
-        let complete = all
-            .into_values()
-            .filter(|m| self.config.metrics.iter().all(|spec| m.metrics.contains_key(&spec.id)));
+        let complete = all.into_values().filter(|m| {
+            self.config
+                .metrics
+                .iter()
+                .all(|spec| m.metrics.contains_key(&spec.id))
+        });
         let first = &self.config.metrics[0];
         let chosen = match self.config.measurement_selection {
             MeasurementSelection::Last => complete.max_by_key(|m| m.step),
@@ -499,7 +575,10 @@ impl StudyBatch {
 
     async fn update(&mut self, update: StudyUpdate) -> ServiceResult<Reply> {
         if self.study.state == StudyState::Stopped {
-            return Err(ServiceError::conflict(format!("study {} was stopped", self.study.id)));
+            return Err(ServiceError::conflict(format!(
+                "study {} was stopped",
+                self.study.id
+            )));
         }
         let (spec, config) = self.study.spec.apply_update(&update)?;
         self.study.spec = spec;
@@ -548,8 +627,22 @@ impl StudyBatch {
     }
 
     async fn write(mut self) -> ServiceResult<()> {
-        let created: Vec<TrialRecord> =
-            self.created.iter().filter_map(|id| self.trials.get(id).cloned()).collect();
+        let touched_trials = !self.created.is_empty() || !self.changed.is_empty();
+        if touched_trials || self.study_changed {
+            self.study.change_seq += 1;
+            self.study_changed = true;
+            let seq = self.study.change_seq;
+            for id in self.created.iter().chain(self.changed.iter()) {
+                if let Some(t) = self.trials.get_mut(id) {
+                    t.change_seq = seq;
+                }
+            }
+        }
+        let created: Vec<TrialRecord> = self
+            .created
+            .iter()
+            .filter_map(|id| self.trials.get(id).cloned())
+            .collect();
         let changed: Vec<TrialRecord> = self
             .changed
             .iter()
@@ -558,7 +651,9 @@ impl StudyBatch {
             .collect();
         self.tx.insert_trials(&created).await?;
         self.tx.update_trials(&changed).await?;
-        self.tx.upsert_measurements(&self.measurements, self.now).await?;
+        self.tx
+            .upsert_measurements(&self.measurements, self.now)
+            .await?;
         if self.study_changed {
             self.study.updated_at = self.now;
             self.tx.update_study(&self.study).await?;

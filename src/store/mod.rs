@@ -76,6 +76,13 @@ pub trait Store: Send + Sync + 'static {
         limit: i64,
     ) -> StoreResult<Vec<TrialRecord>>;
     async fn get_trial(&self, study_id: i64, trial_id: i64) -> StoreResult<Option<TrialRecord>>;
+    /// Trials created or changed after the cursor `(change_seq, id)`, in that order.
+    async fn changed_trials(
+        &self,
+        study_id: i64,
+        after: (i64, i64),
+        limit: i64,
+    ) -> StoreResult<Vec<TrialRecord>>;
     /// Every trial of the study (for designers, Pareto sets and exports).
     async fn all_trials(&self, study_id: i64) -> StoreResult<Vec<TrialRecord>>;
     /// Measurements of trials `first..=last`, by trial then step.
@@ -85,7 +92,8 @@ pub trait Store: Send + Sync + 'static {
         first_trial: i64,
         last_trial: i64,
     ) -> StoreResult<Vec<(i64, Measurement)>>;
-    async fn set_designer_state(&self, study_id: i64, state: &serde_json::Value) -> StoreResult<()>;
+    async fn set_designer_state(&self, study_id: i64, state: &serde_json::Value)
+    -> StoreResult<()>;
 
     /// Begin the one kind of transaction that changes a study: it holds the study's lock (row
     /// lock on PostgreSQL, the write lock on SQLite) until commit or drop. `None` if the study
@@ -124,7 +132,7 @@ pub trait StudyTx: Send {
         rows: &[(i64, Measurement)],
         now: DateTime<Utc>,
     ) -> StoreResult<()>;
-    /// Writes state, state_reason, spec, next_trial_id and updated_at.
+    /// Writes state, state_reason, spec, next_trial_id, change_seq and updated_at.
     async fn update_study(&mut self, study: &StudyRecord) -> StoreResult<()>;
     async fn commit(self: Box<Self>) -> StoreResult<()>;
 }

@@ -24,8 +24,17 @@ impl PostgresStore {
     }
 }
 
-const LOCK_STUDY: &str = concat!("SELECT ", study_cols!(), " FROM studies WHERE id = $1 FOR UPDATE");
+const LOCK_STUDY: &str = concat!(
+    "SELECT ",
+    study_cols!(),
+    " FROM studies WHERE id = $1 FOR UPDATE"
+);
 
-impl_sql_store!(PostgresStore, PostgresStudyTx, sqlx::Postgres, "postgres", LOCK_STUDY, |s| s
-    .pool
-    .begin());
+impl_sql_store!(
+    PostgresStore,
+    PostgresStudyTx,
+    sqlx::Postgres,
+    "postgres",
+    LOCK_STUDY,
+    |s| s.pool.begin()
+);

@@ -17,6 +17,8 @@ pub struct StudyRecord {
     pub spec: StudySpec,
     /// The id the next new trial gets.
     pub next_trial_id: i64,
+    /// Bumped by every committed batch that changed the study or its trials.
+    pub change_seq: i64,
     pub designer_state: Option<serde_json::Value>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
@@ -40,6 +42,8 @@ pub struct TrialRecord {
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub completed_at: Option<DateTime<Utc>>,
+    /// The study's `change_seq` of the batch that last created or changed this trial.
+    pub change_seq: i64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -57,6 +61,7 @@ pub(super) struct StudyRow {
     pub state_reason: Option<String>,
     pub spec: Json<serde_json::Value>,
     pub next_trial_id: i64,
+    pub change_seq: i64,
     pub designer_state: Option<Json<serde_json::Value>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
@@ -76,6 +81,7 @@ impl TryFrom<StudyRow> for StudyRecord {
             state_reason: r.state_reason,
             spec,
             next_trial_id: r.next_trial_id,
+            change_seq: r.change_seq,
             designer_state: r.designer_state.map(|j| j.0),
             created_at: r.created_at,
             updated_at: r.updated_at,
@@ -100,6 +106,7 @@ pub(super) struct TrialRow {
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub completed_at: Option<DateTime<Utc>>,
+    pub change_seq: i64,
 }
 
 impl TryFrom<TrialRow> for TrialRecord {
@@ -134,6 +141,7 @@ impl TryFrom<TrialRow> for TrialRecord {
             created_at: r.created_at,
             started_at: r.started_at,
             completed_at: r.completed_at,
+            change_seq: r.change_seq,
         })
     }
 }
@@ -148,7 +156,14 @@ pub(super) struct MeasurementRow {
 
 impl From<MeasurementRow> for (i64, Measurement) {
     fn from(r: MeasurementRow) -> Self {
-        (r.trial_id, Measurement { step: r.step, elapsed_secs: r.elapsed_secs, metrics: r.metrics.0 })
+        (
+            r.trial_id,
+            Measurement {
+                step: r.step,
+                elapsed_secs: r.elapsed_secs,
+                metrics: r.metrics.0,
+            },
+        )
     }
 }
 
@@ -161,10 +176,15 @@ pub(super) struct TokenRow {
 
 impl From<TokenRow> for TokenRecord {
     fn from(r: TokenRow) -> Self {
-        TokenRecord { name: r.name, scope: r.study_id.zip(r.trial_id) }
+        TokenRecord {
+            name: r.name,
+            scope: r.study_id.zip(r.trial_id),
+        }
     }
 }
 
 pub(super) fn to_json<T: serde::Serialize>(v: &T) -> Result<Json<serde_json::Value>, StoreError> {
-    serde_json::to_value(v).map(Json).map_err(|e| StoreError::Corrupt(e.to_string()))
+    serde_json::to_value(v)
+        .map(Json)
+        .map_err(|e| StoreError::Corrupt(e.to_string()))
 }

@@ -5,13 +5,13 @@
 
 macro_rules! study_cols {
     () => {
-        "id, name, state, state_reason, spec, next_trial_id, designer_state, created_at, updated_at"
+        "id, name, state, state_reason, spec, next_trial_id, change_seq, designer_state, created_at, updated_at"
     };
 }
 macro_rules! trial_cols {
     () => {
         "study_id, id, state, parameters, client_id, final_measurement, objective, infeasible_reason, \
-         fail_reason, early_stopped, excluded, lease_expires_at, created_at, started_at, completed_at"
+         fail_reason, early_stopped, excluded, lease_expires_at, created_at, started_at, completed_at, change_seq"
     };
 }
 pub(super) use study_cols;
@@ -51,10 +51,21 @@ pub(super) const LIST_TRIALS: &str = concat!(
     " FROM trials WHERE study_id = $1 AND (CAST($2 AS TEXT) IS NULL OR state = $2) \
      AND id > $3 ORDER BY id LIMIT $4"
 );
-pub(super) const GET_TRIAL: &str =
-    concat!("SELECT ", trial_cols!(), " FROM trials WHERE study_id = $1 AND id = $2");
-pub(super) const ALL_TRIALS: &str =
-    concat!("SELECT ", trial_cols!(), " FROM trials WHERE study_id = $1 ORDER BY id");
+pub(super) const CHANGED_TRIALS: &str = concat!(
+    "SELECT ",
+    trial_cols!(),
+    " FROM trials WHERE study_id = $1 AND (change_seq, id) > ($2, $3) ORDER BY change_seq, id LIMIT $4"
+);
+pub(super) const GET_TRIAL: &str = concat!(
+    "SELECT ",
+    trial_cols!(),
+    " FROM trials WHERE study_id = $1 AND id = $2"
+);
+pub(super) const ALL_TRIALS: &str = concat!(
+    "SELECT ",
+    trial_cols!(),
+    " FROM trials WHERE study_id = $1 ORDER BY id"
+);
 pub(super) const UNFINISHED_TRIALS: &str = concat!(
     "SELECT ",
     trial_cols!(),
@@ -68,18 +79,18 @@ pub(super) const SET_DESIGNER_STATE: &str = "UPDATE studies SET designer_state =
 pub(super) const INSERT_TRIAL: &str = concat!(
     "INSERT INTO trials (",
     trial_cols!(),
-    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)"
 );
 pub(super) const UPDATE_TRIAL: &str = "UPDATE trials SET state = $3, parameters = $4, client_id = $5, \
      final_measurement = $6, objective = $7, infeasible_reason = $8, fail_reason = $9, \
      early_stopped = $10, excluded = $11, lease_expires_at = $12, started_at = $13, \
-     completed_at = $14 WHERE study_id = $1 AND id = $2";
+     completed_at = $14, change_seq = $15 WHERE study_id = $1 AND id = $2";
 pub(super) const UPSERT_MEASUREMENT: &str = "INSERT INTO measurements \
      (study_id, trial_id, step, elapsed_secs, metrics, created_at) VALUES ($1, $2, $3, $4, $5, $6) \
      ON CONFLICT (study_id, trial_id, step) DO UPDATE SET elapsed_secs = excluded.elapsed_secs, \
      metrics = excluded.metrics, created_at = excluded.created_at";
 pub(super) const UPDATE_STUDY: &str = "UPDATE studies SET state = $2, state_reason = $3, spec = $4, \
-     next_trial_id = $5, updated_at = $6 WHERE id = $1";
+     next_trial_id = $5, updated_at = $6, change_seq = $7 WHERE id = $1";
 pub(super) const INSERT_TOKEN: &str = "INSERT INTO api_tokens (name, token_hash, study_id, trial_id, created_at) \
      VALUES ($1, $2, $3, $4, $5)";
 pub(super) const FIND_TOKEN: &str =
@@ -93,12 +104,10 @@ pub(super) const COUNT_TOKENS: &str = "SELECT COUNT(*) FROM api_tokens WHERE stu
 /// reads (and on PostgreSQL locks) the study row.
 macro_rules! impl_sql_store {
     ($store:ty, $tx:ident, $db:ty, $backend:literal, $lock:expr, |$s:ident| $begin:expr) => {
-        use $crate::store::records::{
-            to_json, MeasurementRow, StudyRow, TokenRow, TrialRow,
-        };
+        use $crate::model::{Measurement, StudySpec, StudyState, TrialCounts, TrialState};
+        use $crate::store::records::{MeasurementRow, StudyRow, TokenRow, TrialRow, to_json};
         use $crate::store::sql::*;
         use $crate::store::{StoreResult, StudyRecord, StudyTx, TokenRecord, TrialRecord};
-        use $crate::model::{Measurement, StudySpec, StudyState, TrialCounts, TrialState};
 
         pub struct $tx {
             tx: sqlx::Transaction<'static, $db>,
@@ -149,8 +158,10 @@ macro_rules! impl_sql_store {
 
             #[tracing::instrument(skip_all)]
             async fn get_study(&self, study_id: i64) -> StoreResult<Option<StudyRecord>> {
-                let row: Option<StudyRow> =
-                    sqlx::query_as(GET_STUDY).bind(study_id).fetch_optional(&self.pool).await?;
+                let row: Option<StudyRow> = sqlx::query_as(GET_STUDY)
+                    .bind(study_id)
+                    .fetch_optional(&self.pool)
+                    .await?;
                 row.map(StudyRecord::try_from).transpose()
             }
 
@@ -182,21 +193,27 @@ macro_rules! impl_sql_store {
 
             #[tracing::instrument(skip_all)]
             async fn delete_study(&self, study_id: i64) -> StoreResult<bool> {
-                let done = sqlx::query(DELETE_STUDY).bind(study_id).execute(&self.pool).await?;
+                let done = sqlx::query(DELETE_STUDY)
+                    .bind(study_id)
+                    .execute(&self.pool)
+                    .await?;
                 Ok(done.rows_affected() > 0)
             }
 
             #[tracing::instrument(skip_all)]
             async fn count_trials(&self, study_id: i64) -> StoreResult<TrialCounts> {
-                let rows: Vec<(String, i64)> =
-                    sqlx::query_as(COUNT_TRIALS).bind(study_id).fetch_all(&self.pool).await?;
+                let rows: Vec<(String, i64)> = sqlx::query_as(COUNT_TRIALS)
+                    .bind(study_id)
+                    .fetch_all(&self.pool)
+                    .await?;
                 counts_from(rows)
             }
 
             #[tracing::instrument(skip_all)]
             async fn count_all_trials(&self) -> StoreResult<TrialCounts> {
-                let rows: Vec<(String, i64)> =
-                    sqlx::query_as(COUNT_ALL_TRIALS).fetch_all(&self.pool).await?;
+                let rows: Vec<(String, i64)> = sqlx::query_as(COUNT_ALL_TRIALS)
+                    .fetch_all(&self.pool)
+                    .await?;
                 counts_from(rows)
             }
 
@@ -206,9 +223,15 @@ macro_rules! impl_sql_store {
                 study_id: i64,
                 maximize: bool,
             ) -> StoreResult<Option<TrialRecord>> {
-                let sql = if maximize { BEST_TRIAL_MAX } else { BEST_TRIAL_MIN };
-                let row: Option<TrialRow> =
-                    sqlx::query_as(sql).bind(study_id).fetch_optional(&self.pool).await?;
+                let sql = if maximize {
+                    BEST_TRIAL_MAX
+                } else {
+                    BEST_TRIAL_MIN
+                };
+                let row: Option<TrialRow> = sqlx::query_as(sql)
+                    .bind(study_id)
+                    .fetch_optional(&self.pool)
+                    .await?;
                 row.map(TrialRecord::try_from).transpose()
             }
 
@@ -231,6 +254,23 @@ macro_rules! impl_sql_store {
             }
 
             #[tracing::instrument(skip_all)]
+            async fn changed_trials(
+                &self,
+                study_id: i64,
+                after: (i64, i64),
+                limit: i64,
+            ) -> StoreResult<Vec<TrialRecord>> {
+                let rows: Vec<TrialRow> = sqlx::query_as(CHANGED_TRIALS)
+                    .bind(study_id)
+                    .bind(after.0)
+                    .bind(after.1)
+                    .bind(limit)
+                    .fetch_all(&self.pool)
+                    .await?;
+                trials_from(rows)
+            }
+
+            #[tracing::instrument(skip_all)]
             async fn get_trial(
                 &self,
                 study_id: i64,
@@ -246,8 +286,10 @@ macro_rules! impl_sql_store {
 
             #[tracing::instrument(skip_all)]
             async fn all_trials(&self, study_id: i64) -> StoreResult<Vec<TrialRecord>> {
-                let rows: Vec<TrialRow> =
-                    sqlx::query_as(ALL_TRIALS).bind(study_id).fetch_all(&self.pool).await?;
+                let rows: Vec<TrialRow> = sqlx::query_as(ALL_TRIALS)
+                    .bind(study_id)
+                    .fetch_all(&self.pool)
+                    .await?;
                 trials_from(rows)
             }
 
@@ -282,17 +324,19 @@ macro_rules! impl_sql_store {
             }
 
             #[tracing::instrument(skip_all)]
-            async fn begin_study(
-                &self,
-                study_id: i64,
-            ) -> StoreResult<Option<Box<dyn StudyTx>>> {
+            async fn begin_study(&self, study_id: i64) -> StoreResult<Option<Box<dyn StudyTx>>> {
                 let $s = self;
                 let mut tx = $begin.await?;
-                let row: Option<StudyRow> =
-                    sqlx::query_as($lock).bind(study_id).fetch_optional(&mut *tx).await?;
+                let row: Option<StudyRow> = sqlx::query_as($lock)
+                    .bind(study_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
                 match row {
                     None => Ok(None),
-                    Some(row) => Ok(Some(Box::new($tx { tx, study: row.try_into()? }))),
+                    Some(row) => Ok(Some(Box::new($tx {
+                        tx,
+                        study: row.try_into()?,
+                    }))),
                 }
             }
 
@@ -317,14 +361,19 @@ macro_rules! impl_sql_store {
 
             #[tracing::instrument(skip_all)]
             async fn find_token(&self, token_hash: &str) -> StoreResult<Option<TokenRecord>> {
-                let row: Option<TokenRow> =
-                    sqlx::query_as(FIND_TOKEN).bind(token_hash).fetch_optional(&self.pool).await?;
+                let row: Option<TokenRow> = sqlx::query_as(FIND_TOKEN)
+                    .bind(token_hash)
+                    .fetch_optional(&self.pool)
+                    .await?;
                 Ok(row.map(Into::into))
             }
 
             #[tracing::instrument(skip_all)]
             async fn delete_token(&self, name: &str) -> StoreResult<bool> {
-                let done = sqlx::query(DELETE_TOKEN).bind(name).execute(&self.pool).await?;
+                let done = sqlx::query(DELETE_TOKEN)
+                    .bind(name)
+                    .execute(&self.pool)
+                    .await?;
                 Ok(done.rows_affected() > 0)
             }
 
@@ -379,7 +428,10 @@ macro_rules! impl_sql_store {
                     .bind(trial_id)
                     .fetch_all(&mut *self.tx)
                     .await?;
-                Ok(rows.into_iter().map(|r| <(i64, Measurement)>::from(r).1).collect())
+                Ok(rows
+                    .into_iter()
+                    .map(|r| <(i64, Measurement)>::from(r).1)
+                    .collect())
             }
 
             async fn insert_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()> {
@@ -400,6 +452,7 @@ macro_rules! impl_sql_store {
                         .bind(t.created_at)
                         .bind(t.started_at)
                         .bind(t.completed_at)
+                        .bind(t.change_seq)
                         .execute(&mut *self.tx)
                         .await?;
                 }
@@ -423,6 +476,7 @@ macro_rules! impl_sql_store {
                         .bind(t.lease_expires_at)
                         .bind(t.started_at)
                         .bind(t.completed_at)
+                        .bind(t.change_seq)
                         .execute(&mut *self.tx)
                         .await?;
                 }
@@ -456,6 +510,7 @@ macro_rules! impl_sql_store {
                     .bind(to_json(&study.spec)?)
                     .bind(study.next_trial_id)
                     .bind(study.updated_at)
+                    .bind(study.change_seq)
                     .execute(&mut *self.tx)
                     .await?;
                 Ok(())

@@ -5,7 +5,9 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
 
 use super::sql::{impl_sql_store, study_cols};
 
@@ -35,6 +37,11 @@ impl SqliteStore {
 
 const LOCK_STUDY: &str = concat!("SELECT ", study_cols!(), " FROM studies WHERE id = $1");
 
-impl_sql_store!(SqliteStore, SqliteStudyTx, sqlx::Sqlite, "sqlite", LOCK_STUDY, |s| s
-    .pool
-    .begin_with("BEGIN IMMEDIATE"));
+impl_sql_store!(
+    SqliteStore,
+    SqliteStudyTx,
+    sqlx::Sqlite,
+    "sqlite",
+    LOCK_STUDY,
+    |s| s.pool.begin_with("BEGIN IMMEDIATE")
+);
