@@ -21,7 +21,12 @@ pub struct ServerConfig {
 
 impl ServerConfig {
     pub fn new(database_url: impl Into<String>, listen: SocketAddr) -> Self {
-        Self { database_url: database_url.into(), listen, token: None, body_limit: api::DEFAULT_BODY_LIMIT }
+        Self {
+            database_url: database_url.into(),
+            listen,
+            token: None,
+            body_limit: api::DEFAULT_BODY_LIMIT,
+        }
     }
 }
 
@@ -30,7 +35,10 @@ pub enum AppError {
     #[error(transparent)]
     Store(#[from] store::StoreError),
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error(
         "refusing to serve on {0} without a token: set AUGUR_TOKEN (or --token), or create one with `augur token create`; only a loopback address may run open"
     )]
@@ -60,10 +68,18 @@ impl App {
         }
         let listener = TcpListener::bind(config.listen)
             .await
-            .map_err(|source| AppError::Bind { addr: config.listen, source })?;
+            .map_err(|source| AppError::Bind {
+                addr: config.listen,
+                source,
+            })?;
         let addr = listener.local_addr()?;
         let router = api::router(Service::new(store), open, config.body_limit);
-        Ok(App { addr, listener, router, open })
+        Ok(App {
+            addr,
+            listener,
+            router,
+            open,
+        })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -72,7 +88,9 @@ impl App {
 
     /// Serve until Ctrl-C / SIGTERM, finishing requests in flight.
     pub async fn run(self) -> Result<(), AppError> {
-        axum::serve(self.listener, self.router).with_graceful_shutdown(shutdown_signal()).await?;
+        axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(shutdown_signal())
+            .await?;
         Ok(())
     }
 }
@@ -85,7 +103,9 @@ async fn register_env_token(store: &dyn Store, token: &str) -> Result<(), store:
         return Ok(());
     }
     store.delete_token("env").await?;
-    store.insert_token("env", &hash, None, chrono::Utc::now()).await
+    store
+        .insert_token("env", &hash, None, chrono::Utc::now())
+        .await
 }
 
 async fn shutdown_signal() {

@@ -6,7 +6,8 @@ mod common;
 use reqwest::{Method, StatusCode};
 
 fn committed() -> String {
-    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.yaml")).expect("openapi.yaml")
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.yaml"))
+        .expect("openapi.yaml")
 }
 
 #[test]
@@ -38,10 +39,16 @@ async fn every_spec_operation_is_routed_and_every_route_is_in_the_spec() {
     let ops = spec_operations();
     assert!(ops.len() >= 20, "the spec lists {} operations", ops.len());
     for (method, path) in &ops {
-        let r = app.call(method.clone(), path, Some(serde_json::json!({}))).await;
+        let r = app
+            .call(method.clone(), path, Some(serde_json::json!({})))
+            .await;
         let unrouted = r.status == StatusCode::METHOD_NOT_ALLOWED
             || (r.status == StatusCode::NOT_FOUND && r.body["error"]["message"] == "no such route");
-        assert!(!unrouted, "{method} {path} is in openapi.yaml but not routed: {} {}", r.status, r.body);
+        assert!(
+            !unrouted,
+            "{method} {path} is in openapi.yaml but not routed: {} {}",
+            r.status, r.body
+        );
     }
     // The reverse: the spec is generated from the router, so a route outside the spec could
     // only come from a plain `.route(...)`, which the API code must not use.

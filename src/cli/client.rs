@@ -21,10 +21,19 @@ impl Client {
             .timeout(std::time::Duration::from_secs(60))
             .build()
             .map_err(|e| format!("cannot build HTTP client: {e}"))?;
-        Ok(Self { http, base, token: token.map(str::to_string) })
+        Ok(Self {
+            http,
+            base,
+            token: token.map(str::to_string),
+        })
     }
 
-    pub async fn call(&self, method: Method, path: &str, body: Option<&Value>) -> Result<Value, String> {
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, String> {
         let mut request = self.http.request(method, format!("{}{path}", self.base));
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
@@ -40,7 +49,10 @@ impl Client {
             }
         })?;
         let status = response.status();
-        let text = response.text().await.map_err(|e| format!("reading the server's answer: {e}"))?;
+        let text = response
+            .text()
+            .await
+            .map_err(|e| format!("reading the server's answer: {e}"))?;
         if status == StatusCode::NO_CONTENT || text.is_empty() {
             return Ok(Value::Null);
         }
@@ -50,8 +62,15 @@ impl Client {
             Ok(value)
         } else {
             let err = &value["error"];
-            let field = err["field"].as_str().map(|f| format!(" ({f})")).unwrap_or_default();
-            Err(format!("{}{field}: {}", status.as_u16(), err["message"].as_str().unwrap_or("error")))
+            let field = err["field"]
+                .as_str()
+                .map(|f| format!(" ({f})"))
+                .unwrap_or_default();
+            Err(format!(
+                "{}{field}: {}",
+                status.as_u16(),
+                err["message"].as_str().unwrap_or("error")
+            ))
         }
     }
 
@@ -77,7 +96,8 @@ impl Client {
 }
 
 fn read_spec(path: &Path) -> Result<Value, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let is_json = path.extension().is_some_and(|e| e == "json");
     if is_json {
         serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
@@ -87,19 +107,31 @@ fn read_spec(path: &Path) -> Result<Value, String> {
 }
 
 fn print_json(v: &Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string()));
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+    );
 }
 
 pub async fn run_study_command(client: &Client, command: StudyCommand) -> Result<(), String> {
     match command {
         StudyCommand::Create { file } => {
             let spec = read_spec(&file)?;
-            let study = client.call(Method::POST, "/v1/studies", Some(&spec)).await?;
-            println!("created study {} ({})", study["id"], study["name"].as_str().unwrap_or(""));
+            let study = client
+                .call(Method::POST, "/v1/studies", Some(&spec))
+                .await?;
+            println!(
+                "created study {} ({})",
+                study["id"],
+                study["name"].as_str().unwrap_or("")
+            );
         }
         StudyCommand::List => {
             let mut token: Option<String> = None;
-            println!("{:>6}  {:<10}  {:<13}  {:>12}  name", "id", "state", "algorithm", "done/max");
+            println!(
+                "{:>6}  {:<10}  {:<13}  {:>12}  name",
+                "id", "state", "algorithm", "done/max"
+            );
             loop {
                 let path = match &token {
                     Some(t) => format!("/v1/studies?page_token={t}"),
@@ -126,7 +158,11 @@ pub async fn run_study_command(client: &Client, command: StudyCommand) -> Result
                 }
             }
         }
-        StudyCommand::Show { id } => print_json(&client.call(Method::GET, &format!("/v1/studies/{id}"), None).await?),
+        StudyCommand::Show { id } => print_json(
+            &client
+                .call(Method::GET, &format!("/v1/studies/{id}"), None)
+                .await?,
+        ),
         StudyCommand::Trials { id } => {
             for t in client.all_trials(id).await? {
                 let metrics = t["final_measurement"]["metrics"].to_string();
@@ -135,15 +171,27 @@ pub async fn run_study_command(client: &Client, command: StudyCommand) -> Result
                     t["id"],
                     t["state"].as_str().unwrap_or(""),
                     t["parameters"],
-                    if metrics == "null" { String::new() } else { metrics }
+                    if metrics == "null" {
+                        String::new()
+                    } else {
+                        metrics
+                    }
                 );
             }
         }
-        StudyCommand::Best { id } => {
-            print_json(&client.call(Method::GET, &format!("/v1/studies/{id}/optimal_trials"), None).await?)
-        }
+        StudyCommand::Best { id } => print_json(
+            &client
+                .call(
+                    Method::GET,
+                    &format!("/v1/studies/{id}/optimal_trials"),
+                    None,
+                )
+                .await?,
+        ),
         StudyCommand::Stop { id } => {
-            let s = client.call(Method::POST, &format!("/v1/studies/{id}/stop"), None).await?;
+            let s = client
+                .call(Method::POST, &format!("/v1/studies/{id}/stop"), None)
+                .await?;
             println!("study {id} is {}", s["state"].as_str().unwrap_or("?"));
         }
         StudyCommand::Export { id, format } => {
@@ -162,7 +210,11 @@ fn trials_csv(trials: &[Value]) -> String {
     let keys = |field: &str| -> Vec<String> {
         let mut set = std::collections::BTreeSet::new();
         for t in trials {
-            let obj = if field == "metrics" { &t["final_measurement"]["metrics"] } else { &t[field] };
+            let obj = if field == "metrics" {
+                &t["final_measurement"]["metrics"]
+            } else {
+                &t[field]
+            };
             if let Some(o) = obj.as_object() {
                 set.extend(o.keys().cloned());
             }
@@ -177,7 +229,11 @@ fn trials_csv(trials: &[Value]) -> String {
             Value::String(s) => s.clone(),
             other => other.to_string(),
         };
-        if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s }
+        if s.contains([',', '"', '\n']) {
+            format!("\"{}\"", s.replace('"', "\"\""))
+        } else {
+            s
+        }
     };
     let mut out = String::from("id,state");
     for p in &params {

@@ -14,7 +14,11 @@ use client::Client;
 const DEFAULT_DATABASE_URL: &str = "sqlite://augur.db";
 
 #[derive(Debug, Parser)]
-#[command(name = "augur", version, about = "Self-hosted hyperparameter tuning service")]
+#[command(
+    name = "augur",
+    version,
+    about = "Self-hosted hyperparameter tuning service"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -23,7 +27,12 @@ pub struct Cli {
 #[derive(Debug, clap::Args)]
 pub struct ClientArgs {
     /// The Augur server.
-    #[arg(long, env = "AUGUR_URL", default_value = "http://127.0.0.1:8080", global = true)]
+    #[arg(
+        long,
+        env = "AUGUR_URL",
+        default_value = "http://127.0.0.1:8080",
+        global = true
+    )]
     pub url: String,
     /// Bearer token for the server.
     #[arg(long, env = "AUGUR_TOKEN", global = true, hide_env_values = true)]
@@ -113,26 +122,46 @@ pub enum StudyCommand {
 /// Run a parsed command; errors come back as one line for the user.
 pub async fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
-        Command::Serve { database_url, listen, token, body_limit } => {
+        Command::Serve {
+            database_url,
+            listen,
+            token,
+            body_limit,
+        } => {
             let mut config = ServerConfig::new(database_url, listen);
             config.token = token;
             config.body_limit = body_limit;
             let app = App::build(config).await.map_err(|e| e.to_string())?;
-            let mode = if app.open { "open (loopback, no token)" } else { "bearer tokens required" };
+            let mode = if app.open {
+                "open (loopback, no token)"
+            } else {
+                "bearer tokens required"
+            };
             tracing::info!(addr = %app.addr(), auth = mode, "augur is serving");
             println!("augur listening on http://{} ({mode})", app.addr());
             app.run().await.map_err(|e| e.to_string())
         }
         Command::Migrate { database_url } => {
-            crate::store::connect(&database_url).await.map_err(|e| e.to_string())?;
+            crate::store::connect(&database_url)
+                .await
+                .map_err(|e| e.to_string())?;
             println!("migrations applied to {}", redact(&database_url));
             Ok(())
         }
-        Command::Token { command: TokenCommand::Create { name, database_url } } => {
-            let store = crate::store::connect(&database_url).await.map_err(|e| e.to_string())?;
+        Command::Token {
+            command: TokenCommand::Create { name, database_url },
+        } => {
+            let store = crate::store::connect(&database_url)
+                .await
+                .map_err(|e| e.to_string())?;
             let token = crate::api::auth::new_token();
             store
-                .insert_token(&name, &crate::api::auth::hash_token(&token), None, chrono::Utc::now())
+                .insert_token(
+                    &name,
+                    &crate::api::auth::hash_token(&token),
+                    None,
+                    chrono::Utc::now(),
+                )
                 .await
                 .map_err(|e| format!("could not create token {name:?}: {e}"))?;
             println!("{token}");

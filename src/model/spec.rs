@@ -142,7 +142,10 @@ impl EarlyStoppingSpec {
         let min_points = count(self.min_curve_points, "min_curve_points")?;
         match self.rule {
             StoppingRuleName::Median => {
-                for (name, given) in [("min_curve_points", self.min_curve_points.is_some()), ("sigmas", self.sigmas.is_some())] {
+                for (name, given) in [
+                    ("min_curve_points", self.min_curve_points.is_some()),
+                    ("sigmas", self.sigmas.is_some()),
+                ] {
                     if given {
                         return Err(ValidationError::new(
                             format!("early_stopping.{name}"),
@@ -151,14 +154,25 @@ impl EarlyStoppingSpec {
                     }
                 }
                 let mut rule = StoppingRule::median();
-                if let (StoppingRule::Median { min_completed_trials }, Some(n)) = (&mut rule, min_completed) {
+                if let (
+                    StoppingRule::Median {
+                        min_completed_trials,
+                    },
+                    Some(n),
+                ) = (&mut rule, min_completed)
+                {
                     *min_completed_trials = n;
                 }
                 Ok(rule)
             }
             StoppingRuleName::DecayCurve => {
                 let mut rule = StoppingRule::decay_curve();
-                if let StoppingRule::DecayCurve { min_completed_trials, min_curve_points, sigmas } = &mut rule {
+                if let StoppingRule::DecayCurve {
+                    min_completed_trials,
+                    min_curve_points,
+                    sigmas,
+                } = &mut rule
+                {
                     if let Some(n) = min_completed {
                         *min_completed_trials = n;
                     }
@@ -167,7 +181,10 @@ impl EarlyStoppingSpec {
                     }
                     if let Some(s) = self.sigmas {
                         if !(s.is_finite() && s >= 0.0) {
-                            return Err(ValidationError::new("early_stopping.sigmas", "must be a number >= 0"));
+                            return Err(ValidationError::new(
+                                "early_stopping.sigmas",
+                                "must be a number >= 0",
+                            ));
                         }
                         *sigmas = s;
                     }
@@ -203,10 +220,18 @@ pub struct ParameterInput {
     #[serde(rename = "type")]
     pub kind: ParameterType,
     /// Lower bound (double, integer).
-    #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "whole_as_integer")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "whole_as_integer"
+    )]
     pub min: Option<f64>,
     /// Upper bound (double, integer).
-    #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "whole_as_integer")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "whole_as_integer"
+    )]
     pub max: Option<f64>,
     /// Feasible values: increasing numbers (discrete) or strings (categorical).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -283,7 +308,10 @@ const MAX_BUDGET: i64 = 100_000_000;
 
 fn positive(value: i64, field: &str) -> Result<u64, ValidationError> {
     if !(1..=MAX_BUDGET).contains(&value) {
-        return Err(ValidationError::new(field, format!("must be between 1 and {MAX_BUDGET}, got {value}")));
+        return Err(ValidationError::new(
+            field,
+            format!("must be between 1 and {MAX_BUDGET}, got {value}"),
+        ));
     }
     Ok(value as u64)
 }
@@ -291,14 +319,18 @@ fn positive(value: i64, field: &str) -> Result<u64, ValidationError> {
 fn check_id(id: &str, field: &str) -> Result<(), ValidationError> {
     let ok = !id.is_empty()
         && id.len() <= 64
-        && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
         && !id.starts_with('-');
     if ok {
         Ok(())
     } else {
         Err(ValidationError::new(
             field,
-            format!("{id:?} is not a valid id: use 1-64 letters, digits, '_', '-' or '.', not starting with '-'"),
+            format!(
+                "{id:?} is not a valid id: use 1-64 letters, digits, '_', '-' or '.', not starting with '-'"
+            ),
         ))
     }
 }
@@ -307,10 +339,16 @@ impl StudySpec {
     /// Validate and convert. `seed` must already be filled in (see [`StudySpec::with_seed`]).
     pub fn validate(&self) -> Result<StudyConfig, ValidationError> {
         if self.name.trim().is_empty() || self.name.len() > 256 {
-            return Err(ValidationError::new("name", "must be 1-256 characters and not blank"));
+            return Err(ValidationError::new(
+                "name",
+                "must be 1-256 characters and not blank",
+            ));
         }
         if self.metrics.is_empty() {
-            return Err(ValidationError::new("metrics", "a study needs at least one metric"));
+            return Err(ValidationError::new(
+                "metrics",
+                "a study needs at least one metric",
+            ));
         }
         let mut metric_ids = BTreeSet::new();
         let mut metrics = Vec::new();
@@ -318,16 +356,25 @@ impl StudySpec {
             let field = format!("metrics[{i}].id");
             check_id(&m.id, &field)?;
             if !metric_ids.insert(m.id.as_str()) {
-                return Err(ValidationError::new(field, format!("duplicate metric id {:?}", m.id)));
+                return Err(ValidationError::new(
+                    field,
+                    format!("duplicate metric id {:?}", m.id),
+                ));
             }
             let goal = match m.goal {
                 MetricGoal::Maximize => Goal::Maximize,
                 MetricGoal::Minimize => Goal::Minimize,
             };
-            metrics.push(MetricSpec { id: m.id.clone(), goal });
+            metrics.push(MetricSpec {
+                id: m.id.clone(),
+                goal,
+            });
         }
         if self.parameters.is_empty() {
-            return Err(ValidationError::new("parameters", "a study needs at least one parameter"));
+            return Err(ValidationError::new(
+                "parameters",
+                "a study needs at least one parameter",
+            ));
         }
         let mut ids = BTreeSet::new();
         let parameters = convert_parameters(&self.parameters, "parameters", &mut ids)?;
@@ -337,9 +384,16 @@ impl StudySpec {
             .max_failed_trials
             .map(|v| positive(v, "max_failed_trials"))
             .transpose()?;
-        let early_stopping = self.early_stopping.as_ref().map(EarlyStoppingSpec::validate).transpose()?;
+        let early_stopping = self
+            .early_stopping
+            .as_ref()
+            .map(EarlyStoppingSpec::validate)
+            .transpose()?;
         if !(1..=30 * 24 * 3600).contains(&self.trial_lease_secs) {
-            return Err(ValidationError::new("trial_lease_secs", "must be between 1 and 2592000 (30 days)"));
+            return Err(ValidationError::new(
+                "trial_lease_secs",
+                "must be between 1 and 2592000 (30 days)",
+            ));
         }
         let algorithm: Algorithm = self.algorithm.into();
         let space = SearchSpace { parameters };
@@ -365,7 +419,10 @@ impl StudySpec {
     }
 
     /// Apply a live change, validating the result as a whole.
-    pub fn apply_update(&self, update: &StudyUpdate) -> Result<(StudySpec, StudyConfig), ValidationError> {
+    pub fn apply_update(
+        &self,
+        update: &StudyUpdate,
+    ) -> Result<(StudySpec, StudyConfig), ValidationError> {
         let mut next = self.clone();
         if let Some(v) = update.max_trials {
             positive(v, "max_trials")?;
@@ -404,7 +461,10 @@ fn convert_parameter(
     let field = |name: &str| format!("{path}.{name}");
     check_id(&p.id, &field("id"))?;
     if !ids.insert(p.id.clone()) {
-        return Err(ValidationError::new(field("id"), format!("duplicate parameter id {:?}", p.id)));
+        return Err(ValidationError::new(
+            field("id"),
+            format!("duplicate parameter id {:?}", p.id),
+        ));
     }
     let scale = match p.scale {
         None | Some(ScaleName::Linear) => Scale::Linear,
@@ -412,37 +472,67 @@ fn convert_parameter(
         Some(ScaleName::ReverseLog) => Scale::ReverseLog,
     };
     let not_allowed = |name: &str, what: &str| {
-        ValidationError::new(field(name), format!("is not allowed for a {what} parameter"))
+        ValidationError::new(
+            field(name),
+            format!("is not allowed for a {what} parameter"),
+        )
     };
     let kind = match p.kind {
         ParameterType::Double | ParameterType::Integer => {
-            let what = if p.kind == ParameterType::Double { "double" } else { "integer" };
+            let what = if p.kind == ParameterType::Double {
+                "double"
+            } else {
+                "integer"
+            };
             if p.values.is_some() {
                 return Err(not_allowed("values", what));
             }
-            let min = p.min.ok_or_else(|| ValidationError::new(field("min"), "is required"))?;
-            let max = p.max.ok_or_else(|| ValidationError::new(field("max"), "is required"))?;
+            let min = p
+                .min
+                .ok_or_else(|| ValidationError::new(field("min"), "is required"))?;
+            let max = p
+                .max
+                .ok_or_else(|| ValidationError::new(field("max"), "is required"))?;
             if !min.is_finite() {
-                return Err(ValidationError::new(field("min"), "must be a finite number"));
+                return Err(ValidationError::new(
+                    field("min"),
+                    "must be a finite number",
+                ));
             }
             if !max.is_finite() {
-                return Err(ValidationError::new(field("max"), "must be a finite number"));
+                return Err(ValidationError::new(
+                    field("max"),
+                    "must be a finite number",
+                ));
             }
             if min >= max {
-                return Err(ValidationError::new(field("min"), format!("min ({min}) must be less than max ({max})")));
+                return Err(ValidationError::new(
+                    field("min"),
+                    format!("min ({min}) must be less than max ({max})"),
+                ));
             }
             if scale != Scale::Linear && min <= 0.0 {
-                return Err(ValidationError::new(field("min"), "must be > 0 on a log or reverse_log scale"));
+                return Err(ValidationError::new(
+                    field("min"),
+                    "must be > 0 on a log or reverse_log scale",
+                ));
             }
             if p.kind == ParameterType::Double {
                 ParameterKind::Double { min, max, scale }
             } else {
                 for (name, v) in [("min", min), ("max", max)] {
                     if v.fract() != 0.0 || v.abs() > 9.0e15 {
-                        return Err(ValidationError::new(field(name), "must be a whole number for an integer parameter"));
+                        return Err(ValidationError::new(
+                            field(name),
+                            "must be a whole number for an integer parameter",
+                        ));
                     }
                 }
-                ParameterKind::Integer { min: min as i64, max: max as i64, scale }
+                ParameterKind::Integer {
+                    min: min as i64,
+                    max: max as i64,
+                    scale,
+                }
             }
         }
         ParameterType::Discrete => {
@@ -452,16 +542,18 @@ fn convert_parameter(
             if p.max.is_some() {
                 return Err(not_allowed("max", "discrete"));
             }
-            let values = p.values.as_ref().ok_or_else(|| ValidationError::new(field("values"), "is required"))?;
+            let values = p
+                .values
+                .as_ref()
+                .ok_or_else(|| ValidationError::new(field("values"), "is required"))?;
             if values.is_empty() {
                 return Err(ValidationError::new(field("values"), "must not be empty"));
             }
             let mut numbers = Vec::with_capacity(values.len());
             for (j, v) in values.iter().enumerate() {
-                let x = v
-                    .as_f64()
-                    .filter(|x| x.is_finite())
-                    .ok_or_else(|| ValidationError::new(format!("{path}.values[{j}]"), "must be a finite number"))?;
+                let x = v.as_f64().filter(|x| x.is_finite()).ok_or_else(|| {
+                    ValidationError::new(format!("{path}.values[{j}]"), "must be a finite number")
+                })?;
                 if let Some(prev) = numbers.last() {
                     if x <= *prev {
                         return Err(ValidationError::new(
@@ -473,13 +565,23 @@ fn convert_parameter(
                 numbers.push(x);
             }
             if scale != Scale::Linear && numbers[0] <= 0.0 {
-                return Err(ValidationError::new(field("values"), "must all be > 0 on a log or reverse_log scale"));
+                return Err(ValidationError::new(
+                    field("values"),
+                    "must all be > 0 on a log or reverse_log scale",
+                ));
             }
-            ParameterKind::Discrete { values: numbers, scale }
+            ParameterKind::Discrete {
+                values: numbers,
+                scale,
+            }
         }
         ParameterType::Categorical => {
             for name in ["min", "max"] {
-                let present = if name == "min" { p.min.is_some() } else { p.max.is_some() };
+                let present = if name == "min" {
+                    p.min.is_some()
+                } else {
+                    p.max.is_some()
+                };
                 if present {
                     return Err(not_allowed(name, "categorical"));
                 }
@@ -487,7 +589,10 @@ fn convert_parameter(
             if p.scale.is_some() {
                 return Err(not_allowed("scale", "categorical"));
             }
-            let values = p.values.as_ref().ok_or_else(|| ValidationError::new(field("values"), "is required"))?;
+            let values = p
+                .values
+                .as_ref()
+                .ok_or_else(|| ValidationError::new(field("values"), "is required"))?;
             if values.is_empty() {
                 return Err(ValidationError::new(field("values"), "must not be empty"));
             }
@@ -495,13 +600,22 @@ fn convert_parameter(
             let mut strings = Vec::new();
             for (j, v) in values.iter().enumerate() {
                 let Value::Str(s) = v else {
-                    return Err(ValidationError::new(format!("{path}.values[{j}]"), "categorical values must be strings"));
+                    return Err(ValidationError::new(
+                        format!("{path}.values[{j}]"),
+                        "categorical values must be strings",
+                    ));
                 };
                 if s.is_empty() {
-                    return Err(ValidationError::new(format!("{path}.values[{j}]"), "must not be empty"));
+                    return Err(ValidationError::new(
+                        format!("{path}.values[{j}]"),
+                        "must not be empty",
+                    ));
                 }
                 if !seen.insert(s.clone()) {
-                    return Err(ValidationError::new(format!("{path}.values[{j}]"), format!("duplicate value {s:?}")));
+                    return Err(ValidationError::new(
+                        format!("{path}.values[{j}]"),
+                        format!("duplicate value {s:?}"),
+                    ));
                 }
                 strings.push(s.clone());
             }
@@ -512,7 +626,10 @@ fn convert_parameter(
     for (c, child) in p.children.iter().enumerate() {
         let cpath = format!("{path}.children[{c}]");
         if child.when.is_empty() {
-            return Err(ValidationError::new(format!("{cpath}.when"), "must name at least one parent value"));
+            return Err(ValidationError::new(
+                format!("{cpath}.when"),
+                "must name at least one parent value",
+            ));
         }
         for (w, v) in child.when.iter().enumerate() {
             let ok = match (&kind, v) {
@@ -528,11 +645,22 @@ fn convert_parameter(
                 return Err(ValidationError::new(format!("{cpath}.when[{w}]"), why));
             }
         }
-        let parameters = convert_parameters(&child.parameters, &format!("{cpath}.parameters"), ids)?;
+        let parameters =
+            convert_parameters(&child.parameters, &format!("{cpath}.parameters"), ids)?;
         if parameters.is_empty() {
-            return Err(ValidationError::new(format!("{cpath}.parameters"), "must not be empty"));
+            return Err(ValidationError::new(
+                format!("{cpath}.parameters"),
+                "must not be empty",
+            ));
         }
-        children.push(Child { when: child.when.clone(), parameters });
+        children.push(Child {
+            when: child.when.clone(),
+            parameters,
+        });
     }
-    Ok(Parameter { id: p.id.clone(), kind, children })
+    Ok(Parameter {
+        id: p.id.clone(),
+        kind,
+        children,
+    })
 }

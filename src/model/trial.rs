@@ -10,7 +10,9 @@ use utoipa::ToSchema;
 use super::StudySpec;
 
 /// `requested → active → (stopping →) completed | infeasible | failed`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum TrialState {
     /// Created, waiting for a worker to take it.
@@ -36,7 +38,10 @@ impl TrialState {
 
     /// Unfinished trials count against `parallel_trials`.
     pub fn is_unfinished(self) -> bool {
-        matches!(self, TrialState::Requested | TrialState::Active | TrialState::Stopping)
+        matches!(
+            self,
+            TrialState::Requested | TrialState::Active | TrialState::Stopping
+        )
     }
 
     pub fn as_str(self) -> &'static str {
@@ -69,8 +74,12 @@ pub enum StudyState {
 }
 
 impl StudyState {
-    pub const ALL: [StudyState; 4] =
-        [StudyState::Active, StudyState::Completed, StudyState::Stopped, StudyState::Failed];
+    pub const ALL: [StudyState; 4] = [
+        StudyState::Active,
+        StudyState::Completed,
+        StudyState::Stopped,
+        StudyState::Failed,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
