@@ -1,1 +1,102 @@
-fn main() {}
+//! Quality bench driver: runs Augur's designers through `Designer::suggest` on the public
+//! suite (see `shared/reference/README.md`) and prints one JSON line per study:
+//! `{"optimizer", "function", "parallel", "seed", "regret": [best-so-far regret per trial],
+//!  "ms": [wall ms per suggest call, divided by the suggestions it returned]}`.
+//!
+//! `cargo run --release --example quality -- [--seeds N] [--functions a,b] [--algorithms a,b]
+//! [--parallel 1,5]`. `benches/quality/run` aggregates these lines with the Python references.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use augur_optimizer::test_functions::{SUITE, TestFunction};
+use augur_optimizer::{
+    Algorithm, CompletedTrial, DesignerInput, Goal, MetricSpec, Outcome, designer_for,
+};
+
+fn arg(args: &[String], name: &str) -> Option<String> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn run(algorithm: Algorithm, f: &TestFunction, seed: u64, parallel: usize) -> (Vec<f64>, Vec<f64>) {
+    let designer = designer_for(algorithm);
+    let space = f.space();
+    let metrics = [MetricSpec {
+        id: "y".into(),
+        goal: Goal::Minimize,
+    }];
+    let mut completed: Vec<CompletedTrial> = Vec::new();
+    let mut state: Option<serde_json::Value> = None;
+    let (mut regrets, mut ms) = (Vec::new(), Vec::new());
+    let mut best = f64::INFINITY;
+    while completed.len() < f.budget {
+        let count = parallel.min(f.budget - completed.len());
+        let input = DesignerInput {
+            space: &space,
+            metrics: &metrics,
+            completed: &completed,
+            pending: &[],
+            count,
+            first_trial_number: completed.len() as u64 + 1,
+            seed,
+            previous_state: state.as_ref(),
+        };
+        let start = Instant::now();
+        let out = designer.suggest(&input);
+        let elapsed = start.elapsed().as_secs_f64() * 1e3;
+        state = out.state.or(state);
+        if out.suggestions.is_empty() {
+            break;
+        }
+        let per = elapsed / out.suggestions.len() as f64;
+        for a in out.suggestions {
+            let y = f.evaluate(&a);
+            best = best.min(y);
+            regrets.push(best - f.optimum);
+            ms.push(per);
+            completed.push(CompletedTrial {
+                parameters: a,
+                outcome: Outcome::Measured(BTreeMap::from([("y".to_string(), y)])),
+            });
+        }
+    }
+    (regrets, ms)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let seeds: u64 = arg(&args, "--seeds")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    let functions = arg(&args, "--functions").unwrap_or_else(|| "all".into());
+    let algorithms =
+        arg(&args, "--algorithms").unwrap_or_else(|| "gp_bandit,quasi_random,random".into());
+    let parallel: Vec<usize> = arg(&args, "--parallel")
+        .unwrap_or_else(|| "1,5".into())
+        .split(',')
+        .filter_map(|p| p.trim().parse().ok())
+        .collect();
+    for f in SUITE
+        .iter()
+        .filter(|f| functions == "all" || functions.split(',').any(|n| n == f.name))
+    {
+        for name in algorithms.split(',') {
+            let Ok(algorithm) = serde_json::from_value::<Algorithm>(serde_json::json!(name)) else {
+                eprintln!("unknown algorithm {name}");
+                continue;
+            };
+            for &p in &parallel {
+                for seed in 0..seeds {
+                    let (regret, ms) = run(algorithm, f, seed, p);
+                    let line = serde_json::json!({
+                        "optimizer": name, "function": f.name, "parallel": p, "seed": seed,
+                        "regret": regret, "ms": ms,
+                    });
+                    println!("{line}");
+                }
+            }
+        }
+    }
+}

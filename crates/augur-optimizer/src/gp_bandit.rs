@@ -34,7 +34,6 @@ use crate::gp::kernel::Hyper;
 use crate::gp::model::{FitOptions, Posterior, fit_theta};
 use crate::gp::warping::warp;
 use crate::quasi_random::quasi_random_assignment;
-use crate::space::Assignment;
 
 /// Tuning knobs of the GP bandit; [`Default`] is what studies get.
 #[derive(Debug, Clone)]

@@ -7,10 +7,11 @@
 //! We minimize it plus weak normal priors on `θ` (log-normal priors on the hyperparameters)
 //! with L-BFGS (argmin) from several starts.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
-use argmin::core::{CostFunction, Error, Executor, Gradient, State};
-use argmin::solver::linesearch::MoreThuenteLineSearch;
+use argmin::core::{CostFunction, Error, Executor, Gradient};
+use argmin::solver::linesearch::BacktrackingLineSearch;
+use argmin::solver::linesearch::condition::ArmijoCondition;
 use argmin::solver::quasinewton::LBFGS;
 use nalgebra::{Cholesky, DMatrix, DVector, Dyn};
 use rand::{Rng, RngExt};
@@ -147,42 +148,63 @@ pub fn neg_log_posterior(
     (cost.is_finite() && grad.iter().all(|g| g.is_finite())).then_some((cost, grad))
 }
 
-/// The objective handed to argmin; caches the last evaluation because L-BFGS asks for the
-/// cost and the gradient of the same point one after the other.
+/// A cost and its gradient.
+type CostAndGradient = (f64, Vec<f64>);
+
+/// The objective handed to argmin. It caches the last evaluation (L-BFGS asks for the cost
+/// and the gradient of the same point one after the other), remembers the best point seen,
+/// and gives up after `max_evals` evaluations: argmin's line searches have no iteration cap
+/// of their own, and a suggestion's cost must stay bounded without a clock.
 struct Objective<'a> {
     x: &'a [Vec<f64>],
     y: &'a DVector<f64>,
-    cache: RefCell<Option<(Vec<f64>, Option<(f64, Vec<f64>)>)>>,
+    cache: RefCell<Option<(Vec<f64>, Option<CostAndGradient>)>>,
+    best: RefCell<(f64, Vec<f64>)>,
+    evals: Cell<usize>,
+    max_evals: usize,
 }
 
 impl Objective<'_> {
-    fn eval(&self, theta: &DVector<f64>) -> Option<(f64, Vec<f64>)> {
+    fn eval(&self, theta: &DVector<f64>) -> Result<Option<(f64, Vec<f64>)>, Error> {
         let t: Vec<f64> = theta.iter().copied().collect();
         if let Some((ct, v)) = self.cache.borrow().as_ref()
             && *ct == t
         {
-            return v.clone();
+            return Ok(v.clone());
         }
+        if self.evals.get() >= self.max_evals {
+            return Err(Error::msg("evaluation budget spent"));
+        }
+        self.evals.set(self.evals.get() + 1);
         let v = neg_log_posterior(self.x, self.y, &t);
+        if let Some((c, _)) = &v
+            && *c < self.best.borrow().0
+        {
+            *self.best.borrow_mut() = (*c, t.clone());
+        }
         *self.cache.borrow_mut() = Some((t, v.clone()));
-        v
+        Ok(v)
     }
 }
 
-impl CostFunction for Objective<'_> {
+/// argmin takes its problem by value; this borrows the objective so that its best point
+/// survives a run that ends in an error.
+struct ObjectiveRef<'a, 'b>(&'b Objective<'a>);
+
+impl CostFunction for ObjectiveRef<'_, '_> {
     type Param = DVector<f64>;
     type Output = f64;
     fn cost(&self, p: &Self::Param) -> Result<f64, Error> {
         // A failed factorization is a very bad point, not an error: the line search backs off.
-        Ok(self.eval(p).map_or(1e30, |(c, _)| c))
+        Ok(self.0.eval(p)?.map_or(1e30, |(c, _)| c))
     }
 }
 
-impl Gradient for Objective<'_> {
+impl Gradient for ObjectiveRef<'_, '_> {
     type Param = DVector<f64>;
     type Gradient = DVector<f64>;
     fn gradient(&self, p: &Self::Param) -> Result<DVector<f64>, Error> {
-        match self.eval(p) {
+        match self.0.eval(p)? {
             Some((_, g)) => Ok(DVector::from_vec(g)),
             None => Err(Error::msg("kernel matrix is not positive definite")),
         }
@@ -236,29 +258,32 @@ pub fn fit_theta(
         .collect();
     scored.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut best = scored[0].clone();
-    for (_, start) in scored.iter().take(options.runs.max(1)) {
+    for (cost, start) in scored.iter().take(options.runs.max(1)) {
         let objective = Objective {
             x,
             y,
             cache: RefCell::new(None),
+            best: RefCell::new((*cost, start.clone())),
+            evals: Cell::new(0),
+            max_evals: 3 * options.max_iters as usize + 10,
         };
-        let Ok(solver) = LBFGS::new(MoreThuenteLineSearch::new(), 7).with_tolerance_grad(1e-5)
-        else {
+        let Ok(condition) = ArmijoCondition::new(1e-4) else {
             continue;
         };
-        let result = Executor::new(objective, solver)
+        let linesearch = BacktrackingLineSearch::new(condition);
+        let Ok(solver) = LBFGS::new(linesearch, 7).with_tolerance_grad(1e-5) else {
+            continue;
+        };
+        // Errors (budget spent, a failed factorization) end the run; its best point stands.
+        let _ = Executor::new(ObjectiveRef(&objective), solver)
             .configure(|s| {
                 s.param(DVector::from_vec(start.clone()))
                     .max_iters(options.max_iters)
             })
             .run();
-        if let Ok(res) = result
-            && let Some(p) = res.state().get_best_param()
-        {
-            let cost = res.state().get_best_cost();
-            if cost < best.0 {
-                best = (cost, p.iter().copied().collect());
-            }
+        let (c, t) = objective.best.into_inner();
+        if c < best.0 {
+            best = (c, t);
         }
     }
     best.1

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::designer::{CompletedTrial, MetricSpec};
 use crate::random::RandomDesigner;
-use crate::space::{Child, Parameter, ParameterKind, Scale, SearchSpace, Value};
+use crate::space::{Assignment, Child, Parameter, ParameterKind, Scale, SearchSpace, Value};
 use crate::test_functions::{BRANIN, TestFunction};
 
 fn minimize(id: &str) -> MetricSpec {
