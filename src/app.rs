@@ -7,7 +7,14 @@ use tokio::net::TcpListener;
 
 use crate::api;
 use crate::service::Service;
+use crate::dispatch::{DispatchConfig, Dispatcher};
 use crate::store::{self, Store};
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "augur".to_string())
+}
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -17,6 +24,13 @@ pub struct ServerConfig {
     /// An admin token to accept, stored hashed under the name `env` (e.g. from AUGUR_TOKEN).
     pub token: Option<String>,
     pub body_limit: usize,
+    /// Run the trials of studies with a `trial_job` in this process (default true).
+    pub dispatch: bool,
+    /// The URL dispatched jobs report to (`AUGUR_URL`); default `http://<listen address>`,
+    /// with 127.0.0.1 for an unspecified address.
+    pub public_url: Option<String>,
+    /// Where relative `output_dir`s resolve (default: the current directory).
+    pub base_dir: Option<std::path::PathBuf>,
 }
 
 impl ServerConfig {
@@ -26,6 +40,9 @@ impl ServerConfig {
             listen,
             token: None,
             body_limit: api::DEFAULT_BODY_LIMIT,
+            dispatch: true,
+            public_url: None,
+            base_dir: None,
         }
     }
 }
@@ -52,6 +69,8 @@ pub struct App {
     addr: SocketAddr,
     listener: TcpListener,
     router: axum::Router,
+    service: Service,
+    dispatcher: Option<Dispatcher>,
     pub open: bool,
 }
 
@@ -73,11 +92,28 @@ impl App {
                 source,
             })?;
         let addr = listener.local_addr()?;
-        let router = api::router(Service::new(store), open, config.body_limit);
+        let service = Service::new(store);
+        let public_url = config.public_url.clone().unwrap_or_else(|| {
+            let host = if addr.ip().is_unspecified() { "127.0.0.1".to_string() } else { addr.ip().to_string() };
+            format!("http://{host}:{}", addr.port())
+        });
+        let base_dir = match config.base_dir.clone() {
+            Some(dir) => dir,
+            None => std::env::current_dir()?,
+        };
+        let dispatch_config = DispatchConfig {
+            augur_url: public_url,
+            base_dir,
+            owner: format!("{}-{}-{:08x}", hostname(), std::process::id(), rand::random::<u32>()),
+        };
+        let router = api::router(service.clone(), open, config.body_limit, dispatch_config.clone());
+        let dispatcher = config.dispatch.then(|| Dispatcher::new(service.clone(), dispatch_config));
         Ok(App {
             addr,
             listener,
             router,
+            service,
+            dispatcher,
             open,
         })
     }
@@ -86,11 +122,25 @@ impl App {
         self.addr
     }
 
-    /// Serve until Ctrl-C / SIGTERM, finishing requests in flight.
+    pub fn service(&self) -> &Service {
+        &self.service
+    }
+
+    /// Serve until Ctrl-C / SIGTERM, finishing requests in flight; then stop dispatched
+    /// jobs, leaving their trials to be resumed by the next start.
     pub async fn run(self) -> Result<(), AppError> {
-        axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(shutdown_signal())
-            .await?;
+        self.run_until(shutdown_signal()).await
+    }
+
+    /// Serve until `stop` resolves.
+    pub async fn run_until(self, stop: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), AppError> {
+        let dispatching = self.dispatcher.as_ref().map(|d| (d.clone(), d.spawn()));
+        let served = axum::serve(self.listener, self.router).with_graceful_shutdown(stop).await;
+        if let Some((dispatcher, task)) = dispatching {
+            dispatcher.shutdown().await;
+            let _ = task.await;
+        }
+        served?;
         Ok(())
     }
 }

@@ -7,6 +7,9 @@
 pub mod api;
 pub mod app;
 pub mod cli;
+pub mod dispatch;
+pub mod dashboard;
+pub mod insights;
 pub mod model;
 pub mod service;
 pub mod store;

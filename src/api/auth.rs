@@ -59,11 +59,53 @@ pub async fn require_token(
         .headers()
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
+        .map(str::to_string)
+        .or_else(|| cookie_token(&method, request.headers()));
+    if is_public_dashboard_path(&path) {
+        return next.run(request).await;
+    }
+    // Only a browser asking for a page is redirected; API clients and scrapers get 401.
+    let wants_html = !path.starts_with("/v1/")
+        && request
+            .headers()
+            .get(axum::http::header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.contains("text/html"));
     match check(&state, &method, &path, authorization.as_deref()).await {
         Ok(()) => next.run(request).await,
+        // A person opening a dashboard page is sent to the login form, not shown JSON.
+        Err(ApiError::Unauthenticated) if method == Method::GET && wants_html => {
+            let here = match request.uri().query() {
+                Some(q) => format!("{path}?{q}"),
+                None => path.clone(),
+            };
+            let next: String = form_urlencoded::byte_serialize(here.as_bytes()).collect();
+            axum::response::Redirect::to(&format!("/login?next={next}")).into_response()
+        }
         Err(e) => e.into_response(),
     }
+}
+
+/// The dashboard's login form and its static assets hold no data: anyone may load them.
+fn is_public_dashboard_path(path: &str) -> bool {
+    path == "/login" || path.starts_with("/dashboard/")
+}
+
+/// The token from the dashboard's cookie, as a bearer header would carry it. Only for
+/// reads: a cookie rides along on cross-site requests, so it must never authorize a change.
+fn cookie_token(method: &Method, headers: &axum::http::HeaderMap) -> Option<String> {
+    if !matches!(*method, Method::GET | Method::HEAD) {
+        return None;
+    }
+    let prefix = format!("{}=", crate::dashboard::TOKEN_COOKIE);
+    headers
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|c| c.trim().strip_prefix(prefix.as_str()).map(str::to_string))
+        .filter(|t| !t.is_empty())
+        .map(|t| format!("Bearer {t}"))
 }
 
 async fn check(

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod error;
 mod extract;
 mod health;
+mod insights;
 mod studies;
 mod trials;
 
@@ -36,6 +37,10 @@ pub struct AppState {
     pub auth: auth::Auth,
     pub metrics: PrometheusHandle,
     pub openapi_yaml: Arc<str>,
+    /// The dashboard's cache of recently viewed studies' trials.
+    pub snapshots: insights::Snapshots,
+    /// Where dispatched trials' directories (and logs) are.
+    pub dispatch: Arc<crate::dispatch::DispatchConfig>,
 }
 
 #[derive(OpenApi)]
@@ -51,6 +56,7 @@ pub struct AppState {
         (name = "studies", description = "Create and manage studies"),
         (name = "trials", description = "Suggest, report and inspect trials"),
         (name = "operations", description = "Health, readiness, metrics, this document"),
+        (name = "dashboard", description = "The web dashboard's pages and the chart data they draw"),
     )
 )]
 struct ApiDoc;
@@ -73,6 +79,8 @@ fn routes() -> OpenApiRouter<AppState> {
         .merge(studies::router())
         .merge(trials::router())
         .merge(health::router())
+        .merge(insights::router())
+        .merge(crate::dashboard::router())
 }
 
 /// The OpenAPI document the server serves, as YAML.
@@ -97,12 +105,19 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
-pub fn router(service: Service, open: bool, body_limit: usize) -> Router {
+pub fn router(
+    service: Service,
+    open: bool,
+    body_limit: usize,
+    dispatch: crate::dispatch::DispatchConfig,
+) -> Router {
     let state = AppState {
         service,
         auth: auth::Auth::new(open),
         metrics: metrics_handle(),
         openapi_yaml: openapi_yaml().into(),
+        snapshots: insights::Snapshots::default(),
+        dispatch: Arc::new(dispatch),
     };
     let (router, _) = routes().split_for_parts();
     router

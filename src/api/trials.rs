@@ -27,6 +27,68 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(heartbeat_trial))
         .routes(routes!(should_stop))
         .routes(routes!(trial_changes))
+        .routes(routes!(trial_logs))
+}
+
+/// Largest log tail one request returns.
+const MAX_LOG_BYTES: u64 = 16 * 1024 * 1024;
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct LogsQuery {
+    /// Only the last this many bytes (default 1 MiB, at most 16 MiB).
+    tail_bytes: Option<u64>,
+}
+
+/// stdout and stderr of a dispatched trial, every attempt.
+#[utoipa::path(get, path = "/v1/studies/{study}/trials/{trial}/logs", tag = "trials",
+    params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID), LogsQuery),
+    responses(
+        (status = 200, description = "The log (possibly empty while the job starts)", content_type = "text/plain", body = String),
+        (status = 400, description = "A query parameter is wrong", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 404, description = "No such study or trial, or the study's trials are not dispatched", body = ErrorBody),
+    ))]
+pub async fn trial_logs(
+    State(state): State<AppState>,
+    Path((study, trial)): Path<(String, String)>,
+    ApiQuery(q): ApiQuery<LogsQuery>,
+) -> ApiResult<impl axum::response::IntoResponse> {
+    let (study, trial) = ids(&study, &trial)?;
+    let tail = q.tail_bytes.unwrap_or(1024 * 1024);
+    if !(1..=MAX_LOG_BYTES).contains(&tail) {
+        return Err(ApiError::invalid("tail_bytes", format!("must be between 1 and {MAX_LOG_BYTES}")));
+    }
+    let record = state.service.get_study(study).await?;
+    state.service.get_trial(study, trial).await?;
+    let Some(job) = &record.spec.trial_job else {
+        return Err(ApiError::NotFound(format!("study {study} has no trial_job: its trials' logs are kept by whoever ran them")));
+    };
+    let base = crate::dispatch::runner::output_dir(&state.dispatch, study, job.output_dir.as_deref());
+    let path = crate::dispatch::trial::TrialDirs::new(&base, trial).job_log;
+    let text = read_tail(&path, tail).await.map_err(|e| ApiError::Internal(format!("{}: {e}", path.display())))?;
+    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; charset=utf-8")], text))
+}
+
+/// The last `tail` bytes of a file, from a line start; empty if it does not exist yet.
+async fn read_tail(path: &std::path::Path, tail: u64) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncSeekExt};
+    let mut file = match tokio::fs::File::open(path).await {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(String::new()),
+        Err(e) => return Err(e),
+    };
+    let len = file.metadata().await?.len();
+    let start = len.saturating_sub(tail);
+    file.seek(std::io::SeekFrom::Start(start)).await?;
+    let mut buf = Vec::new();
+    file.read_to_end(&mut buf).await?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    Ok(match (start > 0, text.find('\n')) {
+        (true, Some(i)) => text[i + 1..].to_string(),
+        _ => text,
+    })
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

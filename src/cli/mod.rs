@@ -2,6 +2,7 @@
 //! directly; everything else is a thin client of the HTTP API.
 
 mod client;
+mod run;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -72,6 +73,14 @@ pub enum Command {
         client: ClientArgs,
         #[command(subcommand)]
         command: StudyCommand,
+    },
+    /// Run a study on this machine: an embedded server (SQLite), the local executor, a
+    /// progress bar; prints the best trial. Run it again to resume.
+    Run {
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+        #[arg(long, env = "AUGUR_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
+        database_url: String,
     },
     /// Print the OpenAPI document the server serves.
     Openapi,
@@ -168,6 +177,7 @@ pub async fn run(cli: Cli) -> Result<(), String> {
             eprintln!("token {name:?} created; it is shown only once");
             Ok(())
         }
+        Command::Run { file, database_url } => run::run_study_file(&file, &database_url).await,
         Command::Openapi => {
             print!("{}", crate::api::openapi_yaml());
             Ok(())

@@ -1,6 +1,7 @@
 //! Plain domain types and their validation: the study spec as users write it, the validated
 //! configuration the service works with, trials and measurements. No IO.
 
+pub mod job;
 pub mod spec;
 pub mod trial;
 
@@ -8,6 +9,7 @@ pub use spec::{
     AlgorithmName, EarlyStoppingSpec, MeasurementSelection, MetricGoal, MetricSpecInput,
     ParameterInput, StudyConfig, StudySpec, StudyUpdate,
 };
+pub use job::{ArgStyle, ExecutorName, TrialJobSpec};
 pub use trial::{Measurement, Study, StudyState, Trial, TrialCounts, TrialState};
 
 /// A bad input, with the path of the offending field (`parameters[2].min`).

@@ -47,6 +47,9 @@ pub struct StudySpec {
     /// before it returns to `requested`.
     #[serde(default = "default_lease")]
     pub trial_lease_secs: i64,
+    /// Present: the service runs each trial itself as a job (see `dispatch`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trial_job: Option<super::TrialJobSpec>,
 }
 
 fn one() -> i64 {
@@ -394,6 +397,9 @@ impl StudySpec {
                 "trial_lease_secs",
                 "must be between 1 and 2592000 (30 days)",
             ));
+        }
+        if let Some(job) = &self.trial_job {
+            job.validate()?;
         }
         let algorithm: Algorithm = self.algorithm.into();
         let space = SearchSpace { parameters };

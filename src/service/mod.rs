@@ -61,6 +61,9 @@ pub struct Service {
     /// Model-based suggestions for one study are computed one at a time in this process, so
     /// that each sees the trials the previous one handed out as pending.
     design_locks: Arc<Mutex<HashMap<i64, Arc<tokio::sync::Mutex<()>>>>>,
+    /// Ids of studies that were created, changed, stopped or deleted in this process: the
+    /// dispatcher reacts at once instead of at its next poll.
+    events: tokio::sync::broadcast::Sender<i64>,
 }
 
 impl Service {
@@ -69,6 +72,7 @@ impl Service {
             commits: GroupCommit::new(store.clone()),
             store,
             design_locks: Arc::default(),
+            events: tokio::sync::broadcast::channel(1024).0,
         }
     }
 
@@ -76,10 +80,21 @@ impl Service {
         &self.store
     }
 
+    /// Study ids as they are created, changed, stopped or deleted in this process.
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<i64> {
+        self.events.subscribe()
+    }
+
+    fn notify(&self, study_id: i64) {
+        // No subscriber is fine: then nothing is dispatched in this process.
+        let _ = self.events.send(study_id);
+    }
+
     pub async fn create_study(&self, spec: StudySpec) -> ServiceResult<Study> {
         let spec = spec.with_seed(rand::random::<u32>() as u64);
         spec.validate()?;
         let record = self.store.insert_study(&spec, Utc::now()).await?;
+        self.notify(record.id);
         self.study_view(record).await
     }
 
@@ -113,6 +128,7 @@ impl Service {
 
     pub async fn delete_study(&self, study_id: i64) -> ServiceResult<()> {
         if self.store.delete_study(study_id).await? {
+            self.notify(study_id);
             Ok(())
         } else {
             Err(not_found_study(study_id))
@@ -129,7 +145,10 @@ impl Service {
 
     async fn change_study(&self, study_id: i64, command: Command) -> ServiceResult<Study> {
         match self.commits.submit(study_id, command).await? {
-            Reply::Study(record) => self.study_view(record).await,
+            Reply::Study(record) => {
+                self.notify(study_id);
+                self.study_view(record).await
+            }
             other => Err(unexpected(other)),
         }
     }
@@ -141,6 +160,26 @@ impl Service {
         study_id: i64,
         count: usize,
         client_id: Option<String>,
+    ) -> ServiceResult<Suggestions> {
+        self.suggest_as(study_id, count, client_id, false).await
+    }
+
+    /// Suggestions for the study's own dispatcher (see `Command::Suggest::dispatched`).
+    pub async fn suggest_dispatched(
+        &self,
+        study_id: i64,
+        count: usize,
+        client_id: &str,
+    ) -> ServiceResult<Suggestions> {
+        self.suggest_as(study_id, count, Some(client_id.to_string()), true).await
+    }
+
+    async fn suggest_as(
+        &self,
+        study_id: i64,
+        count: usize,
+        client_id: Option<String>,
+        dispatched: bool,
     ) -> ServiceResult<Suggestions> {
         if !(1..=MAX_SUGGEST_COUNT).contains(&count) {
             return Err(ServiceError::invalid(
@@ -164,7 +203,8 @@ impl Service {
             let lock = self.design_lock(study_id)?;
             let _one_at_a_time = lock.lock().await;
             let trials = self.store.all_trials(study_id).await?;
-            let wanted = suggestions_needed(&trials, &config, count, client_id.as_deref());
+            let resume_client = client_id.as_deref().filter(|_| !dispatched);
+            let wanted = suggestions_needed(&trials, &config, count, resume_client);
             let precomputed = if wanted > 0 {
                 Some(self.run_designer(&study, &config, &trials, wanted).await?)
             } else {
@@ -177,6 +217,7 @@ impl Service {
                         count,
                         client_id,
                         precomputed,
+                        dispatched,
                     },
                 )
                 .await?
@@ -188,6 +229,7 @@ impl Service {
                         count,
                         client_id,
                         precomputed: None,
+                        dispatched,
                     },
                 )
                 .await?

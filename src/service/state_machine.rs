@@ -23,6 +23,9 @@ pub enum Command {
         count: usize,
         client_id: Option<String>,
         precomputed: Option<Vec<Assignment>>,
+        /// For the study's own dispatcher: no resume by client id (it knows its jobs) and
+        /// no lease (it watches its jobs itself).
+        dispatched: bool,
     },
     /// Add a trial with chosen parameters, completed when `final_measurement` is given.
     AddTrial {
@@ -146,7 +149,8 @@ impl StudyBatch {
                 count,
                 client_id,
                 precomputed,
-            } => self.suggest(count, client_id, precomputed),
+                dispatched,
+            } => self.suggest(count, client_id, precomputed, dispatched),
             Command::AddTrial {
                 parameters,
                 final_measurement,
@@ -160,7 +164,7 @@ impl StudyBatch {
             Command::Heartbeat { trial_id } => {
                 let lease = self.lease();
                 let trial = self.running_trial(trial_id, "heartbeat").await?;
-                trial.lease_expires_at = lease;
+                renew(trial, lease);
                 Ok(self.touched(trial_id))
             }
             Command::MarkStopping { trial_id } => {
@@ -234,12 +238,13 @@ impl StudyBatch {
         count: usize,
         client_id: Option<String>,
         precomputed: Option<Vec<Assignment>>,
+        dispatched: bool,
     ) -> ServiceResult<Reply> {
         if self.study.state != StudyState::Active {
             return Ok(self.suggested(Vec::new(), false));
         }
         // A worker that asks again gets back the trials it already holds.
-        if let Some(client) = &client_id {
+        if let Some(client) = client_id.as_ref().filter(|_| !dispatched) {
             let held: Vec<TrialRecord> = self
                 .trials
                 .values()
@@ -269,8 +274,8 @@ impl StudyBatch {
             .map(|t| t.id)
             .take(count)
             .collect();
+        let lease = if dispatched { None } else { self.lease() };
         for id in waiting {
-            let lease = self.lease();
             if let Some(trial) = self.trials.get_mut(&id) {
                 trial.state = TrialState::Active;
                 trial.client_id = client_id.clone();
@@ -288,7 +293,11 @@ impl StudyBatch {
                 None => self.design(new_count),
             };
             for parameters in suggestions.into_iter().take(new_count) {
-                let trial = self.new_trial(parameters, TrialState::Active, client_id.clone());
+                let mut trial = self.new_trial(parameters, TrialState::Active, client_id.clone());
+                if dispatched {
+                    trial.lease_expires_at = None;
+                    self.trials.insert(trial.id, trial.clone());
+                }
                 handed.push(trial);
             }
         }
@@ -448,7 +457,7 @@ impl StudyBatch {
     ) -> ServiceResult<Reply> {
         let lease = self.lease();
         let trial = self.running_trial(trial_id, "add a measurement to").await?;
-        trial.lease_expires_at = lease;
+        renew(trial, lease);
         self.measurements
             .retain(|(t, m)| !(*t == trial_id && m.step == measurement.step));
         self.measurements.push((trial_id, measurement));
@@ -660,5 +669,12 @@ impl StudyBatch {
         }
         self.tx.commit().await?;
         Ok(())
+    }
+}
+
+/// Renew a leased trial's lease; dispatched trials have none (their dispatcher watches them).
+fn renew(trial: &mut TrialRecord, lease: Option<DateTime<Utc>>) {
+    if trial.lease_expires_at.is_some() {
+        trial.lease_expires_at = lease;
     }
 }

@@ -109,6 +109,17 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreResult<()>;
     async fn find_token(&self, token_hash: &str) -> StoreResult<Option<TokenRecord>>;
     async fn delete_token(&self, name: &str) -> StoreResult<bool>;
+
+    /// Take or renew the right to dispatch a study's trials until `now + ttl`. False while
+    /// another owner's lease is unexpired.
+    async fn claim_runner(
+        &self,
+        study_id: i64,
+        owner: &str,
+        now: DateTime<Utc>,
+        ttl: chrono::Duration,
+    ) -> StoreResult<bool>;
+    async fn release_runner(&self, study_id: i64, owner: &str) -> StoreResult<()>;
     /// Tokens not scoped to a trial: with none, a loopback server is open.
     async fn count_tokens(&self) -> StoreResult<i64>;
 }

@@ -95,6 +95,10 @@ pub(super) const INSERT_TOKEN: &str = "INSERT INTO api_tokens (name, token_hash,
      VALUES ($1, $2, $3, $4, $5)";
 pub(super) const FIND_TOKEN: &str =
     "SELECT name, study_id, trial_id FROM api_tokens WHERE token_hash = $1";
+pub(super) const CLAIM_RUNNER: &str = "INSERT INTO study_runners (study_id, owner, expires_at) VALUES ($1, $2, $3) \
+     ON CONFLICT (study_id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at \
+     WHERE study_runners.owner = excluded.owner OR study_runners.expires_at < $4";
+pub(super) const RELEASE_RUNNER: &str = "DELETE FROM study_runners WHERE study_id = $1 AND owner = $2";
 pub(super) const DELETE_TOKEN: &str = "DELETE FROM api_tokens WHERE name = $1";
 pub(super) const COUNT_TOKENS: &str = "SELECT COUNT(*) FROM api_tokens WHERE study_id IS NULL";
 
@@ -369,6 +373,35 @@ macro_rules! impl_sql_store {
             }
 
             #[tracing::instrument(skip_all)]
+            async fn claim_runner(
+                &self,
+                study_id: i64,
+                owner: &str,
+                now: chrono::DateTime<chrono::Utc>,
+                ttl: chrono::Duration,
+            ) -> StoreResult<bool> {
+                let done = sqlx::query(CLAIM_RUNNER)
+                    .bind(study_id)
+                    .bind(owner)
+                    .bind(now + ttl)
+                    .bind(now)
+                    .execute(&self.pool)
+                    .await;
+                match done {
+                    Ok(done) => Ok(done.rows_affected() == 1),
+                    // The study was deleted meanwhile.
+                    Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => Ok(false),
+                    Err(e) => Err(e.into()),
+                }
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn release_runner(&self, study_id: i64, owner: &str) -> StoreResult<()> {
+                sqlx::query(RELEASE_RUNNER).bind(study_id).bind(owner).execute(&self.pool).await?;
+                Ok(())
+            }
+
+            #[tracing::instrument(skip_all)]
             async fn delete_token(&self, name: &str) -> StoreResult<bool> {
                 let done = sqlx::query(DELETE_TOKEN)
                     .bind(name)
@@ -434,53 +467,14 @@ macro_rules! impl_sql_store {
                     .collect())
             }
 
+            // How a batch's rows are written differs by backend: one statement per row here
+            // on SQLite (`impl_row_writes!`), one bulk UNNEST statement each on PostgreSQL.
             async fn insert_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()> {
-                for t in trials {
-                    sqlx::query(INSERT_TRIAL)
-                        .bind(t.study_id)
-                        .bind(t.id)
-                        .bind(t.state.as_str())
-                        .bind(to_json(&t.parameters)?)
-                        .bind(&t.client_id)
-                        .bind(t.final_measurement.as_ref().map(to_json).transpose()?)
-                        .bind(t.objective)
-                        .bind(&t.infeasible_reason)
-                        .bind(&t.fail_reason)
-                        .bind(t.early_stopped)
-                        .bind(t.excluded)
-                        .bind(t.lease_expires_at)
-                        .bind(t.created_at)
-                        .bind(t.started_at)
-                        .bind(t.completed_at)
-                        .bind(t.change_seq)
-                        .execute(&mut *self.tx)
-                        .await?;
-                }
-                Ok(())
+                self.write_new_trials(trials).await
             }
 
             async fn update_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()> {
-                for t in trials {
-                    sqlx::query(UPDATE_TRIAL)
-                        .bind(t.study_id)
-                        .bind(t.id)
-                        .bind(t.state.as_str())
-                        .bind(to_json(&t.parameters)?)
-                        .bind(&t.client_id)
-                        .bind(t.final_measurement.as_ref().map(to_json).transpose()?)
-                        .bind(t.objective)
-                        .bind(&t.infeasible_reason)
-                        .bind(&t.fail_reason)
-                        .bind(t.early_stopped)
-                        .bind(t.excluded)
-                        .bind(t.lease_expires_at)
-                        .bind(t.started_at)
-                        .bind(t.completed_at)
-                        .bind(t.change_seq)
-                        .execute(&mut *self.tx)
-                        .await?;
-                }
-                Ok(())
+                self.write_changed_trials(trials).await
             }
 
             async fn upsert_measurements(
@@ -488,18 +482,7 @@ macro_rules! impl_sql_store {
                 rows: &[(i64, Measurement)],
                 now: chrono::DateTime<chrono::Utc>,
             ) -> StoreResult<()> {
-                for (trial_id, m) in rows {
-                    sqlx::query(UPSERT_MEASUREMENT)
-                        .bind(self.study.id)
-                        .bind(trial_id)
-                        .bind(m.step)
-                        .bind(m.elapsed_secs)
-                        .bind(to_json(&m.metrics)?)
-                        .bind(now)
-                        .execute(&mut *self.tx)
-                        .await?;
-                }
-                Ok(())
+                self.write_measurements(rows, now).await
             }
 
             async fn update_study(&mut self, study: &StudyRecord) -> StoreResult<()> {
@@ -524,3 +507,81 @@ macro_rules! impl_sql_store {
     };
 }
 pub(super) use impl_sql_store;
+
+/// The batch writes of a study transaction as one statement per row: for SQLite, where a
+/// statement costs a function call, not a network round trip. `$tx` is the struct
+/// `impl_sql_store!` defined.
+macro_rules! impl_row_writes {
+    ($tx:ident) => {
+        impl $tx {
+            async fn write_new_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()> {
+                for t in trials {
+                    sqlx::query(INSERT_TRIAL)
+                        .bind(t.study_id)
+                        .bind(t.id)
+                        .bind(t.state.as_str())
+                        .bind(to_json(&t.parameters)?)
+                        .bind(&t.client_id)
+                        .bind(t.final_measurement.as_ref().map(to_json).transpose()?)
+                        .bind(t.objective)
+                        .bind(&t.infeasible_reason)
+                        .bind(&t.fail_reason)
+                        .bind(t.early_stopped)
+                        .bind(t.excluded)
+                        .bind(t.lease_expires_at)
+                        .bind(t.created_at)
+                        .bind(t.started_at)
+                        .bind(t.completed_at)
+                        .bind(t.change_seq)
+                        .execute(&mut *self.tx)
+                        .await?;
+                }
+                Ok(())
+            }
+
+            async fn write_changed_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()> {
+                for t in trials {
+                    sqlx::query(UPDATE_TRIAL)
+                        .bind(t.study_id)
+                        .bind(t.id)
+                        .bind(t.state.as_str())
+                        .bind(to_json(&t.parameters)?)
+                        .bind(&t.client_id)
+                        .bind(t.final_measurement.as_ref().map(to_json).transpose()?)
+                        .bind(t.objective)
+                        .bind(&t.infeasible_reason)
+                        .bind(&t.fail_reason)
+                        .bind(t.early_stopped)
+                        .bind(t.excluded)
+                        .bind(t.lease_expires_at)
+                        .bind(t.started_at)
+                        .bind(t.completed_at)
+                        .bind(t.change_seq)
+                        .execute(&mut *self.tx)
+                        .await?;
+                }
+                Ok(())
+            }
+
+            async fn write_measurements(
+                &mut self,
+                rows: &[(i64, Measurement)],
+                now: chrono::DateTime<chrono::Utc>,
+            ) -> StoreResult<()> {
+                for (trial_id, m) in rows {
+                    sqlx::query(UPSERT_MEASUREMENT)
+                        .bind(self.study.id)
+                        .bind(trial_id)
+                        .bind(m.step)
+                        .bind(m.elapsed_secs)
+                        .bind(to_json(&m.metrics)?)
+                        .bind(now)
+                        .execute(&mut *self.tx)
+                        .await?;
+                }
+                Ok(())
+            }
+        }
+    };
+}
+pub(super) use impl_row_writes;

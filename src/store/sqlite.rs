@@ -9,7 +9,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use super::sql::{impl_sql_store, study_cols};
+use super::sql::{impl_row_writes, impl_sql_store, study_cols};
 
 pub struct SqliteStore {
     pool: SqlitePool,
@@ -45,3 +45,4 @@ impl_sql_store!(
     LOCK_STUDY,
     |s| s.pool.begin_with("BEGIN IMMEDIATE")
 );
+impl_row_writes!(SqliteStudyTx);

@@ -1,6 +1,9 @@
 //! Shared test helpers: real databases (a fresh PostgreSQL database or SQLite file per test),
 //! the server on port 0 in-process or as a real `augur` process, and a small JSON client.
-#![allow(dead_code, reason = "each test binary uses a different part of these helpers")]
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different part of these helpers"
+)]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -27,7 +30,11 @@ pub struct TestDb {
 pub fn sqlite_db() -> TestDb {
     let dir = tempfile::tempdir().expect("temp dir");
     let url = format!("sqlite://{}", dir.path().join("augur.db").display());
-    TestDb { url, backend: "sqlite", _dir: Some(dir) }
+    TestDb {
+        url,
+        backend: "sqlite",
+        _dir: Some(dir),
+    }
 }
 
 /// A new, empty PostgreSQL database. Fails loudly if PostgreSQL is not running: run the
@@ -37,14 +44,23 @@ pub async fn postgres_db() -> TestDb {
     let admin = postgres_admin_url();
     let mut conn = sqlx::PgConnection::connect(&admin)
         .await
-        .unwrap_or_else(|e| panic!("PostgreSQL at {admin} is not reachable ({e}); run scripts/test.sh"));
+        .unwrap_or_else(|e| {
+            panic!("PostgreSQL at {admin} is not reachable ({e}); run scripts/test.sh")
+        });
     let name = format!("augur_test_{}", uuid_like());
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
         .execute(&mut conn)
         .await
         .expect("create test database");
-    let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b).to_string();
-    TestDb { url: format!("{base}/{name}"), backend: "postgres", _dir: None }
+    let base = admin
+        .rsplit_once('/')
+        .map_or(admin.as_str(), |(b, _)| b)
+        .to_string();
+    TestDb {
+        url: format!("{base}/{name}"),
+        backend: "postgres",
+        _dir: None,
+    }
 }
 
 pub async fn db(backend: &str) -> TestDb {
@@ -94,7 +110,15 @@ pub struct Response {
 
 impl TestApp {
     pub async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Response {
-        call(&self.http, &self.base, self.token.as_deref(), method, path, body).await
+        call(
+            &self.http,
+            &self.base,
+            self.token.as_deref(),
+            method,
+            path,
+            body,
+        )
+        .await
     }
 
     pub async fn get(&self, path: &str) -> Response {
@@ -131,7 +155,11 @@ pub async fn call(
     let response = request.send().await.expect("request sent");
     let status = response.status();
     let text = response.text().await.expect("body read");
-    let body = if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
+    let body = if text.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or(Value::String(text))
+    };
     Response { status, body }
 }
 
@@ -168,14 +196,23 @@ pub struct ServerProcess {
 impl ServerProcess {
     pub fn start(database_url: &str, port: u16) -> ServerProcess {
         let child = Command::new(augur_bin())
-            .args(["serve", "--database-url", database_url, "--listen", &format!("127.0.0.1:{port}")])
+            .args([
+                "serve",
+                "--database-url",
+                database_url,
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+            ])
             .env("AUGUR_LOG", "warn")
             .env_remove("AUGUR_TOKEN")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn augur serve");
-        ServerProcess { child, base: format!("http://127.0.0.1:{port}") }
+        ServerProcess {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+        }
     }
 
     /// Wait until `/readyz` answers 200.
@@ -207,5 +244,9 @@ impl Drop for ServerProcess {
 
 /// A free loopback port.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
 }

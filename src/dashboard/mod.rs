@@ -1,0 +1,309 @@
+//! The web dashboard: HTML pages at `/`, `/studies/{study}`, `/studies/{study}/trials/{trial}`
+//! and `/compare`, a login form for token-protected servers, and the embedded assets. Each
+//! page is a small shell; `app.js` draws it from the JSON API (`/v1/...`, including the
+//! aggregates of `api/insights.rs`) and keeps the study page live through the change cursor.
+//! Charts are plotly.js, which the `plotly` crate ships inside the binary: no npm step.
+
+use std::sync::LazyLock;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use serde::Deserialize;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::api::AppState;
+
+/// The cookie a browser keeps the token in (set by `POST /login`).
+pub const TOKEN_COOKIE: &str = "augur_token";
+
+const APP_JS: &str = include_str!("assets/app.js");
+const STYLE_CSS: &str = include_str!("assets/style.css");
+/// Bumped with the crate version, so browsers never keep a stale asset across upgrades.
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// plotly.js as the `plotly` crate embeds it. The crate hands it out only inside
+/// `<script>` tags together with MathJax; cut plotly's own script out once.
+static PLOTLY_JS: LazyLock<String> =
+    LazyLock::new(|| extract_plotly(&plotly::Plot::offline_js_sources()));
+
+fn extract_plotly(sources: &str) -> String {
+    const OPEN: &str = "<script type=\"text/javascript\">";
+    let Some(start) = sources.find(OPEN).map(|i| i + OPEN.len()) else {
+        return String::new();
+    };
+    // The second script (MathJax) starts after plotly's closing tag.
+    let end = sources[start..]
+        .find(OPEN)
+        .and_then(|next| sources[start..start + next].rfind("</script>"))
+        .map_or(sources.len(), |e| start + e);
+    sources[start..end].to_string()
+}
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(studies_page))
+        .routes(routes!(study_page))
+        .routes(routes!(trial_page))
+        .routes(routes!(compare_page))
+        .routes(routes!(login_page, login))
+        .routes(routes!(app_js))
+        .routes(routes!(style_css))
+        .routes(routes!(plotly_js))
+}
+
+/// A page shell: `app.js` reads `data-*` from the body and draws the page.
+fn page(title: &str, kind: &str, data: &[(&str, i64)]) -> Html<String> {
+    let attrs: String = data
+        .iter()
+        .map(|(k, v)| format!(" data-{k}=\"{v}\""))
+        .collect();
+    Html(format!(
+        r#"<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title} · Augur</title>
+<link rel="stylesheet" href="/dashboard/style.css?v={VERSION}">
+<script src="/dashboard/app.js?v={VERSION}" defer></script>
+</head>
+<body data-page="{kind}" data-version="{VERSION}"{attrs}>
+<header class="top"><a class="brand" href="/">Augur</a><nav><a href="/">Studies</a><a href="/compare">Compare</a></nav></header>
+<main id="main"><p class="muted">Loading…</p></main>
+</body>
+</html>
+"#
+    ))
+}
+
+fn not_found_page(what: &str) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        Html(format!(
+            "<!doctype html><title>Not found · Augur</title><p>{what} not found. <a href=\"/\">All studies</a></p>"
+        )),
+    )
+        .into_response()
+}
+
+fn positive_id(s: &str) -> Option<i64> {
+    s.parse::<i64>().ok().filter(|&v| v > 0)
+}
+
+/// The studies page: every study with state, progress and best value; filter by state and
+/// name (`?state=&name=`).
+#[utoipa::path(get, path = "/", tag = "dashboard",
+    responses(
+        (status = 200, description = "The studies page", content_type = "text/html", body = String),
+        (status = 303, description = "No valid token: to the login form"),
+    ))]
+pub async fn studies_page() -> Html<String> {
+    page("Studies", "studies", &[])
+}
+
+/// A study, live: optimization history, trial table, importance, parallel coordinates,
+/// slices, contour and learning curves.
+#[utoipa::path(get, path = "/studies/{study}", tag = "dashboard",
+    params(("study" = String, Path, description = "study id")),
+    responses(
+        (status = 200, description = "The study page", content_type = "text/html", body = String),
+        (status = 303, description = "No valid token: to the login form"),
+        (status = 404, description = "Not a study id", content_type = "text/html", body = String),
+    ))]
+pub async fn study_page(Path(study): Path<String>) -> Response {
+    match positive_id(&study) {
+        Some(id) => page(&format!("Study {id}"), "study", &[("study", id)]).into_response(),
+        None => not_found_page("study"),
+    }
+}
+
+/// One trial: parameters, measurements as a learning curve, model directory and logs.
+#[utoipa::path(get, path = "/studies/{study}/trials/{trial}", tag = "dashboard",
+    params(
+        ("study" = String, Path, description = "study id"),
+        ("trial" = String, Path, description = "trial id"),
+    ),
+    responses(
+        (status = 200, description = "The trial page", content_type = "text/html", body = String),
+        (status = 303, description = "No valid token: to the login form"),
+        (status = 404, description = "Not a study or trial id", content_type = "text/html", body = String),
+    ))]
+pub async fn trial_page(Path((study, trial)): Path<(String, String)>) -> Response {
+    match (positive_id(&study), positive_id(&trial)) {
+        (Some(s), Some(t)) => page(
+            &format!("Trial {t} of study {s}"),
+            "trial",
+            &[("study", s), ("trial", t)],
+        )
+        .into_response(),
+        _ => not_found_page("trial"),
+    }
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct CompareQuery {
+    /// Study ids separated by commas, e.g. `1,2`.
+    #[expect(
+        dead_code,
+        reason = "read by app.js from the URL; declared for the OpenAPI document"
+    )]
+    studies: Option<String>,
+}
+
+/// Studies side by side: best-so-far curves on one chart, best trials in one table.
+#[utoipa::path(get, path = "/compare", tag = "dashboard", params(CompareQuery),
+    responses(
+        (status = 200, description = "The compare page", content_type = "text/html", body = String),
+        (status = 303, description = "No valid token: to the login form"),
+    ))]
+pub async fn compare_page() -> Html<String> {
+    page("Compare", "compare", &[])
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct LoginQuery {
+    /// Where to go after signing in (a path on this server).
+    next: Option<String>,
+}
+
+/// A form asking for an API token, for servers that require one.
+#[utoipa::path(get, path = "/login", tag = "dashboard", params(LoginQuery),
+    responses((status = 200, description = "The login form", content_type = "text/html", body = String)))]
+pub async fn login_page(Query(q): Query<LoginQuery>) -> Html<String> {
+    let next = safe_next(q.next.as_deref());
+    Html(format!(
+        r#"<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Sign in · Augur</title>
+<link rel="stylesheet" href="/dashboard/style.css?v={VERSION}"></head>
+<body><main class="login"><h1>Augur</h1>
+<form method="post" action="/login">
+<label>API token <input type="password" name="token" autocomplete="current-password" required autofocus></label>
+<input type="hidden" name="next" value="{next}">
+<button type="submit">Sign in</button>
+</form>
+<p class="muted">A token from <code>augur token create</code> or the server's <code>AUGUR_TOKEN</code>.</p>
+</main></body></html>
+"#,
+        next = html_escape(&next),
+    ))
+}
+
+/// Keep the token in an HTTP-only cookie and go on to the page asked for. The cookie is
+/// accepted for reading only (GET), so a forged cross-site form cannot change anything.
+#[utoipa::path(post, path = "/login", tag = "dashboard",
+    request_body(content = String, content_type = "application/x-www-form-urlencoded",
+        description = "`token=<api token>&next=<path>`"),
+    responses(
+        (status = 303, description = "Signed in: the cookie is set, on to `next`"),
+        (status = 400, description = "No token in the form", content_type = "text/html", body = String),
+    ))]
+pub async fn login(body: Bytes) -> Response {
+    let mut token = None;
+    let mut next = None;
+    for (k, v) in form_urlencoded::parse(&body) {
+        match k.as_ref() {
+            "token" => token = Some(v.trim().to_string()),
+            "next" => next = Some(v.into_owned()),
+            _ => {}
+        }
+    }
+    let Some(token) = token.filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_graphic()))
+    else {
+        return (
+            StatusCode::BAD_REQUEST,
+            Html("<!doctype html><p>No token given. <a href=\"/login\">Try again</a></p>"),
+        )
+            .into_response();
+    };
+    let cookie = format!("{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict");
+    let mut response = Redirect::to(&safe_next(next.as_deref())).into_response();
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        response.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    response
+}
+
+/// Only local paths: a login link must not send people to another site.
+fn safe_next(next: Option<&str>) -> String {
+    match next {
+        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') => n.into(),
+        _ => "/".into(),
+    }
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn asset(body: &'static str, content_type: &'static str, immutable: bool) -> Response {
+    let cache = if immutable {
+        "public, max-age=31536000, immutable"
+    } else {
+        "no-cache"
+    };
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, cache),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// The dashboard's script.
+#[utoipa::path(get, path = "/dashboard/app.js", tag = "dashboard",
+    responses((status = 200, description = "JavaScript", content_type = "text/javascript", body = String)))]
+pub async fn app_js() -> Response {
+    asset(APP_JS, "text/javascript; charset=utf-8", false)
+}
+
+/// The dashboard's style sheet.
+#[utoipa::path(get, path = "/dashboard/style.css", tag = "dashboard",
+    responses((status = 200, description = "CSS", content_type = "text/css", body = String)))]
+pub async fn style_css() -> Response {
+    asset(STYLE_CSS, "text/css; charset=utf-8", false)
+}
+
+/// plotly.js, as shipped by the `plotly` crate.
+#[utoipa::path(get, path = "/dashboard/plotly.min.js", tag = "dashboard",
+    responses((status = 200, description = "JavaScript", content_type = "text/javascript", body = String)))]
+pub async fn plotly_js() -> Response {
+    asset(PLOTLY_JS.as_str(), "text/javascript; charset=utf-8", true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plotly_is_cut_whole_out_of_the_crates_script_tags() {
+        let js = PLOTLY_JS.as_str();
+        assert!(
+            js.trim_start().starts_with("/**\n* plotly.js v"),
+            "{}",
+            &js[..80]
+        );
+        assert!(js.len() > 1_000_000, "{}", js.len());
+        // plotly.min.js alone is 4.65 MB; MathJax would add 2 MB more.
+        assert!(js.len() < 4_800_000, "MathJax came along: {}", js.len());
+        assert!(!js.trim_end().ends_with("</script>"));
+    }
+
+    #[test]
+    fn login_redirects_only_to_local_paths() {
+        assert_eq!(safe_next(Some("/studies/3")), "/studies/3");
+        assert_eq!(safe_next(Some("//evil.example")), "/");
+        assert_eq!(safe_next(Some("https://evil.example")), "/");
+        assert_eq!(safe_next(None), "/");
+    }
+}

@@ -1,0 +1,145 @@
+//! The local executor: each job is a child process in its own process group, so a timeout
+//! or a cancellation kills everything the trial started (data loaders, subprocesses).
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+use super::executor::{Executor, ExecutorError, JobExit, JobRequest, RunningJob};
+
+pub struct LocalExecutor;
+
+#[async_trait]
+impl Executor for LocalExecutor {
+    async fn launch(
+        &self,
+        request: &JobRequest,
+        stdout_lines: mpsc::UnboundedSender<String>,
+    ) -> Result<Box<dyn RunningJob>, ExecutorError> {
+        let (program, args) = request
+            .argv
+            .split_first()
+            .ok_or_else(|| ExecutorError::Launch("empty command".into()))?;
+        let mut log = tokio::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&request.log_path)
+            .await
+            .map_err(|e| ExecutorError::Launch(format!("log file {}: {e}", request.log_path.display())))?;
+        let header = format!("=== augur: trial {} attempt {}: {:?}\n", request.trial_id, request.attempt, request.argv);
+        log.write_all(header.as_bytes()).await.map_err(|e| ExecutorError::Launch(e.to_string()))?;
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .envs(request.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(false);
+        if let Some(dir) = &request.workdir {
+            command.current_dir(dir);
+        }
+        let mut child = command.spawn().map_err(|e| ExecutorError::Launch(format!("{program}: {e}")))?;
+        let pgid = child.id().map(|id| id as i32).unwrap_or(0);
+        let (log_lines, log_rx) = mpsc::unbounded_channel::<String>();
+        if let Some(out) = child.stdout.take() {
+            tokio::spawn(pump(out, log_lines.clone(), Some(stdout_lines)));
+        }
+        if let Some(err) = child.stderr.take() {
+            tokio::spawn(pump(err, log_lines, None));
+        }
+        let writer = tokio::spawn(write_log(log, log_rx));
+        Ok(Box::new(LocalJob { child, pgid, writer: Some(writer) }))
+    }
+
+    async fn clean_up_stale(&self, handle: &str) {
+        if let Some(pgid) = handle.strip_prefix("pgid:").and_then(|p| p.parse::<i32>().ok()) {
+            if pgid > 1 {
+                let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+/// Forward a pipe's lines to the log, and stdout's also to the metric parser.
+async fn pump(
+    pipe: impl AsyncRead + Unpin,
+    log: mpsc::UnboundedSender<String>,
+    stdout_lines: Option<mpsc::UnboundedSender<String>>,
+) {
+    let mut lines = BufReader::new(pipe).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        if let Some(tx) = &stdout_lines {
+            let _ = tx.send(line.clone());
+        }
+        let _ = log.send(line);
+    }
+}
+
+async fn write_log(mut file: tokio::fs::File, mut lines: mpsc::UnboundedReceiver<String>) {
+    while let Some(line) = lines.recv().await {
+        if file.write_all(line.as_bytes()).await.is_err() || file.write_all(b"\n").await.is_err() {
+            break;
+        }
+    }
+    let _ = file.flush().await;
+}
+
+struct LocalJob {
+    child: Child,
+    pgid: i32,
+    writer: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl LocalJob {
+    fn signal_group(&self, signal: Signal) {
+        if self.pgid > 0 {
+            // ESRCH: the group is already gone.
+            let _ = killpg(Pid::from_raw(self.pgid), signal);
+        }
+    }
+}
+
+#[async_trait]
+impl RunningJob for LocalJob {
+    fn handle(&self) -> String {
+        format!("pgid:{}", self.pgid)
+    }
+
+    async fn wait(&mut self) -> JobExit {
+        let status = self.child.wait().await;
+        // The leader is gone; make sure nothing it started lingers (it may have left
+        // children behind in its group).
+        self.signal_group(Signal::SIGKILL);
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.await;
+        }
+        match status {
+            Ok(s) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
+                (Some(code), _) => JobExit::Exited(code),
+                (None, Some(sig)) => JobExit::Signaled(sig),
+                (None, None) => JobExit::Lost("no exit status".into()),
+            },
+            Err(e) => JobExit::Lost(e.to_string()),
+        }
+    }
+
+    async fn stop(&mut self, grace: Duration) {
+        self.signal_group(Signal::SIGTERM);
+        if tokio::time::timeout(grace, self.child.wait()).await.is_err() {
+            self.signal_group(Signal::SIGKILL);
+            let _ = self.child.wait().await;
+        }
+        self.signal_group(Signal::SIGKILL);
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.await;
+        }
+    }
+}

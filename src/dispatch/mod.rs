@@ -1,0 +1,162 @@
+//! Dispatch: the service runs the trials of studies that have a `trial_job` itself. The
+//! [`Dispatcher`] finds such studies and starts one [`runner`] per study (exactly one across
+//! replicas, by a lease row); the runner keeps `parallel_trials` jobs running through an
+//! executor (`local`, `slurm`) until the budget is done.
+
+pub mod collect;
+pub mod executor;
+pub mod local;
+pub mod runner;
+pub mod slurm;
+pub mod trial;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::model::StudyState;
+use crate::service::Service;
+use trial::Interrupt;
+
+/// How often the dispatcher looks for studies it should run (it also reacts at once to
+/// studies created or changed in this process).
+const SCAN_EVERY: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone)]
+pub struct DispatchConfig {
+    /// The URL jobs use to reach this server (`AUGUR_URL`).
+    pub augur_url: String,
+    /// Where relative `output_dir`s and the default output directory live.
+    pub base_dir: PathBuf,
+    /// Identifies this process in runner leases.
+    pub owner: String,
+}
+
+/// Starts and stops study runners in this process.
+#[derive(Clone)]
+pub struct Dispatcher {
+    service: Service,
+    config: Arc<DispatchConfig>,
+    runners: Arc<Mutex<HashMap<i64, watch::Sender<Interrupt>>>>,
+    shutdown: watch::Sender<bool>,
+}
+
+impl Dispatcher {
+    pub fn new(service: Service, config: DispatchConfig) -> Self {
+        Self {
+            service,
+            config: Arc::new(config),
+            runners: Arc::default(),
+            shutdown: watch::channel(false).0,
+        }
+    }
+
+    /// Run until `shutdown` is called: scan for dispatchable studies, start runners.
+    pub fn spawn(&self) -> tokio::task::JoinHandle<()> {
+        let this = self.clone();
+        tokio::spawn(async move { this.run().await })
+    }
+
+    /// Stop every runner, killing their jobs but leaving the trials to be resumed.
+    pub async fn shutdown(&self) {
+        let _ = self.shutdown.send(true);
+        let senders: Vec<watch::Sender<Interrupt>> = match self.runners.lock() {
+            Ok(mut map) => map.drain().map(|(_, tx)| tx).collect(),
+            Err(_) => Vec::new(),
+        };
+        for tx in &senders {
+            let _ = tx.send(Interrupt::Shutdown);
+        }
+        for tx in senders {
+            tx.closed().await;
+        }
+    }
+
+    async fn run(self) {
+        let mut events = self.service.subscribe();
+        let mut shutdown = self.shutdown.subscribe();
+        let mut scan = tokio::time::interval(SCAN_EVERY);
+        loop {
+            tokio::select! {
+                _ = scan.tick() => self.scan().await,
+                event = events.recv() => match event {
+                    Ok(study_id) => self.poke(study_id).await,
+                    Err(_) => self.scan().await,
+                },
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+
+    /// Start runners for active studies with a trial job that no one runs.
+    async fn scan(&self) {
+        let mut after = 0;
+        loop {
+            let page = match self.service.store().list_studies(Some(StudyState::Active), None, after, 500).await {
+                Ok(p) => p,
+                Err(error) => {
+                    tracing::warn!(%error, "dispatcher could not list studies");
+                    return;
+                }
+            };
+            let Some(last) = page.last().map(|s| s.id) else { return };
+            for study in page {
+                if study.spec.trial_job.is_some() {
+                    self.start_runner(study.id).await;
+                }
+            }
+            after = last;
+        }
+    }
+
+    /// A study was created, changed, stopped or deleted here.
+    async fn poke(&self, study_id: i64) {
+        let running = self.runners.lock().map(|m| m.get(&study_id).cloned()).ok().flatten();
+        match running {
+            // The runner re-reads its study on every wake-up.
+            Some(tx) => tx.send_modify(|_| {}),
+            None => {
+                if let Ok(Some(study)) = self.service.store().get_study(study_id).await {
+                    if study.state == StudyState::Active && study.spec.trial_job.is_some() {
+                        self.start_runner(study_id).await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn start_runner(&self, study_id: i64) {
+        let already = self.runners.lock().map(|m| m.contains_key(&study_id)).unwrap_or(true);
+        if already {
+            return;
+        }
+        let claimed = self
+            .service
+            .store()
+            .claim_runner(study_id, &self.config.owner, chrono::Utc::now(), runner::LEASE_TTL)
+            .await;
+        match claimed {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(error) => {
+                tracing::warn!(study_id, %error, "could not claim study runner");
+                return;
+            }
+        }
+        let (tx, rx) = watch::channel(Interrupt::None);
+        if let Ok(mut map) = self.runners.lock() {
+            map.insert(study_id, tx);
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            runner::run_study(this.service.clone(), this.config.clone(), study_id, rx).await;
+            if let Ok(mut map) = this.runners.lock() {
+                map.remove(&study_id);
+            }
+            let _ = this.service.store().release_runner(study_id, &this.config.owner).await;
+        });
+    }
+}

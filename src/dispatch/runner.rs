@@ -1,0 +1,226 @@
+//! The study runner: keeps up to `parallel_trials` of one study's trials running, starting
+//! the next one as soon as a slot frees, until the budget is done or the study is stopped.
+//! After a restart it resumes the trials it had started (same trial, same directories).
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::DispatchConfig;
+use super::executor::Executor;
+use super::local::LocalExecutor;
+use super::slurm::SlurmExecutor;
+use super::trial::{Interrupt, TrialDirs, TrialEnd, TrialReporter, TrialSetup, run_trial};
+use crate::model::{ExecutorName, Measurement, StudyState, TrialState};
+use crate::service::{Completion, Service, ServiceError};
+
+/// The runner lease: renewed every `RENEW_EVERY`; another replica may take the study over
+/// once it is `LEASE_TTL` old.
+pub const LEASE_TTL: chrono::Duration = chrono::Duration::seconds(15);
+const RENEW_EVERY: Duration = Duration::from_secs(5);
+/// Re-read the study at least this often (changes made through another replica).
+const RECHECK_EVERY: Duration = Duration::from_secs(1);
+/// The `client_id` of dispatched trials.
+pub const RUNNER_CLIENT: &str = "augur-dispatcher";
+
+/// The per-trial directories' base for a study.
+pub fn output_dir(config: &DispatchConfig, study_id: i64, job_output_dir: Option<&str>) -> PathBuf {
+    match job_output_dir {
+        Some(dir) => config.base_dir.join(dir),
+        None => config.base_dir.join("augur-runs").join(format!("study-{study_id}")),
+    }
+}
+
+pub async fn run_study(
+    service: Service,
+    config: Arc<DispatchConfig>,
+    study_id: i64,
+    mut wake: watch::Receiver<Interrupt>,
+) {
+    let (interrupt_trials, _) = watch::channel(Interrupt::None);
+    let mut tasks: JoinSet<(i64, TrialEnd)> = JoinSet::new();
+    let mut running: HashSet<i64> = HashSet::new();
+    let mut renew = tokio::time::interval(RENEW_EVERY);
+    let mut setup: Option<Arc<TrialSetup>> = None;
+    let mut resumed = false;
+    loop {
+        let study = match service.store().get_study(study_id).await {
+            Ok(Some(s)) => Some(s),
+            Ok(None) => None,
+            Err(error) => {
+                tracing::warn!(study_id, %error, "runner could not read its study");
+                tokio::time::sleep(RECHECK_EVERY).await;
+                continue;
+            }
+        };
+        let Some(study) = study.filter(|s| s.state == StudyState::Active && s.spec.trial_job.is_some()) else {
+            // Stopped, failed or deleted: cancel what runs. Completed: nothing runs.
+            let _ = interrupt_trials.send(Interrupt::Cancel);
+            while tasks.join_next().await.is_some() {}
+            return;
+        };
+        let Some(job) = study.spec.trial_job.clone() else { return };
+        if setup.as_ref().is_none_or(|s| s.job != job) {
+            let metric_ids: Vec<String> = study.spec.metrics.iter().map(|m| m.id.clone()).collect();
+            let executor: Arc<dyn Executor> = match job.executor {
+                ExecutorName::Slurm => Arc::new(SlurmExecutor::new(job.slurm.clone().unwrap_or_default())),
+                _ => Arc::new(LocalExecutor),
+            };
+            setup = Some(Arc::new(TrialSetup {
+                study_id,
+                output_dir: output_dir(&config, study_id, job.output_dir.as_deref()),
+                job,
+                metric_ids,
+                early_stopping: study.spec.early_stopping.is_some(),
+                augur_url: config.augur_url.clone(),
+                executor,
+                reporter: Arc::new(ServiceReporter { service: service.clone(), study_id }),
+            }));
+        }
+        let Some(setup) = setup.clone() else { return };
+
+        if !resumed {
+            resumed = true;
+            for trial in resumable_trials(&service, study_id).await {
+                let handle_file = TrialDirs::new(&setup.output_dir, trial.0).root.join("job.handle");
+                if let Ok(handle) = std::fs::read_to_string(&handle_file) {
+                    setup.executor.clean_up_stale(handle.trim()).await;
+                }
+                tracing::info!(study_id, trial_id = trial.0, "resuming trial");
+                running.insert(trial.0);
+                tasks.spawn(spawn_trial(setup.clone(), trial.0, trial.1, interrupt_trials.subscribe()));
+            }
+        }
+
+        let free = (study.spec.parallel_trials.max(1) as usize).saturating_sub(running.len());
+        if free > 0 {
+            match service.suggest_dispatched(study_id, free, RUNNER_CLIENT).await {
+                Ok(s) => {
+                    for trial in s.trials {
+                        if running.insert(trial.id) {
+                            tasks.spawn(spawn_trial(setup.clone(), trial.id, trial.parameters, interrupt_trials.subscribe()));
+                        }
+                    }
+                }
+                Err(error) => tracing::warn!(study_id, %error, "runner could not get suggestions"),
+            }
+        }
+
+        tokio::select! {
+            Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                if let Ok((trial_id, end)) = done {
+                    running.remove(&trial_id);
+                    tracing::info!(study_id, trial_id, ?end, "trial ended");
+                }
+            }
+            changed = wake.changed() => {
+                let what = if changed.is_ok() { *wake.borrow() } else { Interrupt::Shutdown };
+                if what != Interrupt::None {
+                    let _ = interrupt_trials.send(what);
+                    while tasks.join_next().await.is_some() {}
+                    return;
+                }
+            }
+            _ = renew.tick() => {
+                let kept = service.store().claim_runner(study_id, &config.owner, chrono::Utc::now(), LEASE_TTL).await;
+                if matches!(kept, Ok(false)) {
+                    tracing::warn!(study_id, "lost the runner lease; stopping this runner");
+                    let _ = interrupt_trials.send(Interrupt::Shutdown);
+                    while tasks.join_next().await.is_some() {}
+                    return;
+                }
+            }
+            _ = tokio::time::sleep(RECHECK_EVERY) => {}
+        }
+    }
+}
+
+async fn spawn_trial(
+    setup: Arc<TrialSetup>,
+    trial_id: i64,
+    parameters: augur_optimizer::Assignment,
+    interrupt: watch::Receiver<Interrupt>,
+) -> (i64, TrialEnd) {
+    (trial_id, run_trial(setup, trial_id, parameters, interrupt).await)
+}
+
+/// Trials this study's dispatcher had started and not finished (the service restarted).
+async fn resumable_trials(service: &Service, study_id: i64) -> Vec<(i64, augur_optimizer::Assignment)> {
+    let mut out = Vec::new();
+    for state in [TrialState::Active, TrialState::Stopping] {
+        let mut after = 0;
+        loop {
+            let page = match service.store().list_trials(study_id, Some(state), after, 500).await {
+                Ok(p) => p,
+                Err(error) => {
+                    tracing::warn!(study_id, %error, "could not list trials to resume");
+                    break;
+                }
+            };
+            let Some(last) = page.last().map(|t| t.id) else { break };
+            out.extend(
+                page.into_iter()
+                    .filter(|t| t.client_id.as_deref() == Some(RUNNER_CLIENT))
+                    .map(|t| (t.id, t.parameters)),
+            );
+            after = last;
+        }
+    }
+    out
+}
+
+/// Reports a dispatched trial's outcome straight to the service.
+struct ServiceReporter {
+    service: Service,
+    study_id: i64,
+}
+
+#[async_trait]
+impl TrialReporter for ServiceReporter {
+    async fn measurement(&self, trial_id: i64, measurement: Measurement) -> Result<(), String> {
+        self.service.add_measurement(self.study_id, trial_id, measurement).await.map(|_| ()).map_err(|e| e.to_string())
+    }
+
+    async fn complete_from_measurements(&self, trial_id: i64) -> Result<bool, String> {
+        match self.service.complete_trial(self.study_id, trial_id, Completion::Selected).await {
+            Ok(_) => Ok(true),
+            Err(ServiceError::Invalid(_)) => Ok(false),
+            // Completed meanwhile (by the job over HTTP).
+            Err(ServiceError::Conflict { .. }) => Ok(true),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    async fn fail(&self, trial_id: i64, reason: String) -> Result<(), String> {
+        match self.service.fail_trial(self.study_id, trial_id, reason).await {
+            Ok(_) | Err(ServiceError::Conflict { .. }) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    async fn should_stop(&self, trial_id: i64) -> Result<bool, String> {
+        self.service.should_stop(self.study_id, trial_id).await.map_err(|e| e.to_string())
+    }
+
+    async fn finished(&self, trial_id: i64) -> Result<bool, String> {
+        let trial = self.service.get_trial(self.study_id, trial_id).await.map_err(|e| e.to_string())?;
+        Ok(!trial.state.is_unfinished())
+    }
+
+    async fn trial_token(&self, trial_id: i64) -> Result<Option<String>, String> {
+        let token = crate::api::auth::new_token();
+        let name = format!("trial:{}:{trial_id}", self.study_id);
+        let store = self.service.store();
+        store.delete_token(&name).await.map_err(|e| e.to_string())?;
+        store
+            .insert_token(&name, &crate::api::auth::hash_token(&token), Some((self.study_id, trial_id)), chrono::Utc::now())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Some(token))
+    }
+}

@@ -1,0 +1,336 @@
+//! Running one trial to its end: directories and environment (DESIGN §4), attempts with
+//! retries, metrics from stdout and the hypertune file, timeouts, early stopping, and the
+//! outcome reported back. Used by the study runner (in-process) and `augur worker` (HTTP).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::{mpsc, watch};
+
+use super::collect::{StdoutMetrics, parse_hypertune};
+use super::executor::{Executor, JobExit, JobRequest};
+use crate::model::job::DEFAULT_METRIC_REGEX;
+use crate::model::{Measurement, TrialJobSpec};
+
+/// How long a job asked to stop gets before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+/// How often the hypertune file is read and the early-stopping rule asked.
+const POLL: Duration = Duration::from_millis(250);
+
+/// Where a trial's outcome goes: the service in-process, or the HTTP API.
+#[async_trait]
+pub trait TrialReporter: Send + Sync {
+    async fn measurement(&self, trial_id: i64, measurement: Measurement) -> Result<(), String>;
+    /// Complete from the reported measurements (`measurement_selection`). `Ok(false)` when
+    /// there is none to select.
+    async fn complete_from_measurements(&self, trial_id: i64) -> Result<bool, String>;
+    async fn fail(&self, trial_id: i64, reason: String) -> Result<(), String>;
+    async fn should_stop(&self, trial_id: i64) -> Result<bool, String>;
+    /// Whether the trial already finished (the job completed it over HTTP).
+    async fn finished(&self, trial_id: i64) -> Result<bool, String>;
+    /// The token the job reports with (`AUGUR_TRIAL_TOKEN`).
+    async fn trial_token(&self, trial_id: i64) -> Result<Option<String>, String>;
+}
+
+/// What stops a running trial from outside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interrupt {
+    None,
+    /// The study was stopped or deleted: kill the job and fail the trial.
+    Cancel,
+    /// The process is shutting down: kill the job, leave the trial to be resumed.
+    Shutdown,
+}
+
+/// Everything fixed for a study's trials.
+pub struct TrialSetup {
+    pub study_id: i64,
+    pub job: TrialJobSpec,
+    pub metric_ids: Vec<String>,
+    pub early_stopping: bool,
+    pub augur_url: String,
+    /// Base of the per-trial directories.
+    pub output_dir: PathBuf,
+    pub executor: Arc<dyn Executor>,
+    pub reporter: Arc<dyn TrialReporter>,
+}
+
+/// The per-trial paths of DESIGN §4.
+pub struct TrialDirs {
+    pub root: PathBuf,
+    pub model: PathBuf,
+    pub checkpoints: PathBuf,
+    pub logs: PathBuf,
+    pub metric_file: PathBuf,
+    pub params_file: PathBuf,
+    pub job_log: PathBuf,
+}
+
+impl TrialDirs {
+    pub fn new(output_dir: &Path, trial_id: i64) -> TrialDirs {
+        let root = output_dir.join(trial_id.to_string());
+        TrialDirs {
+            model: root.join("model"),
+            checkpoints: root.join("checkpoints"),
+            logs: root.join("logs"),
+            metric_file: root.join("hypertune").join("output.metrics"),
+            params_file: root.join("params.json"),
+            job_log: root.join("job.log"),
+            root,
+        }
+    }
+
+    fn create(&self) -> std::io::Result<()> {
+        for dir in [&self.model, &self.checkpoints, &self.logs] {
+            std::fs::create_dir_all(dir)?;
+        }
+        if let Some(parent) = self.metric_file.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        Ok(())
+    }
+}
+
+/// The path as the job sees it, with a trailing slash as Vertex AI gives directories.
+fn dir_env(p: &Path) -> String {
+    let s = p.display().to_string();
+    if s.ends_with('/') { s } else { format!("{s}/") }
+}
+
+/// How a trial's run ended, for the caller's bookkeeping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TrialEnd {
+    Completed,
+    Failed(String),
+    EarlyStopped,
+    /// Interrupted by shutdown: left active, to be resumed.
+    Abandoned,
+}
+
+/// Run `trial_id` with `parameters` until it completes, fails for good, or is interrupted.
+pub async fn run_trial(
+    setup: Arc<TrialSetup>,
+    trial_id: i64,
+    parameters: augur_optimizer::Assignment,
+    mut interrupt: watch::Receiver<Interrupt>,
+) -> TrialEnd {
+    let reporter = setup.reporter.clone();
+    let dirs = TrialDirs::new(&setup.output_dir, trial_id);
+    if let Err(e) = dirs.create() {
+        return give_up(&*reporter, trial_id, format!("cannot create {}: {e}", dirs.root.display())).await;
+    }
+    let params_json = serde_json::to_string_pretty(&parameters).unwrap_or_else(|_| "{}".into());
+    if let Err(e) = std::fs::write(&dirs.params_file, params_json) {
+        return give_up(&*reporter, trial_id, format!("cannot write {}: {e}", dirs.params_file.display())).await;
+    }
+    let token = match reporter.trial_token(trial_id).await {
+        Ok(t) => t,
+        Err(e) => return give_up(&*reporter, trial_id, format!("no trial token: {e}")).await,
+    };
+    let argv = setup.job.render_argv(&parameters, trial_id, &dirs.params_file.display().to_string());
+    let mut env: Vec<(String, String)> = setup.job.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    env.extend([
+        ("AUGUR_URL".to_string(), setup.augur_url.clone()),
+        ("AUGUR_STUDY_ID".to_string(), setup.study_id.to_string()),
+        ("AUGUR_TRIAL_ID".to_string(), trial_id.to_string()),
+        ("CLOUD_ML_TRIAL_ID".to_string(), trial_id.to_string()),
+        ("CLOUD_ML_HP_METRIC_FILE".to_string(), dirs.metric_file.display().to_string()),
+        ("AIP_MODEL_DIR".to_string(), dir_env(&dirs.model)),
+        ("AIP_CHECKPOINT_DIR".to_string(), dir_env(&dirs.checkpoints)),
+        ("AIP_TENSORBOARD_LOG_DIR".to_string(), dir_env(&dirs.logs)),
+    ]);
+    if let Some(t) = token {
+        env.push(("AUGUR_TRIAL_TOKEN".to_string(), t));
+    }
+    let timeout = setup.job.timeout_secs.map(Duration::from_secs);
+    let mut last_failure = String::new();
+    for attempt in 1..=setup.job.max_retries + 1 {
+        let request = JobRequest {
+            study_id: setup.study_id,
+            trial_id,
+            attempt,
+            argv: argv.clone(),
+            env: env.clone(),
+            workdir: setup.job.workdir.as_ref().map(PathBuf::from),
+            log_path: dirs.job_log.clone(),
+        };
+        let outcome = run_attempt(&setup, &request, &dirs, timeout, &mut interrupt).await;
+        match outcome {
+            Attempt::Interrupted(Interrupt::Shutdown) => return TrialEnd::Abandoned,
+            Attempt::Interrupted(_) => {
+                return give_up(&*reporter, trial_id, "cancelled: the study was stopped".into()).await;
+            }
+            Attempt::EarlyStopped => {
+                return match reporter.complete_from_measurements(trial_id).await {
+                    Ok(true) => TrialEnd::EarlyStopped,
+                    Ok(false) => give_up(&*reporter, trial_id, "stopped early without a measurement".into()).await,
+                    Err(e) => TrialEnd::Failed(e),
+                };
+            }
+            Attempt::LaunchFailed(why) => return give_up(&*reporter, trial_id, why).await,
+            Attempt::Ended(exit) => {
+                if let Ok(true) = reporter.finished(trial_id).await {
+                    return TrialEnd::Completed;
+                }
+                if exit.success() {
+                    return match reporter.complete_from_measurements(trial_id).await {
+                        Ok(true) => TrialEnd::Completed,
+                        Ok(false) => give_up(&*reporter, trial_id, "no metric reported".into()).await,
+                        Err(e) => TrialEnd::Failed(e),
+                    };
+                }
+                last_failure = exit.describe();
+            }
+            Attempt::TimedOut(secs) => last_failure = format!("timed out after {secs} s"),
+        }
+        tracing::warn!(study_id = setup.study_id, trial_id, attempt, reason = %last_failure, "trial attempt failed");
+    }
+    let tries = setup.job.max_retries + 1;
+    give_up(&*reporter, trial_id, format!("{last_failure} (after {tries} attempt(s))")).await
+}
+
+async fn give_up(reporter: &dyn TrialReporter, trial_id: i64, reason: String) -> TrialEnd {
+    if let Err(e) = reporter.fail(trial_id, reason.clone()).await {
+        tracing::warn!(trial_id, error = %e, "could not mark the trial failed");
+    }
+    TrialEnd::Failed(reason)
+}
+
+enum Attempt {
+    Ended(JobExit),
+    TimedOut(u64),
+    EarlyStopped,
+    Interrupted(Interrupt),
+    LaunchFailed(String),
+}
+
+async fn run_attempt(
+    setup: &TrialSetup,
+    request: &JobRequest,
+    dirs: &TrialDirs,
+    timeout: Option<Duration>,
+    interrupt: &mut watch::Receiver<Interrupt>,
+) -> Attempt {
+    let (stdout_tx, mut stdout_rx) = mpsc::unbounded_channel::<String>();
+    let mut job = match setup.executor.launch(request, stdout_tx).await {
+        Ok(job) => job,
+        Err(e) => return Attempt::LaunchFailed(e.to_string()),
+    };
+    // Remember the job so that a restarted service can kill a leftover (see runner.rs).
+    let _ = std::fs::write(dirs.root.join("job.handle"), job.handle());
+    let regex = setup.job.metric_regex.as_deref().unwrap_or(DEFAULT_METRIC_REGEX);
+    let mut stdout_metrics = match StdoutMetrics::new(regex, setup.metric_ids.clone()) {
+        Ok(p) => p,
+        Err(e) => {
+            job.stop(STOP_GRACE).await;
+            return Attempt::LaunchFailed(format!("metric_regex: {e}"));
+        }
+    };
+    let mut hypertune = HypertuneTail::new(dirs.metric_file.clone(), setup.metric_ids.clone());
+    let trial_id = request.trial_id;
+    let reporter = &setup.reporter;
+    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+    let mut poll = tokio::time::interval(POLL);
+    let mut fresh_measurements = false;
+    let mut stdout_open = true;
+    let result = loop {
+        tokio::select! {
+            exit = job.wait() => break Attempt::Ended(exit),
+            line = stdout_rx.recv(), if stdout_open => match line {
+                Some(line) => {
+                    if let Some(m) = stdout_metrics.parse_line(&line) {
+                        report(&**reporter, trial_id, m).await;
+                        fresh_measurements = true;
+                    }
+                }
+                None => stdout_open = false,
+            },
+            _ = poll.tick() => {
+                for m in hypertune.read_new() {
+                    report(&**reporter, trial_id, m).await;
+                    fresh_measurements = true;
+                }
+                if setup.early_stopping && fresh_measurements {
+                    fresh_measurements = false;
+                    if let Ok(true) = reporter.should_stop(trial_id).await {
+                        job.stop(STOP_GRACE).await;
+                        break Attempt::EarlyStopped;
+                    }
+                }
+            }
+            _ = sleep_until(deadline) => {
+                job.stop(STOP_GRACE).await;
+                break Attempt::TimedOut(timeout.map_or(0, |t| t.as_secs()));
+            }
+            changed = interrupt.changed() => {
+                let what = if changed.is_ok() { *interrupt.borrow() } else { Interrupt::Shutdown };
+                if what != Interrupt::None {
+                    job.stop(STOP_GRACE).await;
+                    break Attempt::Interrupted(what);
+                }
+            }
+        }
+    };
+    // Whatever the job printed or wrote last still counts.
+    while let Ok(line) = stdout_rx.try_recv() {
+        if let Some(m) = stdout_metrics.parse_line(&line) {
+            report(&**reporter, trial_id, m).await;
+        }
+    }
+    for m in hypertune.read_new() {
+        report(&**reporter, trial_id, m).await;
+    }
+    result
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn report(reporter: &dyn TrialReporter, trial_id: i64, m: Measurement) {
+    if let Err(e) = reporter.measurement(trial_id, m).await {
+        tracing::warn!(trial_id, error = %e, "could not record a measurement");
+    }
+}
+
+/// Follows the hypertune file: it is rewritten whole on every report, so it is re-read
+/// when it changed and only measurements not yet reported (or changed) are returned.
+struct HypertuneTail {
+    path: PathBuf,
+    metric_ids: Vec<String>,
+    last_text: String,
+    reported: BTreeMap<i64, BTreeMap<String, u64>>,
+}
+
+impl HypertuneTail {
+    fn new(path: PathBuf, metric_ids: Vec<String>) -> Self {
+        Self { path, metric_ids, last_text: String::new(), reported: BTreeMap::new() }
+    }
+
+    fn read_new(&mut self) -> Vec<Measurement> {
+        let Ok(text) = std::fs::read_to_string(&self.path) else { return Vec::new() };
+        if text == self.last_text {
+            return Vec::new();
+        }
+        let measurements = parse_hypertune(&text, &self.metric_ids);
+        self.last_text = text;
+        measurements
+            .into_iter()
+            .filter(|m| {
+                let bits: BTreeMap<String, u64> = m.metrics.iter().map(|(k, v)| (k.clone(), v.to_bits())).collect();
+                if self.reported.get(&m.step) == Some(&bits) {
+                    return false;
+                }
+                self.reported.insert(m.step, bits);
+                true
+            })
+            .collect()
+    }
+}
+
