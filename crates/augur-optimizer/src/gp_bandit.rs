@@ -57,10 +57,10 @@ impl Default for GpBanditConfig {
         GpBanditConfig {
             ucb_beta: 1.8,
             max_train_points: 300,
-            max_fit_points: 120,
+            max_fit_points: 100,
             population: 64,
             generations: 30,
-            fit_iters: 40,
+            fit_iters: 30,
         }
     }
 }
@@ -228,18 +228,12 @@ impl Model {
             .previous_state
             .and_then(|s| serde_json::from_value(s.clone()).ok())
             .filter(|s: &GpState| s.dim == encoder.dim() && s.theta.len() == metrics.len());
-        let options = if warm.is_some() {
-            FitOptions {
-                random_starts: 1,
-                runs: 1,
-                max_iters: config.fit_iters,
-            }
-        } else {
-            FitOptions {
-                random_starts: 4,
-                runs: 2,
-                max_iters: config.fit_iters,
-            }
+        // Fitting dominates the cost of a suggestion: one L-BFGS run from the best of the
+        // starting points (two while the history is small and fits are cheap).
+        let options = FitOptions {
+            random_starts: if warm.is_some() { 1 } else { 4 },
+            runs: if fit_x.len() <= 40 { 2 } else { 1 },
+            max_iters: config.fit_iters,
         };
         let mut train_y = Vec::new();
         let mut posteriors = Vec::new();

@@ -16,7 +16,9 @@ use argmin::solver::quasinewton::LBFGS;
 use nalgebra::{Cholesky, DMatrix, DVector, Dyn};
 use rand::{Rng, RngExt};
 
-use super::kernel::{Hyper, length_scale_factor, matern52, scaled_r2};
+use super::kernel::{Hyper, matern52, scaled_r2};
+
+const SQRT5: f64 = 2.236_067_977_499_79;
 
 /// Prior means and standard deviations of `θ` (for standardized outputs on `[0, 1]^D`):
 /// signal variance around 1, length scales around 0.5, noise around 1e-3, each within a
@@ -71,14 +73,18 @@ pub fn robust_cholesky(
     amplitude: f64,
 ) -> Option<Cholesky<f64, Dyn>> {
     let n = k.nrows();
+    if !(noise.is_finite() && amplitude.is_finite() && amplitude > 0.0) {
+        return None;
+    }
     for i in 0..n {
         k[(i, i)] += noise;
     }
     if let Some(c) = k.clone().cholesky() {
         return Some(c);
     }
-    let mut jitter = 1e-8 * amplitude.max(1e-12);
-    while jitter <= 1e-2 * amplitude.max(1e-12) {
+    // Jitter 1e-8, 1e-7, ..., 1e-2 times the amplitude.
+    for e in 0..7 {
+        let jitter = amplitude * 10f64.powi(e - 8);
         let mut kj = k.clone();
         for i in 0..n {
             kj[(i, i)] += jitter;
@@ -86,9 +92,32 @@ pub fn robust_cholesky(
         if let Some(c) = kj.cholesky() {
             return Some(c);
         }
-        jitter *= 10.0;
     }
     None
+}
+
+/// `L⁻¹` of a lower-triangular `L` (only its lower triangle is read) by forward
+/// substitution column by column: `X_jj = 1/L_jj`, `X_ij = −(Σ_{k=j}^{i−1} L_ik X_kj)/L_ii`,
+/// n³/6 flops (nalgebra's general inverse does about six times as many).
+pub fn lower_triangular_inverse(l: &DMatrix<f64>) -> DMatrix<f64> {
+    let n = l.nrows();
+    // Rows of L as contiguous slices (columns of Lᵀ, nalgebra being column-major).
+    let lt = l.transpose();
+    let mut x = DMatrix::zeros(n, n);
+    for j in 0..n {
+        let mut col = vec![0.0; n];
+        col[j] = 1.0 / l[(j, j)];
+        for i in j + 1..n {
+            let row = lt.column(i);
+            let mut s = 0.0;
+            for k in j..i {
+                s += row[k] * col[k];
+            }
+            col[i] = -s / l[(i, i)];
+        }
+        x.column_mut(j).copy_from_slice(&col);
+    }
+    x
 }
 
 /// Negative log posterior of `θ` (up to a constant) and its gradient.
@@ -99,8 +128,25 @@ pub fn neg_log_posterior(
 ) -> Option<(f64, Vec<f64>)> {
     let n = x.len();
     let dim = theta.len() - 2;
+    // Far outside the box the line search may probe: not a usable point.
+    if theta.iter().any(|t| !t.is_finite() || t.abs() > 40.0) {
+        return None;
+    }
     let h = Hyper::from_theta(theta);
-    let kf = kernel_matrix(&h, x);
+    // K_f and, per pair, the factor c(r) of ∂K/∂ln ℓ_j (one exp per pair for both).
+    let mut kf = DMatrix::zeros(n, n);
+    let mut ls_factor = DMatrix::zeros(n, n);
+    for a in 0..n {
+        kf[(a, a)] = h.amplitude;
+        for b in 0..a {
+            let r = scaled_r2(&h.inv_ls2, &x[a], &x[b]).sqrt();
+            let e = h.amplitude * (-SQRT5 * r).exp();
+            let k = e * (1.0 + SQRT5 * r + 5.0 / 3.0 * r * r);
+            kf[(a, b)] = k;
+            kf[(b, a)] = k;
+            ls_factor[(a, b)] = e * 5.0 / 3.0 * (1.0 + SQRT5 * r);
+        }
+    }
     let chol = robust_cholesky(kf.clone(), h.noise, h.amplitude)?;
     let alpha = chol.solve(y);
     let log_det: f64 = 2.0
@@ -113,7 +159,8 @@ pub fn neg_log_posterior(
     let mut cost =
         0.5 * y.dot(&alpha) + 0.5 * log_det + 0.5 * n as f64 * (2.0 * std::f64::consts::PI).ln();
     // W = K⁻¹ − ααᵀ, so that ∂cost/∂θ_j = ½ Σ_ab W_ab ∂K_ab/∂θ_j.
-    let mut w = chol.inverse();
+    let l_inv = lower_triangular_inverse(chol.l_dirty());
+    let mut w = l_inv.transpose() * &l_inv;
     w.ger(-1.0, &alpha, &alpha, 1.0);
     let mut grad = vec![0.0; theta.len()];
     for a in 0..n {
@@ -123,8 +170,7 @@ pub fn neg_log_posterior(
         for b in 0..a {
             let wab = w[(a, b)]; // counted twice (a, b) and (b, a)
             grad[0] += wab * kf[(a, b)];
-            let r = scaled_r2(&h.inv_ls2, &x[a], &x[b]).sqrt();
-            let c = wab * length_scale_factor(h.amplitude, r);
+            let c = wab * ls_factor[(a, b)];
             for j in 0..dim {
                 let d = x[a][j] - x[b][j];
                 grad[1 + j] += c * d * d * h.inv_ls2[j];
@@ -294,7 +340,9 @@ pub fn fit_theta(
 pub struct Posterior {
     pub hyper: Hyper,
     x: Vec<Vec<f64>>,
-    chol: Cholesky<f64, Dyn>,
+    /// `L⁻¹` for `K = LLᵀ`: predicting many points is then one matrix product instead of
+    /// one triangular solve per point.
+    l_inv: DMatrix<f64>,
     alpha: Option<DVector<f64>>,
 }
 
@@ -303,10 +351,11 @@ impl Posterior {
     pub fn new(hyper: Hyper, x: Vec<Vec<f64>>, y: Option<&DVector<f64>>) -> Option<Self> {
         let chol = robust_cholesky(kernel_matrix(&hyper, &x), hyper.noise, hyper.amplitude)?;
         let alpha = y.map(|y| chol.solve(y));
+        let l_inv = lower_triangular_inverse(chol.l_dirty());
         Some(Posterior {
             hyper,
             x,
-            chol,
+            l_inv,
             alpha,
         })
     }
@@ -328,11 +377,7 @@ impl Posterior {
             Some(a) => (ks.transpose() * a).iter().copied().collect(),
             None => vec![0.0; m],
         };
-        let v = self
-            .chol
-            .l_dirty()
-            .solve_lower_triangular(&ks)
-            .unwrap_or_else(|| DMatrix::zeros(n, m));
+        let v = &self.l_inv * &ks;
         let var = (0..m)
             .map(|c| (self.hyper.amplitude - v.column(c).norm_squared()).max(1e-12))
             .collect();
@@ -370,6 +415,15 @@ mod tests {
                 grad[j]
             );
         }
+    }
+
+    #[test]
+    fn triangular_inverse_inverts() {
+        let m = DMatrix::from_row_slice(3, 3, &[4.0, 2.0, 0.6, 2.0, 5.0, 1.0, 0.6, 1.0, 3.0]);
+        let chol = m.clone().cholesky().expect("positive definite");
+        let x = lower_triangular_inverse(chol.l_dirty());
+        let w = x.transpose() * &x * &m;
+        assert!((w - DMatrix::identity(3, 3)).norm() < 1e-12);
     }
 
     #[test]
