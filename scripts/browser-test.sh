@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Browser tests of the dashboard: Debian's headless Chromium, driven by playwright-core from
+# npm (kept under tests/browser/), against a live `augur serve` on a seeded SQLite database:
+# a 60-trial study, a two-metric study and a 50,000-trial study. Installs Chromium and
+# playwright-core when missing. Screenshots: target/browser-artifacts/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+target="${CARGO_TARGET_DIR:-target}"
+artifacts="$PWD/target/browser-artifacts"
+large="${AUGUR_BROWSER_LARGE:-50000}"
+
+if ! command -v chromium >/dev/null; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
+if [ ! -d tests/browser/node_modules/playwright-core ]; then
+  (cd tests/browser && npm ci --no-audit --no-fund --silent)
+fi
+
+cargo build --quiet --bin augur
+
+work=$(mktemp -d)
+server_pid=""
+cleanup() {
+  if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+db="sqlite://$work/augur.db"
+
+echo "seeding $db ($large trials in the large study)"
+if ! AUGUR_BROWSER_DB="$db" AUGUR_BROWSER_LARGE="$large" \
+  cargo test --quiet --test dashboard seed_browser_fixture -- --ignored --exact --nocapture >"$work/seed.log" 2>&1; then
+  cat "$work/seed.log"
+  exit 1
+fi
+grep seeded "$work/seed.log"
+
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+AUGUR_LOG=warn "$target/debug/augur" serve --database-url "$db" --listen "127.0.0.1:$port" &
+server_pid=$!
+for _ in $(seq 1 100); do
+  curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
+  sleep 0.1
+done
+
+mkdir -p "$artifacts"
+ARTIFACTS="$artifacts" node tests/browser/dashboard.mjs "http://127.0.0.1:$port" 1 2 3

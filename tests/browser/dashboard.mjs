@@ -1,0 +1,242 @@
+// The dashboard in headless Chromium against a live server seeded by
+// `cargo test --test dashboard seed_browser_fixture -- --ignored` (see scripts/browser-test.sh):
+// pages show the numbers the API holds, the table filters and sorts, a trial completed through
+// the API appears without a reload, and on the 50,000-trial study the first meaningful paint
+// and each live update stay under a second. Screenshots go to $ARTIFACTS.
+//
+// usage: node dashboard.mjs <base url> <small study> <two-metric study> <large study>
+import { chromium } from 'playwright-core';
+import { mkdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+
+const [base, SMALL, MULTI, LARGE] = process.argv.slice(2);
+const ARTIFACTS = process.env.ARTIFACTS || 'target/browser-artifacts';
+const LIMIT_MS = Number(process.env.AUGUR_BROWSER_LIMIT_MS || 1000);
+mkdirSync(ARTIFACTS, { recursive: true });
+
+async function api(method, path, body) {
+  const r = await fetch(base + path, {
+    method, headers: body ? { 'content-type': 'application/json' } : {}, body: body ? JSON.stringify(body) : undefined,
+  });
+  const json = await r.json().catch(() => null);
+  if (!r.ok) throw new Error(`${method} ${path}: ${r.status} ${JSON.stringify(json)}`);
+  return json;
+}
+const get = (p) => api('GET', p);
+const post = (p, b) => api('POST', p, b);
+
+function assert(cond, message) { if (!cond) throw new Error('assertion failed: ' + message); }
+// Values are shown with 6 significant digits.
+const close = (a, b) => Math.abs(a - b) <= 1e-5 * Math.max(1, Math.abs(b));
+const num = (s) => Number(String(s).trim());
+
+const results = [];
+async function test(name, fn) {
+  const t0 = Date.now();
+  try {
+    await fn();
+    results.push([name, true]);
+    console.log(`ok   ${name} (${Date.now() - t0} ms)`);
+  } catch (e) {
+    results.push([name, false]);
+    console.log(`FAIL ${name}: ${e.stack || e}`);
+  }
+}
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
+    '--disable-component-update', '--disable-sync'],
+});
+const context = await browser.newContext({ viewport: { width: 1400, height: 1000 }, acceptDownloads: true });
+const page = await context.newPage();
+page.on('pageerror', (e) => console.log('page error:', e.message));
+const shot = (name) => page.screenshot({ path: join(ARTIFACTS, name), fullPage: true });
+const text = (sel) => page.locator(sel).first().innerText();
+
+// Adds a completed trial through the API with the given accuracy; returns its id.
+async function addTrial(study, accuracy) {
+  const t = await post(`/v1/studies/${study}/trials`, {
+    parameters: { lr: 0.01, layers: 3, kernel: 'rbf' }, final_measurement: { metrics: { accuracy } },
+  });
+  return t.id;
+}
+
+await test('studies page lists every study with its best value, and filters by name and state', async () => {
+  await page.goto(base + '/');
+  await page.waitForSelector('#studies tbody tr');
+  const studies = (await get('/v1/studies')).studies;
+  assert(await page.locator('#studies tbody tr').count() === studies.length, 'one row per study');
+  const s1 = studies.find((s) => String(s.id) === SMALL);
+  const best = s1.best_trial.final_measurement.metrics.accuracy;
+  const cell = await text(`#studies tr[data-study="${SMALL}"] td.best`);
+  assert(close(num(cell.split(' ')[0]), best), `best value ${cell} vs ${best}`);
+  await shot('studies.png');
+  await page.fill('#filter-name', 'two-met');
+  await page.waitForFunction(() => document.querySelectorAll('#studies tbody tr').length === 1);
+  assert(page.url().includes('name=two-met'), 'the filter is in the URL');
+  await page.fill('#filter-name', '');
+  await page.selectOption('#filter-state', 'stopped');
+  await page.waitForFunction(() => document.querySelectorAll('#studies tbody tr').length === 0);
+});
+
+let bestSmall;
+await test('study page shows the best value, filters and sorts the table, draws every chart', async () => {
+  const info = await get(`/v1/studies/${SMALL}`);
+  bestSmall = info.best_trial;
+  await page.goto(`${base}/studies/${SMALL}`);
+  await page.waitForFunction(() => window.augur.marks.charts);
+  assert(close(num(await text('#best-value')), bestSmall.final_measurement.metrics.accuracy), 'best value');
+  assert((await text('#best-trial')) === '#' + bestSmall.id, 'best trial');
+  const total = info.trial_counts.total;
+  assert((await text('#row-count')) === `${total} of ${total} trials`, 'row count ' + (await text('#row-count')));
+  // A range filter on lr keeps exactly the trials the API says are in range.
+  let inRange = 0;
+  let token = '';
+  for (let i = 0; i < 10; i++) {
+    const page_ = await get(`/v1/studies/${SMALL}/trials?page_size=1000${token ? '&page_token=' + token : ''}`);
+    inRange += page_.trials.filter((t) => t.parameters.lr >= 0.001 && t.parameters.lr <= 0.05).length;
+    token = page_.next_page_token;
+    if (!token) break;
+  }
+  await page.selectOption('#table-param', 'lr');
+  await page.fill('#table-min', '0.001');
+  await page.fill('#table-max', '0.05');
+  await page.waitForFunction((n) => document.querySelector('#row-count').textContent.startsWith(n + ' of'), inRange);
+  await page.selectOption('#table-state', 'failed');
+  await page.waitForFunction(() => document.querySelector('#row-count').textContent.startsWith('0 of'));
+  await page.selectOption('#table-state', '');
+  await page.fill('#table-min', '');
+  await page.fill('#table-max', '');
+  // Sorting by the metric (descending first) puts the best trial on top.
+  await page.click('.vt-head div[data-key="m:accuracy"]');
+  const first = await page.locator('#trial-table .vt-row').first().getAttribute('data-trial');
+  assert(first === String(bestSmall.id), `top row ${first} vs best ${bestSmall.id}`);
+  // Charts: best-so-far ends at the best value; lr is the most important parameter.
+  const hist = await page.evaluate(() => document.getElementById('chart-history').data.map((t) => t.y.length));
+  assert(hist[0] === total && hist[1] >= 1, 'history traces ' + hist);
+  const lastBest = await page.evaluate(() => { const y = document.getElementById('chart-history').data[1].y; return y[y.length - 1]; });
+  assert(close(lastBest, bestSmall.final_measurement.metrics.accuracy), 'best-so-far line ends at the best value');
+  const top = await page.evaluate(() => { const d = document.getElementById('chart-importance').data[0]; return d.y[d.y.length - 1]; });
+  assert(top === 'lr', 'most important parameter: ' + top);
+  for (const id of ['chart-parcoords', 'chart-contour', 'chart-curves', 'slice-lr', 'slice-layers', 'slice-kernel']) {
+    const n = await page.evaluate((id) => (document.getElementById(id).data || []).length, id);
+    assert(n >= 1, id + ' is drawn');
+  }
+  const curves = await page.evaluate(() => document.getElementById('chart-curves').data.length);
+  assert(curves === total, `learning curves ${curves} vs ${total}`);
+  await shot('study.png');
+});
+
+await test('CSV export holds the filtered table', async () => {
+  await page.selectOption('#table-param', 'layers');
+  await page.fill('#table-min', '2');
+  await page.fill('#table-max', '3');
+  const count = num((await text('#row-count')).split(' ')[0]);
+  const [download] = await Promise.all([page.waitForEvent('download'), page.click('#export-csv')]);
+  const csv = readFileSync(await download.path(), 'utf8').trim().split('\n');
+  assert(csv[0] === 'trial,state,early_stopped,accuracy,lr,layers,kernel', 'header ' + csv[0]);
+  assert(csv.length === count + 1, `csv rows ${csv.length - 1} vs table ${count}`);
+  assert(csv.slice(1).every((l) => ['2', '3'].includes(l.split(',')[5])), 'only filtered rows');
+  await page.fill('#table-min', '');
+  await page.fill('#table-max', '');
+});
+
+await test('a trial completed through the API appears without a reload', async () => {
+  const before = await page.evaluate(() => window.augur.updates);
+  const t0 = Date.now();
+  const id = await addTrial(SMALL, 1.25);
+  await page.waitForFunction(() => document.querySelector('#best-value').textContent === '1.25', null, { timeout: 5000 });
+  const ms = Date.now() - t0;
+  assert(await page.evaluate((b) => window.augur.updates > b, before), 'updated live, not reloaded');
+  assert((await text('#best-trial')) === '#' + id, 'best trial moved');
+  const total = (await get(`/v1/studies/${SMALL}`)).trial_counts.total;
+  assert((await text('#row-count')).endsWith(`of ${total} trials`), 'row count grew');
+  console.log(`live update (small study): ${ms} ms`);
+});
+
+await test('trial page shows parameters, outcome and learning curve', async () => {
+  await page.goto(`${base}/studies/${SMALL}/trials/${bestSmall.id}`);
+  await page.waitForFunction(() => window.augur.marks.charts);
+  const params = await text('#trial-params');
+  assert(params.includes('lr') && params.includes('kernel'), params);
+  assert((await text('#trial-outcome')).includes(String(Number(bestSmall.final_measurement.metrics.accuracy.toPrecision(6)))), 'final value');
+  const points = await page.evaluate(() => document.getElementById('chart-trial-curve').data[0].x.length);
+  assert(points === bestSmall.measurements.length, `curve points ${points}`);
+  assert((await text('#model-dir')).length > 0, 'model dir placeholder');
+  await shot('trial.png');
+});
+
+await test('compare page puts studies side by side', async () => {
+  await page.goto(`${base}/compare?studies=${SMALL},${MULTI}`);
+  await page.waitForFunction(() => window.augur.marks.charts);
+  assert(await page.locator('#compare-table tbody tr').count() === 2, 'two rows');
+  const best = (await get(`/v1/studies/${SMALL}`)).best_trial.final_measurement.metrics.accuracy;
+  assert(close(num(await text(`#compare-table tr[data-study="${SMALL}"] td.best`)), best), 'best value');
+  assert(await page.evaluate(() => document.getElementById('chart-compare').data.length) === 2, 'two curves');
+  await shot('compare.png');
+});
+
+await test('two-metric study shows its Pareto front', async () => {
+  await page.goto(`${base}/studies/${MULTI}`);
+  await page.waitForFunction(() => window.augur.marks.charts);
+  const front = (await get(`/v1/studies/${MULTI}/optimal_trials`)).trials.map((t) => t.id).sort((a, b) => a - b);
+  const shown = await page.evaluate(() => document.getElementById('chart-pareto').data[1].text.slice().sort((a, b) => a - b));
+  assert(JSON.stringify(front) === JSON.stringify(shown), `front ${front} vs ${shown}`);
+  await shot('pareto.png');
+});
+
+await test(`large study: first paint and live updates under ${LIMIT_MS} ms`, async () => {
+  const info = await get(`/v1/studies/${LARGE}`);
+  const total = info.trial_counts.total;
+  await page.goto(`${base}/studies/${LARGE}`);
+  await page.waitForFunction(() => window.augur.marks.history, null, { timeout: 30000 });
+  const marks = await page.evaluate(() => window.augur.marks);
+  const paint = await page.evaluate(() => (performance.getEntriesByType('paint').find((e) => e.name === 'first-contentful-paint') || {}).startTime);
+  console.log(`large study (${total} trials): first contentful paint ${Math.round(paint)} ms, ` +
+    `summary ${Math.round(marks.summary)} ms, table ${Math.round(marks.table)} ms, history chart (first meaningful paint) ${Math.round(marks.history)} ms`);
+  assert((await text('#row-count')) === `${total} of ${total} trials`, 'all rows');
+  assert(close(num(await text('#best-value')), info.best_trial.final_measurement.metrics.accuracy), 'best value');
+  await page.waitForFunction(() => window.augur.marks.charts, null, { timeout: 30000 });
+  const dashed = await page.evaluate(() => document.getElementById('chart-curves').data.filter((t) => t.line.dash === 'dash').length);
+  assert(dashed > 0, 'early-stopped curves are marked');
+  await shot('large-study.png');
+
+  // Scrolling: jump through the table and time the frames.
+  const scroll = await page.evaluate(async () => {
+    const el = document.getElementById('trial-table');
+    const times = [];
+    for (let k = 0; k < 60; k++) {
+      const t = performance.now();
+      el.scrollTop = (k / 60) * el.scrollHeight;
+      await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+      times.push(performance.now() - t);
+    }
+    el.scrollTop = el.scrollHeight;
+    await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+    const rows = el.querySelectorAll('.vt-row');
+    return { worst: Math.max(...times), mean: times.reduce((a, b) => a + b) / times.length, last: rows[rows.length - 1].dataset.trial, rows: rows.length };
+  });
+  console.log(`large study: scrolling ${Math.round(scroll.mean)} ms per two frames on average, worst ${Math.round(scroll.worst)} ms; ${scroll.rows} rows in the DOM`);
+  assert(scroll.rows < 100, 'only visible rows are in the DOM');
+  assert(scroll.last === String(Math.max(...(await page.evaluate(() => Array.from(document.querySelectorAll('#trial-table .vt-row')).map((r) => Number(r.dataset.trial)))))), 'last row reached');
+
+  const latencies = [];
+  let best = info.best_trial.final_measurement.metrics.accuracy;
+  for (let k = 1; k <= 3; k++) {
+    best = Math.round((best + 0.01) * 1000) / 1000;
+    const t0 = Date.now();
+    await addTrial(LARGE, best);
+    await page.waitForFunction((n) => document.querySelector('#row-count').textContent === `${n} of ${n} trials`, total + k, { timeout: 10000 });
+    await page.waitForFunction((b) => Number(document.querySelector('#best-value').textContent) === b, best, { timeout: 10000 });
+    latencies.push(Date.now() - t0);
+  }
+  console.log(`large study: live updates ${latencies.join(', ')} ms (API completion to the row and best value on screen)`);
+  assert(marks.history < LIMIT_MS, `first meaningful paint ${Math.round(marks.history)} ms`);
+  assert(Math.max(...latencies) < LIMIT_MS, `live update ${Math.max(...latencies)} ms`);
+});
+
+await browser.close();
+const passed = results.filter((r) => r[1]).length;
+console.log(`browser: ${passed} passed, ${results.length - passed} failed`);
+process.exit(passed === results.length ? 0 : 1);

@@ -1,0 +1,502 @@
+//! The dashboard over HTTP against a real server and database: pages and assets are served,
+//! the chart endpoints aggregate the right numbers, the table's cursor sees later changes,
+//! and a protected server lets a browser in through the login cookie for reads only.
+//! The browser itself is driven by `scripts/browser-test.sh`; its seed data comes from the
+//! ignored `seed_browser_fixture` below.
+
+mod common;
+
+use std::time::Duration;
+
+use augur::model::{Measurement, TrialState};
+use augur::store::TrialRecord;
+use augur_optimizer::Value;
+use chrono::Utc;
+use common::{TestApp, spawn_app, spawn_app_with, sqlite_db};
+use reqwest::StatusCode;
+use serde_json::{Value as Json, json};
+
+fn spec(name: &str, max_trials: i64) -> Json {
+    json!({
+        "name": name,
+        "algorithm": "random",
+        "metrics": [{"id": "accuracy", "goal": "maximize"}],
+        "parameters": [
+            {"id": "lr", "type": "double", "min": 0.0001, "max": 1.0, "scale": "log"},
+            {"id": "layers", "type": "integer", "min": 1, "max": 8},
+            {"id": "kernel", "type": "categorical", "values": ["rbf", "poly"]}
+        ],
+        "max_trials": max_trials,
+        "parallel_trials": 5,
+        "seed": 3
+    })
+}
+
+/// The objective depends on `lr` only (peak at 0.01): importance must say so.
+fn accuracy(lr: f64) -> f64 {
+    1.0 - (lr.log10() + 2.0).powi(2) / 16.0
+}
+
+/// Adds `n` completed trials on a fixed design; returns their accuracies in id order.
+async fn add_trials(app: &TestApp, study: i64, n: usize) -> Vec<f64> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let lr = 10f64.powf(-4.0 + 4.0 * ((i * 37) % n) as f64 / n as f64);
+        let acc = accuracy(lr);
+        let r = app
+            .post(
+                &format!("/v1/studies/{study}/trials"),
+                json!({
+                    "parameters": {"lr": lr, "layers": 1 + (i % 8) as i64, "kernel": if i % 3 == 0 { "poly" } else { "rbf" }},
+                    "final_measurement": {"metrics": {"accuracy": acc}}
+                }),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+        out.push(acc);
+    }
+    out
+}
+
+#[tokio::test]
+async fn pages_are_html_and_plotly_is_served_from_the_binary() {
+    let app = spawn_app(sqlite_db()).await;
+    let study = app.create_study(spec("pages", 10)).await;
+    for (path, page) in [
+        ("/".to_string(), "studies"),
+        (format!("/studies/{study}"), "study"),
+        (format!("/studies/{study}/trials/1"), "trial"),
+        ("/compare?studies=1,2".to_string(), "compare"),
+    ] {
+        let r = app
+            .http
+            .get(format!("{}{path}", app.base))
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(r.status(), StatusCode::OK, "{path}");
+        let ct = r.headers()["content-type"]
+            .to_str()
+            .expect("ct")
+            .to_string();
+        assert!(ct.starts_with("text/html"), "{path}: {ct}");
+        let body = r.text().await.expect("body");
+        assert!(
+            body.contains(&format!("data-page=\"{page}\"")),
+            "{path}: {body}"
+        );
+    }
+    let r = app.get("/studies/nope").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+
+    let r = app
+        .http
+        .get(format!("{}/dashboard/plotly.min.js", app.base))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(
+        r.headers()["cache-control"]
+            .to_str()
+            .expect("cc")
+            .contains("immutable")
+    );
+    let js = r.text().await.expect("body");
+    assert!(
+        js.contains("plotly.js v3") && js.len() > 1_000_000,
+        "{}",
+        js.len()
+    );
+    for asset in ["/dashboard/app.js", "/dashboard/style.css"] {
+        let r = app
+            .http
+            .get(format!("{}{asset}", app.base))
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(r.status(), StatusCode::OK, "{asset}");
+    }
+}
+
+#[tokio::test]
+async fn table_lists_every_trial_as_columns_and_its_cursor_sees_later_changes() {
+    let app = spawn_app(sqlite_db()).await;
+    let study = app.create_study(spec("table", 100)).await;
+    let acc = add_trials(&app, study, 30).await;
+    let t = app.get(&format!("/v1/studies/{study}/table")).await;
+    assert_eq!(t.status, StatusCode::OK, "{}", t.body);
+    assert_eq!(t.body["ids"].as_array().map(Vec::len), Some(30));
+    assert_eq!(t.body["values"]["accuracy"][4], json!(acc[4]));
+    assert_eq!(t.body["params"]["kernel"][0], json!("poly"));
+    assert_eq!(t.body["states"][0], json!("completed"));
+    let names: Vec<&str> = t.body["parameters"]
+        .as_array()
+        .expect("parameters")
+        .iter()
+        .filter_map(|p| p["id"].as_str())
+        .collect();
+    assert_eq!(names, ["lr", "layers", "kernel"]);
+
+    // A trial suggested and completed after the snapshot comes back from `changes`.
+    let cursor = t.body["cursor"].as_str().expect("cursor").to_string();
+    let s = app
+        .post(&format!("/v1/studies/{study}/suggest"), json!({"count": 1}))
+        .await;
+    let id = s.body["trials"][0]["id"].as_i64().expect("trial id");
+    let c = app
+        .get(&format!("/v1/studies/{study}/changes?after={cursor}"))
+        .await;
+    assert_eq!(c.status, StatusCode::OK, "{}", c.body);
+    let ids: Vec<i64> = c.body["trials"]
+        .as_array()
+        .expect("trials")
+        .iter()
+        .filter_map(|t| t["id"].as_i64())
+        .collect();
+    assert_eq!(ids, [id]);
+}
+
+#[tokio::test]
+async fn insights_give_the_best_value_its_history_and_the_parameter_that_matters() {
+    let app = spawn_app(sqlite_db()).await;
+    let study = app.create_study(spec("insights", 500)).await;
+    let acc = add_trials(&app, study, 200).await;
+    let r = app.get(&format!("/v1/studies/{study}/insights")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let best = acc.iter().copied().fold(f64::MIN, f64::max);
+    assert_eq!(r.body["best"]["value"], json!(best));
+    assert_eq!(r.body["completed"], json!(200));
+    let steps: Vec<f64> = r.body["history"]["best_value"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .filter_map(Json::as_f64)
+        .collect();
+    assert!(steps.windows(2).all(|w| w[0] < w[1]), "{steps:?}");
+    assert_eq!(steps.last().copied(), Some(best));
+    assert_eq!(
+        r.body["importance"][0]["parameter"],
+        json!("lr"),
+        "{}",
+        r.body["importance"]
+    );
+    assert_eq!(
+        r.body["sample"]["trial"].as_array().map(Vec::len),
+        Some(200)
+    );
+
+    let c = app
+        .get(&format!("/v1/studies/{study}/contour?x=lr&y=kernel"))
+        .await;
+    assert_eq!(c.status, StatusCode::OK, "{}", c.body);
+    assert_eq!(c.body["grid"]["x"].as_array().map(Vec::len), Some(20));
+    assert_eq!(c.body["grid"]["y"].as_array().map(Vec::len), Some(2));
+    let bad = app
+        .get(&format!("/v1/studies/{study}/contour?x=lr&y=nope"))
+        .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert_eq!(bad.body["error"]["field"], json!("y"));
+    let bad = app
+        .get(&format!("/v1/studies/{study}/insights?metric=loss"))
+        .await;
+    assert_eq!(bad.body["error"]["field"], json!("metric"));
+    let missing = app.get("/v1/studies/999/insights").await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn learning_curves_come_from_reported_measurements() {
+    let app = spawn_app(sqlite_db()).await;
+    let study = app.create_study(spec("curves", 10)).await;
+    let s = app
+        .post(&format!("/v1/studies/{study}/suggest"), json!({"count": 2}))
+        .await;
+    for t in s.body["trials"].as_array().expect("trials") {
+        let id = t["id"].as_i64().expect("id");
+        for step in 1..=4 {
+            let r = app
+                .post(
+                    &format!("/v1/studies/{study}/trials/{id}/measurements"),
+                    json!({"step": step, "metrics": {"accuracy": 0.1 * step as f64}}),
+                )
+                .await;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+        }
+    }
+    let r = app.get(&format!("/v1/studies/{study}/curves")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let curves = r.body["curves"].as_array().expect("curves");
+    assert_eq!(curves.len(), 2);
+    assert_eq!(curves[0]["step"], json!([1, 2, 3, 4]));
+    assert_eq!(curves[0]["early_stopped"], json!(false));
+}
+
+#[tokio::test]
+async fn a_protected_server_sends_browsers_to_login_and_takes_the_cookie_for_reads_only() {
+    let app = spawn_app_with(sqlite_db(), Some("s3cret-token")).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("client");
+    // A browser asks for HTML; scripts and scrapers without a token keep getting 401.
+    let r = http
+        .get(format!("{}/studies/3", app.base))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let r = http
+        .get(format!("{}/studies/3?x=1", app.base))
+        .header("accept", "text/html,application/xhtml+xml")
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(
+        r.headers()["location"],
+        "/login?next=%2Fstudies%2F3%3Fx%3D1"
+    );
+    for open in ["/login", "/dashboard/app.js"] {
+        let r = http
+            .get(format!("{}{open}", app.base))
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(r.status(), StatusCode::OK, "{open}");
+    }
+    // JSON clients still get 401, not a redirect.
+    let r = http
+        .get(format!("{}/v1/studies", app.base))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+
+    let r = http
+        .post(format!("{}/login", app.base))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("token=s3cret-token&next=%2Fstudies%2F3")
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(r.headers()["location"], "/studies/3");
+    let cookie = r.headers()["set-cookie"]
+        .to_str()
+        .expect("cookie")
+        .to_string();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let pair = cookie.split(';').next().expect("pair").to_string();
+
+    let r = http
+        .get(format!("{}/v1/studies", app.base))
+        .header("cookie", &pair)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = http
+        .get(format!("{}/", app.base))
+        .header("cookie", &pair)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status(), StatusCode::OK);
+    // A cookie rides along on cross-site requests: it never authorizes a change.
+    let r = http
+        .post(format!("{}/v1/studies", app.base))
+        .header("cookie", &pair)
+        .json(&spec("forged", 5))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let r = http
+        .get(format!("{}/v1/studies", app.base))
+        .header("cookie", "augur_token=wrong")
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+}
+
+/// Seeds the database at `AUGUR_BROWSER_DB` for `scripts/browser-test.sh`: a 60-trial study
+/// with learning curves (some stopped early) and a two-metric study through the API, then
+/// a study of `AUGUR_BROWSER_LARGE` trials (default 50,000) written in bulk through the
+/// store, since 50,000 API calls would only measure the API.
+#[tokio::test]
+#[ignore = "a fixture for scripts/browser-test.sh, not a test"]
+async fn seed_browser_fixture() {
+    let url = std::env::var("AUGUR_BROWSER_DB").expect("AUGUR_BROWSER_DB");
+    let large: i64 = std::env::var("AUGUR_BROWSER_LARGE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50_000);
+    // The server in-process on the fixture's own file (the helpers' databases are temporary).
+    let config = augur::ServerConfig::new(url.clone(), "127.0.0.1:0".parse().expect("addr"));
+    let server = augur::App::build(config).await.expect("server starts");
+    let base = format!("http://{}", server.addr());
+    tokio::spawn(server.run());
+    let app = Seeder {
+        http: reqwest::Client::new(),
+        base,
+    };
+
+    // Study 1: small, through the API, with curves; trials 5, 10, … stopped early.
+    let small = app.create_study(spec("svc-digits", 200)).await;
+    for i in 0..60usize {
+        let lr = 10f64.powf(-4.0 + 4.0 * ((i * 37) % 60) as f64 / 60.0);
+        let acc = accuracy(lr);
+        let s = app
+            .post(&format!("/v1/studies/{small}/trials"), json!({
+                "parameters": {"lr": lr, "layers": 1 + (i % 8) as i64, "kernel": if i % 3 == 0 { "poly" } else { "rbf" }}
+            }))
+            .await;
+        assert_eq!(s.status, StatusCode::CREATED, "{}", s.body);
+        let got = app
+            .post(
+                &format!("/v1/studies/{small}/suggest"),
+                json!({"count": 1, "client_id": "seed"}),
+            )
+            .await;
+        let id = got.body["trials"][0]["id"]
+            .as_i64()
+            .expect("suggested trial");
+        let steps = if i % 5 == 4 { 3 } else { 8 };
+        for step in 1..=steps {
+            let v = acc * (1.0 - (-(step as f64) / 2.0).exp());
+            app.post(
+                &format!("/v1/studies/{small}/trials/{id}/measurements"),
+                json!({"step": step, "metrics": {"accuracy": v}}),
+            )
+            .await;
+        }
+        let r = app
+            .post(
+                &format!("/v1/studies/{small}/trials/{id}/complete"),
+                json!({}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    }
+
+    // Study 2: two metrics, for the Pareto front.
+    let mut two = spec("two-metrics", 100);
+    two["metrics"] =
+        json!([{"id": "accuracy", "goal": "maximize"}, {"id": "latency", "goal": "minimize"}]);
+    let multi = app.create_study(two).await;
+    for i in 0..40usize {
+        let x = i as f64 / 40.0;
+        app.post(&format!("/v1/studies/{multi}/trials"), json!({
+            "parameters": {"lr": 0.001 + x * 0.5, "layers": 1 + (i % 8) as i64, "kernel": "rbf"},
+            "final_measurement": {"metrics": {"accuracy": x.sqrt(), "latency": x + 0.1 * ((i * 7) % 5) as f64}}
+        }))
+        .await;
+    }
+
+    // Study 3: large, written in bulk.
+    let big = app
+        .create_study(spec("large-50k", large.max(1) + 100))
+        .await;
+    let store = augur::store::connect(&url).await.expect("store");
+    let now = Utc::now();
+    let mut next = 1i64;
+    while next <= large {
+        let last = (next + 4999).min(large);
+        let mut tx = store
+            .begin_study(big)
+            .await
+            .expect("begin")
+            .expect("study exists");
+        let mut study = tx.study().clone();
+        study.change_seq += 1;
+        let mut trials = Vec::new();
+        let mut rows = Vec::new();
+        for id in next..=last {
+            let u = ((id * 7919) % 10_007) as f64 / 10_007.0;
+            let lr = 10f64.powf(-4.0 + 4.0 * u);
+            let acc = accuracy(lr) + 0.02 * (((id * 31) % 17) as f64 / 17.0);
+            let mut parameters = augur_optimizer::Assignment::new();
+            parameters.insert("lr".into(), Value::Float(lr));
+            parameters.insert("layers".into(), Value::Int(1 + id % 8));
+            parameters.insert(
+                "kernel".into(),
+                Value::Str(if id % 3 == 0 { "poly" } else { "rbf" }.into()),
+            );
+            let fm = Measurement {
+                step: 5,
+                elapsed_secs: None,
+                metrics: [("accuracy".to_string(), acc)].into(),
+            };
+            if id % 25 == 0 || id > large - 200 {
+                for step in 1..=5 {
+                    let mut m = fm.clone();
+                    m.step = step;
+                    m.metrics.insert(
+                        "accuracy".into(),
+                        acc * (1.0 - (-(step as f64) / 2.0).exp()),
+                    );
+                    rows.push((id, m));
+                }
+            }
+            trials.push(TrialRecord {
+                study_id: big,
+                id,
+                state: TrialState::Completed,
+                parameters,
+                client_id: None,
+                objective: Some(acc),
+                final_measurement: Some(fm),
+                infeasible_reason: None,
+                fail_reason: None,
+                early_stopped: id % 50 == 0,
+                excluded: false,
+                lease_expires_at: None,
+                created_at: now,
+                started_at: Some(now),
+                completed_at: Some(now),
+                change_seq: study.change_seq,
+            });
+        }
+        tx.insert_trials(&trials).await.expect("insert");
+        tx.upsert_measurements(&rows, now)
+            .await
+            .expect("measurements");
+        study.next_trial_id = last + 1;
+        study.updated_at = now;
+        tx.update_study(&study).await.expect("study");
+        tx.commit().await.expect("commit");
+        next = last + 1;
+    }
+    println!("seeded studies {small} (60 trials), {multi} (2 metrics), {big} ({large} trials)");
+}
+
+struct Seeder {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Seeder {
+    async fn post(&self, path: &str, body: Json) -> common::Response {
+        common::call(
+            &self.http,
+            &self.base,
+            None,
+            reqwest::Method::POST,
+            path,
+            Some(body),
+        )
+        .await
+    }
+
+    async fn create_study(&self, spec: Json) -> i64 {
+        let r = self.post("/v1/studies", spec).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+        r.body["id"].as_i64().expect("study id")
+    }
+}
