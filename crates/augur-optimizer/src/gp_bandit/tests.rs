@@ -276,6 +276,25 @@ fn branin_median_regret_at_30_trials_beats_random_search() {
     assert!(gp < 0.25 * random, "gp {gp} vs random {random}");
 }
 
+/// The UCB-PE batch variant also beats random search in batches of 5.
+#[test]
+fn ucb_pe_batches_beat_random_search() {
+    let designer = GpBanditDesigner {
+        config: GpBanditConfig {
+            batch: BatchAcquisition::UcbPe,
+            ..GpBanditConfig::default()
+        },
+    };
+    let gp: Vec<f64> = (0..10)
+        .map(|s| run_study(&designer, &BRANIN, s, 30, 5)[29])
+        .collect();
+    let random: Vec<f64> = (0..10)
+        .map(|s| run_study(&RandomDesigner, &BRANIN, s, 30, 5)[29])
+        .collect();
+    let (gp, random) = (median(gp), median(random));
+    assert!(gp < 0.5 * random, "gp {gp} vs random {random}");
+}
+
 /// Batches of 5: still far better than random.
 #[test]
 fn branin_batches_of_five_beat_random_search() {

@@ -1,0 +1,60 @@
+"""Aggregate quality-bench JSON lines into markdown tables (stdout).
+
+Per function and parallel setting: median (mean) simple regret over seeds at 10/25/50/100
+trials, median ms per suggestion over trials 40-50, and the mean rank of each optimizer
+(by median regret at the function's budget) across functions and settings.
+"""
+import collections
+import json
+import statistics as st
+import sys
+
+CHECKPOINTS = (10, 25, 50, 100)
+
+rows = collections.defaultdict(list)
+for path in sys.argv[1:]:
+    for line in open(path):
+        if line.strip():
+            d = json.loads(line)
+            rows[(d["function"], d["parallel"], d["optimizer"])].append(d)
+
+functions = []
+for (f, p, _o) in rows:
+    if (f, p) not in functions:
+        functions.append((f, p))
+order = ["branin", "hartmann6", "rosenbrock4", "ackley5", "levy10"]
+functions.sort(key=lambda k: (order.index(k[0]) if k[0] in order else 99, k[1]))
+ranks = collections.defaultdict(list)
+
+
+def fmt(v):
+    return f"{v:.3g}"
+
+
+for f, p in functions:
+    opts = sorted(o for (ff, pp, o) in rows if ff == f and pp == p)
+    budget = max(len(r["regret"]) for o in opts for r in rows[(f, p, o)])
+    cps = [c for c in CHECKPOINTS if c <= budget]
+    print(f"\n## {f}, parallel_trials {p} (budget {budget})\n")
+    print("| optimizer | seeds | " + " | ".join(f"@{c}" for c in cps) + " | ms/sugg @50 |")
+    print("|---|---|" + "---|" * len(cps) + "---|")
+    finals = {}
+    for o in opts:
+        rs = rows[(f, p, o)]
+        cells = []
+        for c in cps:
+            vals = [r["regret"][min(c, len(r["regret"])) - 1] for r in rs]
+            cells.append(f"{fmt(st.median(vals))} ({fmt(st.mean(vals))})")
+        finals[o] = st.median([r["regret"][-1] for r in rs])
+        ms = st.median([m for r in rs for m in r["ms"][39:50]] or [0.0])
+        print(f"| {o} | {len(rs)} | " + " | ".join(cells) + f" | {ms:.1f} |")
+    ordered = sorted(finals, key=lambda o: finals[o])
+    for o in opts:
+        # Ties share the better rank.
+        ranks[o].append(1 + sum(1 for q in ordered if finals[q] < finals[o]))
+
+print("\n## Mean rank (median regret at budget, over functions and settings)\n")
+print("| optimizer | mean rank | cells |")
+print("|---|---|---|")
+for o, r in sorted(ranks.items(), key=lambda kv: st.mean(kv[1])):
+    print(f"| {o} | {st.mean(r):.2f} | {len(r)} |")
