@@ -62,8 +62,8 @@ pub trait Executor: Send + Sync {
     ) -> Result<Box<dyn RunningJob>, ExecutorError>;
 
     /// Kill a job left by an earlier run of the service (`handle` as `RunningJob::handle`
-    /// gave it), so that a resumed trial never runs twice.
-    async fn clean_up_stale(&self, handle: &str);
+    /// gave it) for this trial, so that a resumed trial never runs twice.
+    async fn clean_up_stale(&self, handle: &str, study_id: i64, trial_id: i64);
 }
 
 #[async_trait]

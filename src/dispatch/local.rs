@@ -59,10 +59,18 @@ impl Executor for LocalExecutor {
         Ok(Box::new(LocalJob { child, pgid, writer: Some(writer) }))
     }
 
-    async fn clean_up_stale(&self, handle: &str) {
-        if let Some(pgid) = handle.strip_prefix("pgid:").and_then(|p| p.parse::<i32>().ok()) {
-            if pgid > 1 {
-                let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+    async fn clean_up_stale(&self, handle: &str, study_id: i64, trial_id: i64) {
+        let Some(pgid) = handle.strip_prefix("pgid:").and_then(|p| p.parse::<i32>().ok()) else {
+            return;
+        };
+        // Process ids are reused: kill only processes of that group that carry this trial's
+        // environment, never whatever holds the number now.
+        let marks = [format!("AUGUR_STUDY_ID={study_id}"), format!("AUGUR_TRIAL_ID={trial_id}")];
+        for pid in group_members(pgid) {
+            let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
+            let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
+            if marks.iter().all(|m| vars.contains(&m.as_bytes())) {
+                let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
             }
         }
     }
@@ -142,4 +150,23 @@ impl RunningJob for LocalJob {
             let _ = writer.await;
         }
     }
+}
+
+/// Processes whose process group is `pgid` (from /proc).
+fn group_members(pgid: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().is_some_and(|stat| {
+                // "pid (comm) state ppid pgrp …": comm may contain spaces and parentheses.
+                stat.rfind(')')
+                    .and_then(|i| stat.get(i + 2..))
+                    .and_then(|rest| rest.split_whitespace().nth(2))
+                    .and_then(|g| g.parse::<i32>().ok())
+                    == Some(pgid)
+            })
+        })
+        .collect()
 }

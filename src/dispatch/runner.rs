@@ -89,7 +89,7 @@ pub async fn run_study(
             for trial in resumable_trials(&service, study_id).await {
                 let handle_file = TrialDirs::new(&setup.output_dir, trial.0).root.join("job.handle");
                 if let Ok(handle) = std::fs::read_to_string(&handle_file) {
-                    setup.executor.clean_up_stale(handle.trim()).await;
+                    setup.executor.clean_up_stale(handle.trim(), study_id, trial.0).await;
                 }
                 tracing::info!(study_id, trial_id = trial.0, "resuming trial");
                 running.insert(trial.0);

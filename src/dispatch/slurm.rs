@@ -86,7 +86,7 @@ impl Executor for SlurmExecutor {
         Ok(Box::new(SlurmJob { job_id, tail: Some(tail), done: done_tx, exit: None }))
     }
 
-    async fn clean_up_stale(&self, handle: &str) {
+    async fn clean_up_stale(&self, handle: &str, _study_id: i64, _trial_id: i64) {
         if let Some(id) = handle.strip_prefix("slurm:").filter(|id| id.chars().all(|c| c.is_ascii_digit())) {
             let _ = run("scancel", &[id.to_string()]).await;
         }
