@@ -1,0 +1,76 @@
+//! The default algorithm (GP bandit) through the service: ask/tell workers with
+//! `parallel_trials: 5` converge on a known function, far better than random search.
+
+mod common;
+
+use common::TestApp;
+use serde_json::json;
+
+/// Branin on x1 in [-5, 10], x2 in [0, 15]; minimum 0.397887.
+fn branin(x1: f64, x2: f64) -> f64 {
+    let pi = std::f64::consts::PI;
+    let (a, b, c, r, s, t) = (
+        1.0,
+        5.1 / (4.0 * pi * pi),
+        5.0 / pi,
+        6.0,
+        10.0,
+        1.0 / (8.0 * pi),
+    );
+    a * (x2 - b * x1 * x1 + c * x1 - r).powi(2) + s * (1.0 - t) * x1.cos() + s
+}
+
+/// Run a Branin study to its end with batches of 5 suggested before any is told; return
+/// the best value found.
+async fn run_branin(app: &TestApp, algorithm: &str, seed: u64, trials: i64) -> f64 {
+    let id = app
+        .create_study(json!({
+            "name": format!("branin-{algorithm}-{seed}"),
+            "algorithm": algorithm,
+            "metrics": [{"id": "value", "goal": "minimize"}],
+            "parameters": [
+                {"id": "x1", "type": "double", "min": -5, "max": 10},
+                {"id": "x2", "type": "double", "min": 0, "max": 15}
+            ],
+            "max_trials": trials, "parallel_trials": 5, "seed": seed
+        }))
+        .await;
+    loop {
+        let batch = app
+            .post(&format!("/v1/studies/{id}/suggest"), json!({"count": 5}))
+            .await
+            .body;
+        let trials = batch["trials"].as_array().cloned().unwrap_or_default();
+        if trials.is_empty() {
+            assert_eq!(batch["study_state"], "completed", "{batch}");
+            break;
+        }
+        for t in trials {
+            let p = &t["parameters"];
+            let value = branin(p["x1"].as_f64().expect("x1"), p["x2"].as_f64().expect("x2"));
+            let path = format!("/v1/studies/{id}/trials/{}/complete", t["id"]);
+            let r = app.post(&path, json!({"metrics": {"value": value}})).await;
+            assert_eq!(r.status, reqwest::StatusCode::OK, "{}", r.body);
+        }
+    }
+    let best = app.get(&format!("/v1/studies/{id}")).await.body;
+    best["best_trial"]["final_measurement"]["metrics"]["value"]
+        .as_f64()
+        .expect("best value")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gp_bandit_by_ask_tell_in_batches_of_five_converges_on_branin() {
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let mut gp = Vec::new();
+    let mut random = Vec::new();
+    for seed in 0..3 {
+        gp.push(run_branin(&app, "gp_bandit", seed, 30).await - 0.397887);
+        random.push(run_branin(&app, "random", seed, 30).await - 0.397887);
+    }
+    gp.sort_by(f64::total_cmp);
+    random.sort_by(f64::total_cmp);
+    // Median simple regret after 30 trials (6 batches of 5).
+    assert!(gp[1] < 0.1, "GP regret {gp:?}");
+    assert!(gp[1] < random[1], "GP {gp:?} vs random {random:?}");
+}
