@@ -79,6 +79,26 @@ fn bench(c: &mut Criterion) {
             });
         }
     }
+    // The service hands back the previous suggestion's fitted hyperparameters: the
+    // common case once a study runs.
+    let space10 = space(10);
+    let completed = history(&space10, 10, 100);
+    let first = |state: Option<&serde_json::Value>| {
+        designer.suggest(&DesignerInput {
+            space: &space10,
+            metrics: &metrics,
+            completed: &completed,
+            pending: &[],
+            count: 1,
+            first_trial_number: 101,
+            seed: 1,
+            previous_state: state,
+        })
+    };
+    let state = first(None).state;
+    group.bench_function("d10/100_warm", |b| {
+        b.iter(|| black_box(first(state.as_ref())))
+    });
     group.finish();
 }
 

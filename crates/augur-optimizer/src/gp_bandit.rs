@@ -74,7 +74,7 @@ impl Default for GpBanditConfig {
             ucb_beta: 1.8,
             batch: BatchAcquisition::PendingUcb,
             max_train_points: 300,
-            max_fit_points: 100,
+            max_fit_points: 80,
             population: 64,
             generations: 30,
             fit_iters: 30,
