@@ -307,3 +307,54 @@ fn branin_batches_of_five_beat_random_search() {
     let (gp, random) = (median(gp), median(random));
     assert!(gp < 0.5 * random, "gp {gp} vs random {random}");
 }
+
+/// Degenerate but valid input: every trial failed or was infeasible, and parameters with a
+/// single feasible value. The designer still returns valid, distinct-as-possible points.
+#[test]
+fn all_failed_history_and_single_value_parameters_still_give_valid_suggestions() {
+    let space = SearchSpace {
+        parameters: vec![
+            Parameter {
+                id: "fixed".into(),
+                kind: ParameterKind::Double {
+                    min: 2.0,
+                    max: 2.0,
+                    scale: Scale::Linear,
+                },
+                children: vec![],
+            },
+            Parameter {
+                id: "one".into(),
+                kind: ParameterKind::Categorical {
+                    values: vec!["only".into()],
+                },
+                children: vec![],
+            },
+            Parameter {
+                id: "lr".into(),
+                kind: ParameterKind::Double {
+                    min: 1e-4,
+                    max: 1.0,
+                    scale: Scale::Log,
+                },
+                children: vec![],
+            },
+        ],
+    };
+    let metrics = [minimize("loss")];
+    let completed: Vec<CompletedTrial> = (0..8u64)
+        .map(|k| CompletedTrial {
+            parameters: crate::quasi_random::quasi_random_assignment(&space, 1, k),
+            outcome: if k % 2 == 0 {
+                Outcome::Failed
+            } else {
+                Outcome::Infeasible
+            },
+        })
+        .collect();
+    let out = GpBanditDesigner::default().suggest(&input(&space, &metrics, &completed, &[], 3, 5));
+    assert_eq!(out.suggestions.len(), 3);
+    for a in &out.suggestions {
+        assert_eq!(space.check_assignment(a), Ok(()));
+    }
+}
