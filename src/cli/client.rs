@@ -34,6 +34,23 @@ impl Client {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Value, String> {
+        let (status, value) = self.call_status(method, path, body).await?;
+        if status.is_success() {
+            Ok(value)
+        } else {
+            let err = &value["error"];
+            let field = err["field"].as_str().map(|f| format!(" ({f})")).unwrap_or_default();
+            Err(format!("{}{field}: {}", status.as_u16(), err["message"].as_str().unwrap_or("error")))
+        }
+    }
+
+    /// The status and JSON body (`null` when empty), errors included.
+    pub async fn call_status(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(StatusCode, Value), String> {
         let mut request = self.http.request(method, format!("{}{path}", self.base));
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
@@ -49,29 +66,24 @@ impl Client {
             }
         })?;
         let status = response.status();
-        let text = response
-            .text()
-            .await
-            .map_err(|e| format!("reading the server's answer: {e}"))?;
+        let text = response.text().await.map_err(|e| format!("reading the server's answer: {e}"))?;
         if status == StatusCode::NO_CONTENT || text.is_empty() {
-            return Ok(Value::Null);
+            return Ok((status, Value::Null));
         }
-        let value: Value = serde_json::from_str(&text)
-            .map_err(|_| format!("the server answered {status} with a body that is not JSON"))?;
-        if status.is_success() {
-            Ok(value)
-        } else {
-            let err = &value["error"];
-            let field = err["field"]
-                .as_str()
-                .map(|f| format!(" ({f})"))
-                .unwrap_or_default();
-            Err(format!(
-                "{}{field}: {}",
-                status.as_u16(),
-                err["message"].as_str().unwrap_or("error")
-            ))
+        match serde_json::from_str(&text) {
+            Ok(value) => Ok((status, value)),
+            // Logs and metrics are text.
+            Err(_) if status.is_success() => Ok((status, Value::String(text))),
+            Err(_) => Err(format!("the server answered {status} with a body that is not JSON")),
         }
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
     }
 
     /// Every trial of a study, following pages.

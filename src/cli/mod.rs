@@ -3,6 +3,7 @@
 
 mod client;
 mod run;
+mod worker;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -82,6 +83,32 @@ pub enum Command {
         #[arg(long, env = "AUGUR_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
         database_url: String,
     },
+    /// Keep N trials of a study running on this machine (pulled through the API).
+    Worker {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[arg(long)]
+        study: i64,
+        /// Trials run at once.
+        #[arg(long, default_value_t = 1)]
+        slots: usize,
+        /// Stable id: a worker restarted with the same id resumes its unfinished trials.
+        #[arg(long, env = "AUGUR_WORKER_ID")]
+        client_id: Option<String>,
+        /// Base of the per-trial directories (default ./augur-runs/study-<id>).
+        #[arg(long)]
+        output_dir: Option<PathBuf>,
+        /// The training command; values are appended as --<id>=<value>.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Trials (through the HTTP API).
+    Trial {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        command: TrialCommand,
+    },
     /// Print the OpenAPI document the server serves.
     Openapi,
 }
@@ -94,6 +121,18 @@ pub enum TokenCommand {
         name: String,
         #[arg(long, env = "AUGUR_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
         database_url: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TrialCommand {
+    /// Print a dispatched trial's stdout and stderr.
+    Logs {
+        study: i64,
+        trial: i64,
+        /// Only the last this many bytes.
+        #[arg(long)]
+        tail_bytes: Option<u64>,
     },
 }
 
@@ -178,6 +217,22 @@ pub async fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Command::Run { file, database_url } => run::run_study_file(&file, &database_url).await,
+        Command::Worker { client, study, slots, client_id, output_dir, command } => {
+            let http = Client::new(&client.url, client.token.as_deref())?;
+            let client_id = client_id.unwrap_or_else(|| {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+                format!("{}-{}", host.trim(), std::process::id())
+            });
+            let options = worker::WorkerOptions { study_id: study, slots, client_id, output_dir, command };
+            worker::run_worker(http, options).await
+        }
+        Command::Trial { client, command: TrialCommand::Logs { study, trial, tail_bytes } } => {
+            let http = Client::new(&client.url, client.token.as_deref())?;
+            let query = tail_bytes.map(|n| format!("?tail_bytes={n}")).unwrap_or_default();
+            let text = http.call(reqwest::Method::GET, &format!("/v1/studies/{study}/trials/{trial}/logs{query}"), None).await?;
+            print!("{}", text.as_str().unwrap_or_default());
+            Ok(())
+        }
         Command::Openapi => {
             print!("{}", crate::api::openapi_yaml());
             Ok(())

@@ -15,7 +15,7 @@ use super::DispatchConfig;
 use super::executor::Executor;
 use super::local::LocalExecutor;
 use super::slurm::SlurmExecutor;
-use super::trial::{Interrupt, TrialDirs, TrialEnd, TrialReporter, TrialSetup, run_trial};
+use super::trial::{Interrupt, TrialEnd, TrialReporter, TrialSetup, run_trial};
 use crate::model::{ExecutorName, Measurement, StudyState, TrialState};
 use crate::service::{Completion, Service, ServiceError};
 
@@ -87,10 +87,6 @@ pub async fn run_study(
         if !resumed {
             resumed = true;
             for trial in resumable_trials(&service, study_id).await {
-                let handle_file = TrialDirs::new(&setup.output_dir, trial.0).root.join("job.handle");
-                if let Ok(handle) = std::fs::read_to_string(&handle_file) {
-                    setup.executor.clean_up_stale(handle.trim(), study_id, trial.0).await;
-                }
                 tracing::info!(study_id, trial_id = trial.0, "resuming trial");
                 running.insert(trial.0);
                 tasks.spawn(spawn_trial(setup.clone(), trial.0, trial.1, interrupt_trials.subscribe()));

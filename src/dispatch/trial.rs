@@ -119,6 +119,11 @@ pub async fn run_trial(
 ) -> TrialEnd {
     let reporter = setup.reporter.clone();
     let dirs = TrialDirs::new(&setup.output_dir, trial_id);
+    // A job left by an earlier run of this trial (the service or worker was killed) must
+    // not run beside the new one.
+    if let Ok(handle) = std::fs::read_to_string(dirs.root.join("job.handle")) {
+        setup.executor.clean_up_stale(handle.trim(), setup.study_id, trial_id).await;
+    }
     if let Err(e) = dirs.create() {
         return give_up(&*reporter, trial_id, format!("cannot create {}: {e}", dirs.root.display())).await;
     }

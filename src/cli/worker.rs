@@ -1,0 +1,204 @@
+//! `augur worker --study ID [--slots N] -- python train.py`: a warm pool of pulled trials on
+//! this machine. Each slot asks `suggest` with a stable client id (`<worker>/<slot>`), runs
+//! the trial with the same arguments, environment and metric collection as a dispatched
+//! job, and reports over HTTP. A worker restarted with the same id gets its unfinished
+//! trials back.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use super::client::Client;
+use crate::dispatch::local::LocalExecutor;
+use crate::dispatch::trial::{Interrupt, TrialReporter, TrialSetup, run_trial};
+use crate::model::{Measurement, Study, TrialJobSpec};
+
+pub struct WorkerOptions {
+    pub study_id: i64,
+    pub slots: usize,
+    pub client_id: String,
+    pub output_dir: Option<PathBuf>,
+    pub command: Vec<String>,
+}
+
+pub async fn run_worker(client: Client, options: WorkerOptions) -> Result<(), String> {
+    if options.command.is_empty() {
+        return Err("give the training command after `--`, e.g. `augur worker --study 1 -- python3 train.py`".into());
+    }
+    if !(1..=256).contains(&options.slots) {
+        return Err("--slots must be between 1 and 256".into());
+    }
+    let study: Study = serde_json::from_value(client.call(Method::GET, &format!("/v1/studies/{}", options.study_id), None).await?)
+        .map_err(|e| format!("unexpected study document: {e}"))?;
+    // The study's trial_job settings (argument style, env, timeout, retries) apply, with this
+    // command.
+    let mut job = study.spec.trial_job.clone().unwrap_or(TrialJobSpec {
+        executor: Default::default(),
+        command: Vec::new(),
+        arg_style: Default::default(),
+        boolean_flags: false,
+        workdir: None,
+        env: Default::default(),
+        timeout_secs: None,
+        max_retries: 0,
+        output_dir: None,
+        metric_regex: None,
+        slurm: None,
+    });
+    job.command = options.command.clone();
+    job.workdir = None;
+    let output_dir = match &options.output_dir {
+        Some(d) => d.clone(),
+        None => std::env::current_dir().map_err(|e| e.to_string())?.join("augur-runs").join(format!("study-{}", study.id)),
+    };
+    let client = Arc::new(client);
+    let setup = Arc::new(TrialSetup {
+        study_id: study.id,
+        job,
+        metric_ids: study.spec.metrics.iter().map(|m| m.id.clone()).collect(),
+        early_stopping: study.spec.early_stopping.is_some(),
+        augur_url: client.base().to_string(),
+        output_dir,
+        executor: Arc::new(LocalExecutor),
+        reporter: Arc::new(HttpReporter { client: client.clone(), study_id: study.id }),
+    });
+    let lease = Duration::from_secs(study.spec.trial_lease_secs.max(3) as u64);
+    let (interrupt, _) = watch::channel(Interrupt::None);
+    let mut slots = tokio::task::JoinSet::new();
+    for slot in 0..options.slots {
+        let slot_client = format!("{}/{slot}", options.client_id);
+        slots.spawn(run_slot(client.clone(), setup.clone(), slot_client, lease, interrupt.subscribe()));
+    }
+    eprintln!("worker {} runs study {} with {} slot(s)", options.client_id, study.id, options.slots);
+    let mut completed = 0usize;
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {
+                let _ = interrupt.send(Interrupt::Shutdown);
+                while slots.join_next().await.is_some() {}
+                eprintln!("stopped; start the worker again with --client-id {} to resume its trials", options.client_id);
+                return Ok(());
+            }
+            done = slots.join_next() => match done {
+                Some(Ok(Ok(n))) => completed += n,
+                Some(Ok(Err(e))) => {
+                    let _ = interrupt.send(Interrupt::Shutdown);
+                    while slots.join_next().await.is_some() {}
+                    return Err(e);
+                }
+                Some(Err(e)) => return Err(format!("worker slot crashed: {e}")),
+                None => break,
+            }
+        }
+    }
+    println!("study {} has no more trials; this worker ran {completed}", study.id);
+    Ok(())
+}
+
+/// One slot: ask for a trial, run it, repeat until the study has no more. Returns how many
+/// trials it ran.
+async fn run_slot(
+    client: Arc<Client>,
+    setup: Arc<TrialSetup>,
+    client_id: String,
+    lease: Duration,
+    mut interrupt: watch::Receiver<Interrupt>,
+) -> Result<usize, String> {
+    let mut ran = 0;
+    loop {
+        if *interrupt.borrow() != Interrupt::None {
+            return Ok(ran);
+        }
+        let body = json!({"count": 1, "client_id": client_id});
+        let answer = client.call(Method::POST, &format!("/v1/studies/{}/suggest", setup.study_id), Some(&body)).await?;
+        let Some(trial) = answer["trials"].as_array().and_then(|t| t.first()).cloned() else {
+            match answer["retry_after_secs"].as_u64() {
+                Some(secs) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(secs.max(1))) => continue,
+                        _ = interrupt.changed() => return Ok(ran),
+                    }
+                }
+                None => return Ok(ran),
+            }
+        };
+        let trial_id = trial["id"].as_i64().ok_or("suggest answered a trial without an id")?;
+        let parameters = serde_json::from_value(trial["parameters"].clone()).map_err(|e| format!("trial {trial_id}: {e}"))?;
+        // Keep the lease while the trial runs (a trial may go long without measurements).
+        let beat = {
+            let client = client.clone();
+            let path = format!("/v1/studies/{}/trials/{trial_id}/heartbeat", setup.study_id);
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(lease / 3).await;
+                    let _ = client.call_status(Method::POST, &path, None).await;
+                }
+            })
+        };
+        let end = run_trial(setup.clone(), trial_id, parameters, interrupt.clone()).await;
+        beat.abort();
+        eprintln!("trial {trial_id}: {end:?}");
+        ran += 1;
+        if interrupt.has_changed().unwrap_or(true) || *interrupt.borrow_and_update() != Interrupt::None {
+            return Ok(ran);
+        }
+    }
+}
+
+/// Reports a pulled trial's outcome over the HTTP API.
+struct HttpReporter {
+    client: Arc<Client>,
+    study_id: i64,
+}
+
+impl HttpReporter {
+    fn path(&self, trial_id: i64, action: &str) -> String {
+        format!("/v1/studies/{}/trials/{trial_id}{action}", self.study_id)
+    }
+}
+
+#[async_trait]
+impl TrialReporter for HttpReporter {
+    async fn measurement(&self, trial_id: i64, measurement: Measurement) -> Result<(), String> {
+        let body = serde_json::to_value(&measurement).map_err(|e| e.to_string())?;
+        self.client.call(Method::POST, &self.path(trial_id, "/measurements"), Some(&body)).await.map(|_| ())
+    }
+
+    async fn complete_from_measurements(&self, trial_id: i64) -> Result<bool, String> {
+        let (status, body) = self.client.call_status(Method::POST, &self.path(trial_id, "/complete"), Some(&json!({}))).await?;
+        match status {
+            s if s.is_success() => Ok(true),
+            StatusCode::CONFLICT => Ok(true),
+            StatusCode::BAD_REQUEST if body["error"]["field"] == "metrics" => Ok(false),
+            s => Err(format!("complete: {s}: {}", body["error"]["message"])),
+        }
+    }
+
+    async fn fail(&self, trial_id: i64, reason: String) -> Result<(), String> {
+        let (status, body) = self.client.call_status(Method::POST, &self.path(trial_id, "/fail"), Some(&json!({"reason": reason}))).await?;
+        if status.is_success() || status == StatusCode::CONFLICT {
+            Ok(())
+        } else {
+            Err(format!("fail: {status}: {}", body["error"]["message"]))
+        }
+    }
+
+    async fn should_stop(&self, trial_id: i64) -> Result<bool, String> {
+        let v = self.client.call(Method::GET, &self.path(trial_id, "/should_stop"), None).await?;
+        Ok(v["should_stop"] == Value::Bool(true))
+    }
+
+    async fn finished(&self, trial_id: i64) -> Result<bool, String> {
+        let v = self.client.call(Method::GET, &self.path(trial_id, ""), None).await?;
+        Ok(!matches!(v["state"].as_str(), Some("requested" | "active" | "stopping")))
+    }
+
+    async fn trial_token(&self, _trial_id: i64) -> Result<Option<String>, String> {
+        Ok(self.client.token().map(str::to_string))
+    }
+}
