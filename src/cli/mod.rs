@@ -57,6 +57,12 @@ pub enum Command {
         /// Largest request body accepted, in bytes.
         #[arg(long, default_value_t = crate::api::DEFAULT_BODY_LIMIT)]
         body_limit: usize,
+        /// The URL dispatched jobs report to (AUGUR_URL in their environment).
+        #[arg(long, env = "AUGUR_PUBLIC_URL")]
+        public_url: Option<String>,
+        /// Do not run `trial_job` studies in this process (an API-only replica).
+        #[arg(long)]
+        no_dispatch: bool,
     },
     /// Apply database migrations and exit (`serve` also applies them on start).
     Migrate {
@@ -175,10 +181,14 @@ pub async fn run(cli: Cli) -> Result<(), String> {
             listen,
             token,
             body_limit,
+            public_url,
+            no_dispatch,
         } => {
             let mut config = ServerConfig::new(database_url, listen);
             config.token = token;
             config.body_limit = body_limit;
+            config.public_url = public_url;
+            config.dispatch = !no_dispatch;
             let app = App::build(config).await.map_err(|e| e.to_string())?;
             let mode = if app.open {
                 "open (loopback, no token)"
