@@ -14,6 +14,10 @@ export AUGUR_TEST_POSTGRES_URL="$admin_url"
 runuser -u postgres -- psql -tAc "SELECT datname FROM pg_database WHERE datname LIKE 'augur_test_%'" \
   | while read -r db; do [ -n "$db" ] && runuser -u postgres -- dropdb --if-exists "$db"; done
 
+step "Slurm (scripts/start-slurm.sh)"
+scripts/start-slurm.sh
+export AUGUR_TEST_SLURM=1
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
