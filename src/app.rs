@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use tokio::net::TcpListener;
 
 use crate::api;
-use crate::service::Service;
 use crate::dispatch::{DispatchConfig, Dispatcher};
+use crate::service::Service;
 use crate::store::{self, Store};
 
 fn hostname() -> String {
@@ -94,7 +94,11 @@ impl App {
         let addr = listener.local_addr()?;
         let service = Service::new(store);
         let public_url = config.public_url.clone().unwrap_or_else(|| {
-            let host = if addr.ip().is_unspecified() { "127.0.0.1".to_string() } else { addr.ip().to_string() };
+            let host = if addr.ip().is_unspecified() {
+                "127.0.0.1".to_string()
+            } else {
+                addr.ip().to_string()
+            };
             format!("http://{host}:{}", addr.port())
         });
         let base_dir = match config.base_dir.clone() {
@@ -104,10 +108,22 @@ impl App {
         let dispatch_config = DispatchConfig {
             augur_url: public_url,
             base_dir,
-            owner: format!("{}-{}-{:08x}", hostname(), std::process::id(), rand::random::<u32>()),
+            owner: format!(
+                "{}-{}-{:08x}",
+                hostname(),
+                std::process::id(),
+                rand::random::<u32>()
+            ),
         };
-        let router = api::router(service.clone(), open, config.body_limit, dispatch_config.clone());
-        let dispatcher = config.dispatch.then(|| Dispatcher::new(service.clone(), dispatch_config));
+        let router = api::router(
+            service.clone(),
+            open,
+            config.body_limit,
+            dispatch_config.clone(),
+        );
+        let dispatcher = config
+            .dispatch
+            .then(|| Dispatcher::new(service.clone(), dispatch_config));
         Ok(App {
             addr,
             listener,
@@ -133,9 +149,14 @@ impl App {
     }
 
     /// Serve until `stop` resolves.
-    pub async fn run_until(self, stop: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), AppError> {
+    pub async fn run_until(
+        self,
+        stop: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), AppError> {
         let dispatching = self.dispatcher.as_ref().map(|d| (d.clone(), d.spawn()));
-        let served = axum::serve(self.listener, self.router).with_graceful_shutdown(stop).await;
+        let served = axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(stop)
+            .await;
         if let Some((dispatcher, task)) = dispatching {
             dispatcher.shutdown().await;
             let _ = task.await;

@@ -7,8 +7,8 @@
 pub mod api;
 pub mod app;
 pub mod cli;
-pub mod dispatch;
 pub mod dashboard;
+pub mod dispatch;
 pub mod insights;
 pub mod model;
 pub mod service;

@@ -49,10 +49,18 @@ fn fixture() -> Fixture {
     Fixture { dir, script }
 }
 
-fn study(f: &Fixture, name: &str, max_trials: i64, parallel: i64, extra_args: &[&str], job: Value) -> Value {
+fn study(
+    f: &Fixture,
+    name: &str,
+    max_trials: i64,
+    parallel: i64,
+    extra_args: &[&str],
+    job: Value,
+) -> Value {
     let mut command = vec![json!("python3"), json!(f.script.display().to_string())];
     command.extend(extra_args.iter().map(|a| json!(a)));
-    let mut trial_job = json!({"command": command, "output_dir": f.dir.path().join("runs").display().to_string()});
+    let mut trial_job =
+        json!({"command": command, "output_dir": f.dir.path().join("runs").display().to_string()});
     if let (Some(t), Some(extra)) = (trial_job.as_object_mut(), job.as_object()) {
         for (k, v) in extra {
             t.insert(k.clone(), v.clone());
@@ -77,7 +85,10 @@ async fn wait_for_state(app: &TestApp, id: i64, want: &str, limit: Duration) -> 
         if s["state"] == want {
             return s;
         }
-        assert!(start.elapsed() < limit, "study {id} not {want} after {limit:?}: {s}");
+        assert!(
+            start.elapsed() < limit,
+            "study {id} not {want} after {limit:?}: {s}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -85,10 +96,17 @@ async fn wait_for_state(app: &TestApp, id: i64, want: &str, limit: Duration) -> 
 /// Trial jobs alive whose command line mentions `marker`, counted by process group: each
 /// job runs in its own group, and `python3` may be a shim that briefly forks helpers.
 fn processes_with(marker: &str) -> usize {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
     let groups: std::collections::BTreeSet<String> = entries
         .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().chars().all(|c| c.is_ascii_digit()))
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .chars()
+                .all(|c| c.is_ascii_digit())
+        })
         .filter(|e| {
             std::fs::read(e.path().join("cmdline"))
                 .map(|c| String::from_utf8_lossy(&c).contains(marker))
@@ -108,7 +126,7 @@ fn processes_with(marker: &str) -> usize {
 fn alive(pid: i32) -> bool {
     // A zombie is dead for our purposes.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| !s.split_whitespace().nth(2).is_some_and(|st| st == "Z"))
+        .map(|s| s.split_whitespace().nth(2).is_none_or(|st| st != "Z"))
         .unwrap_or(false)
 }
 
@@ -128,7 +146,9 @@ async fn twenty_trials_four_at_a_time_never_more_than_four_processes() {
             }
         })
     };
-    let id = app.create_study(study(&f, "twenty", 20, 4, &[], json!({}))).await;
+    let id = app
+        .create_study(study(&f, "twenty", 20, 4, &[], json!({})))
+        .await;
     let s = wait_for_state(&app, id, "completed", Duration::from_secs(120)).await;
     done.store(true, Ordering::Relaxed);
     monitor.join().expect("monitor");
@@ -138,56 +158,107 @@ async fn twenty_trials_four_at_a_time_never_more_than_four_processes() {
     assert!(peak <= 4, "{peak} trial processes were alive at once");
     assert!(peak >= 2, "trials ran in parallel (peak {peak})");
     // Metrics came from stdout; each trial has its directories and log.
-    let best = app.get(&format!("/v1/studies/{id}/optimal_trials")).await.body;
+    let best = app
+        .get(&format!("/v1/studies/{id}/optimal_trials"))
+        .await
+        .body;
     let trial = best["trials"][0]["id"].as_i64().expect("best");
     let root = f.dir.path().join("runs").join(trial.to_string());
     for sub in ["model", "checkpoints", "logs"] {
         assert!(root.join(sub).is_dir(), "{sub}");
     }
-    let logs = app.http.get(format!("{}/v1/studies/{id}/trials/{trial}/logs", app.base)).send().await.expect("logs");
+    let logs = app
+        .http
+        .get(format!("{}/v1/studies/{id}/trials/{trial}/logs", app.base))
+        .send()
+        .await
+        .expect("logs");
     assert_eq!(logs.status(), StatusCode::OK);
     let text = logs.text().await.expect("text");
     assert!(text.contains("loss="), "{text}");
-    assert!(text.contains(&format!("--x={}", best["trials"][0]["parameters"]["x"])), "argv is logged: {text}");
+    assert!(
+        text.contains(&format!("--x={}", best["trials"][0]["parameters"]["x"])),
+        "argv is logged: {text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_trial_is_retried_and_finds_its_checkpoint() {
     let f = fixture();
     let app = common::spawn_app(common::sqlite_db()).await;
-    let id = app.create_study(study(&f, "crash", 1, 1, &["--mode=crash_once"], json!({"max_retries": 1}))).await;
+    let id = app
+        .create_study(study(
+            &f,
+            "crash",
+            1,
+            1,
+            &["--mode=crash_once"],
+            json!({"max_retries": 1}),
+        ))
+        .await;
     wait_for_state(&app, id, "completed", Duration::from_secs(60)).await;
     let trial = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
     assert_eq!(trial["state"], "completed", "{trial}");
     let log = std::fs::read_to_string(f.dir.path().join("runs/1/job.log")).expect("log");
-    assert_eq!(log.matches("=== augur: trial 1 attempt").count(), 2, "{log}");
+    assert_eq!(
+        log.matches("=== augur: trial 1 attempt").count(),
+        2,
+        "{log}"
+    );
     let ckpt_dir = f.dir.path().join("runs/1/checkpoints/");
-    assert!(log.contains(&format!("resumed from {}", ckpt_dir.display())), "same checkpoint dir: {log}");
+    assert!(
+        log.contains(&format!("resumed from {}", ckpt_dir.display())),
+        "same checkpoint dir: {log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crashes_beyond_max_retries_fail_the_trial() {
     let f = fixture();
     let app = common::spawn_app(common::sqlite_db()).await;
-    let spec = study(&f, "crash-no-retry", 1, 1, &["--mode=crash_once"], json!({"max_retries": 0}));
+    let spec = study(
+        &f,
+        "crash-no-retry",
+        1,
+        1,
+        &["--mode=crash_once"],
+        json!({"max_retries": 0}),
+    );
     let id = app.create_study(spec).await;
     wait_for_state(&app, id, "completed", Duration::from_secs(60)).await;
     let trial = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
     assert_eq!(trial["state"], "failed");
-    assert_eq!(trial["fail_reason"], "exited with code 3 (after 1 attempt(s))");
+    assert_eq!(
+        trial["fail_reason"],
+        "exited with code 3 (after 1 attempt(s))"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_trial_is_killed_at_its_timeout_with_its_process_group() {
     let f = fixture();
     let app = common::spawn_app(common::sqlite_db()).await;
-    let id = app.create_study(study(&f, "hang", 1, 1, &["--mode=hang"], json!({"timeout_secs": 1}))).await;
+    let id = app
+        .create_study(study(
+            &f,
+            "hang",
+            1,
+            1,
+            &["--mode=hang"],
+            json!({"timeout_secs": 1}),
+        ))
+        .await;
     let started = Instant::now();
     wait_for_state(&app, id, "completed", Duration::from_secs(30)).await;
     assert!(started.elapsed() < Duration::from_secs(15));
     let trial = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
     assert_eq!(trial["state"], "failed");
-    assert!(trial["fail_reason"].as_str().is_some_and(|r| r.starts_with("timed out after 1 s")), "{trial}");
+    assert!(
+        trial["fail_reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("timed out after 1 s")),
+        "{trial}"
+    );
     let child: i32 = std::fs::read_to_string(f.dir.path().join("runs/1/model/child.pid"))
         .expect("child pid")
         .trim()
@@ -201,25 +272,39 @@ async fn a_hung_trial_is_killed_at_its_timeout_with_its_process_group() {
 async fn stopping_the_study_kills_running_jobs() {
     let f = fixture();
     let app = common::spawn_app(common::sqlite_db()).await;
-    let id = app.create_study(study(&f, "stop", 10, 2, &["--mode=hang"], json!({}))).await;
+    let id = app
+        .create_study(study(&f, "stop", 10, 2, &["--mode=hang"], json!({})))
+        .await;
     let marker = f.script.display().to_string();
     let start = Instant::now();
     while processes_with(&marker) < 2 {
-        assert!(start.elapsed() < Duration::from_secs(30), "jobs did not start");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "jobs did not start"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let stopped = app.post(&format!("/v1/studies/{id}/stop"), json!({})).await;
     assert_eq!(stopped.body["state"], "stopped");
     let start = Instant::now();
     while processes_with(&marker) > 0 {
-        assert!(start.elapsed() < Duration::from_secs(15), "jobs still running after stop");
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "jobs still running after stop"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let start = Instant::now();
     loop {
-        let failed = app.get(&format!("/v1/studies/{id}/trials?state=failed")).await.body;
+        let failed = app
+            .get(&format!("/v1/studies/{id}/trials?state=failed"))
+            .await
+            .body;
         if failed["trials"].as_array().map(Vec::len) == Some(2) {
-            assert_eq!(failed["trials"][0]["fail_reason"], "cancelled: the study was stopped");
+            assert_eq!(
+                failed["trials"][0]["fail_reason"],
+                "cancelled: the study was stopped"
+            );
             break;
         }
         assert!(start.elapsed() < Duration::from_secs(10), "{failed}");
@@ -242,11 +327,28 @@ async fn sigkill_of_the_service_mid_study_then_restart_finishes_exactly_max_tria
     let http = reqwest::Client::new();
     let base = server.base.clone();
     let spec = study(&f, "kill", 12, 3, &["--sleep=0.4"], json!({}));
-    let created = common::call(&http, &base, None, reqwest::Method::POST, "/v1/studies", Some(spec)).await;
+    let created = common::call(
+        &http,
+        &base,
+        None,
+        reqwest::Method::POST,
+        "/v1/studies",
+        Some(spec),
+    )
+    .await;
     let id = created.body["id"].as_i64().expect("id");
     let start = Instant::now();
     loop {
-        let s = common::call(&http, &base, None, reqwest::Method::GET, &format!("/v1/studies/{id}"), None).await.body;
+        let s = common::call(
+            &http,
+            &base,
+            None,
+            reqwest::Method::GET,
+            &format!("/v1/studies/{id}"),
+            None,
+        )
+        .await
+        .body;
         if s["trial_counts"]["completed"].as_i64().unwrap_or(0) >= 4 {
             break;
         }
@@ -258,30 +360,67 @@ async fn sigkill_of_the_service_mid_study_then_restart_finishes_exactly_max_tria
     server.wait_ready().await;
     let start = Instant::now();
     let s = loop {
-        let s = common::call(&http, &base, None, reqwest::Method::GET, &format!("/v1/studies/{id}"), None).await.body;
+        let s = common::call(
+            &http,
+            &base,
+            None,
+            reqwest::Method::GET,
+            &format!("/v1/studies/{id}"),
+            None,
+        )
+        .await
+        .body;
         if s["state"] == "completed" {
             break s;
         }
         assert!(start.elapsed() < Duration::from_secs(90), "{s}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let failed = common::call(&http, &base, None, reqwest::Method::GET, &format!("/v1/studies/{id}/trials?state=failed"), None).await.body;
+    let failed = common::call(
+        &http,
+        &base,
+        None,
+        reqwest::Method::GET,
+        &format!("/v1/studies/{id}/trials?state=failed"),
+        None,
+    )
+    .await
+    .body;
     server.kill();
     assert_eq!(s["trial_counts"]["total"], 12, "{s}");
     assert_eq!(s["trial_counts"]["completed"], 12, "{s}\nfailed: {failed}");
-    assert_eq!(processes_with(&f.script.display().to_string()), 0, "no job outlived the study");
+    assert_eq!(
+        processes_with(&f.script.display().to_string()),
+        0,
+        "no job outlived the study"
+    );
 }
 
 /// A Python with the real `cloudml-hypertune` from PyPI, in a venv made once per checkout.
 fn python_with_hypertune() -> PathBuf {
     let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv");
     let python = venv.join("bin/python3");
-    let ready = Command::new(&python).args(["-c", "import hypertune"]).status().is_ok_and(|s| s.success());
+    let ready = Command::new(&python)
+        .args(["-c", "import hypertune"])
+        .status()
+        .is_ok_and(|s| s.success());
     if !ready {
-        let made = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().expect("python3 -m venv");
+        let made = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .expect("python3 -m venv");
         assert!(made.success(), "could not create {}", venv.display());
         let pip = Command::new(venv.join("bin/pip"))
-            .args(["install", "-q", "-r", concat!(env!("CARGO_MANIFEST_DIR"), "/examples/hypertune/requirements.txt")])
+            .args([
+                "install",
+                "-q",
+                "-r",
+                concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/examples/hypertune/requirements.txt"
+                ),
+            ])
             .status()
             .expect("pip");
         assert!(pip.success(), "pip install cloudml-hypertune failed");
@@ -291,7 +430,9 @@ fn python_with_hypertune() -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vertex_style_trainer_reports_through_cloudml_hypertune_and_resumes_its_checkpoint() {
-    let python = tokio::task::spawn_blocking(python_with_hypertune).await.expect("venv");
+    let python = tokio::task::spawn_blocking(python_with_hypertune)
+        .await
+        .expect("venv");
     let out = tempfile::tempdir().expect("dir");
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/hypertune");
     let spec = json!({
@@ -316,14 +457,27 @@ async fn a_vertex_style_trainer_reports_through_cloudml_hypertune_and_resumes_it
     let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
     for t in trials["trials"].as_array().expect("trials") {
         assert_eq!(t["state"], "completed", "{t}");
-        let steps: Vec<i64> = t["measurements"].as_array().expect("m").iter().map(|m| m["step"].as_i64().expect("step")).collect();
-        assert_eq!(steps, vec![1, 2, 3, 4, 5, 6], "one measurement per epoch from the hypertune file: {t}");
+        let steps: Vec<i64> = t["measurements"]
+            .as_array()
+            .expect("m")
+            .iter()
+            .map(|m| m["step"].as_i64().expect("step"))
+            .collect();
+        assert_eq!(
+            steps,
+            vec![1, 2, 3, 4, 5, 6],
+            "one measurement per epoch from the hypertune file: {t}"
+        );
         assert_eq!(t["final_measurement"]["step"], 6);
         let n = t["id"].as_i64().expect("id");
         let model: Value = serde_json::from_str(
-            &std::fs::read_to_string(out.path().join(format!("{n}/model/model.json"))).expect("model saved"),
+            &std::fs::read_to_string(out.path().join(format!("{n}/model/model.json")))
+                .expect("model saved"),
         )
         .expect("model json");
-        assert_eq!(model["restarts"], 1, "crashed at epoch 3, resumed from its checkpoint");
+        assert_eq!(
+            model["restarts"], 1,
+            "crashed at epoch 3, resumed from its checkpoint"
+        );
     }
 }

@@ -22,16 +22,31 @@ print("step=1 loss=%f" % (a.x * 2))
 print("step=2 loss=%f" % (a.x))
 "#;
 
-fn worker(base: &str, study: i64, slots: usize, client: &str, dir: &std::path::Path, hang: bool) -> Child {
+fn worker(
+    base: &str,
+    study: i64,
+    slots: usize,
+    client: &str,
+    dir: &std::path::Path,
+    hang: bool,
+) -> Child {
     let mut cmd = Command::new(common::augur_bin());
-    cmd.args(["worker", "--url", base, "--study", &study.to_string(), "--slots", &slots.to_string()])
-        .args(["--client-id", client, "--output-dir"])
-        .arg(dir.join("runs"))
-        .args(["--", "python3"])
-        .arg(dir.join("trial.py"))
-        .env_remove("AUGUR_TOKEN")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
+    cmd.args([
+        "worker",
+        "--url",
+        base,
+        "--study",
+        &study.to_string(),
+        "--slots",
+        &slots.to_string(),
+    ])
+    .args(["--client-id", client, "--output-dir"])
+    .arg(dir.join("runs"))
+    .args(["--", "python3"])
+    .arg(dir.join("trial.py"))
+    .env_remove("AUGUR_TOKEN")
+    .stdout(Stdio::null())
+    .stderr(Stdio::inherit());
     if hang {
         // trial 1 hangs on its first run only
         cmd.env("HANG_FIRST_RUN", "1");
@@ -55,8 +70,14 @@ async fn a_worker_runs_a_study_to_the_end_over_http() {
     let app = common::spawn_app(common::sqlite_db()).await;
     let id = app.create_study(spec(6, 2)).await;
     let mut w = worker(&app.base, id, 2, "w", dir.path(), false);
-    let status = tokio::task::spawn_blocking(move || w.wait()).await.expect("join").expect("wait");
-    assert!(status.success(), "the worker exits 0 once the study has no more trials");
+    let status = tokio::task::spawn_blocking(move || w.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    assert!(
+        status.success(),
+        "the worker exits 0 once the study has no more trials"
+    );
     let study = app.get(&format!("/v1/studies/{id}")).await.body;
     assert_eq!(study["state"], "completed", "{study}");
     assert_eq!(study["trial_counts"]["completed"], 6);
@@ -64,8 +85,13 @@ async fn a_worker_runs_a_study_to_the_end_over_http() {
     for t in trials["trials"].as_array().expect("trials") {
         let x = t["parameters"]["x"].as_f64().expect("x");
         assert_eq!(t["measurements"].as_array().map(Vec::len), Some(2), "{t}");
-        let final_loss = t["final_measurement"]["metrics"]["loss"].as_f64().expect("loss");
-        assert!((final_loss - x).abs() < 1e-6, "the last stdout line is final: {t}");
+        let final_loss = t["final_measurement"]["metrics"]["loss"]
+            .as_f64()
+            .expect("loss");
+        assert!(
+            (final_loss - x).abs() < 1e-6,
+            "the last stdout line is final: {t}"
+        );
         let client = t["client_id"].as_str().expect("client");
         assert!(client == "w/0" || client == "w/1", "{client}");
     }
@@ -81,20 +107,40 @@ async fn a_restarted_worker_resumes_its_trial_and_kills_the_leftover_job() {
     let mark = dir.path().join("runs/1/checkpoints/started");
     let start = Instant::now();
     while !mark.exists() {
-        assert!(start.elapsed() < Duration::from_secs(30), "first trial did not start");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "first trial did not start"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let hung: i32 = std::fs::read_to_string(&mark).expect("pid").trim().parse().expect("pid");
+    let hung: i32 = std::fs::read_to_string(&mark)
+        .expect("pid")
+        .trim()
+        .parse()
+        .expect("pid");
     first.kill().expect("SIGKILL the worker");
     let _ = first.wait();
-    assert!(std::path::Path::new(&format!("/proc/{hung}")).exists(), "the job outlived its worker");
+    assert!(
+        std::path::Path::new(&format!("/proc/{hung}")).exists(),
+        "the job outlived its worker"
+    );
 
     let mut second = worker(&app.base, id, 1, "r", dir.path(), true);
-    let status = tokio::task::spawn_blocking(move || second.wait()).await.expect("join").expect("wait");
+    let status = tokio::task::spawn_blocking(move || second.wait())
+        .await
+        .expect("join")
+        .expect("wait");
     assert!(status.success());
     let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
-    assert_eq!(trials["trials"].as_array().map(Vec::len), Some(2), "{trials}");
-    assert_eq!(trials["trials"][0]["state"], "completed", "trial 1 was resumed, not replaced: {trials}");
+    assert_eq!(
+        trials["trials"].as_array().map(Vec::len),
+        Some(2),
+        "{trials}"
+    );
+    assert_eq!(
+        trials["trials"][0]["state"], "completed",
+        "trial 1 was resumed, not replaced: {trials}"
+    );
     assert_eq!(trials["trials"][0]["client_id"], "r/0");
     let gone = |pid: i32| {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))

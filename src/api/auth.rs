@@ -135,12 +135,11 @@ async fn check(
 }
 
 async fn lookup(state: &AppState, hash: &str) -> Result<Option<TokenRecord>, ApiError> {
-    if let Ok(cache) = state.auth.cache.lock() {
-        if let Some((record, at)) = cache.get(hash) {
-            if at.elapsed() < CACHE_TTL {
-                return Ok(Some(record.clone()));
-            }
-        }
+    if let Ok(cache) = state.auth.cache.lock()
+        && let Some((record, at)) = cache.get(hash)
+        && at.elapsed() < CACHE_TTL
+    {
+        return Ok(Some(record.clone()));
     }
     let found = state
         .service
@@ -163,11 +162,14 @@ fn trial_route(method: &Method, path: &str) -> Option<(i64, i64)> {
         ["", "v1", "studies", s, "trials", t, a] => (s, t, Some(*a)),
         _ => return None,
     };
-    let allowed = match (method, action) {
-        (&Method::GET, None | Some("should_stop")) => true,
-        (&Method::POST, Some("measurements" | "complete" | "fail" | "heartbeat")) => true,
-        _ => false,
-    };
+    let allowed = matches!(
+        (method, action),
+        (&Method::GET, None | Some("should_stop"))
+            | (
+                &Method::POST,
+                Some("measurements" | "complete" | "fail" | "heartbeat")
+            )
+    );
     if !allowed {
         return None;
     }

@@ -58,17 +58,31 @@ pub async fn trial_logs(
     let (study, trial) = ids(&study, &trial)?;
     let tail = q.tail_bytes.unwrap_or(1024 * 1024);
     if !(1..=MAX_LOG_BYTES).contains(&tail) {
-        return Err(ApiError::invalid("tail_bytes", format!("must be between 1 and {MAX_LOG_BYTES}")));
+        return Err(ApiError::invalid(
+            "tail_bytes",
+            format!("must be between 1 and {MAX_LOG_BYTES}"),
+        ));
     }
     let record = state.service.get_study(study).await?;
     state.service.get_trial(study, trial).await?;
     let Some(job) = &record.spec.trial_job else {
-        return Err(ApiError::NotFound(format!("study {study} has no trial_job: its trials' logs are kept by whoever ran them")));
+        return Err(ApiError::NotFound(format!(
+            "study {study} has no trial_job: its trials' logs are kept by whoever ran them"
+        )));
     };
-    let base = crate::dispatch::runner::output_dir(&state.dispatch, study, job.output_dir.as_deref());
+    let base =
+        crate::dispatch::runner::output_dir(&state.dispatch, study, job.output_dir.as_deref());
     let path = crate::dispatch::trial::TrialDirs::new(&base, trial).job_log;
-    let text = read_tail(&path, tail).await.map_err(|e| ApiError::Internal(format!("{}: {e}", path.display())))?;
-    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; charset=utf-8")], text))
+    let text = read_tail(&path, tail)
+        .await
+        .map_err(|e| ApiError::Internal(format!("{}: {e}", path.display())))?;
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; charset=utf-8",
+        )],
+        text,
+    ))
 }
 
 /// The last `tail` bytes of a file, from a line start; empty if it does not exist yet.

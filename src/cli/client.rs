@@ -39,8 +39,15 @@ impl Client {
             Ok(value)
         } else {
             let err = &value["error"];
-            let field = err["field"].as_str().map(|f| format!(" ({f})")).unwrap_or_default();
-            Err(format!("{}{field}: {}", status.as_u16(), err["message"].as_str().unwrap_or("error")))
+            let field = err["field"]
+                .as_str()
+                .map(|f| format!(" ({f})"))
+                .unwrap_or_default();
+            Err(format!(
+                "{}{field}: {}",
+                status.as_u16(),
+                err["message"].as_str().unwrap_or("error")
+            ))
         }
     }
 
@@ -66,7 +73,10 @@ impl Client {
             }
         })?;
         let status = response.status();
-        let text = response.text().await.map_err(|e| format!("reading the server's answer: {e}"))?;
+        let text = response
+            .text()
+            .await
+            .map_err(|e| format!("reading the server's answer: {e}"))?;
         if status == StatusCode::NO_CONTENT || text.is_empty() {
             return Ok((status, Value::Null));
         }
@@ -74,7 +84,9 @@ impl Client {
             Ok(value) => Ok((status, value)),
             // Logs and metrics are text.
             Err(_) if status.is_success() => Ok((status, Value::String(text))),
-            Err(_) => Err(format!("the server answered {status} with a body that is not JSON")),
+            Err(_) => Err(format!(
+                "the server answered {status} with a body that is not JSON"
+            )),
         }
     }
 

@@ -227,19 +227,48 @@ pub async fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Command::Run { file, database_url } => run::run_study_file(&file, &database_url).await,
-        Command::Worker { client, study, slots, client_id, output_dir, command } => {
+        Command::Worker {
+            client,
+            study,
+            slots,
+            client_id,
+            output_dir,
+            command,
+        } => {
             let http = Client::new(&client.url, client.token.as_deref())?;
             let client_id = client_id.unwrap_or_else(|| {
                 let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
                 format!("{}-{}", host.trim(), std::process::id())
             });
-            let options = worker::WorkerOptions { study_id: study, slots, client_id, output_dir, command };
+            let options = worker::WorkerOptions {
+                study_id: study,
+                slots,
+                client_id,
+                output_dir,
+                command,
+            };
             worker::run_worker(http, options).await
         }
-        Command::Trial { client, command: TrialCommand::Logs { study, trial, tail_bytes } } => {
+        Command::Trial {
+            client,
+            command:
+                TrialCommand::Logs {
+                    study,
+                    trial,
+                    tail_bytes,
+                },
+        } => {
             let http = Client::new(&client.url, client.token.as_deref())?;
-            let query = tail_bytes.map(|n| format!("?tail_bytes={n}")).unwrap_or_default();
-            let text = http.call(reqwest::Method::GET, &format!("/v1/studies/{study}/trials/{trial}/logs{query}"), None).await?;
+            let query = tail_bytes
+                .map(|n| format!("?tail_bytes={n}"))
+                .unwrap_or_default();
+            let text = http
+                .call(
+                    reqwest::Method::GET,
+                    &format!("/v1/studies/{study}/trials/{trial}/logs{query}"),
+                    None,
+                )
+                .await?;
             print!("{}", text.as_str().unwrap_or_default());
             Ok(())
         }

@@ -16,7 +16,13 @@ use crate::service::Service;
 pub async fn run_study_file(file: &Path, database_url: &str) -> Result<(), String> {
     let base_dir = file
         .parent()
-        .map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p })
+        .map(|p| {
+            if p.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                p
+            }
+        })
         .unwrap_or(Path::new("."))
         .canonicalize()
         .map_err(|e| format!("{}: {e}", file.display()))?;
@@ -27,20 +33,36 @@ pub async fn run_study_file(file: &Path, database_url: &str) -> Result<(), Strin
             file.display()
         ));
     }
-    let mut config = ServerConfig::new(database_url, "127.0.0.1:0".parse().map_err(|e| format!("{e}"))?);
+    let mut config = ServerConfig::new(
+        database_url,
+        "127.0.0.1:0".parse().map_err(|e| format!("{e}"))?,
+    );
     config.base_dir = Some(base_dir.clone());
     let app = App::build(config).await.map_err(|e| e.to_string())?;
     let service = app.service().clone();
     let study = find_or_create(&service, spec).await?;
     let study_id = study.id;
-    let job = study.spec.trial_job.clone().ok_or("the study has no trial_job")?;
+    let job = study
+        .spec
+        .trial_job
+        .clone()
+        .ok_or("the study has no trial_job")?;
     let output_dir = crate::dispatch::runner::output_dir(
-        &crate::dispatch::DispatchConfig { augur_url: String::new(), base_dir, owner: String::new() },
+        &crate::dispatch::DispatchConfig {
+            augur_url: String::new(),
+            base_dir,
+            owner: String::new(),
+        },
         study_id,
         job.output_dir.as_deref(),
     );
-    eprintln!("study {study_id} ({}): {} trials, {} at a time; trial directories in {}",
-        study.name, study.spec.max_trials, study.spec.parallel_trials, output_dir.display());
+    eprintln!(
+        "study {study_id} ({}): {} trials, {} at a time; trial directories in {}",
+        study.name,
+        study.spec.max_trials,
+        study.spec.parallel_trials,
+        output_dir.display()
+    );
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(app.run_until(async move {
@@ -56,7 +78,10 @@ pub async fn run_study_file(file: &Path, database_url: &str) -> Result<(), Strin
             _ = tokio::signal::ctrl_c() => break true,
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
-        let current = service.get_study(study_id).await.map_err(|e| e.to_string())?;
+        let current = service
+            .get_study(study_id)
+            .await
+            .map_err(|e| e.to_string())?;
         draw(&bar, &current);
         if current.state != StudyState::Active {
             break false;
@@ -65,23 +90,49 @@ pub async fn run_study_file(file: &Path, database_url: &str) -> Result<(), Strin
     let _ = stop_tx.send(());
     let _ = server.await;
     bar.finish_and_clear();
-    let study = service.get_study(study_id).await.map_err(|e| e.to_string())?;
+    let study = service
+        .get_study(study_id)
+        .await
+        .map_err(|e| e.to_string())?;
     let c = &study.trial_counts;
     println!(
         "study {study_id} {}: {} completed, {} infeasible, {} failed of {} trials",
-        study.state.as_str(), c.completed, c.infeasible, c.failed, study.spec.max_trials
+        study.state.as_str(),
+        c.completed,
+        c.infeasible,
+        c.failed,
+        study.spec.max_trials
     );
     if interrupted {
         println!("stopped; run the same command again to resume");
     }
-    let best = service.optimal_trials(study_id).await.map_err(|e| e.to_string())?;
+    let best = service
+        .optimal_trials(study_id)
+        .await
+        .map_err(|e| e.to_string())?;
     for trial in best {
-        let metrics = trial.final_measurement.as_ref().map(|m| serde_json::to_string(&m.metrics).unwrap_or_default()).unwrap_or_default();
-        println!("best trial {}: {metrics} with {}", trial.id, serde_json::to_string(&trial.parameters).unwrap_or_default());
-        println!("  model: {}", output_dir.join(trial.id.to_string()).join("model").display());
+        let metrics = trial
+            .final_measurement
+            .as_ref()
+            .map(|m| serde_json::to_string(&m.metrics).unwrap_or_default())
+            .unwrap_or_default();
+        println!(
+            "best trial {}: {metrics} with {}",
+            trial.id,
+            serde_json::to_string(&trial.parameters).unwrap_or_default()
+        );
+        println!(
+            "  model: {}",
+            output_dir
+                .join(trial.id.to_string())
+                .join("model")
+                .display()
+        );
     }
     if study.state == StudyState::Failed {
-        return Err(study.state_reason.unwrap_or_else(|| "the study failed".into()));
+        return Err(study
+            .state_reason
+            .unwrap_or_else(|| "the study failed".into()));
     }
     Ok(())
 }
@@ -92,10 +143,22 @@ fn draw(bar: &ProgressBar, study: &Study) {
     let best = study.best_trial.as_ref().and_then(|t| {
         let metric = study.spec.metrics.first()?;
         let v = t.final_measurement.as_ref()?.metrics.get(&metric.id)?;
-        let word = if metric.goal == MetricGoal::Maximize { "max" } else { "min" };
-        Some(format!(", best {} ({word}) {v:.6} (trial {})", metric.id, t.id))
+        let word = if metric.goal == MetricGoal::Maximize {
+            "max"
+        } else {
+            "min"
+        };
+        Some(format!(
+            ", best {} ({word}) {v:.6} (trial {})",
+            metric.id, t.id
+        ))
     });
-    bar.set_message(format!("{} running, {} failed{}", c.active + c.requested + c.stopping, c.failed, best.unwrap_or_default()));
+    bar.set_message(format!(
+        "{} running, {} failed{}",
+        c.active + c.requested + c.stopping,
+        c.failed,
+        best.unwrap_or_default()
+    ));
 }
 
 /// The same study from an earlier `augur run` of this file (same name and spec), or a new one.
@@ -126,7 +189,8 @@ async fn find_or_create(service: &Service, spec: StudySpec) -> Result<Study, Str
 
 /// The spec file, with relative `workdir`/`output_dir` resolved against its directory.
 fn read_spec(file: &Path) -> Result<StudySpec, String> {
-    let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
     let mut value: Value = if file.extension().is_some_and(|e| e == "json") {
         serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))?
     } else {
@@ -140,13 +204,17 @@ fn read_spec(file: &Path) -> Result<StudySpec, String> {
                 if path.is_relative() {
                     let joined = base.join(path);
                     let absolute = std::path::absolute(&joined).unwrap_or(joined);
-                    job.insert(key.to_string(), Value::String(absolute.display().to_string()));
+                    job.insert(
+                        key.to_string(),
+                        Value::String(absolute.display().to_string()),
+                    );
                 }
             }
         }
     }
     let spec: StudySpec = serde_path_to_error::deserialize(value)
         .map_err(|e| format!("{}: {}: {}", file.display(), e.path(), e.inner()))?;
-    spec.validate().map_err(|e| format!("{}: {e}", file.display()))?;
+    spec.validate()
+        .map_err(|e| format!("{}: {e}", file.display()))?;
     Ok(spec)
 }

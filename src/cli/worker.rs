@@ -33,8 +33,16 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> Result<(), St
     if !(1..=256).contains(&options.slots) {
         return Err("--slots must be between 1 and 256".into());
     }
-    let study: Study = serde_json::from_value(client.call(Method::GET, &format!("/v1/studies/{}", options.study_id), None).await?)
-        .map_err(|e| format!("unexpected study document: {e}"))?;
+    let study: Study = serde_json::from_value(
+        client
+            .call(
+                Method::GET,
+                &format!("/v1/studies/{}", options.study_id),
+                None,
+            )
+            .await?,
+    )
+    .map_err(|e| format!("unexpected study document: {e}"))?;
     // The study's trial_job settings (argument style, env, timeout, retries) apply, with this
     // command.
     let mut job = study.spec.trial_job.clone().unwrap_or(TrialJobSpec {
@@ -54,7 +62,10 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> Result<(), St
     job.workdir = None;
     let output_dir = match &options.output_dir {
         Some(d) => d.clone(),
-        None => std::env::current_dir().map_err(|e| e.to_string())?.join("augur-runs").join(format!("study-{}", study.id)),
+        None => std::env::current_dir()
+            .map_err(|e| e.to_string())?
+            .join("augur-runs")
+            .join(format!("study-{}", study.id)),
     };
     let client = Arc::new(client);
     let setup = Arc::new(TrialSetup {
@@ -65,16 +76,28 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> Result<(), St
         augur_url: client.base().to_string(),
         output_dir,
         executor: Arc::new(LocalExecutor),
-        reporter: Arc::new(HttpReporter { client: client.clone(), study_id: study.id }),
+        reporter: Arc::new(HttpReporter {
+            client: client.clone(),
+            study_id: study.id,
+        }),
     });
     let lease = Duration::from_secs(study.spec.trial_lease_secs.max(3) as u64);
     let (interrupt, _) = watch::channel(Interrupt::None);
     let mut slots = tokio::task::JoinSet::new();
     for slot in 0..options.slots {
         let slot_client = format!("{}/{slot}", options.client_id);
-        slots.spawn(run_slot(client.clone(), setup.clone(), slot_client, lease, interrupt.subscribe()));
+        slots.spawn(run_slot(
+            client.clone(),
+            setup.clone(),
+            slot_client,
+            lease,
+            interrupt.subscribe(),
+        ));
     }
-    eprintln!("worker {} runs study {} with {} slot(s)", options.client_id, study.id, options.slots);
+    eprintln!(
+        "worker {} runs study {} with {} slot(s)",
+        options.client_id, study.id, options.slots
+    );
     let mut completed = 0usize;
     loop {
         tokio::select! {
@@ -96,7 +119,10 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> Result<(), St
             }
         }
     }
-    println!("study {} has no more trials; this worker ran {completed}", study.id);
+    println!(
+        "study {} has no more trials; this worker ran {completed}",
+        study.id
+    );
     Ok(())
 }
 
@@ -115,7 +141,13 @@ async fn run_slot(
             return Ok(ran);
         }
         let body = json!({"count": 1, "client_id": client_id});
-        let answer = client.call(Method::POST, &format!("/v1/studies/{}/suggest", setup.study_id), Some(&body)).await?;
+        let answer = client
+            .call(
+                Method::POST,
+                &format!("/v1/studies/{}/suggest", setup.study_id),
+                Some(&body),
+            )
+            .await?;
         let Some(trial) = answer["trials"].as_array().and_then(|t| t.first()).cloned() else {
             match answer["retry_after_secs"].as_u64() {
                 Some(secs) => {
@@ -127,8 +159,11 @@ async fn run_slot(
                 None => return Ok(ran),
             }
         };
-        let trial_id = trial["id"].as_i64().ok_or("suggest answered a trial without an id")?;
-        let parameters = serde_json::from_value(trial["parameters"].clone()).map_err(|e| format!("trial {trial_id}: {e}"))?;
+        let trial_id = trial["id"]
+            .as_i64()
+            .ok_or("suggest answered a trial without an id")?;
+        let parameters = serde_json::from_value(trial["parameters"].clone())
+            .map_err(|e| format!("trial {trial_id}: {e}"))?;
         // Keep the lease while the trial runs (a trial may go long without measurements).
         let beat = {
             let client = client.clone();
@@ -144,7 +179,9 @@ async fn run_slot(
         beat.abort();
         eprintln!("trial {trial_id}: {end:?}");
         ran += 1;
-        if interrupt.has_changed().unwrap_or(true) || *interrupt.borrow_and_update() != Interrupt::None {
+        if interrupt.has_changed().unwrap_or(true)
+            || *interrupt.borrow_and_update() != Interrupt::None
+        {
             return Ok(ran);
         }
     }
@@ -166,11 +203,25 @@ impl HttpReporter {
 impl TrialReporter for HttpReporter {
     async fn measurement(&self, trial_id: i64, measurement: Measurement) -> Result<(), String> {
         let body = serde_json::to_value(&measurement).map_err(|e| e.to_string())?;
-        self.client.call(Method::POST, &self.path(trial_id, "/measurements"), Some(&body)).await.map(|_| ())
+        self.client
+            .call(
+                Method::POST,
+                &self.path(trial_id, "/measurements"),
+                Some(&body),
+            )
+            .await
+            .map(|_| ())
     }
 
     async fn complete_from_measurements(&self, trial_id: i64) -> Result<bool, String> {
-        let (status, body) = self.client.call_status(Method::POST, &self.path(trial_id, "/complete"), Some(&json!({}))).await?;
+        let (status, body) = self
+            .client
+            .call_status(
+                Method::POST,
+                &self.path(trial_id, "/complete"),
+                Some(&json!({})),
+            )
+            .await?;
         match status {
             s if s.is_success() => Ok(true),
             StatusCode::CONFLICT => Ok(true),
@@ -180,7 +231,14 @@ impl TrialReporter for HttpReporter {
     }
 
     async fn fail(&self, trial_id: i64, reason: String) -> Result<(), String> {
-        let (status, body) = self.client.call_status(Method::POST, &self.path(trial_id, "/fail"), Some(&json!({"reason": reason}))).await?;
+        let (status, body) = self
+            .client
+            .call_status(
+                Method::POST,
+                &self.path(trial_id, "/fail"),
+                Some(&json!({"reason": reason})),
+            )
+            .await?;
         if status.is_success() || status == StatusCode::CONFLICT {
             Ok(())
         } else {
@@ -189,13 +247,22 @@ impl TrialReporter for HttpReporter {
     }
 
     async fn should_stop(&self, trial_id: i64) -> Result<bool, String> {
-        let v = self.client.call(Method::GET, &self.path(trial_id, "/should_stop"), None).await?;
+        let v = self
+            .client
+            .call(Method::GET, &self.path(trial_id, "/should_stop"), None)
+            .await?;
         Ok(v["should_stop"] == Value::Bool(true))
     }
 
     async fn finished(&self, trial_id: i64) -> Result<bool, String> {
-        let v = self.client.call(Method::GET, &self.path(trial_id, ""), None).await?;
-        Ok(!matches!(v["state"].as_str(), Some("requested" | "active" | "stopping")))
+        let v = self
+            .client
+            .call(Method::GET, &self.path(trial_id, ""), None)
+            .await?;
+        Ok(!matches!(
+            v["state"].as_str(),
+            Some("requested" | "active" | "stopping")
+        ))
     }
 
     async fn trial_token(&self, _trial_id: i64) -> Result<Option<String>, String> {

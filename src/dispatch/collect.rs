@@ -21,12 +21,17 @@ const STEP_NAMES: [&str; 3] = ["step", "global_step", "epoch"];
 pub fn parse_hypertune(text: &str, metric_ids: &[String]) -> Vec<Measurement> {
     let mut by_step: BTreeMap<i64, BTreeMap<String, f64>> = BTreeMap::new();
     for line in text.lines() {
-        let Ok(serde_json::Value::Object(entry)) = serde_json::from_str::<serde_json::Value>(line) else {
+        let Ok(serde_json::Value::Object(entry)) = serde_json::from_str::<serde_json::Value>(line)
+        else {
             continue;
         };
         let step = entry
             .get("global_step")
-            .and_then(|v| v.as_str().map(str::to_string).or_else(|| v.as_i64().map(|i| i.to_string())))
+            .and_then(|v| {
+                v.as_str()
+                    .map(str::to_string)
+                    .or_else(|| v.as_i64().map(|i| i.to_string()))
+            })
             .and_then(|s| s.parse::<i64>().ok())
             .unwrap_or(0)
             .max(0);
@@ -45,7 +50,10 @@ pub fn parse_hypertune(text: &str, metric_ids: &[String]) -> Vec<Measurement> {
             if !metric_ids.contains(&name) {
                 continue;
             }
-            let number = value.as_str().and_then(|s| s.trim().parse::<f64>().ok()).or_else(|| value.as_f64());
+            let number = value
+                .as_str()
+                .and_then(|s| s.trim().parse::<f64>().ok())
+                .or_else(|| value.as_f64());
             if let Some(x) = number.filter(|x| x.is_finite()) {
                 by_step.entry(step).or_default().insert(name, x);
             }
@@ -53,7 +61,11 @@ pub fn parse_hypertune(text: &str, metric_ids: &[String]) -> Vec<Measurement> {
     }
     by_step
         .into_iter()
-        .map(|(step, metrics)| Measurement { step, elapsed_secs: None, metrics })
+        .map(|(step, metrics)| Measurement {
+            step,
+            elapsed_secs: None,
+            metrics,
+        })
         .collect()
 }
 
@@ -67,7 +79,11 @@ pub struct StdoutMetrics {
 
 impl StdoutMetrics {
     pub fn new(pattern: &str, metric_ids: Vec<String>) -> Result<Self, regex::Error> {
-        Ok(Self { pattern: Regex::new(pattern)?, metric_ids, lines_with_metrics: 0 })
+        Ok(Self {
+            pattern: Regex::new(pattern)?,
+            metric_ids,
+            lines_with_metrics: 0,
+        })
     }
 
     /// The measurement on this line, if it reports any of the study's metrics. A `step`,
@@ -76,8 +92,12 @@ impl StdoutMetrics {
         let mut metrics = BTreeMap::new();
         let mut step = None;
         for caps in self.pattern.captures_iter(line) {
-            let (Some(name), Some(value)) = (caps.name("name"), caps.name("value")) else { continue };
-            let Ok(x) = value.as_str().parse::<f64>() else { continue };
+            let (Some(name), Some(value)) = (caps.name("name"), caps.name("value")) else {
+                continue;
+            };
+            let Ok(x) = value.as_str().parse::<f64>() else {
+                continue;
+            };
             if STEP_NAMES.contains(&name.as_str()) {
                 step = Some(x as i64);
             } else if self.metric_ids.iter().any(|m| m == name.as_str()) && x.is_finite() {
@@ -88,7 +108,11 @@ impl StdoutMetrics {
             return None;
         }
         self.lines_with_metrics += 1;
-        Some(Measurement { step: step.unwrap_or(self.lines_with_metrics).max(0), elapsed_secs: None, metrics })
+        Some(Measurement {
+            step: step.unwrap_or(self.lines_with_metrics).max(0),
+            elapsed_secs: None,
+            metrics,
+        })
     }
 }
 
@@ -104,15 +128,22 @@ mod tests {
     #[test]
     fn hypertune_lines_as_the_package_writes_them() {
         let text = concat!(
-            r#"{"accuracy": "0.5", "checkpoint_path": "", "global_step": "1", "timestamp": 1.0, "trial": "3"}"#, "\n",
-            r#"{"checkpoint_path": "", "global_step": "1", "loss": "2.5", "timestamp": 1.1, "trial": "3"}"#, "\n",
-            r#"{"accuracy": "0.75", "checkpoint_path": "", "global_step": "2", "timestamp": 2.0, "trial": "3"}"#, "\n",
-            r#"{"accuracy": "0.8", "global_step": "#, "\n",
+            r#"{"accuracy": "0.5", "checkpoint_path": "", "global_step": "1", "timestamp": 1.0, "trial": "3"}"#,
+            "\n",
+            r#"{"checkpoint_path": "", "global_step": "1", "loss": "2.5", "timestamp": 1.1, "trial": "3"}"#,
+            "\n",
+            r#"{"accuracy": "0.75", "checkpoint_path": "", "global_step": "2", "timestamp": 2.0, "trial": "3"}"#,
+            "\n",
+            r#"{"accuracy": "0.8", "global_step": "#,
+            "\n",
         );
         let got = parse_hypertune(text, &ids(&["accuracy", "loss"]));
         assert_eq!(got.len(), 2);
         assert_eq!(got[0].step, 1);
-        assert_eq!(got[0].metrics, BTreeMap::from([("accuracy".into(), 0.5), ("loss".into(), 2.5)]));
+        assert_eq!(
+            got[0].metrics,
+            BTreeMap::from([("accuracy".into(), 0.5), ("loss".into(), 2.5)])
+        );
         assert_eq!(got[1].metrics, BTreeMap::from([("accuracy".into(), 0.75)]));
     }
 
@@ -120,13 +151,25 @@ mod tests {
     fn hypertune_default_tag_is_the_first_metric_and_unknown_tags_are_ignored() {
         let text = r#"{"training/hptuning/metric": "0.3", "other": "9", "global_step": "0", "trial": "1"}"#;
         let got = parse_hypertune(text, &ids(&["auc"]));
-        assert_eq!(got, vec![Measurement { step: 0, elapsed_secs: None, metrics: BTreeMap::from([("auc".into(), 0.3)]) }]);
+        assert_eq!(
+            got,
+            vec![Measurement {
+                step: 0,
+                elapsed_secs: None,
+                metrics: BTreeMap::from([("auc".into(), 0.3)])
+            }]
+        );
     }
 
     #[test]
     fn stdout_name_value_lines_with_and_without_steps() {
-        let mut p = StdoutMetrics::new(DEFAULT_METRIC_REGEX, ids(&["accuracy", "loss"])).expect("regex");
-        assert_eq!(p.parse_line("starting up, lr=0.1"), None, "not a study metric");
+        let mut p =
+            StdoutMetrics::new(DEFAULT_METRIC_REGEX, ids(&["accuracy", "loss"])).expect("regex");
+        assert_eq!(
+            p.parse_line("starting up, lr=0.1"),
+            None,
+            "not a study metric"
+        );
         let a = p.parse_line("accuracy=0.5 loss=1.25e-1").expect("metrics");
         assert_eq!((a.step, a.metrics.len()), (1, 2));
         assert_eq!(a.metrics["loss"], 0.125);
@@ -138,8 +181,12 @@ mod tests {
 
     #[test]
     fn stdout_custom_regex() {
-        let mut p = StdoutMetrics::new(r"^METRIC (?P<name>\w+): (?P<value>[-\d.]+)$", ids(&["f1"])).expect("regex");
-        assert_eq!(p.parse_line("METRIC f1: 0.9").map(|m| m.metrics["f1"]), Some(0.9));
+        let mut p = StdoutMetrics::new(r"^METRIC (?P<name>\w+): (?P<value>[-\d.]+)$", ids(&["f1"]))
+            .expect("regex");
+        assert_eq!(
+            p.parse_line("METRIC f1: 0.9").map(|m| m.metrics["f1"]),
+            Some(0.9)
+        );
         assert_eq!(p.parse_line("f1=0.9"), None);
     }
 }

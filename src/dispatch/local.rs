@@ -31,9 +31,16 @@ impl Executor for LocalExecutor {
             .append(true)
             .open(&request.log_path)
             .await
-            .map_err(|e| ExecutorError::Launch(format!("log file {}: {e}", request.log_path.display())))?;
-        let header = format!("=== augur: trial {} attempt {}: {:?}\n", request.trial_id, request.attempt, request.argv);
-        log.write_all(header.as_bytes()).await.map_err(|e| ExecutorError::Launch(e.to_string()))?;
+            .map_err(|e| {
+                ExecutorError::Launch(format!("log file {}: {e}", request.log_path.display()))
+            })?;
+        let header = format!(
+            "=== augur: trial {} attempt {}: {:?}\n",
+            request.trial_id, request.attempt, request.argv
+        );
+        log.write_all(header.as_bytes())
+            .await
+            .map_err(|e| ExecutorError::Launch(e.to_string()))?;
         let mut command = Command::new(program);
         command
             .args(args)
@@ -46,7 +53,9 @@ impl Executor for LocalExecutor {
         if let Some(dir) = &request.workdir {
             command.current_dir(dir);
         }
-        let mut child = command.spawn().map_err(|e| ExecutorError::Launch(format!("{program}: {e}")))?;
+        let mut child = command
+            .spawn()
+            .map_err(|e| ExecutorError::Launch(format!("{program}: {e}")))?;
         let pgid = child.id().map(|id| id as i32).unwrap_or(0);
         let (log_lines, log_rx) = mpsc::unbounded_channel::<String>();
         if let Some(out) = child.stdout.take() {
@@ -56,18 +65,30 @@ impl Executor for LocalExecutor {
             tokio::spawn(pump(err, log_lines, None));
         }
         let writer = tokio::spawn(write_log(log, log_rx));
-        Ok(Box::new(LocalJob { child, pgid, writer: Some(writer) }))
+        Ok(Box::new(LocalJob {
+            child,
+            pgid,
+            writer: Some(writer),
+        }))
     }
 
     async fn clean_up_stale(&self, handle: &str, study_id: i64, trial_id: i64) {
-        let Some(pgid) = handle.strip_prefix("pgid:").and_then(|p| p.parse::<i32>().ok()) else {
+        let Some(pgid) = handle
+            .strip_prefix("pgid:")
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
             return;
         };
         // Process ids are reused: kill only processes of that group that carry this trial's
         // environment, never whatever holds the number now.
-        let marks = [format!("AUGUR_STUDY_ID={study_id}"), format!("AUGUR_TRIAL_ID={trial_id}")];
+        let marks = [
+            format!("AUGUR_STUDY_ID={study_id}"),
+            format!("AUGUR_TRIAL_ID={trial_id}"),
+        ];
         for pid in group_members(pgid) {
-            let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
+            let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+                continue;
+            };
             let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
             if marks.iter().all(|m| vars.contains(&m.as_bytes())) {
                 let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
@@ -141,7 +162,10 @@ impl RunningJob for LocalJob {
 
     async fn stop(&mut self, grace: Duration) {
         self.signal_group(Signal::SIGTERM);
-        if tokio::time::timeout(grace, self.child.wait()).await.is_err() {
+        if tokio::time::timeout(grace, self.child.wait())
+            .await
+            .is_err()
+        {
             self.signal_group(Signal::SIGKILL);
             let _ = self.child.wait().await;
         }
@@ -154,19 +178,23 @@ impl RunningJob for LocalJob {
 
 /// Processes whose process group is `pgid` (from /proc).
 fn group_members(pgid: i32) -> Vec<i32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
     entries
         .filter_map(Result::ok)
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().is_some_and(|stat| {
-                // "pid (comm) state ppid pgrp …": comm may contain spaces and parentheses.
-                stat.rfind(')')
-                    .and_then(|i| stat.get(i + 2..))
-                    .and_then(|rest| rest.split_whitespace().nth(2))
-                    .and_then(|g| g.parse::<i32>().ok())
-                    == Some(pgid)
-            })
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .is_some_and(|stat| {
+                    // "pid (comm) state ppid pgrp …": comm may contain spaces and parentheses.
+                    stat.rfind(')')
+                        .and_then(|i| stat.get(i + 2..))
+                        .and_then(|rest| rest.split_whitespace().nth(2))
+                        .and_then(|g| g.parse::<i32>().ok())
+                        == Some(pgid)
+                })
         })
         .collect()
 }

@@ -95,14 +95,21 @@ impl Dispatcher {
     async fn scan(&self) {
         let mut after = 0;
         loop {
-            let page = match self.service.store().list_studies(Some(StudyState::Active), None, after, 500).await {
+            let page = match self
+                .service
+                .store()
+                .list_studies(Some(StudyState::Active), None, after, 500)
+                .await
+            {
                 Ok(p) => p,
                 Err(error) => {
                     tracing::warn!(%error, "dispatcher could not list studies");
                     return;
                 }
             };
-            let Some(last) = page.last().map(|s| s.id) else { return };
+            let Some(last) = page.last().map(|s| s.id) else {
+                return;
+            };
             for study in page {
                 if study.spec.trial_job.is_some() {
                     self.start_runner(study.id).await;
@@ -114,29 +121,44 @@ impl Dispatcher {
 
     /// A study was created, changed, stopped or deleted here.
     async fn poke(&self, study_id: i64) {
-        let running = self.runners.lock().map(|m| m.get(&study_id).cloned()).ok().flatten();
+        let running = self
+            .runners
+            .lock()
+            .map(|m| m.get(&study_id).cloned())
+            .ok()
+            .flatten();
         match running {
             // The runner re-reads its study on every wake-up.
             Some(tx) => tx.send_modify(|_| {}),
             None => {
-                if let Ok(Some(study)) = self.service.store().get_study(study_id).await {
-                    if study.state == StudyState::Active && study.spec.trial_job.is_some() {
-                        self.start_runner(study_id).await;
-                    }
+                if let Ok(Some(study)) = self.service.store().get_study(study_id).await
+                    && study.state == StudyState::Active
+                    && study.spec.trial_job.is_some()
+                {
+                    self.start_runner(study_id).await;
                 }
             }
         }
     }
 
     async fn start_runner(&self, study_id: i64) {
-        let already = self.runners.lock().map(|m| m.contains_key(&study_id)).unwrap_or(true);
+        let already = self
+            .runners
+            .lock()
+            .map(|m| m.contains_key(&study_id))
+            .unwrap_or(true);
         if already {
             return;
         }
         let claimed = self
             .service
             .store()
-            .claim_runner(study_id, &self.config.owner, chrono::Utc::now(), runner::LEASE_TTL)
+            .claim_runner(
+                study_id,
+                &self.config.owner,
+                chrono::Utc::now(),
+                runner::LEASE_TTL,
+            )
             .await;
         match claimed {
             Ok(true) => {}
@@ -156,7 +178,11 @@ impl Dispatcher {
             if let Ok(mut map) = this.runners.lock() {
                 map.remove(&study_id);
             }
-            let _ = this.service.store().release_runner(study_id, &this.config.owner).await;
+            let _ = this
+                .service
+                .store()
+                .release_runner(study_id, &this.config.owner)
+                .await;
         });
     }
 }

@@ -32,7 +32,10 @@ pub const RUNNER_CLIENT: &str = "augur-dispatcher";
 pub fn output_dir(config: &DispatchConfig, study_id: i64, job_output_dir: Option<&str>) -> PathBuf {
     match job_output_dir {
         Some(dir) => config.base_dir.join(dir),
-        None => config.base_dir.join("augur-runs").join(format!("study-{study_id}")),
+        None => config
+            .base_dir
+            .join("augur-runs")
+            .join(format!("study-{study_id}")),
     }
 }
 
@@ -58,17 +61,23 @@ pub async fn run_study(
                 continue;
             }
         };
-        let Some(study) = study.filter(|s| s.state == StudyState::Active && s.spec.trial_job.is_some()) else {
+        let Some(study) =
+            study.filter(|s| s.state == StudyState::Active && s.spec.trial_job.is_some())
+        else {
             // Stopped, failed or deleted: cancel what runs. Completed: nothing runs.
             let _ = interrupt_trials.send(Interrupt::Cancel);
             while tasks.join_next().await.is_some() {}
             return;
         };
-        let Some(job) = study.spec.trial_job.clone() else { return };
+        let Some(job) = study.spec.trial_job.clone() else {
+            return;
+        };
         if setup.as_ref().is_none_or(|s| s.job != job) {
             let metric_ids: Vec<String> = study.spec.metrics.iter().map(|m| m.id.clone()).collect();
             let executor: Arc<dyn Executor> = match job.executor {
-                ExecutorName::Slurm => Arc::new(SlurmExecutor::new(job.slurm.clone().unwrap_or_default())),
+                ExecutorName::Slurm => {
+                    Arc::new(SlurmExecutor::new(job.slurm.clone().unwrap_or_default()))
+                }
                 _ => Arc::new(LocalExecutor),
             };
             setup = Some(Arc::new(TrialSetup {
@@ -79,7 +88,10 @@ pub async fn run_study(
                 early_stopping: study.spec.early_stopping.is_some(),
                 augur_url: config.augur_url.clone(),
                 executor,
-                reporter: Arc::new(ServiceReporter { service: service.clone(), study_id }),
+                reporter: Arc::new(ServiceReporter {
+                    service: service.clone(),
+                    study_id,
+                }),
             }));
         }
         let Some(setup) = setup.clone() else { return };
@@ -89,17 +101,30 @@ pub async fn run_study(
             for trial in resumable_trials(&service, study_id).await {
                 tracing::info!(study_id, trial_id = trial.0, "resuming trial");
                 running.insert(trial.0);
-                tasks.spawn(spawn_trial(setup.clone(), trial.0, trial.1, interrupt_trials.subscribe()));
+                tasks.spawn(spawn_trial(
+                    setup.clone(),
+                    trial.0,
+                    trial.1,
+                    interrupt_trials.subscribe(),
+                ));
             }
         }
 
         let free = (study.spec.parallel_trials.max(1) as usize).saturating_sub(running.len());
         if free > 0 {
-            match service.suggest_dispatched(study_id, free, RUNNER_CLIENT).await {
+            match service
+                .suggest_dispatched(study_id, free, RUNNER_CLIENT)
+                .await
+            {
                 Ok(s) => {
                     for trial in s.trials {
                         if running.insert(trial.id) {
-                            tasks.spawn(spawn_trial(setup.clone(), trial.id, trial.parameters, interrupt_trials.subscribe()));
+                            tasks.spawn(spawn_trial(
+                                setup.clone(),
+                                trial.id,
+                                trial.parameters,
+                                interrupt_trials.subscribe(),
+                            ));
                         }
                     }
                 }
@@ -142,23 +167,35 @@ async fn spawn_trial(
     parameters: augur_optimizer::Assignment,
     interrupt: watch::Receiver<Interrupt>,
 ) -> (i64, TrialEnd) {
-    (trial_id, run_trial(setup, trial_id, parameters, interrupt).await)
+    (
+        trial_id,
+        run_trial(setup, trial_id, parameters, interrupt).await,
+    )
 }
 
 /// Trials this study's dispatcher had started and not finished (the service restarted).
-async fn resumable_trials(service: &Service, study_id: i64) -> Vec<(i64, augur_optimizer::Assignment)> {
+async fn resumable_trials(
+    service: &Service,
+    study_id: i64,
+) -> Vec<(i64, augur_optimizer::Assignment)> {
     let mut out = Vec::new();
     for state in [TrialState::Active, TrialState::Stopping] {
         let mut after = 0;
         loop {
-            let page = match service.store().list_trials(study_id, Some(state), after, 500).await {
+            let page = match service
+                .store()
+                .list_trials(study_id, Some(state), after, 500)
+                .await
+            {
                 Ok(p) => p,
                 Err(error) => {
                     tracing::warn!(study_id, %error, "could not list trials to resume");
                     break;
                 }
             };
-            let Some(last) = page.last().map(|t| t.id) else { break };
+            let Some(last) = page.last().map(|t| t.id) else {
+                break;
+            };
             out.extend(
                 page.into_iter()
                     .filter(|t| t.client_id.as_deref() == Some(RUNNER_CLIENT))
@@ -179,11 +216,19 @@ struct ServiceReporter {
 #[async_trait]
 impl TrialReporter for ServiceReporter {
     async fn measurement(&self, trial_id: i64, measurement: Measurement) -> Result<(), String> {
-        self.service.add_measurement(self.study_id, trial_id, measurement).await.map(|_| ()).map_err(|e| e.to_string())
+        self.service
+            .add_measurement(self.study_id, trial_id, measurement)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 
     async fn complete_from_measurements(&self, trial_id: i64) -> Result<bool, String> {
-        match self.service.complete_trial(self.study_id, trial_id, Completion::Selected).await {
+        match self
+            .service
+            .complete_trial(self.study_id, trial_id, Completion::Selected)
+            .await
+        {
             Ok(_) => Ok(true),
             Err(ServiceError::Invalid(_)) => Ok(false),
             // Completed meanwhile (by the job over HTTP).
@@ -193,18 +238,29 @@ impl TrialReporter for ServiceReporter {
     }
 
     async fn fail(&self, trial_id: i64, reason: String) -> Result<(), String> {
-        match self.service.fail_trial(self.study_id, trial_id, reason).await {
+        match self
+            .service
+            .fail_trial(self.study_id, trial_id, reason)
+            .await
+        {
             Ok(_) | Err(ServiceError::Conflict { .. }) => Ok(()),
             Err(e) => Err(e.to_string()),
         }
     }
 
     async fn should_stop(&self, trial_id: i64) -> Result<bool, String> {
-        self.service.should_stop(self.study_id, trial_id).await.map_err(|e| e.to_string())
+        self.service
+            .should_stop(self.study_id, trial_id)
+            .await
+            .map_err(|e| e.to_string())
     }
 
     async fn finished(&self, trial_id: i64) -> Result<bool, String> {
-        let trial = self.service.get_trial(self.study_id, trial_id).await.map_err(|e| e.to_string())?;
+        let trial = self
+            .service
+            .get_trial(self.study_id, trial_id)
+            .await
+            .map_err(|e| e.to_string())?;
         Ok(!trial.state.is_unfinished())
     }
 
@@ -214,7 +270,12 @@ impl TrialReporter for ServiceReporter {
         let store = self.service.store();
         store.delete_token(&name).await.map_err(|e| e.to_string())?;
         store
-            .insert_token(&name, &crate::api::auth::hash_token(&token), Some((self.study_id, trial_id)), chrono::Utc::now())
+            .insert_token(
+                &name,
+                &crate::api::auth::hash_token(&token),
+                Some((self.study_id, trial_id)),
+                chrono::Utc::now(),
+            )
             .await
             .map_err(|e| e.to_string())?;
         Ok(Some(token))

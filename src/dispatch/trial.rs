@@ -122,27 +122,52 @@ pub async fn run_trial(
     // A job left by an earlier run of this trial (the service or worker was killed) must
     // not run beside the new one.
     if let Ok(handle) = std::fs::read_to_string(dirs.root.join("job.handle")) {
-        setup.executor.clean_up_stale(handle.trim(), setup.study_id, trial_id).await;
+        setup
+            .executor
+            .clean_up_stale(handle.trim(), setup.study_id, trial_id)
+            .await;
     }
     if let Err(e) = dirs.create() {
-        return give_up(&*reporter, trial_id, format!("cannot create {}: {e}", dirs.root.display())).await;
+        return give_up(
+            &*reporter,
+            trial_id,
+            format!("cannot create {}: {e}", dirs.root.display()),
+        )
+        .await;
     }
     let params_json = serde_json::to_string_pretty(&parameters).unwrap_or_else(|_| "{}".into());
     if let Err(e) = std::fs::write(&dirs.params_file, params_json) {
-        return give_up(&*reporter, trial_id, format!("cannot write {}: {e}", dirs.params_file.display())).await;
+        return give_up(
+            &*reporter,
+            trial_id,
+            format!("cannot write {}: {e}", dirs.params_file.display()),
+        )
+        .await;
     }
     let token = match reporter.trial_token(trial_id).await {
         Ok(t) => t,
         Err(e) => return give_up(&*reporter, trial_id, format!("no trial token: {e}")).await,
     };
-    let argv = setup.job.render_argv(&parameters, trial_id, &dirs.params_file.display().to_string());
-    let mut env: Vec<(String, String)> = setup.job.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let argv = setup.job.render_argv(
+        &parameters,
+        trial_id,
+        &dirs.params_file.display().to_string(),
+    );
+    let mut env: Vec<(String, String)> = setup
+        .job
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     env.extend([
         ("AUGUR_URL".to_string(), setup.augur_url.clone()),
         ("AUGUR_STUDY_ID".to_string(), setup.study_id.to_string()),
         ("AUGUR_TRIAL_ID".to_string(), trial_id.to_string()),
         ("CLOUD_ML_TRIAL_ID".to_string(), trial_id.to_string()),
-        ("CLOUD_ML_HP_METRIC_FILE".to_string(), dirs.metric_file.display().to_string()),
+        (
+            "CLOUD_ML_HP_METRIC_FILE".to_string(),
+            dirs.metric_file.display().to_string(),
+        ),
         ("AIP_MODEL_DIR".to_string(), dir_env(&dirs.model)),
         ("AIP_CHECKPOINT_DIR".to_string(), dir_env(&dirs.checkpoints)),
         ("AIP_TENSORBOARD_LOG_DIR".to_string(), dir_env(&dirs.logs)),
@@ -166,12 +191,24 @@ pub async fn run_trial(
         match outcome {
             Attempt::Interrupted(Interrupt::Shutdown) => return TrialEnd::Abandoned,
             Attempt::Interrupted(_) => {
-                return give_up(&*reporter, trial_id, "cancelled: the study was stopped".into()).await;
+                return give_up(
+                    &*reporter,
+                    trial_id,
+                    "cancelled: the study was stopped".into(),
+                )
+                .await;
             }
             Attempt::EarlyStopped => {
                 return match reporter.complete_from_measurements(trial_id).await {
                     Ok(true) => TrialEnd::EarlyStopped,
-                    Ok(false) => give_up(&*reporter, trial_id, "stopped early without a measurement".into()).await,
+                    Ok(false) => {
+                        give_up(
+                            &*reporter,
+                            trial_id,
+                            "stopped early without a measurement".into(),
+                        )
+                        .await
+                    }
                     Err(e) => TrialEnd::Failed(e),
                 };
             }
@@ -183,7 +220,9 @@ pub async fn run_trial(
                 if exit.success() {
                     return match reporter.complete_from_measurements(trial_id).await {
                         Ok(true) => TrialEnd::Completed,
-                        Ok(false) => give_up(&*reporter, trial_id, "no metric reported".into()).await,
+                        Ok(false) => {
+                            give_up(&*reporter, trial_id, "no metric reported".into()).await
+                        }
                         Err(e) => TrialEnd::Failed(e),
                     };
                 }
@@ -194,7 +233,12 @@ pub async fn run_trial(
         tracing::warn!(study_id = setup.study_id, trial_id, attempt, reason = %last_failure, "trial attempt failed");
     }
     let tries = setup.job.max_retries + 1;
-    give_up(&*reporter, trial_id, format!("{last_failure} (after {tries} attempt(s))")).await
+    give_up(
+        &*reporter,
+        trial_id,
+        format!("{last_failure} (after {tries} attempt(s))"),
+    )
+    .await
 }
 
 async fn give_up(reporter: &dyn TrialReporter, trial_id: i64, reason: String) -> TrialEnd {
@@ -226,7 +270,11 @@ async fn run_attempt(
     };
     // Remember the job so that a restarted service can kill a leftover (see runner.rs).
     let _ = std::fs::write(dirs.root.join("job.handle"), job.handle());
-    let regex = setup.job.metric_regex.as_deref().unwrap_or(DEFAULT_METRIC_REGEX);
+    let regex = setup
+        .job
+        .metric_regex
+        .as_deref()
+        .unwrap_or(DEFAULT_METRIC_REGEX);
     let mut stdout_metrics = match StdoutMetrics::new(regex, setup.metric_ids.clone()) {
         Ok(p) => p,
         Err(e) => {
@@ -315,11 +363,18 @@ struct HypertuneTail {
 
 impl HypertuneTail {
     fn new(path: PathBuf, metric_ids: Vec<String>) -> Self {
-        Self { path, metric_ids, last_text: String::new(), reported: BTreeMap::new() }
+        Self {
+            path,
+            metric_ids,
+            last_text: String::new(),
+            reported: BTreeMap::new(),
+        }
     }
 
     fn read_new(&mut self) -> Vec<Measurement> {
-        let Ok(text) = std::fs::read_to_string(&self.path) else { return Vec::new() };
+        let Ok(text) = std::fs::read_to_string(&self.path) else {
+            return Vec::new();
+        };
         if text == self.last_text {
             return Vec::new();
         }
@@ -328,7 +383,11 @@ impl HypertuneTail {
         measurements
             .into_iter()
             .filter(|m| {
-                let bits: BTreeMap<String, u64> = m.metrics.iter().map(|(k, v)| (k.clone(), v.to_bits())).collect();
+                let bits: BTreeMap<String, u64> = m
+                    .metrics
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.to_bits()))
+                    .collect();
                 if self.reported.get(&m.step) == Some(&bits) {
                     return false;
                 }
@@ -338,4 +397,3 @@ impl HypertuneTail {
             .collect()
     }
 }
-

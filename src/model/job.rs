@@ -101,15 +101,25 @@ impl TrialJobSpec {
             ));
         }
         if self.command.is_empty() || self.command[0].trim().is_empty() {
-            return Err(ValidationError::new(field("command"), "must name a program"));
+            return Err(ValidationError::new(
+                field("command"),
+                "must name a program",
+            ));
         }
-        if let Some(t) = self.timeout_secs {
-            if t == 0 || t > MAX_TIMEOUT_SECS {
-                return Err(ValidationError::new(field("timeout_secs"), "must be between 1 and 31536000"));
-            }
+        if self
+            .timeout_secs
+            .is_some_and(|t| t == 0 || t > MAX_TIMEOUT_SECS)
+        {
+            return Err(ValidationError::new(
+                field("timeout_secs"),
+                "must be between 1 and 31536000",
+            ));
         }
         if self.max_retries > 100 {
-            return Err(ValidationError::new(field("max_retries"), "must be at most 100"));
+            return Err(ValidationError::new(
+                field("max_retries"),
+                "must be at most 100",
+            ));
         }
         for key in self.env.keys() {
             let ok = !key.is_empty()
@@ -126,22 +136,34 @@ impl TrialJobSpec {
             }
         }
         if let Some(re) = &self.metric_regex {
-            let compiled = regex::Regex::new(re)
-                .map_err(|e| ValidationError::new(field("metric_regex"), format!("invalid regex: {e}")))?;
+            let compiled = regex::Regex::new(re).map_err(|e| {
+                ValidationError::new(field("metric_regex"), format!("invalid regex: {e}"))
+            })?;
             let names: Vec<&str> = compiled.capture_names().flatten().collect();
             if !names.contains(&"name") || !names.contains(&"value") {
-                return Err(ValidationError::new(field("metric_regex"), "needs named groups `name` and `value`"));
+                return Err(ValidationError::new(
+                    field("metric_regex"),
+                    "needs named groups `name` and `value`",
+                ));
             }
         }
         if self.slurm.is_some() && self.executor != ExecutorName::Slurm {
-            return Err(ValidationError::new(field("slurm"), "applies to executor: slurm only"));
+            return Err(ValidationError::new(
+                field("slurm"),
+                "applies to executor: slurm only",
+            ));
         }
         Ok(())
     }
 
     /// The argv of one trial: the command with placeholders filled in, and the values
     /// appended in `arg_style` unless placed by a placeholder. Never passes through a shell.
-    pub fn render_argv(&self, parameters: &Assignment, trial_id: i64, params_file: &str) -> Vec<String> {
+    pub fn render_argv(
+        &self,
+        parameters: &Assignment,
+        trial_id: i64,
+        params_file: &str,
+    ) -> Vec<String> {
         let mut out = Vec::with_capacity(self.command.len() + parameters.len());
         let mut placed = false;
         for arg in &self.command {
@@ -200,7 +222,12 @@ pub fn value_text(value: &Value) -> String {
 
 /// Replace `${id}`, `${trial_id}` and `${params_file}` in one argument. Returns whether a
 /// parameter value or the params file was placed (then values are not appended).
-fn substitute(arg: &str, parameters: &Assignment, trial_id: i64, params_file: &str) -> (String, bool) {
+fn substitute(
+    arg: &str,
+    parameters: &Assignment,
+    trial_id: i64,
+    params_file: &str,
+) -> (String, bool) {
     let mut out = String::with_capacity(arg.len());
     let mut rest = arg;
     let mut used = false;
@@ -219,14 +246,13 @@ fn substitute(arg: &str, parameters: &Assignment, trial_id: i64, params_file: &s
                 out.push_str(params_file);
                 used = true;
             }
-            _ => match parameters.get(name) {
-                Some(v) => {
+            // An inactive conditional parameter's placeholder becomes empty.
+            _ => {
+                if let Some(v) = parameters.get(name) {
                     out.push_str(&value_text(v));
                     used = true;
                 }
-                // Inactive conditional parameter: the placeholder becomes empty.
-                None => {}
-            },
+            }
         }
         rest = &after[end + 1..];
     }
@@ -270,7 +296,15 @@ mod tests {
         let argv = job(&["python3", "train.py"]).render_argv(&params(), 7, "/p.json");
         assert_eq!(
             argv,
-            ["python3", "train.py", "--ema=false", "--fp16=true", "--layers=3", "--lr=0.01", "--opt=adam w"]
+            [
+                "python3",
+                "train.py",
+                "--ema=false",
+                "--fp16=true",
+                "--layers=3",
+                "--lr=0.01",
+                "--opt=adam w"
+            ]
         );
     }
 
@@ -279,7 +313,12 @@ mod tests {
         let mut j = job(&["t"]);
         j.arg_style = ArgStyle::Space;
         j.boolean_flags = true;
-        assert_eq!(j.render_argv(&params(), 1, ""), ["t", "--fp16", "--layers", "3", "--lr", "0.01", "--opt", "adam w"]);
+        assert_eq!(
+            j.render_argv(&params(), 1, ""),
+            [
+                "t", "--fp16", "--layers", "3", "--lr", "0.01", "--opt", "adam w"
+            ]
+        );
         j.arg_style = ArgStyle::KeyValue;
         j.boolean_flags = false;
         assert_eq!(j.render_argv(&params(), 1, "")[1], "ema=false");
@@ -290,26 +329,47 @@ mod tests {
     #[test]
     fn placeholders_place_values_and_args() {
         let j = job(&["run", "--learning-rate", "${lr}", "--name=t${trial_id}"]);
-        assert_eq!(j.render_argv(&params(), 12, ""), ["run", "--learning-rate", "0.01", "--name=t12"]);
+        assert_eq!(
+            j.render_argv(&params(), 12, ""),
+            ["run", "--learning-rate", "0.01", "--name=t12"]
+        );
         let j = job(&["run", "${args}", "--", "x"]);
         assert_eq!(j.render_argv(&params(), 1, "")[1], "--ema=false");
-        assert_eq!(j.render_argv(&params(), 1, "").last().map(String::as_str), Some("x"));
+        assert_eq!(
+            j.render_argv(&params(), 1, "").last().map(String::as_str),
+            Some("x")
+        );
         let j = job(&["run", "--config", "${params_file}"]);
-        assert_eq!(j.render_argv(&params(), 1, "/runs/1/params.json"), ["run", "--config", "/runs/1/params.json"]);
+        assert_eq!(
+            j.render_argv(&params(), 1, "/runs/1/params.json"),
+            ["run", "--config", "/runs/1/params.json"]
+        );
     }
 
     #[test]
     fn validation_names_fields() {
         let mut j = job(&[]);
-        assert_eq!(j.validate().map_err(|e| e.field), Err("trial_job.command".to_string()));
+        assert_eq!(
+            j.validate().map_err(|e| e.field),
+            Err("trial_job.command".to_string())
+        );
         j = job(&["x"]);
         j.env.insert("AIP_MODEL_DIR".into(), "x".into());
-        assert_eq!(j.validate().map_err(|e| e.field), Err("trial_job.env.AIP_MODEL_DIR".to_string()));
+        assert_eq!(
+            j.validate().map_err(|e| e.field),
+            Err("trial_job.env.AIP_MODEL_DIR".to_string())
+        );
         j = job(&["x"]);
         j.metric_regex = Some("(?P<name>\\w+)".into());
-        assert_eq!(j.validate().map_err(|e| e.field), Err("trial_job.metric_regex".to_string()));
+        assert_eq!(
+            j.validate().map_err(|e| e.field),
+            Err("trial_job.metric_regex".to_string())
+        );
         j = job(&["x"]);
         j.executor = ExecutorName::Kubernetes;
-        assert_eq!(j.validate().map_err(|e| e.field), Err("trial_job.executor".to_string()));
+        assert_eq!(
+            j.validate().map_err(|e| e.field),
+            Err("trial_job.executor".to_string())
+        );
     }
 }

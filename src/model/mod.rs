@@ -5,11 +5,11 @@ pub mod job;
 pub mod spec;
 pub mod trial;
 
+pub use job::{ArgStyle, ExecutorName, TrialJobSpec};
 pub use spec::{
     AlgorithmName, EarlyStoppingSpec, MeasurementSelection, MetricGoal, MetricSpecInput,
     ParameterInput, StudyConfig, StudySpec, StudyUpdate,
 };
-pub use job::{ArgStyle, ExecutorName, TrialJobSpec};
 pub use trial::{Measurement, Study, StudyState, Trial, TrialCounts, TrialState};
 
 /// A bad input, with the path of the offending field (`parameters[2].min`).

@@ -560,13 +560,11 @@ fn convert_parameter(
                 let x = v.as_f64().filter(|x| x.is_finite()).ok_or_else(|| {
                     ValidationError::new(format!("{path}.values[{j}]"), "must be a finite number")
                 })?;
-                if let Some(prev) = numbers.last() {
-                    if x <= *prev {
-                        return Err(ValidationError::new(
-                            format!("{path}.values[{j}]"),
-                            "discrete values must be strictly increasing",
-                        ));
-                    }
+                if numbers.last().is_some_and(|prev| x <= *prev) {
+                    return Err(ValidationError::new(
+                        format!("{path}.values[{j}]"),
+                        "discrete values must be strictly increasing",
+                    ));
                 }
                 numbers.push(x);
             }

@@ -147,7 +147,7 @@ impl Service {
         match self.commits.submit(study_id, command).await? {
             Reply::Study(record) => {
                 self.notify(study_id);
-                self.study_view(record).await
+                self.study_view(*record).await
             }
             other => Err(unexpected(other)),
         }
@@ -171,7 +171,8 @@ impl Service {
         count: usize,
         client_id: &str,
     ) -> ServiceResult<Suggestions> {
-        self.suggest_as(study_id, count, Some(client_id.to_string()), true).await
+        self.suggest_as(study_id, count, Some(client_id.to_string()), true)
+            .await
     }
 
     async fn suggest_as(
@@ -187,13 +188,13 @@ impl Service {
                 format!("must be between 1 and {MAX_SUGGEST_COUNT}"),
             ));
         }
-        if let Some(client) = &client_id {
-            if client.is_empty() || client.len() > 256 {
-                return Err(ServiceError::invalid(
-                    "client_id",
-                    "must be 1-256 characters",
-                ));
-            }
+        if let Some(client) = &client_id
+            && (client.is_empty() || client.len() > 256)
+        {
+            return Err(ServiceError::invalid(
+                "client_id",
+                "must be 1-256 characters",
+            ));
         }
         let study = self.study_record(study_id).await?;
         let config = study.spec.validate().map_err(corrupt_spec(study_id))?;
@@ -556,7 +557,7 @@ impl Service {
 
     async fn change_trial(&self, study_id: i64, command: Command) -> ServiceResult<Trial> {
         match self.commits.submit(study_id, command).await? {
-            Reply::Trial(record) => Ok(self.trial_views(study_id, vec![record]).await?.remove(0)),
+            Reply::Trial(record) => Ok(self.trial_views(study_id, vec![*record]).await?.remove(0)),
             other => Err(unexpected(other)),
         }
     }

@@ -81,8 +81,8 @@ pub enum Reply {
         study_state: StudyState,
         retry_later: bool,
     },
-    Trial(TrialRecord),
-    Study(StudyRecord),
+    Trial(Box<TrialRecord>),
+    Study(Box<StudyRecord>),
 }
 
 pub(super) struct StudyBatch {
@@ -183,7 +183,7 @@ impl StudyBatch {
                 if self.study.state == StudyState::Active {
                     self.set_study_state(StudyState::Stopped, Some("stopped by a user".into()));
                 }
-                Ok(Reply::Study(self.study.clone()))
+                Ok(Reply::Study(Box::new(self.study.clone())))
             }
             Command::Update(update) => self.update(update).await,
         }
@@ -389,11 +389,8 @@ impl StudyBatch {
                         self.config.parallel_trials
                     )));
                 }
-                Ok(Reply::Trial(self.new_trial(
-                    parameters,
-                    TrialState::Requested,
-                    None,
-                )))
+                let trial = self.new_trial(parameters, TrialState::Requested, None);
+                Ok(Reply::Trial(Box::new(trial)))
             }
             Some(measurement) => {
                 let mut trial = self.new_trial(parameters, TrialState::Completed, None);
@@ -401,7 +398,7 @@ impl StudyBatch {
                 trial.final_measurement = Some(measurement);
                 trial.completed_at = Some(self.now);
                 self.trials.insert(trial.id, trial.clone());
-                Ok(Reply::Trial(trial))
+                Ok(Reply::Trial(Box::new(trial)))
             }
         }
     }
@@ -416,10 +413,10 @@ impl StudyBatch {
 
     /// The trial, loading it if this batch has not yet.
     async fn trial_mut(&mut self, trial_id: i64) -> ServiceResult<&mut TrialRecord> {
-        if !self.trials.contains_key(&trial_id) {
-            if let Some(trial) = self.tx.trials_by_id(&[trial_id]).await?.pop() {
-                self.trials.insert(trial_id, trial);
-            }
+        if !self.trials.contains_key(&trial_id)
+            && let Some(trial) = self.tx.trials_by_id(&[trial_id]).await?.pop()
+        {
+            self.trials.insert(trial_id, trial);
         }
         self.trials.get_mut(&trial_id).ok_or_else(|| {
             ServiceError::NotFound(format!("trial {trial_id} of study {}", self.study.id))
@@ -445,8 +442,8 @@ impl StudyBatch {
     fn touched(&mut self, trial_id: i64) -> Reply {
         self.changed.insert(trial_id);
         match self.trials.get(&trial_id) {
-            Some(t) => Reply::Trial(t.clone()),
-            None => Reply::Study(self.study.clone()),
+            Some(t) => Reply::Trial(Box::new(t.clone())),
+            None => Reply::Study(Box::new(self.study.clone())),
         }
     }
 
@@ -604,7 +601,7 @@ impl StudyBatch {
         if reopen {
             self.set_study_state(StudyState::Active, None);
         }
-        Ok(Reply::Study(self.study.clone()))
+        Ok(Reply::Study(Box::new(self.study.clone())))
     }
 
     fn set_study_state(&mut self, state: StudyState, reason: Option<String>) {

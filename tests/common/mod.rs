@@ -220,10 +220,10 @@ impl ServerProcess {
         let http = reqwest::Client::new();
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
-            if let Ok(r) = http.get(format!("{}/readyz", self.base)).send().await {
-                if r.status().is_success() {
-                    return;
-                }
+            if let Ok(r) = http.get(format!("{}/readyz", self.base)).send().await
+                && r.status().is_success()
+            {
+                return;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
