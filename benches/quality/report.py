@@ -6,6 +6,7 @@ trials, median ms per suggestion over trials 40-50, and the mean rank of each op
 """
 import collections
 import json
+import os
 import statistics as st
 import sys
 
@@ -58,3 +59,31 @@ print("| optimizer | mean rank | cells |")
 print("|---|---|---|")
 for o, r in sorted(ranks.items(), key=lambda kv: st.mean(kv[1])):
     print(f"| {o} | {st.mean(r):.2f} | {len(r)} |")
+
+
+# Optional plot of median best-so-far regret against trials (needs matplotlib, which the
+# bench's venv installs); written next to the JSON lines when PLOT names a file.
+plot = os.environ.get("PLOT")
+if plot:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"\n(no matplotlib: {plot} not written)", file=sys.stderr)
+    else:
+        fig, axes = plt.subplots(2, len(functions) // 2 + len(functions) % 2, figsize=(20, 8), squeeze=False)
+        for ax, (f, p) in zip(axes.T.flat, functions):
+            for o in sorted(o for (ff, pp, o) in rows if ff == f and pp == p):
+                rs = rows[(f, p, o)]
+                n = min(len(r["regret"]) for r in rs)
+                med = [st.median([max(r["regret"][t], 1e-9) for r in rs]) for t in range(n)]
+                ax.plot(range(1, n + 1), med, label=o)
+            ax.set_yscale("log")
+            ax.set_title(f"{f}, parallel {p}")
+            ax.set_xlabel("trials")
+            ax.set_ylabel("median simple regret")
+        axes.flat[0].legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(plot, dpi=80)

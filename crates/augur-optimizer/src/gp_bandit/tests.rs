@@ -205,14 +205,13 @@ fn suggestions_on_a_conditional_mixed_space_are_valid_distinct_and_deterministic
     assert_eq!(warm_out.suggestions.len(), 4);
 }
 
-#[test]
-fn mixed_space_study_finds_a_good_configuration() {
+/// Best loss of a 30-trial study on the mixed space.
+fn mixed_space_best(designer: &GpBanditDesigner, seed: u64) -> f64 {
     let space = mixed_space();
     let metrics = [minimize("loss")];
-    let designer = GpBanditDesigner::default();
     let mut completed: Vec<CompletedTrial> = Vec::new();
     while completed.len() < 30 {
-        let out = designer.suggest(&input(&space, &metrics, &completed, &[], 1, 4));
+        let out = designer.suggest(&input(&space, &metrics, &completed, &[], 1, seed));
         for a in out.suggestions {
             let y = mixed_objective(&a);
             completed.push(CompletedTrial {
@@ -221,14 +220,45 @@ fn mixed_space_study_finds_a_good_configuration() {
             });
         }
     }
-    let best = completed
+    completed
         .iter()
         .filter_map(|t| match &t.outcome {
             Outcome::Measured(m) => m.get("loss").copied(),
             _ => None,
         })
-        .fold(f64::INFINITY, f64::min);
-    assert!(best < 0.2, "best loss {best}");
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// On a conditional space with log-scaled, discrete and categorical parameters the GP
+/// finds the optimum's neighbourhood (loss < 0.2; the optimum is 0, the best branch that
+/// misses `degree = 3` scores 0.3) in most of 6 studies of 30 trials, and beats random
+/// search's median.
+#[test]
+fn mixed_space_study_finds_a_good_configuration() {
+    let designer = GpBanditDesigner::default();
+    let gp: Vec<f64> = (0..6).map(|s| mixed_space_best(&designer, s)).collect();
+    let random: Vec<f64> = (0..6)
+        .map(|s| {
+            let space = mixed_space();
+            (0..30u64)
+                .map(|k| {
+                    let a = RandomDesigner
+                        .suggest(&DesignerInput {
+                            first_trial_number: k + 1,
+                            ..input(&space, &[], &[], &[], 1, s)
+                        })
+                        .suggestions;
+                    a.first().map_or(f64::INFINITY, mixed_objective)
+                })
+                .fold(f64::INFINITY, f64::min)
+        })
+        .collect();
+    let good = gp.iter().filter(|v| **v < 0.2).count();
+    assert!(good >= 4, "gp {gp:?}");
+    assert!(
+        median(gp.clone()) < median(random.clone()),
+        "gp {gp:?} random {random:?}"
+    );
 }
 
 #[test]
