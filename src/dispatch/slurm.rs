@@ -2,19 +2,44 @@
 //! (every word single-quoted, never interpolated); state comes from `squeue`/`scontrol`
 //! (there may be no accounting daemon, so no `sacct`), stdout from the job's output file on
 //! the shared filesystem, and `scancel` stops it.
+//!
+//! A job is looked up at most once per [`POLL`], however often the caller wakes up (the
+//! trial loop re-enters [`RunningJob::wait`] on every output line and timer tick). A job is
+//! reported lost only when the controller says it does not know it; while the controller
+//! cannot be reached the job is assumed to be still running (the trial's timeout bounds that).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 use tokio::process::Command;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 
 use super::executor::{Executor, ExecutorError, JobExit, JobRequest, RunningJob};
 use crate::model::job::SlurmOptions;
 
+/// How often a job's state is asked of the controller, and its output file read.
 const POLL: Duration = Duration::from_millis(500);
+/// How long `stop` waits for a killed job to leave the queue.
+const GONE_WAIT: Duration = Duration::from_secs(30);
+/// What `squeue`/`scontrol` print for a job id the controller does not know (finished
+/// long ago and purged, or never existed).
+const UNKNOWN_JOB: &str = "Invalid job id";
+/// Job states in which a job still holds (or waits for) its allocation.
+const ACTIVE_STATES: [&str; 10] = [
+    "PENDING",
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "SUSPENDED",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "RESIZING",
+    "STAGE_OUT",
+];
 
 pub struct SlurmExecutor {
     options: SlurmOptions,
@@ -31,33 +56,113 @@ fn quote(word: &str) -> String {
     format!("'{}'", word.replace('\'', r"'\''"))
 }
 
-/// The batch script for one attempt.
-fn batch_script(request: &JobRequest, options: &SlurmOptions) -> String {
+/// A name `export` accepts.
+fn is_shell_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// The job's name: how a stale job is recognised as this trial's.
+fn job_name(study_id: i64, trial_id: i64) -> String {
+    format!("augur-{study_id}-{trial_id}")
+}
+
+/// A path for `sbatch --output`, where `%` starts a pattern (`%j`): `%%` is a literal `%`.
+fn output_pattern(path: &Path) -> String {
+    path.display().to_string().replace('%', "%%")
+}
+
+/// The batch script for one attempt. Options go on `sbatch`'s command line (see
+/// [`sbatch_args`]), where no `#SBATCH` parsing can split a path with spaces.
+fn batch_script(request: &JobRequest) -> Result<String, String> {
     let mut s = String::from("#!/bin/bash\n");
-    s.push_str(&format!("#SBATCH --job-name=augur-{}-{}\n", request.study_id, request.trial_id));
-    s.push_str(&format!("#SBATCH --output={}\n", request.log_path.display()));
-    s.push_str("#SBATCH --open-mode=append\n");
-    if let Some(p) = &options.partition {
-        s.push_str(&format!("#SBATCH --partition={p}\n"));
-    }
     if let Some(dir) = &request.workdir {
-        s.push_str(&format!("cd {} || exit 97\n", quote(&dir.display().to_string())));
+        s.push_str(&format!(
+            "cd {} || exit 97\n",
+            quote(&dir.display().to_string())
+        ));
     }
     for (k, v) in &request.env {
+        // The name is written into the script unquoted: only plain names may pass.
+        if !is_shell_name(k) {
+            return Err(format!(
+                "environment variable name {k:?} cannot be passed to a Slurm job"
+            ));
+        }
         s.push_str(&format!("export {k}={}\n", quote(v)));
     }
     let argv: Vec<String> = request.argv.iter().map(|w| quote(w)).collect();
     s.push_str(&format!("exec {}\n", argv.join(" ")));
-    s
+    Ok(s)
+}
+
+fn sbatch_args(request: &JobRequest, options: &SlurmOptions, script: &Path) -> Vec<String> {
+    let mut args = vec![
+        "--parsable".to_string(),
+        format!(
+            "--job-name={}",
+            job_name(request.study_id, request.trial_id)
+        ),
+        format!("--output={}", output_pattern(&request.log_path)),
+        "--open-mode=append".to_string(),
+    ];
+    if let Some(p) = &options.partition {
+        args.push(format!("--partition={p}"));
+    }
+    // The user's options come last: they override ours.
+    args.extend(options.sbatch_args.iter().cloned());
+    args.push(script.display().to_string());
+    args
 }
 
 async fn run(program: &str, args: &[String]) -> Result<String, String> {
-    let out = Command::new(program).args(args).output().await.map_err(|e| format!("{program}: {e}"))?;
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .await
+        .map_err(|e| format!("{program}: {e}"))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
-        Err(format!("{program} failed: {}", String::from_utf8_lossy(&out.stderr).trim()))
+        Err(format!(
+            "{program} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
     }
+}
+
+/// The job's state as `squeue` prints it (empty once it has left the queue). `--jobs=` and
+/// not `-j ID`: `-j` takes an optional argument, which must be attached.
+async fn squeue_state(job_id: &str) -> Result<String, String> {
+    run(
+        "squeue",
+        &[
+            "-h".into(),
+            format!("--jobs={job_id}"),
+            "-o".into(),
+            "%T".into(),
+        ],
+    )
+    .await
+}
+
+/// Append `text` to the job's log (which Slurm appends the job's output to).
+async fn append_log(path: &Path, text: &str) -> Result<u64, String> {
+    let mut file = tokio::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .await
+        .map_err(|e| format!("log file {}: {e}", path.display()))?;
+    file.write_all(text.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    file.flush().await.map_err(|e| e.to_string())?;
+    let len = file.metadata().await.map_err(|e| e.to_string())?.len();
+    Ok(len)
 }
 
 #[async_trait]
@@ -67,34 +172,91 @@ impl Executor for SlurmExecutor {
         request: &JobRequest,
         stdout_lines: mpsc::UnboundedSender<String>,
     ) -> Result<Box<dyn RunningJob>, ExecutorError> {
-        let dir = request.log_path.parent().map(Path::to_path_buf).unwrap_or_default();
+        if request.argv.is_empty() {
+            return Err(ExecutorError::Launch("empty command".into()));
+        }
+        let text = batch_script(request).map_err(ExecutorError::Launch)?;
+        let dir = request
+            .log_path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
         let script = dir.join(format!("slurm-attempt-{}.sh", request.attempt));
-        tokio::fs::write(&script, batch_script(request, &self.options))
+        tokio::fs::write(&script, text)
             .await
             .map_err(|e| ExecutorError::Launch(format!("{}: {e}", script.display())))?;
-        let offset = tokio::fs::metadata(&request.log_path).await.map(|m| m.len()).unwrap_or(0);
-        let mut args = vec!["--parsable".to_string()];
-        args.extend(self.options.sbatch_args.iter().cloned());
-        args.push(script.display().to_string());
-        let out = run("sbatch", &args).await.map_err(ExecutorError::Launch)?;
+        // The same header as a local job's log; the job's output is read from after it.
+        let header = format!(
+            "=== augur: trial {} attempt {}: {:?}\n",
+            request.trial_id, request.attempt, request.argv
+        );
+        let offset = append_log(&request.log_path, &header)
+            .await
+            .map_err(ExecutorError::Launch)?;
+        let out = run("sbatch", &sbatch_args(request, &self.options, &script))
+            .await
+            .map_err(ExecutorError::Launch)?;
         let job_id = out.trim().split(';').next().unwrap_or("").to_string();
         if job_id.is_empty() || !job_id.chars().all(|c| c.is_ascii_digit()) {
-            return Err(ExecutorError::Launch(format!("sbatch printed no job id: {out:?}")));
+            return Err(ExecutorError::Launch(format!(
+                "sbatch printed no job id: {out:?}"
+            )));
         }
-        let (done_tx, done_rx) = tokio::sync::watch::channel(false);
-        let tail = tokio::spawn(tail_file(request.log_path.clone(), offset, stdout_lines, done_rx));
-        Ok(Box::new(SlurmJob { job_id, tail: Some(tail), done: done_tx, exit: None }))
+        let (done_tx, done_rx) = watch::channel(false);
+        let tail = tokio::spawn(tail_file(
+            request.log_path.clone(),
+            offset,
+            stdout_lines,
+            done_rx,
+        ));
+        Ok(Box::new(SlurmJob {
+            job_id,
+            tail: Some(tail),
+            done: done_tx,
+            exit: None,
+            next_poll: Instant::now(),
+            unreachable_since: None,
+        }))
     }
 
-    async fn clean_up_stale(&self, handle: &str, _study_id: i64, _trial_id: i64) {
-        if let Some(id) = handle.strip_prefix("slurm:").filter(|id| id.chars().all(|c| c.is_ascii_digit())) {
+    async fn clean_up_stale(&self, handle: &str, study_id: i64, trial_id: i64) {
+        let Some(id) = handle
+            .strip_prefix("slurm:")
+            .filter(|id| !id.is_empty() && id.chars().all(|c| c.is_ascii_digit()))
+        else {
+            return;
+        };
+        // Job ids restart when the controller's state is wiped: cancel the job only if it
+        // is still this trial's.
+        let Ok(text) = run(
+            "scontrol",
+            &["show".into(), "job".into(), id.to_string(), "-o".into()],
+        )
+        .await
+        else {
+            return;
+        };
+        if field(&text, "JobName") == job_name(study_id, trial_id)
+            && ACTIVE_STATES.contains(&field(&text, "JobState"))
+        {
+            tracing::info!(
+                study_id,
+                trial_id,
+                job_id = id,
+                "cancelling a Slurm job left by an earlier run"
+            );
             let _ = run("scancel", &[id.to_string()]).await;
         }
     }
 }
 
 /// Send the lines appended to `path` after `offset` until `done`, then the rest.
-async fn tail_file(path: PathBuf, mut offset: u64, lines: mpsc::UnboundedSender<String>, mut done: tokio::sync::watch::Receiver<bool>) {
+async fn tail_file(
+    path: PathBuf,
+    mut offset: u64,
+    lines: mpsc::UnboundedSender<String>,
+    mut done: watch::Receiver<bool>,
+) {
     let mut partial = String::new();
     loop {
         let finished = *done.borrow();
@@ -121,52 +283,119 @@ async fn tail_file(path: PathBuf, mut offset: u64, lines: mpsc::UnboundedSender<
     }
 }
 
+/// What one look at the controller found.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    /// Queued or running (or the controller could not tell).
+    Active,
+    Ended(JobExit),
+}
+
 struct SlurmJob {
     job_id: String,
     tail: Option<tokio::task::JoinHandle<()>>,
-    done: tokio::sync::watch::Sender<bool>,
+    done: watch::Sender<bool>,
+    /// Set as soon as the end is known, before the output is drained: a `wait` dropped
+    /// while draining must not poll a job that may meanwhile have been purged.
     exit: Option<JobExit>,
+    /// No lookup before this instant, however often `wait` is entered.
+    next_poll: Instant,
+    /// Since when `squeue`/`scontrol` fail for another reason than an unknown job.
+    unreachable_since: Option<Instant>,
 }
 
 impl SlurmJob {
-    /// `Some(exit)` once the job has ended.
-    async fn poll(&self) -> Option<JobExit> {
-        let queued = run("squeue", &["-h".into(), "-j".into(), self.job_id.clone(), "-o".into(), "%T".into()]).await;
-        if let Ok(state) = &queued {
-            let state = state.trim();
-            if matches!(state, "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING" | "SUSPENDED" | "REQUEUED" | "RESIZING") {
-                return None;
+    async fn poll(&mut self) -> Seen {
+        match squeue_state(&self.job_id).await {
+            Ok(state) if ACTIVE_STATES.contains(&state.trim()) => {
+                self.unreachable_since = None;
+                return Seen::Active;
             }
+            // Gone from the queue, in a final state, or unknown: scontrol tells how it ended.
+            Ok(_) => {}
+            Err(e) if e.contains(UNKNOWN_JOB) => {}
+            Err(e) => return self.unreachable(&e),
         }
-        // Gone from the queue (or in a final state): ask scontrol how it ended.
-        match run("scontrol", &["show".into(), "job".into(), self.job_id.clone(), "-o".into()]).await {
-            Ok(text) => Some(exit_from_scontrol(&text)),
-            Err(e) => Some(JobExit::Lost(format!("slurm job {} vanished: {e}", self.job_id))),
+        let args = [
+            "show".into(),
+            "job".into(),
+            self.job_id.clone(),
+            "-o".into(),
+        ];
+        match run("scontrol", &args).await {
+            Ok(text) => {
+                self.unreachable_since = None;
+                seen_from_scontrol(&text)
+            }
+            Err(e) if e.contains(UNKNOWN_JOB) => Seen::Ended(JobExit::Lost(format!(
+                "slurm job {} vanished: {e}",
+                self.job_id
+            ))),
+            Err(e) => self.unreachable(&e),
         }
     }
 
+    /// The controller did not answer: the job may well still run, so it is not lost.
+    fn unreachable(&mut self, error: &str) -> Seen {
+        if self.unreachable_since.is_none() {
+            tracing::warn!(job_id = %self.job_id, %error, "cannot reach the Slurm controller; assuming the job still runs");
+            self.unreachable_since = Some(Instant::now());
+        }
+        Seen::Active
+    }
+
+    /// Wait for the next poll slot, then look. Cancel-safe.
+    async fn poll_when_due(&mut self) -> Seen {
+        tokio::time::sleep_until(self.next_poll).await;
+        self.next_poll = Instant::now() + POLL;
+        self.poll().await
+    }
+
+    /// Read the rest of the output. Cancel-safe: the tail task is awaited by reference and
+    /// forgotten only once it has finished.
     async fn finish(&mut self) {
         let _ = self.done.send(true);
-        if let Some(tail) = self.tail.take() {
+        if let Some(tail) = self.tail.as_mut() {
             let _ = tail.await;
+            self.tail = None;
         }
     }
 }
 
-/// `JobState=… ExitCode=code:signal` from `scontrol show job -o`.
+/// `key=value` from `scontrol show job -o` (fields are space-separated).
+fn field<'a>(text: &'a str, name: &str) -> &'a str {
+    text.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
+        .unwrap_or("")
+}
+
+/// The job's state from `scontrol show job -o`: still active, or how it ended.
+fn seen_from_scontrol(text: &str) -> Seen {
+    // squeue and scontrol are two calls: the job may have moved on in between, or, when
+    // squeue failed, still be queued.
+    if ACTIVE_STATES.contains(&field(text, "JobState")) {
+        return Seen::Active;
+    }
+    Seen::Ended(exit_from_scontrol(text))
+}
+
+/// `JobState=… ExitCode=code:signal` from `scontrol show job -o`, for a job that ended.
 fn exit_from_scontrol(text: &str) -> JobExit {
-    let field = |name: &str| {
-        text.split_whitespace().find_map(|kv| kv.strip_prefix(name).and_then(|v| v.strip_prefix('='))).unwrap_or("")
-    };
-    let state = field("JobState");
-    let (code, signal) = field("ExitCode").split_once(':').unwrap_or(("", ""));
+    let state = field(text, "JobState");
+    let (code, signal) = field(text, "ExitCode").split_once(':').unwrap_or(("", ""));
     let code: i32 = code.parse().unwrap_or(-1);
     let signal: i32 = signal.parse().unwrap_or(0);
     match state {
         "COMPLETED" => JobExit::Exited(code.max(0)),
-        "FAILED" | "OUT_OF_MEMORY" if signal == 0 => JobExit::Exited(if code == 0 { 1 } else { code }),
-        "FAILED" | "OUT_OF_MEMORY" | "CANCELLED" | "TIMEOUT" | "PREEMPTED" if signal != 0 => JobExit::Signaled(signal),
-        "NODE_FAIL" | "BOOT_FAIL" | "DEADLINE" | "PREEMPTED" | "REVOKED" => JobExit::Lost(format!("slurm state {state}")),
+        "FAILED" | "OUT_OF_MEMORY" if signal == 0 => {
+            JobExit::Exited(if code == 0 { 1 } else { code })
+        }
+        "FAILED" | "OUT_OF_MEMORY" | "CANCELLED" | "TIMEOUT" | "PREEMPTED" if signal != 0 => {
+            JobExit::Signaled(signal)
+        }
+        "NODE_FAIL" | "BOOT_FAIL" | "DEADLINE" | "PREEMPTED" | "REVOKED" => {
+            JobExit::Lost(format!("slurm state {state}"))
+        }
         other => JobExit::Lost(format!("slurm state {other:?}")),
     }
 }
@@ -178,29 +407,48 @@ impl RunningJob for SlurmJob {
     }
 
     async fn wait(&mut self) -> JobExit {
-        if let Some(exit) = &self.exit {
-            return exit.clone();
-        }
         loop {
-            if let Some(exit) = self.poll().await {
+            if let Some(exit) = self.exit.clone() {
                 self.finish().await;
-                self.exit = Some(exit.clone());
                 return exit;
             }
-            tokio::time::sleep(POLL).await;
+            if let Seen::Ended(exit) = self.poll_when_due().await {
+                self.exit = Some(exit);
+            }
         }
     }
 
     async fn stop(&mut self, grace: Duration) {
-        let _ = run("scancel", &["--signal=TERM".into(), "--full".into(), self.job_id.clone()]).await;
-        let deadline = tokio::time::Instant::now() + grace;
-        while tokio::time::Instant::now() < deadline {
-            if self.poll().await.is_some() {
-                break;
+        if self.exit.is_none() {
+            // A pending job cannot be signalled; scancel it outright. A running one gets
+            // SIGTERM (its batch shell `exec`ed the trial) and `grace` to end.
+            self.next_poll = Instant::now();
+            let pending =
+                matches!(squeue_state(&self.job_id).await, Ok(state) if state.trim() == "PENDING");
+            if !pending {
+                let _ = run(
+                    "scancel",
+                    &["--signal=TERM".into(), "--full".into(), self.job_id.clone()],
+                )
+                .await;
+                let deadline = Instant::now() + grace;
+                while self.exit.is_none() && Instant::now() < deadline {
+                    if let Seen::Ended(exit) = self.poll_when_due().await {
+                        self.exit = Some(exit);
+                    }
+                }
             }
-            tokio::time::sleep(POLL).await;
         }
-        let _ = run("scancel", &[self.job_id.clone()]).await;
+        if self.exit.is_none() {
+            let _ = run("scancel", &[self.job_id.clone()]).await;
+            // Return once it has left the queue, so the freed slot is really free.
+            let deadline = Instant::now() + GONE_WAIT;
+            while self.exit.is_none() && Instant::now() < deadline {
+                if let Seen::Ended(exit) = self.poll_when_due().await {
+                    self.exit = Some(exit);
+                }
+            }
+        }
         self.finish().await;
     }
 }
@@ -209,29 +457,120 @@ impl RunningJob for SlurmJob {
 mod tests {
     use super::*;
 
-    #[test]
-    fn script_quotes_every_word() {
-        let request = JobRequest {
+    fn request() -> JobRequest {
+        JobRequest {
             study_id: 1,
             trial_id: 2,
             attempt: 1,
-            argv: vec!["python3".into(), "train.py".into(), "--name=it's $HOME".into()],
+            argv: vec![
+                "python3".into(),
+                "train.py".into(),
+                "--name=it's $HOME".into(),
+            ],
             env: vec![("AUGUR_TRIAL_ID".into(), "2".into())],
             workdir: Some(PathBuf::from("/work dir")),
-            log_path: PathBuf::from("/runs/2/job.log"),
-        };
-        let s = batch_script(&request, &SlurmOptions { partition: Some("debug".into()), sbatch_args: vec![] });
-        assert!(s.contains("#SBATCH --partition=debug\n"));
+            log_path: PathBuf::from("/runs 100%/2/job.log"),
+        }
+    }
+
+    #[test]
+    fn script_quotes_every_word() {
+        let s = batch_script(&request()).expect("script");
         assert!(s.contains("cd '/work dir' || exit 97\n"));
         assert!(s.contains("export AUGUR_TRIAL_ID='2'\n"));
-        assert!(s.ends_with("exec 'python3' 'train.py' '--name=it'\\''s $HOME'\n"), "{s}");
+        assert!(
+            s.ends_with("exec 'python3' 'train.py' '--name=it'\\''s $HOME'\n"),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn env_names_that_a_shell_would_interpret_are_refused() {
+        let mut r = request();
+        r.env.push(("X;touch /tmp/pwned;Y".into(), "v".into()));
+        assert!(batch_script(&r).is_err());
+        assert!(
+            is_shell_name("_A1")
+                && !is_shell_name("1A")
+                && !is_shell_name("A-B")
+                && !is_shell_name("")
+        );
+    }
+
+    #[test]
+    fn sbatch_options_on_the_command_line_user_options_last() {
+        let options = SlurmOptions {
+            partition: Some("debug".into()),
+            sbatch_args: vec!["--mem=1G".into()],
+        };
+        let args = sbatch_args(
+            &request(),
+            &options,
+            Path::new("/runs/2/slurm-attempt-1.sh"),
+        );
+        assert_eq!(
+            args,
+            [
+                "--parsable",
+                "--job-name=augur-1-2",
+                "--output=/runs 100%%/2/job.log",
+                "--open-mode=append",
+                "--partition=debug",
+                "--mem=1G",
+                "/runs/2/slurm-attempt-1.sh"
+            ]
+        );
     }
 
     #[test]
     fn exit_codes_from_scontrol() {
-        assert_eq!(exit_from_scontrol("JobId=5 JobState=COMPLETED Reason=None ExitCode=0:0"), JobExit::Exited(0));
-        assert_eq!(exit_from_scontrol("JobId=5 JobState=FAILED ExitCode=3:0"), JobExit::Exited(3));
-        assert_eq!(exit_from_scontrol("JobState=CANCELLED ExitCode=0:15"), JobExit::Signaled(15));
-        assert!(matches!(exit_from_scontrol("JobState=NODE_FAIL ExitCode=0:0"), JobExit::Lost(_)));
+        assert_eq!(
+            exit_from_scontrol("JobId=5 JobState=COMPLETED Reason=None ExitCode=0:0"),
+            JobExit::Exited(0)
+        );
+        assert_eq!(
+            exit_from_scontrol("JobId=5 JobState=FAILED ExitCode=3:0"),
+            JobExit::Exited(3)
+        );
+        assert_eq!(
+            exit_from_scontrol("JobState=CANCELLED ExitCode=0:15"),
+            JobExit::Signaled(15)
+        );
+        assert!(matches!(
+            exit_from_scontrol("JobState=NODE_FAIL ExitCode=0:0"),
+            JobExit::Lost(_)
+        ));
+        assert!(matches!(
+            exit_from_scontrol("JobState=CANCELLED ExitCode=0:0"),
+            JobExit::Lost(_)
+        ));
+    }
+
+    #[test]
+    fn a_job_scontrol_still_shows_active_is_not_lost() {
+        assert_eq!(
+            seen_from_scontrol("JobId=5 JobState=RUNNING ExitCode=0:0"),
+            Seen::Active
+        );
+        assert_eq!(
+            seen_from_scontrol("JobId=5 JobState=COMPLETING ExitCode=0:0"),
+            Seen::Active
+        );
+        assert_eq!(
+            seen_from_scontrol("JobId=5 JobState=PENDING Reason=Resources"),
+            Seen::Active
+        );
+        assert_eq!(
+            seen_from_scontrol("JobId=5 JobState=COMPLETED ExitCode=0:0"),
+            Seen::Ended(JobExit::Exited(0))
+        );
+        assert_eq!(
+            field(
+                "JobId=5 JobName=augur-1-2 DerivedExitCode=9:0 ExitCode=0:0",
+                "ExitCode"
+            ),
+            "0:0"
+        );
+        assert_eq!(field("JobId=5 JobName=augur-1-2", "JobName"), "augur-1-2");
     }
 }

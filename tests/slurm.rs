@@ -1,0 +1,402 @@
+//! End-to-end dispatch through a real one-node Slurm (`sbatch`/`squeue`/`scontrol`/`scancel`):
+//! a study runs its trials as batch jobs, never more than `parallel_trials` of them queued or
+//! running; metrics come back from the job's output file and over HTTP; a job that exits
+//! non-zero and a job cancelled from outside (a lost job) are retried.
+//!
+//! Needs Slurm running on this machine: `scripts/start-slurm.sh` (which `scripts/test.sh`
+//! runs) installs and starts it. Without it these tests fail; they never skip.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::TestApp;
+use serde_json::{Value, json};
+
+/// A trial script. Reports an intermediate measurement over HTTP with its trial token and
+/// its final loss on stdout. `--mode` makes it crash once, always, or hang once.
+const TRIAL_PY: &str = r#"
+import argparse, json, os, sys, time, urllib.request
+p = argparse.ArgumentParser()
+p.add_argument("--x", type=float, required=True)
+p.add_argument("--mode", default="ok")
+p.add_argument("--sleep", type=float, default=0.3)
+a = p.parse_args()
+ckpt = os.path.join(os.environ["AIP_CHECKPOINT_DIR"], "ckpt")
+if a.mode == "crash_always":
+    sys.exit(3)
+if a.mode == "chatty":
+    for i in range(5000):
+        print("progress %d of 5000" % i)
+if a.mode in ("crash_once", "hang_once") and not os.path.exists(ckpt):
+    open(ckpt, "w").write(os.environ["AIP_CHECKPOINT_DIR"])
+    if a.mode == "crash_once":
+        sys.exit(3)
+    time.sleep(600)
+loss = (a.x - 0.3) ** 2
+url = "%s/v1/studies/%s/trials/%s/measurements" % (
+    os.environ["AUGUR_URL"], os.environ["AUGUR_STUDY_ID"], os.environ["AUGUR_TRIAL_ID"])
+body = json.dumps({"step": 0, "metrics": {"loss": loss + 1.0}}).encode()
+req = urllib.request.Request(url, data=body, method="POST", headers={
+    "Content-Type": "application/json",
+    "Authorization": "Bearer " + os.environ["AUGUR_TRIAL_TOKEN"]})
+urllib.request.urlopen(req, timeout=10).read()
+time.sleep(a.sleep)
+if os.path.exists(ckpt):
+    print("resumed from", open(ckpt).read())
+print("step=1 loss=%.12g" % loss)
+"#;
+
+/// Fails (never skips) unless Slurm's client commands are installed and the controller
+/// answers.
+fn require_slurm() {
+    let on_path = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("sbatch").is_file()));
+    let flag = std::env::var("AUGUR_TEST_SLURM").unwrap_or_default();
+    assert!(
+        on_path,
+        "sbatch is not on PATH: run scripts/start-slurm.sh (scripts/test.sh does) to install and \
+         start a one-node Slurm (AUGUR_TEST_SLURM={flag:?})"
+    );
+    let ping = Command::new("scontrol")
+        .arg("ping")
+        .output()
+        .expect("run scontrol ping");
+    let text = String::from_utf8_lossy(&ping.stdout);
+    assert!(
+        text.contains("is UP"),
+        "the Slurm controller is not running ({}): run scripts/start-slurm.sh",
+        text.trim()
+    );
+}
+
+/// The study's Slurm jobs still queued or running: `(job id, state)` of every job in
+/// `squeue` whose batch script lies under `dir` (each test has its own directory; study ids
+/// repeat across tests, so job names do not tell them apart).
+fn jobs_under(dir: &Path) -> Vec<(String, String)> {
+    let Ok(out) = Command::new("squeue")
+        .args(["-h", "-o", "%i|%T|%o"])
+        .output()
+    else {
+        return Vec::new();
+    };
+    let marker = dir.display().to_string();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.splitn(3, '|');
+            let (id, state, command) = (fields.next()?, fields.next()?, fields.next()?);
+            command
+                .starts_with(&marker)
+                .then(|| (id.trim().to_string(), state.trim().to_string()))
+        })
+        .collect()
+}
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    script: PathBuf,
+}
+
+impl Fixture {
+    fn runs(&self) -> PathBuf {
+        self.dir.path().join("runs")
+    }
+}
+
+/// Whatever a failed test leaves queued is cancelled.
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        for (id, _) in jobs_under(self.dir.path()) {
+            let _ = Command::new("scancel").arg(&id).status();
+        }
+    }
+}
+
+fn fixture() -> Fixture {
+    require_slurm();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("trial.py");
+    std::fs::write(&script, TRIAL_PY).expect("write script");
+    Fixture { dir, script }
+}
+
+fn study(
+    f: &Fixture,
+    name: &str,
+    max_trials: i64,
+    parallel: i64,
+    mode: &str,
+    max_retries: u32,
+) -> Value {
+    json!({
+        "name": name,
+        "algorithm": "random",
+        "metrics": [{"id": "loss", "goal": "minimize"}],
+        "parameters": [{"id": "x", "type": "double", "min": 0, "max": 1}],
+        "max_trials": max_trials,
+        "parallel_trials": parallel,
+        "seed": 5,
+        "trial_job": {
+            "executor": "slurm",
+            "command": ["python3", f.script.display().to_string(), format!("--mode={mode}")],
+            "max_retries": max_retries,
+            "output_dir": f.runs().join(name).display().to_string()
+        }
+    })
+}
+
+async fn wait_for_state(app: &TestApp, id: i64, want: &str, limit: Duration) -> Value {
+    let start = Instant::now();
+    loop {
+        let s = app.get(&format!("/v1/studies/{id}")).await.body;
+        if s["state"] == want {
+            return s;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "study {id} not {want} after {limit:?}: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn trials(app: &TestApp, id: i64) -> Vec<Value> {
+    let body = app
+        .get(&format!("/v1/studies/{id}/trials?page_size=100"))
+        .await
+        .body;
+    body["trials"].as_array().cloned().unwrap_or_default()
+}
+
+fn job_log(f: &Fixture, study: &str, trial: i64) -> String {
+    std::fs::read_to_string(f.runs().join(study).join(trial.to_string()).join("job.log"))
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_trials_two_at_a_time_run_through_sbatch() {
+    let f = fixture();
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let peak = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let monitor = {
+        let (peak, seen, done, dir) = (
+            peak.clone(),
+            seen.clone(),
+            done.clone(),
+            f.dir.path().to_path_buf(),
+        );
+        std::thread::spawn(move || {
+            let mut ids = std::collections::BTreeSet::new();
+            while !done.load(Ordering::Relaxed) {
+                let jobs = jobs_under(&dir);
+                peak.fetch_max(jobs.len(), Ordering::Relaxed);
+                ids.extend(jobs.into_iter().map(|(id, _)| id));
+                seen.store(ids.len(), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let id = app.create_study(study(&f, "eight", 8, 2, "ok", 0)).await;
+    let s = wait_for_state(&app, id, "completed", Duration::from_secs(90)).await;
+    done.store(true, Ordering::Relaxed);
+    monitor.join().expect("monitor");
+    assert_eq!(s["trial_counts"]["completed"], 8, "{s}");
+    assert_eq!(s["trial_counts"]["total"], 8, "{s}");
+    let peak = peak.load(Ordering::Relaxed);
+    assert!(
+        peak <= 2,
+        "{peak} Slurm jobs of the study were in squeue at once"
+    );
+    assert!(peak >= 1, "the monitor saw the study's jobs in squeue");
+    assert!(
+        seen.load(Ordering::Relaxed) >= 2,
+        "several jobs were seen in squeue"
+    );
+    assert!(
+        jobs_under(f.dir.path()).is_empty(),
+        "no job outlived the study"
+    );
+
+    for t in trials(&app, id).await {
+        let n = t["id"].as_i64().expect("trial id");
+        assert_eq!(t["state"], "completed", "{t}");
+        let x = t["parameters"]["x"].as_f64().expect("x");
+        let want = (x - 0.3).powi(2);
+        // The final measurement is the stdout line from the job's output file …
+        let final_loss = t["final_measurement"]["metrics"]["loss"]
+            .as_f64()
+            .expect("final loss");
+        assert!(
+            (final_loss - want).abs() < 1e-9,
+            "trial {n}: loss {final_loss}, want {want}: {t}"
+        );
+        assert_eq!(t["final_measurement"]["step"], 1, "{t}");
+        // … and the job reached the server over HTTP with its trial token.
+        let http = t["measurements"]
+            .as_array()
+            .expect("measurements")
+            .iter()
+            .find(|m| m["step"] == 0)
+            .cloned();
+        let http_loss = http.and_then(|m| m["metrics"]["loss"].as_f64());
+        assert!(
+            http_loss.is_some_and(|l| (l - want - 1.0).abs() < 1e-9),
+            "trial {n}: {t}"
+        );
+        let log = job_log(&f, "eight", n);
+        assert_eq!(
+            log.matches("=== augur: trial").count(),
+            1,
+            "one attempt: {log}"
+        );
+        assert!(log.contains("loss="), "{log}");
+        let script = f
+            .runs()
+            .join("eight")
+            .join(n.to_string())
+            .join("slurm-attempt-1.sh");
+        assert!(script.is_file(), "the batch script of trial {n} is kept");
+    }
+    // The logs are served like a local job's.
+    let logs = app
+        .http
+        .get(format!("{}/v1/studies/{id}/trials/1/logs", app.base))
+        .send()
+        .await
+        .expect("logs");
+    assert!(logs.status().is_success());
+    assert!(logs.text().await.expect("text").contains("step=1 loss="));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_exiting_non_zero_is_retried_then_fails_for_good() {
+    let f = fixture();
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let once = app
+        .create_study(study(&f, "crash-once", 1, 1, "crash_once", 1))
+        .await;
+    let always = app
+        .create_study(study(&f, "crash-always", 1, 1, "crash_always", 1))
+        .await;
+    wait_for_state(&app, once, "completed", Duration::from_secs(60)).await;
+    wait_for_state(&app, always, "completed", Duration::from_secs(60)).await;
+
+    let t = &trials(&app, once).await[0];
+    assert_eq!(t["state"], "completed", "retried after exit code 3: {t}");
+    let log = job_log(&f, "crash-once", 1);
+    assert_eq!(
+        log.matches("=== augur: trial 1 attempt").count(),
+        2,
+        "{log}"
+    );
+    let ckpt = f.runs().join("crash-once/1/checkpoints/");
+    assert!(
+        log.contains(&format!("resumed from {}", ckpt.display())),
+        "same checkpoint dir: {log}"
+    );
+
+    let t = &trials(&app, always).await[0];
+    assert_eq!(t["state"], "failed", "{t}");
+    assert_eq!(
+        t["fail_reason"], "exited with code 3 (after 2 attempt(s))",
+        "{t}"
+    );
+    assert!(jobs_under(f.dir.path()).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_cancelled_from_outside_is_retried() {
+    let f = fixture();
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let id = app
+        .create_study(study(&f, "lost", 1, 1, "hang_once", 1))
+        .await;
+    // The first attempt leaves its checkpoint and hangs: cancel it behind Augur's back.
+    let marker = f.runs().join("lost/1/checkpoints/ckpt");
+    let start = Instant::now();
+    let job = loop {
+        let jobs = jobs_under(f.dir.path());
+        if marker.exists() && jobs.len() == 1 {
+            break jobs[0].0.clone();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the first attempt did not start: {jobs:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let handle = std::fs::read_to_string(f.runs().join("lost/1/job.handle")).expect("job handle");
+    assert_eq!(handle.trim(), format!("slurm:{job}"));
+    let cancelled = Command::new("scancel").arg(&job).status().expect("scancel");
+    assert!(cancelled.success());
+
+    wait_for_state(&app, id, "completed", Duration::from_secs(60)).await;
+    let t = &trials(&app, id).await[0];
+    assert_eq!(
+        t["state"], "completed",
+        "retried after its job was cancelled: {t}"
+    );
+    let log = job_log(&f, "lost", 1);
+    assert_eq!(
+        log.matches("=== augur: trial 1 attempt").count(),
+        2,
+        "{log}"
+    );
+    let handle = std::fs::read_to_string(f.runs().join("lost/1/job.handle")).expect("job handle");
+    assert_ne!(
+        handle.trim(),
+        format!("slurm:{job}"),
+        "a new job ran the retry"
+    );
+    assert!(jobs_under(f.dir.path()).is_empty());
+}
+
+/// `squeue`/`scontrol` lookups of single jobs answered by the controller so far (`sdiag`).
+fn single_job_queries() -> u64 {
+    let out = Command::new("sdiag").output().expect("run sdiag");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.trim_start().starts_with("REQUEST_JOB_INFO_SINGLE"))
+        .and_then(|l| l.split("count:").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chatty_job_neither_floods_the_controller_nor_loses_its_last_lines() {
+    let f = fixture();
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let before = single_job_queries();
+    let started = Instant::now();
+    let id = app
+        .create_study(study(&f, "chatty", 2, 2, "chatty", 0))
+        .await;
+    let s = wait_for_state(&app, id, "completed", Duration::from_secs(60)).await;
+    let queries = single_job_queries().saturating_sub(before);
+    let secs = started.elapsed().as_secs_f64();
+    assert_eq!(
+        s["trial_counts"]["completed"], 2,
+        "the metric after 5,000 lines was read: {s}"
+    );
+    for n in [1, 2] {
+        let log = job_log(&f, "chatty", n);
+        assert!(
+            log.contains("progress 4999 of 5000"),
+            "trial {n}'s log is whole"
+        );
+    }
+    // Two jobs polled every half second need a few dozen lookups; other tests in this binary
+    // add some. One lookup per printed line would be thousands.
+    assert!(
+        queries < 600,
+        "{queries} job lookups by squeue/scontrol in {secs:.1} s for 2 jobs of 5,000 lines each"
+    );
+}
