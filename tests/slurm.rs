@@ -400,3 +400,46 @@ async fn a_chatty_job_neither_floods_the_controller_nor_loses_its_last_lines() {
         "{queries} job lookups by squeue/scontrol in {secs:.1} s for 2 jobs of 5,000 lines each"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_the_study_cancels_its_slurm_jobs() {
+    let f = fixture();
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let id = app
+        .create_study(study(&f, "stop", 6, 2, "hang_once", 0))
+        .await;
+    let start = Instant::now();
+    while !(1..=2).all(|n| f.runs().join(format!("stop/{n}/checkpoints/ckpt")).exists()) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "jobs did not start: {:?}",
+            jobs_under(f.dir.path())
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(jobs_under(f.dir.path()).len(), 2);
+    let stopped = app.post(&format!("/v1/studies/{id}/stop"), json!({})).await;
+    assert_eq!(stopped.body["state"], "stopped");
+    let start = Instant::now();
+    loop {
+        let failed = app
+            .get(&format!("/v1/studies/{id}/trials?state=failed"))
+            .await
+            .body;
+        if failed["trials"].as_array().map(Vec::len) == Some(2) {
+            assert_eq!(
+                failed["trials"][0]["fail_reason"],
+                "cancelled: the study was stopped"
+            );
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{failed}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The runner marks a trial failed only once its job has left the queue.
+    assert!(
+        jobs_under(f.dir.path()).is_empty(),
+        "{:?}",
+        jobs_under(f.dir.path())
+    );
+}
