@@ -192,10 +192,30 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    runtime.block_on(bench());
+    let db = runtime.block_on(common::postgres_db());
+    runtime.block_on(bench(&db.url));
+    runtime.block_on(drop_database(&db.url));
 }
 
-async fn bench() {
+/// The bench's database holds up to 100,000+ trials: do not leave it behind.
+async fn drop_database(url: &str) {
+    use sqlx::Connection;
+    let Some((_, name)) = url.rsplit_once('/') else {
+        return;
+    };
+    let dropped = async {
+        let mut admin = sqlx::PgConnection::connect(&common::postgres_admin_url()).await?;
+        let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut admin)
+            .await
+    };
+    if let Err(e) = dropped.await {
+        eprintln!("could not drop the bench database {name}: {e}");
+    }
+}
+
+async fn bench(database_url: &str) {
     let levels: Vec<usize> = env_or("AUGUR_BENCH_CLIENTS", "1,8,32".to_string())
         .split(',')
         .map(|c| {
@@ -210,9 +230,8 @@ async fn bench() {
     let growth_clients: usize = env_or("AUGUR_BENCH_GROWTH_CLIENTS", 32);
     let max_secs: f64 = env_or("AUGUR_BENCH_MAX_SECS", 600.0);
 
-    let db = common::postgres_db().await;
     let app = App::build(ServerConfig::new(
-        db.url.clone(),
+        database_url.to_string(),
         "127.0.0.1:0".parse().expect("addr"),
     ))
     .await
@@ -228,14 +247,15 @@ async fn bench() {
     println!("API throughput on PostgreSQL, random algorithm, suggest+complete cycles, one study");
     println!("(parallel_trials 64, max_trials 100000, {secs} s per row)\n");
     println!(
-        "{:>7} {:>8} {:>10} {:>9} {:>9} {:>11}",
-        "clients", "trials", "trials/s", "p50 ms", "p99 ms", "mean batch"
+        "{:>7} {:>8} {:>10} {:>9} {:>9} {:>11} {:>9} {:>7}",
+        "clients", "trials", "trials/s", "p50 ms", "p99 ms", "mean batch", "batch ms", "locked"
     );
     let study_url = create_study(&http, &base, 100_000).await;
     for clients in levels {
         let run = new_run();
         let (batch_sum, batch_count) =
             metric_sum_count(&http, &base, "augur_group_commit_batch_size").await;
+        let (secs_sum, _) = metric_sum_count(&http, &base, "augur_group_commit_seconds").await;
         let started = Instant::now();
         let stopper = {
             let run = run.clone();
@@ -248,6 +268,7 @@ async fn bench() {
         let elapsed = started.elapsed();
         stopper.abort();
         let (sum, count) = metric_sum_count(&http, &base, "augur_group_commit_batch_size").await;
+        let (secs_after, _) = metric_sum_count(&http, &base, "augur_group_commit_seconds").await;
         report_errors(&run).await;
         let mut latencies: Vec<Duration> =
             run.latencies.lock().await.iter().map(|(_, d)| *d).collect();
@@ -258,11 +279,17 @@ async fn bench() {
         } else {
             0.0
         };
+        // Mean time the study was locked per batch, and the share of the run it was locked:
+        // near 100% means the batcher, not the HTTP side, is the bottleneck.
+        let batches = (count - batch_count).max(1.0);
+        let locked = secs_after - secs_sum;
         println!(
-            "{clients:>7} {done:>8} {:>10.0} {:>9.2} {:>9.2} {batch:>11.1}",
+            "{clients:>7} {done:>8} {:>10.0} {:>9.2} {:>9.2} {batch:>11.1} {:>9.2} {:>6.0}%",
             done as f64 / elapsed.as_secs_f64(),
             ms(percentile(&latencies, 0.5)),
             ms(percentile(&latencies, 0.99)),
+            locked / batches * 1e3,
+            locked / elapsed.as_secs_f64() * 100.0,
         );
     }
 
@@ -304,7 +331,7 @@ async fn bench() {
     run.stop.store(true, Ordering::Relaxed);
     let mut marks = watcher.await.expect("watcher");
     let done = run.completed.load(Ordering::Relaxed);
-    if done % window != 0 {
+    if !done.is_multiple_of(window) {
         marks.push(started.elapsed());
     }
     report_errors(&run).await;

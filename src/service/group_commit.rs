@@ -134,14 +134,24 @@ async fn apply_batch(store: &dyn Store, study_id: i64, jobs: Vec<Job>) {
     metrics::histogram!("augur_group_commit_batch_size").record(jobs.len() as f64);
     let (commands, replies): (Vec<_>, Vec<_>) =
         jobs.into_iter().map(|j| (j.command, j.reply)).unzip();
-    match StudyBatch::run(store, study_id, commands).await {
+    let started = std::time::Instant::now();
+    let outcome = StudyBatch::run(store, study_id, commands).await;
+    // How long the study stayed locked for this batch, commit included: with the batch size,
+    // what bounds one study's throughput.
+    metrics::histogram!("augur_group_commit_seconds").record(started.elapsed().as_secs_f64());
+    match outcome {
         Ok(results) => {
             for (reply, result) in replies.into_iter().zip(results) {
                 let _ = reply.send(result);
             }
         }
         Err(error) => {
-            tracing::error!(study_id, %error, "study transaction failed");
+            // A study deleted (or never created) is the caller's 404, not a failed transaction.
+            if matches!(error, ServiceError::NotFound(_)) {
+                tracing::debug!(study_id, %error, "no such study");
+            } else {
+                tracing::error!(study_id, %error, "study transaction failed");
+            }
             let message = error.to_string();
             for reply in replies {
                 let _ = reply.send(Err(match &error {

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
-use super::sql::{impl_sql_store, study_cols};
+use sqlx::{FromRow, Row};
+
+use super::sql::impl_sql_store;
 
 pub struct PostgresStore {
     pool: PgPool,
@@ -24,54 +26,65 @@ impl PostgresStore {
     }
 }
 
-const LOCK_STUDY: &str = concat!(
-    "SELECT ",
-    study_cols!(),
-    " FROM studies WHERE id = $1 FOR UPDATE"
-);
+impl_sql_store!(PostgresStore, PostgresStudyTx, sqlx::Postgres, "postgres");
 
-impl_sql_store!(
-    PostgresStore,
-    PostgresStudyTx,
-    sqlx::Postgres,
-    "postgres",
-    LOCK_STUDY,
-    |s| s.pool.begin()
-);
+// A study transaction costs round trips, and the study stays locked across all of them, so
+// they bound one study's throughput. Four, whatever the batch size:
+// 1. `BEGIN` and the row lock, as one simple query;
+// 2. the study row and its unfinished trials, in one statement whose snapshot is taken after
+//    the lock was granted (READ COMMITTED: every statement sees what committed before it), so
+//    a batch always sees the batch before it, on any replica;
+// 3. every write of the batch, as one statement (each column travels as an array that
+//    `UNNEST` zips back into rows), sent at commit: nothing reads in between;
+// 4. `COMMIT`.
 
-// A batch's rows go in one statement each, whatever the batch size: every row of a batch
-// costs a network round trip otherwise, and the study's lock is held across all of them.
-// Each column travels as one array; `UNNEST` zips them back into rows.
+/// The study row (columns prefixed `s_`) with each of its unfinished trials, or alone (trial
+/// columns NULL) when it has none.
+const STUDY_WITH_UNFINISHED: &str = "SELECT s.id AS s_id, s.name AS s_name, s.state AS s_state, \
+     s.state_reason AS s_state_reason, s.spec AS s_spec, s.next_trial_id AS s_next_trial_id, \
+     s.change_seq AS s_change_seq, s.designer_state AS s_designer_state, \
+     s.created_at AS s_created_at, s.updated_at AS s_updated_at, \
+     t.study_id, t.id, t.state, t.parameters, t.client_id, t.final_measurement, t.objective, \
+     t.infeasible_reason, t.fail_reason, t.early_stopped, t.excluded, t.lease_expires_at, \
+     t.created_at, t.started_at, t.completed_at, t.change_seq \
+     FROM studies s LEFT JOIN trials t ON t.study_id = s.id \
+     AND t.state IN ('requested', 'active', 'stopping') \
+     WHERE s.id = $1 ORDER BY t.id";
 
-/// Inserts a batch's new trials.
-const INSERT_TRIALS: &str = "INSERT INTO trials (study_id, id, state, parameters, client_id, \
-     final_measurement, objective, infeasible_reason, fail_reason, early_stopped, excluded, \
-     lease_expires_at, created_at, started_at, completed_at, change_seq) \
+/// All of a batch's writes: new trials, changed trials (every mutable column), measurements
+/// (replacing any at the same trial and step), and the study row when `$42` is true. The
+/// parts touch different rows, as data-modifying CTEs must.
+const WRITE_BATCH: &str = "WITH new_trials AS (\
+     INSERT INTO trials (study_id, id, state, parameters, client_id, final_measurement, \
+     objective, infeasible_reason, fail_reason, early_stopped, excluded, lease_expires_at, \
+     created_at, started_at, completed_at, change_seq) \
      SELECT $1, * FROM UNNEST($2::bigint[], $3::text[], $4::jsonb[], $5::text[], $6::jsonb[], \
      $7::float8[], $8::text[], $9::text[], $10::bool[], $11::bool[], $12::timestamptz[], \
-     $13::timestamptz[], $14::timestamptz[], $15::timestamptz[], $16::bigint[])";
-
-/// Writes every mutable column of a batch's changed trials.
-const UPDATE_TRIALS: &str = "UPDATE trials AS t SET state = u.state, parameters = u.parameters, \
+     $13::timestamptz[], $14::timestamptz[], $15::timestamptz[], $16::bigint[])\
+     ), changed_trials AS (\
+     UPDATE trials AS t SET state = u.state, parameters = u.parameters, \
      client_id = u.client_id, final_measurement = u.final_measurement, objective = u.objective, \
      infeasible_reason = u.infeasible_reason, fail_reason = u.fail_reason, \
-     early_stopped = u.early_stopped, excluded = u.excluded, lease_expires_at = u.lease_expires_at, \
-     started_at = u.started_at, completed_at = u.completed_at, change_seq = u.change_seq \
-     FROM UNNEST($2::bigint[], $3::text[], $4::jsonb[], $5::text[], $6::jsonb[], $7::float8[], \
-     $8::text[], $9::text[], $10::bool[], $11::bool[], $12::timestamptz[], $13::timestamptz[], \
-     $14::timestamptz[], $15::bigint[]) AS u(id, state, parameters, client_id, final_measurement, \
-     objective, infeasible_reason, fail_reason, early_stopped, excluded, lease_expires_at, \
-     started_at, completed_at, change_seq) \
-     WHERE t.study_id = $1 AND t.id = u.id";
-
-/// Inserts a batch's measurements, replacing any at the same (trial, step).
-const UPSERT_MEASUREMENTS: &str = "INSERT INTO measurements \
-     (study_id, trial_id, step, elapsed_secs, metrics, created_at) \
-     SELECT $1, u.trial_id, u.step, u.elapsed_secs, u.metrics, $6 \
-     FROM UNNEST($2::bigint[], $3::bigint[], $4::float8[], $5::jsonb[]) \
+     early_stopped = u.early_stopped, excluded = u.excluded, \
+     lease_expires_at = u.lease_expires_at, started_at = u.started_at, \
+     completed_at = u.completed_at, change_seq = u.change_seq \
+     FROM UNNEST($17::bigint[], $18::text[], $19::jsonb[], $20::text[], $21::jsonb[], \
+     $22::float8[], $23::text[], $24::text[], $25::bool[], $26::bool[], $27::timestamptz[], \
+     $28::timestamptz[], $29::timestamptz[], $30::bigint[]) AS u(id, state, parameters, \
+     client_id, final_measurement, objective, infeasible_reason, fail_reason, early_stopped, \
+     excluded, lease_expires_at, started_at, completed_at, change_seq) \
+     WHERE t.study_id = $1 AND t.id = u.id\
+     ), measured AS (\
+     INSERT INTO measurements (study_id, trial_id, step, elapsed_secs, metrics, created_at) \
+     SELECT $1, u.trial_id, u.step, u.elapsed_secs, u.metrics, $35 \
+     FROM UNNEST($31::bigint[], $32::bigint[], $33::float8[], $34::jsonb[]) \
      AS u(trial_id, step, elapsed_secs, metrics) \
-     ON CONFLICT (study_id, trial_id, step) DO UPDATE SET elapsed_secs = excluded.elapsed_secs, \
-     metrics = excluded.metrics, created_at = excluded.created_at";
+     ON CONFLICT (study_id, trial_id, step) DO UPDATE SET \
+     elapsed_secs = excluded.elapsed_secs, metrics = excluded.metrics, \
+     created_at = excluded.created_at\
+     ) \
+     UPDATE studies SET state = $36, state_reason = $37, spec = $38, next_trial_id = $39, \
+     updated_at = $40, change_seq = $41 WHERE id = $1 AND $42";
 
 type Jsonb = sqlx::types::Json<serde_json::Value>;
 type Time = chrono::DateTime<chrono::Utc>;
@@ -104,7 +117,8 @@ impl TrialColumns {
             c.state.push(t.state.as_str());
             c.parameters.push(to_json(&t.parameters)?);
             c.client_id.push(t.client_id.clone());
-            c.final_measurement.push(t.final_measurement.as_ref().map(to_json).transpose()?);
+            c.final_measurement
+                .push(t.final_measurement.as_ref().map(to_json).transpose()?);
             c.objective.push(t.objective);
             c.infeasible_reason.push(t.infeasible_reason.clone());
             c.fail_reason.push(t.fail_reason.clone());
@@ -120,86 +134,255 @@ impl TrialColumns {
     }
 }
 
+pub struct PostgresStudyTx {
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    study: StudyRecord,
+    /// Read with the study row; handed out by the first `unfinished_trials`.
+    unfinished: Option<Vec<TrialRecord>>,
+    /// Writes held until `commit`, which sends them as one statement.
+    new_trials: Vec<TrialRecord>,
+    changed_trials: Vec<TrialRecord>,
+    measurements: Vec<(i64, Measurement)>,
+    measured_at: Option<Time>,
+    study_update: Option<StudyRecord>,
+}
+
 impl PostgresStudyTx {
-    async fn write_new_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()> {
-        if trials.is_empty() {
-            return Ok(());
-        }
-        let c = TrialColumns::of(trials)?;
-        sqlx::query(INSERT_TRIALS)
-            .bind(self.study.id)
-            .bind(c.id)
-            .bind(c.state)
-            .bind(c.parameters)
-            .bind(c.client_id)
-            .bind(c.final_measurement)
-            .bind(c.objective)
-            .bind(c.infeasible_reason)
-            .bind(c.fail_reason)
-            .bind(c.early_stopped)
-            .bind(c.excluded)
-            .bind(c.lease_expires_at)
-            .bind(c.created_at)
-            .bind(c.started_at)
-            .bind(c.completed_at)
-            .bind(c.change_seq)
-            .execute(&mut *self.tx)
+    async fn begin(store: &PostgresStore, study_id: i64) -> StoreResult<Option<Box<dyn StudyTx>>> {
+        // An integer formatted into the SQL: nothing a client sends reaches this text.
+        let begin = format!("BEGIN; SELECT 1 FROM studies WHERE id = {study_id} FOR UPDATE");
+        let mut tx = store.pool.begin_with(sqlx::AssertSqlSafe(begin)).await?;
+        let rows = sqlx::query(STUDY_WITH_UNFINISHED)
+            .bind(study_id)
+            .fetch_all(&mut *tx)
             .await?;
+        let Some(first) = rows.first() else {
+            return Ok(None);
+        };
+        let study = StudyRow {
+            id: first.try_get("s_id")?,
+            name: first.try_get("s_name")?,
+            state: first.try_get("s_state")?,
+            state_reason: first.try_get("s_state_reason")?,
+            spec: first.try_get("s_spec")?,
+            next_trial_id: first.try_get("s_next_trial_id")?,
+            change_seq: first.try_get("s_change_seq")?,
+            designer_state: first.try_get("s_designer_state")?,
+            created_at: first.try_get("s_created_at")?,
+            updated_at: first.try_get("s_updated_at")?,
+        };
+        let mut unfinished = Vec::new();
+        for row in &rows {
+            if row.try_get::<Option<i64>, _>("id")?.is_some() {
+                unfinished.push(TrialRow::from_row(row)?.try_into()?);
+            }
+        }
+        Ok(Some(Box::new(PostgresStudyTx {
+            tx,
+            study: study.try_into()?,
+            unfinished: Some(unfinished),
+            new_trials: Vec::new(),
+            changed_trials: Vec::new(),
+            measurements: Vec::new(),
+            measured_at: None,
+            study_update: None,
+        })))
+    }
+
+    /// Sends the writes held so far, so that a read sees them (the service only reads before
+    /// it writes, so this costs a round trip in the conformance suite, not in a batch).
+    async fn flush(&mut self) -> StoreResult<()> {
+        if self.has_writes() {
+            self.write_batch().await?;
+            self.new_trials.clear();
+            self.changed_trials.clear();
+            self.measurements.clear();
+            self.measured_at = None;
+            self.study_update = None;
+            self.unfinished = None;
+        }
         Ok(())
     }
 
-    async fn write_changed_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()> {
-        if trials.is_empty() {
-            return Ok(());
-        }
-        let c = TrialColumns::of(trials)?;
-        sqlx::query(UPDATE_TRIALS)
-            .bind(self.study.id)
-            .bind(c.id)
-            .bind(c.state)
-            .bind(c.parameters)
-            .bind(c.client_id)
-            .bind(c.final_measurement)
-            .bind(c.objective)
-            .bind(c.infeasible_reason)
-            .bind(c.fail_reason)
-            .bind(c.early_stopped)
-            .bind(c.excluded)
-            .bind(c.lease_expires_at)
-            .bind(c.started_at)
-            .bind(c.completed_at)
-            .bind(c.change_seq)
-            .execute(&mut *self.tx)
-            .await?;
-        Ok(())
+    fn has_writes(&self) -> bool {
+        !self.new_trials.is_empty()
+            || !self.changed_trials.is_empty()
+            || !self.measurements.is_empty()
+            || self.study_update.is_some()
     }
 
-    async fn write_measurements(&mut self, rows: &[(i64, Measurement)], now: Time) -> StoreResult<()> {
-        // One statement may not touch a row twice: of two at one (trial, step), the later wins,
-        // as it would row by row.
-        let mut latest: std::collections::BTreeMap<(i64, i64), &Measurement> = Default::default();
-        for (trial_id, m) in rows {
+    async fn write_batch(&mut self) -> StoreResult<()> {
+        let new = TrialColumns::of(&self.new_trials)?;
+        let changed = TrialColumns::of(&self.changed_trials)?;
+        // One statement may not touch a row twice: of two measurements at one (trial, step)
+        // the later wins, as it would row by row.
+        let mut latest: std::collections::BTreeMap<(i64, i64), &Measurement> =
+            std::collections::BTreeMap::new();
+        for (trial_id, m) in &self.measurements {
             latest.insert((*trial_id, m.step), m);
         }
-        if latest.is_empty() {
-            return Ok(());
-        }
-        let (mut trial_ids, mut steps, mut elapsed, mut metrics) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut m_trial, mut m_step, mut m_elapsed, mut m_metrics) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for ((trial_id, step), m) in latest {
-            trial_ids.push(trial_id);
-            steps.push(step);
-            elapsed.push(m.elapsed_secs);
-            metrics.push(to_json(&m.metrics)?);
+            m_trial.push(trial_id);
+            m_step.push(step);
+            m_elapsed.push(m.elapsed_secs);
+            m_metrics.push(to_json(&m.metrics)?);
         }
-        sqlx::query(UPSERT_MEASUREMENTS)
+        let measured_at = self.measured_at.unwrap_or(self.study.updated_at);
+        let update_study = self.study_update.is_some();
+        let study = self.study_update.as_ref().unwrap_or(&self.study);
+        sqlx::query(WRITE_BATCH)
             .bind(self.study.id)
-            .bind(trial_ids)
-            .bind(steps)
-            .bind(elapsed)
-            .bind(metrics)
-            .bind(now)
+            .bind(new.id)
+            .bind(new.state)
+            .bind(new.parameters)
+            .bind(new.client_id)
+            .bind(new.final_measurement)
+            .bind(new.objective)
+            .bind(new.infeasible_reason)
+            .bind(new.fail_reason)
+            .bind(new.early_stopped)
+            .bind(new.excluded)
+            .bind(new.lease_expires_at)
+            .bind(new.created_at)
+            .bind(new.started_at)
+            .bind(new.completed_at)
+            .bind(new.change_seq)
+            .bind(changed.id)
+            .bind(changed.state)
+            .bind(changed.parameters)
+            .bind(changed.client_id)
+            .bind(changed.final_measurement)
+            .bind(changed.objective)
+            .bind(changed.infeasible_reason)
+            .bind(changed.fail_reason)
+            .bind(changed.early_stopped)
+            .bind(changed.excluded)
+            .bind(changed.lease_expires_at)
+            .bind(changed.started_at)
+            .bind(changed.completed_at)
+            .bind(changed.change_seq)
+            .bind(m_trial)
+            .bind(m_step)
+            .bind(m_elapsed)
+            .bind(m_metrics)
+            .bind(measured_at)
+            .bind(study.state.as_str())
+            .bind(&study.state_reason)
+            .bind(to_json(&study.spec)?)
+            .bind(study.next_trial_id)
+            .bind(study.updated_at)
+            .bind(study.change_seq)
+            .bind(update_study)
             .execute(&mut *self.tx)
             .await?;
         Ok(())
     }
 }
+
+#[async_trait::async_trait]
+impl StudyTx for PostgresStudyTx {
+    fn study(&self) -> &StudyRecord {
+        &self.study
+    }
+
+    async fn unfinished_trials(&mut self) -> StoreResult<Vec<TrialRecord>> {
+        self.flush().await?;
+        if let Some(trials) = self.unfinished.take() {
+            return Ok(trials);
+        }
+        let rows: Vec<TrialRow> = sqlx::query_as(UNFINISHED_TRIALS)
+            .bind(self.study.id)
+            .fetch_all(&mut *self.tx)
+            .await?;
+        rows.into_iter().map(TrialRecord::try_from).collect()
+    }
+
+    async fn trials_by_id(&mut self, ids: &[i64]) -> StoreResult<Vec<TrialRecord>> {
+        self.flush().await?;
+        let rows: Vec<TrialRow> = sqlx::query_as(TRIALS_BY_ID)
+            .bind(self.study.id)
+            .bind(ids)
+            .fetch_all(&mut *self.tx)
+            .await?;
+        rows.into_iter().map(TrialRecord::try_from).collect()
+    }
+
+    async fn count_failed(&mut self) -> StoreResult<u64> {
+        self.flush().await?;
+        let (n,): (i64,) = sqlx::query_as(COUNT_FAILED)
+            .bind(self.study.id)
+            .fetch_one(&mut *self.tx)
+            .await?;
+        Ok(n.max(0) as u64)
+    }
+
+    async fn measurements(&mut self, trial_id: i64) -> StoreResult<Vec<Measurement>> {
+        self.flush().await?;
+        let rows: Vec<MeasurementRow> = sqlx::query_as(MEASUREMENTS_RANGE)
+            .bind(self.study.id)
+            .bind(trial_id)
+            .bind(trial_id)
+            .fetch_all(&mut *self.tx)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| <(i64, Measurement)>::from(r).1)
+            .collect())
+    }
+
+    async fn insert_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()> {
+        self.new_trials.extend_from_slice(trials);
+        Ok(())
+    }
+
+    async fn update_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()> {
+        // One statement sees none of its own changes: fold an update into a pending insert of
+        // the same trial, and keep only the last update of a trial.
+        for t in trials {
+            if let Some(pending) = self.new_trials.iter_mut().find(|n| n.id == t.id) {
+                let created_at = pending.created_at;
+                *pending = t.clone();
+                pending.created_at = created_at;
+            } else if let Some(pending) = self.changed_trials.iter_mut().find(|c| c.id == t.id) {
+                *pending = t.clone();
+            } else {
+                self.changed_trials.push(t.clone());
+            }
+        }
+        Ok(())
+    }
+
+    async fn upsert_measurements(
+        &mut self,
+        rows: &[(i64, Measurement)],
+        now: Time,
+    ) -> StoreResult<()> {
+        self.measurements.extend_from_slice(rows);
+        self.measured_at = Some(now);
+        Ok(())
+    }
+
+    async fn update_study(&mut self, study: &StudyRecord) -> StoreResult<()> {
+        self.study_update = Some(study.clone());
+        Ok(())
+    }
+
+    async fn commit(mut self: Box<Self>) -> StoreResult<()> {
+        if self.has_writes() {
+            self.write_batch().await?;
+        }
+        self.tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// Trials of the study by id, in one statement.
+const TRIALS_BY_ID: &str = concat!(
+    "SELECT ",
+    "study_id, id, state, parameters, client_id, final_measurement, objective, \
+     infeasible_reason, fail_reason, early_stopped, excluded, lease_expires_at, created_at, \
+     started_at, completed_at, change_seq",
+    " FROM trials WHERE study_id = $1 AND id = ANY($2) ORDER BY id"
+);

@@ -98,25 +98,21 @@ pub(super) const FIND_TOKEN: &str =
 pub(super) const CLAIM_RUNNER: &str = "INSERT INTO study_runners (study_id, owner, expires_at) VALUES ($1, $2, $3) \
      ON CONFLICT (study_id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at \
      WHERE study_runners.owner = excluded.owner OR study_runners.expires_at < $4";
-pub(super) const RELEASE_RUNNER: &str = "DELETE FROM study_runners WHERE study_id = $1 AND owner = $2";
+pub(super) const RELEASE_RUNNER: &str =
+    "DELETE FROM study_runners WHERE study_id = $1 AND owner = $2";
 pub(super) const DELETE_TOKEN: &str = "DELETE FROM api_tokens WHERE name = $1";
 pub(super) const COUNT_TOKENS: &str = "SELECT COUNT(*) FROM api_tokens WHERE study_id IS NULL";
 
-/// Implements `Store` for `$store` (with field `pool: sqlx::Pool<$db>`) and `StudyTx` for
-/// `$tx` (fields `tx: sqlx::Transaction<'static, $db>`, `study: StudyRecord`).
-/// `$begin` is an expression `(&$store) -> Future<Result<Transaction>>`; `$lock` the SQL that
-/// reads (and on PostgreSQL locks) the study row.
+/// Implements `Store` for `$store` (with field `pool: sqlx::Pool<$db>`). Study transactions
+/// are the backend's `$tx`, which has `async fn begin(&$store, study_id) ->
+/// StoreResult<Option<Box<dyn StudyTx>>>`: `impl_row_study_tx!` on SQLite, hand-written and
+/// batched on PostgreSQL.
 macro_rules! impl_sql_store {
-    ($store:ty, $tx:ident, $db:ty, $backend:literal, $lock:expr, |$s:ident| $begin:expr) => {
+    ($store:ty, $tx:ident, $db:ty, $backend:literal) => {
         use $crate::model::{Measurement, StudySpec, StudyState, TrialCounts, TrialState};
         use $crate::store::records::{MeasurementRow, StudyRow, TokenRow, TrialRow, to_json};
         use $crate::store::sql::*;
         use $crate::store::{StoreResult, StudyRecord, StudyTx, TokenRecord, TrialRecord};
-
-        pub struct $tx {
-            tx: sqlx::Transaction<'static, $db>,
-            study: StudyRecord,
-        }
 
         fn counts_from(rows: Vec<(String, i64)>) -> StoreResult<TrialCounts> {
             let mut counts = TrialCounts::default();
@@ -329,19 +325,7 @@ macro_rules! impl_sql_store {
 
             #[tracing::instrument(skip_all)]
             async fn begin_study(&self, study_id: i64) -> StoreResult<Option<Box<dyn StudyTx>>> {
-                let $s = self;
-                let mut tx = $begin.await?;
-                let row: Option<StudyRow> = sqlx::query_as($lock)
-                    .bind(study_id)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                match row {
-                    None => Ok(None),
-                    Some(row) => Ok(Some(Box::new($tx {
-                        tx,
-                        study: row.try_into()?,
-                    }))),
-                }
+                $tx::begin(self, study_id).await
             }
 
             #[tracing::instrument(skip_all)]
@@ -397,7 +381,11 @@ macro_rules! impl_sql_store {
 
             #[tracing::instrument(skip_all)]
             async fn release_runner(&self, study_id: i64, owner: &str) -> StoreResult<()> {
-                sqlx::query(RELEASE_RUNNER).bind(study_id).bind(owner).execute(&self.pool).await?;
+                sqlx::query(RELEASE_RUNNER)
+                    .bind(study_id)
+                    .bind(owner)
+                    .execute(&self.pool)
+                    .await?;
                 Ok(())
             }
 
@@ -416,6 +404,116 @@ macro_rules! impl_sql_store {
                 Ok(n)
             }
         }
+    };
+}
+pub(super) use impl_sql_store;
+
+/// The batch writes of a study transaction as one statement per row: for SQLite, where a
+/// statement costs a function call, not a network round trip. `$tx` is the struct
+/// `impl_sql_store!` defined.
+macro_rules! impl_row_writes {
+    ($tx:ident) => {
+        impl $tx {
+            async fn write_new_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()> {
+                for t in trials {
+                    sqlx::query(INSERT_TRIAL)
+                        .bind(t.study_id)
+                        .bind(t.id)
+                        .bind(t.state.as_str())
+                        .bind(to_json(&t.parameters)?)
+                        .bind(&t.client_id)
+                        .bind(t.final_measurement.as_ref().map(to_json).transpose()?)
+                        .bind(t.objective)
+                        .bind(&t.infeasible_reason)
+                        .bind(&t.fail_reason)
+                        .bind(t.early_stopped)
+                        .bind(t.excluded)
+                        .bind(t.lease_expires_at)
+                        .bind(t.created_at)
+                        .bind(t.started_at)
+                        .bind(t.completed_at)
+                        .bind(t.change_seq)
+                        .execute(&mut *self.tx)
+                        .await?;
+                }
+                Ok(())
+            }
+
+            async fn write_changed_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()> {
+                for t in trials {
+                    sqlx::query(UPDATE_TRIAL)
+                        .bind(t.study_id)
+                        .bind(t.id)
+                        .bind(t.state.as_str())
+                        .bind(to_json(&t.parameters)?)
+                        .bind(&t.client_id)
+                        .bind(t.final_measurement.as_ref().map(to_json).transpose()?)
+                        .bind(t.objective)
+                        .bind(&t.infeasible_reason)
+                        .bind(&t.fail_reason)
+                        .bind(t.early_stopped)
+                        .bind(t.excluded)
+                        .bind(t.lease_expires_at)
+                        .bind(t.started_at)
+                        .bind(t.completed_at)
+                        .bind(t.change_seq)
+                        .execute(&mut *self.tx)
+                        .await?;
+                }
+                Ok(())
+            }
+
+            async fn write_measurements(
+                &mut self,
+                rows: &[(i64, Measurement)],
+                now: chrono::DateTime<chrono::Utc>,
+            ) -> StoreResult<()> {
+                for (trial_id, m) in rows {
+                    sqlx::query(UPSERT_MEASUREMENT)
+                        .bind(self.study.id)
+                        .bind(trial_id)
+                        .bind(m.step)
+                        .bind(m.elapsed_secs)
+                        .bind(to_json(&m.metrics)?)
+                        .bind(now)
+                        .execute(&mut *self.tx)
+                        .await?;
+                }
+                Ok(())
+            }
+        }
+    };
+}
+pub(super) use impl_row_writes;
+
+/// The study transaction of a backend where a statement is cheap (SQLite: a function call, no
+/// network): the study row is read with `$lock` inside the transaction `$begin` opens (an
+/// expression over `$s: &$store`), and each row of a batch is written by its own statement.
+macro_rules! impl_row_study_tx {
+    ($store:ty, $tx:ident, $db:ty, $lock:expr, |$s:ident| $begin:expr) => {
+        pub struct $tx {
+            tx: sqlx::Transaction<'static, $db>,
+            study: StudyRecord,
+        }
+
+        impl $tx {
+            async fn begin($s: &$store, study_id: i64) -> StoreResult<Option<Box<dyn StudyTx>>> {
+                let mut tx = $begin.await?;
+                let row: Option<StudyRow> = sqlx::query_as($lock)
+                    .bind(study_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                match row {
+                    None => Ok(None),
+                    Some(row) => Ok(Some(Box::new($tx {
+                        tx,
+                        study: row.try_into()?,
+                    }))),
+                }
+            }
+        }
+
+        $crate::store::sql::impl_row_writes!($tx);
 
         #[async_trait::async_trait]
         impl StudyTx for $tx {
@@ -506,82 +604,4 @@ macro_rules! impl_sql_store {
         }
     };
 }
-pub(super) use impl_sql_store;
-
-/// The batch writes of a study transaction as one statement per row: for SQLite, where a
-/// statement costs a function call, not a network round trip. `$tx` is the struct
-/// `impl_sql_store!` defined.
-macro_rules! impl_row_writes {
-    ($tx:ident) => {
-        impl $tx {
-            async fn write_new_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()> {
-                for t in trials {
-                    sqlx::query(INSERT_TRIAL)
-                        .bind(t.study_id)
-                        .bind(t.id)
-                        .bind(t.state.as_str())
-                        .bind(to_json(&t.parameters)?)
-                        .bind(&t.client_id)
-                        .bind(t.final_measurement.as_ref().map(to_json).transpose()?)
-                        .bind(t.objective)
-                        .bind(&t.infeasible_reason)
-                        .bind(&t.fail_reason)
-                        .bind(t.early_stopped)
-                        .bind(t.excluded)
-                        .bind(t.lease_expires_at)
-                        .bind(t.created_at)
-                        .bind(t.started_at)
-                        .bind(t.completed_at)
-                        .bind(t.change_seq)
-                        .execute(&mut *self.tx)
-                        .await?;
-                }
-                Ok(())
-            }
-
-            async fn write_changed_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()> {
-                for t in trials {
-                    sqlx::query(UPDATE_TRIAL)
-                        .bind(t.study_id)
-                        .bind(t.id)
-                        .bind(t.state.as_str())
-                        .bind(to_json(&t.parameters)?)
-                        .bind(&t.client_id)
-                        .bind(t.final_measurement.as_ref().map(to_json).transpose()?)
-                        .bind(t.objective)
-                        .bind(&t.infeasible_reason)
-                        .bind(&t.fail_reason)
-                        .bind(t.early_stopped)
-                        .bind(t.excluded)
-                        .bind(t.lease_expires_at)
-                        .bind(t.started_at)
-                        .bind(t.completed_at)
-                        .bind(t.change_seq)
-                        .execute(&mut *self.tx)
-                        .await?;
-                }
-                Ok(())
-            }
-
-            async fn write_measurements(
-                &mut self,
-                rows: &[(i64, Measurement)],
-                now: chrono::DateTime<chrono::Utc>,
-            ) -> StoreResult<()> {
-                for (trial_id, m) in rows {
-                    sqlx::query(UPSERT_MEASUREMENT)
-                        .bind(self.study.id)
-                        .bind(trial_id)
-                        .bind(m.step)
-                        .bind(m.elapsed_secs)
-                        .bind(to_json(&m.metrics)?)
-                        .bind(now)
-                        .execute(&mut *self.tx)
-                        .await?;
-                }
-                Ok(())
-            }
-        }
-    };
-}
-pub(super) use impl_row_writes;
+pub(super) use impl_row_study_tx;

@@ -9,7 +9,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use super::sql::{impl_row_writes, impl_sql_store, study_cols};
+use super::sql::{impl_row_study_tx, impl_sql_store, study_cols};
 
 pub struct SqliteStore {
     pool: SqlitePool,
@@ -37,12 +37,7 @@ impl SqliteStore {
 
 const LOCK_STUDY: &str = concat!("SELECT ", study_cols!(), " FROM studies WHERE id = $1");
 
-impl_sql_store!(
-    SqliteStore,
-    SqliteStudyTx,
-    sqlx::Sqlite,
-    "sqlite",
-    LOCK_STUDY,
-    |s| s.pool.begin_with("BEGIN IMMEDIATE")
-);
-impl_row_writes!(SqliteStudyTx);
+impl_sql_store!(SqliteStore, SqliteStudyTx, sqlx::Sqlite, "sqlite");
+impl_row_study_tx!(SqliteStore, SqliteStudyTx, sqlx::Sqlite, LOCK_STUDY, |s| s
+    .pool
+    .begin_with("BEGIN IMMEDIATE"));
