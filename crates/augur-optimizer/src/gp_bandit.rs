@@ -51,6 +51,10 @@ pub enum BatchAcquisition {
     UcbPe,
 }
 
+/// Most pending points (running trials and the batch's earlier suggestions) that enter the
+/// pending-aware covariance.
+const MAX_PENDING_IN_COVARIANCE: usize = 100;
+
 /// Tuning knobs of the GP bandit; [`Default`] is what studies get.
 #[derive(Debug, Clone)]
 pub struct GpBanditConfig {
@@ -299,8 +303,11 @@ impl Model {
     /// Variance-only posteriors with the pending points in the covariance.
     fn build_pending_posteriors(&mut self) {
         if !self.pending.is_empty() && self.pending_posteriors.is_none() {
+            // The most recent pending points only, so that a huge batch or backlog cannot
+            // make the covariance (and each suggestion's cost) grow without bound.
             let mut x = self.train_x.clone();
-            x.extend(self.pending.iter().cloned());
+            let skip = self.pending.len().saturating_sub(MAX_PENDING_IN_COVARIANCE);
+            x.extend(self.pending.iter().skip(skip).cloned());
             let built: Option<Vec<Posterior>> = self
                 .posteriors
                 .iter()
