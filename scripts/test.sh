@@ -29,5 +29,8 @@ cargo test --workspace 2>&1 | tee target/test-output.txt
 # a closing line for the record: totals over every test binary
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i }' target/test-output.txt
 
+step "dashboard in headless Chromium (scripts/browser-test.sh)"
+scripts/browser-test.sh
+
 step "schemathesis against openapi.yaml"
 scripts/schemathesis.sh

@@ -492,10 +492,15 @@ pub async fn learning_curves(
 /// requests for one study wait for a single load instead of each reading 50,000 rows.
 #[derive(Clone, Default)]
 pub struct Snapshots {
-    studies: Arc<Mutex<HashMap<i64, Arc<tokio::sync::Mutex<Option<Snapshot>>>>>>,
+    studies: Arc<Mutex<HashMap<i64, SnapshotSlot>>>,
 }
 
+/// One study's snapshot; its lock makes concurrent requests wait for a single load.
+type SnapshotSlot = Arc<tokio::sync::Mutex<Option<Snapshot>>>;
+
 struct Snapshot {
+    /// Tells a study apart from a later one that reuses its id.
+    created_at: chrono::DateTime<chrono::Utc>,
     change_seq: i64,
     trials: Arc<Vec<TrialRecord>>,
     used: std::time::Instant,
@@ -507,7 +512,7 @@ const CACHED_STUDIES: usize = 8;
 const MAX_INCREMENT: i64 = 10_000;
 
 impl Snapshots {
-    fn slot(&self, study: i64) -> ApiResult<Arc<tokio::sync::Mutex<Option<Snapshot>>>> {
+    fn slot(&self, study: i64) -> ApiResult<SnapshotSlot> {
         let mut map = self
             .studies
             .lock()
@@ -539,9 +544,10 @@ impl Snapshots {
             .ok_or_else(|| ApiError::NotFound(format!("study {study} not found")))?;
         let slot = self.slot(study)?;
         let mut cached = slot.lock().await;
+        let same_study = |s: &Snapshot| s.created_at == record.created_at;
         let trials = match cached.take() {
-            Some(snap) if snap.change_seq == record.change_seq => snap.trials,
-            Some(snap) if snap.change_seq < record.change_seq => {
+            Some(snap) if same_study(&snap) && snap.change_seq == record.change_seq => snap.trials,
+            Some(snap) if same_study(&snap) && snap.change_seq < record.change_seq => {
                 let changed = store
                     .changed_trials(study, (snap.change_seq, i64::MAX), MAX_INCREMENT + 1)
                     .await
@@ -556,6 +562,7 @@ impl Snapshots {
             _ => Arc::new(store.all_trials(study).await.map_err(internal)?),
         };
         *cached = Some(Snapshot {
+            created_at: record.created_at,
             change_seq: record.change_seq,
             trials: trials.clone(),
             used: std::time::Instant::now(),

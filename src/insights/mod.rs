@@ -61,7 +61,8 @@ impl ParamAxis {
         let (lo, hi) = (self.min?, self.max?);
         let t = |v: f64| if self.log && v > 0.0 { v.ln() } else { v };
         let (lo, hi, x) = (t(lo), t(hi), t(x));
-        if !(hi > lo) {
+        // A degenerate (or NaN) range puts everything in one bin.
+        if hi.partial_cmp(&lo) != Some(std::cmp::Ordering::Greater) {
             return Some(0);
         }
         let f = ((x - lo) / (hi - lo)).clamp(0.0, 1.0);

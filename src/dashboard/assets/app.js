@@ -6,7 +6,7 @@
 
 const ROW = 26; // px, matches --row in style.css
 const POLL_MS = 400; // live-update poll interval
-const INSIGHTS_EVERY_MS = 8000; // heavy charts refresh at most this often while trials change
+const INSIGHTS_EVERY_MS = 15000; // heavy charts refresh at most this often while trials change
 
 // Timings the browser test reads (ms since navigation start).
 window.augur = { marks: {}, updates: 0 };
@@ -264,6 +264,10 @@ async function studyPage() {
   // The study's numbers come first (two indexed queries): the page says something useful
   // while the full table is still on its way.
   const tablePromise = api(`/v1/studies/${study}/table`);
+  // Asked for at once too: the server loads the trials once for both requests.
+  let firstInsights = api(`/v1/studies/${study}/insights`);
+  firstInsights.catch(() => {});
+  plotly().catch(() => {});
   const info = await api(`/v1/studies/${study}`);
   document.title = `${info.name} · Augur`;
   const c0 = info.trial_counts;
@@ -327,8 +331,10 @@ async function studyPage() {
   mark('table');
 
   // ---- summary numbers
+  // Counts and best value come from the rows themselves, so a live change shows at once.
   function drawStats(s) {
-    const c = s.trial_counts;
+    const c = { requested: 0, active: 0, stopping: 0, completed: 0, infeasible: 0, failed: 0 };
+    for (const st of T.states) c[st] += 1;
     const best = bestOf(metric);
     stats.replaceChildren(
       stat('best ' + metric, best ? fmt(best.value) : '–', 'best-value'),
@@ -339,7 +345,6 @@ async function studyPage() {
       stat('budget', s.spec.max_trials, 'budget'));
   }
   const stat = (k, v, id) => h('div', { class: 'stat' }, h('div', { class: 'v', id }, v), h('div', { class: 'k' }, k));
-  // The best value comes from the rows themselves, so a live trial moves it at once.
   function bestOf(m) {
     const col = T.values[m];
     const max = goals[m] === 'maximize';
@@ -358,16 +363,21 @@ async function studyPage() {
   let insights = null;
   let histPoints = null; // the server's sample plus live additions
   async function loadInsights() {
-    insights = await api(`/v1/studies/${study}/insights?metric=${encodeURIComponent(metric)}`);
+    const pending = firstInsights && metric === metrics[0] ? firstInsights : null;
+    firstInsights = null;
+    insights = await (pending || api(`/v1/studies/${study}/insights?metric=${encodeURIComponent(metric)}`));
     histPoints = { trial: insights.history.trial.slice(), value: insights.history.value.slice() };
     const P = await plotly();
     await drawHistory(P);
     mark('history');
-    drawImportance(P);
-    drawParcoords(P);
-    drawSlices(P);
-    if (insights.pareto) drawPareto(P);
-    await Promise.all([drawContour(P), drawCurves(P)]);
+    // One chart per task, so live updates and scrolling get the main thread in between.
+    const breath = () => new Promise((r) => setTimeout(r, 0));
+    await breath(); drawImportance(P);
+    await breath(); drawParcoords(P);
+    await breath(); drawSlices(P);
+    if (insights.pareto) { await breath(); drawPareto(P); }
+    await breath(); await drawContour(P);
+    await breath(); await drawCurves(P);
     mark('charts');
   }
 
@@ -375,17 +385,21 @@ async function studyPage() {
     const max = goals[metric] === 'maximize';
     // Best-so-far from the full columns: exact even when the points are a sample.
     const done = [];
+    let ordered = true;
     for (let i = 0; i < T.ids.length; i++) {
       const v = T.values[metric][i];
-      if (v != null && T.states[i] === 'completed') done.push([T.ids[i], v]);
+      if (v != null && T.states[i] === 'completed') {
+        if (done.length && done[done.length - 1][0] > T.ids[i]) ordered = false;
+        done.push([T.ids[i], v]);
+      }
     }
-    done.sort((a, b) => a[0] - b[0]);
+    if (!ordered) done.sort((a, b) => a[0] - b[0]);
     const bx = []; const by = [];
     let best = null;
     for (const [id, v] of done) {
       if (best == null || (max ? v > best : v < best)) { best = v; bx.push(id); by.push(v); }
     }
-    if (bx.length) { bx.push(Math.max(...T.ids)); by.push(best); }
+    if (bx.length) { bx.push(T.ids.reduce((a, b) => (a > b ? a : b), 0)); by.push(best); }
     return [
       { x: histPoints.trial, y: histPoints.value, mode: 'markers', type: 'scatter', name: metric, marker: { size: 5, color: '#7a8bb0', opacity: 0.7 }, hovertemplate: 'trial %{x}<br>%{y}<extra></extra>' },
       { x: bx, y: by, mode: 'lines', type: 'scatter', name: 'best so far', line: { shape: 'hv', color: '#d6452d', width: 2 } },
@@ -510,11 +524,10 @@ async function studyPage() {
           }
         }
         tbl.refresh();
-        summary = await api(`/v1/studies/${study}`).catch(() => summary);
         drawStats(summary);
-        if (insights && window.Plotly) await drawHistory(window.Plotly);
         window.augur.updates += 1;
         window.augur.lastUpdate = { trials: changed.map((t) => t.id), at: performance.now() };
+        if (insights && window.Plotly) await drawHistory(window.Plotly);
         dirty = true;
       }
       if (dirty && insights && performance.now() - lastInsights > INSIGHTS_EVERY_MS) {
@@ -560,6 +573,13 @@ async function trialPage() {
       h('div', { class: 'card' }, h('h2', {}, 'Logs'), h('div', { class: 'placeholder', id: 'logs' },
         dir ? `${dir}/logs` : 'stdout and stderr appear here once the study dispatches its trials.'))));
   mark('trial');
+  if (job) {
+    // Dispatched trials keep stdout/stderr on the server: show the tail.
+    fetch(`/v1/studies/${study}/trials/${trialId}/logs?tail_bytes=65536`, { credentials: 'same-origin' })
+      .then((r) => (r.ok ? r.text() : null))
+      .then((log) => { if (log != null) $('#logs').replaceChildren(h('pre', { class: 'log' }, log || '(empty so far)')); })
+      .catch(() => {});
+  }
   if (!t.measurements.length) { $('#chart-trial-curve').replaceChildren(h('p', { class: 'muted' }, 'No intermediate values reported.')); return; }
   const P = await plotly();
   await P.react('chart-trial-curve', metrics.map((m) => ({
