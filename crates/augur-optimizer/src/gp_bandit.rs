@@ -133,7 +133,11 @@ impl Designer for GpBanditDesigner {
             suggestions.push(if started + suggestions.len() == 0 {
                 encoder.decode(&vec![0.5; encoder.dim()])
             } else {
-                quasi_random_assignment(input.space, input.seed, input.first_trial_number - 1 + i)
+                quasi_random_assignment(
+                    input.space,
+                    input.seed,
+                    input.first_trial_number.saturating_sub(1) + i,
+                )
             });
         }
         if suggestions.len() == input.count {
@@ -150,7 +154,7 @@ impl Designer for GpBanditDesigner {
                 suggestions.push(quasi_random_assignment(
                     input.space,
                     input.seed,
-                    input.first_trial_number - 1 + i,
+                    input.first_trial_number.saturating_sub(1) + i,
                 ));
             }
             return DesignerOutput {
@@ -176,7 +180,7 @@ impl Designer for GpBanditDesigner {
                     quasi_random_assignment(
                         input.space,
                         input.seed,
-                        input.first_trial_number - 1 + i,
+                        input.first_trial_number.saturating_sub(1) + i,
                     )
                 }
             };
