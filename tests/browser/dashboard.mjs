@@ -126,6 +126,19 @@ await test('study page shows the best value, filters and sorts the table, draws 
     const n = await page.evaluate((id) => (document.getElementById(id).data || []).length, id);
     assert(n >= 1, id + ' is drawn');
   }
+  // Brushing lr (shown as log10) on the parallel coordinates narrows the table to those trials.
+  let brushed = 0;
+  token = '';
+  for (let i = 0; i < 10; i++) {
+    const page_ = await get(`/v1/studies/${SMALL}/trials?page_size=1000${token ? '&page_token=' + token : ''}`);
+    brushed += page_.trials.filter((t) => Math.log10(t.parameters.lr) >= -2.5 && Math.log10(t.parameters.lr) <= -1.5).length;
+    token = page_.next_page_token;
+    if (!token) break;
+  }
+  await page.evaluate(() => Plotly.restyle('chart-parcoords', { 'dimensions[0].constraintrange': [[-2.5, -1.5]] }));
+  await page.waitForFunction((n) => document.querySelector('#row-count').textContent.startsWith(n + ' of'), brushed);
+  await page.evaluate(() => Plotly.restyle('chart-parcoords', { 'dimensions[0].constraintrange': null }));
+  await page.waitForFunction((n) => document.querySelector('#row-count').textContent.startsWith(n + ' of'), total);
   const curves = await page.evaluate(() => document.getElementById('chart-curves').data.length);
   assert(curves === total, `learning curves ${curves} vs ${total}`);
   await shot('study.png');
