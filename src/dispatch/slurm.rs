@@ -260,16 +260,16 @@ async fn tail_file(
     let mut partial = String::new();
     loop {
         let finished = *done.borrow();
-        if let Ok(mut file) = tokio::fs::File::open(&path).await {
-            if file.seek(std::io::SeekFrom::Start(offset)).await.is_ok() {
-                let mut buf = Vec::new();
-                if let Ok(n) = file.read_to_end(&mut buf).await {
-                    offset += n as u64;
-                    partial.push_str(&String::from_utf8_lossy(&buf));
-                    while let Some(i) = partial.find('\n') {
-                        let line: String = partial.drain(..=i).collect();
-                        let _ = lines.send(line.trim_end_matches('\n').to_string());
-                    }
+        if let Ok(mut file) = tokio::fs::File::open(&path).await
+            && file.seek(std::io::SeekFrom::Start(offset)).await.is_ok()
+        {
+            let mut buf = Vec::new();
+            if let Ok(n) = file.read_to_end(&mut buf).await {
+                offset += n as u64;
+                partial.push_str(&String::from_utf8_lossy(&buf));
+                while let Some(i) = partial.find('\n') {
+                    let line: String = partial.drain(..=i).collect();
+                    let _ = lines.send(line.trim_end_matches('\n').to_string());
                 }
             }
         }

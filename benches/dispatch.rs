@@ -1,0 +1,271 @@
+//! Dispatch overhead (DESIGN §6: "a local trial starts within 50 ms of its slot freeing")
+//! and the throughput of trivial trials, local executor, at `parallel_trials` 1, 8 and 32.
+//!
+//! Each trial is a tiny `/bin/sh` script that writes the wall-clock time when it starts and
+//! just before it exits to `$AIP_MODEL_DIR/times` and prints `loss=1`. The overhead of a
+//! slot is the time from a trial's exit to the start of the next trial process that took
+//! its slot (matched in time order). `sh` + `date` start in a few milliseconds, so the
+//! numbers are the service's, not an interpreter's.
+//!
+//! For `parallel_trials` 1 the overhead is split, from the trials' own timestamps
+//! (`completed_at`, `created_at`, `started_at`), into: exit → trial completed (metrics and
+//! completion recorded), completed → next trial suggested (the runner's loop), suggested →
+//! process started (token, directories, spawn).
+//!
+//! `cargo bench --bench dispatch` (release). Environment:
+//! - `AUGUR_BENCH_PARALLEL` (default `1,8,32`);
+//! - `AUGUR_BENCH_TRIALS_PER_SLOT` (default 8, at least 40 trials per row);
+//! - `AUGUR_BENCH_POSTGRES=1`: also on PostgreSQL (`AUGUR_TEST_POSTGRES_URL`, see
+//!   scripts/start-postgres.sh).
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const TRIAL_SH: &str = r#"#!/bin/sh
+s=$(date +%s.%N)
+echo "loss=1"
+echo "$s $(date +%s.%N)" > "${AIP_MODEL_DIR}times"
+"#;
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a valid value")),
+        Err(_) => default,
+    }
+}
+
+struct Row {
+    backend: &'static str,
+    parallel: usize,
+    trials: usize,
+    wall: Duration,
+    /// Slot freed → next process started, seconds.
+    overhead: Vec<f64>,
+    /// For `parallel` 1: (exit → completed, completed → next suggested, suggested → started).
+    split: Vec<(f64, f64, f64)>,
+    failed: usize,
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn ms(x: f64) -> String {
+    format!("{:.1}", x * 1000.0)
+}
+
+fn timestamp(v: &Value) -> Option<f64> {
+    let t = chrono::DateTime::parse_from_rfc3339(v.as_str()?).ok()?;
+    Some(t.timestamp_micros() as f64 / 1e6)
+}
+
+/// Each slot freed by an exit is taken by the next start after it (the first `parallel`
+/// starts take the initially free slots).
+fn slot_overheads(mut times: Vec<(f64, f64)>, parallel: usize) -> Vec<f64> {
+    let mut events: Vec<(f64, bool)> = Vec::with_capacity(times.len() * 2);
+    times.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for (start, end) in &times {
+        events.push((*start, true));
+        events.push((*end, false));
+    }
+    events.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut initial = parallel;
+    let mut freed: VecDeque<f64> = VecDeque::new();
+    let mut out = Vec::new();
+    for (t, is_start) in events {
+        if !is_start {
+            freed.push_back(t);
+        } else if initial > 0 {
+            initial -= 1;
+        } else if let Some(at) = freed.pop_front() {
+            out.push(t - at);
+        }
+    }
+    out
+}
+
+async fn run_row(backend: &'static str, parallel: usize, trials: usize, script: &Path) -> Row {
+    let db = common::db(backend).await;
+    let app = common::spawn_app(db).await;
+    let out = tempfile::tempdir().expect("temp dir");
+    let spec = json!({
+        "name": format!("dispatch-p{parallel}"),
+        "algorithm": "random",
+        "metrics": [{"id": "loss", "goal": "minimize"}],
+        "parameters": [{"id": "x", "type": "double", "min": 0, "max": 1}],
+        "max_trials": trials,
+        "parallel_trials": parallel,
+        "seed": 1,
+        "trial_job": {
+            "command": [script.display().to_string()],
+            "output_dir": out.path().display().to_string()
+        }
+    });
+    let started = Instant::now();
+    let id = app.create_study(spec).await;
+    loop {
+        let s = app.get(&format!("/v1/studies/{id}")).await.body;
+        if s["state"] == "completed" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "study did not complete: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let wall = started.elapsed();
+
+    let mut listed: Vec<Value> = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let mut path = format!("/v1/studies/{id}/trials?page_size=1000");
+        if let Some(t) = &token {
+            path.push_str(&format!("&page_token={t}"));
+        }
+        let page = app.get(&path).await.body;
+        listed.extend(page["trials"].as_array().cloned().unwrap_or_default());
+        match page["next_page_token"].as_str() {
+            Some(t) => token = Some(t.to_string()),
+            None => break,
+        }
+    }
+    let failed = listed.iter().filter(|t| t["state"] != "completed").count();
+    for t in listed.iter().filter(|t| t["state"] != "completed") {
+        eprintln!("  trial {} {}: {}", t["id"], t["state"], t["fail_reason"]);
+    }
+    let mut times = Vec::new();
+    let mut by_id = Vec::new();
+    for t in &listed {
+        let Some(n) = t["id"].as_i64() else { continue };
+        let file = out.path().join(n.to_string()).join("model").join("times");
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        let mut words = text
+            .split_whitespace()
+            .filter_map(|w| w.parse::<f64>().ok());
+        if let (Some(s), Some(e)) = (words.next(), words.next()) {
+            times.push((s, e));
+            by_id.push((n, s, e, t.clone()));
+        }
+    }
+    let mut split = Vec::new();
+    if parallel == 1 {
+        by_id.sort_by_key(|x| x.0);
+        for pair in by_id.windows(2) {
+            let (_, _, exit, ref done) = pair[0];
+            let (_, start, _, ref next) = pair[1];
+            if let (Some(completed), Some(created), Some(started)) = (
+                timestamp(&done["completed_at"]),
+                timestamp(&next["created_at"]),
+                timestamp(&next["started_at"]),
+            ) {
+                let _ = started;
+                split.push((completed - exit, created - completed, start - created));
+            }
+        }
+    }
+    let mut overhead = slot_overheads(times, parallel);
+    overhead.sort_by(f64::total_cmp);
+    Row {
+        backend,
+        parallel,
+        trials: listed.len(),
+        wall,
+        overhead,
+        split,
+        failed,
+    }
+}
+
+fn main() {
+    let parallels: Vec<usize> = env_or::<String>("AUGUR_BENCH_PARALLEL", "1,8,32".into())
+        .split(',')
+        .filter_map(|p| p.trim().parse().ok())
+        .collect();
+    let per_slot: usize = env_or("AUGUR_BENCH_TRIALS_PER_SLOT", 8);
+    let mut backends = vec!["sqlite"];
+    if std::env::var("AUGUR_BENCH_POSTGRES").is_ok_and(|v| v == "1") {
+        backends.push("postgres");
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("trial.sh");
+    std::fs::write(&script, TRIAL_SH).expect("write script");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut rows = Vec::new();
+    for backend in &backends {
+        for &parallel in &parallels {
+            let trials = (parallel * per_slot).max(40);
+            eprintln!("running {trials} trials at parallel_trials {parallel} on {backend} …");
+            rows.push(runtime.block_on(run_row(backend, parallel, trials, &script)));
+        }
+    }
+
+    println!();
+    println!(
+        "dispatch overhead: slot freed (trial process exits) → next trial process started; local executor"
+    );
+    println!(
+        "| backend  | parallel_trials | trials | failed | overhead median ms | p90 ms | max ms | trials/s |"
+    );
+    println!(
+        "|----------|----------------:|-------:|-------:|-------------------:|-------:|-------:|---------:|"
+    );
+    for r in &rows {
+        println!(
+            "| {:<8} | {:>15} | {:>6} | {:>6} | {:>18} | {:>6} | {:>6} | {:>8.1} |",
+            r.backend,
+            r.parallel,
+            r.trials,
+            r.failed,
+            ms(quantile(&r.overhead, 0.5)),
+            ms(quantile(&r.overhead, 0.9)),
+            ms(r.overhead.last().copied().unwrap_or(f64::NAN)),
+            r.trials as f64 / r.wall.as_secs_f64(),
+        );
+    }
+    println!();
+    println!("where the time goes at parallel_trials 1 (medians, ms; from the trials' timestamps)");
+    println!(
+        "| backend  | exit → trial completed | completed → next suggested | suggested → process started |"
+    );
+    println!(
+        "|----------|-----------------------:|---------------------------:|----------------------------:|"
+    );
+    for r in rows.iter().filter(|r| r.parallel == 1) {
+        let med = |f: fn(&(f64, f64, f64)) -> f64| {
+            let mut v: Vec<f64> = r.split.iter().map(f).collect();
+            v.sort_by(f64::total_cmp);
+            ms(quantile(&v, 0.5))
+        };
+        println!(
+            "| {:<8} | {:>22} | {:>26} | {:>27} |",
+            r.backend,
+            med(|x| x.0),
+            med(|x| x.1),
+            med(|x| x.2)
+        );
+    }
+    println!();
+    println!("target (DESIGN §6): a local trial starts within 50 ms of its slot freeing");
+}
