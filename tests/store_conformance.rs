@@ -410,6 +410,26 @@ async fn tokens_insert_find_delete_count(store: Arc<dyn Store>) {
             .is_err(),
         "names are unique"
     );
+    store
+        .replace_token("trial", "hash-trial-2", Some((study.id, 4)), now())
+        .await
+        .expect("replace");
+    assert_eq!(
+        store.find_token("hash-trial").await.expect("find"),
+        None,
+        "the old token is gone"
+    );
+    let replaced = store
+        .find_token("hash-trial-2")
+        .await
+        .expect("find")
+        .expect("token");
+    assert_eq!(replaced.scope, Some((study.id, 4)));
+    store
+        .replace_token("fresh", "hash-fresh", None, now())
+        .await
+        .expect("insert by replace");
+    assert!(store.delete_token("fresh").await.expect("delete"));
     assert!(store.delete_token("ci").await.expect("delete"));
     assert_eq!(store.count_tokens().await.expect("count"), 0);
 }

@@ -51,18 +51,27 @@ pub async fn run_study(
     let mut renew = tokio::time::interval(RENEW_EVERY);
     let mut setup: Option<Arc<TrialSetup>> = None;
     let mut resumed = false;
+    // The study as last read. A trial's end does not re-read it (that would put a query in
+    // the path from a freed slot to the next job); wake-ups, the periodic recheck and a
+    // suggest that reports the study ended do.
+    let mut current: Option<crate::store::StudyRecord> = None;
+    let mut stale = true;
     loop {
-        let study = match service.store().get_study(study_id).await {
-            Ok(Some(s)) => Some(s),
-            Ok(None) => None,
-            Err(error) => {
-                tracing::warn!(study_id, %error, "runner could not read its study");
-                tokio::time::sleep(RECHECK_EVERY).await;
-                continue;
+        if stale {
+            match service.store().get_study(study_id).await {
+                // `None`: the study was deleted.
+                Ok(study) => current = study,
+                Err(error) => {
+                    tracing::warn!(study_id, %error, "runner could not read its study");
+                    tokio::time::sleep(RECHECK_EVERY).await;
+                    continue;
+                }
             }
-        };
-        let Some(study) =
-            study.filter(|s| s.state == StudyState::Active && s.spec.trial_job.is_some())
+            stale = false;
+        }
+        let Some(study) = current
+            .clone()
+            .filter(|s| s.state == StudyState::Active && s.spec.trial_job.is_some())
         else {
             // Stopped, failed or deleted: cancel what runs. Completed: nothing runs.
             let _ = interrupt_trials.send(Interrupt::Cancel);
@@ -117,6 +126,9 @@ pub async fn run_study(
                 .await
             {
                 Ok(s) => {
+                    if s.study_state != StudyState::Active {
+                        stale = true;
+                    }
                     for trial in s.trials {
                         if running.insert(trial.id) {
                             tasks.spawn(spawn_trial(
@@ -134,12 +146,18 @@ pub async fn run_study(
 
         tokio::select! {
             Some(done) = tasks.join_next(), if !tasks.is_empty() => {
-                if let Ok((trial_id, end)) = done {
+                // Trials that ended together free their slots in one suggest.
+                let mut ended = vec![done];
+                while let Some(more) = tasks.try_join_next() {
+                    ended.push(more);
+                }
+                for (trial_id, end) in ended.into_iter().flatten() {
                     running.remove(&trial_id);
                     tracing::info!(study_id, trial_id, ?end, "trial ended");
                 }
             }
             changed = wake.changed() => {
+                stale = true;
                 let what = if changed.is_ok() { *wake.borrow() } else { Interrupt::Shutdown };
                 if what != Interrupt::None {
                     let _ = interrupt_trials.send(what);
@@ -156,7 +174,7 @@ pub async fn run_study(
                     return;
                 }
             }
-            _ = tokio::time::sleep(RECHECK_EVERY) => {}
+            _ = tokio::time::sleep(RECHECK_EVERY) => stale = true,
         }
     }
 }
@@ -268,9 +286,8 @@ impl TrialReporter for ServiceReporter {
         let token = crate::api::auth::new_token();
         let name = format!("trial:{}:{trial_id}", self.study_id);
         let store = self.service.store();
-        store.delete_token(&name).await.map_err(|e| e.to_string())?;
         store
-            .insert_token(
+            .replace_token(
                 &name,
                 &crate::api::auth::hash_token(&token),
                 Some((self.study_id, trial_id)),

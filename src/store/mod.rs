@@ -109,6 +109,15 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreResult<()>;
     async fn find_token(&self, token_hash: &str) -> StoreResult<Option<TokenRecord>>;
     async fn delete_token(&self, name: &str) -> StoreResult<bool>;
+    /// Insert, or replace the token of the same name (one statement: a trial's token is
+    /// renewed on every attempt).
+    async fn replace_token(
+        &self,
+        name: &str,
+        token_hash: &str,
+        scope: Option<(i64, i64)>,
+        now: DateTime<Utc>,
+    ) -> StoreResult<()>;
 
     /// Take or renew the right to dispatch a study's trials until `now + ttl`. False while
     /// another owner's lease is unexpired.

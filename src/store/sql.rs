@@ -100,6 +100,9 @@ pub(super) const CLAIM_RUNNER: &str = "INSERT INTO study_runners (study_id, owne
      WHERE study_runners.owner = excluded.owner OR study_runners.expires_at < $4";
 pub(super) const RELEASE_RUNNER: &str =
     "DELETE FROM study_runners WHERE study_id = $1 AND owner = $2";
+pub(super) const REPLACE_TOKEN: &str = "INSERT INTO api_tokens (name, token_hash, study_id, trial_id, created_at) \
+     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE SET token_hash = excluded.token_hash, \
+     study_id = excluded.study_id, trial_id = excluded.trial_id, created_at = excluded.created_at";
 pub(super) const DELETE_TOKEN: &str = "DELETE FROM api_tokens WHERE name = $1";
 pub(super) const COUNT_TOKENS: &str = "SELECT COUNT(*) FROM api_tokens WHERE study_id IS NULL";
 
@@ -384,6 +387,25 @@ macro_rules! impl_sql_store {
                 sqlx::query(RELEASE_RUNNER)
                     .bind(study_id)
                     .bind(owner)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(())
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn replace_token(
+                &self,
+                name: &str,
+                token_hash: &str,
+                scope: Option<(i64, i64)>,
+                now: chrono::DateTime<chrono::Utc>,
+            ) -> StoreResult<()> {
+                sqlx::query(REPLACE_TOKEN)
+                    .bind(name)
+                    .bind(token_hash)
+                    .bind(scope.map(|s| s.0))
+                    .bind(scope.map(|s| s.1))
+                    .bind(now)
                     .execute(&self.pool)
                     .await?;
                 Ok(())
