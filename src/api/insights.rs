@@ -74,7 +74,7 @@ pub async fn trial_table(
     let (record, trials) = load(&state, &study).await?;
     // The study's change counter is read before the trials: every change after it comes
     // back from `changes`, some maybe twice, which the dashboard's merge by id absorbs.
-    let cursor = format!("{}.{}", record.change_seq, i64::MAX);
+    let cursor = crate::service::cursor_after_seq(record.change_seq);
     let metrics = metric_infos(&record.spec);
     let parameters = insights::flatten_parameters(&record.spec.parameters);
     let n = trials.len();

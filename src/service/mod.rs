@@ -392,7 +392,7 @@ impl Service {
         let next = records.last().map_or(after, |t| (t.change_seq, t.id));
         Ok(Changes {
             trials: self.trial_views(study_id, records).await?,
-            cursor: format!("{}.{}", next.0, next.1),
+            cursor: format_cursor(next),
             has_more,
         })
     }
@@ -765,6 +765,16 @@ fn split_page<T>(
     } else {
         (items, None)
     }
+}
+
+/// The `/changes` cursor after position `(change_seq, trial id)`.
+fn format_cursor(after: (i64, i64)) -> String {
+    format!("{}.{}", after.0, after.1)
+}
+
+/// The `/changes` cursor past every change up to `change_seq` (e.g. a snapshot's).
+pub fn cursor_after_seq(change_seq: i64) -> String {
+    format_cursor((change_seq, i64::MAX))
 }
 
 fn not_found_study(study_id: i64) -> ServiceError {
