@@ -75,19 +75,26 @@ async fn cycle(
     client: &str,
     n: u64,
 ) -> Result<bool, String> {
-    let suggested = post(
-        http,
-        &format!("{study_url}/suggest"),
-        &json!({"count": 1, "client_id": client}),
-    )
-    .await?;
-    let Some(trial) = suggested["trials"].as_array().and_then(|t| t.first()) else {
-        if suggested["study_state"] == "completed" {
+    let request = json!({"count": 1, "client_id": client});
+    // Near the end of a study the budget is spent while other clients' trials still run:
+    // the answer is then "ask again", until they complete.
+    let mut answer = Value::Null;
+    for _ in 0..10_000 {
+        answer = post(http, &format!("{study_url}/suggest"), &request).await?;
+        let waiting = answer["trials"].as_array().is_some_and(|t| t.is_empty())
+            && answer["study_state"] == "active";
+        if !waiting {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let Some(trial) = answer["trials"].as_array().and_then(|t| t.first()) else {
+        if answer["study_state"] == "completed" {
             return Ok(false);
         }
         return Err(format!(
-            "no trial and study {}: {suggested}",
-            suggested["study_state"]
+            "no trial and study {}: {answer}",
+            answer["study_state"]
         ));
     };
     let id = trial["id"].as_i64().ok_or("trial without id")?;
