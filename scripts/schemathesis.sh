@@ -119,7 +119,8 @@ run_pass() {
     "$@")
 }
 status=0
-run_pass "all but DELETE" --exclude-method DELETE || status=$?
+# POST /login takes a browser form, not JSON: tests/dashboard.rs covers it.
+run_pass "all but DELETE" --exclude-method DELETE --exclude-path /login || status=$?
 if [ "$status" -ne 124 ]; then
   run_pass "DELETE" --include-method DELETE || { s=$?; [ "$status" -eq 0 ] && status=$s; }
 fi

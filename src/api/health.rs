@@ -95,7 +95,7 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
 /// This API's OpenAPI 3.1 document.
 #[utoipa::path(get, path = "/openapi.yaml", tag = "operations",
     responses(
-        (status = 200, description = "The OpenAPI document", content_type = "application/yaml", body = String),
+        (status = 200, description = "The OpenAPI document", content_type = "application/yaml", body = Object),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
     ))]
 pub async fn openapi_yaml(State(state): State<AppState>) -> impl IntoResponse {

@@ -50,6 +50,8 @@ pub struct AppState {
         description = "Self-hosted hyperparameter tuning: studies, trials, suggestions (ask/tell), measurements.",
         license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
+    // Recursive schemas are referenced, not inlined: they must be listed here.
+    components(schemas(crate::model::spec::ChildInput, crate::model::spec::ParameterInput)),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
     tags(

@@ -99,7 +99,8 @@ fn positive_id(s: &str) -> Option<i64> {
 #[utoipa::path(get, path = "/", tag = "dashboard",
     responses(
         (status = 200, description = "The studies page", content_type = "text/html", body = String),
-        (status = 303, description = "No valid token: to the login form"),
+        (status = 303, description = "No valid token, from a browser: to the login form"),
+        (status = 401, description = "No valid token, from a client that does not ask for HTML", body = crate::api::error::ErrorBody),
     ))]
 pub async fn studies_page() -> Html<String> {
     page("Studies", "studies", &[])
@@ -111,7 +112,8 @@ pub async fn studies_page() -> Html<String> {
     params(("study" = String, Path, description = "study id")),
     responses(
         (status = 200, description = "The study page", content_type = "text/html", body = String),
-        (status = 303, description = "No valid token: to the login form"),
+        (status = 303, description = "No valid token, from a browser: to the login form"),
+        (status = 401, description = "No valid token, from a client that does not ask for HTML", body = crate::api::error::ErrorBody),
         (status = 404, description = "Not a study id", content_type = "text/html", body = String),
     ))]
 pub async fn study_page(Path(study): Path<String>) -> Response {
@@ -129,7 +131,8 @@ pub async fn study_page(Path(study): Path<String>) -> Response {
     ),
     responses(
         (status = 200, description = "The trial page", content_type = "text/html", body = String),
-        (status = 303, description = "No valid token: to the login form"),
+        (status = 303, description = "No valid token, from a browser: to the login form"),
+        (status = 401, description = "No valid token, from a client that does not ask for HTML", body = crate::api::error::ErrorBody),
         (status = 404, description = "Not a study or trial id", content_type = "text/html", body = String),
     ))]
 pub async fn trial_page(Path((study, trial)): Path<(String, String)>) -> Response {
@@ -159,7 +162,8 @@ pub struct CompareQuery {
 #[utoipa::path(get, path = "/compare", tag = "dashboard", params(CompareQuery),
     responses(
         (status = 200, description = "The compare page", content_type = "text/html", body = String),
-        (status = 303, description = "No valid token: to the login form"),
+        (status = 303, description = "No valid token, from a browser: to the login form"),
+        (status = 401, description = "No valid token, from a client that does not ask for HTML", body = crate::api::error::ErrorBody),
     ))]
 pub async fn compare_page() -> Html<String> {
     page("Compare", "compare", &[])
