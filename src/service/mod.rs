@@ -64,6 +64,8 @@ pub struct Service {
     /// Ids of studies that were created, changed, stopped or deleted in this process: the
     /// dispatcher reacts at once instead of at its next poll.
     events: tokio::sync::broadcast::Sender<i64>,
+    /// See `fixed_config`. Study ids are never reused, so entries never go stale.
+    fixed_configs: Arc<Mutex<HashMap<i64, Arc<crate::model::StudyConfig>>>>,
 }
 
 impl Service {
@@ -73,6 +75,7 @@ impl Service {
             store,
             design_locks: Arc::default(),
             events: tokio::sync::broadcast::channel(1024).0,
+            fixed_configs: Arc::default(),
         }
     }
 
@@ -196,21 +199,22 @@ impl Service {
                 "must be 1-256 characters",
             ));
         }
-        let study = self.study_record(study_id).await?;
-        let config = study.spec.validate().map_err(corrupt_spec(study_id))?;
-        let designer = designer_for(config.algorithm);
-        let reply = if designer.uses_history() && study.state == StudyState::Active {
+        let fixed = self.fixed_config(study_id).await?;
+        let reply = if designer_for(fixed.algorithm).uses_history() {
             // Model-based designers read a snapshot and think outside the study's lock.
             let lock = self.design_lock(study_id)?;
             let _one_at_a_time = lock.lock().await;
-            let trials = self.store.all_trials(study_id).await?;
-            let resume_client = client_id.as_deref().filter(|_| !dispatched);
-            let wanted = suggestions_needed(&trials, &config, count, resume_client);
-            let precomputed = if wanted > 0 {
-                Some(self.run_designer(&study, &config, &trials, wanted).await?)
-            } else {
-                None
-            };
+            let study = self.study_record(study_id).await?;
+            let mut precomputed = None;
+            if study.state == StudyState::Active {
+                let config = study.spec.validate().map_err(corrupt_spec(study_id))?;
+                let trials = self.store.all_trials(study_id).await?;
+                let resume_client = client_id.as_deref().filter(|_| !dispatched);
+                let wanted = suggestions_needed(&trials, &config, count, resume_client);
+                if wanted > 0 {
+                    precomputed = Some(self.run_designer(&study, &config, &trials, wanted).await?);
+                }
+            }
             self.commits
                 .submit(
                     study_id,
@@ -248,6 +252,27 @@ impl Service {
             study_state,
             retry_after_secs: retry_later.then_some(RETRY_AFTER_SECS),
         })
+    }
+
+    /// The study's validated config, read once per process: only its parts that never
+    /// change after creation (algorithm, metrics, search space) may be used from it, since
+    /// `max_trials`, `parallel_trials` and `max_failed_trials` can be changed by any replica.
+    /// Saves a read and a validation on every suggest, measurement and completion.
+    async fn fixed_config(&self, study_id: i64) -> ServiceResult<Arc<crate::model::StudyConfig>> {
+        if let Some(config) = self
+            .fixed_configs
+            .lock()
+            .ok()
+            .and_then(|c| c.get(&study_id).cloned())
+        {
+            return Ok(config);
+        }
+        let study = self.study_record(study_id).await?;
+        let config = Arc::new(study.spec.validate().map_err(corrupt_spec(study_id))?);
+        if let Ok(mut cache) = self.fixed_configs.lock() {
+            cache.insert(study_id, config.clone());
+        }
+        Ok(config)
     }
 
     fn design_lock(&self, study_id: i64) -> ServiceResult<Arc<tokio::sync::Mutex<()>>> {
@@ -315,8 +340,7 @@ impl Service {
         parameters: Assignment,
         final_metrics: Option<BTreeMap<String, f64>>,
     ) -> ServiceResult<Trial> {
-        let study = self.study_record(study_id).await?;
-        let config = study.spec.validate().map_err(corrupt_spec(study_id))?;
+        let config = self.fixed_config(study_id).await?;
         config
             .space
             .check_assignment(&parameters)
@@ -408,8 +432,7 @@ impl Service {
         trial_id: i64,
         measurement: Measurement,
     ) -> ServiceResult<Trial> {
-        let study = self.study_record(study_id).await?;
-        let config = study.spec.validate().map_err(corrupt_spec(study_id))?;
+        let config = self.fixed_config(study_id).await?;
         if measurement.step < 0 {
             return Err(ServiceError::invalid("step", "must be >= 0"));
         }
@@ -439,8 +462,7 @@ impl Service {
         trial_id: i64,
         outcome: Completion,
     ) -> ServiceResult<Trial> {
-        let study = self.study_record(study_id).await?;
-        let config = study.spec.validate().map_err(corrupt_spec(study_id))?;
+        let config = self.fixed_config(study_id).await?;
         match &outcome {
             Completion::Metrics { metrics, step } => {
                 check_metrics(&config, metrics, "metrics", true)?;
