@@ -25,6 +25,35 @@ pub struct TestDb {
     pub url: String,
     pub backend: &'static str,
     _dir: Option<tempfile::TempDir>,
+    /// A PostgreSQL database to drop when the test is done.
+    pg_name: Option<String>,
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let Some(name) = self.pg_name.take() else {
+            return;
+        };
+        // Drop is synchronous and may run inside a runtime: use a thread with its own.
+        let _ = std::thread::spawn(move || {
+            use sqlx::Connection;
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async {
+                if let Ok(mut conn) = sqlx::PgConnection::connect(&postgres_admin_url()).await {
+                    let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+                    let _ = sqlx::query(sqlx::AssertSqlSafe(sql))
+                        .execute(&mut conn)
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
 }
 
 pub fn sqlite_db() -> TestDb {
@@ -34,6 +63,7 @@ pub fn sqlite_db() -> TestDb {
         url,
         backend: "sqlite",
         _dir: Some(dir),
+        pg_name: None,
     }
 }
 
@@ -60,6 +90,7 @@ pub async fn postgres_db() -> TestDb {
         url: format!("{base}/{name}"),
         backend: "postgres",
         _dir: None,
+        pg_name: Some(name),
     }
 }
 
