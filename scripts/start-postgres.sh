@@ -12,7 +12,8 @@ if [ -z "$version" ]; then
   version=$(ls /usr/lib/postgresql | sort -n | tail -1); cluster=main
   pg_createcluster "$version" "$cluster" >&2
 fi
-pg_ctlcluster "$version" "$cluster" start 2>/dev/null || true
+# stdout is the URL this script prints: everything else goes to stderr
+pg_ctlcluster "$version" "$cluster" start >&2 2>&1 || true
 for _ in $(seq 1 50); do pg_isready -q -h 127.0.0.1 && break; sleep 0.2; done
 pg_isready -q -h 127.0.0.1 || { echo "PostgreSQL did not start" >&2; exit 1; }
 runuser -u postgres -- psql -qc "ALTER USER postgres PASSWORD 'postgres'" >&2
