@@ -25,7 +25,8 @@ step "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 
 step "cargo test"
-cargo test --workspace 2>&1 | tee target/test-output.txt
+mkdir -p target
+cargo test --workspace --no-fail-fast 2>&1 | tee target/test-output.txt
 # a closing line for the record: totals over every test binary
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i }' target/test-output.txt
 
