@@ -27,6 +27,9 @@ ckpt = os.path.join(os.environ["AIP_CHECKPOINT_DIR"], "ckpt")
 if a.mode == "crash_once" and not os.path.exists(ckpt):
     open(ckpt, "w").write(os.environ["AIP_CHECKPOINT_DIR"])
     sys.exit(3)
+if a.mode == "chatty":
+    for i in range(3000):
+        print("progress line", i)
 if a.mode == "hang":
     child = subprocess.Popen(["sleep", "1000"])
     open(os.path.join(os.environ["AIP_MODEL_DIR"], "child.pid"), "w").write(str(child.pid))
@@ -480,4 +483,28 @@ async fn a_vertex_style_trainer_reports_through_cloudml_hypertune_and_resumes_it
             "crashed at epoch 3, resumed from its checkpoint"
         );
     }
+}
+
+/// The trial loop drops the job's `wait()` whenever a stdout line or a tick wins; a job that
+/// prints a lot and then its metric as its very last line right before exiting must still
+/// have that line read (it once failed with "no metric reported").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_line_of_a_chatty_job_is_never_lost() {
+    let f = fixture();
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let spec = study(
+        &f,
+        "chatty",
+        24,
+        8,
+        &["--mode=chatty", "--sleep=0"],
+        json!({}),
+    );
+    let id = app.create_study(spec).await;
+    let s = wait_for_state(&app, id, "completed", Duration::from_secs(120)).await;
+    let failed = app
+        .get(&format!("/v1/studies/{id}/trials?state=failed"))
+        .await
+        .body;
+    assert_eq!(s["trial_counts"]["completed"], 24, "{failed}");
 }

@@ -128,6 +128,16 @@ struct LocalJob {
 }
 
 impl LocalJob {
+    /// Wait until every line the job printed has been read (and sent on). Cancel-safe: the
+    /// trial loop drops `wait()` whenever another event wins its `select!`, and a dropped
+    /// wait must not lose the last lines (the final metric is often the last line).
+    async fn finish_output(&mut self) {
+        if let Some(writer) = self.writer.as_mut() {
+            let _ = writer.await;
+            self.writer = None;
+        }
+    }
+
     fn signal_group(&self, signal: Signal) {
         if self.pgid > 0 {
             // ESRCH: the group is already gone.
@@ -147,9 +157,7 @@ impl RunningJob for LocalJob {
         // The leader is gone; make sure nothing it started lingers (it may have left
         // children behind in its group).
         self.signal_group(Signal::SIGKILL);
-        if let Some(writer) = self.writer.take() {
-            let _ = writer.await;
-        }
+        self.finish_output().await;
         match status {
             Ok(s) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
                 (Some(code), _) => JobExit::Exited(code),
@@ -170,9 +178,7 @@ impl RunningJob for LocalJob {
             let _ = self.child.wait().await;
         }
         self.signal_group(Signal::SIGKILL);
-        if let Some(writer) = self.writer.take() {
-            let _ = writer.await;
-        }
+        self.finish_output().await;
     }
 }
 
