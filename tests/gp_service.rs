@@ -74,3 +74,64 @@ async fn gp_bandit_by_ask_tell_in_batches_of_five_converges_on_branin() {
     assert!(gp[1] < 0.1, "GP regret {gp:?}");
     assert!(gp[1] < random[1], "GP {gp:?} vs random {random:?}");
 }
+
+/// A model that misses the study's suggestion time budget never fails or delays the
+/// request: it is answered with quasi-random points, and the fallback is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suggestion_over_its_time_budget_falls_back_to_quasi_random() {
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let id = app
+        .create_study(json!({
+            "name": "tight-budget",
+            "metrics": [{"id": "value", "goal": "minimize"}],
+            "parameters": [
+                {"id": "x1", "type": "double", "min": -5, "max": 10},
+                {"id": "x2", "type": "double", "min": 0, "max": 15}
+            ],
+            "max_trials": 100, "parallel_trials": 5, "seed": 1,
+            "suggestion_time_budget_secs": 0.001
+        }))
+        .await;
+    // Enough history that the GP fit takes far longer than a millisecond.
+    for i in 0..40 {
+        let (x1, x2) = (
+            -5.0 + 15.0 * f64::from(i) / 40.0,
+            15.0 * f64::from((i * 7) % 40) / 40.0,
+        );
+        let body = json!({"parameters": {"x1": x1, "x2": x2}, "final_measurement": {"metrics": {"value": branin(x1, x2)}}});
+        let r = app.post(&format!("/v1/studies/{id}/trials"), body).await;
+        assert_eq!(r.status, reqwest::StatusCode::CREATED, "{}", r.body);
+    }
+    let s = app
+        .post(&format!("/v1/studies/{id}/suggest"), json!({"count": 5}))
+        .await;
+    assert_eq!(s.status, reqwest::StatusCode::OK, "{}", s.body);
+    assert_eq!(
+        s.body["trials"].as_array().map(Vec::len),
+        Some(5),
+        "{}",
+        s.body
+    );
+    let metrics = app
+        .http
+        .get(format!("{}/metrics", app.base))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("augur_suggestion_budget_exceeded_total"),
+        "{metrics}"
+    );
+    let bad = app
+        .post(
+            "/v1/studies",
+            json!({"name": "b", "metrics": [{"id": "v", "goal": "minimize"}],
+            "parameters": [{"id": "x", "type": "double", "min": 0, "max": 1}], "max_trials": 1,
+            "suggestion_time_budget_secs": 0}),
+        )
+        .await;
+    assert_eq!(bad.body["error"]["field"], "suggestion_time_budget_secs");
+}

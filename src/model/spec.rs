@@ -47,6 +47,10 @@ pub struct StudySpec {
     /// before it returns to `requested`.
     #[serde(default = "default_lease")]
     pub trial_lease_secs: i64,
+    /// Wall-clock budget of one model-based suggestion (gp_bandit). Past it the request is
+    /// answered with quasi-random points instead of failing or waiting.
+    #[serde(default = "default_suggestion_budget")]
+    pub suggestion_time_budget_secs: f64,
     /// Present: the service runs each trial itself as a job (see `dispatch`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trial_job: Option<super::TrialJobSpec>,
@@ -58,6 +62,12 @@ fn one() -> i64 {
 fn default_lease() -> i64 {
     DEFAULT_TRIAL_LEASE_SECS
 }
+fn default_suggestion_budget() -> f64 {
+    DEFAULT_SUGGESTION_TIME_BUDGET_SECS
+}
+
+/// Default wall-clock budget of one model-based suggestion.
+pub const DEFAULT_SUGGESTION_TIME_BUDGET_SECS: f64 = 2.0;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -291,6 +301,7 @@ pub struct StudyConfig {
     pub seed: u64,
     pub early_stopping: Option<StoppingRule>,
     pub trial_lease_secs: i64,
+    pub suggestion_time_budget: std::time::Duration,
 }
 
 impl StudyConfig {
@@ -398,6 +409,12 @@ impl StudySpec {
                 "must be between 1 and 2592000 (30 days)",
             ));
         }
+        if !(0.001..=3600.0).contains(&self.suggestion_time_budget_secs) {
+            return Err(ValidationError::new(
+                "suggestion_time_budget_secs",
+                "must be between 0.001 and 3600",
+            ));
+        }
         if let Some(job) = &self.trial_job {
             job.validate()?;
         }
@@ -414,6 +431,9 @@ impl StudySpec {
             seed: self.seed.unwrap_or(0),
             early_stopping,
             trial_lease_secs: self.trial_lease_secs,
+            suggestion_time_budget: std::time::Duration::from_secs_f64(
+                self.suggestion_time_budget_secs,
+            ),
         })
     }
 

@@ -212,7 +212,29 @@ impl Service {
                 let resume_client = client_id.as_deref().filter(|_| !dispatched);
                 let wanted = suggestions_needed(&trials, &config, count, resume_client);
                 if wanted > 0 {
-                    precomputed = Some(self.run_designer(&study, &config, &trials, wanted).await?);
+                    let budget = config.suggestion_time_budget;
+                    precomputed = Some(
+                        match tokio::time::timeout(
+                            budget,
+                            self.run_designer(&study, &config, &trials, wanted),
+                        )
+                        .await
+                        {
+                            Ok(points) => points?,
+                            // The model took too long: answer on time with quasi-random points
+                            // (the fit goes on in the background and is discarded).
+                            Err(_) => {
+                                metrics::counter!("augur_suggestion_budget_exceeded_total")
+                                    .increment(1);
+                                tracing::warn!(
+                                    study_id,
+                                    ?budget,
+                                    "suggestion time budget exceeded; using quasi-random points"
+                                );
+                                fallback_points(&study, &config, wanted)
+                            }
+                        },
+                    );
                 }
             }
             self.commits
@@ -663,6 +685,27 @@ impl Service {
             })
             .collect())
     }
+}
+
+/// Quasi-random points for when the model misses its time budget.
+fn fallback_points(
+    study: &StudyRecord,
+    config: &crate::model::StudyConfig,
+    count: usize,
+) -> Vec<Assignment> {
+    let input = DesignerInput {
+        space: &config.space,
+        metrics: &config.metrics,
+        completed: &[],
+        pending: &[],
+        count,
+        first_trial_number: study.next_trial_id.max(1) as u64,
+        seed: config.seed,
+        previous_state: None,
+    };
+    designer_for(augur_optimizer::Algorithm::QuasiRandom)
+        .suggest(&input)
+        .suggestions
 }
 
 /// How many new points a model-based designer should propose for this call: none when the
