@@ -76,15 +76,20 @@ pub(super) const COUNT_FAILED: &str =
 pub(super) const MEASUREMENTS_RANGE: &str = "SELECT trial_id, step, elapsed_secs, metrics FROM measurements \
      WHERE study_id = $1 AND trial_id BETWEEN $2 AND $3 ORDER BY trial_id, step";
 pub(super) const SET_DESIGNER_STATE: &str = "UPDATE studies SET designer_state = $2 WHERE id = $1";
-pub(super) const INSERT_TRIAL: &str = concat!(
+/// Writes a trial whole: inserts a new one, or overwrites every mutable column of an
+/// existing one (`created_at` stays), so new and changed trials share one statement.
+pub(super) const UPSERT_TRIAL: &str = concat!(
     "INSERT INTO trials (",
     trial_cols!(),
-    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)"
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
+     ON CONFLICT (study_id, id) DO UPDATE SET state = excluded.state, \
+     parameters = excluded.parameters, client_id = excluded.client_id, \
+     final_measurement = excluded.final_measurement, objective = excluded.objective, \
+     infeasible_reason = excluded.infeasible_reason, fail_reason = excluded.fail_reason, \
+     early_stopped = excluded.early_stopped, excluded = excluded.excluded, \
+     lease_expires_at = excluded.lease_expires_at, started_at = excluded.started_at, \
+     completed_at = excluded.completed_at, change_seq = excluded.change_seq"
 );
-pub(super) const UPDATE_TRIAL: &str = "UPDATE trials SET state = $3, parameters = $4, client_id = $5, \
-     final_measurement = $6, objective = $7, infeasible_reason = $8, fail_reason = $9, \
-     early_stopped = $10, excluded = $11, lease_expires_at = $12, started_at = $13, \
-     completed_at = $14, change_seq = $15 WHERE study_id = $1 AND id = $2";
 pub(super) const UPSERT_MEASUREMENT: &str = "INSERT INTO measurements \
      (study_id, trial_id, step, elapsed_secs, metrics, created_at) VALUES ($1, $2, $3, $4, $5, $6) \
      ON CONFLICT (study_id, trial_id, step) DO UPDATE SET elapsed_secs = excluded.elapsed_secs, \
@@ -436,9 +441,9 @@ pub(super) use impl_sql_store;
 macro_rules! impl_row_writes {
     ($tx:ident) => {
         impl $tx {
-            async fn write_new_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()> {
+            async fn write_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()> {
                 for t in trials {
-                    sqlx::query(INSERT_TRIAL)
+                    sqlx::query(UPSERT_TRIAL)
                         .bind(t.study_id)
                         .bind(t.id)
                         .bind(t.state.as_str())
@@ -452,30 +457,6 @@ macro_rules! impl_row_writes {
                         .bind(t.excluded)
                         .bind(t.lease_expires_at)
                         .bind(t.created_at)
-                        .bind(t.started_at)
-                        .bind(t.completed_at)
-                        .bind(t.change_seq)
-                        .execute(&mut *self.tx)
-                        .await?;
-                }
-                Ok(())
-            }
-
-            async fn write_changed_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()> {
-                for t in trials {
-                    sqlx::query(UPDATE_TRIAL)
-                        .bind(t.study_id)
-                        .bind(t.id)
-                        .bind(t.state.as_str())
-                        .bind(to_json(&t.parameters)?)
-                        .bind(&t.client_id)
-                        .bind(t.final_measurement.as_ref().map(to_json).transpose()?)
-                        .bind(t.objective)
-                        .bind(&t.infeasible_reason)
-                        .bind(&t.fail_reason)
-                        .bind(t.early_stopped)
-                        .bind(t.excluded)
-                        .bind(t.lease_expires_at)
                         .bind(t.started_at)
                         .bind(t.completed_at)
                         .bind(t.change_seq)
@@ -590,11 +571,11 @@ macro_rules! impl_row_study_tx {
             // How a batch's rows are written differs by backend: one statement per row here
             // on SQLite (`impl_row_writes!`), one bulk UNNEST statement each on PostgreSQL.
             async fn insert_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()> {
-                self.write_new_trials(trials).await
+                self.write_trials(trials).await
             }
 
             async fn update_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()> {
-                self.write_changed_trials(trials).await
+                self.write_trials(trials).await
             }
 
             async fn upsert_measurements(
