@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::TestApp;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -81,21 +80,6 @@ fn study(
     })
 }
 
-async fn wait_for_state(app: &TestApp, id: i64, want: &str, limit: Duration) -> Value {
-    let start = Instant::now();
-    loop {
-        let s = app.get(&format!("/v1/studies/{id}")).await.body;
-        if s["state"] == want {
-            return s;
-        }
-        assert!(
-            start.elapsed() < limit,
-            "study {id} not {want} after {limit:?}: {s}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Trial jobs alive whose command line mentions `marker`, counted by process group: each
 /// job runs in its own group, and `python3` may be a shim that briefly forks helpers.
 fn processes_with(marker: &str) -> usize {
@@ -152,7 +136,9 @@ async fn twenty_trials_four_at_a_time_never_more_than_four_processes() {
     let id = app
         .create_study(study(&f, "twenty", 20, 4, &[], json!({})))
         .await;
-    let s = wait_for_state(&app, id, "completed", Duration::from_secs(120)).await;
+    let s = app
+        .wait_for_state(id, "completed", Duration::from_secs(120))
+        .await;
     done.store(true, Ordering::Relaxed);
     monitor.join().expect("monitor");
     assert_eq!(s["trial_counts"]["completed"], 20, "{s}");
@@ -199,7 +185,8 @@ async fn a_crashed_trial_is_retried_and_finds_its_checkpoint() {
             json!({"max_retries": 1}),
         ))
         .await;
-    wait_for_state(&app, id, "completed", Duration::from_secs(60)).await;
+    app.wait_for_state(id, "completed", Duration::from_secs(60))
+        .await;
     let trial = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
     assert_eq!(trial["state"], "completed", "{trial}");
     let log = std::fs::read_to_string(f.dir.path().join("runs/1/job.log")).expect("log");
@@ -228,7 +215,8 @@ async fn crashes_beyond_max_retries_fail_the_trial() {
         json!({"max_retries": 0}),
     );
     let id = app.create_study(spec).await;
-    wait_for_state(&app, id, "completed", Duration::from_secs(60)).await;
+    app.wait_for_state(id, "completed", Duration::from_secs(60))
+        .await;
     let trial = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
     assert_eq!(trial["state"], "failed");
     assert_eq!(
@@ -252,7 +240,8 @@ async fn a_hung_trial_is_killed_at_its_timeout_with_its_process_group() {
         ))
         .await;
     let started = Instant::now();
-    wait_for_state(&app, id, "completed", Duration::from_secs(30)).await;
+    app.wait_for_state(id, "completed", Duration::from_secs(30))
+        .await;
     assert!(started.elapsed() < Duration::from_secs(15));
     let trial = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
     assert_eq!(trial["state"], "failed");
@@ -297,22 +286,8 @@ async fn stopping_the_study_kills_running_jobs() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let start = Instant::now();
-    loop {
-        let failed = app
-            .get(&format!("/v1/studies/{id}/trials?state=failed"))
-            .await
-            .body;
-        if failed["trials"].as_array().map(Vec::len) == Some(2) {
-            assert_eq!(
-                failed["trials"][0]["fail_reason"],
-                "cancelled: the study was stopped"
-            );
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(10), "{failed}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    app.wait_for_cancelled_trials(id, 2, Duration::from_secs(10))
+        .await;
     for pid_file in ["runs/1/model/child.pid", "runs/2/model/child.pid"] {
         if let Ok(pid) = std::fs::read_to_string(f.dir.path().join(pid_file)) {
             assert!(!alive(pid.trim().parse().expect("pid")), "{pid_file}");
@@ -456,7 +431,8 @@ async fn a_vertex_style_trainer_reports_through_cloudml_hypertune_and_resumes_it
     });
     let app = common::spawn_app(common::sqlite_db()).await;
     let id = app.create_study(spec).await;
-    wait_for_state(&app, id, "completed", Duration::from_secs(120)).await;
+    app.wait_for_state(id, "completed", Duration::from_secs(120))
+        .await;
     let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
     for t in trials["trials"].as_array().expect("trials") {
         assert_eq!(t["state"], "completed", "{t}");
@@ -501,7 +477,9 @@ async fn the_last_line_of_a_chatty_job_is_never_lost() {
         json!({}),
     );
     let id = app.create_study(spec).await;
-    let s = wait_for_state(&app, id, "completed", Duration::from_secs(120)).await;
+    let s = app
+        .wait_for_state(id, "completed", Duration::from_secs(120))
+        .await;
     let failed = app
         .get(&format!("/v1/studies/{id}/trials?state=failed"))
         .await

@@ -150,21 +150,6 @@ fn study(
     })
 }
 
-async fn wait_for_state(app: &TestApp, id: i64, want: &str, limit: Duration) -> Value {
-    let start = Instant::now();
-    loop {
-        let s = app.get(&format!("/v1/studies/{id}")).await.body;
-        if s["state"] == want {
-            return s;
-        }
-        assert!(
-            start.elapsed() < limit,
-            "study {id} not {want} after {limit:?}: {s}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 async fn trials(app: &TestApp, id: i64) -> Vec<Value> {
     let body = app
         .get(&format!("/v1/studies/{id}/trials?page_size=100"))
@@ -204,7 +189,9 @@ async fn eight_trials_two_at_a_time_run_through_sbatch() {
         })
     };
     let id = app.create_study(study(&f, "eight", 8, 2, "ok", 0)).await;
-    let s = wait_for_state(&app, id, "completed", Duration::from_secs(90)).await;
+    let s = app
+        .wait_for_state(id, "completed", Duration::from_secs(90))
+        .await;
     done.store(true, Ordering::Relaxed);
     monitor.join().expect("monitor");
     assert_eq!(s["trial_counts"]["completed"], 8, "{s}");
@@ -285,8 +272,10 @@ async fn a_job_exiting_non_zero_is_retried_then_fails_for_good() {
     let always = app
         .create_study(study(&f, "crash-always", 1, 1, "crash_always", 1))
         .await;
-    wait_for_state(&app, once, "completed", Duration::from_secs(60)).await;
-    wait_for_state(&app, always, "completed", Duration::from_secs(60)).await;
+    app.wait_for_state(once, "completed", Duration::from_secs(60))
+        .await;
+    app.wait_for_state(always, "completed", Duration::from_secs(60))
+        .await;
 
     let t = &trials(&app, once).await[0];
     assert_eq!(t["state"], "completed", "retried after exit code 3: {t}");
@@ -337,7 +326,8 @@ async fn a_job_cancelled_from_outside_is_retried() {
     let cancelled = Command::new("scancel").arg(&job).status().expect("scancel");
     assert!(cancelled.success());
 
-    wait_for_state(&app, id, "completed", Duration::from_secs(60)).await;
+    app.wait_for_state(id, "completed", Duration::from_secs(60))
+        .await;
     let t = &trials(&app, id).await[0];
     assert_eq!(
         t["state"], "completed",
@@ -379,7 +369,9 @@ async fn a_chatty_job_neither_floods_the_controller_nor_loses_its_last_lines() {
     let id = app
         .create_study(study(&f, "chatty", 2, 2, "chatty", 0))
         .await;
-    let s = wait_for_state(&app, id, "completed", Duration::from_secs(60)).await;
+    let s = app
+        .wait_for_state(id, "completed", Duration::from_secs(60))
+        .await;
     let queries = single_job_queries().saturating_sub(before);
     let secs = started.elapsed().as_secs_f64();
     assert_eq!(
@@ -420,22 +412,8 @@ async fn stopping_the_study_cancels_its_slurm_jobs() {
     assert_eq!(jobs_under(f.dir.path()).len(), 2);
     let stopped = app.post(&format!("/v1/studies/{id}/stop"), json!({})).await;
     assert_eq!(stopped.body["state"], "stopped");
-    let start = Instant::now();
-    loop {
-        let failed = app
-            .get(&format!("/v1/studies/{id}/trials?state=failed"))
-            .await
-            .body;
-        if failed["trials"].as_array().map(Vec::len) == Some(2) {
-            assert_eq!(
-                failed["trials"][0]["fail_reason"],
-                "cancelled: the study was stopped"
-            );
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(20), "{failed}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    app.wait_for_cancelled_trials(id, 2, Duration::from_secs(20))
+        .await;
     // The runner marks a trial failed only once its job has left the queue.
     assert!(
         jobs_under(f.dir.path()).is_empty(),

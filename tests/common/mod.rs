@@ -168,6 +168,61 @@ impl TestApp {
     }
 }
 
+/// Poll `check` every 50 ms until it gives `Ok`, failing after `limit` with `what` and the
+/// last `Err` it gave (what was seen instead).
+pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let start = Instant::now();
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(seen) => assert!(
+                start.elapsed() < limit,
+                "{what} not within {limit:?}: {seen}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+impl TestApp {
+    /// Wait until the study is in `want`; returns the study.
+    pub async fn wait_for_state(&self, id: i64, want: &str, limit: Duration) -> Value {
+        eventually(&format!("study {id} {want}"), limit, || async move {
+            let s = self.get(&format!("/v1/studies/{id}")).await.body;
+            if s["state"] == want {
+                Ok(s)
+            } else {
+                Err(s.to_string())
+            }
+        })
+        .await
+    }
+
+    /// Wait until `n` trials of the study have failed as cancelled by its stop.
+    pub async fn wait_for_cancelled_trials(&self, id: i64, n: usize, limit: Duration) {
+        let failed = eventually("trials cancelled by the stop", limit, || async move {
+            let failed = self
+                .get(&format!("/v1/studies/{id}/trials?state=failed"))
+                .await
+                .body;
+            let count = failed["trials"].as_array().map_or(0, Vec::len);
+            if count == n {
+                Ok(failed)
+            } else {
+                Err(failed.to_string())
+            }
+        })
+        .await;
+        for t in failed["trials"].as_array().into_iter().flatten() {
+            assert_eq!(t["fail_reason"], "cancelled: the study was stopped", "{t}");
+        }
+    }
+}
+
 pub async fn call(
     http: &reqwest::Client,
     base: &str,
