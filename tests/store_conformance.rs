@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use augur::model::{Measurement, StudySpec, StudyState, TrialState};
-use augur::store::{Store, TrialRecord};
+use augur::store::{Store, TrialPoint, TrialRecord};
 use augur_optimizer::Value;
 use chrono::{DateTime, Duration, Utc};
 
@@ -36,6 +36,7 @@ on_both_backends!(
     counts_best_and_paging,
     tokens_insert_find_delete_count,
     deleting_a_study_cascades,
+    trial_points_are_the_records_light_view,
 );
 
 fn spec(name: &str) -> StudySpec {
@@ -472,4 +473,102 @@ async fn deleting_a_study_cascades(store: Arc<dyn Store>) {
     assert_eq!(store.all_trials(study.id).await.expect("all"), vec![]);
     assert_eq!(store.measurements(study.id, 1, 1).await.expect("m"), vec![]);
     assert_eq!(store.find_token("h").await.expect("token"), None);
+}
+
+/// The dashboard's light read holds what the full records hold, and its change filter returns
+/// exactly the trials written after a `change_seq`, in change order, up to the limit.
+async fn trial_points_are_the_records_light_view(store: Arc<dyn Store>) {
+    let study = store
+        .insert_study(&spec("points"), now())
+        .await
+        .expect("insert");
+    let mut first = vec![
+        trial(study.id, 1, TrialState::Active, 0.1),
+        completed(trial(study.id, 2, TrialState::Active, 0.2), 0.75),
+        completed(trial(study.id, 3, TrialState::Active, 0.3), 0.5),
+        trial(study.id, 4, TrialState::Requested, 0.4),
+    ];
+    first[1].early_stopped = true;
+    first[2].excluded = true;
+    // Every kind of value, including a float that only round-trips exactly if parsed exactly.
+    first[3].parameters = [
+        ("x".to_string(), Value::Float(0.1 + 0.2)),
+        ("n".to_string(), Value::Int(-7)),
+        ("k".to_string(), Value::Str("poly".into())),
+    ]
+    .into();
+    for t in &mut first {
+        t.change_seq = 1;
+    }
+    insert(&*store, study.id, &first).await;
+
+    let view = |t: &TrialRecord| TrialPoint {
+        id: t.id,
+        state: t.state,
+        parameters: t.parameters.clone(),
+        final_metrics: t.final_measurement.as_ref().map(|m| m.metrics.clone()),
+        early_stopped: t.early_stopped,
+        excluded: t.excluded,
+    };
+    let all = store.all_trials(study.id).await.expect("all");
+    let points = store.trial_points(study.id, None, 0).await.expect("points");
+    assert_eq!(points, all.iter().map(view).collect::<Vec<_>>());
+    assert_eq!(points[3].parameters, first[3].parameters);
+    assert_eq!(
+        points[1].final_metrics,
+        Some([("acc".to_string(), 0.75)].into())
+    );
+
+    // A second batch changes trial 4 and adds 5 and 6, at change_seq 2.
+    let mut tx = store
+        .begin_study(study.id)
+        .await
+        .expect("begin")
+        .expect("study");
+    let mut later = completed(first[3].clone(), 0.9);
+    later.change_seq = 2;
+    tx.update_trials(std::slice::from_ref(&later))
+        .await
+        .expect("update");
+    let mut added = vec![
+        trial(study.id, 5, TrialState::Active, 0.5),
+        trial(study.id, 6, TrialState::Active, 0.6),
+    ];
+    for t in &mut added {
+        t.change_seq = 2;
+    }
+    tx.insert_trials(&added).await.expect("insert");
+    let mut s = tx.study().clone();
+    s.next_trial_id = 7;
+    s.change_seq = 2;
+    tx.update_study(&s).await.expect("update study");
+    tx.commit().await.expect("commit");
+
+    let changed = store
+        .trial_points(study.id, Some(1), 10)
+        .await
+        .expect("changed");
+    assert_eq!(
+        changed,
+        vec![view(&later), view(&added[0]), view(&added[1])]
+    );
+    let limited = store
+        .trial_points(study.id, Some(1), 2)
+        .await
+        .expect("limited");
+    assert_eq!(limited, changed[..2]);
+    assert!(
+        store
+            .trial_points(study.id, Some(2), 10)
+            .await
+            .expect("none")
+            .is_empty()
+    );
+    assert!(
+        store
+            .trial_points(424242, None, 0)
+            .await
+            .expect("no study")
+            .is_empty()
+    );
 }

@@ -18,7 +18,7 @@ use super::extract::{ApiQuery, parse_id};
 use crate::insights::{self, Grid, Importance, MAX_CHART_POINTS, ParamAxis};
 use crate::model::spec::MetricGoal;
 use crate::model::{TrialState, spec::StudySpec};
-use crate::store::{Store, StudyRecord, TrialRecord};
+use crate::store::{Store, StudyRecord, TrialPoint};
 
 /// Learning curves shown at most, and points per curve.
 const MAX_CURVES: usize = 200;
@@ -88,11 +88,7 @@ pub async fn trial_table(
         .collect();
     for t in trials.iter() {
         for (id, column) in &mut values {
-            column.push(
-                t.final_measurement
-                    .as_ref()
-                    .and_then(|m| m.metrics.get(id).copied()),
-            );
+            column.push(t.final_metrics.as_ref().and_then(|m| m.get(id).copied()));
         }
         for (id, column) in &mut params {
             column.push(t.parameters.get(id).cloned());
@@ -212,7 +208,7 @@ fn build_insights(
     metric: MetricInfo,
     metrics: Vec<MetricInfo>,
     parameters: Vec<ParamAxis>,
-    trials: &[TrialRecord],
+    trials: &[TrialPoint],
 ) -> StudyInsights {
     let maximize = metric.goal == MetricGoal::Maximize;
     let scored = scored_trials(trials, &metric.id);
@@ -274,12 +270,12 @@ fn build_insights(
     }
 }
 
-fn pareto_view(metrics: &[MetricInfo], trials: &[TrialRecord]) -> ParetoView {
+fn pareto_view(metrics: &[MetricInfo], trials: &[TrialPoint]) -> ParetoView {
     let rows: Vec<(i64, f64, f64)> = trials
         .iter()
         .filter(|t| t.state == TrialState::Completed && !t.excluded)
         .filter_map(|t| {
-            let m = &t.final_measurement.as_ref()?.metrics;
+            let m = t.final_metrics.as_ref()?;
             Some((t.id, *m.get(&metrics[0].id)?, *m.get(&metrics[1].id)?))
         })
         .collect();
@@ -460,7 +456,7 @@ pub async fn learning_curves(
             e.1.push(*v);
         }
     }
-    let info: BTreeMap<i64, &TrialRecord> = trials.iter().map(|t| (t.id, t)).collect();
+    let info: BTreeMap<i64, &TrialPoint> = trials.iter().map(|t| (t.id, t)).collect();
     let trials_with_curves = by_trial.len();
     let mut curves: Vec<Curve> = by_trial
         .into_iter()
@@ -502,7 +498,7 @@ struct Snapshot {
     /// Tells a study apart from a later one that reuses its id.
     created_at: chrono::DateTime<chrono::Utc>,
     change_seq: i64,
-    trials: Arc<Vec<TrialRecord>>,
+    trials: Arc<Vec<TrialPoint>>,
     used: std::time::Instant,
 }
 
@@ -536,7 +532,7 @@ impl Snapshots {
         &self,
         store: &Arc<dyn Store>,
         study: i64,
-    ) -> ApiResult<(StudyRecord, Arc<Vec<TrialRecord>>)> {
+    ) -> ApiResult<(StudyRecord, Arc<Vec<TrialPoint>>)> {
         let record = store
             .get_study(study)
             .await
@@ -549,17 +545,17 @@ impl Snapshots {
             Some(snap) if same_study(&snap) && snap.change_seq == record.change_seq => snap.trials,
             Some(snap) if same_study(&snap) && snap.change_seq < record.change_seq => {
                 let changed = store
-                    .changed_trials(study, (snap.change_seq, i64::MAX), MAX_INCREMENT + 1)
+                    .trial_points(study, Some(snap.change_seq), MAX_INCREMENT + 1)
                     .await
                     .map_err(internal)?;
                 if changed.len() as i64 > MAX_INCREMENT {
-                    Arc::new(store.all_trials(study).await.map_err(internal)?)
+                    Arc::new(all_points(store, study).await?)
                 } else {
                     Arc::new(merge_by_id(&snap.trials, changed))
                 }
             }
             // None, or a snapshot from before the study was deleted and made again.
-            _ => Arc::new(store.all_trials(study).await.map_err(internal)?),
+            _ => Arc::new(all_points(store, study).await?),
         };
         *cached = Some(Snapshot {
             created_at: record.created_at,
@@ -571,8 +567,12 @@ impl Snapshots {
     }
 }
 
+async fn all_points(store: &Arc<dyn Store>, study: i64) -> ApiResult<Vec<TrialPoint>> {
+    store.trial_points(study, None, 0).await.map_err(internal)
+}
+
 /// `base` (sorted by id) with `changed` replacing or adding trials, still sorted by id.
-fn merge_by_id(base: &[TrialRecord], mut changed: Vec<TrialRecord>) -> Vec<TrialRecord> {
+fn merge_by_id(base: &[TrialPoint], mut changed: Vec<TrialPoint>) -> Vec<TrialPoint> {
     changed.sort_by_key(|t| t.id);
     changed.dedup_by_key(|t| t.id);
     let mut out = Vec::with_capacity(base.len() + changed.len());
@@ -591,7 +591,7 @@ fn merge_by_id(base: &[TrialRecord], mut changed: Vec<TrialRecord>) -> Vec<Trial
     out
 }
 
-async fn load(state: &AppState, study: &str) -> ApiResult<(StudyRecord, Arc<Vec<TrialRecord>>)> {
+async fn load(state: &AppState, study: &str) -> ApiResult<(StudyRecord, Arc<Vec<TrialPoint>>)> {
     let id = parse_id(study, "study")?;
     state.snapshots.load(state.service.store(), id).await
 }
@@ -625,12 +625,12 @@ fn pick_metric(metrics: &[MetricInfo], wanted: Option<&str>) -> ApiResult<Metric
 }
 
 /// Completed, not excluded trials with a final value of `metric`, by id.
-fn scored_trials<'a>(trials: &'a [TrialRecord], metric: &str) -> Vec<(&'a TrialRecord, f64)> {
+fn scored_trials<'a>(trials: &'a [TrialPoint], metric: &str) -> Vec<(&'a TrialPoint, f64)> {
     trials
         .iter()
         .filter(|t| t.state == TrialState::Completed && !t.excluded)
         .filter_map(|t| {
-            let v = *t.final_measurement.as_ref()?.metrics.get(metric)?;
+            let v = *t.final_metrics.as_ref()?.get(metric)?;
             v.is_finite().then_some((t, v))
         })
         .collect()
@@ -640,31 +640,20 @@ fn scored_trials<'a>(trials: &'a [TrialRecord], metric: &str) -> Vec<(&'a TrialR
 mod tests {
     use super::*;
 
-    fn trial(id: i64, state: TrialState) -> TrialRecord {
-        let now = chrono::Utc::now();
-        TrialRecord {
-            study_id: 1,
+    fn trial(id: i64, state: TrialState) -> TrialPoint {
+        TrialPoint {
             id,
             state,
             parameters: Default::default(),
-            client_id: None,
-            final_measurement: None,
-            objective: None,
-            infeasible_reason: None,
-            fail_reason: None,
+            final_metrics: None,
             early_stopped: false,
             excluded: false,
-            lease_expires_at: None,
-            created_at: now,
-            started_at: None,
-            completed_at: None,
-            change_seq: 0,
         }
     }
 
     #[test]
     fn merging_changes_replaces_and_appends_by_id() {
-        let base: Vec<TrialRecord> = (1..=4).map(|i| trial(i, TrialState::Active)).collect();
+        let base: Vec<TrialPoint> = (1..=4).map(|i| trial(i, TrialState::Active)).collect();
         let changed = vec![
             trial(6, TrialState::Requested),
             trial(2, TrialState::Completed),

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 pub use postgres::PostgresStore;
-pub use records::{StudyRecord, TokenRecord, TrialRecord};
+pub use records::{StudyRecord, TokenRecord, TrialPoint, TrialRecord};
 pub use sqlite::SqliteStore;
 
 use crate::model::{Measurement, StudySpec, StudyState, TrialCounts, TrialState};
@@ -85,6 +85,14 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreResult<Vec<TrialRecord>>;
     /// Every trial of the study (for designers, Pareto sets and exports).
     async fn all_trials(&self, study_id: i64) -> StoreResult<Vec<TrialRecord>>;
+    /// The dashboard's light view of the study's trials: all of them by id, or with
+    /// `changed_after = Some(seq)` at most `limit` of those changed after `change_seq` seq.
+    async fn trial_points(
+        &self,
+        study_id: i64,
+        changed_after: Option<i64>,
+        limit: i64,
+    ) -> StoreResult<Vec<TrialPoint>>;
     /// Measurements of trials `first..=last`, by trial then step.
     async fn measurements(
         &self,

@@ -1,6 +1,8 @@
 //! What the store reads and writes, typed; conversion from raw rows lives here so that a
 //! corrupt document surfaces as `StoreError::Corrupt`, never as a panic.
 
+use std::collections::BTreeMap;
+
 use augur_optimizer::Assignment;
 use chrono::{DateTime, Utc};
 use sqlx::types::Json;
@@ -44,6 +46,19 @@ pub struct TrialRecord {
     pub completed_at: Option<DateTime<Utc>>,
     /// The study's `change_seq` of the batch that last created or changed this trial.
     pub change_seq: i64,
+}
+
+/// What the dashboard needs of a trial, read for every trial of a study at once: no
+/// timestamps, reasons or client ids, and only the metrics of the final measurement.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrialPoint {
+    pub id: i64,
+    pub state: TrialState,
+    pub parameters: Assignment,
+    /// The final measurement's metrics, if the trial has one.
+    pub final_metrics: Option<BTreeMap<String, f64>>,
+    pub early_stopped: bool,
+    pub excluded: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -142,6 +157,52 @@ impl TryFrom<TrialRow> for TrialRecord {
             started_at: r.started_at,
             completed_at: r.completed_at,
             change_seq: r.change_seq,
+        })
+    }
+}
+
+/// The JSON columns come as text (`CAST(… AS TEXT)` on both backends) and are parsed once,
+/// straight into their types.
+#[derive(sqlx::FromRow)]
+pub(super) struct TrialPointRow {
+    pub study_id: i64,
+    pub id: i64,
+    pub state: String,
+    pub parameters: String,
+    pub final_measurement: Option<String>,
+    pub early_stopped: bool,
+    pub excluded: bool,
+}
+
+impl TryFrom<TrialPointRow> for TrialPoint {
+    type Error = StoreError;
+    fn try_from(r: TrialPointRow) -> Result<Self, StoreError> {
+        /// Only the metrics of a stored `Measurement`; its other fields are skipped.
+        #[derive(serde::Deserialize)]
+        struct FinalMetrics {
+            metrics: BTreeMap<String, f64>,
+        }
+        let corrupt = |what: &str, e: String| {
+            StoreError::Corrupt(format!("trial {}/{}: {what}: {e}", r.study_id, r.id))
+        };
+        let state = TrialState::parse(&r.state).ok_or_else(|| corrupt("state", r.state.clone()))?;
+        let parameters = serde_json::from_str(&r.parameters)
+            .map_err(|e| corrupt("parameters", e.to_string()))?;
+        let final_metrics = match &r.final_measurement {
+            Some(text) => Some(
+                serde_json::from_str::<FinalMetrics>(text)
+                    .map_err(|e| corrupt("final_measurement", e.to_string()))?
+                    .metrics,
+            ),
+            None => None,
+        };
+        Ok(TrialPoint {
+            id: r.id,
+            state,
+            parameters,
+            final_metrics,
+            early_stopped: r.early_stopped,
+            excluded: r.excluded,
         })
     }
 }

@@ -56,6 +56,23 @@ pub(super) const CHANGED_TRIALS: &str = concat!(
     trial_cols!(),
     " FROM trials WHERE study_id = $1 AND (change_seq, id) > ($2, $3) ORDER BY change_seq, id LIMIT $4"
 );
+/// `TrialPoint` columns: the JSON ones as text, parsed straight into their types.
+macro_rules! trial_point_cols {
+    () => {
+        "study_id, id, state, CAST(parameters AS TEXT) AS parameters, \
+         CAST(final_measurement AS TEXT) AS final_measurement, early_stopped, excluded"
+    };
+}
+pub(super) const ALL_TRIAL_POINTS: &str = concat!(
+    "SELECT ",
+    trial_point_cols!(),
+    " FROM trials WHERE study_id = $1 ORDER BY id"
+);
+pub(super) const CHANGED_TRIAL_POINTS: &str = concat!(
+    "SELECT ",
+    trial_point_cols!(),
+    " FROM trials WHERE study_id = $1 AND change_seq > $2 ORDER BY change_seq, id LIMIT $3"
+);
 pub(super) const GET_TRIAL: &str = concat!(
     "SELECT ",
     trial_cols!(),
@@ -118,9 +135,13 @@ pub(super) const COUNT_TOKENS: &str = "SELECT COUNT(*) FROM api_tokens WHERE stu
 macro_rules! impl_sql_store {
     ($store:ty, $tx:ident, $db:ty, $backend:literal) => {
         use $crate::model::{Measurement, StudySpec, StudyState, TrialCounts, TrialState};
-        use $crate::store::records::{MeasurementRow, StudyRow, TokenRow, TrialRow, to_json};
+        use $crate::store::records::{
+            MeasurementRow, StudyRow, TokenRow, TrialPointRow, TrialRow, to_json,
+        };
         use $crate::store::sql::*;
-        use $crate::store::{StoreResult, StudyRecord, StudyTx, TokenRecord, TrialRecord};
+        use $crate::store::{
+            StoreResult, StudyRecord, StudyTx, TokenRecord, TrialPoint, TrialRecord,
+        };
 
         fn counts_from(rows: Vec<(String, i64)>) -> StoreResult<TrialCounts> {
             let mut counts = TrialCounts::default();
@@ -299,6 +320,24 @@ macro_rules! impl_sql_store {
                     .fetch_all(&self.pool)
                     .await?;
                 trials_from(rows)
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn trial_points(
+                &self,
+                study_id: i64,
+                changed_after: Option<i64>,
+                limit: i64,
+            ) -> StoreResult<Vec<TrialPoint>> {
+                let query = match changed_after {
+                    None => sqlx::query_as::<_, TrialPointRow>(ALL_TRIAL_POINTS).bind(study_id),
+                    Some(seq) => sqlx::query_as(CHANGED_TRIAL_POINTS)
+                        .bind(study_id)
+                        .bind(seq)
+                        .bind(limit),
+                };
+                let rows = query.fetch_all(&self.pool).await?;
+                rows.into_iter().map(TrialPoint::try_from).collect()
             }
 
             #[tracing::instrument(skip_all)]
