@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Browser tests of the dashboard: Debian's headless Chromium, driven by playwright-core from
 # npm (kept under tests/browser/), against a live `augur serve` on a seeded SQLite database:
-# a 60-trial study, a two-metric study and a 50,000-trial study. Installs Chromium and
-# playwright-core when missing. Screenshots: target/browser-artifacts/.
+# a 60-trial study, a two-metric study and a 50,000-trial study; then the same on PostgreSQL
+# when AUGUR_TEST_POSTGRES_URL is set (scripts/test.sh sets it). Installs Chromium and
+# playwright-core when missing. Screenshots: target/browser-artifacts/{sqlite,postgres}/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,29 +32,44 @@ limit_ms="${AUGUR_BROWSER_LIMIT_MS:-10000}"
 
 work=$(mktemp -d)
 server_pid=""
+pg_db=""
 cleanup() {
   if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
+  if [ -n "$pg_db" ]; then psql -q "$AUGUR_TEST_POSTGRES_URL" -c "DROP DATABASE IF EXISTS $pg_db" >/dev/null 2>&1 || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
-db="sqlite://$work/augur.db"
 
-echo "seeding $db ($large trials in the large study)"
-if ! AUGUR_BROWSER_DB="$db" AUGUR_BROWSER_LARGE="$large" \
-  cargo test --quiet --test dashboard seed_browser_fixture -- --ignored --exact --nocapture >"$work/seed.log" 2>&1; then
-  cat "$work/seed.log"
-  exit 1
+# Seeds a database, serves it and runs the browser checks against it.
+run_on() {
+  local label=$1 db=$2
+  echo "== $label: seeding ($large trials in the large study)"
+  if ! AUGUR_BROWSER_DB="$db" AUGUR_BROWSER_LARGE="$large" \
+    cargo test --quiet --test dashboard seed_browser_fixture -- --ignored --exact --nocapture >"$work/seed.log" 2>&1; then
+    cat "$work/seed.log"
+    exit 1
+  fi
+  grep seeded "$work/seed.log"
+
+  local port
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  AUGUR_LOG=warn "$target/$profile/augur" serve --database-url "$db" --listen "127.0.0.1:$port" &
+  server_pid=$!
+  for _ in $(seq 1 100); do
+    curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+
+  mkdir -p "$artifacts/$label"
+  echo "== $label: serving with the $profile build; time limit $limit_ms ms"
+  ARTIFACTS="$artifacts/$label" AUGUR_BROWSER_LIMIT_MS="$limit_ms" node tests/browser/dashboard.mjs "http://127.0.0.1:$port" 1 2 3
+  kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=""
+}
+
+run_on sqlite "sqlite://$work/augur.db"
+# PostgreSQL too when scripts/test.sh has started it (AUGUR_BROWSER_BACKENDS=sqlite skips it).
+if [ -n "${AUGUR_TEST_POSTGRES_URL:-}" ] && [ "${AUGUR_BROWSER_BACKENDS:-sqlite postgres}" != sqlite ]; then
+  pg_db="augur_browser_$$"
+  PGOPTIONS="-c client_min_messages=warning" psql -q "$AUGUR_TEST_POSTGRES_URL" -c "DROP DATABASE IF EXISTS $pg_db" -c "CREATE DATABASE $pg_db" >/dev/null
+  run_on postgres "${AUGUR_TEST_POSTGRES_URL%/*}/$pg_db"
 fi
-grep seeded "$work/seed.log"
-
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-AUGUR_LOG=warn "$target/$profile/augur" serve --database-url "$db" --listen "127.0.0.1:$port" &
-server_pid=$!
-for _ in $(seq 1 100); do
-  curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
-  sleep 0.1
-done
-
-mkdir -p "$artifacts"
-echo "serving with the $profile build; time limit $limit_ms ms"
-ARTIFACTS="$artifacts" AUGUR_BROWSER_LIMIT_MS="$limit_ms" node tests/browser/dashboard.mjs "http://127.0.0.1:$port" 1 2 3

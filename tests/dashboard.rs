@@ -347,11 +347,16 @@ async fn seed_browser_fixture() {
         base,
     };
 
-    // Study 1: small, through the API, with curves; trials 5, 10, … stopped early.
-    let small = app.create_study(spec("svc-digits", 200)).await;
+    // Study 1: small, through the API, with curves. Every fifth trial (from the 15th) learns
+    // badly and asks `should_stop` after each step: the median rule stops it, for real.
+    let mut small_spec = spec("svc-digits", 200);
+    small_spec["early_stopping"] = json!({"rule": "median", "min_completed_trials": 5});
+    let small = app.create_study(small_spec).await;
+    let mut stopped = 0;
     for i in 0..60usize {
         let lr = 10f64.powf(-4.0 + 4.0 * ((i * 37) % 60) as f64 / 60.0);
-        let acc = accuracy(lr);
+        let poor = i % 5 == 4 && i >= 14;
+        let acc = if poor { 0.3 } else { 1.0 } * accuracy(lr);
         let s = app
             .post(&format!("/v1/studies/{small}/trials"), json!({
                 "parameters": {"lr": lr, "layers": 1 + (i % 8) as i64, "kernel": if i % 3 == 0 { "poly" } else { "rbf" }}
@@ -367,14 +372,22 @@ async fn seed_browser_fixture() {
         let id = got.body["trials"][0]["id"]
             .as_i64()
             .expect("suggested trial");
-        let steps = if i % 5 == 4 { 3 } else { 8 };
-        for step in 1..=steps {
+        for step in 1..=8 {
             let v = acc * (1.0 - (-(step as f64) / 2.0).exp());
             app.post(
                 &format!("/v1/studies/{small}/trials/{id}/measurements"),
                 json!({"step": step, "metrics": {"accuracy": v}}),
             )
             .await;
+            if poor {
+                let r = app
+                    .get(&format!("/v1/studies/{small}/trials/{id}/should_stop"))
+                    .await;
+                if r.body["should_stop"] == json!(true) {
+                    stopped += 1;
+                    break;
+                }
+            }
         }
         let r = app
             .post(
@@ -383,7 +396,17 @@ async fn seed_browser_fixture() {
             )
             .await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+        assert_eq!(
+            r.body["early_stopped"],
+            json!(poor),
+            "trial {id}: {}",
+            r.body
+        );
     }
+    assert!(
+        stopped >= 8,
+        "the median rule stopped only {stopped} poor trials"
+    );
 
     // Study 2: two metrics, for the Pareto front.
     let mut two = spec("two-metrics", 100);
@@ -490,6 +513,18 @@ impl Seeder {
             reqwest::Method::POST,
             path,
             Some(body),
+        )
+        .await
+    }
+
+    async fn get(&self, path: &str) -> common::Response {
+        common::call(
+            &self.http,
+            &self.base,
+            None,
+            reqwest::Method::GET,
+            path,
+            None,
         )
         .await
     }

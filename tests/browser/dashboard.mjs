@@ -141,6 +141,20 @@ await test('study page shows the best value, filters and sorts the table, draws 
   await page.waitForFunction((n) => document.querySelector('#row-count').textContent.startsWith(n + ' of'), total);
   const curves = await page.evaluate(() => document.getElementById('chart-curves').data.length);
   assert(curves === total, `learning curves ${curves} vs ${total}`);
+  // The seeder's poor trials were stopped by the study's median rule: exactly those are dashed.
+  const stoppedIds = [];
+  token = '';
+  for (let i = 0; i < 10; i++) {
+    const page_ = await get(`/v1/studies/${SMALL}/trials?page_size=1000${token ? '&page_token=' + token : ''}`);
+    stoppedIds.push(...page_.trials.filter((t) => t.early_stopped).map((t) => t.id));
+    token = page_.next_page_token;
+    if (!token) break;
+  }
+  const dashedIds = await page.evaluate(() => document.getElementById('chart-curves').data
+    .filter((t) => t.line.dash === 'dash').map((t) => Number(t.name.replace('trial ', ''))));
+  assert(stoppedIds.length > 0, 'the median rule stopped some trials');
+  assert(JSON.stringify(dashedIds.sort((a, b) => a - b)) === JSON.stringify(stoppedIds.sort((a, b) => a - b)),
+    `dashed curves ${dashedIds} vs early-stopped trials ${stoppedIds}`);
   await shot('study.png');
   await page.evaluate(() => window.scrollTo(0, 0));
   await page.screenshot({ path: join(ARTIFACTS, 'study-top.png') });
