@@ -307,8 +307,11 @@ async fn bench(database_url: &str) {
         "\nGrowth: one new study to {growth_trials} trials at {growth_clients} clients (stops after {max_secs} s)\n"
     );
     println!(
-        "{:>17} {:>10} {:>9} {:>9}",
-        "trials", "trials/s", "p50 ms", "p99 ms"
+        "(cores: CPU used in the window by this process, by PostgreSQL, and by anything else)\n"
+    );
+    println!(
+        "{:>17} {:>10} {:>9} {:>9} {:>7} {:>7} {:>7}",
+        "trials", "trials/s", "p50 ms", "p99 ms", "ours", "pg", "other"
     );
     let study_url = create_study(&http, &base, growth_trials).await;
     let run = new_run();
@@ -316,12 +319,12 @@ async fn bench(database_url: &str) {
     let watcher = {
         let run = run.clone();
         tokio::spawn(async move {
-            // Window boundaries: when each `window` trials had completed.
-            let mut marks = vec![Duration::ZERO];
+            // Window boundaries: when each `window` trials had completed, and the CPU then.
+            let mut marks = vec![(Duration::ZERO, cpu_ticks())];
             let mut next = window;
             while !run.stop.load(Ordering::Relaxed) && next <= growth_trials {
                 if run.completed.load(Ordering::Relaxed) >= next {
-                    marks.push(started.elapsed());
+                    marks.push((started.elapsed(), cpu_ticks()));
                     next += window;
                     continue;
                 }
@@ -339,7 +342,7 @@ async fn bench(database_url: &str) {
     let mut marks = watcher.await.expect("watcher");
     let done = run.completed.load(Ordering::Relaxed);
     if !done.is_multiple_of(window) {
-        marks.push(started.elapsed());
+        marks.push((started.elapsed(), cpu_ticks()));
     }
     report_errors(&run).await;
     let latencies = run.latencies.lock().await;
@@ -352,9 +355,10 @@ async fn bench(database_url: &str) {
             .map(|(_, d)| *d)
             .collect();
         in_window.sort();
-        let rate = (to - from) as f64 / (pair[1] - pair[0]).as_secs_f64();
+        let rate = (to - from) as f64 / (pair[1].0 - pair[0].0).as_secs_f64();
+        let (ours, postgres, other) = cores_between(pair[0].1, pair[1].1);
         println!(
-            "{:>17} {rate:>10.0} {:>9.2} {:>9.2}",
+            "{:>17} {rate:>10.0} {:>9.2} {:>9.2} {ours:>7.2} {postgres:>7.2} {other:>7.2}",
             format!("{}-{}", from + 1, to),
             ms(percentile(&in_window, 0.5)),
             ms(percentile(&in_window, 0.99)),
@@ -365,6 +369,63 @@ async fn bench(database_url: &str) {
         started.elapsed().as_secs_f64(),
         done as f64 / started.elapsed().as_secs_f64()
     );
+}
+
+/// CPU time so far, in clock ticks (`/proc`, Linux): the machine's busy and total time over
+/// all cores, this process's, and PostgreSQL's processes'. The growth table shows where the
+/// two cores went in each window, so that a dip caused by something else running shows.
+#[derive(Clone, Copy, Default)]
+struct CpuTicks {
+    busy: f64,
+    total: f64,
+    ours: f64,
+    postgres: f64,
+}
+
+fn cpu_ticks() -> CpuTicks {
+    let fields = |text: &str| -> Vec<f64> {
+        text.split_whitespace()
+            .filter_map(|f| f.parse().ok())
+            .collect()
+    };
+    // utime + stime: fields 14 and 15, counted after the `(comm)` that may hold spaces.
+    let process = |stat: &str| -> f64 {
+        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let f: Vec<&str> = after.split_whitespace().collect();
+        let get = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        get(11) + get(12)
+    };
+    let mut out = CpuTicks::default();
+    if let Ok(stat) = std::fs::read_to_string("/proc/stat")
+        && let Some(line) = stat.lines().next()
+    {
+        let v = fields(line.trim_start_matches("cpu"));
+        out.total = v.iter().take(8).sum();
+        out.busy = out.total - v.get(3).unwrap_or(&0.0) - v.get(4).unwrap_or(&0.0);
+    }
+    out.ours = std::fs::read_to_string("/proc/self/stat").map_or(0.0, |s| process(&s));
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            let path = entry.path();
+            let is_postgres =
+                std::fs::read_to_string(path.join("comm")).is_ok_and(|c| c.trim() == "postgres");
+            if is_postgres && let Ok(stat) = std::fs::read_to_string(path.join("stat")) {
+                out.postgres += process(&stat);
+            }
+        }
+    }
+    out
+}
+
+/// Cores used between two samples: (this process, PostgreSQL, everything else).
+fn cores_between(a: CpuTicks, b: CpuTicks) -> (f64, f64, f64) {
+    let cpus = std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64);
+    let total = (b.total - a.total).max(1.0);
+    let share = |d: f64| d.max(0.0) / total * cpus;
+    let ours = share(b.ours - a.ours);
+    let postgres = share(b.postgres - a.postgres);
+    let busy = share(b.busy - a.busy);
+    (ours, postgres, (busy - ours - postgres).max(0.0))
 }
 
 async fn report_errors(run: &Run) {
