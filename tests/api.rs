@@ -1175,3 +1175,114 @@ async fn changes_cursor_returns_only_what_changed(backend: &str) {
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
     assert_eq!(bad.body["error"]["field"], "after");
 }
+
+/// `should_stop` on a large study reads the curves of the latest completed trials only: its
+/// cost must not grow with the study, since every running trial asks after every
+/// measurement. Counted from PostgreSQL's statistics on the measurements table.
+#[tokio::test]
+async fn should_stop_reads_a_bounded_number_of_curves() {
+    use augur::model::{Measurement, TrialState};
+    use augur::store::TrialRecord;
+    use sqlx::Connection;
+    let app = spawn_app(common::postgres_db().await).await;
+    let mut s = spec("random", 10_000, 1);
+    s["early_stopping"] = json!({"rule": "median", "min_completed_trials": 3});
+    let id = app.create_study(s).await;
+    // 5,000 completed trials with five-step rising curves, written in bulk.
+    let store = augur::store::connect(&app.db.url).await.expect("store");
+    let now = chrono::Utc::now();
+    let completed = 5_000i64;
+    for first in (1..=completed).step_by(1_000) {
+        let mut tx = store.begin_study(id).await.expect("begin").expect("study");
+        let mut study = tx.study().clone();
+        let mut trials = Vec::new();
+        let mut curves = Vec::new();
+        for trial in first..first + 1_000 {
+            let at = |step: i64| Measurement {
+                step,
+                elapsed_secs: None,
+                metrics: [("accuracy".to_string(), 0.5 + 0.08 * step as f64)].into(),
+            };
+            curves.extend((1..=5).map(|step| (trial, at(step))));
+            trials.push(TrialRecord {
+                study_id: id,
+                id: trial,
+                state: TrialState::Completed,
+                parameters: [
+                    ("lr".to_string(), augur_optimizer::Value::Float(0.01)),
+                    ("layers".to_string(), augur_optimizer::Value::Int(2)),
+                    ("batch".to_string(), augur_optimizer::Value::Int(32)),
+                    (
+                        "kernel".to_string(),
+                        augur_optimizer::Value::Str("rbf".into()),
+                    ),
+                ]
+                .into(),
+                client_id: None,
+                final_measurement: Some(at(5)),
+                objective: Some(0.9),
+                infeasible_reason: None,
+                fail_reason: None,
+                early_stopped: false,
+                excluded: false,
+                lease_expires_at: None,
+                created_at: now,
+                started_at: Some(now),
+                completed_at: Some(now),
+                change_seq: study.change_seq + 1,
+            });
+        }
+        tx.insert_trials(&trials).await.expect("insert");
+        tx.upsert_measurements(&curves, now).await.expect("curves");
+        study.next_trial_id = first + 1_000;
+        study.change_seq += 1;
+        tx.update_study(&study).await.expect("study");
+        tx.commit().await.expect("commit");
+    }
+    suggest(&app, id, 1, None).await;
+    let running = completed + 1;
+    for step in 1..=3 {
+        let r = app
+            .post(
+                &format!("/v1/studies/{id}/trials/{running}/measurements"),
+                json!({"step": step, "metrics": {"accuracy": 0.1}}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    }
+
+    let mut admin = sqlx::PgConnection::connect(&app.db.url)
+        .await
+        .expect("connect");
+    async fn rows_read(admin: &mut sqlx::PgConnection) -> i64 {
+        // Other backends report their counts within a second of going idle.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        sqlx::query("SELECT pg_stat_clear_snapshot()")
+            .execute(&mut *admin)
+            .await
+            .expect("clear snapshot");
+        let (n,): (i64,) = sqlx::query_as(
+            "SELECT COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0) \
+             FROM pg_stat_user_tables WHERE relname = 'measurements'",
+        )
+        .fetch_one(&mut *admin)
+        .await
+        .expect("stats");
+        n
+    }
+    let before = rows_read(&mut admin).await;
+    let verdict = app
+        .get(&format!("/v1/studies/{id}/trials/{running}/should_stop"))
+        .await;
+    let read = rows_read(&mut admin).await - before;
+    assert_eq!(verdict.status, StatusCode::OK, "{}", verdict.body);
+    assert_eq!(
+        verdict.body["should_stop"], true,
+        "a trial far below the rest"
+    );
+    assert!(
+        read < 7_000,
+        "should_stop read {read} measurements; the study holds {}",
+        completed * 5
+    );
+}

@@ -476,7 +476,8 @@ async fn deleting_a_study_cascades(store: Arc<dyn Store>) {
 }
 
 /// The dashboard's light read holds what the full records hold, and its change filter returns
-/// exactly the trials written after a `change_seq`, in change order, up to the limit.
+/// exactly the trials written after a `change_seq`, in change order, up to the limit. Also the
+/// latest completed trials, which the stopping rule reads.
 async fn trial_points_are_the_records_light_view(store: Arc<dyn Store>) {
     let study = store
         .insert_study(&spec("points"), now())
@@ -563,6 +564,15 @@ async fn trial_points_are_the_records_light_view(store: Arc<dyn Store>) {
             .await
             .expect("none")
             .is_empty()
+    );
+    // Completed and not excluded (trial 3 is excluded), newest first.
+    assert_eq!(
+        store.latest_completed_ids(study.id, 10).await.expect("ids"),
+        [4, 2]
+    );
+    assert_eq!(
+        store.latest_completed_ids(study.id, 1).await.expect("ids"),
+        [4]
     );
     assert!(
         store

@@ -545,18 +545,29 @@ impl Service {
             return Ok(false);
         }
         let metric = &config.metrics[0];
-        let trials = self.store.all_trials(study_id).await?;
-        let last = trials.last().map_or(0, |t| t.id);
-        let curves = curves_by_trial(
-            self.store.measurements(study_id, 1, last).await?,
+        // The latest completed trials stand for all of them: the rule's cost stays bounded
+        // however large the study, as every running trial asks after every measurement.
+        let peers = self
+            .store
+            .latest_completed_ids(study_id, STOPPING_PEERS)
+            .await?;
+        let mut curves = match (peers.last(), peers.first()) {
+            (Some(&oldest), Some(&newest)) => curves_by_trial(
+                self.store.measurements(study_id, oldest, newest).await?,
+                &metric.id,
+            ),
+            _ => HashMap::new(),
+        };
+        let completed: Vec<Vec<(u64, f64)>> =
+            peers.iter().filter_map(|id| curves.remove(id)).collect();
+        let own = curves_by_trial(
+            self.store
+                .measurements(study_id, trial_id, trial_id)
+                .await?,
             &metric.id,
-        );
-        let completed: Vec<Vec<(u64, f64)>> = trials
-            .iter()
-            .filter(|t| t.state == TrialState::Completed && !t.excluded)
-            .filter_map(|t| curves.get(&t.id).cloned())
-            .collect();
-        let own = curves.get(&trial_id).cloned().unwrap_or_default();
+        )
+        .remove(&trial_id)
+        .unwrap_or_default();
         let stop = augur_optimizer::stopping::should_stop(rule, metric.goal, &own, &completed);
         if stop {
             match self
@@ -745,6 +756,10 @@ fn outcome_of(trial: &TrialRecord, config: &crate::model::StudyConfig) -> Outcom
 }
 
 /// `(step, value)` learning curves of one metric, by trial, sorted by step.
+/// Completed trials whose curves the early-stopping rule compares a running trial with: the
+/// latest ones.
+const STOPPING_PEERS: i64 = 1_000;
+
 fn curves_by_trial(rows: Vec<(i64, Measurement)>, metric: &str) -> HashMap<i64, Vec<(u64, f64)>> {
     let mut curves: HashMap<i64, Vec<(u64, f64)>> = HashMap::new();
     for (trial_id, m) in rows {
