@@ -79,6 +79,7 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> Result<(), St
         reporter: Arc::new(HttpReporter {
             client: client.clone(),
             study_id: study.id,
+            attempts: Default::default(),
         }),
     });
     let lease = Duration::from_secs(study.spec.trial_lease_secs.max(3) as u64);
@@ -191,6 +192,9 @@ async fn run_slot(
 struct HttpReporter {
     client: Arc<Client>,
     study_id: i64,
+    /// Launches per trial, counted by this worker process only: the API has no attempt
+    /// count, so a restarted worker starts its trials' retries afresh.
+    attempts: std::sync::Mutex<std::collections::HashMap<i64, u32>>,
 }
 
 impl HttpReporter {
@@ -263,6 +267,32 @@ impl TrialReporter for HttpReporter {
             v["state"].as_str(),
             Some("requested" | "active" | "stopping")
         ))
+    }
+
+    async fn charge_attempt(
+        &self,
+        trial_id: i64,
+        max_attempts: u32,
+    ) -> Result<Option<u32>, String> {
+        let mut attempts = self
+            .attempts
+            .lock()
+            .map_err(|_| "attempt counter poisoned".to_string())?;
+        let n = attempts.entry(trial_id).or_insert(0);
+        if *n >= max_attempts {
+            return Ok(None);
+        }
+        *n += 1;
+        Ok(Some(*n))
+    }
+
+    async fn refund_attempt(&self, trial_id: i64) -> Result<(), String> {
+        if let Ok(mut attempts) = self.attempts.lock()
+            && let Some(n) = attempts.get_mut(&trial_id)
+        {
+            *n = n.saturating_sub(1);
+        }
+        Ok(())
     }
 
     async fn trial_token(&self, _trial_id: i64) -> Result<Option<String>, String> {

@@ -282,6 +282,28 @@ impl TrialReporter for ServiceReporter {
         Ok(!trial.state.is_unfinished())
     }
 
+    // Dispatch bookkeeping outside the trial state machine: the count never changes a
+    // trial's state, so it is written straight to the store.
+    async fn charge_attempt(
+        &self,
+        trial_id: i64,
+        max_attempts: u32,
+    ) -> Result<Option<u32>, String> {
+        self.service
+            .store()
+            .charge_attempt(self.study_id, trial_id, max_attempts)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn refund_attempt(&self, trial_id: i64) -> Result<(), String> {
+        self.service
+            .store()
+            .refund_attempt(self.study_id, trial_id)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
     async fn trial_token(&self, trial_id: i64) -> Result<Option<String>, String> {
         let token = crate::api::auth::new_token();
         let name = format!("trial:{}:{trial_id}", self.study_id);

@@ -33,6 +33,13 @@ pub trait TrialReporter: Send + Sync {
     async fn finished(&self, trial_id: i64) -> Result<bool, String>;
     /// The token the job reports with (`AUGUR_TRIAL_TOKEN`).
     async fn trial_token(&self, trial_id: i64) -> Result<Option<String>, String>;
+    /// Charge one launch against the trial's `max_attempts`, before it starts (durably, where
+    /// the reporter can). `Ok(Some(n))`: this is launch `n`; `Ok(None)`: none left.
+    async fn charge_attempt(&self, trial_id: i64, max_attempts: u32)
+    -> Result<Option<u32>, String>;
+    /// Give back a launch that this side ended itself (shutdown, or a leftover job killed
+    /// after a restart): it says nothing about the trial.
+    async fn refund_attempt(&self, trial_id: i64) -> Result<(), String>;
 }
 
 /// What stops a running trial from outside.
@@ -119,13 +126,21 @@ pub async fn run_trial(
 ) -> TrialEnd {
     let reporter = setup.reporter.clone();
     let dirs = TrialDirs::new(&setup.output_dir, trial_id);
-    // A job left by an earlier run of this trial (the service or worker was killed) must
-    // not run beside the new one.
-    if let Ok(handle) = std::fs::read_to_string(dirs.root.join("job.handle")) {
+    // `job.handle` exists only while a launch's end is unseen: the service or worker
+    // stopped (or died) during it. That job must not run beside the new one, and its launch
+    // is given back: it ended with the service (killed now, at shutdown, or by its broken
+    // stdout pipe), so it says nothing about the trial. Seen failures stay counted.
+    let handle_file = dirs.root.join("job.handle");
+    if let Ok(handle) = std::fs::read_to_string(&handle_file) {
         setup
             .executor
             .clean_up_stale(handle.trim(), setup.study_id, trial_id)
             .await;
+        // Removed before the refund: a crash between the two over-counts, never under-counts.
+        let _ = std::fs::remove_file(&handle_file);
+        if let Err(e) = reporter.refund_attempt(trial_id).await {
+            tracing::warn!(trial_id, error = %e, "could not give back an interrupted launch");
+        }
     }
     if let Err(e) = dirs.create() {
         return give_up(
@@ -176,8 +191,17 @@ pub async fn run_trial(
         env.push(("AUGUR_TRIAL_TOKEN".to_string(), t));
     }
     let timeout = setup.job.timeout_secs.map(Duration::from_secs);
+    let max_attempts = setup.job.max_retries + 1;
     let mut last_failure = String::new();
-    for attempt in 1..=setup.job.max_retries + 1 {
+    loop {
+        // Counted durably before the launch, so that a restart does not renew the retries.
+        let attempt = match reporter.charge_attempt(trial_id, max_attempts).await {
+            Ok(Some(n)) => n,
+            Ok(None) => break,
+            Err(e) => {
+                return give_up(&*reporter, trial_id, format!("cannot count attempts: {e}")).await;
+            }
+        };
         let request = JobRequest {
             study_id: setup.study_id,
             trial_id,
@@ -189,6 +213,7 @@ pub async fn run_trial(
         };
         let outcome = run_attempt(&setup, &request, &dirs, timeout, &mut interrupt).await;
         match outcome {
+            // `job.handle` stays: the resumed trial gives this launch back.
             Attempt::Interrupted(Interrupt::Shutdown) => return TrialEnd::Abandoned,
             Attempt::Interrupted(_) => {
                 return give_up(
@@ -232,13 +257,13 @@ pub async fn run_trial(
         }
         tracing::warn!(study_id = setup.study_id, trial_id, attempt, reason = %last_failure, "trial attempt failed");
     }
-    let tries = setup.job.max_retries + 1;
-    give_up(
-        &*reporter,
-        trial_id,
-        format!("{last_failure} (after {tries} attempt(s))"),
-    )
-    .await
+    let reason = if last_failure.is_empty() {
+        // Every attempt was used up before a restart of the service.
+        format!("all {max_attempts} attempt(s) failed before the service restarted")
+    } else {
+        format!("{last_failure} (after {max_attempts} attempt(s))")
+    };
+    give_up(&*reporter, trial_id, reason).await
 }
 
 async fn give_up(reporter: &dyn TrialReporter, trial_id: i64, reason: String) -> TrialEnd {
@@ -335,6 +360,10 @@ async fn run_attempt(
     }
     for m in hypertune.read_new() {
         report(&**reporter, trial_id, m).await;
+    }
+    if !matches!(result, Attempt::Interrupted(Interrupt::Shutdown)) {
+        // This launch's end was seen: it stays counted.
+        let _ = std::fs::remove_file(dirs.root.join("job.handle"));
     }
     result
 }

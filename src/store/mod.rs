@@ -119,6 +119,17 @@ pub trait Store: Send + Sync + 'static {
         now: DateTime<Utc>,
     ) -> StoreResult<()>;
 
+    /// Charge one launch of a dispatched trial's job, durably, before it starts: the new
+    /// count, or `None` when `max_attempts` are already used (or there is no such trial).
+    async fn charge_attempt(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        max_attempts: u32,
+    ) -> StoreResult<Option<u32>>;
+    /// Give back a charged launch that the service itself ended (shutdown, restart).
+    async fn refund_attempt(&self, study_id: i64, trial_id: i64) -> StoreResult<()>;
+
     /// Take or renew the right to dispatch a study's trials until `now + ttl`. False while
     /// another owner's lease is unexpired.
     async fn claim_runner(
