@@ -34,6 +34,26 @@ if a.mode == "crash_always":
     sys.exit(4)
 if a.mode == "hang_first" and launches == 1:
     time.sleep(1000)
+if a.mode == "http_token":
+    import json, urllib.error, urllib.request
+    env = os.environ
+    def post(trial, action, body, token):
+        url = "%s/v1/studies/%s/trials/%s/%s" % (env["AUGUR_URL"], env["AUGUR_STUDY_ID"], trial, action)
+        req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={
+            "Authorization": "Bearer " + token, "Content-Type": "application/json"})
+        try:
+            return urllib.request.urlopen(req).status
+        except urllib.error.HTTPError as e:
+            return e.code
+    saved = os.path.join(env["AIP_CHECKPOINT_DIR"], "token")
+    if not os.path.exists(saved):
+        open(saved, "w").write(env["AUGUR_TRIAL_TOKEN"])
+        sys.exit(3)
+    me, token = env["AUGUR_TRIAL_ID"], env["AUGUR_TRIAL_TOKEN"]
+    print("first launch's token:", post(me, "measurements", {"step": 1, "metrics": {"loss": 9}}, open(saved).read()))
+    print("other trial:", post(int(me) + 1, "complete", {"metrics": {"loss": 9}}, token))
+    print("own trial:", post(me, "complete", {"metrics": {"loss": 0.5}}, token))
+    sys.exit(0)
 if a.mode == "crash_once" and not os.path.exists(ckpt):
     open(ckpt, "w").write(os.environ["AIP_CHECKPOINT_DIR"])
     sys.exit(3)
@@ -550,6 +570,41 @@ async fn a_launch_interrupted_by_the_service_dying_is_not_charged_to_the_trial()
     assert_eq!(trial["state"], "completed", "{s}\n{trial}");
     assert_eq!(launches(&log).len(), 2);
     assert_eq!(processes_with(&marker), 0, "the leftover job was killed");
+}
+
+/// On a server that requires tokens, each launch gets its own trial token (issued in the
+/// transaction that counts the launch): it completes its own trial over HTTP, is refused
+/// for another trial, and the token of the trial's previous launch no longer works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_launch_reports_with_its_own_trial_scoped_token() {
+    let f = fixture();
+    let app = common::spawn_app_with(common::sqlite_db(), Some("admin")).await;
+    let id = app
+        .create_study(study(
+            &f,
+            "token",
+            2,
+            1,
+            &["--mode=http_token"],
+            json!({"max_retries": 1}),
+        ))
+        .await;
+    app.wait_for_state(id, "completed", Duration::from_secs(60))
+        .await;
+    let trial = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
+    assert_eq!(trial["state"], "completed", "{trial}");
+    assert_eq!(
+        trial["final_measurement"]["metrics"]["loss"], 0.5,
+        "{trial}"
+    );
+    let log = std::fs::read_to_string(f.dir.path().join("runs/1/job.log")).expect("log");
+    for line in [
+        "first launch's token: 401",
+        "other trial: 403",
+        "own trial: 200",
+    ] {
+        assert!(log.contains(line), "{line:?} in {log}");
+    }
 }
 
 /// A Python with the real `cloudml-hypertune` from PyPI, in a venv made once per checkout.

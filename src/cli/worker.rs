@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use super::client::Client;
 use crate::dispatch::local::LocalExecutor;
-use crate::dispatch::trial::{Interrupt, TrialReporter, TrialSetup, run_trial};
+use crate::dispatch::trial::{AttemptStart, Interrupt, TrialReporter, TrialSetup, run_trial};
 use crate::model::{Measurement, Study, TrialJobSpec};
 
 pub struct WorkerOptions {
@@ -68,6 +68,7 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> Result<(), St
             .join(format!("study-{}", study.id)),
     };
     let client = Arc::new(client);
+    let metric_pattern = TrialSetup::metric_pattern(&job);
     let setup = Arc::new(TrialSetup {
         study_id: study.id,
         job,
@@ -81,6 +82,7 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> Result<(), St
             study_id: study.id,
             attempts: Default::default(),
         }),
+        metric_pattern,
     });
     let lease = Duration::from_secs(study.spec.trial_lease_secs.max(3) as u64);
     let (interrupt, _) = watch::channel(Interrupt::None);
@@ -269,11 +271,11 @@ impl TrialReporter for HttpReporter {
         ))
     }
 
-    async fn charge_attempt(
+    async fn start_attempt(
         &self,
         trial_id: i64,
         max_attempts: u32,
-    ) -> Result<Option<u32>, String> {
+    ) -> Result<Option<AttemptStart>, String> {
         let mut attempts = self
             .attempts
             .lock()
@@ -283,7 +285,11 @@ impl TrialReporter for HttpReporter {
             return Ok(None);
         }
         *n += 1;
-        Ok(Some(*n))
+        // The worker's own token: the API gives pulled trials none of their own.
+        Ok(Some(AttemptStart {
+            number: *n,
+            token: self.client.token().map(str::to_string),
+        }))
     }
 
     async fn refund_attempt(&self, trial_id: i64) -> Result<(), String> {
@@ -293,9 +299,5 @@ impl TrialReporter for HttpReporter {
             *n = n.saturating_sub(1);
         }
         Ok(())
-    }
-
-    async fn trial_token(&self, _trial_id: i64) -> Result<Option<String>, String> {
-        Ok(self.client.token().map(str::to_string))
     }
 }

@@ -422,20 +422,39 @@ macro_rules! impl_sql_store {
                 Ok(())
             }
 
+            /// `token` is `(name, hash)`.
             #[tracing::instrument(skip_all)]
-            async fn charge_attempt(
+            async fn start_attempt(
                 &self,
                 study_id: i64,
                 trial_id: i64,
                 max_attempts: u32,
+                token: (&str, &str),
+                now: chrono::DateTime<chrono::Utc>,
             ) -> StoreResult<Option<u32>> {
+                // Count and token in one commit (one flush per launch, not two). The token
+                // goes first: its foreign-key check locks the study row before the trial
+                // row, the order study batches lock them in (no deadlock on PostgreSQL).
+                let mut tx = self.pool.begin().await?;
+                sqlx::query(REPLACE_TOKEN)
+                    .bind(token.0)
+                    .bind(token.1)
+                    .bind(Some(study_id))
+                    .bind(Some(trial_id))
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
                 let max = i32::try_from(max_attempts).unwrap_or(i32::MAX);
                 let row: Option<(i32,)> = sqlx::query_as(CHARGE_ATTEMPT)
                     .bind(study_id)
                     .bind(trial_id)
                     .bind(max)
-                    .fetch_optional(&self.pool)
+                    .fetch_optional(&mut *tx)
                     .await?;
+                if row.is_some() {
+                    tx.commit().await?;
+                }
+                // Otherwise dropped: rolled back, no token for a launch that will not happen.
                 Ok(row.map(|(n,)| n.max(0) as u32))
             }
 
