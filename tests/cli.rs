@@ -1,9 +1,11 @@
-//! The `augur` binary as users run it: `study` subcommands against a live server, and a
-//! clear one-line error when there is none.
+//! The `augur` binary as users run it: `study` subcommands against a live server, a
+//! clear one-line error when there is none, and `augur run` stopped with Ctrl-C and resumed.
 
 mod common;
 
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 fn augur(url: &str, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(common::augur_bin())
@@ -117,4 +119,199 @@ fn an_unreachable_server_gives_one_clear_line() {
     assert!(!ok);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("cannot reach the Augur server"), "{err}");
+}
+
+/// A trial for `augur run`: its process group holds a `sleep` child; it records both pids,
+/// trains for a second, prints its loss and marks itself done.
+const RUN_TRIAL_PY: &str = r#"
+import os, subprocess, sys, time
+out = os.environ["AIP_MODEL_DIR"]
+child = subprocess.Popen(["sleep", "1000"])
+open(os.path.join(out, "pids"), "w").write("%d %d" % (os.getpid(), child.pid))
+time.sleep(1.0)
+child.kill()
+x = float(sys.argv[1].split("=", 1)[1])
+print("loss=%f" % (x * x))
+open(os.path.join(out, "done"), "w").write("1")
+"#;
+
+fn augur_run(file: &Path, database_url: &str) -> std::process::Child {
+    Command::new(common::augur_bin())
+        .args(["run", "-f", &file.display().to_string()])
+        .args(["--database-url", database_url])
+        .env("AUGUR_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn augur run")
+}
+
+/// Wait for the child on a blocking thread, failing after `limit`.
+async fn exit_within(child: std::process::Child, limit: Duration) -> Output {
+    let pid = child.id();
+    let waiting = tokio::task::spawn_blocking(move || child.wait_with_output());
+    match tokio::time::timeout(limit, waiting).await {
+        Ok(done) => done.expect("join").expect("wait"),
+        Err(_) => {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            panic!("augur run did not exit within {limit:?}");
+        }
+    }
+}
+
+/// Live (not zombie) processes whose process group is `pgid` or whose pid is `pid`.
+fn alive_in_group(pgid: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                return false;
+            };
+            // "pid (comm) state ppid pgrp …"
+            let Some(rest) = stat.rfind(')').and_then(|i| stat.get(i + 2..)) else {
+                return false;
+            };
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            fields.first() != Some(&"Z")
+                && (*pid == pgid || fields.get(2) == Some(&pgid.to_string().as_str()))
+        })
+        .collect()
+}
+
+/// `(trial, job pid, child pid, done)` for every trial that has started a job.
+fn started_trials(runs: &Path) -> Vec<(i64, i32, i32, bool)> {
+    let Ok(entries) = std::fs::read_dir(runs) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(i64, i32, i32, bool)> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let trial = e.file_name().to_str()?.parse::<i64>().ok()?;
+            let pids = std::fs::read_to_string(e.path().join("model/pids")).ok()?;
+            let mut pids = pids.split_whitespace().filter_map(|p| p.parse().ok());
+            let (job, child) = (pids.next()?, pids.next()?);
+            Some((trial, job, child, e.path().join("model/done").exists()))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Ctrl-C (SIGINT) stops `augur run` cleanly: it exits 0 saying how to resume, no process of
+/// any running job's group survives, and the interrupted trials stay active. Running the
+/// same file again resumes the same study and the same trials (no duplicate study, nothing
+/// failed) and ends with exactly `max_trials` completed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_stops_augur_run_cleanly_and_the_same_command_resumes_the_study() {
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::write(dir.path().join("trial.py"), RUN_TRIAL_PY).expect("script");
+    let file = dir.path().join("study.yaml");
+    std::fs::write(
+        &file,
+        "name: ctrl-c\nalgorithm: random\nmetrics:\n  - {id: loss, goal: minimize}\n\
+         parameters:\n  - {id: x, type: double, min: 0, max: 1}\n\
+         max_trials: 6\nparallel_trials: 2\n\
+         trial_job:\n  command: [python3, trial.py]\n  workdir: .\n  output_dir: runs\n",
+    )
+    .expect("spec");
+    let runs = dir.path().join("runs");
+    let db = format!("sqlite://{}", dir.path().join("augur.db").display());
+
+    let first = augur_run(&file, &db);
+    // Interrupt once a trial has finished and two jobs are running.
+    let start = Instant::now();
+    loop {
+        let trials = started_trials(&runs);
+        let done = trials.iter().filter(|t| t.3).count();
+        let running = trials
+            .iter()
+            .filter(|t| !t.3 && !alive_in_group(t.1).is_empty())
+            .count();
+        if done >= 1 && running == 2 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "jobs did not run: {trials:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .expect("SIGINT");
+    let out = exit_within(first, Duration::from_secs(20)).await;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{:?}\n{stdout}\n{stderr}", out.status);
+    assert!(
+        stdout.contains("stopped; run the same command again to resume"),
+        "{stdout}"
+    );
+    let after_first = started_trials(&runs);
+    let interrupted: Vec<i64> = after_first.iter().filter(|t| !t.3).map(|t| t.0).collect();
+    // Two were running a moment before the signal (one may have finished since).
+    assert!(!interrupted.is_empty(), "{after_first:?}");
+    for (trial, job, child, _) in &after_first {
+        assert!(
+            alive_in_group(*job).is_empty() && alive_in_group(*child).is_empty(),
+            "trial {trial}: a process of its job survived Ctrl-C"
+        );
+    }
+    {
+        let store = augur::store::connect(&db).await.expect("open the database");
+        let studies = store.list_studies(None, None, 0, 10).await.expect("list");
+        assert_eq!(studies.len(), 1);
+        assert_eq!(studies[0].state, augur::model::StudyState::Active);
+        for &trial in &interrupted {
+            let t = store.get_trial(studies[0].id, trial).await.expect("get");
+            assert_eq!(
+                t.map(|t| t.state),
+                Some(augur::model::TrialState::Active),
+                "trial {trial} is left to resume"
+            );
+        }
+    }
+
+    let second = augur_run(&file, &db);
+    let out = exit_within(second, Duration::from_secs(90)).await;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("resuming study 1 from an earlier run"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("study 1 completed: 6 completed, 0 infeasible, 0 failed of 6 trials"),
+        "{stdout}"
+    );
+    let store = augur::store::connect(&db).await.expect("open the database");
+    let studies = store.list_studies(None, None, 0, 10).await.expect("list");
+    assert_eq!(studies.len(), 1, "no duplicate study");
+    let counts = store.count_trials(studies[0].id).await.expect("counts");
+    assert_eq!((counts.total, counts.completed), (6, 6), "{counts:?}");
+    // The interrupted trials were resumed, not replaced: launched again, same directories.
+    for trial in interrupted {
+        let log = std::fs::read_to_string(runs.join(format!("{trial}/job.log"))).expect("log");
+        assert_eq!(
+            log.matches(&format!("=== augur: trial {trial} attempt 1:"))
+                .count(),
+            2,
+            "{log}"
+        );
+        assert!(runs.join(format!("{trial}/model/done")).exists());
+    }
 }

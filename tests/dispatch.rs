@@ -23,6 +23,37 @@ p.add_argument("--mode", default="ok")
 p.add_argument("--sleep", type=float, default=0.2)
 a = p.parse_args()
 ckpt = os.path.join(os.environ["AIP_CHECKPOINT_DIR"], "ckpt")
+launches = 0
+if "LAUNCHES" in os.environ:
+    with open(os.environ["LAUNCHES"], "a") as f:
+        f.write(os.environ["AIP_CHECKPOINT_DIR"] + "\n")
+    launches = len(open(os.environ["LAUNCHES"]).read().splitlines())
+if a.mode == "crash_always":
+    if launches == 2:
+        time.sleep(1.5)  # the second launch lingers: the test kills the service meanwhile
+    sys.exit(4)
+if a.mode == "hang_first" and launches == 1:
+    time.sleep(1000)
+if a.mode == "http_token":
+    import json, urllib.error, urllib.request
+    env = os.environ
+    def post(trial, action, body, token):
+        url = "%s/v1/studies/%s/trials/%s/%s" % (env["AUGUR_URL"], env["AUGUR_STUDY_ID"], trial, action)
+        req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={
+            "Authorization": "Bearer " + token, "Content-Type": "application/json"})
+        try:
+            return urllib.request.urlopen(req).status
+        except urllib.error.HTTPError as e:
+            return e.code
+    saved = os.path.join(env["AIP_CHECKPOINT_DIR"], "token")
+    if not os.path.exists(saved):
+        open(saved, "w").write(env["AUGUR_TRIAL_TOKEN"])
+        sys.exit(3)
+    me, token = env["AUGUR_TRIAL_ID"], env["AUGUR_TRIAL_TOKEN"]
+    print("first launch's token:", post(me, "measurements", {"step": 1, "metrics": {"loss": 9}}, open(saved).read()))
+    print("other trial:", post(int(me) + 1, "complete", {"metrics": {"loss": 9}}, token))
+    print("own trial:", post(me, "complete", {"metrics": {"loss": 0.5}}, token))
+    sys.exit(0)
 if a.mode == "crash_once" and not os.path.exists(ckpt):
     open(ckpt, "w").write(os.environ["AIP_CHECKPOINT_DIR"])
     sys.exit(3)
@@ -372,6 +403,208 @@ async fn sigkill_of_the_service_mid_study_then_restart_finishes_exactly_max_tria
         0,
         "no job outlived the study"
     );
+}
+
+async fn get_json(http: &reqwest::Client, base: &str, path: &str) -> Value {
+    common::call(http, base, None, reqwest::Method::GET, path, None)
+        .await
+        .body
+}
+
+/// Create a study on a server process; returns its id.
+async fn create_on(http: &reqwest::Client, base: &str, spec: Value) -> i64 {
+    let created = common::call(
+        http,
+        base,
+        None,
+        reqwest::Method::POST,
+        "/v1/studies",
+        Some(spec),
+    )
+    .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    created.body["id"].as_i64().expect("id")
+}
+
+/// Wait until the study on a server process has left `active`; returns it.
+async fn wait_until_ended(http: &reqwest::Client, base: &str, id: i64) -> Value {
+    common::eventually("the study ended", Duration::from_secs(60), || async {
+        let s = get_json(http, base, &format!("/v1/studies/{id}")).await;
+        if s["state"] != "active" {
+            Ok(s)
+        } else {
+            Err(s.to_string())
+        }
+    })
+    .await
+}
+
+/// The lines each launch of the trial script appended (its `AIP_CHECKPOINT_DIR`).
+fn launches(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .map(|t| t.lines().map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
+async fn wait_for_launches(path: &Path, n: usize) {
+    common::eventually(&format!("launch {n}"), Duration::from_secs(30), || async {
+        let seen = launches(path).len();
+        if seen >= n {
+            Ok(())
+        } else {
+            Err(format!("{seen} launch(es)"))
+        }
+    })
+    .await;
+}
+
+/// Retries are counted in the database: a trial that crashes every time keeps the failures
+/// it used across a SIGKILL and restart of the service (before the fix it got all its
+/// retries again: 5 launches), and every launch gets the same checkpoint directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_restart_does_not_renew_a_trials_retries_sqlite() {
+    a_service_restart_does_not_renew_a_trials_retries("sqlite").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_restart_does_not_renew_a_trials_retries_postgres() {
+    a_service_restart_does_not_renew_a_trials_retries("postgres").await;
+}
+
+async fn a_service_restart_does_not_renew_a_trials_retries(backend: &str) {
+    let f = fixture();
+    let db = common::db(backend).await;
+    let port = common::free_port();
+    let log = f.dir.path().join("launches");
+    let spec = study(
+        &f,
+        "retries",
+        1,
+        1,
+        &["--mode=crash_always"],
+        json!({"max_retries": 2, "env": {"LAUNCHES": log.display().to_string()}}),
+    );
+    let http = reqwest::Client::new();
+    let mut server = common::ServerProcess::start(&db.url, port);
+    server.wait_ready().await;
+    let id = create_on(&http, &server.base, spec).await;
+    // Launch 1 crashed at once; launch 2 lingers, and crashes after the service is gone.
+    wait_for_launches(&log, 2).await;
+    server.kill();
+    let marker = f.script.display().to_string();
+    common::eventually(
+        "the unwatched launch ended",
+        Duration::from_secs(15),
+        || async {
+            match processes_with(&marker) {
+                0 => Ok(()),
+                n => Err(format!("{n} job(s) alive")),
+            }
+        },
+    )
+    .await;
+    assert_eq!(launches(&log).len(), 2);
+
+    let server = common::ServerProcess::start(&db.url, port);
+    server.wait_ready().await;
+    wait_until_ended(&http, &server.base, id).await;
+    let trial = get_json(&http, &server.base, &format!("/v1/studies/{id}/trials/1")).await;
+    let seen = launches(&log);
+    // Launch 1 failed (counted); launch 2 ended unseen, with the service (given back);
+    // after the restart launches 3 and 4 are attempts 2 and 3, the last allowed.
+    assert_eq!(
+        seen.len(),
+        4,
+        "launches across both runs: {seen:?}\n{trial}"
+    );
+    assert_eq!(trial["state"], "failed", "{trial}");
+    assert_eq!(
+        trial["fail_reason"], "exited with code 4 (after 3 attempt(s))",
+        "{trial}"
+    );
+    let checkpoints = format!("{}/", f.dir.path().join("runs/1/checkpoints").display());
+    assert!(seen.iter().all(|d| *d == checkpoints), "{seen:?}");
+    let job_log = std::fs::read_to_string(f.dir.path().join("runs/1/job.log")).expect("log");
+    let headers: Vec<&str> = job_log
+        .lines()
+        .filter_map(|l| l.strip_prefix("=== augur: trial 1 attempt "))
+        .filter_map(|l| l.split(':').next())
+        .collect();
+    assert_eq!(headers, ["1", "2", "2", "3"], "{job_log}");
+}
+
+/// The other side of counting: a launch that the service's own death interrupted (here its
+/// job is still running at the restart, and the new runner kills it) is given back, so a
+/// trial with `max_retries: 0` still runs to completion after a SIGKILL of the service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launch_interrupted_by_the_service_dying_is_not_charged_to_the_trial() {
+    let f = fixture();
+    let db = common::sqlite_db();
+    let port = common::free_port();
+    let log = f.dir.path().join("launches");
+    let spec = study(
+        &f,
+        "interrupted",
+        1,
+        1,
+        &["--mode=hang_first"],
+        json!({"env": {"LAUNCHES": log.display().to_string()}}),
+    );
+    let http = reqwest::Client::new();
+    let mut server = common::ServerProcess::start(&db.url, port);
+    server.wait_ready().await;
+    let id = create_on(&http, &server.base, spec).await;
+    wait_for_launches(&log, 1).await;
+    server.kill();
+    let marker = f.script.display().to_string();
+    assert_eq!(
+        processes_with(&marker),
+        1,
+        "the hanging launch outlives the service"
+    );
+
+    let server = common::ServerProcess::start(&db.url, port);
+    server.wait_ready().await;
+    let s = wait_until_ended(&http, &server.base, id).await;
+    let trial = get_json(&http, &server.base, &format!("/v1/studies/{id}/trials/1")).await;
+    assert_eq!(trial["state"], "completed", "{s}\n{trial}");
+    assert_eq!(launches(&log).len(), 2);
+    assert_eq!(processes_with(&marker), 0, "the leftover job was killed");
+}
+
+/// On a server that requires tokens, each launch gets its own trial token (issued in the
+/// transaction that counts the launch): it completes its own trial over HTTP, is refused
+/// for another trial, and the token of the trial's previous launch no longer works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_launch_reports_with_its_own_trial_scoped_token() {
+    let f = fixture();
+    let app = common::spawn_app_with(common::sqlite_db(), Some("admin")).await;
+    let id = app
+        .create_study(study(
+            &f,
+            "token",
+            2,
+            1,
+            &["--mode=http_token"],
+            json!({"max_retries": 1}),
+        ))
+        .await;
+    app.wait_for_state(id, "completed", Duration::from_secs(60))
+        .await;
+    let trial = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
+    assert_eq!(trial["state"], "completed", "{trial}");
+    assert_eq!(
+        trial["final_measurement"]["metrics"]["loss"], 0.5,
+        "{trial}"
+    );
+    let log = std::fs::read_to_string(f.dir.path().join("runs/1/job.log")).expect("log");
+    for line in [
+        "first launch's token: 401",
+        "other trial: 403",
+        "own trial: 200",
+    ] {
+        assert!(log.contains(line), "{line:?} in {log}");
+    }
 }
 
 /// A Python with the real `cloudml-hypertune` from PyPI, in a venv made once per checkout.

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use super::client::Client;
 use crate::dispatch::local::LocalExecutor;
-use crate::dispatch::trial::{Interrupt, TrialReporter, TrialSetup, run_trial};
+use crate::dispatch::trial::{AttemptStart, Interrupt, TrialReporter, TrialSetup, run_trial};
 use crate::model::{Measurement, Study, TrialJobSpec};
 
 pub struct WorkerOptions {
@@ -68,6 +68,7 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> Result<(), St
             .join(format!("study-{}", study.id)),
     };
     let client = Arc::new(client);
+    let metric_pattern = TrialSetup::metric_pattern(&job);
     let setup = Arc::new(TrialSetup {
         study_id: study.id,
         job,
@@ -79,7 +80,9 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> Result<(), St
         reporter: Arc::new(HttpReporter {
             client: client.clone(),
             study_id: study.id,
+            attempts: Default::default(),
         }),
+        metric_pattern,
     });
     let lease = Duration::from_secs(study.spec.trial_lease_secs.max(3) as u64);
     let (interrupt, _) = watch::channel(Interrupt::None);
@@ -191,6 +194,9 @@ async fn run_slot(
 struct HttpReporter {
     client: Arc<Client>,
     study_id: i64,
+    /// Launches per trial, counted by this worker process only: the API has no attempt
+    /// count, so a restarted worker starts its trials' retries afresh.
+    attempts: std::sync::Mutex<std::collections::HashMap<i64, u32>>,
 }
 
 impl HttpReporter {
@@ -265,7 +271,33 @@ impl TrialReporter for HttpReporter {
         ))
     }
 
-    async fn trial_token(&self, _trial_id: i64) -> Result<Option<String>, String> {
-        Ok(self.client.token().map(str::to_string))
+    async fn start_attempt(
+        &self,
+        trial_id: i64,
+        max_attempts: u32,
+    ) -> Result<Option<AttemptStart>, String> {
+        let mut attempts = self
+            .attempts
+            .lock()
+            .map_err(|_| "attempt counter poisoned".to_string())?;
+        let n = attempts.entry(trial_id).or_insert(0);
+        if *n >= max_attempts {
+            return Ok(None);
+        }
+        *n += 1;
+        // The worker's own token: the API gives pulled trials none of their own.
+        Ok(Some(AttemptStart {
+            number: *n,
+            token: self.client.token().map(str::to_string),
+        }))
+    }
+
+    async fn refund_attempt(&self, trial_id: i64) -> Result<(), String> {
+        if let Ok(mut attempts) = self.attempts.lock()
+            && let Some(n) = attempts.get_mut(&trial_id)
+        {
+            *n = n.saturating_sub(1);
+        }
+        Ok(())
     }
 }

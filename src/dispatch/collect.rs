@@ -79,11 +79,16 @@ pub struct StdoutMetrics {
 
 impl StdoutMetrics {
     pub fn new(pattern: &str, metric_ids: Vec<String>) -> Result<Self, regex::Error> {
-        Ok(Self {
-            pattern: Regex::new(pattern)?,
+        Ok(Self::with_pattern(Regex::new(pattern)?, metric_ids))
+    }
+
+    /// With a pattern compiled once for many jobs.
+    pub fn with_pattern(pattern: Regex, metric_ids: Vec<String>) -> Self {
+        Self {
+            pattern,
             metric_ids,
             lines_with_metrics: 0,
-        })
+        }
     }
 
     /// The measurement on this line, if it reports any of the study's metrics. A `step`,

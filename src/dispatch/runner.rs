@@ -15,7 +15,7 @@ use super::DispatchConfig;
 use super::executor::Executor;
 use super::local::LocalExecutor;
 use super::slurm::SlurmExecutor;
-use super::trial::{Interrupt, TrialEnd, TrialReporter, TrialSetup, run_trial};
+use super::trial::{AttemptStart, Interrupt, TrialEnd, TrialReporter, TrialSetup, run_trial};
 use crate::model::{ExecutorName, Measurement, StudyState, TrialState};
 use crate::service::{Completion, Service, ServiceError};
 
@@ -89,6 +89,7 @@ pub async fn run_study(
                 }
                 _ => Arc::new(LocalExecutor),
             };
+            let metric_pattern = TrialSetup::metric_pattern(&job);
             setup = Some(Arc::new(TrialSetup {
                 study_id,
                 output_dir: output_dir(&config, study_id, job.output_dir.as_deref()),
@@ -101,6 +102,7 @@ pub async fn run_study(
                     service: service.clone(),
                     study_id,
                 }),
+                metric_pattern,
             }));
         }
         let Some(setup) = setup.clone() else { return };
@@ -282,19 +284,38 @@ impl TrialReporter for ServiceReporter {
         Ok(!trial.state.is_unfinished())
     }
 
-    async fn trial_token(&self, trial_id: i64) -> Result<Option<String>, String> {
+    // Dispatch bookkeeping outside the trial state machine (the count never changes a
+    // trial's state): written straight to the store, in one transaction with the token.
+    async fn start_attempt(
+        &self,
+        trial_id: i64,
+        max_attempts: u32,
+    ) -> Result<Option<AttemptStart>, String> {
         let token = crate::api::auth::new_token();
         let name = format!("trial:{}:{trial_id}", self.study_id);
-        let store = self.service.store();
-        store
-            .replace_token(
-                &name,
-                &crate::api::auth::hash_token(&token),
-                Some((self.study_id, trial_id)),
+        let number = self
+            .service
+            .store()
+            .start_attempt(
+                self.study_id,
+                trial_id,
+                max_attempts,
+                (&name, &crate::api::auth::hash_token(&token)),
                 chrono::Utc::now(),
             )
             .await
             .map_err(|e| e.to_string())?;
-        Ok(Some(token))
+        Ok(number.map(|number| AttemptStart {
+            number,
+            token: Some(token),
+        }))
+    }
+
+    async fn refund_attempt(&self, trial_id: i64) -> Result<(), String> {
+        self.service
+            .store()
+            .refund_attempt(self.study_id, trial_id)
+            .await
+            .map_err(|e| e.to_string())
     }
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use regex::Regex;
 use tokio::sync::{mpsc, watch};
 
 use super::collect::{StdoutMetrics, parse_hypertune};
@@ -31,8 +32,24 @@ pub trait TrialReporter: Send + Sync {
     async fn should_stop(&self, trial_id: i64) -> Result<bool, String>;
     /// Whether the trial already finished (the job completed it over HTTP).
     async fn finished(&self, trial_id: i64) -> Result<bool, String>;
-    /// The token the job reports with (`AUGUR_TRIAL_TOKEN`).
-    async fn trial_token(&self, trial_id: i64) -> Result<Option<String>, String>;
+    /// Charge one launch against the trial's `max_attempts` before it starts (durably, where
+    /// the reporter can) and issue the token it reports with. `Ok(None)`: none left.
+    async fn start_attempt(
+        &self,
+        trial_id: i64,
+        max_attempts: u32,
+    ) -> Result<Option<AttemptStart>, String>;
+    /// Give back a launch that this side ended itself (shutdown, or a leftover job killed
+    /// after a restart): it says nothing about the trial.
+    async fn refund_attempt(&self, trial_id: i64) -> Result<(), String>;
+}
+
+/// A launch, counted.
+pub struct AttemptStart {
+    /// 1 for the first launch that counts.
+    pub number: u32,
+    /// `AUGUR_TRIAL_TOKEN` for this launch.
+    pub token: Option<String>,
 }
 
 /// What stops a running trial from outside.
@@ -56,9 +73,20 @@ pub struct TrialSetup {
     pub output_dir: PathBuf,
     pub executor: Arc<dyn Executor>,
     pub reporter: Arc<dyn TrialReporter>,
+    /// `metric_regex` (or the default), compiled once for all trials.
+    pub metric_pattern: Result<Regex, String>,
+}
+
+impl TrialSetup {
+    /// The stdout metric pattern of a job, for `metric_pattern`.
+    pub fn metric_pattern(job: &TrialJobSpec) -> Result<Regex, String> {
+        Regex::new(job.metric_regex.as_deref().unwrap_or(DEFAULT_METRIC_REGEX))
+            .map_err(|e| format!("metric_regex: {e}"))
+    }
 }
 
 /// The per-trial paths of DESIGN §4.
+#[derive(Clone)]
 pub struct TrialDirs {
     pub root: PathBuf,
     pub model: PathBuf,
@@ -76,19 +104,24 @@ impl TrialDirs {
             model: root.join("model"),
             checkpoints: root.join("checkpoints"),
             logs: root.join("logs"),
-            metric_file: root.join("hypertune").join("output.metrics"),
+            // In the root, not a directory of its own: each new inode is paid for on the
+            // way from a freed slot to the next job (see benches/dispatch.rs).
+            metric_file: root.join("output.metrics"),
             params_file: root.join("params.json"),
             job_log: root.join("job.log"),
             root,
         }
     }
 
-    fn create(&self) -> std::io::Result<()> {
+    /// Create the directories, and the params file when the command uses one.
+    fn create(&self, params_json: Option<String>) -> Result<(), String> {
         for dir in [&self.model, &self.checkpoints, &self.logs] {
-            std::fs::create_dir_all(dir)?;
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         }
-        if let Some(parent) = self.metric_file.parent() {
-            std::fs::create_dir_all(parent)?;
+        if let Some(json) = params_json {
+            std::fs::write(&self.params_file, json)
+                .map_err(|e| format!("cannot write {}: {e}", self.params_file.display()))?;
         }
         Ok(())
     }
@@ -119,35 +152,36 @@ pub async fn run_trial(
 ) -> TrialEnd {
     let reporter = setup.reporter.clone();
     let dirs = TrialDirs::new(&setup.output_dir, trial_id);
-    // A job left by an earlier run of this trial (the service or worker was killed) must
-    // not run beside the new one.
-    if let Ok(handle) = std::fs::read_to_string(dirs.root.join("job.handle")) {
+    // `job.handle` is non-empty only while a launch's end is unseen: the service or worker
+    // stopped (or died) during it. That job must not run beside the new one, and its launch
+    // is given back: it ended with the service (killed now, at shutdown, or by its broken
+    // stdout pipe), so it says nothing about the trial. Seen failures stay counted.
+    let handle_file = dirs.root.join("job.handle");
+    if let Ok(handle) = std::fs::read_to_string(&handle_file)
+        && !handle.trim().is_empty()
+    {
         setup
             .executor
             .clean_up_stale(handle.trim(), setup.study_id, trial_id)
             .await;
+        // Cleared before the refund: a crash between the two over-counts, never under-counts.
+        let _ = std::fs::write(&handle_file, "");
+        if let Err(e) = reporter.refund_attempt(trial_id).await {
+            tracing::warn!(trial_id, error = %e, "could not give back an interrupted launch");
+        }
     }
-    if let Err(e) = dirs.create() {
-        return give_up(
-            &*reporter,
-            trial_id,
-            format!("cannot create {}: {e}", dirs.root.display()),
-        )
-        .await;
-    }
-    let params_json = serde_json::to_string_pretty(&parameters).unwrap_or_else(|_| "{}".into());
-    if let Err(e) = std::fs::write(&dirs.params_file, params_json) {
-        return give_up(
-            &*reporter,
-            trial_id,
-            format!("cannot write {}: {e}", dirs.params_file.display()),
-        )
-        .await;
-    }
-    let token = match reporter.trial_token(trial_id).await {
-        Ok(t) => t,
-        Err(e) => return give_up(&*reporter, trial_id, format!("no trial token: {e}")).await,
-    };
+    // Directories are made on a blocking thread (a mkdir can take a millisecond) while the
+    // first attempt is counted; only a command that names `${params_file}` gets the file.
+    let params_json = setup
+        .job
+        .command
+        .iter()
+        .any(|a| a.contains("${params_file}"))
+        .then(|| serde_json::to_string_pretty(&parameters).unwrap_or_else(|_| "{}".into()));
+    let mut prepared = Some({
+        let dirs = dirs.clone();
+        tokio::task::spawn_blocking(move || dirs.create(params_json))
+    });
     let argv = setup.job.render_argv(
         &parameters,
         trial_id,
@@ -172,23 +206,43 @@ pub async fn run_trial(
         ("AIP_CHECKPOINT_DIR".to_string(), dir_env(&dirs.checkpoints)),
         ("AIP_TENSORBOARD_LOG_DIR".to_string(), dir_env(&dirs.logs)),
     ]);
-    if let Some(t) = token {
-        env.push(("AUGUR_TRIAL_TOKEN".to_string(), t));
-    }
     let timeout = setup.job.timeout_secs.map(Duration::from_secs);
+    let max_attempts = setup.job.max_retries + 1;
     let mut last_failure = String::new();
-    for attempt in 1..=setup.job.max_retries + 1 {
+    loop {
+        // Counted durably before the launch, so that a restart does not renew the retries.
+        let start = match reporter.start_attempt(trial_id, max_attempts).await {
+            Ok(Some(start)) => start,
+            Ok(None) => break,
+            Err(e) => {
+                return give_up(&*reporter, trial_id, format!("cannot count attempts: {e}")).await;
+            }
+        };
+        if let Some(task) = prepared.take() {
+            let made = task
+                .await
+                .unwrap_or_else(|e| Err(format!("directory task: {e}")));
+            if let Err(why) = made {
+                return give_up(&*reporter, trial_id, why).await;
+            }
+        }
+        let start_number = start.number;
+        let mut env = env.clone();
+        if let Some(token) = start.token {
+            env.push(("AUGUR_TRIAL_TOKEN".to_string(), token));
+        }
         let request = JobRequest {
             study_id: setup.study_id,
             trial_id,
-            attempt,
+            attempt: start_number,
             argv: argv.clone(),
-            env: env.clone(),
+            env,
             workdir: setup.job.workdir.as_ref().map(PathBuf::from),
             log_path: dirs.job_log.clone(),
         };
         let outcome = run_attempt(&setup, &request, &dirs, timeout, &mut interrupt).await;
         match outcome {
+            // `job.handle` stays: the resumed trial gives this launch back.
             Attempt::Interrupted(Interrupt::Shutdown) => return TrialEnd::Abandoned,
             Attempt::Interrupted(_) => {
                 return give_up(
@@ -214,7 +268,11 @@ pub async fn run_trial(
             }
             Attempt::LaunchFailed(why) => return give_up(&*reporter, trial_id, why).await,
             Attempt::Ended(exit) => {
-                if let Ok(true) = reporter.finished(trial_id).await {
+                // A success needs no look first: completing a trial the job already finished
+                // over HTTP answers "conflict", taken as done.
+                if !exit.success()
+                    && let Ok(true) = reporter.finished(trial_id).await
+                {
                     return TrialEnd::Completed;
                 }
                 if exit.success() {
@@ -230,15 +288,15 @@ pub async fn run_trial(
             }
             Attempt::TimedOut(secs) => last_failure = format!("timed out after {secs} s"),
         }
-        tracing::warn!(study_id = setup.study_id, trial_id, attempt, reason = %last_failure, "trial attempt failed");
+        tracing::warn!(study_id = setup.study_id, trial_id, attempt = start_number, reason = %last_failure, "trial attempt failed");
     }
-    let tries = setup.job.max_retries + 1;
-    give_up(
-        &*reporter,
-        trial_id,
-        format!("{last_failure} (after {tries} attempt(s))"),
-    )
-    .await
+    let reason = if last_failure.is_empty() {
+        // Every attempt was used up before a restart of the service.
+        format!("all {max_attempts} attempt(s) failed before the service restarted")
+    } else {
+        format!("{last_failure} (after {max_attempts} attempt(s))")
+    };
+    give_up(&*reporter, trial_id, reason).await
 }
 
 async fn give_up(reporter: &dyn TrialReporter, trial_id: i64, reason: String) -> TrialEnd {
@@ -270,16 +328,11 @@ async fn run_attempt(
     };
     // Remember the job so that a restarted service can kill a leftover (see runner.rs).
     let _ = std::fs::write(dirs.root.join("job.handle"), job.handle());
-    let regex = setup
-        .job
-        .metric_regex
-        .as_deref()
-        .unwrap_or(DEFAULT_METRIC_REGEX);
-    let mut stdout_metrics = match StdoutMetrics::new(regex, setup.metric_ids.clone()) {
-        Ok(p) => p,
+    let mut stdout_metrics = match &setup.metric_pattern {
+        Ok(p) => StdoutMetrics::with_pattern(p.clone(), setup.metric_ids.clone()),
         Err(e) => {
             job.stop(STOP_GRACE).await;
-            return Attempt::LaunchFailed(format!("metric_regex: {e}"));
+            return Attempt::LaunchFailed(e.clone());
         }
     };
     let mut hypertune = HypertuneTail::new(dirs.metric_file.clone(), setup.metric_ids.clone());
@@ -335,6 +388,11 @@ async fn run_attempt(
     }
     for m in hypertune.read_new() {
         report(&**reporter, trial_id, m).await;
+    }
+    if !matches!(result, Attempt::Interrupted(Interrupt::Shutdown)) {
+        // This launch's end was seen: it stays counted. (Emptied, not removed: an unlink now
+        // and a create next launch cost two inode updates.)
+        let _ = std::fs::write(dirs.root.join("job.handle"), "");
     }
     result
 }

@@ -127,6 +127,12 @@ pub(super) const RELEASE_RUNNER: &str =
 pub(super) const REPLACE_TOKEN: &str = "INSERT INTO api_tokens (name, token_hash, study_id, trial_id, created_at) \
      VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE SET token_hash = excluded.token_hash, \
      study_id = excluded.study_id, trial_id = excluded.trial_id, created_at = excluded.created_at";
+/// Trials' `attempts` are written only here, never by the batch upserts, which leave the
+/// column alone.
+pub(super) const CHARGE_ATTEMPT: &str = "UPDATE trials SET attempts = attempts + 1 \
+     WHERE study_id = $1 AND id = $2 AND attempts < $3 RETURNING attempts";
+pub(super) const REFUND_ATTEMPT: &str =
+    "UPDATE trials SET attempts = attempts - 1 WHERE study_id = $1 AND id = $2 AND attempts > 0";
 pub(super) const DELETE_TOKEN: &str = "DELETE FROM api_tokens WHERE name = $1";
 pub(super) const COUNT_TOKENS: &str = "SELECT COUNT(*) FROM api_tokens WHERE study_id IS NULL";
 
@@ -466,6 +472,52 @@ macro_rules! impl_sql_store {
                     .bind(scope.map(|s| s.0))
                     .bind(scope.map(|s| s.1))
                     .bind(now)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(())
+            }
+
+            /// `token` is `(name, hash)`.
+            #[tracing::instrument(skip_all)]
+            async fn start_attempt(
+                &self,
+                study_id: i64,
+                trial_id: i64,
+                max_attempts: u32,
+                token: (&str, &str),
+                now: chrono::DateTime<chrono::Utc>,
+            ) -> StoreResult<Option<u32>> {
+                // Count and token in one commit (one flush per launch, not two). The token
+                // goes first: its foreign-key check locks the study row before the trial
+                // row, the order study batches lock them in (no deadlock on PostgreSQL).
+                let mut tx = self.pool.begin().await?;
+                sqlx::query(REPLACE_TOKEN)
+                    .bind(token.0)
+                    .bind(token.1)
+                    .bind(Some(study_id))
+                    .bind(Some(trial_id))
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+                let max = i32::try_from(max_attempts).unwrap_or(i32::MAX);
+                let row: Option<(i32,)> = sqlx::query_as(CHARGE_ATTEMPT)
+                    .bind(study_id)
+                    .bind(trial_id)
+                    .bind(max)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                if row.is_some() {
+                    tx.commit().await?;
+                }
+                // Otherwise dropped: rolled back, no token for a launch that will not happen.
+                Ok(row.map(|(n,)| n.max(0) as u32))
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn refund_attempt(&self, study_id: i64, trial_id: i64) -> StoreResult<()> {
+                sqlx::query(REFUND_ATTEMPT)
+                    .bind(study_id)
+                    .bind(trial_id)
                     .execute(&self.pool)
                     .await?;
                 Ok(())
