@@ -252,10 +252,21 @@ async fn bench(database_url: &str) {
         .expect("HTTP client");
 
     println!("API throughput on PostgreSQL, random algorithm, suggest+complete cycles, one study");
-    println!("(parallel_trials 64, max_trials 100000, {secs} s per row)\n");
+    println!("(parallel_trials 64, max_trials 100000, {secs} s per row; cores: CPU used by this");
+    println!("process, by PostgreSQL, and by anything else, which a figure depends on)\n");
     println!(
-        "{:>7} {:>8} {:>10} {:>9} {:>9} {:>11} {:>9} {:>7}",
-        "clients", "trials", "trials/s", "p50 ms", "p99 ms", "mean batch", "batch ms", "locked"
+        "{:>7} {:>8} {:>10} {:>9} {:>9} {:>11} {:>9} {:>7} {:>6} {:>6} {:>6}",
+        "clients",
+        "trials",
+        "trials/s",
+        "p50 ms",
+        "p99 ms",
+        "mean batch",
+        "batch ms",
+        "locked",
+        "ours",
+        "pg",
+        "other"
     );
     let study_url = create_study(&http, &base, 100_000).await;
     for clients in levels {
@@ -264,6 +275,7 @@ async fn bench(database_url: &str) {
             metric_sum_count(&http, &base, "augur_group_commit_batch_size").await;
         let (secs_sum, _) = metric_sum_count(&http, &base, "augur_group_commit_seconds").await;
         let started = Instant::now();
+        let cpu_before = cpu_ticks();
         let stopper = {
             let run = run.clone();
             tokio::spawn(async move {
@@ -273,6 +285,7 @@ async fn bench(database_url: &str) {
         };
         run_clients(&http, &study_url, clients, &run).await;
         let elapsed = started.elapsed();
+        let (ours, postgres, other) = cores_between(cpu_before, cpu_ticks());
         stopper.abort();
         let (sum, count) = metric_sum_count(&http, &base, "augur_group_commit_batch_size").await;
         let (secs_after, _) = metric_sum_count(&http, &base, "augur_group_commit_seconds").await;
@@ -291,7 +304,8 @@ async fn bench(database_url: &str) {
         let batches = (count - batch_count).max(1.0);
         let locked = secs_after - secs_sum;
         println!(
-            "{clients:>7} {done:>8} {:>10.0} {:>9.2} {:>9.2} {batch:>11.1} {:>9.2} {:>6.0}%",
+            "{clients:>7} {done:>8} {:>10.0} {:>9.2} {:>9.2} {batch:>11.1} {:>9.2} {:>6.0}% \
+             {ours:>6.2} {postgres:>6.2} {other:>6.2}",
             done as f64 / elapsed.as_secs_f64(),
             ms(percentile(&latencies, 0.5)),
             ms(percentile(&latencies, 0.99)),
