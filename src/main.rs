@@ -17,9 +17,10 @@ async fn main() -> std::process::ExitCode {
         .init();
     match augur::cli::run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(message) => {
+        Err(augur::cli::Failure::Error(message)) => {
             eprintln!("augur: {message}");
             std::process::ExitCode::FAILURE
         }
+        Err(augur::cli::Failure::Interrupted) => std::process::ExitCode::from(130),
     }
 }

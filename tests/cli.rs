@@ -204,7 +204,8 @@ fn started_trials(runs: &Path) -> Vec<(i64, i32, i32, bool)> {
     out
 }
 
-/// Ctrl-C (SIGINT) stops `augur run` cleanly: it exits 0 saying how to resume, no process of
+/// Ctrl-C (SIGINT) stops `augur run` cleanly: it exits with status 130 (not success: the study
+/// is unfinished) saying how to resume, no process of
 /// any running job's group survives, and the interrupted trials stay active. Running the
 /// same file again resumes the same study and the same trials (no duplicate study, nothing
 /// failed) and ends with exactly `max_trials` completed.
@@ -253,7 +254,7 @@ async fn ctrl_c_stops_augur_run_cleanly_and_the_same_command_resumes_the_study()
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
     );
-    assert!(out.status.success(), "{:?}\n{stdout}\n{stderr}", out.status);
+    assert_eq!(out.status.code(), Some(130), "{stdout}\n{stderr}");
     assert!(
         stdout.contains("stopped; run the same command again to resume"),
         "{stdout}"

@@ -174,7 +174,23 @@ pub enum StudyCommand {
 }
 
 /// Run a parsed command; errors come back as one line for the user.
-pub async fn run(cli: Cli) -> Result<(), String> {
+/// Why `augur` ends with a non-zero status.
+#[derive(Debug)]
+pub enum Failure {
+    /// Printed to stderr; status 1.
+    Error(String),
+    /// Ctrl-C before the work was done: status 130, as a shell reports SIGINT, so that a
+    /// script's `augur run … && next-step` does not go on with an unfinished study.
+    Interrupted,
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Failure::Error(message)
+    }
+}
+
+pub async fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Serve {
             database_url,
@@ -197,7 +213,7 @@ pub async fn run(cli: Cli) -> Result<(), String> {
             };
             tracing::info!(addr = %app.addr(), auth = mode, "augur is serving");
             println!("augur listening on http://{} ({mode})", app.addr());
-            app.run().await.map_err(|e| e.to_string())
+            Ok(app.run().await.map_err(|e| e.to_string())?)
         }
         Command::Migrate { database_url } => {
             crate::store::connect(&database_url)
@@ -226,7 +242,12 @@ pub async fn run(cli: Cli) -> Result<(), String> {
             eprintln!("token {name:?} created; it is shown only once");
             Ok(())
         }
-        Command::Run { file, database_url } => run::run_study_file(&file, &database_url).await,
+        Command::Run { file, database_url } => {
+            match run::run_study_file(&file, &database_url).await? {
+                run::RunEnd::Finished => Ok(()),
+                run::RunEnd::Interrupted => Err(Failure::Interrupted),
+            }
+        }
         Command::Worker {
             client,
             study,
@@ -247,7 +268,7 @@ pub async fn run(cli: Cli) -> Result<(), String> {
                 output_dir,
                 command,
             };
-            worker::run_worker(http, options).await
+            Ok(worker::run_worker(http, options).await?)
         }
         Command::Trial {
             client,
@@ -278,7 +299,7 @@ pub async fn run(cli: Cli) -> Result<(), String> {
         }
         Command::Study { client, command } => {
             let client = Client::new(&client.url, client.token.as_deref())?;
-            client::run_study_command(&client, command).await
+            Ok(client::run_study_command(&client, command).await?)
         }
     }
 }

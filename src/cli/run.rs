@@ -13,7 +13,16 @@ use crate::app::{App, ServerConfig};
 use crate::model::{MetricGoal, Study, StudySpec, StudyState};
 use crate::service::Service;
 
-pub async fn run_study_file(file: &Path, database_url: &str) -> Result<(), String> {
+/// How `augur run` ended without an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunEnd {
+    /// The study is no longer active: completed, or stopped through the API.
+    Finished,
+    /// Ctrl-C: the study is left to resume.
+    Interrupted,
+}
+
+pub async fn run_study_file(file: &Path, database_url: &str) -> Result<RunEnd, String> {
     let base_dir = file
         .parent()
         .map(|p| {
@@ -134,7 +143,11 @@ pub async fn run_study_file(file: &Path, database_url: &str) -> Result<(), Strin
             .state_reason
             .unwrap_or_else(|| "the study failed".into()));
     }
-    Ok(())
+    Ok(if interrupted {
+        RunEnd::Interrupted
+    } else {
+        RunEnd::Finished
+    })
 }
 
 fn draw(bar: &ProgressBar, study: &Study) {
