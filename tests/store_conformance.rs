@@ -37,6 +37,7 @@ on_both_backends!(
     tokens_insert_find_delete_count,
     deleting_a_study_cascades,
     trial_points_are_the_records_light_view,
+    attempts_and_runner_leases,
 );
 
 fn spec(name: &str) -> StudySpec {
@@ -704,5 +705,113 @@ async fn postgres_batches_stay_small_on_stale_statistics() {
     assert!(
         read < batches * 100,
         "{batches} batches visited {read} pages of trials: a batch scans the study ({total} trials)"
+    );
+}
+
+/// A dispatched trial's launches are counted up to a limit, each with a fresh token that
+/// replaces the last (none when no launch is left); refunds never go below zero. A study's
+/// runner lease belongs to one owner until it expires or is released.
+async fn attempts_and_runner_leases(store: Arc<dyn Store>) {
+    let study = store
+        .insert_study(&spec("dispatch"), now())
+        .await
+        .expect("insert");
+    insert(
+        &*store,
+        study.id,
+        &[trial(study.id, 1, TrialState::Active, 0.5)],
+    )
+    .await;
+    let name = format!("trial:{}:1", study.id);
+    let start = |hash: &'static str| {
+        let (store, name) = (store.clone(), name.clone());
+        async move {
+            store
+                .start_attempt(study.id, 1, 2, (&name, hash), now())
+                .await
+                .expect("start attempt")
+        }
+    };
+    let scope = Some((study.id, 1));
+    assert_eq!(start("h1").await, Some(1));
+    assert_eq!(
+        store.find_token("h1").await.expect("find").map(|t| t.scope),
+        Some(scope)
+    );
+    assert_eq!(start("h2").await, Some(2));
+    assert!(
+        store.find_token("h1").await.expect("find").is_none(),
+        "replaced"
+    );
+    assert_eq!(start("h3").await, None, "two attempts used");
+    assert!(
+        store.find_token("h3").await.expect("find").is_none(),
+        "no token without a launch"
+    );
+    assert!(
+        store.find_token("h2").await.expect("find").is_some(),
+        "the last one stays"
+    );
+    store.refund_attempt(study.id, 1).await.expect("refund");
+    assert_eq!(
+        start("h4").await,
+        Some(2),
+        "a refunded launch can be made again"
+    );
+    for _ in 0..3 {
+        store.refund_attempt(study.id, 1).await.expect("refund");
+    }
+    assert_eq!(start("h5").await, Some(1), "refunds stop at zero");
+    let missing = store
+        .start_attempt(study.id, 99, 2, ("trial:x:99", "h6"), now())
+        .await;
+    assert!(
+        matches!(missing, Ok(None)),
+        "no launch of a trial that does not exist: {missing:?}"
+    );
+    assert!(store.find_token("h6").await.expect("find").is_none());
+
+    let t0 = now();
+    let ttl = Duration::seconds(15);
+    assert!(
+        store
+            .claim_runner(study.id, "a", t0, ttl)
+            .await
+            .expect("claim")
+    );
+    assert!(
+        store
+            .claim_runner(study.id, "a", t0, ttl)
+            .await
+            .expect("renew")
+    );
+    assert!(
+        !store
+            .claim_runner(study.id, "b", t0 + Duration::seconds(14), ttl)
+            .await
+            .expect("claim")
+    );
+    store
+        .release_runner(study.id, "b")
+        .await
+        .expect("release by a non-owner");
+    assert!(
+        !store
+            .claim_runner(study.id, "b", t0 + Duration::seconds(14), ttl)
+            .await
+            .expect("claim")
+    );
+    assert!(
+        store
+            .claim_runner(study.id, "b", t0 + Duration::seconds(16), ttl)
+            .await
+            .expect("expired")
+    );
+    store.release_runner(study.id, "b").await.expect("release");
+    assert!(
+        store
+            .claim_runner(study.id, "a", t0 + Duration::seconds(17), ttl)
+            .await
+            .expect("released")
     );
 }
