@@ -162,29 +162,6 @@ async fn exit_within(child: std::process::Child, limit: Duration) -> Output {
     }
 }
 
-/// Live (not zombie) processes whose process group is `pgid` or whose pid is `pid`.
-fn alive_in_group(pgid: i32) -> Vec<i32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(Result::ok)
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                return false;
-            };
-            // "pid (comm) state ppid pgrp …"
-            let Some(rest) = stat.rfind(')').and_then(|i| stat.get(i + 2..)) else {
-                return false;
-            };
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            fields.first() != Some(&"Z")
-                && (*pid == pgid || fields.get(2) == Some(&pgid.to_string().as_str()))
-        })
-        .collect()
-}
-
 /// `(trial, job pid, child pid, done)` for every trial that has started a job.
 fn started_trials(runs: &Path) -> Vec<(i64, i32, i32, bool)> {
     let Ok(entries) = std::fs::read_dir(runs) else {
@@ -233,7 +210,7 @@ async fn ctrl_c_stops_augur_run_cleanly_and_the_same_command_resumes_the_study()
         let done = trials.iter().filter(|t| t.3).count();
         let running = trials
             .iter()
-            .filter(|t| !t.3 && !alive_in_group(t.1).is_empty())
+            .filter(|t| !t.3 && !common::alive_in_group(t.1).is_empty())
             .count();
         if done >= 1 && running == 2 {
             break;
@@ -265,7 +242,7 @@ async fn ctrl_c_stops_augur_run_cleanly_and_the_same_command_resumes_the_study()
     assert!(!interrupted.is_empty(), "{after_first:?}");
     for (trial, job, child, _) in &after_first {
         assert!(
-            alive_in_group(*job).is_empty() && alive_in_group(*child).is_empty(),
+            common::alive_in_group(*job).is_empty() && common::alive_in_group(*child).is_empty(),
             "trial {trial}: a process of its job survived Ctrl-C"
         );
     }

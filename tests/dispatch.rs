@@ -114,38 +114,17 @@ fn study(
 /// Trial jobs alive whose command line mentions `marker`, counted by process group: each
 /// job runs in its own group, and `python3` may be a shim that briefly forks helpers.
 fn processes_with(marker: &str) -> usize {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return 0;
-    };
-    let groups: std::collections::BTreeSet<String> = entries
-        .filter_map(Result::ok)
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .chars()
-                .all(|c| c.is_ascii_digit())
-        })
-        .filter(|e| {
-            std::fs::read(e.path().join("cmdline"))
+    let groups: std::collections::BTreeSet<i32> = common::pids()
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
                 .map(|c| String::from_utf8_lossy(&c).contains(marker))
                 .unwrap_or(false)
         })
-        .filter_map(|e| {
-            // /proc/PID/stat: "pid (comm) state ppid pgrp ..."; comm may contain spaces.
-            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-            let after_comm = &stat[stat.rfind(')')? + 2..];
-            let fields: Vec<&str> = after_comm.split_whitespace().collect();
-            (fields.first() != Some(&"Z")).then(|| fields.get(2).map(|g| g.to_string()))?
-        })
+        .filter_map(|pid| common::proc_stat(pid).filter(|(state, _)| *state != 'Z'))
+        .map(|(_, group)| group)
         .collect();
     groups.len()
-}
-
-fn alive(pid: i32) -> bool {
-    // A zombie is dead for our purposes.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| s.split_whitespace().nth(2).is_none_or(|st| st != "Z"))
-        .unwrap_or(false)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -287,7 +266,10 @@ async fn a_hung_trial_is_killed_at_its_timeout_with_its_process_group() {
         .trim()
         .parse()
         .expect("pid");
-    assert!(!alive(child), "the trial's child process {child} survived");
+    assert!(
+        !common::alive(child),
+        "the trial's child process {child} survived"
+    );
     assert_eq!(processes_with(&f.script.display().to_string()), 0);
 }
 
@@ -321,7 +303,10 @@ async fn stopping_the_study_kills_running_jobs() {
         .await;
     for pid_file in ["runs/1/model/child.pid", "runs/2/model/child.pid"] {
         if let Ok(pid) = std::fs::read_to_string(f.dir.path().join(pid_file)) {
-            assert!(!alive(pid.trim().parse().expect("pid")), "{pid_file}");
+            assert!(
+                !common::alive(pid.trim().parse().expect("pid")),
+                "{pid_file}"
+            );
         }
     }
 }

@@ -142,10 +142,8 @@ async fn a_restarted_worker_resumes_its_trial_and_kills_the_leftover_job() {
         "trial 1 was resumed, not replaced: {trials}"
     );
     assert_eq!(trials["trials"][0]["client_id"], "r/0");
-    let gone = |pid: i32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| s.split_whitespace().nth(2) == Some("Z"))
-            .unwrap_or(true)
-    };
-    assert!(gone(hung), "the leftover job of trial 1 was killed");
+    assert!(
+        !common::alive(hung),
+        "the leftover job of trial 1 was killed"
+    );
 }

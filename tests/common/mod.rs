@@ -336,3 +336,42 @@ pub fn free_port() -> u16 {
         .expect("addr")
         .port()
 }
+
+/// Every process id in /proc.
+pub fn pids() -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// A process's state letter and process group, from `/proc/PID/stat` ("pid (comm) state
+/// ppid pgrp …", where comm may hold spaces and parentheses); `None` once it is gone.
+pub fn proc_stat(pid: i32) -> Option<(char, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    Some((
+        fields.first()?.chars().next()?,
+        fields.get(2)?.parse().ok()?,
+    ))
+}
+
+/// Whether the process exists and is not a zombie (dead for a test's purposes).
+pub fn alive(pid: i32) -> bool {
+    proc_stat(pid).is_some_and(|(state, _)| state != 'Z')
+}
+
+/// Live processes whose process group is `pgid`, or whose pid is `pgid`.
+pub fn alive_in_group(pgid: i32) -> Vec<i32> {
+    pids()
+        .into_iter()
+        .filter(|&pid| {
+            proc_stat(pid)
+                .is_some_and(|(state, group)| state != 'Z' && (pid == pgid || group == pgid))
+        })
+        .collect()
+}
