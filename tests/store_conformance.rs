@@ -546,6 +546,22 @@ async fn trial_points_are_the_records_light_view(store: Arc<dyn Store>) {
     tx.update_study(&s).await.expect("update study");
     tx.commit().await.expect("commit");
 
+    // The full records by the `(change_seq, id)` cursor, as `GET …/changes` pages them.
+    let records = store
+        .changed_trials(study.id, (1, i64::MAX), 10)
+        .await
+        .expect("changed records");
+    assert_eq!(
+        records,
+        vec![later.clone(), added[0].clone(), added[1].clone()]
+    );
+    assert_eq!(
+        store
+            .changed_trials(study.id, (2, 5), 10)
+            .await
+            .expect("after trial 5"),
+        vec![added[1].clone()]
+    );
     let changed = store
         .trial_points(study.id, Some(1), 10)
         .await
