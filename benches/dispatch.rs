@@ -60,7 +60,12 @@ struct Row {
     /// Slot freed → next process started, seconds.
     overhead: Vec<f64>,
     /// For `parallel` 1: (exit → completed, completed → next suggested, suggested → started).
-    split: Vec<(f64, f64, f64)>,
+    /// Per trial: its exit → its completion recorded, and its suggestion → its process
+    /// started (seconds).
+    exit_to_completed: Vec<f64>,
+    suggested_to_started: Vec<f64>,
+    /// At `parallel_trials` 1 only: a trial completed → the next one suggested.
+    completed_to_next: Vec<f64>,
     failed: usize,
 }
 
@@ -171,19 +176,24 @@ async fn run_row(backend: &'static str, parallel: usize, trials: usize, script: 
             by_id.push((n, s, e, t.clone()));
         }
     }
-    let mut split = Vec::new();
+    let (mut exit_to_completed, mut suggested_to_started) = (Vec::new(), Vec::new());
+    for (_, start, exit, t) in &by_id {
+        if let (Some(created), Some(completed)) =
+            (timestamp(&t["created_at"]), timestamp(&t["completed_at"]))
+        {
+            exit_to_completed.push(completed - exit);
+            suggested_to_started.push(start - created);
+        }
+    }
+    let mut completed_to_next = Vec::new();
     if parallel == 1 {
         by_id.sort_by_key(|x| x.0);
         for pair in by_id.windows(2) {
-            let (_, _, exit, ref done) = pair[0];
-            let (_, start, _, ref next) = pair[1];
-            if let (Some(completed), Some(created), Some(started)) = (
-                timestamp(&done["completed_at"]),
-                timestamp(&next["created_at"]),
-                timestamp(&next["started_at"]),
+            if let (Some(completed), Some(created)) = (
+                timestamp(&pair[0].3["completed_at"]),
+                timestamp(&pair[1].3["created_at"]),
             ) {
-                let _ = started;
-                split.push((completed - exit, created - completed, start - created));
+                completed_to_next.push(created - completed);
             }
         }
     }
@@ -198,7 +208,9 @@ async fn run_row(backend: &'static str, parallel: usize, trials: usize, script: 
         trials: listed.len(),
         wall,
         overhead,
-        split,
+        exit_to_completed,
+        suggested_to_started,
+        completed_to_next,
         failed,
     }
 }
@@ -257,25 +269,31 @@ fn main() {
         );
     }
     println!();
-    println!("where the time goes at parallel_trials 1 (medians, ms; from the trials' timestamps)");
+    println!("where the time goes (medians, ms; from the trials' timestamps; the middle column");
+    println!("pairs a trial with the next, so only at parallel_trials 1)");
     println!(
-        "| backend  | exit → trial completed | completed → next suggested | suggested → process started |"
+        "| backend  | parallel_trials | exit → trial completed | completed → next suggested | suggested → process started |"
     );
     println!(
-        "|----------|-----------------------:|---------------------------:|----------------------------:|"
+        "|----------|----------------:|-----------------------:|---------------------------:|----------------------------:|"
     );
-    for r in rows.iter().filter(|r| r.parallel == 1) {
-        let med = |f: fn(&(f64, f64, f64)) -> f64| {
-            let mut v: Vec<f64> = r.split.iter().map(f).collect();
+    for r in &rows {
+        let med = |v: &[f64]| {
+            let mut v = v.to_vec();
             v.sort_by(f64::total_cmp);
-            ms(quantile(&v, 0.5))
+            if v.is_empty() {
+                "–".to_string()
+            } else {
+                ms(quantile(&v, 0.5))
+            }
         };
         println!(
-            "| {:<8} | {:>22} | {:>26} | {:>27} |",
+            "| {:<8} | {:>15} | {:>22} | {:>26} | {:>27} |",
             r.backend,
-            med(|x| x.0),
-            med(|x| x.1),
-            med(|x| x.2)
+            r.parallel,
+            med(&r.exit_to_completed),
+            med(&r.completed_to_next),
+            med(&r.suggested_to_started)
         );
     }
     println!();
