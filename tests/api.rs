@@ -1254,27 +1254,13 @@ async fn should_stop_reads_a_bounded_number_of_curves() {
     let mut admin = sqlx::PgConnection::connect(&app.db.url)
         .await
         .expect("connect");
-    async fn rows_read(admin: &mut sqlx::PgConnection) -> i64 {
-        // Other backends report their counts within a second of going idle.
-        tokio::time::sleep(Duration::from_millis(1_500)).await;
-        sqlx::query("SELECT pg_stat_clear_snapshot()")
-            .execute(&mut *admin)
-            .await
-            .expect("clear snapshot");
-        let (n,): (i64,) = sqlx::query_as(
-            "SELECT COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0) \
-             FROM pg_stat_user_tables WHERE relname = 'measurements'",
-        )
-        .fetch_one(&mut *admin)
-        .await
-        .expect("stats");
-        n
-    }
-    let before = rows_read(&mut admin).await;
+    const ROWS_READ: &str = "SELECT COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0) \
+         FROM pg_stat_user_tables WHERE relname = 'measurements'";
+    let before = common::settled_pg_counter(&mut admin, ROWS_READ).await;
     let verdict = app
         .get(&format!("/v1/studies/{id}/trials/{running}/should_stop"))
         .await;
-    let read = rows_read(&mut admin).await - before;
+    let read = common::settled_pg_counter(&mut admin, ROWS_READ).await - before;
     assert_eq!(verdict.status, StatusCode::OK, "{}", verdict.body);
     assert_eq!(
         verdict.body["should_stop"], true,

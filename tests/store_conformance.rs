@@ -685,24 +685,10 @@ async fn postgres_batches_stay_small_on_stale_statistics() {
         tx.commit().await.expect("commit");
     }
 
-    /// Pages of `trials` and its indexes visited so far, dead rows included.
-    async fn pages_read(admin: &mut sqlx::PgConnection) -> i64 {
-        // An idle backend reports its counts within 10 s (PGSTAT_IDLE_INTERVAL).
-        tokio::time::sleep(std::time::Duration::from_millis(11_000)).await;
-        sqlx::query("SELECT pg_stat_clear_snapshot()")
-            .execute(&mut *admin)
-            .await
-            .expect("clear snapshot");
-        let (n,): (i64,) = sqlx::query_as(
-            "SELECT COALESCE(heap_blks_read + heap_blks_hit + idx_blks_read + idx_blks_hit, 0) \
-             FROM pg_statio_user_tables WHERE relname = 'trials'",
-        )
-        .fetch_one(&mut *admin)
-        .await
-        .expect("stats");
-        n
-    }
-    let before = pages_read(&mut admin).await;
+    // Pages of `trials` and its indexes visited so far, dead rows included.
+    const PAGES_READ: &str = "SELECT COALESCE(heap_blks_read + heap_blks_hit + idx_blks_read \
+         + idx_blks_hit, 0) FROM pg_statio_user_tables WHERE relname = 'trials'";
+    let before = common::settled_pg_counter(&mut admin, PAGES_READ).await;
     let batches = 20i64;
     for i in 0..batches {
         let mut tx = store
@@ -716,7 +702,7 @@ async fn postgres_batches_stay_small_on_stale_statistics() {
         tx.update_trials(&[done]).await.expect("update");
         tx.commit().await.expect("commit");
     }
-    let read = pages_read(&mut admin).await - before;
+    let read = common::settled_pg_counter(&mut admin, PAGES_READ).await - before;
     println!("{batches} batches visited {read} pages of trials");
     assert!(
         read < batches * 100,

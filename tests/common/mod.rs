@@ -375,3 +375,19 @@ pub fn alive_in_group(pgid: i32) -> Vec<i32> {
         })
         .collect()
 }
+
+/// One number from PostgreSQL's statistics views (`sql` selects a single bigint), read once
+/// every backend has reported what it did: an idle backend reports within 10 s
+/// (PGSTAT_IDLE_INTERVAL), so a test measuring work done by the server's pool waits that long.
+pub async fn settled_pg_counter(admin: &mut sqlx::PgConnection, sql: &'static str) -> i64 {
+    tokio::time::sleep(Duration::from_millis(11_000)).await;
+    sqlx::query("SELECT pg_stat_clear_snapshot()")
+        .execute(&mut *admin)
+        .await
+        .expect("clear the statistics snapshot");
+    let (n,): (i64,) = sqlx::query_as(sql)
+        .fetch_one(&mut *admin)
+        .await
+        .expect("statistics");
+    n
+}
