@@ -127,19 +127,19 @@ pub(super) struct TrialRow {
 impl TryFrom<TrialRow> for TrialRecord {
     type Error = StoreError;
     fn try_from(r: TrialRow) -> Result<Self, StoreError> {
+        let (study_id, id) = (r.study_id, r.id);
         let corrupt = |what: &str, e: String| {
-            StoreError::Corrupt(format!("trial {}/{}: {what}: {e}", r.study_id, r.id))
+            StoreError::Corrupt(format!("trial {study_id}/{id}: {what}: {e}"))
         };
         let state = TrialState::parse(&r.state).ok_or_else(|| corrupt("state", r.state.clone()))?;
-        let parameters = serde_json::from_value(r.parameters.0.clone())
+        // The documents are moved into their types, not copied first.
+        let parameters = serde_json::from_value(r.parameters.0)
             .map_err(|e| corrupt("parameters", e.to_string()))?;
-        let final_measurement = match &r.final_measurement {
-            Some(j) => Some(
-                serde_json::from_value(j.0.clone())
-                    .map_err(|e| corrupt("final_measurement", e.to_string()))?,
-            ),
-            None => None,
-        };
+        let final_measurement = r
+            .final_measurement
+            .map(|j| serde_json::from_value(j.0))
+            .transpose()
+            .map_err(|e| corrupt("final_measurement", e.to_string()))?;
         Ok(TrialRecord {
             study_id: r.study_id,
             id: r.id,
