@@ -166,6 +166,22 @@ macro_rules! impl_sql_store {
             rows.into_iter().map(TrialRecord::try_from).collect()
         }
 
+        /// `INSERT_TOKEN` or `REPLACE_TOKEN` with a token row's values bound.
+        fn token_query<'q>(
+            sql: &'static str,
+            name: &'q str,
+            token_hash: &'q str,
+            scope: Option<(i64, i64)>,
+            now: chrono::DateTime<chrono::Utc>,
+        ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments> {
+            sqlx::query(sql)
+                .bind(name)
+                .bind(token_hash)
+                .bind(scope.map(|s| s.0))
+                .bind(scope.map(|s| s.1))
+                .bind(now)
+        }
+
         #[async_trait::async_trait]
         impl $crate::store::Store for $store {
             fn backend(&self) -> &'static str {
@@ -405,12 +421,7 @@ macro_rules! impl_sql_store {
                 scope: Option<(i64, i64)>,
                 now: chrono::DateTime<chrono::Utc>,
             ) -> StoreResult<()> {
-                sqlx::query(INSERT_TOKEN)
-                    .bind(name)
-                    .bind(token_hash)
-                    .bind(scope.map(|s| s.0))
-                    .bind(scope.map(|s| s.1))
-                    .bind(now)
+                token_query(INSERT_TOKEN, name, token_hash, scope, now)
                     .execute(&self.pool)
                     .await?;
                 Ok(())
@@ -466,12 +477,7 @@ macro_rules! impl_sql_store {
                 scope: Option<(i64, i64)>,
                 now: chrono::DateTime<chrono::Utc>,
             ) -> StoreResult<()> {
-                sqlx::query(REPLACE_TOKEN)
-                    .bind(name)
-                    .bind(token_hash)
-                    .bind(scope.map(|s| s.0))
-                    .bind(scope.map(|s| s.1))
-                    .bind(now)
+                token_query(REPLACE_TOKEN, name, token_hash, scope, now)
                     .execute(&self.pool)
                     .await?;
                 Ok(())
@@ -491,14 +497,15 @@ macro_rules! impl_sql_store {
                 // goes first: its foreign-key check locks the study row before the trial
                 // row, the order study batches lock them in (no deadlock on PostgreSQL).
                 let mut tx = self.pool.begin().await?;
-                sqlx::query(REPLACE_TOKEN)
-                    .bind(token.0)
-                    .bind(token.1)
-                    .bind(Some(study_id))
-                    .bind(Some(trial_id))
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
+                token_query(
+                    REPLACE_TOKEN,
+                    token.0,
+                    token.1,
+                    Some((study_id, trial_id)),
+                    now,
+                )
+                .execute(&mut *tx)
+                .await?;
                 let max = i32::try_from(max_attempts).unwrap_or(i32::MAX);
                 let row: Option<(i32,)> = sqlx::query_as(CHARGE_ATTEMPT)
                     .bind(study_id)
