@@ -16,10 +16,11 @@
 //! without a journal scans recently deleted inodes: ~0.5-1 ms per mkdir here), run it with
 //! `TMPDIR=/dev/shm` too, to see the service apart from the disk.
 //!
-//! For `parallel_trials` 1 the overhead is split, from the trials' own timestamps
-//! (`completed_at`, `created_at`, `started_at`), into: exit → trial completed (metrics and
-//! completion recorded), completed → next trial suggested (the runner's loop), suggested →
-//! process started (token, directories, spawn).
+//! The overhead is split, from the trials' own timestamps (`completed_at`, `created_at`) and
+//! the script's, into: exit → trial completed (metrics and completion recorded) and
+//! suggested → process started (token, directories, spawn), per trial at every
+//! `parallel_trials`; and completed → next trial suggested (the runner's loop), which pairs
+//! a trial with the next and so is shown at `parallel_trials` 1 only.
 //!
 //! `cargo bench --bench dispatch` (release). Environment:
 //! - `AUGUR_BENCH_PARALLEL` (default `1,8,32`);
