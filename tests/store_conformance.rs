@@ -710,9 +710,36 @@ async fn postgres_batches_stay_small_on_stale_statistics() {
     );
 }
 
+/// `StudyTx::start_attempt` with `max_attempts` 2, in a transaction of its own.
+async fn start_attempt(store: &dyn Store, study_id: i64, trial_id: i64, hash: &str) -> Option<u32> {
+    let mut tx = store
+        .begin_study(study_id)
+        .await
+        .expect("begin")
+        .expect("study");
+    let name = format!("trial:{study_id}:{trial_id}");
+    let number = tx
+        .start_attempt(trial_id, 2, (&name, hash), now())
+        .await
+        .expect("start attempt");
+    tx.commit().await.expect("commit");
+    number
+}
+
+async fn refund_attempt(store: &dyn Store, study_id: i64, trial_id: i64) {
+    let mut tx = store
+        .begin_study(study_id)
+        .await
+        .expect("begin")
+        .expect("study");
+    tx.refund_attempt(trial_id).await.expect("refund");
+    tx.commit().await.expect("commit");
+}
+
 /// A dispatched trial's launches are counted up to a limit, each with a fresh token that
-/// replaces the last (none when no launch is left); refunds never go below zero. A study's
-/// runner lease belongs to one owner until it expires or is released.
+/// replaces the last (none when no launch is left); refunds never go below zero; a trial
+/// written earlier in the same transaction (still pending on PostgreSQL) can be launched.
+/// A study's runner lease belongs to one owner until it expires or is released.
 async fn attempts_and_runner_leases(store: Arc<dyn Store>) {
     let study = store
         .insert_study(&spec("dispatch"), now())
@@ -724,15 +751,9 @@ async fn attempts_and_runner_leases(store: Arc<dyn Store>) {
         &[trial(study.id, 1, TrialState::Active, 0.5)],
     )
     .await;
-    let name = format!("trial:{}:1", study.id);
     let start = |hash: &'static str| {
-        let (store, name) = (store.clone(), name.clone());
-        async move {
-            store
-                .start_attempt(study.id, 1, 2, (&name, hash), now())
-                .await
-                .expect("start attempt")
-        }
+        let store = store.clone();
+        async move { start_attempt(&*store, study.id, 1, hash).await }
     };
     let scope = Some((study.id, 1));
     assert_eq!(start("h1").await, Some(1));
@@ -754,24 +775,38 @@ async fn attempts_and_runner_leases(store: Arc<dyn Store>) {
         store.find_token("h2").await.expect("find").is_some(),
         "the last one stays"
     );
-    store.refund_attempt(study.id, 1).await.expect("refund");
+    refund_attempt(&*store, study.id, 1).await;
     assert_eq!(
         start("h4").await,
         Some(2),
         "a refunded launch can be made again"
     );
     for _ in 0..3 {
-        store.refund_attempt(study.id, 1).await.expect("refund");
+        refund_attempt(&*store, study.id, 1).await;
     }
     assert_eq!(start("h5").await, Some(1), "refunds stop at zero");
-    let missing = store
-        .start_attempt(study.id, 99, 2, ("trial:x:99", "h6"), now())
-        .await;
-    assert!(
-        matches!(missing, Ok(None)),
-        "no launch of a trial that does not exist: {missing:?}"
+    assert_eq!(
+        start_attempt(&*store, study.id, 99, "h6").await,
+        None,
+        "no launch of a trial that does not exist"
     );
     assert!(store.find_token("h6").await.expect("find").is_none());
+
+    let mut tx = store
+        .begin_study(study.id)
+        .await
+        .expect("begin")
+        .expect("study");
+    tx.insert_trials(&[trial(study.id, 2, TrialState::Active, 0.5)])
+        .await
+        .expect("insert");
+    let name = format!("trial:{}:2", study.id);
+    let first = tx.start_attempt(2, 2, (&name, "h7"), now()).await;
+    tx.commit().await.expect("commit");
+    assert!(
+        matches!(first, Ok(Some(1))),
+        "a trial written in the same transaction: {first:?}"
+    );
 
     let t0 = now();
     let ttl = Duration::seconds(15);

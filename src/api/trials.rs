@@ -393,7 +393,7 @@ pub async fn complete_trial(
             step: req.step,
         },
         (None, Some(reason)) => Completion::Infeasible(reason),
-        (None, None) => Completion::Selected,
+        (None, None) => Completion::Selected(Vec::new()),
     };
     Ok(Json(
         state.service.complete_trial(study, trial, outcome).await?,

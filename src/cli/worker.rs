@@ -219,7 +219,12 @@ impl TrialReporter for HttpReporter {
             .map(|_| ())
     }
 
-    async fn complete_from_measurements(&self, trial_id: i64) -> Result<bool, String> {
+    async fn complete_with(&self, trial_id: i64, last: Vec<Measurement>) -> Result<bool, String> {
+        for measurement in last {
+            if let Err(e) = self.measurement(trial_id, measurement).await {
+                tracing::warn!(trial_id, error = %e, "could not record a measurement");
+            }
+        }
         let (status, body) = self
             .client
             .call_status(

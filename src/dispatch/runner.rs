@@ -237,19 +237,18 @@ struct ServiceReporter {
 impl TrialReporter for ServiceReporter {
     async fn measurement(&self, trial_id: i64, measurement: Measurement) -> Result<(), String> {
         self.service
-            .add_measurement(self.study_id, trial_id, measurement)
+            .record_dispatched_measurement(self.study_id, trial_id, measurement)
             .await
-            .map(|_| ())
             .map_err(|e| e.to_string())
     }
 
-    async fn complete_from_measurements(&self, trial_id: i64) -> Result<bool, String> {
+    async fn complete_with(&self, trial_id: i64, last: Vec<Measurement>) -> Result<bool, String> {
         match self
             .service
-            .complete_trial(self.study_id, trial_id, Completion::Selected)
+            .complete_dispatched(self.study_id, trial_id, Completion::Selected(last))
             .await
         {
-            Ok(_) => Ok(true),
+            Ok(()) => Ok(true),
             Err(ServiceError::Invalid(_)) => Ok(false),
             // Completed meanwhile (by the job over HTTP).
             Err(ServiceError::Conflict { .. }) => Ok(true),
@@ -260,10 +259,10 @@ impl TrialReporter for ServiceReporter {
     async fn fail(&self, trial_id: i64, reason: String) -> Result<(), String> {
         match self
             .service
-            .fail_trial(self.study_id, trial_id, reason)
+            .fail_dispatched(self.study_id, trial_id, reason)
             .await
         {
-            Ok(_) | Err(ServiceError::Conflict { .. }) => Ok(()),
+            Ok(()) | Err(ServiceError::Conflict { .. }) => Ok(()),
             Err(e) => Err(e.to_string()),
         }
     }
@@ -284,8 +283,7 @@ impl TrialReporter for ServiceReporter {
         Ok(!trial.state.is_unfinished())
     }
 
-    // Dispatch bookkeeping outside the trial state machine (the count never changes a
-    // trial's state): written straight to the store, in one transaction with the token.
+    // The count and the token go in the study's next batch, with its other changes.
     async fn start_attempt(
         &self,
         trial_id: i64,
@@ -293,16 +291,10 @@ impl TrialReporter for ServiceReporter {
     ) -> Result<Option<AttemptStart>, String> {
         let token = crate::api::auth::new_token();
         let name = format!("trial:{}:{trial_id}", self.study_id);
+        let hash = crate::api::auth::hash_token(&token);
         let number = self
             .service
-            .store()
-            .start_attempt(
-                self.study_id,
-                trial_id,
-                max_attempts,
-                (&name, &crate::api::auth::hash_token(&token)),
-                chrono::Utc::now(),
-            )
+            .start_attempt(self.study_id, trial_id, max_attempts, (name, hash))
             .await
             .map_err(|e| e.to_string())?;
         Ok(number.map(|number| AttemptStart {
@@ -313,7 +305,6 @@ impl TrialReporter for ServiceReporter {
 
     async fn refund_attempt(&self, trial_id: i64) -> Result<(), String> {
         self.service
-            .store()
             .refund_attempt(self.study_id, trial_id)
             .await
             .map_err(|e| e.to_string())

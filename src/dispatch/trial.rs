@@ -18,16 +18,18 @@ use crate::model::{Measurement, TrialJobSpec};
 
 /// How long a job asked to stop gets before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(5);
-/// How often the hypertune file is read and the early-stopping rule asked.
+/// How often new measurements (stdout lines, the hypertune file) are recorded and the
+/// early-stopping rule asked. Those a job reports in its last moments are recorded with its
+/// completion, in one step: a trivial trial costs one commit less.
 const POLL: Duration = Duration::from_millis(250);
 
 /// Where a trial's outcome goes: the service in-process, or the HTTP API.
 #[async_trait]
 pub trait TrialReporter: Send + Sync {
     async fn measurement(&self, trial_id: i64, measurement: Measurement) -> Result<(), String>;
-    /// Complete from the reported measurements (`measurement_selection`). `Ok(false)` when
-    /// there is none to select.
-    async fn complete_from_measurements(&self, trial_id: i64) -> Result<bool, String>;
+    /// Record `last` (measurements not reported yet), then complete from all the trial's
+    /// measurements (`measurement_selection`). `Ok(false)` when there is none to select.
+    async fn complete_with(&self, trial_id: i64, last: Vec<Measurement>) -> Result<bool, String>;
     async fn fail(&self, trial_id: i64, reason: String) -> Result<(), String>;
     async fn should_stop(&self, trial_id: i64) -> Result<bool, String>;
     /// Whether the trial already finished (the job completed it over HTTP).
@@ -240,7 +242,18 @@ pub async fn run_trial(
             workdir: setup.job.workdir.as_ref().map(PathBuf::from),
             log_path: dirs.job_log.clone(),
         };
-        let outcome = run_attempt(&setup, &request, &dirs, timeout, &mut interrupt).await;
+        let (outcome, mut last) =
+            run_attempt(&setup, &request, &dirs, timeout, &mut interrupt).await;
+        let completes = match &outcome {
+            Attempt::EarlyStopped => true,
+            Attempt::Ended(exit) => exit.success(),
+            _ => false,
+        };
+        if !completes {
+            for m in last.drain(..) {
+                report(&*reporter, trial_id, m).await;
+            }
+        }
         match outcome {
             // `job.handle` stays: the resumed trial gives this launch back.
             Attempt::Interrupted(Interrupt::Shutdown) => return TrialEnd::Abandoned,
@@ -253,7 +266,7 @@ pub async fn run_trial(
                 .await;
             }
             Attempt::EarlyStopped => {
-                return match reporter.complete_from_measurements(trial_id).await {
+                return match reporter.complete_with(trial_id, last).await {
                     Ok(true) => TrialEnd::EarlyStopped,
                     Ok(false) => {
                         give_up(
@@ -276,7 +289,7 @@ pub async fn run_trial(
                     return TrialEnd::Completed;
                 }
                 if exit.success() {
-                    return match reporter.complete_from_measurements(trial_id).await {
+                    return match reporter.complete_with(trial_id, last).await {
                         Ok(true) => TrialEnd::Completed,
                         Ok(false) => {
                             give_up(&*reporter, trial_id, "no metric reported".into()).await
@@ -314,17 +327,19 @@ enum Attempt {
     LaunchFailed(String),
 }
 
+/// One launch, to its end. Also returns the measurements read but not recorded yet (those
+/// since the last `POLL`), for the caller to record with the outcome.
 async fn run_attempt(
     setup: &TrialSetup,
     request: &JobRequest,
     dirs: &TrialDirs,
     timeout: Option<Duration>,
     interrupt: &mut watch::Receiver<Interrupt>,
-) -> Attempt {
+) -> (Attempt, Vec<Measurement>) {
     let (stdout_tx, mut stdout_rx) = mpsc::unbounded_channel::<String>();
     let mut job = match setup.executor.launch(request, stdout_tx).await {
         Ok(job) => job,
-        Err(e) => return Attempt::LaunchFailed(e.to_string()),
+        Err(e) => return (Attempt::LaunchFailed(e.to_string()), Vec::new()),
     };
     // Remember the job so that a restarted service can kill a leftover (see runner.rs).
     let _ = std::fs::write(dirs.root.join("job.handle"), job.handle());
@@ -332,7 +347,7 @@ async fn run_attempt(
         Ok(p) => StdoutMetrics::with_pattern(p.clone(), setup.metric_ids.clone()),
         Err(e) => {
             job.stop(STOP_GRACE).await;
-            return Attempt::LaunchFailed(e.clone());
+            return (Attempt::LaunchFailed(e.clone()), Vec::new());
         }
     };
     let mut hypertune = HypertuneTail::new(dirs.metric_file.clone(), setup.metric_ids.clone());
@@ -340,31 +355,26 @@ async fn run_attempt(
     let reporter = &setup.reporter;
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
     let mut poll = tokio::time::interval(POLL);
-    let mut fresh_measurements = false;
+    let mut unrecorded: Vec<Measurement> = Vec::new();
     let mut stdout_open = true;
     let result = loop {
         tokio::select! {
             exit = job.wait() => break Attempt::Ended(exit),
             line = stdout_rx.recv(), if stdout_open => match line {
-                Some(line) => {
-                    if let Some(m) = stdout_metrics.parse_line(&line) {
-                        report(&**reporter, trial_id, m).await;
-                        fresh_measurements = true;
-                    }
-                }
+                Some(line) => unrecorded.extend(stdout_metrics.parse_line(&line)),
                 None => stdout_open = false,
             },
             _ = poll.tick() => {
-                for m in hypertune.read_new() {
-                    report(&**reporter, trial_id, m).await;
-                    fresh_measurements = true;
+                unrecorded.extend(hypertune.read_new());
+                if unrecorded.is_empty() {
+                    continue;
                 }
-                if setup.early_stopping && fresh_measurements {
-                    fresh_measurements = false;
-                    if let Ok(true) = reporter.should_stop(trial_id).await {
-                        job.stop(STOP_GRACE).await;
-                        break Attempt::EarlyStopped;
-                    }
+                for m in unrecorded.drain(..) {
+                    report(&**reporter, trial_id, m).await;
+                }
+                if setup.early_stopping && let Ok(true) = reporter.should_stop(trial_id).await {
+                    job.stop(STOP_GRACE).await;
+                    break Attempt::EarlyStopped;
                 }
             }
             _ = sleep_until(deadline) => {
@@ -382,19 +392,15 @@ async fn run_attempt(
     };
     // Whatever the job printed or wrote last still counts.
     while let Ok(line) = stdout_rx.try_recv() {
-        if let Some(m) = stdout_metrics.parse_line(&line) {
-            report(&**reporter, trial_id, m).await;
-        }
+        unrecorded.extend(stdout_metrics.parse_line(&line));
     }
-    for m in hypertune.read_new() {
-        report(&**reporter, trial_id, m).await;
-    }
+    unrecorded.extend(hypertune.read_new());
     if !matches!(result, Attempt::Interrupted(Interrupt::Shutdown)) {
         // This launch's end was seen: it stays counted. (Emptied, not removed: an unlink now
         // and a create next launch cost two inode updates.)
         let _ = std::fs::write(dirs.root.join("job.handle"), "");
     }
-    result
+    (result, unrecorded)
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

@@ -455,19 +455,7 @@ impl Service {
         measurement: Measurement,
     ) -> ServiceResult<Trial> {
         let config = self.fixed_config(study_id).await?;
-        if measurement.step < 0 {
-            return Err(ServiceError::invalid("step", "must be >= 0"));
-        }
-        if measurement
-            .elapsed_secs
-            .is_some_and(|s| !(s.is_finite() && s >= 0.0))
-        {
-            return Err(ServiceError::invalid(
-                "elapsed_secs",
-                "must be a finite number >= 0",
-            ));
-        }
-        check_metrics(&config, &measurement.metrics, "metrics", false)?;
+        check_measurement(&config, &measurement)?;
         self.change_trial(
             study_id,
             Command::AddMeasurement {
@@ -484,8 +472,19 @@ impl Service {
         trial_id: i64,
         outcome: Completion,
     ) -> ServiceResult<Trial> {
+        self.check_completion(study_id, &outcome).await?;
+        self.change_trial(study_id, Command::Complete { trial_id, outcome })
+            .await
+    }
+
+    async fn check_completion(&self, study_id: i64, outcome: &Completion) -> ServiceResult<()> {
         let config = self.fixed_config(study_id).await?;
-        match &outcome {
+        match outcome {
+            Completion::Selected(last) => {
+                for measurement in last {
+                    check_measurement(&config, measurement)?;
+                }
+            }
             Completion::Metrics { metrics, step } => {
                 check_metrics(&config, metrics, "metrics", true)?;
                 if step.is_some_and(|s| s < 0) {
@@ -500,8 +499,7 @@ impl Service {
             }
             _ => {}
         }
-        self.change_trial(study_id, Command::Complete { trial_id, outcome })
-            .await
+        Ok(())
     }
 
     pub async fn fail_trial(
@@ -611,10 +609,88 @@ impl Service {
     }
 
     async fn change_trial(&self, study_id: i64, command: Command) -> ServiceResult<Trial> {
+        let record = self.change_trial_record(study_id, command).await?;
+        Ok(self.trial_views(study_id, vec![record]).await?.remove(0))
+    }
+
+    async fn change_trial_record(
+        &self,
+        study_id: i64,
+        command: Command,
+    ) -> ServiceResult<TrialRecord> {
         match self.commits.submit(study_id, command).await? {
-            Reply::Trial(record) => Ok(self.trial_views(study_id, vec![*record]).await?.remove(0)),
+            Reply::Trial(record) => Ok(*record),
             other => Err(unexpected(other)),
         }
+    }
+
+    // The study runner's side of a dispatched trial. Its outcomes are the API's commands,
+    // answered without the trial view (a read of the trial's measurements it never looks at).
+
+    /// `add_measurement`, for the study runner.
+    pub async fn record_dispatched_measurement(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        measurement: Measurement,
+    ) -> ServiceResult<()> {
+        let config = self.fixed_config(study_id).await?;
+        check_measurement(&config, &measurement)?;
+        let command = Command::AddMeasurement {
+            trial_id,
+            measurement,
+        };
+        self.change_trial_record(study_id, command).await.map(drop)
+    }
+
+    /// `complete_trial`, for the study runner.
+    pub async fn complete_dispatched(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        outcome: Completion,
+    ) -> ServiceResult<()> {
+        self.check_completion(study_id, &outcome).await?;
+        let command = Command::Complete { trial_id, outcome };
+        self.change_trial_record(study_id, command).await.map(drop)
+    }
+
+    /// `fail_trial`, for the study runner.
+    pub async fn fail_dispatched(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        reason: String,
+    ) -> ServiceResult<()> {
+        let command = Command::Fail { trial_id, reason };
+        self.change_trial_record(study_id, command).await.map(drop)
+    }
+
+    /// Count a launch of a dispatched trial, up to `max_attempts`, and store the token it
+    /// reports with (`token`: name and hash). `None`: no launch left.
+    pub async fn start_attempt(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        max_attempts: u32,
+        token: (String, String),
+    ) -> ServiceResult<Option<u32>> {
+        let command = Command::StartAttempt {
+            trial_id,
+            max_attempts,
+            token,
+        };
+        match self.commits.submit(study_id, command).await? {
+            Reply::Attempt(number) => Ok(number),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Give back a launch that the service ended itself (shutdown, or a leftover job killed
+    /// after a restart).
+    pub async fn refund_attempt(&self, study_id: i64, trial_id: i64) -> ServiceResult<()> {
+        let command = Command::RefundAttempt { trial_id };
+        self.commits.submit(study_id, command).await.map(drop)
     }
 
     async fn study_record(&self, study_id: i64) -> ServiceResult<StudyRecord> {
@@ -771,6 +847,26 @@ fn curves_by_trial(rows: Vec<(i64, Measurement)>, metric: &str) -> HashMap<i64, 
         }
     }
     curves
+}
+
+/// An intermediate measurement: a step >= 0, a sane elapsed time, the study's metrics.
+fn check_measurement(
+    config: &crate::model::StudyConfig,
+    measurement: &Measurement,
+) -> ServiceResult<()> {
+    if measurement.step < 0 {
+        return Err(ServiceError::invalid("step", "must be >= 0"));
+    }
+    if measurement
+        .elapsed_secs
+        .is_some_and(|s| !(s.is_finite() && s >= 0.0))
+    {
+        return Err(ServiceError::invalid(
+            "elapsed_secs",
+            "must be a finite number >= 0",
+        ));
+    }
+    check_metrics(config, &measurement.metrics, "metrics", false)
 }
 
 /// Every metric must be one of the study's, with a finite value; `require_all` demands

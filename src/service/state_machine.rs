@@ -57,6 +57,18 @@ pub enum Command {
     },
     Stop,
     Update(StudyUpdate),
+    /// Count one launch of a dispatched trial (up to `max_attempts`) and store the token it
+    /// reports with, `(name, hash)`. In the batch, not beside it: a write of its own would
+    /// wait for the study's lock (SQLite: in its busy handler's sleeps).
+    StartAttempt {
+        trial_id: i64,
+        max_attempts: u32,
+        token: (String, String),
+    },
+    /// Give back a launch the service ended itself.
+    RefundAttempt {
+        trial_id: i64,
+    },
 }
 
 /// How a trial completes.
@@ -67,8 +79,10 @@ pub enum Completion {
         step: Option<i64>,
     },
     Infeasible(String),
-    /// Select the final measurement from the reported ones (`measurement_selection`).
-    Selected,
+    /// Select the final measurement from the reported ones (`measurement_selection`), after
+    /// recording these last ones: a dispatched job's output read at its exit, recorded with
+    /// the completion in one step.
+    Selected(Vec<Measurement>),
 }
 
 #[derive(Debug)]
@@ -83,6 +97,8 @@ pub enum Reply {
     },
     Trial(Box<TrialRecord>),
     Study(Box<StudyRecord>),
+    /// The launch's number, or `None`: no launch left.
+    Attempt(Option<u32>),
 }
 
 pub(super) struct StudyBatch {
@@ -186,6 +202,23 @@ impl StudyBatch {
                 Ok(Reply::Study(Box::new(self.study.clone())))
             }
             Command::Update(update) => self.update(update).await,
+            Command::StartAttempt {
+                trial_id,
+                max_attempts,
+                token,
+            } => {
+                self.running_trial(trial_id, "launch").await?;
+                let number = self
+                    .tx
+                    .start_attempt(trial_id, max_attempts, (&token.0, &token.1), self.now)
+                    .await?;
+                Ok(Reply::Attempt(number))
+            }
+            Command::RefundAttempt { trial_id } => {
+                self.trial_mut(trial_id).await?;
+                self.tx.refund_attempt(trial_id).await?;
+                Ok(Reply::Attempt(None))
+            }
         }
     }
 
@@ -455,10 +488,15 @@ impl StudyBatch {
         let lease = self.lease();
         let trial = self.running_trial(trial_id, "add a measurement to").await?;
         renew(trial, lease);
+        self.record_measurement(trial_id, measurement);
+        Ok(self.touched(trial_id))
+    }
+
+    /// Replaces one at the same step (a job may report a step again).
+    fn record_measurement(&mut self, trial_id: i64, measurement: Measurement) {
         self.measurements
             .retain(|(t, m)| !(*t == trial_id && m.step == measurement.step));
         self.measurements.push((trial_id, measurement));
-        Ok(self.touched(trial_id))
     }
 
     async fn complete(&mut self, trial_id: i64, outcome: Completion) -> ServiceResult<Reply> {
@@ -484,7 +522,10 @@ impl StudyBatch {
                     None,
                 )
             }
-            Completion::Selected => {
+            Completion::Selected(last) => {
+                for measurement in last {
+                    self.record_measurement(trial_id, measurement);
+                }
                 let selected = self.select_measurement(trial_id).await?;
                 (TrialState::Completed, Some(selected), None)
             }

@@ -129,21 +129,6 @@ pub trait Store: Send + Sync + 'static {
         now: DateTime<Utc>,
     ) -> StoreResult<()>;
 
-    /// Before a dispatched trial's job is launched, in one transaction: charge the launch to
-    /// the trial's attempts and store (replace) the token it reports with, scoped to the
-    /// trial. The new count, or `None` (and no token) when `max_attempts` are already used
-    /// or there is no such trial.
-    async fn start_attempt(
-        &self,
-        study_id: i64,
-        trial_id: i64,
-        max_attempts: u32,
-        token: (&str, &str),
-        now: DateTime<Utc>,
-    ) -> StoreResult<Option<u32>>;
-    /// Give back a charged launch that the service itself ended (shutdown, restart).
-    async fn refund_attempt(&self, study_id: i64, trial_id: i64) -> StoreResult<()>;
-
     /// Take or renew the right to dispatch a study's trials until `now + ttl`. False while
     /// another owner's lease is unexpired.
     async fn claim_runner(
@@ -179,5 +164,20 @@ pub trait StudyTx: Send {
     ) -> StoreResult<()>;
     /// Writes state, state_reason, spec, next_trial_id, change_seq and updated_at.
     async fn update_study(&mut self, study: &StudyRecord) -> StoreResult<()>;
+    /// Before a dispatched trial's job is launched: charge the launch to the trial's
+    /// attempts and store (replace) the token it reports with, `(name, hash)`, scoped to the
+    /// trial. The new count, or `None` (and no token) when `max_attempts` are already used
+    /// or there is no such trial. `attempts` is written only here and by `refund_attempt`,
+    /// never by `insert_trials`/`update_trials`.
+    async fn start_attempt(
+        &mut self,
+        trial_id: i64,
+        max_attempts: u32,
+        token: (&str, &str),
+        now: DateTime<Utc>,
+    ) -> StoreResult<Option<u32>>;
+    /// Give back a charged launch that the service itself ended (shutdown, restart); never
+    /// below zero.
+    async fn refund_attempt(&mut self, trial_id: i64) -> StoreResult<()>;
     async fn commit(self: Box<Self>) -> StoreResult<()>;
 }

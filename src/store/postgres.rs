@@ -7,7 +7,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 
 use sqlx::{FromRow, Row};
 
-use super::sql::impl_sql_store;
+use super::sql::{impl_attempt_writes, impl_sql_store};
 
 pub struct PostgresStore {
     pool: PgPool,
@@ -322,6 +322,8 @@ impl PostgresStudyTx {
     }
 }
 
+impl_attempt_writes!(PostgresStudyTx);
+
 #[async_trait::async_trait]
 impl StudyTx for PostgresStudyTx {
     fn study(&self) -> &StudyRecord {
@@ -410,6 +412,24 @@ impl StudyTx for PostgresStudyTx {
     async fn update_study(&mut self, study: &StudyRecord) -> StoreResult<()> {
         self.study_update = Some(study.clone());
         Ok(())
+    }
+
+    async fn start_attempt(
+        &mut self,
+        trial_id: i64,
+        max_attempts: u32,
+        token: (&str, &str),
+        now: Time,
+    ) -> StoreResult<Option<u32>> {
+        // The trial may be among this batch's pending writes.
+        self.flush().await?;
+        self.charge_attempt(trial_id, max_attempts, token, now)
+            .await
+    }
+
+    async fn refund_attempt(&mut self, trial_id: i64) -> StoreResult<()> {
+        self.flush().await?;
+        self.give_back_attempt(trial_id).await
     }
 
     async fn commit(mut self: Box<Self>) -> StoreResult<()> {

@@ -127,8 +127,8 @@ pub(super) const RELEASE_RUNNER: &str =
 pub(super) const REPLACE_TOKEN: &str = "INSERT INTO api_tokens (name, token_hash, study_id, trial_id, created_at) \
      VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE SET token_hash = excluded.token_hash, \
      study_id = excluded.study_id, trial_id = excluded.trial_id, created_at = excluded.created_at";
-/// Trials' `attempts` are written only here, never by the batch upserts, which leave the
-/// column alone.
+/// Trials' `attempts` are written only by these two (in a study transaction), never by the
+/// batch upserts, which leave the column alone.
 pub(super) const CHARGE_ATTEMPT: &str = "UPDATE trials SET attempts = attempts + 1 \
      WHERE study_id = $1 AND id = $2 AND attempts < $3 RETURNING attempts";
 pub(super) const REFUND_ATTEMPT: &str =
@@ -483,53 +483,6 @@ macro_rules! impl_sql_store {
                 Ok(())
             }
 
-            /// `token` is `(name, hash)`.
-            #[tracing::instrument(skip_all)]
-            async fn start_attempt(
-                &self,
-                study_id: i64,
-                trial_id: i64,
-                max_attempts: u32,
-                token: (&str, &str),
-                now: chrono::DateTime<chrono::Utc>,
-            ) -> StoreResult<Option<u32>> {
-                // Count and token in one commit (one flush per launch, not two). The token
-                // goes first: its foreign-key check locks the study row before the trial
-                // row, the order study batches lock them in (no deadlock on PostgreSQL).
-                let mut tx = self.pool.begin().await?;
-                token_query(
-                    REPLACE_TOKEN,
-                    token.0,
-                    token.1,
-                    Some((study_id, trial_id)),
-                    now,
-                )
-                .execute(&mut *tx)
-                .await?;
-                let max = i32::try_from(max_attempts).unwrap_or(i32::MAX);
-                let row: Option<(i32,)> = sqlx::query_as(CHARGE_ATTEMPT)
-                    .bind(study_id)
-                    .bind(trial_id)
-                    .bind(max)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                if row.is_some() {
-                    tx.commit().await?;
-                }
-                // Otherwise dropped: rolled back, no token for a launch that will not happen.
-                Ok(row.map(|(n,)| n.max(0) as u32))
-            }
-
-            #[tracing::instrument(skip_all)]
-            async fn refund_attempt(&self, study_id: i64, trial_id: i64) -> StoreResult<()> {
-                sqlx::query(REFUND_ATTEMPT)
-                    .bind(study_id)
-                    .bind(trial_id)
-                    .execute(&self.pool)
-                    .await?;
-                Ok(())
-            }
-
             #[tracing::instrument(skip_all)]
             async fn delete_token(&self, name: &str) -> StoreResult<bool> {
                 let done = sqlx::query(DELETE_TOKEN)
@@ -603,6 +556,54 @@ macro_rules! impl_row_writes {
 }
 pub(super) use impl_row_writes;
 
+/// A study transaction's attempt bookkeeping (`StudyTx::start_attempt`/`refund_attempt`),
+/// written at once. `$tx` has `tx: sqlx::Transaction` and `study`; `token_query` is the one
+/// `impl_sql_store!` defined in the same module.
+macro_rules! impl_attempt_writes {
+    ($tx:ident) => {
+        impl $tx {
+            async fn charge_attempt(
+                &mut self,
+                trial_id: i64,
+                max_attempts: u32,
+                token: (&str, &str),
+                now: chrono::DateTime<chrono::Utc>,
+            ) -> StoreResult<Option<u32>> {
+                let max = i32::try_from(max_attempts).unwrap_or(i32::MAX);
+                let row: Option<(i32,)> = sqlx::query_as(CHARGE_ATTEMPT)
+                    .bind(self.study.id)
+                    .bind(trial_id)
+                    .bind(max)
+                    .fetch_optional(&mut *self.tx)
+                    .await?;
+                // No token for a launch that will not happen.
+                if row.is_some() {
+                    token_query(
+                        REPLACE_TOKEN,
+                        token.0,
+                        token.1,
+                        Some((self.study.id, trial_id)),
+                        now,
+                    )
+                    .execute(&mut *self.tx)
+                    .await?;
+                }
+                Ok(row.map(|(n,)| n.max(0) as u32))
+            }
+
+            async fn give_back_attempt(&mut self, trial_id: i64) -> StoreResult<()> {
+                sqlx::query(REFUND_ATTEMPT)
+                    .bind(self.study.id)
+                    .bind(trial_id)
+                    .execute(&mut *self.tx)
+                    .await?;
+                Ok(())
+            }
+        }
+    };
+}
+pub(super) use impl_attempt_writes;
+
 /// The study transaction of a backend where a statement is cheap (SQLite: a function call, no
 /// network): the study row is read with `$lock` inside the transaction `$begin` opens (an
 /// expression over `$s: &$store`), and each row of a batch is written by its own statement.
@@ -631,6 +632,7 @@ macro_rules! impl_row_study_tx {
         }
 
         $crate::store::sql::impl_row_writes!($tx);
+        $crate::store::sql::impl_attempt_writes!($tx);
 
         #[async_trait::async_trait]
         impl StudyTx for $tx {
@@ -712,6 +714,21 @@ macro_rules! impl_row_study_tx {
                     .execute(&mut *self.tx)
                     .await?;
                 Ok(())
+            }
+
+            async fn start_attempt(
+                &mut self,
+                trial_id: i64,
+                max_attempts: u32,
+                token: (&str, &str),
+                now: chrono::DateTime<chrono::Utc>,
+            ) -> StoreResult<Option<u32>> {
+                self.charge_attempt(trial_id, max_attempts, token, now)
+                    .await
+            }
+
+            async fn refund_attempt(&mut self, trial_id: i64) -> StoreResult<()> {
+                self.give_back_attempt(trial_id).await
             }
 
             async fn commit(self: Box<Self>) -> StoreResult<()> {
