@@ -1230,6 +1230,7 @@ async fn should_stop_reads_a_bounded_number_of_curves() {
                 started_at: Some(now),
                 completed_at: Some(now),
                 change_seq: study.change_seq + 1,
+                attempts: 0,
             });
         }
         tx.insert_trials(&trials).await.expect("insert");

@@ -484,6 +484,7 @@ async fn seed_browser_fixture() {
                 started_at: Some(now),
                 completed_at: Some(now),
                 change_seq: study.change_seq,
+                attempts: 0,
             });
         }
         tx.insert_trials(&trials).await.expect("insert");

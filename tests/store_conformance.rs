@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use augur::model::{Measurement, StudySpec, StudyState, TrialState};
-use augur::store::{Store, TrialPoint, TrialRecord};
+use augur::store::{Store, TrialPoint, TrialRecord, TrialToken};
 use augur_optimizer::Value;
 use chrono::{DateTime, Duration, Utc};
 
@@ -75,6 +75,7 @@ fn trial(study_id: i64, id: i64, state: TrialState, x: f64) -> TrialRecord {
         started_at: Some(now()),
         completed_at: None,
         change_seq: 0,
+        attempts: 0,
     }
 }
 
@@ -710,103 +711,75 @@ async fn postgres_batches_stay_small_on_stale_statistics() {
     );
 }
 
-/// `StudyTx::start_attempt` with `max_attempts` 2, in a transaction of its own.
-async fn start_attempt(store: &dyn Store, study_id: i64, trial_id: i64, hash: &str) -> Option<u32> {
-    let mut tx = store
-        .begin_study(study_id)
-        .await
-        .expect("begin")
-        .expect("study");
-    let name = format!("trial:{study_id}:{trial_id}");
-    let number = tx
-        .start_attempt(trial_id, 2, (&name, hash), now())
-        .await
-        .expect("start attempt");
-    tx.commit().await.expect("commit");
-    number
+fn token(study_id: i64, trial_id: i64, hash: &str) -> TrialToken {
+    TrialToken {
+        name: format!("trial:{study_id}:{trial_id}"),
+        hash: hash.to_string(),
+        trial_id,
+    }
 }
 
-async fn refund_attempt(store: &dyn Store, study_id: i64, trial_id: i64) {
-    let mut tx = store
-        .begin_study(study_id)
-        .await
-        .expect("begin")
-        .expect("study");
-    tx.refund_attempt(trial_id).await.expect("refund");
-    tx.commit().await.expect("commit");
-}
-
-/// A dispatched trial's launches are counted up to a limit, each with a fresh token that
-/// replaces the last (none when no launch is left); refunds never go below zero; a trial
-/// written earlier in the same transaction (still pending on PostgreSQL) can be launched.
-/// A study's runner lease belongs to one owner until it expires or is released.
+/// A trial's launch count is kept with it (written whole, like its other columns). Trial
+/// tokens are written after their trials in the same transaction (on PostgreSQL they are
+/// still held back then), replace the last of the same name, the last of a name in one call
+/// winning. A study's runner lease belongs to one owner until it expires or is released.
 async fn attempts_and_runner_leases(store: Arc<dyn Store>) {
     let study = store
         .insert_study(&spec("dispatch"), now())
         .await
         .expect("insert");
-    insert(
-        &*store,
-        study.id,
-        &[trial(study.id, 1, TrialState::Active, 0.5)],
+    let mut tx = store
+        .begin_study(study.id)
+        .await
+        .expect("begin")
+        .expect("study");
+    let mut first = trial(study.id, 1, TrialState::Active, 0.5);
+    first.attempts = 1;
+    let second = trial(study.id, 2, TrialState::Active, 0.5);
+    tx.insert_trials(&[first.clone(), second])
+        .await
+        .expect("insert");
+    tx.replace_trial_tokens(
+        &[
+            token(study.id, 1, "h1"),
+            token(study.id, 2, "h2"),
+            token(study.id, 2, "h3"),
+        ],
+        now(),
     )
-    .await;
-    let start = |hash: &'static str| {
+    .await
+    .expect("tokens");
+    tx.commit().await.expect("commit");
+    let read = store.get_trial(study.id, 1).await.expect("get");
+    assert_eq!(read.map(|t| t.attempts), Some(1));
+    let scope_of = |hash: &'static str| {
         let store = store.clone();
-        async move { start_attempt(&*store, study.id, 1, hash).await }
+        async move { store.find_token(hash).await.expect("find").map(|t| t.scope) }
     };
-    let scope = Some((study.id, 1));
-    assert_eq!(start("h1").await, Some(1));
-    assert_eq!(
-        store.find_token("h1").await.expect("find").map(|t| t.scope),
-        Some(scope)
-    );
-    assert_eq!(start("h2").await, Some(2));
-    assert!(
-        store.find_token("h1").await.expect("find").is_none(),
-        "replaced"
-    );
-    assert_eq!(start("h3").await, None, "two attempts used");
-    assert!(
-        store.find_token("h3").await.expect("find").is_none(),
-        "no token without a launch"
-    );
-    assert!(
-        store.find_token("h2").await.expect("find").is_some(),
-        "the last one stays"
-    );
-    refund_attempt(&*store, study.id, 1).await;
-    assert_eq!(
-        start("h4").await,
-        Some(2),
-        "a refunded launch can be made again"
-    );
-    for _ in 0..3 {
-        refund_attempt(&*store, study.id, 1).await;
-    }
-    assert_eq!(start("h5").await, Some(1), "refunds stop at zero");
-    assert_eq!(
-        start_attempt(&*store, study.id, 99, "h6").await,
-        None,
-        "no launch of a trial that does not exist"
-    );
-    assert!(store.find_token("h6").await.expect("find").is_none());
+    assert_eq!(scope_of("h1").await, Some(Some((study.id, 1))));
+    assert_eq!(scope_of("h2").await, None, "the last of a name wins");
+    assert_eq!(scope_of("h3").await, Some(Some((study.id, 2))));
 
     let mut tx = store
         .begin_study(study.id)
         .await
         .expect("begin")
         .expect("study");
-    tx.insert_trials(&[trial(study.id, 2, TrialState::Active, 0.5)])
-        .await
-        .expect("insert");
-    let name = format!("trial:{}:2", study.id);
-    let first = tx.start_attempt(2, 2, (&name, "h7"), now()).await;
-    tx.commit().await.expect("commit");
-    assert!(
-        matches!(first, Ok(Some(1))),
-        "a trial written in the same transaction: {first:?}"
+    let unfinished = tx.unfinished_trials().await.expect("unfinished");
+    assert_eq!(
+        unfinished.iter().map(|t| t.attempts).collect::<Vec<_>>(),
+        [1, 0]
     );
+    first.attempts = 2;
+    tx.update_trials(&[first]).await.expect("update");
+    tx.replace_trial_tokens(&[token(study.id, 1, "h4")], now())
+        .await
+        .expect("token");
+    tx.commit().await.expect("commit");
+    let read = store.get_trial(study.id, 1).await.expect("get");
+    assert_eq!(read.map(|t| t.attempts), Some(2));
+    assert_eq!(scope_of("h1").await, None, "replaced");
+    assert_eq!(scope_of("h4").await, Some(Some((study.id, 1))));
 
     let t0 = now();
     let ttl = Duration::seconds(15);

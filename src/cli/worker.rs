@@ -178,7 +178,7 @@ async fn run_slot(
                 }
             })
         };
-        let end = run_trial(setup.clone(), trial_id, parameters, interrupt.clone()).await;
+        let end = run_trial(setup.clone(), trial_id, parameters, None, interrupt.clone()).await;
         beat.abort();
         eprintln!("trial {trial_id}: {end:?}");
         ran += 1;

@@ -116,6 +116,7 @@ pub async fn run_study(
                     setup.clone(),
                     trial.0,
                     trial.1,
+                    None,
                     interrupt_trials.subscribe(),
                 ));
             }
@@ -123,20 +124,29 @@ pub async fn run_study(
 
         let free = (study.spec.parallel_trials.max(1) as usize).saturating_sub(running.len());
         if free > 0 {
+            // Each trial's first launch is counted with its suggestion, with one of these
+            // tokens: one commit less between a freed slot and the next job.
+            let tokens: Vec<String> = (0..free).map(|_| crate::api::auth::new_token()).collect();
+            let hashes = tokens.iter().map(|t| crate::api::auth::hash_token(t));
             match service
-                .suggest_dispatched(study_id, free, RUNNER_CLIENT)
+                .suggest_dispatched(study_id, RUNNER_CLIENT, hashes.collect())
                 .await
             {
                 Ok(s) => {
                     if s.study_state != StudyState::Active {
                         stale = true;
                     }
-                    for trial in s.trials {
+                    for (trial, token) in s.trials.into_iter().zip(tokens) {
                         if running.insert(trial.id) {
+                            let first = AttemptStart {
+                                number: trial.attempts,
+                                token: Some(token),
+                            };
                             tasks.spawn(spawn_trial(
                                 setup.clone(),
                                 trial.id,
                                 trial.parameters,
+                                Some(first),
                                 interrupt_trials.subscribe(),
                             ));
                         }
@@ -185,11 +195,12 @@ async fn spawn_trial(
     setup: Arc<TrialSetup>,
     trial_id: i64,
     parameters: augur_optimizer::Assignment,
+    first: Option<AttemptStart>,
     interrupt: watch::Receiver<Interrupt>,
 ) -> (i64, TrialEnd) {
     (
         trial_id,
-        run_trial(setup, trial_id, parameters, interrupt).await,
+        run_trial(setup, trial_id, parameters, first, interrupt).await,
     )
 }
 
@@ -290,11 +301,10 @@ impl TrialReporter for ServiceReporter {
         max_attempts: u32,
     ) -> Result<Option<AttemptStart>, String> {
         let token = crate::api::auth::new_token();
-        let name = format!("trial:{}:{trial_id}", self.study_id);
         let hash = crate::api::auth::hash_token(&token);
         let number = self
             .service
-            .start_attempt(self.study_id, trial_id, max_attempts, (name, hash))
+            .start_attempt(self.study_id, trial_id, max_attempts, hash)
             .await
             .map_err(|e| e.to_string())?;
         Ok(number.map(|number| AttemptStart {

@@ -146,10 +146,13 @@ pub enum TrialEnd {
 }
 
 /// Run `trial_id` with `parameters` until it completes, fails for good, or is interrupted.
+/// `first`: its first launch, when already counted (the study runner counts it with the
+/// suggestion).
 pub async fn run_trial(
     setup: Arc<TrialSetup>,
     trial_id: i64,
     parameters: augur_optimizer::Assignment,
+    mut first: Option<AttemptStart>,
     mut interrupt: watch::Receiver<Interrupt>,
 ) -> TrialEnd {
     let reporter = setup.reporter.clone();
@@ -213,7 +216,11 @@ pub async fn run_trial(
     let mut last_failure = String::new();
     loop {
         // Counted durably before the launch, so that a restart does not renew the retries.
-        let start = match reporter.start_attempt(trial_id, max_attempts).await {
+        let counted = match first.take() {
+            Some(start) => Ok(Some(start)),
+            None => reporter.start_attempt(trial_id, max_attempts).await,
+        };
+        let start = match counted {
             Ok(Some(start)) => start,
             Ok(None) => break,
             Err(e) => {

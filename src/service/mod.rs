@@ -54,6 +54,14 @@ pub struct Suggestions {
     pub retry_after_secs: Option<u64>,
 }
 
+/// The dispatcher's suggestions: records (it needs no view), each with its first launch
+/// counted (`attempts`).
+#[derive(Debug)]
+pub struct DispatchedSuggestions {
+    pub trials: Vec<TrialRecord>,
+    pub study_state: StudyState,
+}
+
 #[derive(Clone)]
 pub struct Service {
     store: Arc<dyn Store>,
@@ -164,27 +172,50 @@ impl Service {
         count: usize,
         client_id: Option<String>,
     ) -> ServiceResult<Suggestions> {
-        self.suggest_as(study_id, count, client_id, false).await
+        let (trials, study_state, retry_later) =
+            self.suggest_as(study_id, count, client_id, None).await?;
+        Ok(Suggestions {
+            trials: self.trial_views(study_id, trials).await?,
+            study_state,
+            retry_after_secs: retry_later.then_some(RETRY_AFTER_SECS),
+        })
     }
 
-    /// Suggestions for the study's own dispatcher (see `Command::Suggest::dispatched`).
+    /// Suggestions for the study's own dispatcher (see `Command::Suggest::dispatched`), the
+    /// first launch of each counted with the token whose hash is at its position in
+    /// `launch_tokens` (one per trial wanted).
     pub async fn suggest_dispatched(
         &self,
         study_id: i64,
-        count: usize,
         client_id: &str,
-    ) -> ServiceResult<Suggestions> {
-        self.suggest_as(study_id, count, Some(client_id.to_string()), true)
-            .await
+        launch_tokens: Vec<String>,
+    ) -> ServiceResult<DispatchedSuggestions> {
+        let count = launch_tokens.len();
+        let (trials, study_state, _) = self
+            .suggest_as(
+                study_id,
+                count,
+                Some(client_id.to_string()),
+                Some(launch_tokens),
+            )
+            .await?;
+        Ok(DispatchedSuggestions {
+            trials,
+            study_state,
+        })
     }
 
+    /// `launch_tokens`: `Some` for the dispatcher. The trials handed out, the study's state,
+    /// and whether to ask again later.
     async fn suggest_as(
         &self,
         study_id: i64,
         count: usize,
         client_id: Option<String>,
-        dispatched: bool,
-    ) -> ServiceResult<Suggestions> {
+        launch_tokens: Option<Vec<String>>,
+    ) -> ServiceResult<(Vec<TrialRecord>, StudyState, bool)> {
+        let dispatched = launch_tokens.is_some();
+        let launch_tokens = launch_tokens.unwrap_or_default();
         if !(1..=MAX_SUGGEST_COUNT).contains(&count) {
             return Err(ServiceError::invalid(
                 "count",
@@ -245,6 +276,7 @@ impl Service {
                         client_id,
                         precomputed,
                         dispatched,
+                        launch_tokens,
                     },
                 )
                 .await?
@@ -257,6 +289,7 @@ impl Service {
                         client_id,
                         precomputed: None,
                         dispatched,
+                        launch_tokens,
                     },
                 )
                 .await?
@@ -269,11 +302,7 @@ impl Service {
         else {
             return Err(unexpected(reply));
         };
-        Ok(Suggestions {
-            trials: self.trial_views(study_id, trials).await?,
-            study_state,
-            retry_after_secs: retry_later.then_some(RETRY_AFTER_SECS),
-        })
+        Ok((trials, study_state, retry_later))
     }
 
     /// The study's validated config, read once per process: only its parts that never
@@ -667,18 +696,18 @@ impl Service {
     }
 
     /// Count a launch of a dispatched trial, up to `max_attempts`, and store the token it
-    /// reports with (`token`: name and hash). `None`: no launch left.
+    /// reports with. `None`: no launch left.
     pub async fn start_attempt(
         &self,
         study_id: i64,
         trial_id: i64,
         max_attempts: u32,
-        token: (String, String),
+        token_hash: String,
     ) -> ServiceResult<Option<u32>> {
         let command = Command::StartAttempt {
             trial_id,
             max_attempts,
-            token,
+            token_hash,
         };
         match self.commits.submit(study_id, command).await? {
             Reply::Attempt(number) => Ok(number),

@@ -66,6 +66,7 @@ mod tests {
             started_at: None,
             completed_at: None,
             change_seq: 0,
+            attempts: 0,
         }
     }
 

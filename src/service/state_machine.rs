@@ -12,7 +12,7 @@ use super::{ServiceError, ServiceResult};
 use crate::model::{
     Measurement, MeasurementSelection, StudyConfig, StudyState, StudyUpdate, TrialState,
 };
-use crate::store::{Store, StudyRecord, StudyTx, TrialRecord};
+use crate::store::{Store, StudyRecord, StudyTx, TrialRecord, TrialToken};
 
 /// A change to one study.
 #[derive(Debug)]
@@ -26,6 +26,9 @@ pub enum Command {
         /// For the study's own dispatcher: no resume by client id (it knows its jobs) and
         /// no lease (it watches its jobs itself).
         dispatched: bool,
+        /// For the dispatcher: the first launch of each trial handed out is counted here,
+        /// with the token whose hash is at the trial's position (none past the end).
+        launch_tokens: Vec<String>,
     },
     /// Add a trial with chosen parameters, completed when `final_measurement` is given.
     AddTrial {
@@ -58,12 +61,12 @@ pub enum Command {
     Stop,
     Update(StudyUpdate),
     /// Count one launch of a dispatched trial (up to `max_attempts`) and store the token it
-    /// reports with, `(name, hash)`. In the batch, not beside it: a write of its own would
+    /// reports with (`token_hash`). In the batch, not beside it: a write of its own would
     /// wait for the study's lock (SQLite: in its busy handler's sleeps).
     StartAttempt {
         trial_id: i64,
         max_attempts: u32,
-        token: (String, String),
+        token_hash: String,
     },
     /// Give back a launch the service ended itself.
     RefundAttempt {
@@ -111,6 +114,8 @@ pub(super) struct StudyBatch {
     created: BTreeSet<i64>,
     changed: BTreeSet<i64>,
     measurements: Vec<(i64, Measurement)>,
+    /// Tokens of the launches counted in this batch.
+    tokens: Vec<TrialToken>,
     /// Failed trials stored before this batch, read when first needed.
     stored_failed: Option<u64>,
     /// Trials this batch failed.
@@ -144,6 +149,7 @@ impl StudyBatch {
             created: BTreeSet::new(),
             changed: BTreeSet::new(),
             measurements: Vec::new(),
+            tokens: Vec::new(),
             stored_failed: None,
             failed_in_batch: 0,
             study_changed: false,
@@ -166,7 +172,11 @@ impl StudyBatch {
                 client_id,
                 precomputed,
                 dispatched,
-            } => self.suggest(count, client_id, precomputed, dispatched),
+                launch_tokens,
+            } => {
+                let reply = self.suggest(count, client_id, precomputed, dispatched)?;
+                Ok(self.count_first_launches(reply, launch_tokens))
+            }
             Command::AddTrial {
                 parameters,
                 final_measurement,
@@ -205,18 +215,22 @@ impl StudyBatch {
             Command::StartAttempt {
                 trial_id,
                 max_attempts,
-                token,
+                token_hash,
             } => {
-                self.running_trial(trial_id, "launch").await?;
-                let number = self
-                    .tx
-                    .start_attempt(trial_id, max_attempts, (&token.0, &token.1), self.now)
-                    .await?;
-                Ok(Reply::Attempt(number))
+                let trial = self.running_trial(trial_id, "launch").await?;
+                if trial.attempts >= max_attempts {
+                    return Ok(Reply::Attempt(None));
+                }
+                trial.attempts += 1;
+                let number = trial.attempts;
+                self.changed.insert(trial_id);
+                self.tokens.push(self.trial_token(trial_id, token_hash));
+                Ok(Reply::Attempt(Some(number)))
             }
             Command::RefundAttempt { trial_id } => {
-                self.trial_mut(trial_id).await?;
-                self.tx.refund_attempt(trial_id).await?;
+                let trial = self.trial_mut(trial_id).await?;
+                trial.attempts = trial.attempts.saturating_sub(1);
+                self.changed.insert(trial_id);
                 Ok(Reply::Attempt(None))
             }
         }
@@ -338,6 +352,41 @@ impl StudyBatch {
         Ok(self.suggested(handed, retry_later))
     }
 
+    /// The dispatcher's trials just handed out: count each one's first launch, with its
+    /// token. (A trial the dispatcher takes has never been launched: a requested trial was
+    /// added by a user, and dispatched trials have no lease to lose.)
+    fn count_first_launches(&mut self, reply: Reply, launch_tokens: Vec<String>) -> Reply {
+        let Reply::Suggested {
+            mut trials,
+            study_state,
+            retry_later,
+        } = reply
+        else {
+            return reply;
+        };
+        for (handed, token_hash) in trials.iter_mut().zip(launch_tokens) {
+            if let Some(trial) = self.trials.get_mut(&handed.id) {
+                trial.attempts += 1;
+                handed.attempts = trial.attempts;
+                self.changed.insert(handed.id);
+                self.tokens.push(self.trial_token(handed.id, token_hash));
+            }
+        }
+        Reply::Suggested {
+            trials,
+            study_state,
+            retry_later,
+        }
+    }
+
+    fn trial_token(&self, trial_id: i64, hash: String) -> TrialToken {
+        TrialToken {
+            name: format!("trial:{}:{trial_id}", self.study.id),
+            hash,
+            trial_id,
+        }
+    }
+
     /// Run a designer that does not need the history, with the exact trial numbers.
     fn design(&self, count: usize) -> Vec<Assignment> {
         let designer = designer_for(self.config.algorithm);
@@ -390,6 +439,7 @@ impl StudyBatch {
             started_at: running.then_some(self.now),
             completed_at: None,
             change_seq: 0,
+            attempts: 0,
         };
         self.trials.insert(id, trial.clone());
         self.created.insert(id);
@@ -701,10 +751,13 @@ impl StudyBatch {
         self.tx
             .upsert_measurements(&self.measurements, self.now)
             .await?;
+
         if self.study_changed {
             self.study.updated_at = self.now;
             self.tx.update_study(&self.study).await?;
         }
+        // After the trials: a token belongs to one.
+        self.tx.replace_trial_tokens(&self.tokens, self.now).await?;
         self.tx.commit().await?;
         Ok(())
     }

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 pub use postgres::PostgresStore;
-pub use records::{StudyRecord, TokenRecord, TrialPoint, TrialRecord};
+pub use records::{StudyRecord, TokenRecord, TrialPoint, TrialRecord, TrialToken};
 pub use sqlite::SqliteStore;
 
 use crate::model::{Measurement, StudySpec, StudyState, TrialCounts, TrialState};
@@ -164,20 +164,12 @@ pub trait StudyTx: Send {
     ) -> StoreResult<()>;
     /// Writes state, state_reason, spec, next_trial_id, change_seq and updated_at.
     async fn update_study(&mut self, study: &StudyRecord) -> StoreResult<()>;
-    /// Before a dispatched trial's job is launched: charge the launch to the trial's
-    /// attempts and store (replace) the token it reports with, `(name, hash)`, scoped to the
-    /// trial. The new count, or `None` (and no token) when `max_attempts` are already used
-    /// or there is no such trial. `attempts` is written only here and by `refund_attempt`,
-    /// never by `insert_trials`/`update_trials`.
-    async fn start_attempt(
+    /// Store (replace) trial-scoped tokens, each named after its trial; the trials must be
+    /// written already (`insert_trials`/`update_trials` of this transaction).
+    async fn replace_trial_tokens(
         &mut self,
-        trial_id: i64,
-        max_attempts: u32,
-        token: (&str, &str),
+        tokens: &[TrialToken],
         now: DateTime<Utc>,
-    ) -> StoreResult<Option<u32>>;
-    /// Give back a charged launch that the service itself ended (shutdown, restart); never
-    /// below zero.
-    async fn refund_attempt(&mut self, trial_id: i64) -> StoreResult<()>;
+    ) -> StoreResult<()>;
     async fn commit(self: Box<Self>) -> StoreResult<()>;
 }

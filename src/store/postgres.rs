@@ -7,7 +7,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 
 use sqlx::{FromRow, Row};
 
-use super::sql::{impl_attempt_writes, impl_sql_store};
+use super::sql::{impl_sql_store, trial_cols};
 
 pub struct PostgresStore {
     pool: PgPool,
@@ -53,7 +53,7 @@ const STUDY_WITH_UNFINISHED: &str = "SELECT s.id AS s_id, s.name AS s_name, s.st
      s.created_at AS s_created_at, s.updated_at AS s_updated_at, \
      t.study_id, t.id, t.state, t.parameters, t.client_id, t.final_measurement, t.objective, \
      t.infeasible_reason, t.fail_reason, t.early_stopped, t.excluded, t.lease_expires_at, \
-     t.created_at, t.started_at, t.completed_at, t.change_seq \
+     t.created_at, t.started_at, t.completed_at, t.change_seq, t.attempts \
      FROM studies s LEFT JOIN LATERAL (\
      SELECT t.* FROM (SELECT s.id AS study_id, unnest(s.unfinished_ids) AS id OFFSET 0) AS u \
      JOIN trials t ON t.study_id = u.study_id AND t.id = u.id \
@@ -62,7 +62,7 @@ const STUDY_WITH_UNFINISHED: &str = "SELECT s.id AS s_id, s.name AS s_name, s.st
 
 /// All of a batch's writes: new trials, changed trials (every mutable column), measurements
 /// (replacing any at the same trial and step), and the study row (with its unfinished trials'
-/// ids, `$42`). The parts touch different rows, as data-modifying CTEs must.
+/// ids, `$42`; the trials' `attempts`, added later, are `$43` and `$44`). The parts touch different rows, as data-modifying CTEs must.
 ///
 /// The changed trials are found by primary key, row by row, whatever the statistics say: the
 /// study id comes from behind an `OFFSET 0` fence, so there is no `study_id = $1` for the
@@ -73,23 +73,23 @@ const STUDY_WITH_UNFINISHED: &str = "SELECT s.id AS s_id, s.name AS s_name, s.st
 const WRITE_BATCH: &str = "WITH new_trials AS (\
      INSERT INTO trials (study_id, id, state, parameters, client_id, final_measurement, \
      objective, infeasible_reason, fail_reason, early_stopped, excluded, lease_expires_at, \
-     created_at, started_at, completed_at, change_seq) \
+     created_at, started_at, completed_at, change_seq, attempts) \
      SELECT $1, * FROM UNNEST($2::bigint[], $3::text[], $4::jsonb[], $5::text[], $6::jsonb[], \
      $7::float8[], $8::text[], $9::text[], $10::bool[], $11::bool[], $12::timestamptz[], \
-     $13::timestamptz[], $14::timestamptz[], $15::timestamptz[], $16::bigint[])\
+     $13::timestamptz[], $14::timestamptz[], $15::timestamptz[], $16::bigint[], $43::int[])\
      ), changed_trials AS (\
      UPDATE trials AS t SET state = u.state, parameters = u.parameters, \
      client_id = u.client_id, final_measurement = u.final_measurement, objective = u.objective, \
      infeasible_reason = u.infeasible_reason, fail_reason = u.fail_reason, \
      early_stopped = u.early_stopped, excluded = u.excluded, \
      lease_expires_at = u.lease_expires_at, started_at = u.started_at, \
-     completed_at = u.completed_at, change_seq = u.change_seq \
+     completed_at = u.completed_at, change_seq = u.change_seq, attempts = u.attempts \
      FROM (SELECT $1::bigint AS study_id, * FROM UNNEST($17::bigint[], $18::text[], \
      $19::jsonb[], $20::text[], $21::jsonb[], $22::float8[], $23::text[], $24::text[], \
      $25::bool[], $26::bool[], $27::timestamptz[], $28::timestamptz[], $29::timestamptz[], \
-     $30::bigint[]) AS u(id, state, parameters, client_id, final_measurement, objective, \
-     infeasible_reason, fail_reason, early_stopped, excluded, lease_expires_at, started_at, \
-     completed_at, change_seq) OFFSET 0) AS u \
+     $30::bigint[], $44::int[]) AS u(id, state, parameters, client_id, final_measurement, \
+     objective, infeasible_reason, fail_reason, early_stopped, excluded, lease_expires_at, \
+     started_at, completed_at, change_seq, attempts) OFFSET 0) AS u \
      WHERE t.study_id = u.study_id AND t.id = u.id\
      ), measured AS (\
      INSERT INTO measurements (study_id, trial_id, step, elapsed_secs, metrics, created_at) \
@@ -102,6 +102,12 @@ const WRITE_BATCH: &str = "WITH new_trials AS (\
      ) \
      UPDATE studies SET state = $36, state_reason = $37, spec = $38, next_trial_id = $39, \
      updated_at = $40, change_seq = $41, unfinished_ids = $42 WHERE id = $1";
+
+/// `REPLACE_TOKEN` for many trials of one study at once.
+const REPLACE_TRIAL_TOKENS: &str = "INSERT INTO api_tokens (name, token_hash, study_id, trial_id, created_at) \
+     SELECT u.name, u.hash, $1, u.trial_id, $2 FROM UNNEST($3::text[], $4::text[], $5::bigint[]) \
+     AS u(name, hash, trial_id) ON CONFLICT (name) DO UPDATE SET token_hash = excluded.token_hash, \
+     study_id = excluded.study_id, trial_id = excluded.trial_id, created_at = excluded.created_at";
 
 type Jsonb = sqlx::types::Json<serde_json::Value>;
 type Time = chrono::DateTime<chrono::Utc>;
@@ -124,6 +130,7 @@ struct TrialColumns {
     started_at: Vec<Option<Time>>,
     completed_at: Vec<Option<Time>>,
     change_seq: Vec<i64>,
+    attempts: Vec<i32>,
 }
 
 impl TrialColumns {
@@ -146,6 +153,8 @@ impl TrialColumns {
             c.started_at.push(t.started_at);
             c.completed_at.push(t.completed_at);
             c.change_seq.push(t.change_seq);
+            c.attempts
+                .push(i32::try_from(t.attempts).unwrap_or(i32::MAX));
         }
         Ok(c)
     }
@@ -316,13 +325,13 @@ impl PostgresStudyTx {
             .bind(study.updated_at)
             .bind(study.change_seq)
             .bind(unfinished_ids)
+            .bind(new.attempts)
+            .bind(changed.attempts)
             .execute(&mut *self.tx)
             .await?;
         Ok(())
     }
 }
-
-impl_attempt_writes!(PostgresStudyTx);
 
 #[async_trait::async_trait]
 impl StudyTx for PostgresStudyTx {
@@ -414,22 +423,31 @@ impl StudyTx for PostgresStudyTx {
         Ok(())
     }
 
-    async fn start_attempt(
-        &mut self,
-        trial_id: i64,
-        max_attempts: u32,
-        token: (&str, &str),
-        now: Time,
-    ) -> StoreResult<Option<u32>> {
-        // The trial may be among this batch's pending writes.
+    async fn replace_trial_tokens(&mut self, tokens: &[TrialToken], now: Time) -> StoreResult<()> {
+        if tokens.is_empty() {
+            return Ok(());
+        }
+        // Their trials are among the writes held so far (a foreign key).
         self.flush().await?;
-        self.charge_attempt(trial_id, max_attempts, token, now)
-            .await
-    }
-
-    async fn refund_attempt(&mut self, trial_id: i64) -> StoreResult<()> {
-        self.flush().await?;
-        self.give_back_attempt(trial_id).await
+        // One statement may not touch a row twice: the last token of a name wins.
+        let mut latest: std::collections::BTreeMap<&str, &TrialToken> =
+            std::collections::BTreeMap::new();
+        for t in tokens {
+            latest.insert(&t.name, t);
+        }
+        let (names, hashes, trial_ids): (Vec<&str>, Vec<&str>, Vec<i64>) = latest
+            .values()
+            .map(|t| (t.name.as_str(), t.hash.as_str(), t.trial_id))
+            .collect();
+        sqlx::query(REPLACE_TRIAL_TOKENS)
+            .bind(self.study.id)
+            .bind(now)
+            .bind(names)
+            .bind(hashes)
+            .bind(trial_ids)
+            .execute(&mut *self.tx)
+            .await?;
+        Ok(())
     }
 
     async fn commit(mut self: Box<Self>) -> StoreResult<()> {
@@ -444,8 +462,6 @@ impl StudyTx for PostgresStudyTx {
 /// Trials of the study by id, in one statement.
 const TRIALS_BY_ID: &str = concat!(
     "SELECT ",
-    "study_id, id, state, parameters, client_id, final_measurement, objective, \
-     infeasible_reason, fail_reason, early_stopped, excluded, lease_expires_at, created_at, \
-     started_at, completed_at, change_seq",
+    trial_cols!(),
     " FROM trials WHERE study_id = $1 AND id = ANY($2) ORDER BY id"
 );

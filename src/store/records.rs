@@ -46,6 +46,17 @@ pub struct TrialRecord {
     pub completed_at: Option<DateTime<Utc>>,
     /// The study's `change_seq` of the batch that last created or changed this trial.
     pub change_seq: i64,
+    /// Launches of a dispatched trial counted so far (its retries are `attempts - 1`).
+    pub attempts: u32,
+}
+
+/// A dispatched trial's token for one launch: `name` identifies it (one per trial, replaced
+/// on every launch), `hash` is what is stored of the secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrialToken {
+    pub name: String,
+    pub hash: String,
+    pub trial_id: i64,
 }
 
 /// What the dashboard needs of a trial, read for every trial of a study at once: no
@@ -122,6 +133,7 @@ pub(super) struct TrialRow {
     pub started_at: Option<DateTime<Utc>>,
     pub completed_at: Option<DateTime<Utc>>,
     pub change_seq: i64,
+    pub attempts: i32,
 }
 
 impl TryFrom<TrialRow> for TrialRecord {
@@ -157,6 +169,7 @@ impl TryFrom<TrialRow> for TrialRecord {
             started_at: r.started_at,
             completed_at: r.completed_at,
             change_seq: r.change_seq,
+            attempts: r.attempts.max(0) as u32,
         })
     }
 }

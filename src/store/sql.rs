@@ -11,10 +11,11 @@ macro_rules! study_cols {
 macro_rules! trial_cols {
     () => {
         "study_id, id, state, parameters, client_id, final_measurement, objective, infeasible_reason, \
-         fail_reason, early_stopped, excluded, lease_expires_at, created_at, started_at, completed_at, change_seq"
+         fail_reason, early_stopped, excluded, lease_expires_at, created_at, started_at, completed_at, change_seq, \
+         attempts"
     };
 }
-pub(super) use study_cols;
+pub(super) use {study_cols, trial_cols};
 
 pub(super) const INSERT_STUDY: &str = concat!(
     "INSERT INTO studies (name, state, spec, next_trial_id, created_at, updated_at) \
@@ -100,14 +101,15 @@ pub(super) const SET_DESIGNER_STATE: &str = "UPDATE studies SET designer_state =
 pub(super) const UPSERT_TRIAL: &str = concat!(
     "INSERT INTO trials (",
     trial_cols!(),
-    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
      ON CONFLICT (study_id, id) DO UPDATE SET state = excluded.state, \
      parameters = excluded.parameters, client_id = excluded.client_id, \
      final_measurement = excluded.final_measurement, objective = excluded.objective, \
      infeasible_reason = excluded.infeasible_reason, fail_reason = excluded.fail_reason, \
      early_stopped = excluded.early_stopped, excluded = excluded.excluded, \
      lease_expires_at = excluded.lease_expires_at, started_at = excluded.started_at, \
-     completed_at = excluded.completed_at, change_seq = excluded.change_seq"
+     completed_at = excluded.completed_at, change_seq = excluded.change_seq, \
+     attempts = excluded.attempts"
 );
 pub(super) const UPSERT_MEASUREMENT: &str = "INSERT INTO measurements \
      (study_id, trial_id, step, elapsed_secs, metrics, created_at) VALUES ($1, $2, $3, $4, $5, $6) \
@@ -127,12 +129,6 @@ pub(super) const RELEASE_RUNNER: &str =
 pub(super) const REPLACE_TOKEN: &str = "INSERT INTO api_tokens (name, token_hash, study_id, trial_id, created_at) \
      VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE SET token_hash = excluded.token_hash, \
      study_id = excluded.study_id, trial_id = excluded.trial_id, created_at = excluded.created_at";
-/// Trials' `attempts` are written only by these two (in a study transaction), never by the
-/// batch upserts, which leave the column alone.
-pub(super) const CHARGE_ATTEMPT: &str = "UPDATE trials SET attempts = attempts + 1 \
-     WHERE study_id = $1 AND id = $2 AND attempts < $3 RETURNING attempts";
-pub(super) const REFUND_ATTEMPT: &str =
-    "UPDATE trials SET attempts = attempts - 1 WHERE study_id = $1 AND id = $2 AND attempts > 0";
 pub(super) const DELETE_TOKEN: &str = "DELETE FROM api_tokens WHERE name = $1";
 pub(super) const COUNT_TOKENS: &str = "SELECT COUNT(*) FROM api_tokens WHERE study_id IS NULL";
 
@@ -148,7 +144,7 @@ macro_rules! impl_sql_store {
         };
         use $crate::store::sql::*;
         use $crate::store::{
-            StoreResult, StudyRecord, StudyTx, TokenRecord, TrialPoint, TrialRecord,
+            StoreResult, StudyRecord, StudyTx, TokenRecord, TrialPoint, TrialRecord, TrialToken,
         };
 
         fn counts_from(rows: Vec<(String, i64)>) -> StoreResult<TrialCounts> {
@@ -527,6 +523,7 @@ macro_rules! impl_row_writes {
                         .bind(t.started_at)
                         .bind(t.completed_at)
                         .bind(t.change_seq)
+                        .bind(i32::try_from(t.attempts).unwrap_or(i32::MAX))
                         .execute(&mut *self.tx)
                         .await?;
                 }
@@ -556,54 +553,6 @@ macro_rules! impl_row_writes {
 }
 pub(super) use impl_row_writes;
 
-/// A study transaction's attempt bookkeeping (`StudyTx::start_attempt`/`refund_attempt`),
-/// written at once. `$tx` has `tx: sqlx::Transaction` and `study`; `token_query` is the one
-/// `impl_sql_store!` defined in the same module.
-macro_rules! impl_attempt_writes {
-    ($tx:ident) => {
-        impl $tx {
-            async fn charge_attempt(
-                &mut self,
-                trial_id: i64,
-                max_attempts: u32,
-                token: (&str, &str),
-                now: chrono::DateTime<chrono::Utc>,
-            ) -> StoreResult<Option<u32>> {
-                let max = i32::try_from(max_attempts).unwrap_or(i32::MAX);
-                let row: Option<(i32,)> = sqlx::query_as(CHARGE_ATTEMPT)
-                    .bind(self.study.id)
-                    .bind(trial_id)
-                    .bind(max)
-                    .fetch_optional(&mut *self.tx)
-                    .await?;
-                // No token for a launch that will not happen.
-                if row.is_some() {
-                    token_query(
-                        REPLACE_TOKEN,
-                        token.0,
-                        token.1,
-                        Some((self.study.id, trial_id)),
-                        now,
-                    )
-                    .execute(&mut *self.tx)
-                    .await?;
-                }
-                Ok(row.map(|(n,)| n.max(0) as u32))
-            }
-
-            async fn give_back_attempt(&mut self, trial_id: i64) -> StoreResult<()> {
-                sqlx::query(REFUND_ATTEMPT)
-                    .bind(self.study.id)
-                    .bind(trial_id)
-                    .execute(&mut *self.tx)
-                    .await?;
-                Ok(())
-            }
-        }
-    };
-}
-pub(super) use impl_attempt_writes;
-
 /// The study transaction of a backend where a statement is cheap (SQLite: a function call, no
 /// network): the study row is read with `$lock` inside the transaction `$begin` opens (an
 /// expression over `$s: &$store`), and each row of a batch is written by its own statement.
@@ -632,7 +581,6 @@ macro_rules! impl_row_study_tx {
         }
 
         $crate::store::sql::impl_row_writes!($tx);
-        $crate::store::sql::impl_attempt_writes!($tx);
 
         #[async_trait::async_trait]
         impl StudyTx for $tx {
@@ -716,19 +664,18 @@ macro_rules! impl_row_study_tx {
                 Ok(())
             }
 
-            async fn start_attempt(
+            async fn replace_trial_tokens(
                 &mut self,
-                trial_id: i64,
-                max_attempts: u32,
-                token: (&str, &str),
+                tokens: &[TrialToken],
                 now: chrono::DateTime<chrono::Utc>,
-            ) -> StoreResult<Option<u32>> {
-                self.charge_attempt(trial_id, max_attempts, token, now)
-                    .await
-            }
-
-            async fn refund_attempt(&mut self, trial_id: i64) -> StoreResult<()> {
-                self.give_back_attempt(trial_id).await
+            ) -> StoreResult<()> {
+                for t in tokens {
+                    let scope = Some((self.study.id, t.trial_id));
+                    token_query(REPLACE_TOKEN, &t.name, &t.hash, scope, now)
+                        .execute(&mut *self.tx)
+                        .await?;
+                }
+                Ok(())
             }
 
             async fn commit(self: Box<Self>) -> StoreResult<()> {
