@@ -12,9 +12,13 @@
 //!
 //! At `parallel_trials` 32 on 2 cores the machine is saturated and the overhead is a
 //! queueing time (≈ 32 / throughput): it falls only as the CPU per trial falls. Trial
-//! directories live in `$TMPDIR`: on a filesystem where creating a file is slow (ext4
-//! without a journal scans recently deleted inodes: ~0.5-1 ms per mkdir here), run it with
-//! `TMPDIR=/dev/shm` too, to see the service apart from the disk.
+//! directories and the database live in `$TMPDIR`; run it with `TMPDIR=/dev/shm` too, to
+//! see the service apart from the disk. On ext4 without a journal (this machine's root) a
+//! file or directory created within 60 s of deletions in its block group (360 s while the
+//! deleted inodes' blocks are dirty) first scans past every such inode: creating a trial's
+//! files then costs ~0.5-1 ms each instead of ~0.2. So each row's files are deleted only
+//! after the last row, and runs on such a disk should be spaced ~6 minutes apart (here, at
+//! `parallel_trials` 32: 32.5 ms 400 s after the previous run, 44.8 ms 10 s after it).
 //!
 //! The overhead is split, from the trials' own timestamps (`completed_at`, `created_at`) and
 //! the script's, into: exit → trial completed (metrics and completion recorded) and
@@ -68,6 +72,9 @@ struct Row {
     /// At `parallel_trials` 1 only: a trial completed → the next one suggested.
     completed_to_next: Vec<f64>,
     failed: usize,
+    /// The row's trial directories and database, deleted only after every row ran (see the
+    /// module doc).
+    _files: (tempfile::TempDir, common::TestDb),
 }
 
 fn quantile(sorted: &[f64], q: f64) -> f64 {
@@ -213,6 +220,7 @@ async fn run_row(backend: &'static str, parallel: usize, trials: usize, script: 
         suggested_to_started,
         completed_to_next,
         failed,
+        _files: (out, app.db),
     }
 }
 
