@@ -199,6 +199,7 @@ async fn a_crashed_trial_is_retried_and_finds_its_checkpoint() {
         .await;
     let trial = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
     assert_eq!(trial["state"], "completed", "{trial}");
+    assert_eq!(trial["attempts"], 2, "{trial}");
     let log = std::fs::read_to_string(f.dir.path().join("runs/1/job.log")).expect("log");
     assert_eq!(
         log.matches("=== augur: trial 1 attempt").count(),
@@ -507,6 +508,7 @@ async fn a_service_restart_does_not_renew_a_trials_retries(backend: &str) {
         trial["fail_reason"], "exited with code 4 (after 3 attempt(s))",
         "{trial}"
     );
+    assert_eq!(trial["attempts"], 3, "{trial}");
     let checkpoints = format!("{}/", f.dir.path().join("runs/1/checkpoints").display());
     assert!(seen.iter().all(|d| *d == checkpoints), "{seen:?}");
     let job_log = std::fs::read_to_string(f.dir.path().join("runs/1/job.log")).expect("log");
@@ -553,6 +555,10 @@ async fn a_launch_interrupted_by_the_service_dying_is_not_charged_to_the_trial()
     let s = wait_until_ended(&http, &server.base, id).await;
     let trial = get_json(&http, &server.base, &format!("/v1/studies/{id}/trials/1")).await;
     assert_eq!(trial["state"], "completed", "{s}\n{trial}");
+    assert_eq!(
+        trial["attempts"], 1,
+        "the interrupted launch given back: {trial}"
+    );
     assert_eq!(launches(&log).len(), 2);
     assert_eq!(processes_with(&marker), 0, "the leftover job was killed");
 }

@@ -122,6 +122,10 @@ pub struct Trial {
     pub early_stopped: bool,
     /// Kept and shown, but not given to the optimizer nor counted as best.
     pub excluded: bool,
+    /// Launches of a trial run by the service (`trial_job`), retries included; 0 for trials
+    /// run by workers, which count their own.
+    #[serde(default)]
+    pub attempts: u32,
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub completed_at: Option<DateTime<Utc>>,

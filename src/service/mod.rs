@@ -795,6 +795,7 @@ impl Service {
                 client_id: t.client_id,
                 early_stopped: t.early_stopped,
                 excluded: t.excluded,
+                attempts: t.attempts,
                 created_at: t.created_at,
                 started_at: t.started_at,
                 completed_at: t.completed_at,
