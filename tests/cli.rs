@@ -293,3 +293,36 @@ async fn ctrl_c_stops_augur_run_cleanly_and_the_same_command_resumes_the_study()
         assert!(runs.join(format!("{trial}/model/done")).exists());
     }
 }
+
+/// `trial:` names belong to the tokens the dispatcher issues per launch, which replace one
+/// of the same name: an admin token so named would be overwritten by the next launch of
+/// that trial. `token create` refuses them, and stores nothing.
+#[test]
+fn token_create_refuses_the_names_of_trial_tokens() {
+    let db = common::sqlite_db();
+    let create = |name: &str| {
+        augur(
+            "http://127.0.0.1:1",
+            &["token", "create", "--name", name, "--database-url", &db.url],
+        )
+    };
+    let (ok, stdout, stderr) = create("trial:1:1");
+    assert!(!ok, "created: {stdout}");
+    assert!(
+        stderr.contains("--name") && stderr.contains("trial:"),
+        "{stderr}"
+    );
+    let (ok, stdout, stderr) = create("ci");
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.trim().starts_with("augur_"),
+        "one token printed: {stdout}"
+    );
+    let count = tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(async {
+            let store = augur::store::connect(&db.url).await.expect("store");
+            store.count_tokens().await.expect("count")
+        });
+    assert_eq!(count, 1, "only the admin token named ci");
+}

@@ -713,7 +713,7 @@ async fn postgres_batches_stay_small_on_stale_statistics() {
 
 fn token(study_id: i64, trial_id: i64, hash: &str) -> TrialToken {
     TrialToken {
-        name: format!("trial:{study_id}:{trial_id}"),
+        name: TrialToken::name(study_id, trial_id),
         hash: hash.to_string(),
         trial_id,
     }

@@ -225,6 +225,14 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Token {
             command: TokenCommand::Create { name, database_url },
         } => {
+            let reserved = crate::store::TrialToken::NAME_PREFIX;
+            if name.trim().is_empty() || name.starts_with(reserved) {
+                return Err(format!(
+                    "--name: must not be empty nor start with {reserved:?} (the names of the \
+                     tokens issued to dispatched trials)"
+                )
+                .into());
+            }
             let store = crate::store::connect(&database_url)
                 .await
                 .map_err(|e| e.to_string())?;

@@ -381,7 +381,7 @@ impl StudyBatch {
 
     fn trial_token(&self, trial_id: i64, hash: String) -> TrialToken {
         TrialToken {
-            name: format!("trial:{}:{trial_id}", self.study.id),
+            name: TrialToken::name(self.study.id, trial_id),
             hash,
             trial_id,
         }

@@ -59,6 +59,16 @@ pub struct TrialToken {
     pub trial_id: i64,
 }
 
+impl TrialToken {
+    /// Names of trial tokens start with this, and no other token's may (`augur token
+    /// create` refuses them): a launch replaces the token of its name.
+    pub const NAME_PREFIX: &str = "trial:";
+
+    pub fn name(study_id: i64, trial_id: i64) -> String {
+        format!("{}{study_id}:{trial_id}", Self::NAME_PREFIX)
+    }
+}
+
 /// What the dashboard needs of a trial, read for every trial of a study at once: no
 /// timestamps, reasons or client ids, and only the metrics of the final measurement.
 #[derive(Debug, Clone, PartialEq)]
