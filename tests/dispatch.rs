@@ -53,6 +53,7 @@ if a.mode == "http_token":
     print("first launch's token:", post(me, "measurements", {"step": 1, "metrics": {"loss": 9}}, open(saved).read()))
     print("other trial:", post(int(me) + 1, "complete", {"metrics": {"loss": 9}}, token))
     print("own trial:", post(me, "complete", {"metrics": {"loss": 0.5}}, token))
+    print("token:", token)
     sys.exit(0)
 if a.mode == "crash_once" and not os.path.exists(ckpt):
     open(ckpt, "w").write(os.environ["AIP_CHECKPOINT_DIR"])
@@ -565,7 +566,9 @@ async fn a_launch_interrupted_by_the_service_dying_is_not_charged_to_the_trial()
 
 /// On a server that requires tokens, each launch gets its own trial token (issued in the
 /// transaction that counts the launch): it completes its own trial over HTTP, is refused
-/// for another trial, and the token of the trial's previous launch no longer works.
+/// for another trial, and the token of the trial's previous launch no longer works. Once the
+/// trial is completed its token is deleted (a server that checked it within the last 30 s
+/// still trusts it until then, but its trial is finished: 409).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_launch_reports_with_its_own_trial_scoped_token() {
     let f = fixture();
@@ -596,6 +599,16 @@ async fn each_launch_reports_with_its_own_trial_scoped_token() {
     ] {
         assert!(log.contains(line), "{line:?} in {log}");
     }
+    let token = log
+        .lines()
+        .find_map(|l| l.strip_prefix("token: "))
+        .expect("the job printed its token");
+    let store = augur::store::connect(&app.db.url).await.expect("store");
+    let found = store
+        .find_token(&augur::api::auth::hash_token(token))
+        .await
+        .expect("find");
+    assert_eq!(found, None, "the completed trial's token is deleted");
 }
 
 /// A Python with the real `cloudml-hypertune` from PyPI, in a venv made once per checkout.

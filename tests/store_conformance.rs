@@ -722,7 +722,7 @@ fn token(study_id: i64, trial_id: i64, hash: &str) -> TrialToken {
 /// A trial's launch count is kept with it (written whole, like its other columns). Trial
 /// tokens are written after their trials in the same transaction (on PostgreSQL they are
 /// still held back then), replace the last of the same name, the last of a name in one call
-/// winning. A study's runner lease belongs to one owner until it expires or is released.
+/// winning, and are deleted by trial. A study's runner lease belongs to one owner until it expires or is released.
 async fn attempts_and_runner_leases(store: Arc<dyn Store>) {
     let study = store
         .insert_study(&spec("dispatch"), now())
@@ -780,6 +780,20 @@ async fn attempts_and_runner_leases(store: Arc<dyn Store>) {
     assert_eq!(read.map(|t| t.attempts), Some(2));
     assert_eq!(scope_of("h1").await, None, "replaced");
     assert_eq!(scope_of("h4").await, Some(Some((study.id, 1))));
+
+    let mut tx = store
+        .begin_study(study.id)
+        .await
+        .expect("begin")
+        .expect("study");
+    tx.revoke_trial_tokens(&[1]).await.expect("revoke");
+    tx.commit().await.expect("commit");
+    assert_eq!(scope_of("h4").await, None, "revoked");
+    assert_eq!(
+        scope_of("h3").await,
+        Some(Some((study.id, 2))),
+        "another trial's"
+    );
 
     let t0 = now();
     let ttl = Duration::seconds(15);

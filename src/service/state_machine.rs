@@ -756,6 +756,15 @@ impl StudyBatch {
             self.study.updated_at = self.now;
             self.tx.update_study(&self.study).await?;
         }
+        // A trial that finished may not report any more: its token goes. (A launch counted
+        // in this batch of a trial that also finished in it gets none.)
+        let finished: Vec<i64> = changed
+            .iter()
+            .filter(|t| !t.state.is_unfinished())
+            .map(|t| t.id)
+            .collect();
+        self.tx.revoke_trial_tokens(&finished).await?;
+        self.tokens.retain(|t| !finished.contains(&t.trial_id));
         // After the trials: a token belongs to one.
         self.tx.replace_trial_tokens(&self.tokens, self.now).await?;
         self.tx.commit().await?;

@@ -164,6 +164,8 @@ pub trait StudyTx: Send {
     ) -> StoreResult<()>;
     /// Writes state, state_reason, spec, next_trial_id, change_seq and updated_at.
     async fn update_study(&mut self, study: &StudyRecord) -> StoreResult<()>;
+    /// Delete the tokens scoped to these trials (they finished).
+    async fn revoke_trial_tokens(&mut self, trial_ids: &[i64]) -> StoreResult<()>;
     /// Store (replace) trial-scoped tokens, each named after its trial; the trials must be
     /// written already (`insert_trials`/`update_trials` of this transaction).
     async fn replace_trial_tokens(

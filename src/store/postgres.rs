@@ -62,7 +62,8 @@ const STUDY_WITH_UNFINISHED: &str = "SELECT s.id AS s_id, s.name AS s_name, s.st
 
 /// All of a batch's writes: new trials, changed trials (every mutable column), measurements
 /// (replacing any at the same trial and step), and the study row (with its unfinished trials'
-/// ids, `$42`; the trials' `attempts`, added later, are `$43` and `$44`). The parts touch different rows, as data-modifying CTEs must.
+/// ids, `$42`; the trials' `attempts`, added later, are `$43` and `$44`), and the tokens of
+/// trials that finished (`$45`). The parts touch different rows, as data-modifying CTEs must.
 ///
 /// The changed trials are found by primary key, row by row, whatever the statistics say: the
 /// study id comes from behind an `OFFSET 0` fence, so there is no `study_id = $1` for the
@@ -99,6 +100,8 @@ const WRITE_BATCH: &str = "WITH new_trials AS (\
      ON CONFLICT (study_id, trial_id, step) DO UPDATE SET \
      elapsed_secs = excluded.elapsed_secs, metrics = excluded.metrics, \
      created_at = excluded.created_at\
+     ), revoked AS (\
+     DELETE FROM api_tokens WHERE study_id = $1 AND trial_id = ANY($45::bigint[])\
      ) \
      UPDATE studies SET state = $36, state_reason = $37, spec = $38, next_trial_id = $39, \
      updated_at = $40, change_seq = $41, unfinished_ids = $42 WHERE id = $1";
@@ -173,6 +176,8 @@ pub struct PostgresStudyTx {
     measurements: Vec<(i64, Measurement)>,
     measured_at: Option<Time>,
     study_update: Option<StudyRecord>,
+    /// Trials whose tokens to delete.
+    revoked: Vec<i64>,
 }
 
 impl PostgresStudyTx {
@@ -224,6 +229,7 @@ impl PostgresStudyTx {
             measurements: Vec::new(),
             measured_at: None,
             study_update: None,
+            revoked: Vec::new(),
         })))
     }
 
@@ -237,6 +243,7 @@ impl PostgresStudyTx {
             self.measurements.clear();
             self.measured_at = None;
             self.study_update = None;
+            self.revoked.clear();
             self.unfinished = None;
         }
         Ok(())
@@ -247,6 +254,7 @@ impl PostgresStudyTx {
             || !self.changed_trials.is_empty()
             || !self.measurements.is_empty()
             || self.study_update.is_some()
+            || !self.revoked.is_empty()
     }
 
     async fn write_batch(&mut self) -> StoreResult<()> {
@@ -327,6 +335,7 @@ impl PostgresStudyTx {
             .bind(unfinished_ids)
             .bind(new.attempts)
             .bind(changed.attempts)
+            .bind(&self.revoked)
             .execute(&mut *self.tx)
             .await?;
         Ok(())
@@ -420,6 +429,11 @@ impl StudyTx for PostgresStudyTx {
 
     async fn update_study(&mut self, study: &StudyRecord) -> StoreResult<()> {
         self.study_update = Some(study.clone());
+        Ok(())
+    }
+
+    async fn revoke_trial_tokens(&mut self, trial_ids: &[i64]) -> StoreResult<()> {
+        self.revoked.extend_from_slice(trial_ids);
         Ok(())
     }
 

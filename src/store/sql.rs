@@ -130,6 +130,8 @@ pub(super) const REPLACE_TOKEN: &str = "INSERT INTO api_tokens (name, token_hash
      VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE SET token_hash = excluded.token_hash, \
      study_id = excluded.study_id, trial_id = excluded.trial_id, created_at = excluded.created_at";
 pub(super) const DELETE_TOKEN: &str = "DELETE FROM api_tokens WHERE name = $1";
+pub(super) const DELETE_TRIAL_TOKEN: &str =
+    "DELETE FROM api_tokens WHERE study_id = $1 AND trial_id = $2";
 pub(super) const COUNT_TOKENS: &str = "SELECT COUNT(*) FROM api_tokens WHERE study_id IS NULL";
 
 /// Implements `Store` for `$store` (with field `pool: sqlx::Pool<$db>`). Study transactions
@@ -661,6 +663,17 @@ macro_rules! impl_row_study_tx {
                     .bind(study.change_seq)
                     .execute(&mut *self.tx)
                     .await?;
+                Ok(())
+            }
+
+            async fn revoke_trial_tokens(&mut self, trial_ids: &[i64]) -> StoreResult<()> {
+                for trial_id in trial_ids {
+                    sqlx::query(DELETE_TRIAL_TOKEN)
+                        .bind(self.study.id)
+                        .bind(trial_id)
+                        .execute(&mut *self.tx)
+                        .await?;
+                }
                 Ok(())
             }
 
