@@ -157,23 +157,29 @@ pub async fn run_trial(
 ) -> TrialEnd {
     let reporter = setup.reporter.clone();
     let dirs = TrialDirs::new(&setup.output_dir, trial_id);
-    // `job.handle` is non-empty only while a launch's end is unseen: the service or worker
-    // stopped (or died) during it. That job must not run beside the new one, and its launch
+    // `job.handle` is non-empty only while a launch's outcome is unrecorded: the service or
+    // worker stopped (or died) during it, or before the trial's completion was stored. That job must not run beside the new one, and its launch
     // is given back: it ended with the service (killed now, at shutdown, or by its broken
     // stdout pipe), so it says nothing about the trial. Seen failures stay counted.
     let handle_file = dirs.root.join("job.handle");
-    if let Ok(handle) = std::fs::read_to_string(&handle_file)
-        && !handle.trim().is_empty()
-    {
-        setup
-            .executor
-            .clean_up_stale(handle.trim(), setup.study_id, trial_id)
-            .await;
-        // Cleared before the refund: a crash between the two over-counts, never under-counts.
-        let _ = std::fs::write(&handle_file, "");
-        if let Err(e) = reporter.refund_attempt(trial_id).await {
-            tracing::warn!(trial_id, error = %e, "could not give back an interrupted launch");
+    let interrupted = match std::fs::read_to_string(&handle_file) {
+        Ok(handle) if !handle.trim().is_empty() => {
+            setup
+                .executor
+                .clean_up_stale(handle.trim(), setup.study_id, trial_id)
+                .await;
+            // Cleared before the refund: a crash between the two over-counts, never
+            // under-counts.
+            let _ = std::fs::write(&handle_file, "");
+            true
         }
+        // A resumed trial that never got as far as a job: the service died between counting
+        // its first launch (with the suggestion) and starting it.
+        Err(e) => first.is_none() && e.kind() == std::io::ErrorKind::NotFound,
+        Ok(_) => false,
+    };
+    if interrupted && let Err(e) = reporter.refund_attempt(trial_id).await {
+        tracing::warn!(trial_id, error = %e, "could not give back an interrupted launch");
     }
     // Directories are made on a blocking thread (a mkdir can take a millisecond) while the
     // first attempt is counted; only a command that names `${params_file}` gets the file.
@@ -309,6 +315,11 @@ pub async fn run_trial(
             Attempt::TimedOut(secs) => last_failure = format!("timed out after {secs} s"),
         }
         tracing::warn!(study_id = setup.study_id, trial_id, attempt = start_number, reason = %last_failure, "trial attempt failed");
+        // This launch's failure is seen, and stays counted. (A launch that finished the
+        // trial keeps its handle: a finished trial is not resumed. Until its outcome is
+        // recorded, a restart gives the launch back and runs it again.) Emptied, not
+        // removed: an unlink now and a create next launch cost two inode updates.
+        let _ = std::fs::write(&handle_file, "");
     }
     let reason = if last_failure.is_empty() {
         // Every attempt was used up before a restart of the service.
@@ -402,11 +413,6 @@ async fn run_attempt(
         unrecorded.extend(stdout_metrics.parse_line(&line));
     }
     unrecorded.extend(hypertune.read_new());
-    if !matches!(result, Attempt::Interrupted(Interrupt::Shutdown)) {
-        // This launch's end was seen: it stays counted. (Emptied, not removed: an unlink now
-        // and a create next launch cost two inode updates.)
-        let _ = std::fs::write(dirs.root.join("job.handle"), "");
-    }
     (result, unrecorded)
 }
 
