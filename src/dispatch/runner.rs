@@ -248,18 +248,19 @@ struct ServiceReporter {
 impl TrialReporter for ServiceReporter {
     async fn measurement(&self, trial_id: i64, measurement: Measurement) -> Result<(), String> {
         self.service
-            .record_dispatched_measurement(self.study_id, trial_id, measurement)
+            .add_measurement_record(self.study_id, trial_id, measurement)
             .await
+            .map(drop)
             .map_err(|e| e.to_string())
     }
 
     async fn complete_with(&self, trial_id: i64, last: Vec<Measurement>) -> Result<bool, String> {
         match self
             .service
-            .complete_dispatched(self.study_id, trial_id, Completion::Selected(last))
+            .complete_trial_record(self.study_id, trial_id, Completion::Selected(last))
             .await
         {
-            Ok(()) => Ok(true),
+            Ok(_) => Ok(true),
             Err(ServiceError::Invalid(_)) => Ok(false),
             // Completed meanwhile (by the job over HTTP).
             Err(ServiceError::Conflict { .. }) => Ok(true),
@@ -270,10 +271,10 @@ impl TrialReporter for ServiceReporter {
     async fn fail(&self, trial_id: i64, reason: String) -> Result<(), String> {
         match self
             .service
-            .fail_dispatched(self.study_id, trial_id, reason)
+            .fail_trial_record(self.study_id, trial_id, reason)
             .await
         {
-            Ok(()) | Err(ServiceError::Conflict { .. }) => Ok(()),
+            Ok(_) | Err(ServiceError::Conflict { .. }) => Ok(()),
             Err(e) => Err(e.to_string()),
         }
     }

@@ -158,9 +158,11 @@ pub async fn run_trial(
     let reporter = setup.reporter.clone();
     let dirs = TrialDirs::new(&setup.output_dir, trial_id);
     // `job.handle` is non-empty only while a launch's outcome is unrecorded: the service or
-    // worker stopped (or died) during it, or before the trial's completion was stored. That job must not run beside the new one, and its launch
-    // is given back: it ended with the service (killed now, at shutdown, or by its broken
-    // stdout pipe), so it says nothing about the trial. Seen failures stay counted.
+    // worker stopped (or died) during the launch, or before the trial's completion was
+    // stored. That job must not run beside the new one, and its launch is given back: it
+    // ended with the service (killed now, at shutdown, or by its broken stdout pipe) or its
+    // outcome was lost with it, so it says nothing about the trial. Seen failures stay
+    // counted.
     let handle_file = dirs.root.join("job.handle");
     let interrupted = match std::fs::read_to_string(&handle_file) {
         Ok(handle) if !handle.trim().is_empty() => {
@@ -181,8 +183,9 @@ pub async fn run_trial(
     if interrupted && let Err(e) = reporter.refund_attempt(trial_id).await {
         tracing::warn!(trial_id, error = %e, "could not give back an interrupted launch");
     }
-    // Directories are made on a blocking thread (a mkdir can take a millisecond) while the
-    // first attempt is counted; only a command that names `${params_file}` gets the file.
+    // Directories are made on a blocking thread (a mkdir can take a millisecond), meanwhile
+    // a resumed trial's launch is counted; only a command that names `${params_file}` gets
+    // the file.
     let params_json = setup
         .job
         .command

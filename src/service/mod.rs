@@ -474,7 +474,7 @@ impl Service {
 
     pub async fn get_trial(&self, study_id: i64, trial_id: i64) -> ServiceResult<Trial> {
         let record = self.trial_record(study_id, trial_id).await?;
-        Ok(self.trial_views(study_id, vec![record]).await?.remove(0))
+        self.trial_view(study_id, record).await
     }
 
     pub async fn add_measurement(
@@ -483,9 +483,23 @@ impl Service {
         trial_id: i64,
         measurement: Measurement,
     ) -> ServiceResult<Trial> {
+        let record = self
+            .add_measurement_record(study_id, trial_id, measurement)
+            .await?;
+        self.trial_view(study_id, record).await
+    }
+
+    /// `add_measurement` answered with the record: for the study runner, which needs no
+    /// view (a read of the trial's measurements).
+    pub async fn add_measurement_record(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        measurement: Measurement,
+    ) -> ServiceResult<TrialRecord> {
         let config = self.fixed_config(study_id).await?;
         check_measurement(&config, &measurement)?;
-        self.change_trial(
+        self.change_trial_record(
             study_id,
             Command::AddMeasurement {
                 trial_id,
@@ -501,8 +515,21 @@ impl Service {
         trial_id: i64,
         outcome: Completion,
     ) -> ServiceResult<Trial> {
+        let record = self
+            .complete_trial_record(study_id, trial_id, outcome)
+            .await?;
+        self.trial_view(study_id, record).await
+    }
+
+    /// `complete_trial` answered with the record (see `add_measurement_record`).
+    pub async fn complete_trial_record(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        outcome: Completion,
+    ) -> ServiceResult<TrialRecord> {
         self.check_completion(study_id, &outcome).await?;
-        self.change_trial(study_id, Command::Complete { trial_id, outcome })
+        self.change_trial_record(study_id, Command::Complete { trial_id, outcome })
             .await
     }
 
@@ -537,7 +564,18 @@ impl Service {
         trial_id: i64,
         reason: String,
     ) -> ServiceResult<Trial> {
-        self.change_trial(study_id, Command::Fail { trial_id, reason })
+        let record = self.fail_trial_record(study_id, trial_id, reason).await?;
+        self.trial_view(study_id, record).await
+    }
+
+    /// `fail_trial` answered with the record (see `add_measurement_record`).
+    pub async fn fail_trial_record(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        reason: String,
+    ) -> ServiceResult<TrialRecord> {
+        self.change_trial_record(study_id, Command::Fail { trial_id, reason })
             .await
     }
 
@@ -639,6 +677,10 @@ impl Service {
 
     async fn change_trial(&self, study_id: i64, command: Command) -> ServiceResult<Trial> {
         let record = self.change_trial_record(study_id, command).await?;
+        self.trial_view(study_id, record).await
+    }
+
+    async fn trial_view(&self, study_id: i64, record: TrialRecord) -> ServiceResult<Trial> {
         Ok(self.trial_views(study_id, vec![record]).await?.remove(0))
     }
 
@@ -651,48 +693,6 @@ impl Service {
             Reply::Trial(record) => Ok(*record),
             other => Err(unexpected(other)),
         }
-    }
-
-    // The study runner's side of a dispatched trial. Its outcomes are the API's commands,
-    // answered without the trial view (a read of the trial's measurements it never looks at).
-
-    /// `add_measurement`, for the study runner.
-    pub async fn record_dispatched_measurement(
-        &self,
-        study_id: i64,
-        trial_id: i64,
-        measurement: Measurement,
-    ) -> ServiceResult<()> {
-        let config = self.fixed_config(study_id).await?;
-        check_measurement(&config, &measurement)?;
-        let command = Command::AddMeasurement {
-            trial_id,
-            measurement,
-        };
-        self.change_trial_record(study_id, command).await.map(drop)
-    }
-
-    /// `complete_trial`, for the study runner.
-    pub async fn complete_dispatched(
-        &self,
-        study_id: i64,
-        trial_id: i64,
-        outcome: Completion,
-    ) -> ServiceResult<()> {
-        self.check_completion(study_id, &outcome).await?;
-        let command = Command::Complete { trial_id, outcome };
-        self.change_trial_record(study_id, command).await.map(drop)
-    }
-
-    /// `fail_trial`, for the study runner.
-    pub async fn fail_dispatched(
-        &self,
-        study_id: i64,
-        trial_id: i64,
-        reason: String,
-    ) -> ServiceResult<()> {
-        let command = Command::Fail { trial_id, reason };
-        self.change_trial_record(study_id, command).await.map(drop)
     }
 
     /// Count a launch of a dispatched trial, up to `max_attempts`, and store the token it
