@@ -182,23 +182,27 @@ async fn twenty_trials_four_at_a_time_never_more_than_four_processes() {
     );
 }
 
+/// Creates the study, waits until it completes (60 s at most) and reads its first trial.
+async fn first_trial_at_the_end(app: &common::TestApp, spec: Value) -> Value {
+    let id = app.create_study(spec).await;
+    app.wait_for_state(id, "completed", Duration::from_secs(60))
+        .await;
+    app.get(&format!("/v1/studies/{id}/trials/1")).await.body
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_trial_is_retried_and_finds_its_checkpoint() {
     let f = fixture();
     let app = common::spawn_app(common::sqlite_db()).await;
-    let id = app
-        .create_study(study(
-            &f,
-            "crash",
-            1,
-            1,
-            &["--mode=crash_once"],
-            json!({"max_retries": 1}),
-        ))
-        .await;
-    app.wait_for_state(id, "completed", Duration::from_secs(60))
-        .await;
-    let trial = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
+    let spec = study(
+        &f,
+        "crash",
+        1,
+        1,
+        &["--mode=crash_once"],
+        json!({"max_retries": 1}),
+    );
+    let trial = first_trial_at_the_end(&app, spec).await;
     assert_eq!(trial["state"], "completed", "{trial}");
     assert_eq!(trial["attempts"], 2, "{trial}");
     let log = std::fs::read_to_string(f.dir.path().join("runs/1/job.log")).expect("log");
@@ -226,10 +230,7 @@ async fn crashes_beyond_max_retries_fail_the_trial() {
         &["--mode=crash_once"],
         json!({"max_retries": 0}),
     );
-    let id = app.create_study(spec).await;
-    app.wait_for_state(id, "completed", Duration::from_secs(60))
-        .await;
-    let trial = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
+    let trial = first_trial_at_the_end(&app, spec).await;
     assert_eq!(trial["state"], "failed");
     assert_eq!(
         trial["fail_reason"],
@@ -573,19 +574,15 @@ async fn a_launch_interrupted_by_the_service_dying_is_not_charged_to_the_trial()
 async fn each_launch_reports_with_its_own_trial_scoped_token() {
     let f = fixture();
     let app = common::spawn_app_with(common::sqlite_db(), Some("admin")).await;
-    let id = app
-        .create_study(study(
-            &f,
-            "token",
-            2,
-            1,
-            &["--mode=http_token"],
-            json!({"max_retries": 1}),
-        ))
-        .await;
-    app.wait_for_state(id, "completed", Duration::from_secs(60))
-        .await;
-    let trial = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
+    let spec = study(
+        &f,
+        "token",
+        2,
+        1,
+        &["--mode=http_token"],
+        json!({"max_retries": 1}),
+    );
+    let trial = first_trial_at_the_end(&app, spec).await;
     assert_eq!(trial["state"], "completed", "{trial}");
     assert_eq!(
         trial["final_measurement"]["metrics"]["loss"], 0.5,

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use augur::model::{Measurement, StudySpec, StudyState, TrialState};
-use augur::store::{Store, TrialPoint, TrialRecord, TrialToken};
+use augur::store::{Store, StudyTx, TrialPoint, TrialRecord, TrialToken};
 use augur_optimizer::Value;
 use chrono::{DateTime, Duration, Utc};
 
@@ -57,6 +57,15 @@ fn now() -> DateTime<Utc> {
     DateTime::from_timestamp_micros(t.timestamp_micros()).expect("time")
 }
 
+/// A transaction on a study that exists.
+async fn begin(store: &dyn Store, study_id: i64) -> Box<dyn StudyTx> {
+    store
+        .begin_study(study_id)
+        .await
+        .expect("begin")
+        .expect("study exists")
+}
+
 fn trial(study_id: i64, id: i64, state: TrialState, x: f64) -> TrialRecord {
     TrialRecord {
         study_id,
@@ -93,11 +102,7 @@ fn completed(mut t: TrialRecord, acc: f64) -> TrialRecord {
 }
 
 async fn insert(store: &dyn Store, study: i64, trials: &[TrialRecord]) {
-    let mut tx = store
-        .begin_study(study)
-        .await
-        .expect("begin")
-        .expect("study exists");
+    let mut tx = begin(store, study).await;
     let mut s = tx.study().clone();
     s.next_trial_id += trials.len() as i64;
     tx.insert_trials(trials).await.expect("insert trials");
@@ -193,11 +198,7 @@ async fn study_transaction_inserts_updates_and_commits(store: Arc<dyn Store>) {
     let t3 = completed(trial(study.id, 3, TrialState::Active, 0.3), 0.9);
     insert(&*store, study.id, &[t1.clone(), t2.clone(), t3.clone()]).await;
 
-    let mut tx = store
-        .begin_study(study.id)
-        .await
-        .expect("begin")
-        .expect("study");
+    let mut tx = begin(&*store, study.id).await;
     assert_eq!(tx.study().next_trial_id, 4);
     let unfinished = tx.unfinished_trials().await.expect("unfinished");
     assert_eq!(unfinished, vec![t1.clone(), t2.clone()]);
@@ -258,11 +259,7 @@ async fn dropped_transaction_rolls_back(store: Arc<dyn Store>) {
         .await
         .expect("insert");
     {
-        let mut tx = store
-            .begin_study(study.id)
-            .await
-            .expect("begin")
-            .expect("study");
+        let mut tx = begin(&*store, study.id).await;
         tx.insert_trials(&[trial(study.id, 1, TrialState::Active, 0.5)])
             .await
             .expect("insert");
@@ -285,11 +282,7 @@ async fn measurements_upsert_by_step_and_range(store: Arc<dyn Store>) {
         elapsed_secs: Some(step as f64),
         metrics: BTreeMap::from([("acc".to_string(), acc)]),
     };
-    let mut tx = store
-        .begin_study(study.id)
-        .await
-        .expect("begin")
-        .expect("study");
+    let mut tx = begin(&*store, study.id).await;
     tx.upsert_measurements(
         &[
             (1, m(1, 0.1)),
@@ -448,11 +441,7 @@ async fn deleting_a_study_cascades(store: Arc<dyn Store>) {
         &[trial(study.id, 1, TrialState::Active, 0.5)],
     )
     .await;
-    let mut tx = store
-        .begin_study(study.id)
-        .await
-        .expect("begin")
-        .expect("study");
+    let mut tx = begin(&*store, study.id).await;
     tx.upsert_measurements(
         &[(
             1,
@@ -523,11 +512,7 @@ async fn trial_points_are_the_records_light_view(store: Arc<dyn Store>) {
     );
 
     // A second batch changes trial 4 and adds 5 and 6, at change_seq 2.
-    let mut tx = store
-        .begin_study(study.id)
-        .await
-        .expect("begin")
-        .expect("study");
+    let mut tx = begin(&*store, study.id).await;
     let mut later = completed(first[3].clone(), 0.9);
     later.change_seq = 2;
     tx.update_trials(std::slice::from_ref(&later))
@@ -621,11 +606,7 @@ async fn postgres_batches_stay_small_on_stale_statistics() {
         .expect("insert");
     let warm_up = 10i64;
     for id in 1..=warm_up {
-        let mut tx = store
-            .begin_study(big.id)
-            .await
-            .expect("begin")
-            .expect("study");
+        let mut tx = begin(&*store, big.id).await;
         tx.unfinished_trials().await.expect("unfinished");
         let running = trial(big.id, id, TrialState::Active, 0.5);
         tx.insert_trials(std::slice::from_ref(&running))
@@ -635,11 +616,7 @@ async fn postgres_batches_stay_small_on_stale_statistics() {
         s.next_trial_id = id + 1;
         tx.update_study(&s).await.expect("study");
         tx.commit().await.expect("commit");
-        let mut tx = store
-            .begin_study(big.id)
-            .await
-            .expect("begin")
-            .expect("study");
+        let mut tx = begin(&*store, big.id).await;
         tx.unfinished_trials().await.expect("unfinished");
         tx.update_trials(&[completed(running, 0.5)])
             .await
@@ -673,11 +650,7 @@ async fn postgres_batches_stay_small_on_stale_statistics() {
         insert(&*store, big.id, &running).await;
     }
     for chunk in ids[..ids.len() - 20].chunks(5_000) {
-        let mut tx = store
-            .begin_study(big.id)
-            .await
-            .expect("begin")
-            .expect("study");
+        let mut tx = begin(&*store, big.id).await;
         let done: Vec<TrialRecord> = chunk
             .iter()
             .map(|&i| completed(trial(big.id, i, TrialState::Active, 0.5), 0.5))
@@ -692,11 +665,7 @@ async fn postgres_batches_stay_small_on_stale_statistics() {
     let before = common::settled_pg_counter(&mut admin, PAGES_READ).await;
     let batches = 20i64;
     for i in 0..batches {
-        let mut tx = store
-            .begin_study(big.id)
-            .await
-            .expect("begin")
-            .expect("study");
+        let mut tx = begin(&*store, big.id).await;
         let unfinished = tx.unfinished_trials().await.expect("unfinished");
         assert_eq!(unfinished.len() as i64, 20 - i);
         let done = completed(unfinished[0].clone(), 0.9);
@@ -728,11 +697,7 @@ async fn attempts_and_runner_leases(store: Arc<dyn Store>) {
         .insert_study(&spec("dispatch"), now())
         .await
         .expect("insert");
-    let mut tx = store
-        .begin_study(study.id)
-        .await
-        .expect("begin")
-        .expect("study");
+    let mut tx = begin(&*store, study.id).await;
     let mut first = trial(study.id, 1, TrialState::Active, 0.5);
     first.attempts = 1;
     let second = trial(study.id, 2, TrialState::Active, 0.5);
@@ -760,11 +725,7 @@ async fn attempts_and_runner_leases(store: Arc<dyn Store>) {
     assert_eq!(scope_of("h2").await, None, "the last of a name wins");
     assert_eq!(scope_of("h3").await, Some(Some((study.id, 2))));
 
-    let mut tx = store
-        .begin_study(study.id)
-        .await
-        .expect("begin")
-        .expect("study");
+    let mut tx = begin(&*store, study.id).await;
     let unfinished = tx.unfinished_trials().await.expect("unfinished");
     assert_eq!(
         unfinished.iter().map(|t| t.attempts).collect::<Vec<_>>(),
@@ -781,11 +742,7 @@ async fn attempts_and_runner_leases(store: Arc<dyn Store>) {
     assert_eq!(scope_of("h1").await, None, "replaced");
     assert_eq!(scope_of("h4").await, Some(Some((study.id, 1))));
 
-    let mut tx = store
-        .begin_study(study.id)
-        .await
-        .expect("begin")
-        .expect("study");
+    let mut tx = begin(&*store, study.id).await;
     tx.revoke_trial_tokens(&[1]).await.expect("revoke");
     tx.commit().await.expect("commit");
     assert_eq!(scope_of("h4").await, None, "revoked");

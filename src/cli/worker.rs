@@ -194,8 +194,9 @@ async fn run_slot(
 struct HttpReporter {
     client: Arc<Client>,
     study_id: i64,
-    /// Launches per trial, counted by this worker process only: the API has no attempt
-    /// count, so a restarted worker starts its trials' retries afresh.
+    /// Launches per trial, counted by this worker process only: the API counts the launches
+    /// of dispatched trials alone (`attempts`), so a restarted worker starts its trials'
+    /// retries afresh.
     attempts: std::sync::Mutex<std::collections::HashMap<i64, u32>>,
 }
 
