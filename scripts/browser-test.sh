@@ -66,6 +66,25 @@ run_on() {
   kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=""
 }
 
+# The probe's drive-by: a page of another site (and a rebound DNS name) tries to make an open
+# server run a command (tests/browser/driveby.mjs).
+driveby() {
+  local port bin
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  bin=$(realpath "$target/$profile/augur")
+  # run from the scratch directory: the study's output would land in the current one
+  (cd "$work" && AUGUR_LOG=warn exec "$bin" serve --database-url "sqlite://$work/driveby.db" --listen "127.0.0.1:$port") &
+  server_pid=$!
+  for _ in $(seq 1 100); do
+    curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  echo "== drive-by against an open server"
+  node tests/browser/driveby.mjs "http://127.0.0.1:$port" "$work/pwned"
+  kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=""
+}
+driveby
+
 run_on sqlite "sqlite://$work/augur.db"
 # PostgreSQL too when scripts/test.sh has started it (AUGUR_BROWSER_BACKENDS=sqlite skips it).
 if [ -n "${AUGUR_TEST_POSTGRES_URL:-}" ] && [ "${AUGUR_BROWSER_BACKENDS:-sqlite postgres}" != sqlite ]; then

@@ -129,3 +129,176 @@ async fn an_open_server_must_bind_loopback() {
         .expect("a token allows any address");
     assert!(!app.open);
 }
+
+/// A request with a chosen `Host` and extra headers, to play what a browser would send.
+async fn raw(
+    app: &common::TestApp,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> common::Response {
+    let mut request = app.http.request(method, format!("{}{path}", app.base));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    if let Some(b) = body {
+        request = request.body(b.to_string());
+    }
+    let response = request.send().await.expect("request sent");
+    let status = response.status();
+    let text = response.text().await.expect("body read");
+    common::Response {
+        status,
+        body: serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    }
+}
+
+async fn study_count(app: &common::TestApp) -> usize {
+    app.get("/v1/studies").await.body["studies"]
+        .as_array()
+        .map_or(0, Vec::len)
+}
+
+/// The probe's drive-by: `fetch(url, {mode: 'no-cors', method: 'POST', body: new Blob([json])})`
+/// sends the JSON with no Content-Type (and a `text/plain` form sends it as text): neither
+/// may be read as JSON, so no page can create a study.
+#[tokio::test]
+async fn a_json_body_without_a_json_content_type_is_refused_with_415() {
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let spec = common::spec("random", 3, 1).to_string();
+    for headers in [vec![], vec![("content-type", "text/plain;charset=UTF-8")]] {
+        let r = raw(&app, Method::POST, "/v1/studies", &headers, Some(&spec)).await;
+        assert_eq!(
+            r.status,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "{headers:?}: {}",
+            r.body
+        );
+        assert_eq!(r.body["error"]["code"], "unsupported_media_type");
+    }
+    assert_eq!(study_count(&app).await, 0, "nothing may have been created");
+    let json = [("content-type", "application/json")];
+    let ok = raw(&app, Method::POST, "/v1/studies", &json, Some(&spec)).await;
+    assert_eq!(ok.status, StatusCode::CREATED, "{}", ok.body);
+    // A body-less command still needs no Content-Type (`curl -X POST …/stop`).
+    let stop = raw(&app, Method::POST, "/v1/studies/1/stop", &[], None).await;
+    assert_eq!(stop.status, StatusCode::OK, "{}", stop.body);
+}
+
+/// A page of another origin may not change anything, whatever it sends; the server's own
+/// origin (the dashboard) may.
+#[tokio::test]
+async fn a_foreign_origin_cannot_change_anything() {
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let study = app.create_study(common::spec("random", 3, 1)).await;
+    let spec = common::spec("random", 3, 1).to_string();
+    for origin in ["http://evil.example", "null", "http://127.0.0.1:1"] {
+        let headers = [("content-type", "application/json"), ("origin", origin)];
+        for (method, path, body) in [
+            (Method::POST, "/v1/studies".to_string(), Some(spec.as_str())),
+            (Method::POST, format!("/v1/studies/{study}/stop"), None),
+            (
+                Method::POST,
+                format!("/v1/studies/{study}/suggest"),
+                Some("{}"),
+            ),
+            (
+                Method::PATCH,
+                format!("/v1/studies/{study}"),
+                Some(r#"{"max_trials": 9}"#),
+            ),
+            (Method::DELETE, format!("/v1/studies/{study}"), None),
+        ] {
+            let r = raw(&app, method.clone(), &path, &headers, body).await;
+            assert_eq!(
+                r.status,
+                StatusCode::FORBIDDEN,
+                "{origin} {method} {path}: {}",
+                r.body
+            );
+            assert_eq!(r.body["error"]["code"], "permission_denied");
+        }
+    }
+    let after = app.get(&format!("/v1/studies/{study}")).await.body;
+    assert_eq!(after["state"], "active", "{after}");
+    assert_eq!(after["spec"]["max_trials"], 3);
+    assert_eq!(
+        after["trial_counts"]["total"].as_i64().unwrap_or(0),
+        0,
+        "{after}"
+    );
+    assert_eq!(study_count(&app).await, 1);
+    // Reads are answered, with no CORS header that would let the page read them.
+    let read = app
+        .http
+        .get(format!("{}/v1/studies", app.base))
+        .header("origin", "http://evil.example")
+        .send()
+        .await
+        .expect("read");
+    assert_eq!(read.status(), StatusCode::OK);
+    assert!(read.headers().get("access-control-allow-origin").is_none());
+    let own = format!("http://{}", app.addr);
+    let headers = [
+        ("content-type", "application/json"),
+        ("origin", own.as_str()),
+    ];
+    let r = raw(&app, Method::POST, "/v1/studies", &headers, Some(&spec)).await;
+    assert_eq!(r.status, StatusCode::CREATED, "same origin: {}", r.body);
+}
+
+/// DNS rebinding: a page of evil.example whose name now resolves to 127.0.0.1 reaches the
+/// server with `Host: evil.example`. An open server serves loopback names only; a server
+/// with tokens serves any name (the attacker has no token).
+#[tokio::test]
+async fn an_open_server_answers_only_loopback_host_names() {
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let port = app.addr.port();
+    for host in [
+        "evil.example",
+        "evil.example:80",
+        "127.0.0.1.evil.example",
+        "10.0.0.1",
+    ] {
+        for path in ["/v1/studies", "/", "/metrics"] {
+            let r = raw(&app, Method::GET, path, &[("host", host)], None).await;
+            assert_eq!(
+                r.status,
+                StatusCode::FORBIDDEN,
+                "Host {host} {path}: {}",
+                r.body
+            );
+        }
+    }
+    for host in [
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        format!("[::1]:{port}"),
+        "localhost".to_string(),
+        format!("augur.localhost:{port}"),
+    ] {
+        let r = raw(&app, Method::GET, "/v1/studies", &[("host", &host)], None).await;
+        assert_eq!(r.status, StatusCode::OK, "Host {host}: {}", r.body);
+    }
+    let health = raw(
+        &app,
+        Method::GET,
+        "/healthz",
+        &[("host", "evil.example")],
+        None,
+    )
+    .await;
+    assert_eq!(health.status, StatusCode::OK, "probes need no name");
+
+    let guarded = common::spawn_app_with(common::sqlite_db(), Some("team-token")).await;
+    let r = guarded
+        .http
+        .get(format!("{}/v1/studies", guarded.base))
+        .header("host", "augur.team.example")
+        .bearer_auth("team-token")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), StatusCode::OK);
+}

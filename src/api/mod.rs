@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod error;
 mod extract;
+mod guard;
 mod health;
 mod insights;
 mod studies;
@@ -129,6 +130,11 @@ pub fn router(
         .layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_token,
+        ))
+        // Outside auth: a foreign page's request is refused before any token is looked at.
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            guard::refuse_foreign_requests,
         ))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(TimeoutLayer::with_status_code(

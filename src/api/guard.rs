@@ -1,0 +1,156 @@
+//! What a web browser may ask of this server. A page from any site can make the user's
+//! browser send requests here, so two rules hold before auth is even asked:
+//! - a request that changes something (any method but GET, HEAD, OPTIONS) coming from a page
+//!   of another origin (its `Origin` header) is refused: without it, a drive-by page could
+//!   stop or delete studies, or create one whose `trial_job` runs a command;
+//! - a server that runs open (loopback, no token) answers only loopback host names: a page
+//!   whose own name an attacker re-points at 127.0.0.1 (DNS rebinding) reaches this server
+//!   as its "same origin", with `Host: evil.example`.
+//!
+//! JSON bodies must also say they are JSON (`ApiJson` answers 415), because a page can send
+//! `text/plain` or no Content-Type at all without asking the server first (no preflight).
+
+use std::net::IpAddr;
+
+use axum::extract::{Request, State};
+use axum::http::header::{HOST, ORIGIN};
+use axum::http::{HeaderMap, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::AppState;
+use super::error::ApiError;
+
+pub async fn refuse_foreign_requests(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let host = request_host(&request);
+    let verdict = check(
+        state.auth.open,
+        request.method(),
+        request.uri().path(),
+        host.as_deref(),
+        request.headers(),
+        &state.dispatch.augur_url,
+    );
+    match verdict {
+        Ok(()) => next.run(request).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The name the client asked for: `Host` (HTTP/1.1), or the URI's authority (HTTP/2).
+fn request_host(request: &Request) -> Option<String> {
+    request
+        .headers()
+        .get(HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| request.uri().authority().map(|a| a.as_str().to_string()))
+}
+
+fn check(
+    open: bool,
+    method: &Method,
+    path: &str,
+    host: Option<&str>,
+    headers: &HeaderMap,
+    public_url: &str,
+) -> Result<(), ApiError> {
+    // Liveness and readiness probes carry whatever name their prober uses and reveal nothing.
+    let probe = path == "/healthz" || path == "/readyz";
+    if open && !probe && !host.is_some_and(is_loopback_host) {
+        return Err(ApiError::PermissionDenied(format!(
+            "this server runs without tokens and answers only loopback names (localhost, \
+             127.0.0.1, [::1]), not Host {}",
+            host.unwrap_or("(none)")
+        )));
+    }
+    let changes_state = !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
+    if changes_state && let Some(origin) = headers.get(ORIGIN) {
+        let origin = origin.to_str().unwrap_or("");
+        let own = host.is_some_and(|h| same_authority(origin, h))
+            || url::Url::parse(public_url)
+                .ok()
+                .is_some_and(|u| u.origin().ascii_serialization() == origin);
+        if !own {
+            return Err(ApiError::PermissionDenied(format!(
+                "a page of another origin ({origin}) may not change anything here"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `origin` (`scheme://host[:port]`) names the authority `host` (`host[:port]`), the
+/// scheme's default port being implied where either leaves it out.
+fn same_authority(origin: &str, host: &str) -> bool {
+    let Ok(origin) = url::Url::parse(origin) else {
+        return false; // "null" (sandboxed frames, file: pages) and anything malformed
+    };
+    let Ok(asked) = url::Url::parse(&format!("{}://{host}", origin.scheme())) else {
+        return false;
+    };
+    origin.host() == asked.host() && origin.port_or_known_default() == asked.port_or_known_default()
+}
+
+/// `localhost`, a name under `.localhost` (RFC 6761: always loopback), or a loopback address,
+/// with or without a port.
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        // [::1]:8080
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => match host.rsplit_once(':') {
+            Some((name, port)) if port.chars().all(|c| c.is_ascii_digit()) => name,
+            _ => host,
+        },
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    name == "localhost"
+        || name.ends_with(".localhost")
+        || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_names_are_localhost_and_loopback_addresses_only() {
+        for host in [
+            "localhost",
+            "localhost:8080",
+            "LOCALHOST.",
+            "app.localhost:1",
+            "127.0.0.1",
+            "127.8.9.10:80",
+            "[::1]",
+            "[::1]:8080",
+        ] {
+            assert!(is_loopback_host(host), "{host}");
+        }
+        for host in [
+            "evil.example",
+            "localhost.evil.example",
+            "127.0.0.1.nip.io",
+            "10.0.0.1:8080",
+            "[::2]:80",
+            "0.0.0.0",
+            "",
+        ] {
+            assert!(!is_loopback_host(host), "{host}");
+        }
+    }
+
+    #[test]
+    fn an_origin_is_own_only_with_the_same_host_and_port() {
+        assert!(same_authority("http://127.0.0.1:8080", "127.0.0.1:8080"));
+        assert!(same_authority("http://augur.example", "augur.example:80"));
+        assert!(same_authority("https://augur.example", "AUGUR.example"));
+        assert!(!same_authority("http://127.0.0.1:8081", "127.0.0.1:8080"));
+        assert!(!same_authority("http://evil.example", "127.0.0.1:8080"));
+        assert!(!same_authority("null", "127.0.0.1:8080"));
+    }
+}
