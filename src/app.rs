@@ -31,6 +31,8 @@ pub struct ServerConfig {
     pub public_url: Option<String>,
     /// Where relative `output_dir`s resolve (default: the current directory).
     pub base_dir: Option<std::path::PathBuf>,
+    /// Names of this process's environment variables passed on to every dispatched job.
+    pub job_env: Vec<String>,
 }
 
 impl ServerConfig {
@@ -43,6 +45,7 @@ impl ServerConfig {
             dispatch: true,
             public_url: None,
             base_dir: None,
+            job_env: Vec::new(),
         }
     }
 }
@@ -114,6 +117,7 @@ impl App {
                 std::process::id(),
                 rand::random::<u32>()
             ),
+            job_env: config.job_env.clone(),
         };
         let router = api::router(
             service.clone(),

@@ -720,3 +720,79 @@ async fn the_last_line_of_a_chatty_job_is_never_lost() {
         .body;
     assert_eq!(s["trial_counts"]["completed"], 24, "{failed}");
 }
+
+/// The probe's finding: with the documented `AUGUR_TOKEN`/`AUGUR_DATABASE_URL`
+/// configuration every job saw the admin token and the database URL. A job starts from a
+/// clean environment: the allow-list, its spec's `env`, what the server passes on by name
+/// (`--job-env`), and DESIGN §4's variables.
+#[tokio::test]
+async fn a_dispatched_trial_starts_from_a_clean_environment() {
+    let f = fixture();
+    let db = common::sqlite_db();
+    let port = common::free_port();
+    let server_env = [
+        ("AUGUR_TOKEN", "server-admin-secret"),
+        ("AUGUR_DATABASE_URL", db.url.as_str()),
+        ("CLOUD_CREDENTIALS", "do-not-leak"),
+        ("WANDB_API_KEY", "passed-on-by-name"),
+        ("AUGUR_LOG", "warn"),
+    ];
+    let child = Command::new(common::augur_bin())
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--job-env",
+            "WANDB_API_KEY",
+        ])
+        .envs(server_env)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn augur serve");
+    let server = common::ServerProcess {
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+    };
+    server.wait_ready().await;
+    let http = reqwest::Client::new();
+    let mut spec = study(
+        &f,
+        "clean-env",
+        1,
+        1,
+        &[],
+        json!({"env": {"PYTHONUNBUFFERED": "1"}}),
+    );
+    spec["trial_job"]["command"] = common::env_dump_command();
+    let created = http
+        .post(format!("{}/v1/studies", server.base))
+        .bearer_auth("server-admin-secret")
+        .json(&spec)
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(created.status(), StatusCode::CREATED);
+    let id = created.json::<Value>().await.expect("study")["id"]
+        .as_i64()
+        .expect("id");
+    let model_dir = f.dir.path().join("runs/1/model");
+    // `env -0 >` writes the file in one go once the shell runs: complete when it names the trial.
+    let env = common::eventually("the job's environment", Duration::from_secs(30), || {
+        let model_dir = model_dir.clone();
+        async move {
+            let env = common::read_job_env(&model_dir)?;
+            if env.contains_key("AUGUR_TRIAL_ID") {
+                Ok(env)
+            } else {
+                Err(format!("{env:?}"))
+            }
+        }
+    })
+    .await;
+    let env = &env;
+    common::assert_clean_job_env(env, &server_env, &["PYTHONUNBUFFERED", "WANDB_API_KEY"]);
+    assert_eq!(env["WANDB_API_KEY"], "passed-on-by-name");
+    assert_eq!(env["PYTHONUNBUFFERED"], "1");
+    assert_ne!(env["AUGUR_TRIAL_TOKEN"], "server-admin-secret");
+    assert_eq!(env["AUGUR_STUDY_ID"], id.to_string());
+}

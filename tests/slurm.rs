@@ -421,3 +421,48 @@ async fn stopping_the_study_cancels_its_slurm_jobs() {
         jobs_under(f.dir.path())
     );
 }
+
+/// A Slurm job sees no more of the server's environment than a local one (sbatch exports the
+/// submitter's whole environment by default), and its batch script, which holds the trial
+/// token, is readable by its owner only.
+#[tokio::test]
+async fn a_slurm_job_starts_from_a_clean_environment_and_its_script_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let f = fixture();
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let mut spec = study(&f, "clean-env", 1, 1, "ok", 0);
+    spec["trial_job"]["command"] = common::env_dump_command();
+    spec["trial_job"]["env"] = json!({"PYTHONUNBUFFERED": "1"});
+    let id = app.create_study(spec).await;
+    let done = app
+        .wait_for_state(id, "completed", Duration::from_secs(90))
+        .await;
+    assert_eq!(done["trial_counts"]["completed"], 1, "{done}");
+    let trial_dir = f.runs().join("clean-env/1");
+    let env = &common::read_job_env(&trial_dir.join("model")).expect("the job's environment");
+    // The in-process server's environment is this test's (CARGO_*, AUGUR_TEST_*: cargo and
+    // scripts/test.sh set them). A batch job also gets the user's login environment on the
+    // node (Slurm's --get-user-env, implied by --export=NONE): that is the user's, not the
+    // server's, so only variables the login shell cannot have are checked.
+    let servers_own: Vec<String> = std::env::vars()
+        .map(|(k, _)| k)
+        .filter(|k| k.starts_with("CARGO_") || k.starts_with("AUGUR_"))
+        .collect();
+    assert!(servers_own.iter().any(|k| k == "CARGO_MANIFEST_DIR"));
+    for key in &servers_own {
+        assert!(!env.contains_key(key), "the job saw the server's {key}");
+    }
+    common::assert_augur_job_env(env);
+    assert_eq!(env["PYTHONUNBUFFERED"], "1");
+    let script = trial_dir.join("slurm-attempt-1.sh");
+    let mode = std::fs::metadata(&script)
+        .expect("script")
+        .permissions()
+        .mode();
+    assert_eq!(
+        mode & 0o777,
+        0o600,
+        "{} has mode {mode:o}",
+        script.display()
+    );
+}

@@ -42,6 +42,8 @@ fn worker(
     ])
     .args(["--client-id", client, "--output-dir"])
     .arg(dir.join("runs"))
+    // Trials see none of the worker's environment but what it names.
+    .args(["--env", "HANG_FIRST_RUN"])
     .args(["--", "python3"])
     .arg(dir.join("trial.py"))
     .env_remove("AUGUR_TOKEN")

@@ -63,6 +63,11 @@ pub enum Command {
         /// Do not run `trial_job` studies in this process (an API-only replica).
         #[arg(long)]
         no_dispatch: bool,
+        /// Pass this variable of the server's environment on to every dispatched job
+        /// (repeatable, or comma-separated). Jobs otherwise see only PATH, HOME, USER,
+        /// LOGNAME, SHELL, LANG, LANGUAGE, LC_*, TZ, TMPDIR, TERM of it.
+        #[arg(long = "job-env", env = "AUGUR_JOB_ENV", value_delimiter = ',')]
+        job_env: Vec<String>,
     },
     /// Apply database migrations and exit (`serve` also applies them on start).
     Migrate {
@@ -88,6 +93,9 @@ pub enum Command {
         file: PathBuf,
         #[arg(long, env = "AUGUR_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
         database_url: String,
+        /// Pass this variable of the environment on to every trial (as `serve --job-env`).
+        #[arg(long = "job-env", env = "AUGUR_JOB_ENV", value_delimiter = ',')]
+        job_env: Vec<String>,
     },
     /// Keep N trials of a study running on this machine (pulled through the API).
     Worker {
@@ -104,6 +112,11 @@ pub enum Command {
         /// Base of the per-trial directories (default ./augur-runs/study-<id>).
         #[arg(long)]
         output_dir: Option<PathBuf>,
+        /// Give trials this variable: `NAME=VALUE`, or `NAME` to pass on this worker's own
+        /// (repeatable). Trials otherwise see only PATH, HOME, USER, LOGNAME, SHELL, LANG,
+        /// LANGUAGE, LC_*, TZ, TMPDIR, TERM of the worker's environment, never its token.
+        #[arg(long = "env", value_name = "NAME[=VALUE]")]
+        env: Vec<String>,
         /// The training command; values are appended as --<id>=<value>.
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -199,8 +212,10 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             body_limit,
             public_url,
             no_dispatch,
+            job_env,
         } => {
             let mut config = ServerConfig::new(database_url, listen);
+            config.job_env = job_env;
             config.token = token;
             config.body_limit = body_limit;
             config.public_url = public_url;
@@ -250,18 +265,21 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             eprintln!("token {name:?} created; it is shown only once");
             Ok(())
         }
-        Command::Run { file, database_url } => {
-            match run::run_study_file(&file, &database_url).await? {
-                run::RunEnd::Finished => Ok(()),
-                run::RunEnd::Interrupted => Err(Failure::Interrupted),
-            }
-        }
+        Command::Run {
+            file,
+            database_url,
+            job_env,
+        } => match run::run_study_file(&file, &database_url, job_env).await? {
+            run::RunEnd::Finished => Ok(()),
+            run::RunEnd::Interrupted => Err(Failure::Interrupted),
+        },
         Command::Worker {
             client,
             study,
             slots,
             client_id,
             output_dir,
+            env,
             command,
         } => {
             let http = Client::new(&client.url, client.token.as_deref())?;
@@ -274,6 +292,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 slots,
                 client_id,
                 output_dir,
+                env,
                 command,
             };
             Ok(worker::run_worker(http, options).await?)

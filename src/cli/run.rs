@@ -22,7 +22,11 @@ pub enum RunEnd {
     Interrupted,
 }
 
-pub async fn run_study_file(file: &Path, database_url: &str) -> Result<RunEnd, String> {
+pub async fn run_study_file(
+    file: &Path,
+    database_url: &str,
+    job_env: Vec<String>,
+) -> Result<RunEnd, String> {
     let base_dir = file
         .parent()
         .map(|p| {
@@ -47,6 +51,7 @@ pub async fn run_study_file(file: &Path, database_url: &str) -> Result<RunEnd, S
         "127.0.0.1:0".parse().map_err(|e| format!("{e}"))?,
     );
     config.base_dir = Some(base_dir.clone());
+    config.job_env = job_env;
     let app = App::build(config).await.map_err(|e| e.to_string())?;
     let service = app.service().clone();
     let study = find_or_create(&service, spec).await?;
@@ -61,6 +66,7 @@ pub async fn run_study_file(file: &Path, database_url: &str) -> Result<RunEnd, S
             augur_url: String::new(),
             base_dir,
             owner: String::new(),
+            job_env: Vec::new(),
         },
         study_id,
         job.output_dir.as_deref(),

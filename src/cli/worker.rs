@@ -23,7 +23,27 @@ pub struct WorkerOptions {
     pub slots: usize,
     pub client_id: String,
     pub output_dir: Option<PathBuf>,
+    /// `NAME=VALUE` to set, or `NAME` to pass on this worker's own value.
+    pub env: Vec<String>,
     pub command: Vec<String>,
+}
+
+/// What a trial's environment starts from: the inherited allow-list, then `--env`.
+fn trial_base_env(options: &[String]) -> Result<Vec<(String, String)>, String> {
+    let mut pass_on = Vec::new();
+    let mut set = Vec::new();
+    for item in options {
+        match item.split_once('=') {
+            Some((name, value)) if !name.is_empty() => {
+                set.push((name.to_string(), value.to_string()))
+            }
+            None if !item.is_empty() => pass_on.push(item.clone()),
+            _ => return Err(format!("--env {item:?}: give NAME=VALUE or NAME")),
+        }
+    }
+    let mut env = crate::dispatch::job_base_env(&pass_on);
+    env.extend(set);
+    Ok(env)
 }
 
 pub async fn run_worker(client: Client, options: WorkerOptions) -> Result<(), String> {
@@ -75,6 +95,7 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> Result<(), St
         metric_ids: study.spec.metrics.iter().map(|m| m.id.clone()).collect(),
         early_stopping: study.spec.early_stopping.is_some(),
         augur_url: client.base().to_string(),
+        base_env: trial_base_env(&options.env)?,
         output_dir,
         executor: Arc::new(LocalExecutor),
         reporter: Arc::new(HttpReporter {

@@ -44,6 +44,8 @@ impl Executor for LocalExecutor {
         let mut command = Command::new(program);
         command
             .args(args)
+            // Only what the request names: never the server's own environment.
+            .env_clear()
             .envs(request.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -33,6 +33,19 @@ pub struct DispatchConfig {
     pub base_dir: PathBuf,
     /// Identifies this process in runner leases.
     pub owner: String,
+    /// Names of the server's environment variables passed on to every job besides the
+    /// inherited ones (`--job-env`), e.g. a shared cache path or an experiment tracker's key.
+    pub job_env: Vec<String>,
+}
+
+/// The part of this process's environment a job starts from: the allow-list of DESIGN §4
+/// and the names in `pass_on`. Nothing else of the server's reaches a job: not its token,
+/// not its database URL.
+pub fn job_base_env(pass_on: &[String]) -> Vec<(String, String)> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(k, _)| crate::model::job::is_inherited_env(k) || pass_on.contains(k))
+        .collect()
 }
 
 /// Starts and stops study runners in this process.

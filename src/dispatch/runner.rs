@@ -97,6 +97,7 @@ pub async fn run_study(
                 metric_ids,
                 early_stopping: study.spec.early_stopping.is_some(),
                 augur_url: config.augur_url.clone(),
+                base_env: super::job_base_env(&config.job_env),
                 executor,
                 reporter: Arc::new(ServiceReporter {
                     service: service.clone(),

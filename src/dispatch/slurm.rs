@@ -108,6 +108,9 @@ fn sbatch_args(request: &JobRequest, options: &SlurmOptions, script: &Path) -> V
         ),
         format!("--output={}", output_pattern(&request.log_path)),
         "--open-mode=append".to_string(),
+        // sbatch would copy the server's whole environment into the job: the script
+        // exports exactly the request's variables instead.
+        "--export=NONE".to_string(),
     ];
     if let Some(p) = &options.partition {
         args.push(format!("--partition={p}"));
@@ -132,6 +135,23 @@ async fn run(program: &str, args: &[String]) -> Result<String, String> {
             String::from_utf8_lossy(&out.stderr).trim()
         ))
     }
+}
+
+/// Write `text` to `path` readable by its owner only: a batch script holds the trial's token.
+async fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut file = tokio::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .await?;
+    // `mode` applies only to a new file: an earlier attempt's may be wider.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .await?;
+    file.write_all(text.as_bytes()).await?;
+    file.flush().await
 }
 
 /// The job's state as `squeue` prints it (empty once it has left the queue). `--jobs=` and
@@ -182,7 +202,7 @@ impl Executor for SlurmExecutor {
             .map(Path::to_path_buf)
             .unwrap_or_default();
         let script = dir.join(format!("slurm-attempt-{}.sh", request.attempt));
-        tokio::fs::write(&script, text)
+        write_private(&script, &text)
             .await
             .map_err(|e| ExecutorError::Launch(format!("{}: {e}", script.display())))?;
         // The same header as a local job's log; the job's output is read from after it.
@@ -515,6 +535,7 @@ mod tests {
                 "--job-name=augur-1-2",
                 "--output=/runs 100%%/2/job.log",
                 "--open-mode=append",
+                "--export=NONE",
                 "--partition=debug",
                 "--mem=1G",
                 "/runs/2/slurm-attempt-1.sh"

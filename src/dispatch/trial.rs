@@ -71,6 +71,8 @@ pub struct TrialSetup {
     pub metric_ids: Vec<String>,
     pub early_stopping: bool,
     pub augur_url: String,
+    /// What every job's environment starts from (see `dispatch::job_base_env`).
+    pub base_env: Vec<(String, String)>,
     /// Base of the per-trial directories.
     pub output_dir: PathBuf,
     pub executor: Arc<dyn Executor>,
@@ -201,12 +203,9 @@ pub async fn run_trial(
         trial_id,
         &dirs.params_file.display().to_string(),
     );
-    let mut env: Vec<(String, String)> = setup
-        .job
-        .env
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    // Later entries win: the spec's `env` over the inherited, Augur's own over both.
+    let mut env: Vec<(String, String)> = setup.base_env.clone();
+    env.extend(setup.job.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     env.extend([
         ("AUGUR_URL".to_string(), setup.augur_url.clone()),
         ("AUGUR_STUDY_ID".to_string(), setup.study_id.to_string()),

@@ -85,6 +85,19 @@ pub struct TrialJobSpec {
     pub slurm: Option<SlurmOptions>,
 }
 
+/// Variables of the server's (or worker's) own environment that every job inherits: what a
+/// program needs to find its tools and speak the user's language, nothing that could hold a
+/// secret (DESIGN §4). A job starts from these (and `LC_*`), its spec's `env`, the names the
+/// server passes on (`--job-env`) and the variables Augur sets; never from the rest.
+pub const INHERITED_ENV: [&str; 10] = [
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
+];
+
+/// Whether a variable of the server's environment is one every job inherits.
+pub fn is_inherited_env(name: &str) -> bool {
+    INHERITED_ENV.contains(&name) || name.starts_with("LC_")
+}
+
 /// Katib's default stdout metric format: `accuracy=0.91` anywhere on a line.
 pub const DEFAULT_METRIC_REGEX: &str =
     r"(?P<name>[A-Za-z_][\w.-]*)\s*=\s*(?P<value>[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)";
@@ -151,6 +164,15 @@ impl TrialJobSpec {
             return Err(ValidationError::new(
                 field("slurm"),
                 "applies to executor: slurm only",
+            ));
+        }
+        let sbatch_args = self.slurm.iter().flat_map(|s| s.sbatch_args.iter());
+        if let Some(i) = sbatch_args.clone().position(|a| a.starts_with("--export")) {
+            // `--export=ALL` would hand the server's environment (its token) to every job.
+            return Err(ValidationError::new(
+                field(&format!("slurm.sbatch_args[{i}]")),
+                "--export is Augur's: jobs start from a clean environment; set variables in \
+                 trial_job.env",
             ));
         }
         Ok(())
@@ -364,6 +386,16 @@ mod tests {
         assert_eq!(
             j.validate().map_err(|e| e.field),
             Err("trial_job.metric_regex".to_string())
+        );
+        j = job(&["x"]);
+        j.executor = ExecutorName::Slurm;
+        j.slurm = Some(SlurmOptions {
+            partition: None,
+            sbatch_args: vec!["--mem=1G".into(), "--export=ALL".into()],
+        });
+        assert_eq!(
+            j.validate().map_err(|e| e.field),
+            Err("trial_job.slurm.sbatch_args[1]".to_string())
         );
         j = job(&["x"]);
         j.executor = ExecutorName::Kubernetes;

@@ -391,3 +391,83 @@ pub async fn settled_pg_counter(admin: &mut sqlx::PgConnection, sql: &'static st
         .expect("statistics");
     n
 }
+
+/// A trial command (for `trial_job.command`) that writes its whole environment to
+/// `<AIP_MODEL_DIR>/env.bin` (NUL-separated) and reports `loss=0.5`. A plain shell: a
+/// language runtime's launcher (a pyenv shim) would add variables of its own.
+pub fn env_dump_command() -> Value {
+    json!([
+        "/bin/sh",
+        "-c",
+        "env -0 > \"$AIP_MODEL_DIR/env.bin\"; echo loss=0.5"
+    ])
+}
+
+/// The environment `env_dump_command` wrote under `model_dir`, once it is there.
+pub fn read_job_env(model_dir: &std::path::Path) -> Result<serde_json::Map<String, Value>, String> {
+    let bytes = std::fs::read(model_dir.join("env.bin")).map_err(|e| e.to_string())?;
+    Ok(bytes
+        .split(|b| *b == 0)
+        .filter_map(|entry| {
+            let entry = String::from_utf8_lossy(entry);
+            let (k, v) = entry.split_once('=')?;
+            Some((k.to_string(), Value::String(v.to_string())))
+        })
+        .collect())
+}
+
+/// A job's environment leaks nothing of the server's (DESIGN §4): every variable the job
+/// shares, with the same value, with the environment the server was started from (this test
+/// process's, plus `server_env`) is on the allow-list or in `extra` (the spec's `env`,
+/// pass-through names). Variables a job's own shell sets for itself (PWD, SHLVL, …) are no
+/// leak. Augur's own variables must be there.
+pub fn assert_clean_job_env(
+    env: &serde_json::Map<String, Value>,
+    server_env: &[(&str, &str)],
+    extra: &[&str],
+) {
+    const INHERITED: [&str; 10] = [
+        "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
+    ];
+    const SET_BY_SHELL: [&str; 5] = ["PWD", "OLDPWD", "SHLVL", "_", "HOSTNAME"];
+    let servers = |k: &str| {
+        server_env
+            .iter()
+            .find(|(name, _)| *name == k)
+            .map(|(_, v)| v.to_string())
+            .or_else(|| std::env::var(k).ok())
+    };
+    for (key, value) in env {
+        let shared = servers(key).is_some_and(|v| Some(v.as_str()) == value.as_str());
+        let allowed = INHERITED.contains(&key.as_str())
+            || key.starts_with("LC_")
+            || SET_BY_SHELL.contains(&key.as_str())
+            || extra.contains(&key.as_str());
+        assert!(!shared || allowed, "the job saw the server's {key}={value}");
+    }
+    for (key, _) in server_env {
+        assert!(
+            extra.contains(key) || !env.contains_key(*key),
+            "the job saw {key}"
+        );
+    }
+    assert_augur_job_env(env);
+}
+
+/// The variables Augur sets for every job (DESIGN §4) are there.
+pub fn assert_augur_job_env(env: &serde_json::Map<String, Value>) {
+    for key in [
+        "PATH",
+        "AUGUR_URL",
+        "AUGUR_STUDY_ID",
+        "AUGUR_TRIAL_ID",
+        "AUGUR_TRIAL_TOKEN",
+        "CLOUD_ML_TRIAL_ID",
+        "CLOUD_ML_HP_METRIC_FILE",
+        "AIP_MODEL_DIR",
+        "AIP_CHECKPOINT_DIR",
+        "AIP_TENSORBOARD_LOG_DIR",
+    ] {
+        assert!(env.contains_key(key), "the job lacks {key}: {env:?}");
+    }
+}
