@@ -1,14 +1,15 @@
-//! Building and running the server: open the store, decide whether auth is open, bind, serve
-//! until shut down.
+//! Wiring: open the store and the service over it, decide whether auth is open, put the API's
+//! and the dashboard's routes together, start the dispatcher, bind, serve until shut down.
+//! The one place besides `service` that knows the store exists.
 
 use std::net::SocketAddr;
 
 use tokio::net::TcpListener;
 
-use crate::api;
+use crate::api::{self, AppState};
 use crate::dispatch::{DispatchConfig, Dispatcher};
-use crate::service::Service;
-use crate::store::{self, Store};
+use crate::service::{Service, ServiceError};
+use crate::store;
 
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -54,6 +55,8 @@ impl ServerConfig {
 pub enum AppError {
     #[error(transparent)]
     Store(#[from] store::StoreError),
+    #[error(transparent)]
+    Service(#[from] ServiceError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -80,11 +83,15 @@ pub struct App {
 impl App {
     /// Open the store (applying migrations), register the configured token, bind.
     pub async fn build(config: ServerConfig) -> Result<App, AppError> {
-        let store = store::connect(&config.database_url).await?;
+        let base_dir = match config.base_dir.clone() {
+            Some(dir) => dir,
+            None => std::env::current_dir()?,
+        };
+        let service = open_service(&config.database_url, base_dir.clone()).await?;
         if let Some(token) = &config.token {
-            register_env_token(&*store, token).await?;
+            service.register_configured_token(token).await?;
         }
-        let open = store.count_tokens().await? == 0;
+        let open = !service.has_api_tokens().await?;
         if open && !config.listen.ip().is_loopback() {
             return Err(AppError::OpenOnNetwork(config.listen));
         }
@@ -95,7 +102,6 @@ impl App {
                 source,
             })?;
         let addr = listener.local_addr()?;
-        let service = Service::new(store);
         let public_url = config.public_url.clone().unwrap_or_else(|| {
             let host = if addr.ip().is_unspecified() {
                 "127.0.0.1".to_string()
@@ -104,30 +110,22 @@ impl App {
             };
             format!("http://{host}:{}", addr.port())
         });
-        let base_dir = match config.base_dir.clone() {
-            Some(dir) => dir,
-            None => std::env::current_dir()?,
-        };
-        let dispatch_config = DispatchConfig {
-            augur_url: public_url,
-            base_dir,
-            owner: format!(
-                "{}-{}-{:08x}",
-                hostname(),
-                std::process::id(),
-                rand::random::<u32>()
-            ),
-            job_env: config.job_env.clone(),
-        };
-        let router = api::router(
-            service.clone(),
-            open,
-            config.body_limit,
-            dispatch_config.clone(),
-        );
-        let dispatcher = config
-            .dispatch
-            .then(|| Dispatcher::new(service.clone(), dispatch_config));
+        let state = AppState::new(service.clone(), open, public_url.clone(), openapi_yaml());
+        let router = api::serve_layers(routes().split_for_parts().0, state, config.body_limit);
+        let dispatcher = config.dispatch.then(|| {
+            let dispatch_config = DispatchConfig {
+                augur_url: public_url,
+                base_dir,
+                owner: format!(
+                    "{}-{}-{:08x}",
+                    hostname(),
+                    std::process::id(),
+                    rand::random::<u32>()
+                ),
+                job_env: config.job_env.clone(),
+            };
+            Dispatcher::new(service.clone(), dispatch_config)
+        });
         Ok(App {
             addr,
             listener,
@@ -170,17 +168,26 @@ impl App {
     }
 }
 
-/// The token given in the environment is stored (hashed) under the name `env`, replacing an
-/// earlier one, so that restarting with a new AUGUR_TOKEN rotates it.
-async fn register_env_token(store: &dyn Store, token: &str) -> Result<(), store::StoreError> {
-    let hash = api::auth::hash_token(token);
-    if store.find_token(&hash).await?.is_some() {
-        return Ok(());
-    }
-    store.delete_token("env").await?;
-    store
-        .insert_token("env", &hash, None, chrono::Utc::now())
-        .await
+/// Open the store a URL names (applying its migrations) and the service over it; for the
+/// server and for the commands that work on the database directly (`migrate`, `token`).
+pub async fn open_service(
+    database_url: &str,
+    runs_base: std::path::PathBuf,
+) -> Result<Service, AppError> {
+    let store = store::connect(database_url).await?;
+    Ok(Service::new(store, runs_base))
+}
+
+/// Every route: the API's and the dashboard's, with their OpenAPI document.
+fn routes() -> utoipa_axum::router::OpenApiRouter<AppState> {
+    api::routes().merge(crate::dashboard::router())
+}
+
+/// The OpenAPI document the server serves, as YAML.
+pub fn openapi_yaml() -> String {
+    let (_, doc) = routes().split_for_parts();
+    doc.to_yaml()
+        .unwrap_or_else(|e| format!("# could not render the OpenAPI document: {e}\n"))
 }
 
 async fn shutdown_signal() {

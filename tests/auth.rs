@@ -45,7 +45,7 @@ async fn tokens_are_stored_hashed() {
         .expect("tokens");
     assert_eq!(rows.len(), 1);
     assert_ne!(rows[0].0, "plain-text-token");
-    assert_eq!(rows[0].0, augur::api::auth::hash_token("plain-text-token"));
+    assert_eq!(rows[0].0, augur::service::hash_token("plain-text-token"));
 }
 
 #[tokio::test]
@@ -58,7 +58,7 @@ async fn a_trial_token_reports_only_to_its_own_trial() {
     store
         .insert_token(
             "trial-1",
-            &augur::api::auth::hash_token("trial-one"),
+            &augur::service::hash_token("trial-one"),
             Some((study, 1)),
             chrono::Utc::now(),
         )

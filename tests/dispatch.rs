@@ -602,7 +602,7 @@ async fn each_launch_reports_with_its_own_trial_scoped_token() {
         .expect("the job printed its token");
     let store = augur::store::connect(&app.db.url).await.expect("store");
     let found = store
-        .find_token(&augur::api::auth::hash_token(token))
+        .find_token(&augur::service::hash_token(token))
         .await
         .expect("find");
     assert_eq!(found, None, "the completed trial's token is deleted");

@@ -12,7 +12,7 @@ fn committed() -> String {
 
 #[test]
 fn committed_openapi_yaml_equals_the_generated_spec() {
-    let generated = augur::api::openapi_yaml();
+    let generated = augur::app::openapi_yaml();
     assert!(
         committed() == generated,
         "openapi.yaml is stale: regenerate it with `cargo run -- openapi > openapi.yaml`"

@@ -6,8 +6,9 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use augur::model::TrialPoint;
 use augur::model::{Measurement, StudySpec, StudyState, TrialState};
-use augur::store::{Store, StudyTx, TrialPoint, TrialRecord, TrialToken};
+use augur::store::{Store, StudyTx, TrialRecord, TrialToken};
 use augur_optimizer::Value;
 use chrono::{DateTime, Duration, Utc};
 

@@ -3,47 +3,26 @@
 //! token. A trial token (given to a dispatched trial) may only read and report to its own
 //! trial.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
 use axum::extract::{Request, State};
 use axum::http::{Method, header::AUTHORIZATION};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use sha2::{Digest, Sha256};
 
 use super::AppState;
 use super::error::ApiError;
-use crate::store::TokenRecord;
 
-/// How long a checked token is trusted without asking the database again.
-const CACHE_TTL: Duration = Duration::from_secs(30);
-
-/// Hex SHA-256 of a token: what the store keeps.
-pub fn hash_token(token: &str) -> String {
-    hex::encode(Sha256::digest(token.as_bytes()))
-}
-
-/// A new random token (256 bits, hex).
-pub fn new_token() -> String {
-    let bytes: [u8; 32] = rand::random();
-    format!("augur_{}", hex::encode(bytes))
-}
+/// The cookie a browser keeps the token in (set by the dashboard's `POST /login`).
+pub const TOKEN_COOKIE: &str = "augur_token";
 
 #[derive(Clone, Default)]
 pub struct Auth {
     /// Open: bound to loopback with no token configured.
     pub open: bool,
-    cache: Arc<Mutex<HashMap<String, (TokenRecord, Instant)>>>,
 }
 
 impl Auth {
     pub fn new(open: bool) -> Self {
-        Self {
-            open,
-            cache: Arc::default(),
-        }
+        Self { open }
     }
 }
 
@@ -97,7 +76,7 @@ fn cookie_token(method: &Method, headers: &axum::http::HeaderMap) -> Option<Stri
     if !matches!(*method, Method::GET | Method::HEAD) {
         return None;
     }
-    let prefix = format!("{}=", crate::dashboard::TOKEN_COOKIE);
+    let prefix = format!("{TOKEN_COOKIE}=");
     headers
         .get_all(axum::http::header::COOKIE)
         .iter()
@@ -122,35 +101,18 @@ async fn check(
         .map(str::trim)
         .filter(|t| !t.is_empty())
         .ok_or(ApiError::Unauthenticated)?;
-    let record = lookup(state, &hash_token(token))
+    let caller = state
+        .service
+        .authenticate(token)
         .await?
         .ok_or(ApiError::Unauthenticated)?;
-    match record.scope {
+    match caller.trial_scope {
         None => Ok(()),
         Some((study, trial)) if trial_route(method, path) == Some((study, trial)) => Ok(()),
         Some(_) => Err(ApiError::PermissionDenied(
             "this token may only report to its own trial".into(),
         )),
     }
-}
-
-async fn lookup(state: &AppState, hash: &str) -> Result<Option<TokenRecord>, ApiError> {
-    if let Ok(cache) = state.auth.cache.lock()
-        && let Some((record, at)) = cache.get(hash)
-        && at.elapsed() < CACHE_TTL
-    {
-        return Ok(Some(record.clone()));
-    }
-    let found = state
-        .service
-        .store()
-        .find_token(hash)
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))?;
-    if let (Some(record), Ok(mut cache)) = (&found, state.auth.cache.lock()) {
-        cache.insert(hash.to_string(), (record.clone(), Instant::now()));
-    }
-    Ok(found)
 }
 
 /// `(study, trial)` if this request reads or reports to one trial: GET of the trial or its
@@ -196,14 +158,6 @@ mod tests {
         assert_eq!(
             trial_route(&Method::POST, "/v1/studies/3/trials/7/exclude"),
             None
-        );
-    }
-
-    #[test]
-    fn token_hash_is_sha256_hex() {
-        assert_eq!(
-            hash_token("abc"),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
     }
 }

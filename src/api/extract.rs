@@ -90,6 +90,11 @@ fn form_urlencoded_parse(query: &str) -> form_urlencoded::Parse<'_> {
     form_urlencoded::parse(query.as_bytes())
 }
 
+/// How the API documents a `{study}` path segment.
+pub const STUDY_ID: &str = "study id (a positive integer)";
+/// How the API documents a `{trial}` path segment.
+pub const TRIAL_ID: &str = "trial id within the study (a positive integer)";
+
 /// Parse a path segment as a positive id, naming the segment on failure.
 pub fn parse_id(raw: &str, field: &str) -> Result<i64, ApiError> {
     raw.parse::<i64>()

@@ -33,7 +33,7 @@ pub async fn refuse_foreign_requests(
         request.uri().path(),
         host.as_deref(),
         request.headers(),
-        &state.dispatch.augur_url,
+        &state.public_url,
     );
     match verdict {
         Ok(()) => next.run(request).await,

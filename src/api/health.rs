@@ -42,7 +42,7 @@ pub async fn healthz() -> axum::Json<HealthStatus> {
         (status = 503, description = "The database cannot be reached", body = HealthStatus),
     ))]
 pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
-    match state.service.store().ping().await {
+    match state.service.ping().await {
         Ok(()) => (
             StatusCode::OK,
             axum::Json(HealthStatus {
@@ -70,7 +70,7 @@ pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     ))]
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     // Trials by state are read at scrape time, so every replica reports the shared truth.
-    match state.service.store().count_all_trials().await {
+    match state.service.trial_counts_all().await {
         Ok(counts) => {
             for s in TrialState::ALL {
                 let n = match s {

@@ -1,13 +1,14 @@
 //! HTTP: axum routers and thin handlers over the service. The router *is* the OpenAPI spec:
 //! every route is registered through `utoipa_axum::routes!`, and `openapi.yaml` at the top
-//! of the repository is its committed snapshot (a test keeps them equal).
+//! of the repository is its committed snapshot (a test keeps them equal). `app.rs` puts the
+//! API's routes and the dashboard's together and wraps them in [`serve_layers`].
 
 pub mod auth;
+mod charts;
 pub mod error;
 mod extract;
 mod guard;
 mod health;
-mod insights;
 mod studies;
 mod trials;
 
@@ -32,16 +33,28 @@ use error::ApiError;
 /// Request bodies larger than this are refused with 413.
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 
+/// What every handler (the API's and the dashboard's) gets.
 #[derive(Clone)]
 pub struct AppState {
     pub service: Service,
     pub auth: auth::Auth,
     pub metrics: PrometheusHandle,
     pub openapi_yaml: Arc<str>,
-    /// The dashboard's cache of recently viewed studies' trials.
-    pub snapshots: insights::Snapshots,
-    /// Where dispatched trials' directories (and logs) are.
-    pub dispatch: Arc<crate::dispatch::DispatchConfig>,
+    /// The URL jobs and browsers reach this server at (`--public-url`): its origin is this
+    /// server's own, besides the one a request names in `Host`.
+    pub public_url: Arc<str>,
+}
+
+impl AppState {
+    pub fn new(service: Service, open: bool, public_url: String, openapi_yaml: String) -> Self {
+        AppState {
+            service,
+            auth: auth::Auth::new(open),
+            metrics: metrics_handle(),
+            openapi_yaml: openapi_yaml.into(),
+            public_url: public_url.into(),
+        }
+    }
 }
 
 #[derive(OpenApi)]
@@ -77,20 +90,13 @@ impl utoipa::Modify for BearerAuth {
     }
 }
 
-fn routes() -> OpenApiRouter<AppState> {
+/// The API's routes with their OpenAPI document.
+pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(studies::router())
         .merge(trials::router())
         .merge(health::router())
-        .merge(insights::router())
-        .merge(crate::dashboard::router())
-}
-
-/// The OpenAPI document the server serves, as YAML.
-pub fn openapi_yaml() -> String {
-    let (_, api) = routes().split_for_parts();
-    api.to_yaml()
-        .unwrap_or_else(|e| format!("# could not render the OpenAPI document: {e}\n"))
+        .merge(charts::router())
 }
 
 /// The Prometheus recorder is process-wide; every app in the process shares it.
@@ -108,21 +114,10 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
-pub fn router(
-    service: Service,
-    open: bool,
-    body_limit: usize,
-    dispatch: crate::dispatch::DispatchConfig,
-) -> Router {
-    let state = AppState {
-        service,
-        auth: auth::Auth::new(open),
-        metrics: metrics_handle(),
-        openapi_yaml: openapi_yaml().into(),
-        snapshots: insights::Snapshots::default(),
-        dispatch: Arc::new(dispatch),
-    };
-    let (router, _) = routes().split_for_parts();
+/// Wrap every route (the API's and the dashboard's) in what each request goes through:
+/// metrics, the browser guard, auth, the body limit and a timeout; unknown routes and
+/// methods answer with the API's JSON errors.
+pub fn serve_layers(router: Router<AppState>, state: AppState, body_limit: usize) -> Router {
     router
         .route_layer(middleware::from_fn(record_request))
         .fallback(not_found)

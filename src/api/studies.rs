@@ -10,9 +10,9 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::{ApiResult, ErrorBody};
-use super::extract::{ApiJson, ApiQuery, parse_id};
+use super::extract::{ApiJson, ApiQuery, STUDY_ID, parse_id};
 use super::trials::TrialList;
-use crate::model::{Study, StudySpec, StudyState, StudyUpdate, Trial};
+use crate::model::{ClientId, Study, StudySpec, StudyState, StudyUpdate, SuggestCount, Trial};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -67,8 +67,6 @@ pub struct SuggestResponse {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_secs: Option<u64>,
 }
-
-const STUDY_ID: &str = "study id (a positive integer)";
 
 /// Create a study from a spec.
 #[utoipa::path(post, path = "/v1/studies", tag = "studies", request_body = StudySpec,
@@ -202,9 +200,9 @@ pub async fn suggest_trials(
     ApiJson(req): ApiJson<SuggestRequest>,
 ) -> ApiResult<Json<SuggestResponse>> {
     let id = parse_id(&study, "study")?;
-    let count = usize::try_from(req.count)
-        .map_err(|_| super::error::ApiError::invalid("count", "must be between 1 and 1000"))?;
-    let out = state.service.suggest(id, count, req.client_id).await?;
+    let count = SuggestCount::try_from(req.count)?;
+    let client_id = req.client_id.map(ClientId::try_from).transpose()?;
+    let out = state.service.suggest(id, count, client_id).await?;
     Ok(Json(SuggestResponse {
         trials: out.trials,
         study_state: out.study_state,

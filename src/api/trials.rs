@@ -13,8 +13,8 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::{ApiError, ApiResult, ErrorBody};
-use super::extract::{ApiJson, ApiQuery, parse_id};
-use crate::model::{Measurement, Trial, TrialState};
+use super::extract::{ApiJson, ApiQuery, STUDY_ID, TRIAL_ID, parse_id};
+use crate::model::{Measurement, Step, Trial, TrialState};
 use crate::service::Completion;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -30,8 +30,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(trial_logs))
 }
 
-/// Largest log tail one request returns.
-const MAX_LOG_BYTES: u64 = 16 * 1024 * 1024;
+/// The log tail a request gets when it names none.
+const DEFAULT_LOG_TAIL_BYTES: u64 = 1024 * 1024;
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -56,26 +56,8 @@ pub async fn trial_logs(
     ApiQuery(q): ApiQuery<LogsQuery>,
 ) -> ApiResult<impl axum::response::IntoResponse> {
     let (study, trial) = ids(&study, &trial)?;
-    let tail = q.tail_bytes.unwrap_or(1024 * 1024);
-    if !(1..=MAX_LOG_BYTES).contains(&tail) {
-        return Err(ApiError::invalid(
-            "tail_bytes",
-            format!("must be between 1 and {MAX_LOG_BYTES}"),
-        ));
-    }
-    let record = state.service.get_study(study).await?;
-    state.service.get_trial(study, trial).await?;
-    let Some(job) = &record.spec.trial_job else {
-        return Err(ApiError::NotFound(format!(
-            "study {study} has no trial_job: its trials' logs are kept by whoever ran them"
-        )));
-    };
-    let base =
-        crate::dispatch::runner::output_dir(&state.dispatch, study, job.output_dir.as_deref());
-    let path = crate::dispatch::trial::TrialDirs::new(&base, trial).job_log;
-    let text = read_tail(&path, tail)
-        .await
-        .map_err(|e| ApiError::Internal(format!("{}: {e}", path.display())))?;
+    let tail = q.tail_bytes.unwrap_or(DEFAULT_LOG_TAIL_BYTES);
+    let text = state.service.trial_log(study, trial, tail).await?;
     Ok((
         [(
             axum::http::header::CONTENT_TYPE,
@@ -83,26 +65,6 @@ pub async fn trial_logs(
         )],
         text,
     ))
-}
-
-/// The last `tail` bytes of a file, from a line start; empty if it does not exist yet.
-async fn read_tail(path: &std::path::Path, tail: u64) -> std::io::Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncSeekExt};
-    let mut file = match tokio::fs::File::open(path).await {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(String::new()),
-        Err(e) => return Err(e),
-    };
-    let len = file.metadata().await?.len();
-    let start = len.saturating_sub(tail);
-    file.seek(std::io::SeekFrom::Start(start)).await?;
-    let mut buf = Vec::new();
-    file.read_to_end(&mut buf).await?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    Ok(match (start > 0, text.find('\n')) {
-        (true, Some(i)) => text[i + 1..].to_string(),
-        _ => text,
-    })
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -228,9 +190,6 @@ pub struct ShouldStopResponse {
     pub should_stop: bool,
 }
 
-const STUDY_ID: &str = "study id (a positive integer)";
-const TRIAL_ID: &str = "trial id within the study (a positive integer)";
-
 fn ids(study: &str, trial: &str) -> ApiResult<(i64, i64)> {
     Ok((parse_id(study, "study")?, parse_id(trial, "trial")?))
 }
@@ -349,7 +308,7 @@ pub async fn add_measurement(
 ) -> ApiResult<Json<Trial>> {
     let (study, trial) = ids(&study, &trial)?;
     let measurement = Measurement {
-        step: req.step,
+        step: Step::try_from(req.step)?.get(),
         elapsed_secs: req.elapsed_secs,
         metrics: req.metrics,
     };
@@ -390,7 +349,7 @@ pub async fn complete_trial(
         }
         (Some(metrics), None) => Completion::Metrics {
             metrics,
-            step: req.step,
+            step: req.step.map(Step::try_from).transpose()?,
         },
         (None, Some(reason)) => Completion::Infeasible(reason),
         (None, None) => Completion::Selected(Vec::new()),

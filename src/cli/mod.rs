@@ -2,7 +2,10 @@
 //! directly; everything else is a thin client of the HTTP API.
 
 mod client;
+mod error;
 mod run;
+mod server;
+mod study;
 mod worker;
 
 use std::net::SocketAddr;
@@ -10,8 +13,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::app::{App, ServerConfig};
 use client::Client;
+pub use error::{CliError, CliResult};
 
 const DEFAULT_DATABASE_URL: &str = "sqlite://augur.db";
 
@@ -186,23 +189,23 @@ pub enum StudyCommand {
     Stop { id: i64 },
 }
 
-/// Run a parsed command; errors come back as one line for the user.
 /// Why `augur` ends with a non-zero status.
 #[derive(Debug)]
 pub enum Failure {
     /// Printed to stderr; status 1.
-    Error(String),
+    Error(CliError),
     /// Ctrl-C before the work was done: status 130, as a shell reports SIGINT, so that a
     /// script's `augur run … && next-step` does not go on with an unfinished study.
     Interrupted,
 }
 
-impl From<String> for Failure {
-    fn from(message: String) -> Self {
-        Failure::Error(message)
+impl From<CliError> for Failure {
+    fn from(e: CliError) -> Self {
+        Failure::Error(e)
     }
 }
 
+/// Run a parsed command; errors come back as one line for the user.
 pub async fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Serve {
@@ -214,57 +217,18 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             no_dispatch,
             job_env,
         } => {
-            let mut config = ServerConfig::new(database_url, listen);
-            config.job_env = job_env;
+            let mut config = crate::app::ServerConfig::new(database_url, listen);
             config.token = token;
             config.body_limit = body_limit;
             config.public_url = public_url;
             config.dispatch = !no_dispatch;
-            let app = App::build(config).await.map_err(|e| e.to_string())?;
-            let mode = if app.open {
-                "open (loopback, no token)"
-            } else {
-                "bearer tokens required"
-            };
-            tracing::info!(addr = %app.addr(), auth = mode, "augur is serving");
-            println!("augur listening on http://{} ({mode})", app.addr());
-            Ok(app.run().await.map_err(|e| e.to_string())?)
+            config.job_env = job_env;
+            Ok(server::serve(config).await?)
         }
-        Command::Migrate { database_url } => {
-            crate::store::connect(&database_url)
-                .await
-                .map_err(|e| e.to_string())?;
-            println!("migrations applied to {}", redact(&database_url));
-            Ok(())
-        }
+        Command::Migrate { database_url } => Ok(server::migrate(&database_url).await?),
         Command::Token {
             command: TokenCommand::Create { name, database_url },
-        } => {
-            let reserved = crate::store::TrialToken::NAME_PREFIX;
-            if name.trim().is_empty() || name.starts_with(reserved) {
-                return Err(format!(
-                    "--name: must not be empty nor start with {reserved:?} (the names of the \
-                     tokens issued to dispatched trials)"
-                )
-                .into());
-            }
-            let store = crate::store::connect(&database_url)
-                .await
-                .map_err(|e| e.to_string())?;
-            let token = crate::api::auth::new_token();
-            store
-                .insert_token(
-                    &name,
-                    &crate::api::auth::hash_token(&token),
-                    None,
-                    chrono::Utc::now(),
-                )
-                .await
-                .map_err(|e| format!("could not create token {name:?}: {e}"))?;
-            println!("{token}");
-            eprintln!("token {name:?} created; it is shown only once");
-            Ok(())
-        }
+        } => Ok(server::create_token(&database_url, &name).await?),
         Command::Run {
             file,
             database_url,
@@ -283,10 +247,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             command,
         } => {
             let http = Client::new(&client.url, client.token.as_deref())?;
-            let client_id = client_id.unwrap_or_else(|| {
-                let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-                format!("{}-{}", host.trim(), std::process::id())
-            });
+            let client_id = client_id.unwrap_or_else(worker::default_client_id);
             let options = worker::WorkerOptions {
                 study_id: study,
                 slots,
@@ -297,47 +258,35 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             };
             Ok(worker::run_worker(http, options).await?)
         }
-        Command::Trial {
-            client,
-            command:
-                TrialCommand::Logs {
-                    study,
-                    trial,
-                    tail_bytes,
-                },
-        } => {
+        Command::Trial { client, command } => {
             let http = Client::new(&client.url, client.token.as_deref())?;
-            let query = tail_bytes
-                .map(|n| format!("?tail_bytes={n}"))
-                .unwrap_or_default();
-            let text = http
-                .call(
-                    reqwest::Method::GET,
-                    &format!("/v1/studies/{study}/trials/{trial}/logs{query}"),
-                    None,
-                )
-                .await?;
-            print!("{}", text.as_str().unwrap_or_default());
-            Ok(())
+            Ok(trial_command(&http, command).await?)
         }
         Command::Openapi => {
-            print!("{}", crate::api::openapi_yaml());
+            print!("{}", crate::app::openapi_yaml());
             Ok(())
         }
         Command::Study { client, command } => {
             let client = Client::new(&client.url, client.token.as_deref())?;
-            Ok(client::run_study_command(&client, command).await?)
+            Ok(study::run_study_command(&client, command).await?)
         }
     }
 }
 
-/// The URL with any password hidden, for messages.
-fn redact(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
-            u.to_string()
+async fn trial_command(http: &Client, command: TrialCommand) -> CliResult<()> {
+    match command {
+        TrialCommand::Logs {
+            study,
+            trial,
+            tail_bytes,
+        } => {
+            let query = tail_bytes
+                .map(|n| format!("?tail_bytes={n}"))
+                .unwrap_or_default();
+            let path = format!("/v1/studies/{study}/trials/{trial}/logs{query}");
+            let text = http.call(reqwest::Method::GET, &path, None).await?;
+            print!("{}", text.as_str().unwrap_or_default());
+            Ok(())
         }
-        _ => url.to_string(),
     }
 }

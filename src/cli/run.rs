@@ -9,8 +9,10 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value;
 
+use super::error::{CliError, CliResult};
 use crate::app::{App, ServerConfig};
-use crate::model::{MetricGoal, Study, StudySpec, StudyState};
+use crate::model::trial_dirs::study_output_dir;
+use crate::model::{MetricGoal, Study, StudySpec, StudyState, TrialDirs};
 use crate::service::Service;
 
 /// How `augur run` ended without an error.
@@ -26,53 +28,40 @@ pub async fn run_study_file(
     file: &Path,
     database_url: &str,
     job_env: Vec<String>,
-) -> Result<RunEnd, String> {
-    let base_dir = file
-        .parent()
-        .map(|p| {
-            if p.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                p
-            }
-        })
-        .unwrap_or(Path::new("."))
-        .canonicalize()
-        .map_err(|e| format!("{}: {e}", file.display()))?;
+) -> CliResult<RunEnd> {
+    // Relative paths in the spec (and trial directories) are the spec file's neighbours.
+    let base_dir = match file.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+    .canonicalize()
+    .map_err(|e| CliError::file(file, e))?;
     let spec = read_spec(file)?;
     if spec.trial_job.is_none() {
-        return Err(format!(
-            "{}: `augur run` needs a trial_job (the command that trains one trial); see examples/quickstart/study.yaml",
-            file.display()
+        return Err(CliError::file(
+            file,
+            "`augur run` needs a trial_job (the command that trains one trial); see examples/quickstart/study.yaml",
         ));
     }
-    let mut config = ServerConfig::new(
-        database_url,
-        "127.0.0.1:0".parse().map_err(|e| format!("{e}"))?,
-    );
+    let listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let mut config = ServerConfig::new(database_url, listen);
     config.base_dir = Some(base_dir.clone());
     config.job_env = job_env;
-    let app = App::build(config).await.map_err(|e| e.to_string())?;
+    let app = App::build(config).await?;
     let service = app.service().clone();
-    let study = find_or_create(&service, spec).await?;
-    let study_id = study.id;
-    let job = study
+    let (study, resumed) = service.find_or_create_study(spec).await?;
+    if resumed {
+        eprintln!("resuming study {} from an earlier run", study.id);
+    }
+    let job_output_dir = study
         .spec
         .trial_job
-        .clone()
-        .ok_or("the study has no trial_job")?;
-    let output_dir = crate::dispatch::runner::output_dir(
-        &crate::dispatch::DispatchConfig {
-            augur_url: String::new(),
-            base_dir,
-            owner: String::new(),
-            job_env: Vec::new(),
-        },
-        study_id,
-        job.output_dir.as_deref(),
-    );
+        .as_ref()
+        .and_then(|j| j.output_dir.as_deref());
+    let output_dir = study_output_dir(&base_dir, study.id, job_output_dir);
     eprintln!(
-        "study {study_id} ({}): {} trials, {} at a time; trial directories in {}",
+        "study {} ({}): {} trials, {} at a time; trial directories in {}",
+        study.id,
         study.name,
         study.spec.max_trials,
         study.spec.parallel_trials,
@@ -83,6 +72,26 @@ pub async fn run_study_file(
     let server = tokio::spawn(app.run_until(async move {
         let _ = stop_rx.await;
     }));
+    let interrupted = follow_progress(&service, &study).await?;
+    let _ = stop_tx.send(());
+    let _ = server.await;
+    let study = service.get_study(study.id).await?;
+    print_outcome(&service, &study, &output_dir, interrupted).await?;
+    if study.state == StudyState::Failed {
+        let reason = study
+            .state_reason
+            .unwrap_or_else(|| "the study failed".into());
+        return Err(CliError::StudyFailed(reason));
+    }
+    Ok(if interrupted {
+        RunEnd::Interrupted
+    } else {
+        RunEnd::Finished
+    })
+}
+
+/// Draw the study's progress until it is no longer active (false) or Ctrl-C (true).
+async fn follow_progress(service: &Service, study: &Study) -> CliResult<bool> {
     let bar = ProgressBar::new(study.spec.max_trials.max(0) as u64);
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} done, {msg} [{elapsed_precise}]")
@@ -93,25 +102,27 @@ pub async fn run_study_file(
             _ = tokio::signal::ctrl_c() => break true,
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
-        let current = service
-            .get_study(study_id)
-            .await
-            .map_err(|e| e.to_string())?;
+        let current = service.get_study(study.id).await?;
         draw(&bar, &current);
         if current.state != StudyState::Active {
             break false;
         }
     };
-    let _ = stop_tx.send(());
-    let _ = server.await;
     bar.finish_and_clear();
-    let study = service
-        .get_study(study_id)
-        .await
-        .map_err(|e| e.to_string())?;
+    Ok(interrupted)
+}
+
+/// The closing lines: counts, and the best trial(s) with their model directories.
+async fn print_outcome(
+    service: &Service,
+    study: &Study,
+    output_dir: &Path,
+    interrupted: bool,
+) -> CliResult<()> {
     let c = &study.trial_counts;
     println!(
-        "study {study_id} {}: {} completed, {} infeasible, {} failed of {} trials",
+        "study {} {}: {} completed, {} infeasible, {} failed of {} trials",
+        study.id,
         study.state.as_str(),
         c.completed,
         c.infeasible,
@@ -121,11 +132,7 @@ pub async fn run_study_file(
     if interrupted {
         println!("stopped; run the same command again to resume");
     }
-    let best = service
-        .optimal_trials(study_id)
-        .await
-        .map_err(|e| e.to_string())?;
-    for trial in best {
+    for trial in service.optimal_trials(study.id).await? {
         let metrics = trial
             .final_measurement
             .as_ref()
@@ -136,24 +143,10 @@ pub async fn run_study_file(
             trial.id,
             serde_json::to_string(&trial.parameters).unwrap_or_default()
         );
-        println!(
-            "  model: {}",
-            output_dir
-                .join(trial.id.to_string())
-                .join("model")
-                .display()
-        );
+        let dirs = TrialDirs::new(output_dir, trial.id);
+        println!("  model: {}", dirs.model.display());
     }
-    if study.state == StudyState::Failed {
-        return Err(study
-            .state_reason
-            .unwrap_or_else(|| "the study failed".into()));
-    }
-    Ok(if interrupted {
-        RunEnd::Interrupted
-    } else {
-        RunEnd::Finished
-    })
+    Ok(())
 }
 
 fn draw(bar: &ProgressBar, study: &Study) {
@@ -180,41 +173,9 @@ fn draw(bar: &ProgressBar, study: &Study) {
     ));
 }
 
-/// The same study from an earlier `augur run` of this file (same name and spec), or a new one.
-async fn find_or_create(service: &Service, spec: StudySpec) -> Result<Study, String> {
-    let mut token: Option<String> = None;
-    loop {
-        let page = service
-            .list_studies(None, Some(&spec.name), Some(100), token.as_deref())
-            .await
-            .map_err(|e| e.to_string())?;
-        for study in page.items {
-            let mut stored = study.spec.clone();
-            if spec.seed.is_none() {
-                stored.seed = None;
-            }
-            if stored == spec && matches!(study.state, StudyState::Active | StudyState::Completed) {
-                eprintln!("resuming study {} from an earlier run", study.id);
-                return Ok(study);
-            }
-        }
-        match page.next_page_token {
-            Some(t) => token = Some(t),
-            None => break,
-        }
-    }
-    service.create_study(spec).await.map_err(|e| e.to_string())
-}
-
 /// The spec file, with relative `workdir`/`output_dir` resolved against its directory.
-fn read_spec(file: &Path) -> Result<StudySpec, String> {
-    let text = std::fs::read_to_string(file)
-        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-    let mut value: Value = if file.extension().is_some_and(|e| e == "json") {
-        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))?
-    } else {
-        yaml_serde::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))?
-    };
+fn read_spec(file: &Path) -> CliResult<StudySpec> {
+    let mut value = super::study::read_spec(file)?;
     let base = file.parent().unwrap_or(Path::new("."));
     if let Some(job) = value.get_mut("trial_job").and_then(Value::as_object_mut) {
         for key in ["workdir", "output_dir"] {
@@ -232,8 +193,7 @@ fn read_spec(file: &Path) -> Result<StudySpec, String> {
         }
     }
     let spec: StudySpec = serde_path_to_error::deserialize(value)
-        .map_err(|e| format!("{}: {}: {}", file.display(), e.path(), e.inner()))?;
-    spec.validate()
-        .map_err(|e| format!("{}: {e}", file.display()))?;
+        .map_err(|e| CliError::file(file, format!("{}: {}", e.path(), e.inner())))?;
+    spec.validate().map_err(|e| CliError::file(file, e))?;
     Ok(spec)
 }

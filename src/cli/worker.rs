@@ -14,8 +14,11 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use super::client::Client;
+use super::error::{CliError, CliResult};
 use crate::dispatch::local::LocalExecutor;
-use crate::dispatch::trial::{AttemptStart, Interrupt, TrialReporter, TrialSetup, run_trial};
+use crate::dispatch::reporter::{AttemptStart, TrialReporter};
+use crate::dispatch::trial::{Interrupt, TrialSetup, run_trial};
+use crate::dispatch::{DispatchError, DispatchResult};
 use crate::model::{Measurement, Study, TrialJobSpec};
 
 pub struct WorkerOptions {
@@ -29,7 +32,7 @@ pub struct WorkerOptions {
 }
 
 /// What a trial's environment starts from: the inherited allow-list, then `--env`.
-fn trial_base_env(options: &[String]) -> Result<Vec<(String, String)>, String> {
+fn trial_base_env(options: &[String]) -> CliResult<Vec<(String, String)>> {
     let mut pass_on = Vec::new();
     let mut set = Vec::new();
     for item in options {
@@ -38,7 +41,11 @@ fn trial_base_env(options: &[String]) -> Result<Vec<(String, String)>, String> {
                 set.push((name.to_string(), value.to_string()))
             }
             None if !item.is_empty() => pass_on.push(item.clone()),
-            _ => return Err(format!("--env {item:?}: give NAME=VALUE or NAME")),
+            _ => {
+                return Err(CliError::Usage(format!(
+                    "--env {item:?}: give NAME=VALUE or NAME"
+                )));
+            }
         }
     }
     let mut env = crate::dispatch::job_base_env(&pass_on);
@@ -46,12 +53,18 @@ fn trial_base_env(options: &[String]) -> Result<Vec<(String, String)>, String> {
     Ok(env)
 }
 
-pub async fn run_worker(client: Client, options: WorkerOptions) -> Result<(), String> {
+/// A worker's id when none is given: this host and process.
+pub fn default_client_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{}-{}", host.trim(), std::process::id())
+}
+
+pub async fn run_worker(client: Client, options: WorkerOptions) -> CliResult<()> {
     if options.command.is_empty() {
-        return Err("give the training command after `--`, e.g. `augur worker --study 1 -- python3 train.py`".into());
+        return Err(CliError::Usage("give the training command after `--`, e.g. `augur worker --study 1 -- python3 train.py`".into()));
     }
     if !(1..=256).contains(&options.slots) {
-        return Err("--slots must be between 1 and 256".into());
+        return Err(CliError::Usage("--slots must be between 1 and 256".into()));
     }
     let study: Study = serde_json::from_value(
         client
@@ -62,7 +75,7 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> Result<(), St
             )
             .await?,
     )
-    .map_err(|e| format!("unexpected study document: {e}"))?;
+    .map_err(|e| CliError::Connection(format!("unexpected study document: {e}")))?;
     // The study's trial_job settings (argument style, env, timeout, retries) apply, with this
     // command.
     let mut job = study.spec.trial_job.clone().unwrap_or(TrialJobSpec {
@@ -83,12 +96,12 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> Result<(), St
     let output_dir = match &options.output_dir {
         Some(d) => d.clone(),
         None => std::env::current_dir()
-            .map_err(|e| e.to_string())?
+            .map_err(|e| CliError::Usage(format!("the current directory: {e}")))?
             .join("augur-runs")
             .join(format!("study-{}", study.id)),
     };
     let client = Arc::new(client);
-    let metric_pattern = TrialSetup::metric_pattern(&job);
+    let metric_pattern = TrialSetup::metric_pattern(&job)?;
     let setup = Arc::new(TrialSetup {
         study_id: study.id,
         job,
@@ -138,7 +151,7 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> Result<(), St
                     while slots.join_next().await.is_some() {}
                     return Err(e);
                 }
-                Some(Err(e)) => return Err(format!("worker slot crashed: {e}")),
+                Some(Err(e)) => return Err(CliError::Dispatch(DispatchError::Task(format!("worker slot crashed: {e}")))),
                 None => break,
             }
         }
@@ -158,7 +171,7 @@ async fn run_slot(
     client_id: String,
     lease: Duration,
     mut interrupt: watch::Receiver<Interrupt>,
-) -> Result<usize, String> {
+) -> CliResult<usize> {
     let mut ran = 0;
     loop {
         if *interrupt.borrow() != Interrupt::None {
@@ -185,9 +198,9 @@ async fn run_slot(
         };
         let trial_id = trial["id"]
             .as_i64()
-            .ok_or("suggest answered a trial without an id")?;
+            .ok_or_else(|| CliError::Connection("suggest answered a trial without an id".into()))?;
         let parameters = serde_json::from_value(trial["parameters"].clone())
-            .map_err(|e| format!("trial {trial_id}: {e}"))?;
+            .map_err(|e| CliError::Connection(format!("trial {trial_id}: {e}")))?;
         // Keep the lease while the trial runs (a trial may go long without measurements).
         let beat = {
             let client = client.clone();
@@ -229,8 +242,8 @@ impl HttpReporter {
 
 #[async_trait]
 impl TrialReporter for HttpReporter {
-    async fn measurement(&self, trial_id: i64, measurement: Measurement) -> Result<(), String> {
-        let body = serde_json::to_value(&measurement).map_err(|e| e.to_string())?;
+    async fn measurement(&self, trial_id: i64, measurement: Measurement) -> DispatchResult<()> {
+        let body = serde_json::to_value(&measurement).map_err(remote)?;
         self.client
             .call(
                 Method::POST,
@@ -239,9 +252,10 @@ impl TrialReporter for HttpReporter {
             )
             .await
             .map(|_| ())
+            .map_err(remote)
     }
 
-    async fn complete_with(&self, trial_id: i64, last: Vec<Measurement>) -> Result<bool, String> {
+    async fn complete_with(&self, trial_id: i64, last: Vec<Measurement>) -> DispatchResult<bool> {
         for measurement in last {
             if let Err(e) = self.measurement(trial_id, measurement).await {
                 tracing::warn!(trial_id, error = %e, "could not record a measurement");
@@ -254,16 +268,20 @@ impl TrialReporter for HttpReporter {
                 &self.path(trial_id, "/complete"),
                 Some(&json!({})),
             )
-            .await?;
+            .await
+            .map_err(remote)?;
         match status {
             s if s.is_success() => Ok(true),
             StatusCode::CONFLICT => Ok(true),
             StatusCode::BAD_REQUEST if body["error"]["field"] == "metrics" => Ok(false),
-            s => Err(format!("complete: {s}: {}", body["error"]["message"])),
+            s => Err(remote(format!(
+                "complete: {s}: {}",
+                body["error"]["message"]
+            ))),
         }
     }
 
-    async fn fail(&self, trial_id: i64, reason: String) -> Result<(), String> {
+    async fn fail(&self, trial_id: i64, reason: String) -> DispatchResult<()> {
         let (status, body) = self
             .client
             .call_status(
@@ -271,27 +289,33 @@ impl TrialReporter for HttpReporter {
                 &self.path(trial_id, "/fail"),
                 Some(&json!({"reason": reason})),
             )
-            .await?;
+            .await
+            .map_err(remote)?;
         if status.is_success() || status == StatusCode::CONFLICT {
             Ok(())
         } else {
-            Err(format!("fail: {status}: {}", body["error"]["message"]))
+            Err(remote(format!(
+                "fail: {status}: {}",
+                body["error"]["message"]
+            )))
         }
     }
 
-    async fn should_stop(&self, trial_id: i64) -> Result<bool, String> {
+    async fn should_stop(&self, trial_id: i64) -> DispatchResult<bool> {
         let v = self
             .client
             .call(Method::GET, &self.path(trial_id, "/should_stop"), None)
-            .await?;
+            .await
+            .map_err(remote)?;
         Ok(v["should_stop"] == Value::Bool(true))
     }
 
-    async fn finished(&self, trial_id: i64) -> Result<bool, String> {
+    async fn finished(&self, trial_id: i64) -> DispatchResult<bool> {
         let v = self
             .client
             .call(Method::GET, &self.path(trial_id, ""), None)
-            .await?;
+            .await
+            .map_err(remote)?;
         Ok(!matches!(
             v["state"].as_str(),
             Some("requested" | "active" | "stopping")
@@ -302,11 +326,11 @@ impl TrialReporter for HttpReporter {
         &self,
         trial_id: i64,
         max_attempts: u32,
-    ) -> Result<Option<AttemptStart>, String> {
+    ) -> DispatchResult<Option<AttemptStart>> {
         let mut attempts = self
             .attempts
             .lock()
-            .map_err(|_| "attempt counter poisoned".to_string())?;
+            .map_err(|_| DispatchError::Task("attempt counter poisoned".into()))?;
         let n = attempts.entry(trial_id).or_insert(0);
         if *n >= max_attempts {
             return Ok(None);
@@ -319,7 +343,7 @@ impl TrialReporter for HttpReporter {
         }))
     }
 
-    async fn refund_attempt(&self, trial_id: i64) -> Result<(), String> {
+    async fn refund_attempt(&self, trial_id: i64) -> DispatchResult<()> {
         if let Ok(mut attempts) = self.attempts.lock()
             && let Some(n) = attempts.get_mut(&trial_id)
         {
@@ -327,4 +351,9 @@ impl TrialReporter for HttpReporter {
         }
         Ok(())
     }
+}
+
+/// A report the server refused or could not take, as dispatch sees it.
+fn remote(e: impl std::fmt::Display) -> DispatchError {
+    DispatchError::Remote(e.to_string())
 }

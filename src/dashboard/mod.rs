@@ -1,7 +1,7 @@
 //! The web dashboard: HTML pages at `/`, `/studies/{study}`, `/studies/{study}/trials/{trial}`
 //! and `/compare`, a login form for token-protected servers, and the embedded assets. Each
 //! page is a small shell; `app.js` draws it from the JSON API (`/v1/...`, including the
-//! aggregates of `api/insights.rs`) and keeps the study page live through the change cursor.
+//! aggregates of `insights/charts.rs`) and keeps the study page live through the change cursor.
 //! Charts are plotly.js, which the `plotly` crate ships inside the binary: no npm step.
 
 use std::sync::LazyLock;
@@ -16,9 +16,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::api::AppState;
-
-/// The cookie a browser keeps the token in (set by `POST /login`).
-pub const TOKEN_COOKIE: &str = "augur_token";
+use crate::api::auth::TOKEN_COOKIE;
 
 const APP_JS: &str = include_str!("assets/app.js");
 const STYLE_CSS: &str = include_str!("assets/style.css");

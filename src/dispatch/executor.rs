@@ -1,11 +1,17 @@
 //! The executor interface: how a trial's command is started somewhere (a local process, a
-//! Slurm job; Kubernetes next) and watched until it ends.
+//! Slurm job) and watched until it ends. A new executor implements [`Executor`] and gets
+//! its arm in [`executor_for`], the one place a `trial_job.executor` is turned into one.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::mpsc;
+
+use super::local::LocalExecutor;
+use super::slurm::SlurmExecutor;
+use crate::model::{ExecutorName, TrialJobSpec};
 
 /// One run (attempt) of a trial's job.
 #[derive(Debug, Clone)]
@@ -49,6 +55,24 @@ impl JobExit {
 pub enum ExecutorError {
     #[error("could not start the job: {0}")]
     Launch(String),
+    /// A command the executor runs (`sbatch`, `scontrol`, …) failed or could not start.
+    #[error("{program}: {message}")]
+    Command { program: String, message: String },
+    #[error("the {0} executor is not available in this build")]
+    Unavailable(&'static str),
+}
+
+/// The executor a study's trial job names. Exhaustive: a new executor must be added here,
+/// never silently run as another.
+pub fn executor_for(job: &TrialJobSpec) -> Result<Arc<dyn Executor>, ExecutorError> {
+    match job.executor {
+        ExecutorName::Local => Ok(Arc::new(LocalExecutor)),
+        ExecutorName::Slurm => Ok(Arc::new(SlurmExecutor::new(
+            job.slurm.clone().unwrap_or_default(),
+        ))),
+        // Refused by validation; a study stored by a newer version could still name it.
+        ExecutorName::Kubernetes => Err(ExecutorError::Unavailable("kubernetes")),
+    }
 }
 
 #[async_trait]

@@ -1,11 +1,18 @@
 //! Dispatch: the service runs the trials of studies that have a `trial_job` itself. The
-//! [`Dispatcher`] finds such studies and starts one [`runner`] per study (exactly one across
-//! replicas, by a lease row); the runner keeps `parallel_trials` jobs running through an
-//! executor (`local`, `slurm`) until the budget is done.
+//! [`Dispatcher`] finds such studies and starts one runner per study (exactly one across
+//! replicas, by a lease the service keeps); `runner.rs` keeps `parallel_trials` trials running,
+//! `trial.rs` runs one trial through its attempts (`attempt.rs`), with the environment of
+//! `environment.rs`, reporting through `reporter.rs`, on an executor (`executor.rs`: `local.rs`,
+//! `slurm.rs`). Metrics from stdout and the hypertune file are parsed in `collect.rs`.
+//! Everything it knows of studies it asks the service.
 
+mod attempt;
 pub mod collect;
+pub mod environment;
+pub mod error;
 pub mod executor;
 pub mod local;
+pub mod reporter;
 pub mod runner;
 pub mod slurm;
 pub mod trial;
@@ -16,6 +23,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
+
+pub use environment::job_base_env;
+pub use error::{DispatchError, DispatchResult};
 
 use crate::model::StudyState;
 use crate::service::Service;
@@ -36,16 +46,6 @@ pub struct DispatchConfig {
     /// Names of the server's environment variables passed on to every job besides the
     /// inherited ones (`--job-env`), e.g. a shared cache path or an experiment tracker's key.
     pub job_env: Vec<String>,
-}
-
-/// The part of this process's environment a job starts from: the allow-list of DESIGN §4
-/// and the names in `pass_on`. Nothing else of the server's reaches a job: not its token,
-/// not its database URL.
-pub fn job_base_env(pass_on: &[String]) -> Vec<(String, String)> {
-    std::env::vars_os()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .filter(|(k, _)| crate::model::job::is_inherited_env(k) || pass_on.contains(k))
-        .collect()
 }
 
 /// Starts and stops study runners in this process.
@@ -106,29 +106,13 @@ impl Dispatcher {
 
     /// Start runners for active studies with a trial job that no one runs.
     async fn scan(&self) {
-        let mut after = 0;
-        loop {
-            let page = match self
-                .service
-                .store()
-                .list_studies(Some(StudyState::Active), None, after, 500)
-                .await
-            {
-                Ok(p) => p,
-                Err(error) => {
-                    tracing::warn!(%error, "dispatcher could not list studies");
-                    return;
-                }
-            };
-            let Some(last) = page.last().map(|s| s.id) else {
-                return;
-            };
-            for study in page {
-                if study.spec.trial_job.is_some() {
-                    self.start_runner(study.id).await;
+        match self.service.dispatched_study_ids().await {
+            Ok(ids) => {
+                for id in ids {
+                    self.start_runner(id).await;
                 }
             }
-            after = last;
+            Err(error) => tracing::warn!(%error, "dispatcher could not list studies"),
         }
     }
 
@@ -144,9 +128,9 @@ impl Dispatcher {
             // The runner re-reads its study on every wake-up.
             Some(tx) => tx.send_modify(|_| {}),
             None => {
-                if let Ok(Some(study)) = self.service.store().get_study(study_id).await
+                if let Ok(Some(study)) = self.service.runner_study(study_id).await
                     && study.state == StudyState::Active
-                    && study.spec.trial_job.is_some()
+                    && study.config.trial_job.is_some()
                 {
                     self.start_runner(study_id).await;
                 }
@@ -163,17 +147,11 @@ impl Dispatcher {
         if already {
             return;
         }
-        let claimed = self
+        match self
             .service
-            .store()
-            .claim_runner(
-                study_id,
-                &self.config.owner,
-                chrono::Utc::now(),
-                runner::LEASE_TTL,
-            )
-            .await;
-        match claimed {
+            .claim_runner(study_id, &self.config.owner)
+            .await
+        {
             Ok(true) => {}
             Ok(false) => return,
             Err(error) => {
@@ -193,7 +171,6 @@ impl Dispatcher {
             }
             let _ = this
                 .service
-                .store()
                 .release_runner(study_id, &this.config.owner)
                 .await;
         });

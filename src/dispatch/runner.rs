@@ -3,322 +3,283 @@
 //! After a restart it resumes the trials it had started (same trial, same directories).
 
 use std::collections::HashSet;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::DispatchConfig;
-use super::executor::Executor;
-use super::local::LocalExecutor;
-use super::slurm::SlurmExecutor;
-use super::trial::{AttemptStart, Interrupt, TrialEnd, TrialReporter, TrialSetup, run_trial};
-use crate::model::{ExecutorName, Measurement, StudyState, TrialState};
-use crate::service::{Completion, Service, ServiceError};
+use super::environment::job_base_env;
+use super::error::DispatchResult;
+use super::executor::executor_for;
+use super::reporter::{AttemptStart, ServiceReporter};
+use super::trial::{Interrupt, TrialEnd, TrialSetup, run_trial};
+use crate::model::trial_dirs::study_output_dir;
+use crate::model::{ClientId, StudyState, TrialJobSpec};
+use crate::service::{DispatchedTrial, RunnerStudy, Service, hash_token, new_token};
 
-/// The runner lease: renewed every `RENEW_EVERY`; another replica may take the study over
-/// once it is `LEASE_TTL` old.
-pub const LEASE_TTL: chrono::Duration = chrono::Duration::seconds(15);
+/// How often the runner renews its lease (`service::RUNNER_LEASE_TTL`).
 const RENEW_EVERY: Duration = Duration::from_secs(5);
 /// Re-read the study at least this often (changes made through another replica).
 const RECHECK_EVERY: Duration = Duration::from_secs(1);
 /// The `client_id` of dispatched trials.
 pub const RUNNER_CLIENT: &str = "augur-dispatcher";
 
-/// The per-trial directories' base for a study.
-pub fn output_dir(config: &DispatchConfig, study_id: i64, job_output_dir: Option<&str>) -> PathBuf {
-    match job_output_dir {
-        Some(dir) => config.base_dir.join(dir),
-        None => config
-            .base_dir
-            .join("augur-runs")
-            .join(format!("study-{study_id}")),
-    }
-}
-
 pub async fn run_study(
     service: Service,
     config: Arc<DispatchConfig>,
     study_id: i64,
-    mut wake: watch::Receiver<Interrupt>,
+    wake: watch::Receiver<Interrupt>,
 ) {
-    let (interrupt_trials, _) = watch::channel(Interrupt::None);
-    let mut tasks: JoinSet<(i64, TrialEnd)> = JoinSet::new();
-    let mut running: HashSet<i64> = HashSet::new();
-    let mut renew = tokio::time::interval(RENEW_EVERY);
-    let mut setup: Option<Arc<TrialSetup>> = None;
-    let mut resumed = false;
-    // The study as last read. A trial's end does not re-read it (that would put a query in
-    // the path from a freed slot to the next job); wake-ups, the periodic recheck and a
-    // suggest that reports the study ended do.
-    let mut current: Option<crate::store::StudyRecord> = None;
-    let mut stale = true;
-    loop {
-        if stale {
-            match service.store().get_study(study_id).await {
-                // `None`: the study was deleted.
-                Ok(study) => current = study,
-                Err(error) => {
-                    tracing::warn!(study_id, %error, "runner could not read its study");
-                    tokio::time::sleep(RECHECK_EVERY).await;
-                    continue;
-                }
+    StudyRunner {
+        service,
+        config,
+        study_id,
+        interrupt_trials: watch::channel(Interrupt::None).0,
+        tasks: JoinSet::new(),
+        running: HashSet::new(),
+        setup: None,
+        resumed: false,
+        current: None,
+        stale: true,
+    }
+    .run(wake)
+    .await
+}
+
+/// What the runner does after an event.
+enum Next {
+    Continue,
+    /// Stop every trial this way and end the runner.
+    Stop(Interrupt),
+}
+
+struct StudyRunner {
+    service: Service,
+    config: Arc<DispatchConfig>,
+    study_id: i64,
+    interrupt_trials: watch::Sender<Interrupt>,
+    tasks: JoinSet<(i64, TrialEnd)>,
+    running: HashSet<i64>,
+    /// Fixed for the study's trials while its job stays the same.
+    setup: Option<Arc<TrialSetup>>,
+    resumed: bool,
+    /// The study as last read. A trial's end does not re-read it (that would put a query in
+    /// the path from a freed slot to the next job); wake-ups, the periodic recheck and a
+    /// suggest that reports the study ended do (`stale`). `None`: deleted.
+    current: Option<RunnerStudy>,
+    stale: bool,
+}
+
+impl StudyRunner {
+    async fn run(mut self, mut wake: watch::Receiver<Interrupt>) {
+        let mut renew = tokio::time::interval(RENEW_EVERY);
+        loop {
+            if self.stale && !self.refresh().await {
+                tokio::time::sleep(RECHECK_EVERY).await;
+                continue;
             }
-            stale = false;
-        }
-        let Some(study) = current
-            .clone()
-            .filter(|s| s.state == StudyState::Active && s.spec.trial_job.is_some())
-        else {
-            // Stopped, failed or deleted: cancel what runs. Completed: nothing runs.
-            let _ = interrupt_trials.send(Interrupt::Cancel);
-            while tasks.join_next().await.is_some() {}
-            return;
-        };
-        let Some(job) = study.spec.trial_job.clone() else {
-            return;
-        };
-        if setup.as_ref().is_none_or(|s| s.job != job) {
-            let metric_ids: Vec<String> = study.spec.metrics.iter().map(|m| m.id.clone()).collect();
-            let executor: Arc<dyn Executor> = match job.executor {
-                ExecutorName::Slurm => {
-                    Arc::new(SlurmExecutor::new(job.slurm.clone().unwrap_or_default()))
-                }
-                _ => Arc::new(LocalExecutor),
+            let Some(study) = self
+                .current
+                .clone()
+                .filter(|s| s.state == StudyState::Active && s.config.trial_job.is_some())
+            else {
+                // Stopped, failed or deleted: cancel what runs. Completed: nothing runs.
+                return self.stop_all(Interrupt::Cancel).await;
             };
-            let metric_pattern = TrialSetup::metric_pattern(&job);
-            setup = Some(Arc::new(TrialSetup {
-                study_id,
-                output_dir: output_dir(&config, study_id, job.output_dir.as_deref()),
-                job,
-                metric_ids,
-                early_stopping: study.spec.early_stopping.is_some(),
-                augur_url: config.augur_url.clone(),
-                base_env: super::job_base_env(&config.job_env),
-                executor,
-                reporter: Arc::new(ServiceReporter {
-                    service: service.clone(),
-                    study_id,
-                }),
-                metric_pattern,
-            }));
-        }
-        let Some(setup) = setup.clone() else { return };
-
-        if !resumed {
-            resumed = true;
-            for trial in resumable_trials(&service, study_id).await {
-                tracing::info!(study_id, trial_id = trial.0, "resuming trial");
-                running.insert(trial.0);
-                tasks.spawn(spawn_trial(
-                    setup.clone(),
-                    trial.0,
-                    trial.1,
-                    None,
-                    interrupt_trials.subscribe(),
-                ));
-            }
-        }
-
-        let free = (study.spec.parallel_trials.max(1) as usize).saturating_sub(running.len());
-        if free > 0 {
-            // Each trial's first launch is counted with its suggestion, with one of these
-            // tokens: one commit less between a freed slot and the next job.
-            let tokens: Vec<String> = (0..free).map(|_| crate::api::auth::new_token()).collect();
-            let hashes = tokens.iter().map(|t| crate::api::auth::hash_token(t));
-            match service
-                .suggest_dispatched(study_id, RUNNER_CLIENT, hashes.collect())
-                .await
-            {
-                Ok(s) => {
-                    if s.study_state != StudyState::Active {
-                        stale = true;
-                    }
-                    for (trial, token) in s.trials.into_iter().zip(tokens) {
-                        if running.insert(trial.id) {
-                            let first = AttemptStart {
-                                number: trial.attempts,
-                                token: Some(token),
-                            };
-                            tasks.spawn(spawn_trial(
-                                setup.clone(),
-                                trial.id,
-                                trial.parameters,
-                                Some(first),
-                                interrupt_trials.subscribe(),
-                            ));
-                        }
-                    }
+            let setup = match self.setup_for(&study) {
+                Ok(setup) => setup,
+                Err(error) => {
+                    tracing::error!(study_id = self.study_id, %error, "cannot run this study's trials");
+                    return self.stop_all(Interrupt::Shutdown).await;
                 }
-                Err(error) => tracing::warn!(study_id, %error, "runner could not get suggestions"),
+            };
+            self.resume_once(&setup).await;
+            self.fill_slots(&study, &setup).await;
+            if let Next::Stop(how) = self.next_event(&mut wake, &mut renew).await {
+                return self.stop_all(how).await;
             }
         }
+    }
 
+    /// Read the study again; false when it could not be read (try again later).
+    async fn refresh(&mut self) -> bool {
+        match self.service.runner_study(self.study_id).await {
+            Ok(study) => {
+                self.current = study;
+                self.stale = false;
+                true
+            }
+            Err(error) => {
+                tracing::warn!(study_id = self.study_id, %error, "runner could not read its study");
+                false
+            }
+        }
+    }
+
+    /// The trials' setup, made again when the study's job changed.
+    fn setup_for(&mut self, study: &RunnerStudy) -> DispatchResult<Arc<TrialSetup>> {
+        let Some(job) = study.config.trial_job.clone() else {
+            return Err(crate::dispatch::error::DispatchError::Task(
+                "the study has no trial_job".into(),
+            ));
+        };
+        if let Some(setup) = self.setup.as_ref().filter(|s| s.job == job) {
+            return Ok(setup.clone());
+        }
+        let setup = Arc::new(self.new_setup(study, job)?);
+        self.setup = Some(setup.clone());
+        Ok(setup)
+    }
+
+    fn new_setup(&self, study: &RunnerStudy, job: TrialJobSpec) -> DispatchResult<TrialSetup> {
+        Ok(TrialSetup {
+            study_id: self.study_id,
+            output_dir: study_output_dir(
+                &self.config.base_dir,
+                self.study_id,
+                job.output_dir.as_deref(),
+            ),
+            executor: executor_for(&job)?,
+            metric_pattern: TrialSetup::metric_pattern(&job)?,
+            job,
+            metric_ids: study.config.metrics.iter().map(|m| m.id.clone()).collect(),
+            early_stopping: study.config.early_stopping.is_some(),
+            augur_url: self.config.augur_url.clone(),
+            base_env: job_base_env(&self.config.job_env),
+            reporter: Arc::new(ServiceReporter {
+                service: self.service.clone(),
+                study_id: self.study_id,
+            }),
+        })
+    }
+
+    /// Once per runner: take up the trials this study's dispatcher had started before the
+    /// service restarted.
+    async fn resume_once(&mut self, setup: &Arc<TrialSetup>) {
+        if self.resumed {
+            return;
+        }
+        self.resumed = true;
+        let trials = match self
+            .service
+            .resumable_trials(self.study_id, RUNNER_CLIENT)
+            .await
+        {
+            Ok(trials) => trials,
+            Err(error) => {
+                tracing::warn!(study_id = self.study_id, %error, "could not list trials to resume");
+                return;
+            }
+        };
+        for trial in trials {
+            tracing::info!(
+                study_id = self.study_id,
+                trial_id = trial.id,
+                "resuming trial"
+            );
+            self.start(setup, trial, None);
+        }
+    }
+
+    /// Ask for as many trials as slots are free and start them.
+    async fn fill_slots(&mut self, study: &RunnerStudy, setup: &Arc<TrialSetup>) {
+        let free = study.config.free_slots(self.running.len() as u64) as usize;
+        if free == 0 {
+            return;
+        }
+        // Each trial's first launch is counted with its suggestion, with one of these
+        // tokens: one commit less between a freed slot and the next job.
+        let tokens: Vec<String> = (0..free).map(|_| new_token()).collect();
+        let hashes = tokens.iter().map(|t| hash_token(t)).collect();
+        let client = ClientId::try_from(RUNNER_CLIENT.to_string());
+        let suggested = match client {
+            Ok(client) => {
+                self.service
+                    .suggest_dispatched(self.study_id, client, hashes)
+                    .await
+            }
+            Err(e) => Err(e.into()),
+        };
+        match suggested {
+            Ok(s) => {
+                if s.study_state != StudyState::Active {
+                    self.stale = true;
+                }
+                for (trial, token) in s.trials.into_iter().zip(tokens) {
+                    let first = AttemptStart {
+                        number: trial.attempts,
+                        token: Some(token),
+                    };
+                    self.start(setup, trial, Some(first));
+                }
+            }
+            Err(error) => {
+                tracing::warn!(study_id = self.study_id, %error, "runner could not get suggestions")
+            }
+        }
+    }
+
+    fn start(
+        &mut self,
+        setup: &Arc<TrialSetup>,
+        trial: DispatchedTrial,
+        first: Option<AttemptStart>,
+    ) {
+        if !self.running.insert(trial.id) {
+            return;
+        }
+        let (setup, interrupt) = (setup.clone(), self.interrupt_trials.subscribe());
+        self.tasks.spawn(async move {
+            let end = run_trial(setup, trial.id, trial.parameters, first, interrupt).await;
+            (trial.id, end)
+        });
+    }
+
+    /// Wait for a trial to end, a wake-up, the lease's renewal or the periodic recheck.
+    async fn next_event(
+        &mut self,
+        wake: &mut watch::Receiver<Interrupt>,
+        renew: &mut tokio::time::Interval,
+    ) -> Next {
         tokio::select! {
-            Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+            Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
                 // Trials that ended together free their slots in one suggest.
                 let mut ended = vec![done];
-                while let Some(more) = tasks.try_join_next() {
+                while let Some(more) = self.tasks.try_join_next() {
                     ended.push(more);
                 }
                 for (trial_id, end) in ended.into_iter().flatten() {
-                    running.remove(&trial_id);
-                    tracing::info!(study_id, trial_id, ?end, "trial ended");
+                    self.running.remove(&trial_id);
+                    tracing::info!(study_id = self.study_id, trial_id, ?end, "trial ended");
                 }
+                Next::Continue
             }
             changed = wake.changed() => {
-                stale = true;
+                self.stale = true;
                 let what = if changed.is_ok() { *wake.borrow() } else { Interrupt::Shutdown };
-                if what != Interrupt::None {
-                    let _ = interrupt_trials.send(what);
-                    while tasks.join_next().await.is_some() {}
-                    return;
-                }
+                if what == Interrupt::None { Next::Continue } else { Next::Stop(what) }
             }
             _ = renew.tick() => {
-                let kept = service.store().claim_runner(study_id, &config.owner, chrono::Utc::now(), LEASE_TTL).await;
+                let kept = self.service.claim_runner(self.study_id, &self.config.owner).await;
                 if matches!(kept, Ok(false)) {
-                    tracing::warn!(study_id, "lost the runner lease; stopping this runner");
-                    let _ = interrupt_trials.send(Interrupt::Shutdown);
-                    while tasks.join_next().await.is_some() {}
-                    return;
+                    tracing::warn!(study_id = self.study_id, "lost the runner lease; stopping this runner");
+                    Next::Stop(Interrupt::Shutdown)
+                } else {
+                    Next::Continue
                 }
             }
-            _ = tokio::time::sleep(RECHECK_EVERY) => stale = true,
-        }
-    }
-}
-
-async fn spawn_trial(
-    setup: Arc<TrialSetup>,
-    trial_id: i64,
-    parameters: augur_optimizer::Assignment,
-    first: Option<AttemptStart>,
-    interrupt: watch::Receiver<Interrupt>,
-) -> (i64, TrialEnd) {
-    (
-        trial_id,
-        run_trial(setup, trial_id, parameters, first, interrupt).await,
-    )
-}
-
-/// Trials this study's dispatcher had started and not finished (the service restarted).
-async fn resumable_trials(
-    service: &Service,
-    study_id: i64,
-) -> Vec<(i64, augur_optimizer::Assignment)> {
-    let mut out = Vec::new();
-    for state in [TrialState::Active, TrialState::Stopping] {
-        let mut after = 0;
-        loop {
-            let page = match service
-                .store()
-                .list_trials(study_id, Some(state), after, 500)
-                .await
-            {
-                Ok(p) => p,
-                Err(error) => {
-                    tracing::warn!(study_id, %error, "could not list trials to resume");
-                    break;
-                }
-            };
-            let Some(last) = page.last().map(|t| t.id) else {
-                break;
-            };
-            out.extend(
-                page.into_iter()
-                    .filter(|t| t.client_id.as_deref() == Some(RUNNER_CLIENT))
-                    .map(|t| (t.id, t.parameters)),
-            );
-            after = last;
-        }
-    }
-    out
-}
-
-/// Reports a dispatched trial's outcome straight to the service.
-struct ServiceReporter {
-    service: Service,
-    study_id: i64,
-}
-
-#[async_trait]
-impl TrialReporter for ServiceReporter {
-    async fn measurement(&self, trial_id: i64, measurement: Measurement) -> Result<(), String> {
-        self.service
-            .add_measurement_record(self.study_id, trial_id, measurement)
-            .await
-            .map(drop)
-            .map_err(|e| e.to_string())
-    }
-
-    async fn complete_with(&self, trial_id: i64, last: Vec<Measurement>) -> Result<bool, String> {
-        match self
-            .service
-            .complete_trial_record(self.study_id, trial_id, Completion::Selected(last))
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(ServiceError::Invalid(_)) => Ok(false),
-            // Completed meanwhile (by the job over HTTP).
-            Err(ServiceError::Conflict { .. }) => Ok(true),
-            Err(e) => Err(e.to_string()),
+            _ = tokio::time::sleep(RECHECK_EVERY) => {
+                self.stale = true;
+                Next::Continue
+            }
         }
     }
 
-    async fn fail(&self, trial_id: i64, reason: String) -> Result<(), String> {
-        match self
-            .service
-            .fail_trial_record(self.study_id, trial_id, reason)
-            .await
-        {
-            Ok(_) | Err(ServiceError::Conflict { .. }) => Ok(()),
-            Err(e) => Err(e.to_string()),
-        }
-    }
-
-    async fn should_stop(&self, trial_id: i64) -> Result<bool, String> {
-        self.service
-            .should_stop(self.study_id, trial_id)
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    async fn finished(&self, trial_id: i64) -> Result<bool, String> {
-        let trial = self
-            .service
-            .get_trial(self.study_id, trial_id)
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(!trial.state.is_unfinished())
-    }
-
-    // The count and the token go in the study's next batch, with its other changes.
-    async fn start_attempt(
-        &self,
-        trial_id: i64,
-        max_attempts: u32,
-    ) -> Result<Option<AttemptStart>, String> {
-        let token = crate::api::auth::new_token();
-        let hash = crate::api::auth::hash_token(&token);
-        let number = self
-            .service
-            .start_attempt(self.study_id, trial_id, max_attempts, hash)
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(number.map(|number| AttemptStart {
-            number,
-            token: Some(token),
-        }))
-    }
-
-    async fn refund_attempt(&self, trial_id: i64) -> Result<(), String> {
-        self.service
-            .refund_attempt(self.study_id, trial_id)
-            .await
-            .map_err(|e| e.to_string())
+    /// Interrupt every running trial and wait until all have ended.
+    async fn stop_all(mut self, how: Interrupt) {
+        let _ = self.interrupt_trials.send(how);
+        while self.tasks.join_next().await.is_some() {}
     }
 }

@@ -77,7 +77,7 @@ fn output_pattern(path: &Path) -> String {
 
 /// The batch script for one attempt. Options go on `sbatch`'s command line (see
 /// [`sbatch_args`]), where no `#SBATCH` parsing can split a path with spaces.
-fn batch_script(request: &JobRequest) -> Result<String, String> {
+fn batch_script(request: &JobRequest) -> Result<String, ExecutorError> {
     let mut s = String::from("#!/bin/bash\n");
     if let Some(dir) = &request.workdir {
         s.push_str(&format!(
@@ -88,9 +88,9 @@ fn batch_script(request: &JobRequest) -> Result<String, String> {
     for (k, v) in &request.env {
         // The name is written into the script unquoted: only plain names may pass.
         if !is_shell_name(k) {
-            return Err(format!(
+            return Err(ExecutorError::Launch(format!(
                 "environment variable name {k:?} cannot be passed to a Slurm job"
-            ));
+            )));
         }
         s.push_str(&format!("export {k}={}\n", quote(v)));
     }
@@ -121,20 +121,27 @@ fn sbatch_args(request: &JobRequest, options: &SlurmOptions, script: &Path) -> V
     args
 }
 
-async fn run(program: &str, args: &[String]) -> Result<String, String> {
+async fn run(program: &str, args: &[String]) -> Result<String, ExecutorError> {
+    let failed = |message: String| ExecutorError::Command {
+        program: program.to_string(),
+        message,
+    };
     let out = Command::new(program)
         .args(args)
         .output()
         .await
-        .map_err(|e| format!("{program}: {e}"))?;
+        .map_err(|e| failed(e.to_string()))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
-        Err(format!(
-            "{program} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        Err(failed(format!("failed: {stderr}")))
     }
+}
+
+/// Whether the controller said it does not know the job.
+fn unknown_job(e: &ExecutorError) -> bool {
+    e.to_string().contains(UNKNOWN_JOB)
 }
 
 /// Write `text` to `path` readable by its owner only: a batch script holds the trial's token.
@@ -156,7 +163,7 @@ async fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
 
 /// The job's state as `squeue` prints it (empty once it has left the queue). `--jobs=` and
 /// not `-j ID`: `-j` takes an optional argument, which must be attached.
-async fn squeue_state(job_id: &str) -> Result<String, String> {
+async fn squeue_state(job_id: &str) -> Result<String, ExecutorError> {
     run(
         "squeue",
         &[
@@ -170,19 +177,18 @@ async fn squeue_state(job_id: &str) -> Result<String, String> {
 }
 
 /// Append `text` to the job's log (which Slurm appends the job's output to).
-async fn append_log(path: &Path, text: &str) -> Result<u64, String> {
+async fn append_log(path: &Path, text: &str) -> Result<u64, ExecutorError> {
+    let failed =
+        |e: std::io::Error| ExecutorError::Launch(format!("log file {}: {e}", path.display()));
     let mut file = tokio::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
         .await
-        .map_err(|e| format!("log file {}: {e}", path.display()))?;
-    file.write_all(text.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    file.flush().await.map_err(|e| e.to_string())?;
-    let len = file.metadata().await.map_err(|e| e.to_string())?.len();
-    Ok(len)
+        .map_err(failed)?;
+    file.write_all(text.as_bytes()).await.map_err(failed)?;
+    file.flush().await.map_err(failed)?;
+    Ok(file.metadata().await.map_err(failed)?.len())
 }
 
 #[async_trait]
@@ -195,7 +201,7 @@ impl Executor for SlurmExecutor {
         if request.argv.is_empty() {
             return Err(ExecutorError::Launch("empty command".into()));
         }
-        let text = batch_script(request).map_err(ExecutorError::Launch)?;
+        let text = batch_script(request)?;
         let dir = request
             .log_path
             .parent()
@@ -210,12 +216,8 @@ impl Executor for SlurmExecutor {
             "=== augur: trial {} attempt {}: {:?}\n",
             request.trial_id, request.attempt, request.argv
         );
-        let offset = append_log(&request.log_path, &header)
-            .await
-            .map_err(ExecutorError::Launch)?;
-        let out = run("sbatch", &sbatch_args(request, &self.options, &script))
-            .await
-            .map_err(ExecutorError::Launch)?;
+        let offset = append_log(&request.log_path, &header).await?;
+        let out = run("sbatch", &sbatch_args(request, &self.options, &script)).await?;
         let job_id = out.trim().split(';').next().unwrap_or("").to_string();
         if job_id.is_empty() || !job_id.chars().all(|c| c.is_ascii_digit()) {
             return Err(ExecutorError::Launch(format!(
@@ -333,7 +335,7 @@ impl SlurmJob {
             }
             // Gone from the queue, in a final state, or unknown: scontrol tells how it ended.
             Ok(_) => {}
-            Err(e) if e.contains(UNKNOWN_JOB) => {}
+            Err(e) if unknown_job(&e) => {}
             Err(e) => return self.unreachable(&e),
         }
         let args = [
@@ -347,7 +349,7 @@ impl SlurmJob {
                 self.unreachable_since = None;
                 seen_from_scontrol(&text)
             }
-            Err(e) if e.contains(UNKNOWN_JOB) => Seen::Ended(JobExit::Lost(format!(
+            Err(e) if unknown_job(&e) => Seen::Ended(JobExit::Lost(format!(
                 "slurm job {} vanished: {e}",
                 self.job_id
             ))),
@@ -356,7 +358,7 @@ impl SlurmJob {
     }
 
     /// The controller did not answer: the job may well still run, so it is not lost.
-    fn unreachable(&mut self, error: &str) -> Seen {
+    fn unreachable(&mut self, error: &ExecutorError) -> Seen {
         if self.unreachable_since.is_none() {
             tracing::warn!(job_id = %self.job_id, %error, "cannot reach the Slurm controller; assuming the job still runs");
             self.unreachable_since = Some(Instant::now());

@@ -2,15 +2,19 @@
 //! configuration the service works with, trials and measurements. No IO.
 
 pub mod job;
+pub mod request;
 pub mod spec;
 pub mod trial;
+pub mod trial_dirs;
 
 pub use job::{ArgStyle, ExecutorName, TrialJobSpec};
+pub use request::{ClientId, Step, SuggestCount};
 pub use spec::{
     AlgorithmName, EarlyStoppingSpec, MeasurementSelection, MetricGoal, MetricSpecInput,
     ParameterInput, StudyConfig, StudySpec, StudyUpdate,
 };
-pub use trial::{Measurement, Study, StudyState, Trial, TrialCounts, TrialState};
+pub use trial::{Measurement, Study, StudyState, Trial, TrialCounts, TrialPoint, TrialState};
+pub use trial_dirs::TrialDirs;
 
 /// A bad input, with the path of the offending field (`parameters[2].min`).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

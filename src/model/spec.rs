@@ -302,9 +302,18 @@ pub struct StudyConfig {
     pub early_stopping: Option<StoppingRule>,
     pub trial_lease_secs: i64,
     pub suggestion_time_budget: std::time::Duration,
+    /// How the service runs each trial itself; `None` for ask/tell studies.
+    pub trial_job: Option<super::TrialJobSpec>,
 }
 
 impl StudyConfig {
+    /// The parallelism cap: how many more trials may be unfinished (requested, active or
+    /// stopping) while `unfinished` are. The one statement of the rule; the state machine
+    /// enforces it, the designers and the dispatcher plan with it.
+    pub fn free_slots(&self, unfinished: u64) -> u64 {
+        self.parallel_trials.saturating_sub(unfinished)
+    }
+
     /// How many trials the study will create in all: `max_trials`, or fewer when a grid has
     /// fewer points.
     pub fn trial_budget(&self) -> u64 {
@@ -434,6 +443,7 @@ impl StudySpec {
             suggestion_time_budget: std::time::Duration::from_secs_f64(
                 self.suggestion_time_budget_secs,
             ),
+            trial_job: self.trial_job.clone(),
         })
     }
 

@@ -174,3 +174,16 @@ pub struct Study {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
+
+/// What the dashboard needs of a trial, read for every trial of a study at once: no
+/// timestamps, reasons or client ids, and only the metrics of the final measurement.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrialPoint {
+    pub id: i64,
+    pub state: TrialState,
+    pub parameters: Assignment,
+    /// The final measurement's metrics, if the trial has one.
+    pub final_metrics: Option<BTreeMap<String, f64>>,
+    pub early_stopped: bool,
+    pub excluded: bool,
+}

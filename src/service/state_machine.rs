@@ -10,7 +10,7 @@ use chrono::{DateTime, Duration, Utc};
 
 use super::{ServiceError, ServiceResult};
 use crate::model::{
-    Measurement, MeasurementSelection, StudyConfig, StudyState, StudyUpdate, TrialState,
+    Measurement, MeasurementSelection, Step, StudyConfig, StudyState, StudyUpdate, TrialState,
 };
 use crate::store::{Store, StudyRecord, StudyTx, TrialRecord, TrialToken};
 
@@ -79,7 +79,7 @@ pub enum Command {
 pub enum Completion {
     Metrics {
         metrics: BTreeMap<String, f64>,
-        step: Option<i64>,
+        step: Option<Step>,
     },
     Infeasible(String),
     /// Select the final measurement from the reported ones (`measurement_selection`), after
@@ -275,9 +275,7 @@ impl StudyBatch {
 
     /// The parallelism cap: how many more trials may be unfinished right now.
     fn free_slots(&self) -> u64 {
-        self.config
-            .parallel_trials
-            .saturating_sub(self.unfinished_count())
+        self.config.free_slots(self.unfinished_count())
     }
 
     fn suggest(
@@ -561,7 +559,7 @@ impl StudyBatch {
         let (state, final_measurement, infeasible_reason) = match outcome {
             Completion::Infeasible(reason) => (TrialState::Infeasible, None, Some(reason)),
             Completion::Metrics { metrics, step } => {
-                let step = step.unwrap_or(0);
+                let step = step.map_or(0, Step::get);
                 (
                     TrialState::Completed,
                     Some(Measurement {

@@ -11,10 +11,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 pub use postgres::PostgresStore;
-pub use records::{StudyRecord, TokenRecord, TrialPoint, TrialRecord, TrialToken};
+pub use records::{StudyRecord, TokenRecord, TrialRecord, TrialToken};
 pub use sqlite::SqliteStore;
 
-use crate::model::{Measurement, StudySpec, StudyState, TrialCounts, TrialState};
+use crate::model::{Measurement, StudySpec, StudyState, TrialCounts, TrialPoint, TrialState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

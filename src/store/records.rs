@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 
 use super::StoreError;
-use crate::model::{Measurement, StudySpec, StudyState, TrialState};
+use crate::model::{Measurement, StudySpec, StudyState, TrialPoint, TrialState};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct StudyRecord {
@@ -67,19 +67,6 @@ impl TrialToken {
     pub fn name(study_id: i64, trial_id: i64) -> String {
         format!("{}{study_id}:{trial_id}", Self::NAME_PREFIX)
     }
-}
-
-/// What the dashboard needs of a trial, read for every trial of a study at once: no
-/// timestamps, reasons or client ids, and only the metrics of the final measurement.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TrialPoint {
-    pub id: i64,
-    pub state: TrialState,
-    pub parameters: Assignment,
-    /// The final measurement's metrics, if the trial has one.
-    pub final_metrics: Option<BTreeMap<String, f64>>,
-    pub early_stopped: bool,
-    pub excluded: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]

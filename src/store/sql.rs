@@ -140,13 +140,15 @@ pub(super) const COUNT_TOKENS: &str = "SELECT COUNT(*) FROM api_tokens WHERE stu
 /// batched on PostgreSQL.
 macro_rules! impl_sql_store {
     ($store:ty, $tx:ident, $db:ty, $backend:literal) => {
-        use $crate::model::{Measurement, StudySpec, StudyState, TrialCounts, TrialState};
+        use $crate::model::{
+            Measurement, StudySpec, StudyState, TrialCounts, TrialPoint, TrialState,
+        };
         use $crate::store::records::{
             MeasurementRow, StudyRow, TokenRow, TrialPointRow, TrialRow, to_json,
         };
         use $crate::store::sql::*;
         use $crate::store::{
-            StoreResult, StudyRecord, StudyTx, TokenRecord, TrialPoint, TrialRecord, TrialToken,
+            StoreResult, StudyRecord, StudyTx, TokenRecord, TrialRecord, TrialToken,
         };
 
         fn counts_from(rows: Vec<(String, i64)>) -> StoreResult<TrialCounts> {

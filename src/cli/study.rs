@@ -1,0 +1,171 @@
+//! `augur study …`: create, list, show, trials, best, export, stop, through the HTTP API.
+
+use std::path::Path;
+
+use reqwest::Method;
+use serde_json::Value;
+
+use super::client::Client;
+use super::error::{CliError, CliResult};
+use super::{ExportFormat, StudyCommand};
+
+/// A spec file as JSON (`.json`) or YAML (anything else).
+pub(super) fn read_spec(path: &Path) -> CliResult<Value> {
+    let text = std::fs::read_to_string(path).map_err(|e| CliError::file(path, e))?;
+    let is_json = path.extension().is_some_and(|e| e == "json");
+    if is_json {
+        serde_json::from_str(&text).map_err(|e| CliError::file(path, e))
+    } else {
+        yaml_serde::from_str(&text).map_err(|e| CliError::file(path, e))
+    }
+}
+
+fn print_json(v: &Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+    );
+}
+
+pub async fn run_study_command(client: &Client, command: StudyCommand) -> CliResult<()> {
+    match command {
+        StudyCommand::Create { file } => {
+            let spec = read_spec(&file)?;
+            let study = client
+                .call(Method::POST, "/v1/studies", Some(&spec))
+                .await?;
+            println!(
+                "created study {} ({})",
+                study["id"],
+                study["name"].as_str().unwrap_or("")
+            );
+        }
+        StudyCommand::List => {
+            let mut token: Option<String> = None;
+            println!(
+                "{:>6}  {:<10}  {:<13}  {:>12}  name",
+                "id", "state", "algorithm", "done/max"
+            );
+            loop {
+                let path = match &token {
+                    Some(t) => format!("/v1/studies?page_token={t}"),
+                    None => "/v1/studies".to_string(),
+                };
+                let page = client.call(Method::GET, &path, None).await?;
+                for s in page["studies"].as_array().into_iter().flatten() {
+                    let c = &s["trial_counts"];
+                    let done = c["completed"].as_u64().unwrap_or(0)
+                        + c["infeasible"].as_u64().unwrap_or(0)
+                        + c["failed"].as_u64().unwrap_or(0);
+                    println!(
+                        "{:>6}  {:<10}  {:<13}  {:>12}  {}",
+                        s["id"],
+                        s["state"].as_str().unwrap_or(""),
+                        s["spec"]["algorithm"].as_str().unwrap_or(""),
+                        format!("{done}/{}", s["spec"]["max_trials"]),
+                        s["name"].as_str().unwrap_or("")
+                    );
+                }
+                match page["next_page_token"].as_str() {
+                    Some(t) => token = Some(t.to_string()),
+                    None => break,
+                }
+            }
+        }
+        StudyCommand::Show { id } => print_json(
+            &client
+                .call(Method::GET, &format!("/v1/studies/{id}"), None)
+                .await?,
+        ),
+        StudyCommand::Trials { id } => {
+            for t in client.all_trials(id).await? {
+                let metrics = t["final_measurement"]["metrics"].to_string();
+                println!(
+                    "{:>6}  {:<10}  {}  {}",
+                    t["id"],
+                    t["state"].as_str().unwrap_or(""),
+                    t["parameters"],
+                    if metrics == "null" {
+                        String::new()
+                    } else {
+                        metrics
+                    }
+                );
+            }
+        }
+        StudyCommand::Best { id } => print_json(
+            &client
+                .call(
+                    Method::GET,
+                    &format!("/v1/studies/{id}/optimal_trials"),
+                    None,
+                )
+                .await?,
+        ),
+        StudyCommand::Stop { id } => {
+            let s = client
+                .call(Method::POST, &format!("/v1/studies/{id}/stop"), None)
+                .await?;
+            println!("study {id} is {}", s["state"].as_str().unwrap_or("?"));
+        }
+        StudyCommand::Export { id, format } => {
+            let trials = client.all_trials(id).await?;
+            match format {
+                ExportFormat::Json => print_json(&Value::Array(trials)),
+                ExportFormat::Csv => print!("{}", trials_csv(&trials)),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One row per trial: id, state, every parameter, every final metric.
+fn trials_csv(trials: &[Value]) -> String {
+    let keys = |field: &str| -> Vec<String> {
+        let mut set = std::collections::BTreeSet::new();
+        for t in trials {
+            let obj = if field == "metrics" {
+                &t["final_measurement"]["metrics"]
+            } else {
+                &t[field]
+            };
+            if let Some(o) = obj.as_object() {
+                set.extend(o.keys().cloned());
+            }
+        }
+        set.into_iter().collect()
+    };
+    let params = keys("parameters");
+    let metrics = keys("metrics");
+    let cell = |v: &Value| -> String {
+        let s = match v {
+            Value::Null => String::new(),
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        if s.contains([',', '"', '\n']) {
+            format!("\"{}\"", s.replace('"', "\"\""))
+        } else {
+            s
+        }
+    };
+    let mut out = String::from("id,state");
+    for p in &params {
+        out.push_str(&format!(",{}", cell(&Value::String(p.clone()))));
+    }
+    for m in &metrics {
+        out.push_str(&format!(",{}", cell(&Value::String(m.clone()))));
+    }
+    out.push('\n');
+    for t in trials {
+        out.push_str(&format!("{},{}", t["id"], cell(&t["state"])));
+        for p in &params {
+            out.push_str(&format!(",{}", cell(&t["parameters"][p])));
+        }
+        for m in &metrics {
+            out.push_str(&format!(",{}", cell(&t["final_measurement"]["metrics"][m])));
+        }
+        out.push('\n');
+    }
+    out
+}

@@ -1,0 +1,113 @@
+//! Where a trial's progress and outcome go: straight to the service for the dispatcher's
+//! trials ([`ServiceReporter`]), or over HTTP for `augur worker`'s (`cli/worker.rs`).
+
+use async_trait::async_trait;
+
+use super::error::DispatchResult;
+use crate::model::Measurement;
+use crate::service::{Completion, Service, ServiceError, hash_token, new_token};
+
+/// A launch, counted.
+pub struct AttemptStart {
+    /// 1 for the first launch that counts.
+    pub number: u32,
+    /// `AUGUR_TRIAL_TOKEN` for this launch.
+    pub token: Option<String>,
+}
+
+#[async_trait]
+pub trait TrialReporter: Send + Sync {
+    async fn measurement(&self, trial_id: i64, measurement: Measurement) -> DispatchResult<()>;
+    /// Record `last` (measurements not reported yet), then complete from all the trial's
+    /// measurements (`measurement_selection`). `Ok(false)` when there is none to select.
+    async fn complete_with(&self, trial_id: i64, last: Vec<Measurement>) -> DispatchResult<bool>;
+    async fn fail(&self, trial_id: i64, reason: String) -> DispatchResult<()>;
+    async fn should_stop(&self, trial_id: i64) -> DispatchResult<bool>;
+    /// Whether the trial already finished (the job completed it over HTTP).
+    async fn finished(&self, trial_id: i64) -> DispatchResult<bool>;
+    /// Charge one launch against the trial's `max_attempts` before it starts (durably, where
+    /// the reporter can) and issue the token it reports with. `Ok(None)`: none left.
+    async fn start_attempt(
+        &self,
+        trial_id: i64,
+        max_attempts: u32,
+    ) -> DispatchResult<Option<AttemptStart>>;
+    /// Give back a launch that this side ended itself (shutdown, or a leftover job killed
+    /// after a restart): it says nothing about the trial.
+    async fn refund_attempt(&self, trial_id: i64) -> DispatchResult<()>;
+}
+
+/// Reports a dispatched trial's outcome straight to the service.
+pub struct ServiceReporter {
+    pub service: Service,
+    pub study_id: i64,
+}
+
+#[async_trait]
+impl TrialReporter for ServiceReporter {
+    async fn measurement(&self, trial_id: i64, measurement: Measurement) -> DispatchResult<()> {
+        Ok(self
+            .service
+            .record_measurement(self.study_id, trial_id, measurement)
+            .await?)
+    }
+
+    async fn complete_with(&self, trial_id: i64, last: Vec<Measurement>) -> DispatchResult<bool> {
+        let outcome = Completion::Selected(last);
+        match self
+            .service
+            .record_completion(self.study_id, trial_id, outcome)
+            .await
+        {
+            Ok(()) => Ok(true),
+            Err(ServiceError::Invalid(_)) => Ok(false),
+            // Completed meanwhile (by the job over HTTP).
+            Err(ServiceError::Conflict { .. }) => Ok(true),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn fail(&self, trial_id: i64, reason: String) -> DispatchResult<()> {
+        match self
+            .service
+            .record_failure(self.study_id, trial_id, reason)
+            .await
+        {
+            Ok(()) | Err(ServiceError::Conflict { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn should_stop(&self, trial_id: i64) -> DispatchResult<bool> {
+        Ok(self.service.should_stop(self.study_id, trial_id).await?)
+    }
+
+    async fn finished(&self, trial_id: i64) -> DispatchResult<bool> {
+        let unfinished = self
+            .service
+            .trial_unfinished(self.study_id, trial_id)
+            .await?;
+        Ok(!unfinished)
+    }
+
+    // The count and the token go in the study's next batch, with its other changes.
+    async fn start_attempt(
+        &self,
+        trial_id: i64,
+        max_attempts: u32,
+    ) -> DispatchResult<Option<AttemptStart>> {
+        let token = new_token();
+        let number = self
+            .service
+            .start_attempt(self.study_id, trial_id, max_attempts, hash_token(&token))
+            .await?;
+        Ok(number.map(|number| AttemptStart {
+            number,
+            token: Some(token),
+        }))
+    }
+
+    async fn refund_attempt(&self, trial_id: i64) -> DispatchResult<()> {
+        Ok(self.service.refund_attempt(self.study_id, trial_id).await?)
+    }
+}

@@ -1,0 +1,118 @@
+//! Request-level values, parsed once at the edge (the API's handlers, the CLI) into types
+//! the service takes as they are. Each rejection names the field as the client sent it.
+
+use super::ValidationError;
+
+/// How many trials one `suggest` asks for: 1 to [`SuggestCount::MAX`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SuggestCount(usize);
+
+impl SuggestCount {
+    pub const MAX: usize = 1000;
+
+    pub fn get(self) -> usize {
+        self.0
+    }
+}
+
+impl TryFrom<i64> for SuggestCount {
+    type Error = ValidationError;
+    fn try_from(count: i64) -> Result<Self, ValidationError> {
+        usize::try_from(count)
+            .ok()
+            .filter(|c| (1..=Self::MAX).contains(c))
+            .map(SuggestCount)
+            .ok_or_else(|| {
+                ValidationError::new("count", format!("must be between 1 and {}", Self::MAX))
+            })
+    }
+}
+
+/// A worker's stable name (`client_id`): 1-256 characters, none of them control characters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientId(String);
+
+impl ClientId {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl TryFrom<String> for ClientId {
+    type Error = ValidationError;
+    fn try_from(id: String) -> Result<Self, ValidationError> {
+        let length = id.chars().count();
+        if !(1..=256).contains(&length) || id.chars().any(char::is_control) {
+            return Err(ValidationError::new(
+                "client_id",
+                "must be 1-256 characters, none of them control characters",
+            ));
+        }
+        Ok(ClientId(id))
+    }
+}
+
+/// A measurement's step: 0 or more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step(i64);
+
+impl Step {
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+impl TryFrom<i64> for Step {
+    type Error = ValidationError;
+    fn try_from(step: i64) -> Result<Self, ValidationError> {
+        if step < 0 {
+            return Err(ValidationError::new("step", "must be >= 0"));
+        }
+        Ok(Step(step))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_outside_one_to_a_thousand_name_the_count_field() {
+        for bad in [0, -1, 1001, i64::MAX] {
+            assert_eq!(
+                SuggestCount::try_from(bad).map_err(|e| e.field),
+                Err("count".into())
+            );
+        }
+        assert_eq!(
+            SuggestCount::try_from(1000).map(SuggestCount::get),
+            Ok(1000)
+        );
+    }
+
+    #[test]
+    fn client_ids_are_short_and_printable() {
+        assert!(ClientId::try_from("worker-1/3".to_string()).is_ok());
+        for bad in [
+            String::new(),
+            "x".repeat(257),
+            "a\u{1b}[2J".into(),
+            "a\nb".into(),
+        ] {
+            assert_eq!(
+                ClientId::try_from(bad).map_err(|e| e.field),
+                Err("client_id".into())
+            );
+        }
+    }
+
+    #[test]
+    fn steps_are_not_negative() {
+        assert!(Step::try_from(0).is_ok());
+        assert_eq!(Step::try_from(-1).map_err(|e| e.field), Err("step".into()));
+    }
+}

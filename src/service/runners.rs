@@ -1,0 +1,146 @@
+//! What the dispatcher asks of the service: the studies it should run, the lease that keeps
+//! one runner per study across replicas, trials to resume after a restart, and each launch
+//! counted (with the trial-scoped token it reports with) in the study's batch.
+
+use augur_optimizer::Assignment;
+use chrono::Utc;
+
+use super::state_machine::{Command, Reply};
+use super::{Service, ServiceResult, stored_config, unexpected};
+use crate::model::{StudyConfig, StudyState, TrialState};
+use crate::store::TrialRecord;
+
+/// A runner lease lasts this long unless renewed; another replica may take the study over
+/// once it is this old.
+pub const RUNNER_LEASE_TTL: chrono::Duration = chrono::Duration::seconds(15);
+
+/// A study as its runner sees it: its state and validated config (with its trial job).
+#[derive(Debug, Clone)]
+pub struct RunnerStudy {
+    pub id: i64,
+    pub state: StudyState,
+    pub config: StudyConfig,
+}
+
+/// A trial handed to the dispatcher, its first launch counted.
+#[derive(Debug, Clone)]
+pub struct DispatchedTrial {
+    pub id: i64,
+    pub parameters: Assignment,
+    /// Launches counted so far (1 for a new trial).
+    pub attempts: u32,
+}
+
+impl From<TrialRecord> for DispatchedTrial {
+    fn from(t: TrialRecord) -> Self {
+        DispatchedTrial {
+            id: t.id,
+            parameters: t.parameters,
+            attempts: t.attempts,
+        }
+    }
+}
+
+impl Service {
+    /// The study as its runner needs it; `None` once it is deleted.
+    pub async fn runner_study(&self, study_id: i64) -> ServiceResult<Option<RunnerStudy>> {
+        let Some(record) = self.store.get_study(study_id).await? else {
+            return Ok(None);
+        };
+        Ok(Some(RunnerStudy {
+            id: record.id,
+            state: record.state,
+            config: stored_config(&record)?,
+        }))
+    }
+
+    /// Ids of the active studies with a `trial_job`: the ones some replica must run.
+    pub async fn dispatched_study_ids(&self) -> ServiceResult<Vec<i64>> {
+        let mut ids = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = self
+                .store
+                .list_studies(Some(StudyState::Active), None, after, 500)
+                .await?;
+            let Some(last) = page.last().map(|s| s.id) else {
+                return Ok(ids);
+            };
+            ids.extend(
+                page.iter()
+                    .filter(|s| s.spec.trial_job.is_some())
+                    .map(|s| s.id),
+            );
+            after = last;
+        }
+    }
+
+    /// Take or renew the right to run the study's trials (`RUNNER_LEASE_TTL`). False while
+    /// another owner holds it.
+    pub async fn claim_runner(&self, study_id: i64, owner: &str) -> ServiceResult<bool> {
+        Ok(self
+            .store
+            .claim_runner(study_id, owner, Utc::now(), RUNNER_LEASE_TTL)
+            .await?)
+    }
+
+    pub async fn release_runner(&self, study_id: i64, owner: &str) -> ServiceResult<()> {
+        Ok(self.store.release_runner(study_id, owner).await?)
+    }
+
+    /// Trials handed to `client_id` (the dispatcher) that are active or stopping: the ones
+    /// it ran before a restart, to resume.
+    pub async fn resumable_trials(
+        &self,
+        study_id: i64,
+        client_id: &str,
+    ) -> ServiceResult<Vec<DispatchedTrial>> {
+        let mut out = Vec::new();
+        for state in [TrialState::Active, TrialState::Stopping] {
+            let mut after = 0;
+            loop {
+                let page = self
+                    .store
+                    .list_trials(study_id, Some(state), after, 500)
+                    .await?;
+                let Some(last) = page.last().map(|t| t.id) else {
+                    break;
+                };
+                out.extend(
+                    page.into_iter()
+                        .filter(|t| t.client_id.as_deref() == Some(client_id))
+                        .map(DispatchedTrial::from),
+                );
+                after = last;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Count a launch of a dispatched trial, up to `max_attempts`, and store the token it
+    /// reports with. `None`: no launch left.
+    pub async fn start_attempt(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        max_attempts: u32,
+        token_hash: String,
+    ) -> ServiceResult<Option<u32>> {
+        let command = Command::StartAttempt {
+            trial_id,
+            max_attempts,
+            token_hash,
+        };
+        match self.commits.submit(study_id, command).await? {
+            Reply::Attempt(number) => Ok(number),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Give back a launch that the service ended itself (shutdown, or a leftover job killed
+    /// after a restart).
+    pub async fn refund_attempt(&self, study_id: i64, trial_id: i64) -> ServiceResult<()> {
+        let command = Command::RefundAttempt { trial_id };
+        self.commits.submit(study_id, command).await.map(drop)
+    }
+}

@@ -1,0 +1,285 @@
+//! Handing out trials. Model-based designers (`gp_bandit`) read a snapshot of the study and
+//! think outside its lock, one suggestion at a time per study and process; cheap designers
+//! run inside the study's batch (`state_machine.rs`), where the cap is enforced.
+
+use std::sync::Arc;
+
+use augur_optimizer::{Assignment, CompletedTrial, DesignerInput, Outcome, designer_for};
+
+use super::state_machine::{Command, Reply};
+use super::{Service, ServiceError, ServiceResult, stored_config, unexpected};
+use crate::model::{ClientId, StudyConfig, StudyState, SuggestCount, Trial, TrialState};
+use crate::store::{StudyRecord, TrialRecord};
+
+/// What a worker is told to wait when the cap is full.
+const RETRY_AFTER_SECS: u64 = 1;
+
+#[derive(Debug)]
+pub struct Suggestions {
+    pub trials: Vec<Trial>,
+    pub study_state: StudyState,
+    pub retry_after_secs: Option<u64>,
+}
+
+/// The dispatcher's suggestions, each with its first launch counted.
+#[derive(Debug)]
+pub struct DispatchedSuggestions {
+    pub trials: Vec<super::DispatchedTrial>,
+    pub study_state: StudyState,
+}
+
+/// Who asks: a worker (resumes the trials it holds, gets a lease) or the study's own
+/// dispatcher (its first launches counted with these token hashes, no lease).
+enum Asker {
+    Worker(Option<ClientId>),
+    Dispatcher {
+        client_id: ClientId,
+        launch_tokens: Vec<String>,
+    },
+}
+
+impl Service {
+    /// Hand out up to `count` trials, never exceeding `parallel_trials` unfinished nor
+    /// `max_trials` in all (enforced in `state_machine.rs`).
+    pub async fn suggest(
+        &self,
+        study_id: i64,
+        count: SuggestCount,
+        client_id: Option<ClientId>,
+    ) -> ServiceResult<Suggestions> {
+        let (trials, study_state, retry_later) = self
+            .suggest_as(study_id, count.get(), Asker::Worker(client_id))
+            .await?;
+        Ok(Suggestions {
+            trials: self.trial_views(study_id, trials).await?,
+            study_state,
+            retry_after_secs: retry_later.then_some(RETRY_AFTER_SECS),
+        })
+    }
+
+    /// Suggestions for the study's own dispatcher, the first launch of each counted with the
+    /// token whose hash is at its position in `launch_tokens` (one per trial wanted).
+    pub async fn suggest_dispatched(
+        &self,
+        study_id: i64,
+        client_id: ClientId,
+        launch_tokens: Vec<String>,
+    ) -> ServiceResult<DispatchedSuggestions> {
+        let count = launch_tokens.len();
+        let asker = Asker::Dispatcher {
+            client_id,
+            launch_tokens,
+        };
+        let (trials, study_state, _) = self.suggest_as(study_id, count, asker).await?;
+        Ok(DispatchedSuggestions {
+            trials: trials
+                .into_iter()
+                .map(super::DispatchedTrial::from)
+                .collect(),
+            study_state,
+        })
+    }
+
+    /// The trials handed out, the study's state, and whether to ask again later.
+    async fn suggest_as(
+        &self,
+        study_id: i64,
+        count: usize,
+        asker: Asker,
+    ) -> ServiceResult<(Vec<TrialRecord>, StudyState, bool)> {
+        let fixed = self.fixed_config(study_id).await?;
+        let (client_id, dispatched, launch_tokens) = match asker {
+            Asker::Worker(client) => (client, false, Vec::new()),
+            Asker::Dispatcher {
+                client_id,
+                launch_tokens,
+            } => (Some(client_id), true, launch_tokens),
+        };
+        // Model-based designers read a snapshot and think outside the study's lock; the
+        // lock below keeps this process's suggestions for the study one at a time.
+        let lock = if designer_for(fixed.algorithm).uses_history() {
+            Some(self.design_lock(study_id)?)
+        } else {
+            None
+        };
+        let _one_at_a_time = match &lock {
+            Some(lock) => Some(lock.lock().await),
+            None => None,
+        };
+        let precomputed = if lock.is_some() {
+            let resume_client = client_id.as_ref().filter(|_| !dispatched);
+            self.precompute(study_id, count, resume_client).await?
+        } else {
+            None
+        };
+        let command = Command::Suggest {
+            count,
+            client_id: client_id.map(ClientId::into_string),
+            precomputed,
+            dispatched,
+            launch_tokens,
+        };
+        match self.commits.submit(study_id, command).await? {
+            Reply::Suggested {
+                trials,
+                study_state,
+                retry_later,
+            } => Ok((trials, study_state, retry_later)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// A model-based designer's points for this call, within the study's time budget (past
+    /// it, quasi-random points); `None` when the study is not active or needs none.
+    async fn precompute(
+        &self,
+        study_id: i64,
+        count: usize,
+        resume_client: Option<&ClientId>,
+    ) -> ServiceResult<Option<Vec<Assignment>>> {
+        let study = self.study_record(study_id).await?;
+        if study.state != StudyState::Active {
+            return Ok(None);
+        }
+        let config = stored_config(&study)?;
+        let trials = self.store.all_trials(study_id).await?;
+        let wanted = suggestions_needed(&trials, &config, count, resume_client);
+        if wanted == 0 {
+            return Ok(None);
+        }
+        let budget = config.suggestion_time_budget;
+        let designed =
+            tokio::time::timeout(budget, self.run_designer(&study, &config, &trials, wanted)).await;
+        Ok(Some(match designed {
+            Ok(points) => points?,
+            // The model took too long: answer on time with quasi-random points (the fit
+            // goes on in the background and is discarded).
+            Err(_) => {
+                metrics::counter!("augur_suggestion_budget_exceeded_total").increment(1);
+                tracing::warn!(
+                    study_id,
+                    ?budget,
+                    "suggestion time budget exceeded; using quasi-random points"
+                );
+                fallback_points(&study, &config, wanted)
+            }
+        }))
+    }
+
+    fn design_lock(&self, study_id: i64) -> ServiceResult<Arc<tokio::sync::Mutex<()>>> {
+        let mut locks = self
+            .design_locks
+            .lock()
+            .map_err(|_| ServiceError::Internal("design lock registry poisoned".into()))?;
+        Ok(locks.entry(study_id).or_default().clone())
+    }
+
+    async fn run_designer(
+        &self,
+        study: &StudyRecord,
+        config: &StudyConfig,
+        trials: &[TrialRecord],
+        count: usize,
+    ) -> ServiceResult<Vec<Assignment>> {
+        let completed: Vec<CompletedTrial> = trials
+            .iter()
+            .filter(|t| !t.excluded && !t.state.is_unfinished())
+            .map(|t| CompletedTrial {
+                parameters: t.parameters.clone(),
+                outcome: outcome_of(t, config),
+            })
+            .collect();
+        let pending: Vec<Assignment> = trials
+            .iter()
+            .filter(|t| t.state.is_unfinished())
+            .map(|t| t.parameters.clone())
+            .collect();
+        let space = config.space.clone();
+        let metrics = config.metrics.clone();
+        let seed = config.seed;
+        let first_trial_number = study.next_trial_id.max(1) as u64;
+        let previous_state = study.designer_state.clone();
+        let algorithm = config.algorithm;
+        // The optimizer is CPU-bound: keep it off the async workers.
+        let output = tokio::task::spawn_blocking(move || {
+            let input = DesignerInput {
+                space: &space,
+                metrics: &metrics,
+                completed: &completed,
+                pending: &pending,
+                count,
+                first_trial_number,
+                seed,
+                previous_state: previous_state.as_ref(),
+            };
+            designer_for(algorithm).suggest(&input)
+        })
+        .await
+        .map_err(|e| ServiceError::Internal(format!("designer task: {e}")))?;
+        if let Some(state) = &output.state {
+            // A cache for warm starts: losing it costs time, never correctness.
+            if let Err(error) = self.store.set_designer_state(study.id, state).await {
+                tracing::warn!(study_id = study.id, %error, "could not keep designer state");
+            }
+        }
+        Ok(output.suggestions)
+    }
+}
+
+/// Quasi-random points for when the model misses its time budget.
+fn fallback_points(study: &StudyRecord, config: &StudyConfig, count: usize) -> Vec<Assignment> {
+    let input = DesignerInput {
+        space: &config.space,
+        metrics: &config.metrics,
+        completed: &[],
+        pending: &[],
+        count,
+        first_trial_number: study.next_trial_id.max(1) as u64,
+        seed: config.seed,
+        previous_state: None,
+    };
+    designer_for(augur_optimizer::Algorithm::QuasiRandom)
+        .suggest(&input)
+        .suggestions
+}
+
+/// How many new points a model-based designer should propose for this call: none when the
+/// client resumes its trials, when requested trials are waiting, or when the cap is full.
+fn suggestions_needed(
+    trials: &[TrialRecord],
+    config: &StudyConfig,
+    count: usize,
+    client_id: Option<&ClientId>,
+) -> usize {
+    let unfinished: Vec<&TrialRecord> = trials.iter().filter(|t| t.state.is_unfinished()).collect();
+    let resumes = client_id.is_some_and(|c| {
+        unfinished
+            .iter()
+            .any(|t| t.client_id.as_deref() == Some(c.as_str()))
+    });
+    if resumes {
+        return 0;
+    }
+    let waiting = unfinished
+        .iter()
+        .filter(|t| t.state == TrialState::Requested)
+        .count();
+    let free = config.free_slots(unfinished.len() as u64) as usize;
+    let budget = (config.trial_budget() as usize).saturating_sub(trials.len());
+    count.saturating_sub(waiting).min(free).min(budget)
+}
+
+fn outcome_of(trial: &TrialRecord, config: &StudyConfig) -> Outcome {
+    match (trial.state, &trial.final_measurement) {
+        (TrialState::Completed, Some(m))
+            if config
+                .metrics
+                .iter()
+                .all(|spec| m.metrics.contains_key(&spec.id)) =>
+        {
+            Outcome::Measured(m.metrics.clone())
+        }
+        (TrialState::Failed, _) => Outcome::Failed,
+        _ => Outcome::Infeasible,
+    }
+}

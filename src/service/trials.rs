@@ -1,0 +1,228 @@
+//! Trials: add one with chosen parameters, read and list them, report measurements,
+//! complete, fail, heartbeat, exclude; and the changes since a cursor for live views.
+
+use std::collections::BTreeMap;
+
+use augur_optimizer::Assignment;
+
+use super::checks::{check_measurement, check_metrics};
+use super::paging::{format_cursor, page_bounds, parse_cursor, split_page};
+use super::state_machine::Command;
+use super::{Changes, Completion, Page, Service, ServiceError, ServiceResult};
+use crate::model::{Measurement, Trial, TrialState};
+use crate::store::TrialRecord;
+
+impl Service {
+    pub async fn add_trial(
+        &self,
+        study_id: i64,
+        parameters: Assignment,
+        final_metrics: Option<BTreeMap<String, f64>>,
+    ) -> ServiceResult<Trial> {
+        let config = self.fixed_config(study_id).await?;
+        config
+            .space
+            .check_assignment(&parameters)
+            .map_err(|(id, why)| ServiceError::invalid(format!("parameters.{id}"), why))?;
+        let final_measurement = match final_metrics {
+            Some(metrics) => {
+                check_metrics(&config, &metrics, "final_measurement.metrics", true)?;
+                Some(Measurement {
+                    step: 0,
+                    elapsed_secs: None,
+                    metrics,
+                })
+            }
+            None => None,
+        };
+        let command = Command::AddTrial {
+            parameters,
+            final_measurement,
+        };
+        self.change_trial(study_id, command).await
+    }
+
+    pub async fn list_trials(
+        &self,
+        study_id: i64,
+        state: Option<TrialState>,
+        page_size: Option<i64>,
+        page_token: Option<&str>,
+    ) -> ServiceResult<Page<Trial>> {
+        let (limit, after) = page_bounds(page_size, page_token)?;
+        self.study_record(study_id).await?;
+        let records = self
+            .store
+            .list_trials(study_id, state, after, limit + 1)
+            .await?;
+        let (records, next) = split_page(records, limit, |t| t.id);
+        Ok(Page {
+            items: self.trial_views(study_id, records).await?,
+            next_page_token: next,
+        })
+    }
+
+    /// Trials created or changed since `cursor` (from a previous answer; none = from the
+    /// start), oldest change first, and the cursor to ask with next. Dashboards poll this
+    /// instead of reloading every trial.
+    pub async fn trial_changes(
+        &self,
+        study_id: i64,
+        cursor: Option<&str>,
+        page_size: Option<i64>,
+    ) -> ServiceResult<Changes> {
+        let (limit, _) = page_bounds(page_size, None)?;
+        let after = parse_cursor(cursor)?;
+        self.study_record(study_id).await?;
+        let records = self
+            .store
+            .changed_trials(study_id, after, limit + 1)
+            .await?;
+        let has_more = records.len() as i64 > limit;
+        let records: Vec<TrialRecord> = records.into_iter().take(limit as usize).collect();
+        let next = records.last().map_or(after, |t| (t.change_seq, t.id));
+        Ok(Changes {
+            trials: self.trial_views(study_id, records).await?,
+            cursor: format_cursor(next),
+            has_more,
+        })
+    }
+
+    pub async fn get_trial(&self, study_id: i64, trial_id: i64) -> ServiceResult<Trial> {
+        let record = self.trial_record(study_id, trial_id).await?;
+        self.trial_view(study_id, record).await
+    }
+
+    /// Whether the trial is still requested, active or stopping.
+    pub async fn trial_unfinished(&self, study_id: i64, trial_id: i64) -> ServiceResult<bool> {
+        let record = self.trial_record(study_id, trial_id).await?;
+        Ok(record.state.is_unfinished())
+    }
+
+    pub async fn add_measurement(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        measurement: Measurement,
+    ) -> ServiceResult<Trial> {
+        let record = self
+            .measurement_command(study_id, trial_id, measurement)
+            .await?;
+        self.trial_view(study_id, record).await
+    }
+
+    /// `add_measurement` without the trial's view (a read of all its measurements): for the
+    /// study runner, which reports every 250 ms and needs no answer.
+    pub async fn record_measurement(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        measurement: Measurement,
+    ) -> ServiceResult<()> {
+        self.measurement_command(study_id, trial_id, measurement)
+            .await
+            .map(drop)
+    }
+
+    async fn measurement_command(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        measurement: Measurement,
+    ) -> ServiceResult<TrialRecord> {
+        let config = self.fixed_config(study_id).await?;
+        check_measurement(&config, &measurement)?;
+        let command = Command::AddMeasurement {
+            trial_id,
+            measurement,
+        };
+        self.change_trial_record(study_id, command).await
+    }
+
+    pub async fn complete_trial(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        outcome: Completion,
+    ) -> ServiceResult<Trial> {
+        let record = self.completion_command(study_id, trial_id, outcome).await?;
+        self.trial_view(study_id, record).await
+    }
+
+    /// `complete_trial` without the trial's view (see `record_measurement`).
+    pub async fn record_completion(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        outcome: Completion,
+    ) -> ServiceResult<()> {
+        self.completion_command(study_id, trial_id, outcome)
+            .await
+            .map(drop)
+    }
+
+    async fn completion_command(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        outcome: Completion,
+    ) -> ServiceResult<TrialRecord> {
+        let config = self.fixed_config(study_id).await?;
+        match &outcome {
+            Completion::Selected(last) => {
+                for measurement in last {
+                    check_measurement(&config, measurement)?;
+                }
+            }
+            Completion::Metrics { metrics, .. } => {
+                check_metrics(&config, metrics, "metrics", true)?
+            }
+            Completion::Infeasible(reason) if reason.trim().is_empty() => {
+                return Err(ServiceError::invalid(
+                    "infeasible_reason",
+                    "must not be blank",
+                ));
+            }
+            Completion::Infeasible(_) => {}
+        }
+        self.change_trial_record(study_id, Command::Complete { trial_id, outcome })
+            .await
+    }
+
+    pub async fn fail_trial(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        reason: String,
+    ) -> ServiceResult<Trial> {
+        self.change_trial(study_id, Command::Fail { trial_id, reason })
+            .await
+    }
+
+    /// `fail_trial` without the trial's view (see `record_measurement`).
+    pub async fn record_failure(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        reason: String,
+    ) -> ServiceResult<()> {
+        self.change_trial_record(study_id, Command::Fail { trial_id, reason })
+            .await
+            .map(drop)
+    }
+
+    pub async fn heartbeat(&self, study_id: i64, trial_id: i64) -> ServiceResult<Trial> {
+        self.change_trial(study_id, Command::Heartbeat { trial_id })
+            .await
+    }
+
+    pub async fn set_excluded(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        excluded: bool,
+    ) -> ServiceResult<Trial> {
+        self.change_trial(study_id, Command::SetExcluded { trial_id, excluded })
+            .await
+    }
+}
