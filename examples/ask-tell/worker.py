@@ -22,7 +22,11 @@ try:
 except ImportError:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                     "clients", "python", "src"))
-    import augur
+    try:
+        import augur
+    except ImportError as e:
+        sys.exit(f"{e}: the Python client needs httpx: pip install httpx "
+                 "(or pip install -e clients/python)")
 
 
 def loss_at(params, epoch):
