@@ -11,7 +11,15 @@
 The Optuna bridge is :class:`augur.optuna.AugurSampler` (``pip install 'augur-client[optuna]'``).
 """
 
-from ._client import SHOULD_STOP_METHODS, Client, Study, Suggestions, Trial, load_spec
+from ._client import (
+    SHOULD_STOP_METHODS,
+    Client,
+    Study,
+    Suggestions,
+    Trial,
+    dispatched_trial,
+    load_spec,
+)
 from ._http import RetryPolicy, __version__
 from .errors import (
     AugurError,
@@ -36,6 +44,7 @@ __all__ = [
     "Suggestions",
     "RetryPolicy",
     "load_spec",
+    "dispatched_trial",
     "SHOULD_STOP_METHODS",
     "AugurError",
     "InvalidArgument",

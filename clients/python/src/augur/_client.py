@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, 
 import httpx
 
 from ._http import RetryPolicy, Safety, Transport
-from .errors import AugurError, Conflict, MethodNotAllowed, NotFound
+from .errors import AugurError, Conflict, MethodNotAllowed, NotFound, PermissionDenied
 
 if TYPE_CHECKING:
     import pandas  # type: ignore[import-untyped,unused-ignore]
 
 log = logging.getLogger("augur")
 
-__all__ = ["Client", "Study", "Trial", "Suggestions", "SHOULD_STOP_METHODS"]
+__all__ = ["Client", "Study", "Trial", "Suggestions", "SHOULD_STOP_METHODS", "dispatched_trial"]
 
 #: The methods tried, in order, for ``…/trials/{trial}/should_stop``. The API answers it on
 #: GET today, but the answer can move a trial to ``stopping``, and a GET must not change
@@ -182,13 +182,21 @@ class Client:
     def _should_stop(self, study_id: int, trial_id: int) -> bool:
         path = f"/v1/studies/{study_id}/trials/{trial_id}/should_stop"
         methods = self._should_stop_methods
+        first: Optional[AugurError] = None
         for i, method in enumerate(methods):
             try:
                 answer = self._http.request(method, path, safety=Safety.IDEMPOTENT)
-            except MethodNotAllowed:
-                if i + 1 == len(methods):
-                    raise
-                continue
+            except (MethodNotAllowed, PermissionDenied) as e:
+                # 405: the server does not take this method here. 403: today's servers let a
+                # trial token GET should_stop but not POST it. Either way try the next method;
+                # if the last is refused as a method too, the first refusal is the one that
+                # explains.
+                if i + 1 < len(methods):
+                    first = first or e
+                    continue
+                if isinstance(e, MethodNotAllowed) and first is not None:
+                    raise first from None
+                raise
             if i:
                 self._should_stop_methods = methods[i:]
             return bool(answer["should_stop"])
@@ -225,6 +233,33 @@ def load_spec(spec: Spec) -> Dict[str, Any]:
             if isinstance(value, str) and not os.path.isabs(value):
                 job[key] = str((path.parent / value).resolve())
     return body
+
+
+def dispatched_trial(client: Optional[Client] = None) -> "Trial":
+    """The trial this process runs, when Augur dispatched it (a ``trial_job``): from
+    ``$AUGUR_URL``, ``$AUGUR_STUDY_ID``, ``$AUGUR_TRIAL_ID`` and ``$AUGUR_TRIAL_TOKEN`` (a
+    token that may only read and report to this trial)::
+
+        trial = augur.dispatched_trial()
+        for epoch in range(epochs):
+            trial.report(epoch, {"accuracy": train_one_epoch(**trial.parameters)})
+            if trial.should_stop():
+                break
+
+    The trial is not held: the dispatcher watches the job, so no heartbeat is needed, and the
+    job's exit (with a reported metric) completes it; calling :meth:`Trial.complete` is also
+    fine.
+    """
+    try:
+        study_id = int(os.environ["AUGUR_STUDY_ID"])
+        trial_id = int(os.environ["AUGUR_TRIAL_ID"])
+    except KeyError as e:
+        raise RuntimeError(f"${e.args[0]} is not set: this process was not dispatched by Augur") from None
+    if client is None:
+        client = Client(os.environ.get("AUGUR_URL"), os.environ.get("AUGUR_TRIAL_TOKEN"))
+    # The trial token may not read the study: a stub stands for it.
+    study = Study(client, {"id": study_id})
+    return study.trial(trial_id)
 
 
 class Suggestions(List["Trial"]):
