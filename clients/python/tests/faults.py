@@ -74,6 +74,8 @@ class FaultProxy:
                     self._answer(rule.status, b'{"error":{"code":"internal","message":"injected"}}',
                                  "application/json", rule.retry_after)
                     return
+                if upstream.status_code >= 400:
+                    proxy._record(self.command, path, f"upstream {upstream.status_code}")
                 self._answer(upstream.status_code, upstream.content,
                              upstream.headers.get("content-type"), upstream.headers.get("retry-after"))
 
@@ -134,3 +136,89 @@ class FaultProxy:
         with self._lock:
             return [(t, o) for t, m, p, o in self.log
                     if m == method and re.fullmatch(path_regex, p)]
+
+
+class TcpProxy:
+    """Forwards TCP connections to a target (e.g. PostgreSQL) until cut: `cut()` closes the
+    listener and every open connection, `resume()` listens again on the same port. A
+    database "outage" for one Augur server, without touching the database others use."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        import socket
+
+        self._socket = socket
+        self.target = (target_host, target_port)
+        self._conns: List["socket.socket"] = []
+        self._lock = threading.Lock()
+        self._listener: Optional["socket.socket"] = None
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+
+    def start(self) -> "TcpProxy":
+        s = self._socket.socket()
+        s.setsockopt(self._socket.SOL_SOCKET, self._socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", self.port))
+        s.listen(64)
+        self._listener = s
+        threading.Thread(target=self._accept, args=(s,), daemon=True).start()
+        return self
+
+    resume = start
+
+    def cut(self) -> None:
+        with self._lock:
+            listener, self._listener = self._listener, None
+            conns, self._conns = self._conns, []
+        if listener is not None:
+            try:
+                listener.shutdown(self._socket.SHUT_RDWR)
+            except OSError:
+                pass
+            listener.close()
+        for c in conns:
+            try:
+                c.shutdown(self._socket.SHUT_RDWR)
+            except OSError:
+                pass
+            c.close()
+
+    stop = cut
+
+    def _accept(self, listener: "socket.socket") -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = self._socket.create_connection(self.target, timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._listener is not listener:
+                    client.close()
+                    upstream.close()
+                    return
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: "socket.socket", dst: "socket.socket") -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
