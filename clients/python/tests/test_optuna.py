@@ -192,3 +192,44 @@ def test_branin_from_two_processes_with_four_jobs_beats_random_search(server):
     print(f"branin median regret: bridge {bridge_regret:.3g}, random {random_regret:.3g}")
     assert bridge_regret < 0.25 * random_regret
     assert math.isfinite(bridge_regret)
+
+
+CAPPED = """
+import sys, time, optuna, augur
+from augur.optuna import AugurSampler
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+url, name = sys.argv[1], sys.argv[2]
+sampler = AugurSampler(augur.Client(url), name, max_trials=12, parallel_trials=3, algorithm="random")
+
+def objective(trial):
+    x = trial.suggest_float("x", -1, 1)
+    time.sleep(0.3)
+    return x * x
+
+optuna.create_study(sampler=sampler).optimize(objective, n_trials=6, n_jobs=4)
+"""
+
+
+def test_two_processes_with_four_jobs_each_keep_to_the_augur_cap(server, client, tmp_path):
+    name = unique_name("capped")
+    script = tmp_path / "capped.py"
+    script.write_text(CAPPED)
+    procs = [subprocess.Popen([sys.executable, str(script), server.url, name]) for _ in range(2)]
+    assert [p.wait(300) for p in procs] == [0, 0]
+    trials = list(augur_study(client, name).trials())
+    assert len(trials) == 12 and all(t.state == "completed" for t in trials)
+    # Trials Augur handed out ran in [started_at, completed_at]: never more than 3 at once.
+    def at(stamp):  # RFC 3339 with 0-9 fractional digits: compare as nanoseconds
+        whole, _, frac = stamp.rstrip("Z").partition(".")
+        return whole, int(frac.ljust(9, "0"))
+
+    events = sorted(
+        [(at(t.data["started_at"]), 1) for t in trials if t.data["started_at"]]
+        + [(at(t.data["completed_at"]), -1) for t in trials if t.data["started_at"]],
+        key=lambda e: (e[0], e[1]),
+    )
+    running = peak = 0
+    for _, delta in events:
+        running += delta
+        peak = max(peak, running)
+    assert peak == 3
