@@ -546,6 +546,8 @@ class _Heartbeat:
         self._path = path
         self.interval = interval
         self._stop = threading.Event()
+        #: Set while the trial is being completed or failed: a refused beat then is expected.
+        self.finishing = threading.Event()
         #: Set when the server said the trial is no longer running (finished, or its lease
         #: ran out and it went back to ``requested``).
         self.lost: Optional[AugurError] = None
@@ -568,7 +570,7 @@ class _Heartbeat:
                 self._transport.request("POST", self._path, safety=Safety.IDEMPOTENT)
                 self.beats += 1
             except (Conflict, NotFound) as e:
-                if self._stop.is_set():
+                if self._stop.is_set() or self.finishing.is_set():
                     return
                 self.lost = e
                 log.warning("heartbeat stopped: %s", e)
@@ -723,6 +725,8 @@ class Trial:
         return self._finish("fail", {"reason": reason} if reason is not None else {})
 
     def _finish(self, verb: str, body: Dict[str, Any]) -> "Trial":
+        if self._heartbeat is not None:
+            self._heartbeat.finishing.set()
         try:
             self.data = self._http.request(
                 "POST", f"{self._path}/{verb}", json=body, safety=Safety.IDEMPOTENT
@@ -737,6 +741,9 @@ class Trial:
             if current.get("state") not in wanted:
                 raise
             self.data = current
+        finally:
+            if self._heartbeat is not None and self.data.get("state") not in FINISHED_STATES:
+                self._heartbeat.finishing.clear()
         self._finished_here = True
         self.release()
         return self
