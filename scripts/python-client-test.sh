@@ -5,7 +5,7 @@
 # database is dropped afterwards. Makes or reuses a venv in target/python-venv with the client
 # installed editable and its extras (pandas, yaml, optuna, test).
 #   AUGUR_BIN=path     the server binary (default target/debug/augur, built when missing)
-#   PYTEST_ARGS="-k heartbeat -x"   passed to pytest
+# Arguments are passed to pytest: scripts/python-client-test.sh -k "heartbeat or retries" -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,12 +30,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 fi
 
 run_pytest() {
-  # shellcheck disable=SC2086
-  "$VENV/bin/python" -m pytest clients/python/tests -q -p no:cacheprovider ${PYTEST_ARGS:-}
+  "$VENV/bin/python" -m pytest clients/python/tests -q -p no:cacheprovider "$@"
 }
 
 echo "==> Python client on SQLite"
-AUGUR_TEST_DATABASE_URL="" run_pytest
+AUGUR_TEST_DATABASE_URL="" run_pytest "$@"
 
 if [ -n "${AUGUR_TEST_POSTGRES_URL:-}" ]; then
   db="augur_test_pyclient_$$"
@@ -43,5 +42,5 @@ if [ -n "${AUGUR_TEST_POSTGRES_URL:-}" ]; then
   psql "$admin" -qc "CREATE DATABASE $db" >/dev/null
   trap 'psql "$admin" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true' EXIT
   echo "==> Python client on PostgreSQL ($db)"
-  AUGUR_TEST_DATABASE_URL="${admin%/*}/$db" run_pytest
+  AUGUR_TEST_DATABASE_URL="${admin%/*}/$db" run_pytest "$@"
 fi
