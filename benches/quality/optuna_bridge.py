@@ -250,7 +250,8 @@ def main() -> None:
             shown = "-"
             if sampler == "augur":
                 shown = "yes" if all(r["every_trial_shown"] for r in rs) else "NO"
-                shown += f" ({sum(r['augur_complete'] for r in rs)} of {sum(r['optuna_complete'] for r in rs)})"
+                in_augur = sum(r["augur_complete"] for r in rs)
+                shown += f" ({in_augur} of {sum(r['optuna_complete'] for r in rs)})"
             print(f"| {function} | {label} | {SUITE[function][3]} | {len(rs)} | "
                   f"{statistics.median(regrets):.3g} | {statistics.mean(regrets):.3g} | {shown} |")
 

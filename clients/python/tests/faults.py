@@ -9,6 +9,7 @@ client never hears of it). Everything else is forwarded unchanged.
 from __future__ import annotations
 
 import re
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -144,20 +145,17 @@ class TcpProxy:
     database "outage" for one Augur server, without touching the database others use."""
 
     def __init__(self, target_host: str, target_port: int) -> None:
-        import socket
-
-        self._socket = socket
         self.target = (target_host, target_port)
-        self._conns: List["socket.socket"] = []
+        self._conns: List[socket.socket] = []
         self._lock = threading.Lock()
-        self._listener: Optional["socket.socket"] = None
+        self._listener: Optional[socket.socket] = None
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
 
     def start(self) -> "TcpProxy":
-        s = self._socket.socket()
-        s.setsockopt(self._socket.SOL_SOCKET, self._socket.SO_REUSEADDR, 1)
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", self.port))
         s.listen(64)
         self._listener = s
@@ -172,27 +170,27 @@ class TcpProxy:
             conns, self._conns = self._conns, []
         if listener is not None:
             try:
-                listener.shutdown(self._socket.SHUT_RDWR)
+                listener.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
             listener.close()
         for c in conns:
             try:
-                c.shutdown(self._socket.SHUT_RDWR)
+                c.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
             c.close()
 
     stop = cut
 
-    def _accept(self, listener: "socket.socket") -> None:
+    def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
                 client, _ = listener.accept()
             except OSError:
                 return
             try:
-                upstream = self._socket.create_connection(self.target, timeout=5)
+                upstream = socket.create_connection(self.target, timeout=5)
                 upstream.settimeout(None)
             except OSError:
                 client.close()
@@ -207,7 +205,7 @@ class TcpProxy:
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
     @staticmethod
-    def _pump(src: "socket.socket", dst: "socket.socket") -> None:
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
         try:
             while True:
                 data = src.recv(65536)

@@ -12,7 +12,6 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 
-import augur  # noqa: E402
 from augur.optuna import AugurSampler, UnsupportedSearchSpace, augur_parameter  # noqa: E402
 from conftest import REPO, unique_name  # noqa: E402
 
