@@ -1,5 +1,5 @@
 """A held trial's background heartbeat keeps its lease; a released one goes back to the
-study when its lease runs out. Studies here have a 2-second `trial_lease_secs`."""
+study when its lease runs out. Studies here have a 3-second `trial_lease_secs`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 import augur
 
-LEASE = 2
+LEASE = 3
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def study(client, make_spec):
 
 def test_a_held_trial_keeps_its_lease_well_past_it(study):
     trial = study.suggest(1, "holder")[0]
-    time.sleep(3 * LEASE)
+    time.sleep(2 * LEASE + 1)
     # Another worker asking (which also expires stale leases) gets nothing: the cap is full.
     other = study.suggest(1, "other")
     assert list(other) == [] and other.retry_after_secs is not None
