@@ -1,33 +1,32 @@
 #!/usr/bin/env python3
-"""An ask/tell worker with only the Python standard library.
+"""An ask/tell worker on Augur's Python client (clients/python).
 
 Asks Augur for a trial, "trains" (a synthetic loss curve whose optimum is known: learning
 rate 0.01, l2 1e-4, depth 3, adam), reports a measurement per epoch, asks whether to stop
-early, completes the trial, and repeats until the study is done.
+early, completes the trial, and repeats until the study is done. While it trains, the client
+renews the trial's lease in the background; an exception fails the trial.
 
     python3 examples/ask-tell/worker.py --study 1 [--url http://127.0.0.1:8080] [--client w1]
+
+It runs from a fresh checkout (the client is taken from clients/python/src when it is not
+installed; it needs httpx: `pip install httpx`, or `pip install -e clients/python`). A worker
+restarted with the same --client resumes the trials it held.
 """
 import argparse
-import json
 import math
 import os
-import time
-import urllib.error
-import urllib.request
+import sys
 
-
-def call(url, method, path, body=None, token=None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url + path, data=data, method=method)
-    req.add_header("content-type", "application/json")
-    if token:
-        req.add_header("authorization", "Bearer " + token)
+try:
+    import augur
+except ImportError:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                    "clients", "python", "src"))
     try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            text = resp.read().decode()
-            return json.loads(text) if text else None
-    except urllib.error.HTTPError as e:
-        raise SystemExit(f"{method} {path}: {e.code} {e.read().decode()}")
+        import augur
+    except ImportError as e:
+        sys.exit(f"{e}: the Python client needs httpx: pip install httpx "
+                 "(or pip install -e clients/python)")
 
 
 def loss_at(params, epoch):
@@ -46,32 +45,20 @@ def main():
     ap.add_argument("--client", default="worker-%d" % os.getpid())
     ap.add_argument("--epochs", type=int, default=10)
     args = ap.parse_args()
-    token = os.environ.get("AUGUR_TOKEN")
-    s = args.study
-    while True:
-        answer = call(args.url, "POST", f"/v1/studies/{s}/suggest", {"count": 1, "client_id": args.client}, token)
-        if not answer["trials"]:
-            if answer.get("retry_after_secs") is None:
-                print(f"study {s} is {answer['study_state']}")
-                break
-            time.sleep(answer["retry_after_secs"])
-            continue
-        trial = answer["trials"][0]
-        t, params = trial["id"], trial["parameters"]
-        stopped = False
-        for epoch in range(1, args.epochs + 1):
-            loss = loss_at(params, epoch)
-            call(args.url, "POST", f"/v1/studies/{s}/trials/{t}/measurements",
-                 {"step": epoch, "metrics": {"loss": loss}}, token)
-            if call(args.url, "GET", f"/v1/studies/{s}/trials/{t}/should_stop", None, token)["should_stop"]:
-                stopped = True
-                break
-        done = call(args.url, "POST", f"/v1/studies/{s}/trials/{t}/complete", {}, token)
-        note = " (stopped early)" if stopped else ""
-        print(f"trial {t}: loss {done['final_measurement']['metrics']['loss']:.4f}{note} {params}")
-    best = call(args.url, "GET", f"/v1/studies/{s}/optimal_trials", None, token)["trials"]
-    if best:
-        print("best:", best[0]["id"], best[0]["parameters"], best[0]["final_measurement"]["metrics"])
+    with augur.Client(args.url) as client:  # the token, if any, from $AUGUR_TOKEN
+        study = client.study(args.study)
+        for trial in study.work(args.client):  # waits while the cap is full; ends with the study
+            with trial:  # completes from the measurements on exit; an exception fails it
+                for epoch in range(1, args.epochs + 1):
+                    trial.report(epoch, {"loss": loss_at(trial.parameters, epoch)})
+                    if trial.should_stop():
+                        break
+            note = " (stopped early)" if trial.data.get("early_stopped") else ""
+            print(f"trial {trial.id}: loss {trial.metrics['loss']:.4f}{note} {trial.parameters}")
+        print(f"study {study.id} is {study.refresh().state}")
+        best = study.best()
+        if best:
+            print("best:", best.id, best.parameters, best.metrics)
 
 
 if __name__ == "__main__":
