@@ -30,6 +30,9 @@ cargo test --workspace --no-fail-fast 2>&1 | tee target/test-output.txt
 # a closing line for the record: totals over every test binary
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i }' target/test-output.txt
 
+step "Python client against a live server (scripts/python-client-test.sh)"
+scripts/python-client-test.sh
+
 step "dashboard in headless Chromium (scripts/browser-test.sh)"
 # The debug binary `cargo test` already built: a release build would add ~10 minutes to CI.
 # Timings quoted in notes come from `scripts/browser-test.sh` run alone (release).
