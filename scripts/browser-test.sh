@@ -45,7 +45,7 @@ run_on() {
   local label=$1 db=$2
   echo "== $label: seeding ($large trials in the large study)"
   if ! AUGUR_BROWSER_DB="$db" AUGUR_BROWSER_LARGE="$large" \
-    cargo test --quiet --test dashboard seed_browser_fixture -- --ignored --exact --nocapture >"$work/seed.log" 2>&1; then
+    cargo test --quiet --test api dashboard::seed_browser_fixture -- --ignored --exact --nocapture >"$work/seed.log" 2>&1; then
     cat "$work/seed.log"
     exit 1
   fi

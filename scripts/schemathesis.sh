@@ -119,7 +119,7 @@ run_pass() {
     "$@")
 }
 status=0
-# POST /login takes a browser form, not JSON: tests/dashboard.rs covers it.
+# POST /login takes a browser form, not JSON: tests/api/dashboard.rs covers it.
 run_pass "all but DELETE" --exclude-method DELETE --exclude-path /login || status=$?
 if [ "$status" -ne 124 ]; then
   run_pass "DELETE" --include-method DELETE || { s=$?; [ "$status" -eq 0 ] && status=$s; }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Start a one-node Slurm cluster on this machine for tests/slurm.rs (installing slurm-wlm and
+# Start a one-node Slurm cluster on this machine for tests/jobs/slurm.rs (installing slurm-wlm and
 # munge when missing), exactly as ../shared/RUNBOOK.md describes: munged, slurmctld, slurmd,
 # one partition `debug` holding this host. Waits until `sinfo` shows the node idle.
 # Idempotent: daemons already running are left alone; a second run changes nothing.

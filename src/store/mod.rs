@@ -1,6 +1,6 @@
 //! Persistence: the only code that speaks SQL. One [`Store`] interface, implemented for
 //! PostgreSQL and SQLite from the same SQL (see `sql.rs`), proven equal by the conformance
-//! suite in `tests/store_conformance.rs`.
+//! suite in `tests/api/store.rs`.
 
 mod postgres;
 mod records;

@@ -1,5 +1,5 @@
 // The dashboard in headless Chromium against a live server seeded by
-// `cargo test --test dashboard seed_browser_fixture -- --ignored` (see scripts/browser-test.sh):
+// `cargo test --test api dashboard::seed_browser_fixture -- --ignored` (see scripts/browser-test.sh):
 // pages show the numbers the API holds, the table filters and sorts, a trial completed through
 // the API appears without a reload, and on the 50,000-trial study the first meaningful paint
 // and each live update stay under a second. Screenshots go to $ARTIFACTS.

@@ -2,6 +2,7 @@
 //! the server on port 0 in-process or as a real `augur` process, and a small JSON client.
 #![allow(
     dead_code,
+    unused_macros,
     reason = "each test binary uses a different part of these helpers"
 )]
 
@@ -11,6 +12,38 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use augur::{App, ServerConfig};
+
+/// Each named async fn becomes two tests, `name::sqlite` and `name::postgres`: called with
+/// the backend's name (`on_both_backends!(a, b)`), or with a connected store on a fresh
+/// database of that backend (`on_both_backends!(store: a, b)`).
+macro_rules! on_both_backends {
+    (store: $($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn sqlite() {
+                let db = $crate::common::sqlite_db();
+                super::$name(augur::store::connect(&db.url).await.expect("sqlite store")).await
+            }
+            #[tokio::test]
+            async fn postgres() {
+                let db = $crate::common::postgres_db().await;
+                super::$name(augur::store::connect(&db.url).await.expect("postgres store")).await
+            }
+        }
+    )*};
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$name("sqlite").await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$name("postgres").await
+            }
+        }
+    )*};
+}
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 

@@ -1,7 +1,7 @@
 //! `augur worker`: a real worker process keeps its slots busy with pulled trials, reports
 //! stdout metrics over HTTP, and a worker restarted with the same id resumes its trial.
 
-mod common;
+use crate::common;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
 //! Bearer-token auth against a real server and database.
 
-mod common;
+use crate::common;
 
 use augur::{App, ServerConfig};
 use reqwest::{Method, StatusCode};

@@ -1,7 +1,7 @@
 //! `openapi.yaml` is the committed snapshot of the spec the router generates: a route the
 //! spec lacks, or a spec path the server does not route, fails here.
 
-mod common;
+use crate::common;
 
 use reqwest::{Method, StatusCode};
 

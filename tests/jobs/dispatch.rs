@@ -3,7 +3,7 @@
 //! whole process group, cancels jobs when a study stops, survives a SIGKILL of the service,
 //! and collects metrics from stdout and from the real `cloudml-hypertune` package.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,7 +1,7 @@
 //! One conformance suite for every `Store` and `StudyTx` operation, run against a real
 //! SQLite file and a real PostgreSQL database: both backends must behave the same.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,24 +12,7 @@ use augur::store::{Store, StudyTx, TrialRecord, TrialToken};
 use augur_optimizer::Value;
 use chrono::{DateTime, Duration, Utc};
 
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test]
-            async fn sqlite() {
-                let db = crate::common::sqlite_db();
-                super::$name(augur::store::connect(&db.url).await.expect("sqlite store")).await
-            }
-            #[tokio::test]
-            async fn postgres() {
-                let db = crate::common::postgres_db().await;
-                super::$name(augur::store::connect(&db.url).await.expect("postgres store")).await
-            }
-        }
-    )*};
-}
-
-on_both_backends!(
+on_both_backends!(store:
     studies_insert_get_list_filter_delete,
     study_transaction_inserts_updates_and_commits,
     dropped_transaction_rolls_back,

@@ -3,7 +3,7 @@
 //! PostgreSQL database (and, second, one server on a SQLite file), while a monitor reads the
 //! database directly and records the most unfinished trials it ever saw committed.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! study must still finish with exactly `max_trials` trials. Run on a SQLite file and on
 //! PostgreSQL.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 //! Needs Slurm running on this machine: `scripts/start-slurm.sh` (which `scripts/test.sh`
 //! runs) installs and starts it. Without it these tests fail; they never skip.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,7 +1,7 @@
 //! The default algorithm (GP bandit) through the service: ask/tell workers with
 //! `parallel_trials: 5` converge on a known function, far better than random search.
 
-mod common;
+use crate::common;
 
 use common::TestApp;
 use serde_json::json;

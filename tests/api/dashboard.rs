@@ -4,7 +4,7 @@
 //! The browser itself is driven by `scripts/browser-test.sh`; its seed data comes from the
 //! ignored `seed_browser_fixture` below.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

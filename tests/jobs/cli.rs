@@ -1,7 +1,7 @@
 //! The `augur` binary as users run it: `study` subcommands against a live server, a
 //! clear one-line error when there is none, and `augur run` stopped with Ctrl-C and resumed.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};

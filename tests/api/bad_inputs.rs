@@ -1,0 +1,418 @@
+//! Bad input of every kind is answered with the right status and the offending field, and
+//! changes nothing stored.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::common::{TestApp, spec};
+use crate::support::{app, suggest};
+
+on_both_backends!(
+    bad_study_specs_name_their_field_and_create_nothing,
+    bad_trial_requests_and_queries_name_their_field_and_change_nothing,
+    unknown_ids_and_routes_are_404_and_bodies_must_be_small_json,
+);
+
+/// A study whose state is compared before and after the bad requests.
+async fn snapshot(app: &TestApp, id: i64) -> (Value, Value) {
+    let mut study = app.get(&format!("/v1/studies/{id}")).await.body;
+    study.as_object_mut().map(|o| o.remove("updated_at"));
+    (
+        study,
+        app.get(&format!("/v1/studies/{id}/trials")).await.body,
+    )
+}
+
+/// A study with one trial and a measurement, and what it looks like before bad requests.
+async fn fixture(backend: &str) -> (TestApp, i64, (Value, Value), usize) {
+    let app = app(backend).await;
+    let id = app.create_study(spec("random", 10, 2)).await;
+    suggest(&app, id, 1, None).await;
+    app.post(
+        &format!("/v1/studies/{id}/trials/1/measurements"),
+        json!({"step": 1, "metrics": {"accuracy": 0.4}}),
+    )
+    .await;
+    let before = snapshot(&app, id).await;
+    let studies = study_count(&app).await;
+    (app, id, before, studies)
+}
+
+async fn study_count(app: &TestApp) -> usize {
+    app.get("/v1/studies").await.body["studies"]
+        .as_array()
+        .map_or(0, Vec::len)
+}
+
+/// Each case is answered with its status, `invalid_argument` and its field.
+async fn assert_invalid(
+    app: &TestApp,
+    cases: Vec<(Method, String, Option<Value>, StatusCode, &str)>,
+) {
+    for (method, path, body, status, field) in cases {
+        let r = app.call(method.clone(), &path, body.clone()).await;
+        assert_eq!(r.status, status, "{method} {path} {body:?}: {}", r.body);
+        assert_eq!(
+            r.body["error"]["code"], "invalid_argument",
+            "{method} {path}"
+        );
+        assert_eq!(
+            r.body["error"]["field"], field,
+            "{method} {path} {body:?}: {}",
+            r.body
+        );
+        assert!(
+            r.body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty())
+        );
+    }
+}
+
+/// A spec like the fixture's with `patch`'s fields replaced.
+fn spec_with(patch: Value) -> Value {
+    let mut s = spec("random", 10, 2);
+    if let (Some(o), Some(p)) = (s.as_object_mut(), patch.as_object()) {
+        for (k, v) in p {
+            o.insert(k.clone(), v.clone());
+        }
+    }
+    s
+}
+
+fn spec_with_parameter(p: Value) -> Value {
+    spec_with(json!({"parameters": [p]}))
+}
+
+async fn bad_study_specs_name_their_field_and_create_nothing(backend: &str) {
+    let (app, id, before, studies) = fixture(backend).await;
+    let with = spec_with;
+    let param = spec_with_parameter;
+    let cases: Vec<(Method, String, Option<Value>, StatusCode, &str)> = vec![
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(param(
+                json!({"id": "x", "type": "double", "min": 2, "max": 1}),
+            )),
+            StatusCode::BAD_REQUEST,
+            "parameters[0].min",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(param(
+                json!({"id": "x", "type": "double", "min": 0, "max": 1, "scale": "log"}),
+            )),
+            StatusCode::BAD_REQUEST,
+            "parameters[0].min",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(param(
+                json!({"id": "x", "type": "categorical", "values": []}),
+            )),
+            StatusCode::BAD_REQUEST,
+            "parameters[0].values",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(param(
+                json!({"id": "x", "type": "discrete", "values": [1, 3, 2]}),
+            )),
+            StatusCode::BAD_REQUEST,
+            "parameters[0].values[2]",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(param(
+                json!({"id": "x", "type": "integer", "min": 1.5, "max": 4}),
+            )),
+            StatusCode::BAD_REQUEST,
+            "parameters[0].min",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(param(
+                json!({"id": "x", "type": "double", "min": 0, "max": 1, "colour": "red"}),
+            )),
+            StatusCode::BAD_REQUEST,
+            "parameters[0].colour",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(param(json!({"id": "x", "type": "tensor"}))),
+            StatusCode::BAD_REQUEST,
+            "parameters[0].type",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(json!({"parameters": [
+            {"id": "x", "type": "double", "min": 0, "max": 1}, {"id": "x", "type": "double", "min": 0, "max": 1}]}))),
+            StatusCode::BAD_REQUEST,
+            "parameters[1].id",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(param(
+                json!({"id": "k", "type": "categorical", "values": ["a"],
+            "children": [{"when": ["b"], "parameters": [{"id": "y", "type": "double", "min": 0, "max": 1}]}]}),
+            )),
+            StatusCode::BAD_REQUEST,
+            "parameters[0].children[0].when[0]",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(json!({"parallel_trials": 0}))),
+            StatusCode::BAD_REQUEST,
+            "parallel_trials",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(json!({"max_trials": -3}))),
+            StatusCode::BAD_REQUEST,
+            "max_trials",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(json!({"metrics": []}))),
+            StatusCode::BAD_REQUEST,
+            "metrics",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(
+                json!({"metrics": [{"id": "a", "goal": "maximize"}, {"id": "a", "goal": "minimize"}]}),
+            )),
+            StatusCode::BAD_REQUEST,
+            "metrics[1].id",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(json!({"algorithm": "magic"}))),
+            StatusCode::BAD_REQUEST,
+            "algorithm",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(json!({"unknown_knob": 1}))),
+            StatusCode::BAD_REQUEST,
+            "unknown_knob",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(
+                json!({"early_stopping": {"rule": "median", "sigmas": 2}}),
+            )),
+            StatusCode::BAD_REQUEST,
+            "early_stopping.sigmas",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(json!("not an object")),
+            StatusCode::BAD_REQUEST,
+            "body",
+        ),
+    ];
+    assert_invalid(&app, cases).await;
+    assert_eq!(snapshot(&app, id).await, before, "nothing stored changed");
+    assert_eq!(study_count(&app).await, studies, "no study created");
+}
+
+async fn bad_trial_requests_and_queries_name_their_field_and_change_nothing(backend: &str) {
+    let (app, id, before, studies) = fixture(backend).await;
+    let study_path = format!("/v1/studies/{id}");
+    let cases: Vec<(Method, String, Option<Value>, StatusCode, &str)> = vec![
+        (
+            Method::PATCH,
+            study_path.clone(),
+            Some(json!({"parallel_trials": 0})),
+            StatusCode::BAD_REQUEST,
+            "parallel_trials",
+        ),
+        (
+            Method::PATCH,
+            study_path.clone(),
+            Some(json!({"name": "renamed"})),
+            StatusCode::BAD_REQUEST,
+            "name",
+        ),
+        (
+            Method::POST,
+            format!("{study_path}/suggest"),
+            Some(json!({"count": 0})),
+            StatusCode::BAD_REQUEST,
+            "count",
+        ),
+        (
+            Method::POST,
+            format!("{study_path}/suggest"),
+            Some(json!({"count": "two"})),
+            StatusCode::BAD_REQUEST,
+            "count",
+        ),
+        (
+            Method::POST,
+            format!("{study_path}/suggest"),
+            Some(json!({"client_id": ""})),
+            StatusCode::BAD_REQUEST,
+            "client_id",
+        ),
+        (
+            Method::POST,
+            format!("{study_path}/trials"),
+            Some(json!({"parameters": {"lr": 5.0, "layers": 1, "batch": 16, "kernel": "rbf"}})),
+            StatusCode::BAD_REQUEST,
+            "parameters.lr",
+        ),
+        (
+            Method::POST,
+            format!("{study_path}/trials"),
+            Some(
+                json!({"parameters": {"lr": 0.1, "layers": 1, "batch": 16, "kernel": "rbf", "degree": 2}}),
+            ),
+            StatusCode::BAD_REQUEST,
+            "parameters.degree",
+        ),
+        (
+            Method::POST,
+            format!("{study_path}/trials"),
+            Some(json!({"parameters": {"lr": 0.1, "layers": 1, "batch": 16}})),
+            StatusCode::BAD_REQUEST,
+            "parameters.kernel",
+        ),
+        (
+            Method::POST,
+            format!("{study_path}/trials/1/measurements"),
+            Some(json!({"step": -1, "metrics": {"accuracy": 0.1}})),
+            StatusCode::BAD_REQUEST,
+            "step",
+        ),
+        (
+            Method::POST,
+            format!("{study_path}/trials/1/measurements"),
+            Some(json!({"step": 2, "metrics": {"loss": 0.1}})),
+            StatusCode::BAD_REQUEST,
+            "metrics.loss",
+        ),
+        (
+            Method::POST,
+            format!("{study_path}/trials/1/measurements"),
+            Some(json!({"step": 2, "metrics": {}})),
+            StatusCode::BAD_REQUEST,
+            "metrics",
+        ),
+        (
+            Method::POST,
+            format!("{study_path}/trials/1/complete"),
+            Some(json!({"metrics": {"accuracy": 0.5}, "infeasible_reason": "x"})),
+            StatusCode::BAD_REQUEST,
+            "infeasible_reason",
+        ),
+        (
+            Method::POST,
+            format!("{study_path}/trials/1/complete"),
+            Some(json!({"metrics": {}})),
+            StatusCode::BAD_REQUEST,
+            "metrics.accuracy",
+        ),
+        (
+            Method::POST,
+            format!("{study_path}/trials/1/complete"),
+            Some(json!({"infeasible_reason": "  "})),
+            StatusCode::BAD_REQUEST,
+            "infeasible_reason",
+        ),
+        (
+            Method::GET,
+            format!("{study_path}/trials?page_size=0"),
+            None,
+            StatusCode::BAD_REQUEST,
+            "page_size",
+        ),
+        (
+            Method::GET,
+            format!("{study_path}/trials?page_token=abc"),
+            None,
+            StatusCode::BAD_REQUEST,
+            "page_token",
+        ),
+        (
+            Method::GET,
+            format!("{study_path}/trials?state=sleeping"),
+            None,
+            StatusCode::BAD_REQUEST,
+            "state",
+        ),
+        (
+            Method::GET,
+            "/v1/studies?colour=red".into(),
+            None,
+            StatusCode::BAD_REQUEST,
+            "colour",
+        ),
+    ];
+    assert_invalid(&app, cases).await;
+    assert_eq!(snapshot(&app, id).await, before, "nothing stored changed");
+    assert_eq!(study_count(&app).await, studies);
+}
+
+async fn unknown_ids_and_routes_are_404_and_bodies_must_be_small_json(backend: &str) {
+    let (app, id, before, studies) = fixture(backend).await;
+    let study_path = format!("/v1/studies/{id}");
+    let not_found: Vec<(Method, String)> = vec![
+        (Method::GET, "/v1/studies/999".into()),
+        (Method::GET, "/v1/studies/abc".into()),
+        (Method::GET, format!("{study_path}/trials/99")),
+        (Method::POST, format!("{study_path}/trials/99/complete")),
+        (Method::POST, "/v1/studies/999/suggest".into()),
+        (Method::GET, "/v1/nothing-here".into()),
+    ];
+    for (method, path) in not_found {
+        let r = app.call(method.clone(), &path, Some(json!({}))).await;
+        assert_eq!(
+            r.status,
+            StatusCode::NOT_FOUND,
+            "{method} {path}: {}",
+            r.body
+        );
+        assert_eq!(r.body["error"]["code"], "not_found");
+    }
+    let not_json = app
+        .http
+        .post(format!("{}/v1/studies", app.base))
+        .header("content-type", "text/plain")
+        .body("name: x")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(not_json.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    // Its own client: the server answers 413 without reading the body and drops the
+    // connection, which a pooled client could otherwise pick for the next request.
+    let huge = reqwest::Client::new()
+        .post(format!("{}/v1/studies", app.base))
+        .header("content-type", "application/json")
+        .body(format!("{{\"name\": \"{}\"}}", "x".repeat(2 * 1024 * 1024)))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(huge.status(), StatusCode::PAYLOAD_TOO_LARGE);
+
+    assert_eq!(snapshot(&app, id).await, before, "nothing stored changed");
+    assert_eq!(study_count(&app).await, studies);
+}

@@ -1,0 +1,315 @@
+//! Studies over HTTP: their lifecycle, budgets changed live, several metrics, every
+//! designer, paging, and what `/metrics` reports.
+
+use std::collections::BTreeSet;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::common::spec;
+use crate::support::{app, complete, ids, suggest};
+
+on_both_backends!(
+    study_lifecycle_create_get_list_patch_stop_delete,
+    max_failed_trials_fails_study_and_raising_it_reopens,
+    raising_max_trials_reopens_completed_study,
+    pareto_set_for_two_metrics,
+    quasi_random_and_grid_designers_through_the_service,
+    paging_through_trials_and_studies,
+    metrics_endpoint_reports_requests_and_trials,
+);
+
+async fn study_lifecycle_create_get_list_patch_stop_delete(backend: &str) {
+    let app = app(backend).await;
+    let r = app.post("/v1/studies", spec("random", 10, 2)).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let id = r.body["id"].as_i64().expect("id");
+    assert_eq!(r.body["state"], "active");
+    assert_eq!(r.body["spec"]["seed"], 7);
+    assert_eq!(
+        r.body["spec"]["measurement_selection"], "last",
+        "defaults are filled in"
+    );
+    assert_eq!(
+        r.body["spec"]["parameters"][1]["max"], 8,
+        "integer bounds stay integers"
+    );
+
+    let no_seed = {
+        let mut s = spec("random", 3, 1);
+        s.as_object_mut().expect("object").remove("seed");
+        s["name"] = json!("other study");
+        app.post("/v1/studies", s).await
+    };
+    assert!(
+        no_seed.body["spec"]["seed"].is_u64(),
+        "a seed is chosen and stored"
+    );
+
+    let got = app.get(&format!("/v1/studies/{id}")).await;
+    assert_eq!(got.status, StatusCode::OK);
+    assert_eq!(got.body["trial_counts"]["total"], 0);
+    assert_eq!(got.body["best_trial"], Value::Null);
+
+    let listed = app.get("/v1/studies?state=active").await;
+    assert_eq!(listed.body["studies"].as_array().map(Vec::len), Some(2));
+    let by_name = app.get("/v1/studies?name=OTHER").await;
+    assert_eq!(
+        ids(&by_name.body["studies"]),
+        vec![no_seed.body["id"].as_i64().expect("id")]
+    );
+
+    let patched = app
+        .call(
+            Method::PATCH,
+            &format!("/v1/studies/{id}"),
+            Some(json!({"max_trials": 20, "parallel_trials": 3})),
+        )
+        .await;
+    assert_eq!(patched.status, StatusCode::OK, "{}", patched.body);
+    assert_eq!(patched.body["spec"]["max_trials"], 20);
+    assert_eq!(patched.body["spec"]["parallel_trials"], 3);
+
+    let stopped = app.post(&format!("/v1/studies/{id}/stop"), json!({})).await;
+    assert_eq!(stopped.body["state"], "stopped");
+    let after = suggest(&app, id, 1, None).await;
+    assert_eq!(after["trials"], json!([]));
+    assert_eq!(after["study_state"], "stopped");
+    assert!(
+        after.get("retry_after_secs").is_none(),
+        "a stopped study says no retry"
+    );
+    let patch_stopped = app
+        .call(
+            Method::PATCH,
+            &format!("/v1/studies/{id}"),
+            Some(json!({"max_trials": 30})),
+        )
+        .await;
+    assert_eq!(patch_stopped.status, StatusCode::CONFLICT);
+    assert_eq!(
+        app.get("/v1/studies?state=stopped").await.body["studies"]
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
+
+    let deleted = app
+        .call(Method::DELETE, &format!("/v1/studies/{id}"), None)
+        .await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        app.get(&format!("/v1/studies/{id}")).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        app.call(Method::DELETE, &format!("/v1/studies/{id}"), None)
+            .await
+            .status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+async fn max_failed_trials_fails_study_and_raising_it_reopens(backend: &str) {
+    let app = app(backend).await;
+    let mut s = spec("random", 10, 2);
+    s["max_failed_trials"] = json!(2);
+    let id = app.create_study(s).await;
+    suggest(&app, id, 2, None).await;
+    app.post(
+        &format!("/v1/studies/{id}/trials/1/fail"),
+        json!({"reason": "x"}),
+    )
+    .await;
+    assert_eq!(
+        app.get(&format!("/v1/studies/{id}")).await.body["state"],
+        "active"
+    );
+    app.post(
+        &format!("/v1/studies/{id}/trials/2/fail"),
+        json!({"reason": "y"}),
+    )
+    .await;
+    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    assert_eq!(study["state"], "failed");
+    assert!(
+        study["state_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("2 trials failed"))
+    );
+    assert_eq!(suggest(&app, id, 1, None).await["study_state"], "failed");
+    let reopened = app
+        .call(
+            Method::PATCH,
+            &format!("/v1/studies/{id}"),
+            Some(json!({"max_failed_trials": 5})),
+        )
+        .await;
+    assert_eq!(reopened.body["state"], "active", "{}", reopened.body);
+    assert_eq!(ids(&suggest(&app, id, 1, None).await["trials"]), vec![3]);
+}
+
+async fn raising_max_trials_reopens_completed_study(backend: &str) {
+    let app = app(backend).await;
+    let id = app.create_study(spec("random", 1, 1)).await;
+    suggest(&app, id, 1, None).await;
+    complete(&app, id, 1, 0.5).await;
+    assert_eq!(
+        app.get(&format!("/v1/studies/{id}")).await.body["state"],
+        "completed"
+    );
+    let r = app
+        .call(
+            Method::PATCH,
+            &format!("/v1/studies/{id}"),
+            Some(json!({"max_trials": 2})),
+        )
+        .await;
+    assert_eq!(r.body["state"], "active");
+    assert_eq!(ids(&suggest(&app, id, 1, None).await["trials"]), vec![2]);
+}
+
+async fn pareto_set_for_two_metrics(backend: &str) {
+    let app = app(backend).await;
+    let mut s = spec("random", 10, 5);
+    s["metrics"] =
+        json!([{"id": "accuracy", "goal": "maximize"}, {"id": "latency", "goal": "minimize"}]);
+    let id = app.create_study(s).await;
+    suggest(&app, id, 5, None).await;
+    for (t, acc, lat) in [
+        (1, 0.8, 20.0),
+        (2, 0.85, 15.0),
+        (3, 0.9, 30.0),
+        (4, 0.7, 5.0),
+        (5, 0.6, 40.0),
+    ] {
+        let r = app
+            .post(
+                &format!("/v1/studies/{id}/trials/{t}/complete"),
+                json!({"metrics": {"accuracy": acc, "latency": lat}}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    }
+    let front = app
+        .get(&format!("/v1/studies/{id}/optimal_trials"))
+        .await
+        .body;
+    assert_eq!(ids(&front["trials"]), vec![2, 3, 4]);
+    let missing = app.post(&format!("/v1/studies/{id}/trials"), json!({"parameters": {"lr": 0.1, "layers": 1, "batch": 16, "kernel": "rbf"}, "final_measurement": {"metrics": {"accuracy": 0.5}}})).await;
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        missing.body["error"]["field"],
+        "final_measurement.metrics.latency"
+    );
+}
+
+async fn quasi_random_and_grid_designers_through_the_service(backend: &str) {
+    let app = app(backend).await;
+    let qid = app.create_study(spec("quasi_random", 16, 16)).await;
+    let q = suggest(&app, qid, 16, None).await;
+    let distinct: BTreeSet<String> = q["trials"]
+        .as_array()
+        .expect("trials")
+        .iter()
+        .map(|t| t["parameters"].to_string())
+        .collect();
+    assert_eq!(distinct.len(), 16);
+
+    let grid = json!({
+        "name": "grid", "algorithm": "grid",
+        "metrics": [{"id": "accuracy", "goal": "maximize"}],
+        "parameters": [
+            {"id": "layers", "type": "integer", "min": 1, "max": 3},
+            {"id": "opt", "type": "categorical", "values": ["sgd", "adam"]}
+        ],
+        "max_trials": 100, "parallel_trials": 10
+    });
+    let gid = app.create_study(grid).await;
+    let g = suggest(&app, gid, 10, None).await;
+    let points: BTreeSet<String> = g["trials"]
+        .as_array()
+        .expect("trials")
+        .iter()
+        .map(|t| t["parameters"].to_string())
+        .collect();
+    assert_eq!(points.len(), 6, "a 3x2 grid has 6 points: {points:?}");
+    for t in ids(&g["trials"]) {
+        complete(&app, gid, t, 0.5).await;
+    }
+    let study = app.get(&format!("/v1/studies/{gid}")).await.body;
+    assert_eq!(
+        study["state"], "completed",
+        "an exhausted grid completes the study"
+    );
+    assert_eq!(study["trial_counts"]["total"], 6);
+}
+
+async fn paging_through_trials_and_studies(backend: &str) {
+    let app = app(backend).await;
+    let id = app.create_study(spec("random", 25, 25)).await;
+    suggest(&app, id, 25, None).await;
+    let mut seen = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let path = match &token {
+            Some(t) => format!("/v1/studies/{id}/trials?page_size=10&page_token={t}"),
+            None => format!("/v1/studies/{id}/trials?page_size=10"),
+        };
+        let page = app.get(&path).await.body;
+        seen.extend(ids(&page["trials"]));
+        match page["next_page_token"].as_str() {
+            Some(t) => token = Some(t.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, (1..=25).collect::<Vec<_>>());
+    complete(&app, id, 7, 0.1).await;
+    let completed = app
+        .get(&format!("/v1/studies/{id}/trials?state=completed"))
+        .await
+        .body;
+    assert_eq!(ids(&completed["trials"]), vec![7]);
+    for n in 0..3 {
+        let mut s = spec("random", 1, 1);
+        s["name"] = json!(format!("s{n}"));
+        app.create_study(s).await;
+    }
+    let first = app.get("/v1/studies?page_size=2").await.body;
+    assert_eq!(first["studies"].as_array().map(Vec::len), Some(2));
+    let token = first["next_page_token"].as_str().expect("more pages");
+    let second = app
+        .get(&format!("/v1/studies?page_size=2&page_token={token}"))
+        .await
+        .body;
+    assert_eq!(second["studies"].as_array().map(Vec::len), Some(2));
+    assert!(second.get("next_page_token").is_none());
+}
+
+async fn metrics_endpoint_reports_requests_and_trials(backend: &str) {
+    let app = app(backend).await;
+    let id = app.create_study(spec("random", 5, 2)).await;
+    suggest(&app, id, 2, None).await;
+    let text = app
+        .http
+        .get(format!("{}/metrics", app.base))
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("text");
+    assert!(text.contains("augur_http_requests_total"), "{text}");
+    assert!(
+        text.contains("route=\"/v1/studies/{study}/suggest\""),
+        "{text}"
+    );
+    assert!(text.contains("augur_trials{state=\"active\"}"), "{text}");
+    assert!(
+        text.contains("augur_http_request_duration_seconds"),
+        "{text}"
+    );
+    let health = app.get("/healthz").await;
+    assert_eq!(health.body["status"], "ok");
+    assert_eq!(app.get("/readyz").await.status, StatusCode::OK);
+}

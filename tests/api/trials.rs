@@ -1,0 +1,392 @@
+//! Trials over HTTP: measurements and every way to complete, measurement selection,
+//! exclusion, early stopping, and the change cursor of live views.
+
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use crate::common::{self, spawn_app, spec};
+use crate::support::{app, complete, ids, suggest};
+
+on_both_backends!(
+    measurements_and_completion_paths,
+    measurement_selection_best_picks_best_step,
+    excluded_trial_is_not_best_and_not_given_to_optimizer,
+    median_rule_stops_a_bad_trial,
+    changes_cursor_returns_only_what_changed,
+);
+
+async fn measurements_and_completion_paths(backend: &str) {
+    let app = app(backend).await;
+    let id = app.create_study(spec("random", 10, 4)).await;
+    suggest(&app, id, 4, None).await;
+    let m = |step: i64, acc: f64| json!({"step": step, "elapsed_secs": 1.5, "metrics": {"accuracy": acc}});
+    for (step, acc) in [(1, 0.3), (2, 0.6), (3, 0.5)] {
+        let r = app
+            .post(
+                &format!("/v1/studies/{id}/trials/1/measurements"),
+                m(step, acc),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    }
+    // A second report at a step replaces the first.
+    app.post(
+        &format!("/v1/studies/{id}/trials/1/measurements"),
+        m(3, 0.55),
+    )
+    .await;
+    let t1 = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
+    assert_eq!(t1["measurements"].as_array().map(Vec::len), Some(3));
+    assert_eq!(t1["measurements"][2]["metrics"]["accuracy"], 0.55);
+
+    // Empty body: the last measurement becomes final.
+    let r = app
+        .call(
+            Method::POST,
+            &format!("/v1/studies/{id}/trials/1/complete"),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.body["state"], "completed");
+    assert_eq!(r.body["final_measurement"]["step"], 3);
+    assert_eq!(r.body["final_measurement"]["metrics"]["accuracy"], 0.55);
+
+    let done = complete(&app, id, 2, 0.8).await;
+    assert_eq!(done["final_measurement"]["metrics"]["accuracy"], 0.8);
+    let inf = app
+        .post(
+            &format!("/v1/studies/{id}/trials/3/complete"),
+            json!({"infeasible_reason": "diverged"}),
+        )
+        .await;
+    assert_eq!(inf.body["state"], "infeasible");
+    assert_eq!(inf.body["infeasible_reason"], "diverged");
+    let failed = app
+        .post(
+            &format!("/v1/studies/{id}/trials/4/fail"),
+            json!({"reason": "OOM"}),
+        )
+        .await;
+    assert_eq!(failed.body["state"], "failed");
+    assert_eq!(failed.body["fail_reason"], "OOM");
+
+    for (path, body) in [
+        ("trials/2/complete", json!({"metrics": {"accuracy": 1.0}})),
+        ("trials/2/measurements", m(9, 0.1)),
+        ("trials/4/fail", json!({})),
+        ("trials/3/heartbeat", json!({})),
+    ] {
+        let r = app.post(&format!("/v1/studies/{id}/{path}"), body).await;
+        assert_eq!(r.status, StatusCode::CONFLICT, "{path}: {}", r.body);
+        assert_eq!(r.body["error"]["code"], "failed_precondition");
+    }
+    let best = app
+        .get(&format!("/v1/studies/{id}/optimal_trials"))
+        .await
+        .body;
+    assert_eq!(ids(&best["trials"]), vec![2]);
+    let counts = &app.get(&format!("/v1/studies/{id}")).await.body["trial_counts"];
+    assert_eq!(
+        (
+            counts["completed"].as_i64(),
+            counts["infeasible"].as_i64(),
+            counts["failed"].as_i64()
+        ),
+        (Some(2), Some(1), Some(1))
+    );
+}
+
+async fn measurement_selection_best_picks_best_step(backend: &str) {
+    let app = app(backend).await;
+    let mut s = spec("random", 5, 1);
+    s["measurement_selection"] = json!("best");
+    let id = app.create_study(s).await;
+    suggest(&app, id, 1, None).await;
+    for (step, acc) in [(1, 0.3), (2, 0.9), (3, 0.5)] {
+        app.post(
+            &format!("/v1/studies/{id}/trials/1/measurements"),
+            json!({"step": step, "metrics": {"accuracy": acc}}),
+        )
+        .await;
+    }
+    let r = app
+        .post(&format!("/v1/studies/{id}/trials/1/complete"), json!({}))
+        .await;
+    assert_eq!(r.body["final_measurement"]["step"], 2, "{}", r.body);
+    // Without any measurement there is nothing to select.
+    suggest(&app, id, 1, None).await;
+    let none = app
+        .post(&format!("/v1/studies/{id}/trials/2/complete"), json!({}))
+        .await;
+    assert_eq!(none.status, StatusCode::BAD_REQUEST);
+    assert_eq!(none.body["error"]["field"], "metrics");
+    assert_eq!(
+        app.get(&format!("/v1/studies/{id}/trials/2")).await.body["state"],
+        "active"
+    );
+}
+
+async fn excluded_trial_is_not_best_and_not_given_to_optimizer(backend: &str) {
+    let app = app(backend).await;
+    let id = app.create_study(spec("random", 5, 2)).await;
+    suggest(&app, id, 2, None).await;
+    complete(&app, id, 1, 0.99).await;
+    complete(&app, id, 2, 0.5).await;
+    assert_eq!(
+        app.get(&format!("/v1/studies/{id}")).await.body["best_trial"]["id"],
+        1
+    );
+    let r = app
+        .call(
+            Method::PATCH,
+            &format!("/v1/studies/{id}/trials/1"),
+            Some(json!({"excluded": true})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body["excluded"], true);
+    assert_eq!(r.body["state"], "completed", "kept, not deleted");
+    assert_eq!(
+        app.get(&format!("/v1/studies/{id}")).await.body["best_trial"]["id"],
+        2
+    );
+    assert_eq!(
+        ids(&app
+            .get(&format!("/v1/studies/{id}/optimal_trials"))
+            .await
+            .body["trials"]),
+        vec![2]
+    );
+    app.call(
+        Method::PATCH,
+        &format!("/v1/studies/{id}/trials/1"),
+        Some(json!({"excluded": false})),
+    )
+    .await;
+    assert_eq!(
+        app.get(&format!("/v1/studies/{id}")).await.body["best_trial"]["id"],
+        1
+    );
+}
+
+async fn median_rule_stops_a_bad_trial(backend: &str) {
+    let app = app(backend).await;
+    let mut s = spec("random", 20, 1);
+    s["early_stopping"] = json!({"rule": "median", "min_completed_trials": 3});
+    let id = app.create_study(s).await;
+    // Three good trials with rising curves.
+    for trial in 1..=3 {
+        suggest(&app, id, 1, None).await;
+        for step in 1..=5 {
+            let acc = 0.5 + 0.08 * step as f64;
+            app.post(
+                &format!("/v1/studies/{id}/trials/{trial}/measurements"),
+                json!({"step": step, "metrics": {"accuracy": acc}}),
+            )
+            .await;
+        }
+        let r = app
+            .post(
+                &format!("/v1/studies/{id}/trials/{trial}/should_stop"),
+                json!({}),
+            )
+            .await;
+        assert_eq!(
+            r.status,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "should_stop is a GET"
+        );
+        app.post(
+            &format!("/v1/studies/{id}/trials/{trial}/complete"),
+            json!({}),
+        )
+        .await;
+    }
+    suggest(&app, id, 1, None).await;
+    for step in 1..=3 {
+        app.post(
+            &format!("/v1/studies/{id}/trials/4/measurements"),
+            json!({"step": step, "metrics": {"accuracy": 0.1}}),
+        )
+        .await;
+    }
+    let verdict = app
+        .get(&format!("/v1/studies/{id}/trials/4/should_stop"))
+        .await;
+    assert_eq!(verdict.status, StatusCode::OK, "{}", verdict.body);
+    assert_eq!(verdict.body["should_stop"], true);
+    assert_eq!(
+        app.get(&format!("/v1/studies/{id}/trials/4")).await.body["state"],
+        "stopping"
+    );
+    let done = app
+        .post(&format!("/v1/studies/{id}/trials/4/complete"), json!({}))
+        .await;
+    assert_eq!(done.body["state"], "completed");
+    assert_eq!(done.body["early_stopped"], true);
+    // A good trial is not stopped.
+    suggest(&app, id, 1, None).await;
+    app.post(
+        &format!("/v1/studies/{id}/trials/5/measurements"),
+        json!({"step": 3, "metrics": {"accuracy": 0.95}}),
+    )
+    .await;
+    assert_eq!(
+        app.get(&format!("/v1/studies/{id}/trials/5/should_stop"))
+            .await
+            .body["should_stop"],
+        false
+    );
+    assert_eq!(
+        app.get(&format!("/v1/studies/{id}/trials/5")).await.body["state"],
+        "active"
+    );
+}
+
+async fn changes_cursor_returns_only_what_changed(backend: &str) {
+    let app = app(backend).await;
+    let id = app.create_study(spec("random", 10, 3)).await;
+    let empty = app.get(&format!("/v1/studies/{id}/changes")).await.body;
+    assert_eq!(empty["trials"], json!([]));
+    let start = empty["cursor"].as_str().expect("cursor").to_string();
+    suggest(&app, id, 3, None).await;
+    let first = app
+        .get(&format!("/v1/studies/{id}/changes?after={start}"))
+        .await
+        .body;
+    assert_eq!(ids(&first["trials"]), vec![1, 2, 3]);
+    let cursor = first["cursor"].as_str().expect("cursor").to_string();
+    assert_eq!(
+        app.get(&format!("/v1/studies/{id}/changes?after={cursor}"))
+            .await
+            .body["trials"],
+        json!([])
+    );
+    app.post(
+        &format!("/v1/studies/{id}/trials/2/measurements"),
+        json!({"step": 1, "metrics": {"accuracy": 0.3}}),
+    )
+    .await;
+    complete(&app, id, 3, 0.5).await;
+    let next = app
+        .get(&format!("/v1/studies/{id}/changes?after={cursor}"))
+        .await
+        .body;
+    assert_eq!(
+        ids(&next["trials"]),
+        vec![2, 3],
+        "a measurement and a completion, nothing else"
+    );
+    assert_eq!(next["trials"][1]["state"], "completed");
+    assert_eq!(next["trials"][0]["measurements"][0]["step"], 1);
+    let paged = app
+        .get(&format!("/v1/studies/{id}/changes?page_size=2"))
+        .await
+        .body;
+    assert_eq!(paged["has_more"], true);
+    assert_eq!(paged["trials"].as_array().map(Vec::len), Some(2));
+    let bad = app
+        .get(&format!("/v1/studies/{id}/changes?after=yesterday"))
+        .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert_eq!(bad.body["error"]["field"], "after");
+}
+
+/// `should_stop` on a large study reads the curves of the latest completed trials only: its
+/// cost must not grow with the study, since every running trial asks after every
+/// measurement. Counted from PostgreSQL's statistics on the measurements table.
+#[tokio::test]
+async fn should_stop_reads_a_bounded_number_of_curves() {
+    use augur::model::{Measurement, TrialState};
+    use augur::store::TrialRecord;
+    use sqlx::Connection;
+    let app = spawn_app(common::postgres_db().await).await;
+    let mut s = spec("random", 10_000, 1);
+    s["early_stopping"] = json!({"rule": "median", "min_completed_trials": 3});
+    let id = app.create_study(s).await;
+    // 5,000 completed trials with five-step rising curves, written in bulk.
+    let store = augur::store::connect(&app.db.url).await.expect("store");
+    let now = chrono::Utc::now();
+    let completed = 5_000i64;
+    for first in (1..=completed).step_by(1_000) {
+        let mut tx = store.begin_study(id).await.expect("begin").expect("study");
+        let mut study = tx.study().clone();
+        let mut trials = Vec::new();
+        let mut curves = Vec::new();
+        for trial in first..first + 1_000 {
+            let at = |step: i64| Measurement {
+                step,
+                elapsed_secs: None,
+                metrics: [("accuracy".to_string(), 0.5 + 0.08 * step as f64)].into(),
+            };
+            curves.extend((1..=5).map(|step| (trial, at(step))));
+            trials.push(TrialRecord {
+                study_id: id,
+                id: trial,
+                state: TrialState::Completed,
+                parameters: [
+                    ("lr".to_string(), augur_optimizer::Value::Float(0.01)),
+                    ("layers".to_string(), augur_optimizer::Value::Int(2)),
+                    ("batch".to_string(), augur_optimizer::Value::Int(32)),
+                    (
+                        "kernel".to_string(),
+                        augur_optimizer::Value::Str("rbf".into()),
+                    ),
+                ]
+                .into(),
+                client_id: None,
+                final_measurement: Some(at(5)),
+                objective: Some(0.9),
+                infeasible_reason: None,
+                fail_reason: None,
+                early_stopped: false,
+                excluded: false,
+                lease_expires_at: None,
+                created_at: now,
+                started_at: Some(now),
+                completed_at: Some(now),
+                change_seq: study.change_seq + 1,
+                attempts: 0,
+            });
+        }
+        tx.insert_trials(&trials).await.expect("insert");
+        tx.upsert_measurements(&curves, now).await.expect("curves");
+        study.next_trial_id = first + 1_000;
+        study.change_seq += 1;
+        tx.update_study(&study).await.expect("study");
+        tx.commit().await.expect("commit");
+    }
+    suggest(&app, id, 1, None).await;
+    let running = completed + 1;
+    for step in 1..=3 {
+        let r = app
+            .post(
+                &format!("/v1/studies/{id}/trials/{running}/measurements"),
+                json!({"step": step, "metrics": {"accuracy": 0.1}}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    }
+
+    let mut admin = sqlx::PgConnection::connect(&app.db.url)
+        .await
+        .expect("connect");
+    const ROWS_READ: &str = "SELECT COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0) \
+         FROM pg_stat_user_tables WHERE relname = 'measurements'";
+    let before = common::settled_pg_counter(&mut admin, ROWS_READ).await;
+    let verdict = app
+        .get(&format!("/v1/studies/{id}/trials/{running}/should_stop"))
+        .await;
+    let read = common::settled_pg_counter(&mut admin, ROWS_READ).await - before;
+    assert_eq!(verdict.status, StatusCode::OK, "{}", verdict.body);
+    assert_eq!(
+        verdict.body["should_stop"], true,
+        "a trial far below the rest"
+    );
+    assert!(
+        read < 7_000,
+        "should_stop read {read} measurements; the study holds {}",
+        completed * 5
+    );
+}
