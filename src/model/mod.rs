@@ -2,6 +2,7 @@
 //! configuration the service works with, trials and measurements. No IO.
 
 pub mod job;
+mod parameters;
 pub mod request;
 pub mod spec;
 pub mod trial;

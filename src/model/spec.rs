@@ -4,9 +4,7 @@
 use std::collections::BTreeSet;
 
 use augur_optimizer::stopping::StoppingRule;
-use augur_optimizer::{
-    Algorithm, Child, Goal, MetricSpec, Parameter, ParameterKind, Scale, SearchSpace, Value,
-};
+use augur_optimizer::{Algorithm, Goal, MetricSpec, SearchSpace, Value};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -339,7 +337,7 @@ fn positive(value: i64, field: &str) -> Result<u64, ValidationError> {
     Ok(value as u64)
 }
 
-fn check_id(id: &str, field: &str) -> Result<(), ValidationError> {
+pub(super) fn check_id(id: &str, field: &str) -> Result<(), ValidationError> {
     let ok = !id.is_empty()
         && id.len() <= 64
         && id
@@ -365,6 +363,14 @@ impl StudySpec {
             return Err(ValidationError::new(
                 "name",
                 "must be 1-256 characters and not blank",
+            ));
+        }
+        // A name is printed by `augur study list` and shown in terminals and pages: no
+        // escape sequences, NULs or line breaks.
+        if self.name.chars().any(char::is_control) {
+            return Err(ValidationError::new(
+                "name",
+                "must not hold control characters (escape sequences, NUL, line breaks)",
             ));
         }
         if self.metrics.is_empty() {
@@ -400,7 +406,8 @@ impl StudySpec {
             ));
         }
         let mut ids = BTreeSet::new();
-        let parameters = convert_parameters(&self.parameters, "parameters", &mut ids)?;
+        let parameters =
+            super::parameters::convert_parameters(&self.parameters, "parameters", &mut ids)?;
         let max_trials = positive(self.max_trials, "max_trials")?;
         let parallel_trials = positive(self.parallel_trials, "parallel_trials")?;
         let max_failed_trials = self
@@ -475,226 +482,4 @@ impl StudySpec {
         let config = next.validate()?;
         Ok((next, config))
     }
-}
-
-fn convert_parameters(
-    inputs: &[ParameterInput],
-    path: &str,
-    ids: &mut BTreeSet<String>,
-) -> Result<Vec<Parameter>, ValidationError> {
-    inputs
-        .iter()
-        .enumerate()
-        .map(|(i, p)| convert_parameter(p, &format!("{path}[{i}]"), ids))
-        .collect()
-}
-
-fn convert_parameter(
-    p: &ParameterInput,
-    path: &str,
-    ids: &mut BTreeSet<String>,
-) -> Result<Parameter, ValidationError> {
-    let field = |name: &str| format!("{path}.{name}");
-    check_id(&p.id, &field("id"))?;
-    if !ids.insert(p.id.clone()) {
-        return Err(ValidationError::new(
-            field("id"),
-            format!("duplicate parameter id {:?}", p.id),
-        ));
-    }
-    let scale = match p.scale {
-        None | Some(ScaleName::Linear) => Scale::Linear,
-        Some(ScaleName::Log) => Scale::Log,
-        Some(ScaleName::ReverseLog) => Scale::ReverseLog,
-    };
-    let not_allowed = |name: &str, what: &str| {
-        ValidationError::new(
-            field(name),
-            format!("is not allowed for a {what} parameter"),
-        )
-    };
-    let kind = match p.kind {
-        ParameterType::Double | ParameterType::Integer => {
-            let what = if p.kind == ParameterType::Double {
-                "double"
-            } else {
-                "integer"
-            };
-            if p.values.is_some() {
-                return Err(not_allowed("values", what));
-            }
-            let min = p
-                .min
-                .ok_or_else(|| ValidationError::new(field("min"), "is required"))?;
-            let max = p
-                .max
-                .ok_or_else(|| ValidationError::new(field("max"), "is required"))?;
-            if !min.is_finite() {
-                return Err(ValidationError::new(
-                    field("min"),
-                    "must be a finite number",
-                ));
-            }
-            if !max.is_finite() {
-                return Err(ValidationError::new(
-                    field("max"),
-                    "must be a finite number",
-                ));
-            }
-            if min >= max {
-                return Err(ValidationError::new(
-                    field("min"),
-                    format!("min ({min}) must be less than max ({max})"),
-                ));
-            }
-            if scale != Scale::Linear && min <= 0.0 {
-                return Err(ValidationError::new(
-                    field("min"),
-                    "must be > 0 on a log or reverse_log scale",
-                ));
-            }
-            if p.kind == ParameterType::Double {
-                ParameterKind::Double { min, max, scale }
-            } else {
-                for (name, v) in [("min", min), ("max", max)] {
-                    if v.fract() != 0.0 || v.abs() > 9.0e15 {
-                        return Err(ValidationError::new(
-                            field(name),
-                            "must be a whole number for an integer parameter",
-                        ));
-                    }
-                }
-                ParameterKind::Integer {
-                    min: min as i64,
-                    max: max as i64,
-                    scale,
-                }
-            }
-        }
-        ParameterType::Discrete => {
-            if p.min.is_some() {
-                return Err(not_allowed("min", "discrete"));
-            }
-            if p.max.is_some() {
-                return Err(not_allowed("max", "discrete"));
-            }
-            let values = p
-                .values
-                .as_ref()
-                .ok_or_else(|| ValidationError::new(field("values"), "is required"))?;
-            if values.is_empty() {
-                return Err(ValidationError::new(field("values"), "must not be empty"));
-            }
-            let mut numbers = Vec::with_capacity(values.len());
-            for (j, v) in values.iter().enumerate() {
-                let x = v.as_f64().filter(|x| x.is_finite()).ok_or_else(|| {
-                    ValidationError::new(format!("{path}.values[{j}]"), "must be a finite number")
-                })?;
-                if numbers.last().is_some_and(|prev| x <= *prev) {
-                    return Err(ValidationError::new(
-                        format!("{path}.values[{j}]"),
-                        "discrete values must be strictly increasing",
-                    ));
-                }
-                numbers.push(x);
-            }
-            if scale != Scale::Linear && numbers[0] <= 0.0 {
-                return Err(ValidationError::new(
-                    field("values"),
-                    "must all be > 0 on a log or reverse_log scale",
-                ));
-            }
-            ParameterKind::Discrete {
-                values: numbers,
-                scale,
-            }
-        }
-        ParameterType::Categorical => {
-            for name in ["min", "max"] {
-                let present = if name == "min" {
-                    p.min.is_some()
-                } else {
-                    p.max.is_some()
-                };
-                if present {
-                    return Err(not_allowed(name, "categorical"));
-                }
-            }
-            if p.scale.is_some() {
-                return Err(not_allowed("scale", "categorical"));
-            }
-            let values = p
-                .values
-                .as_ref()
-                .ok_or_else(|| ValidationError::new(field("values"), "is required"))?;
-            if values.is_empty() {
-                return Err(ValidationError::new(field("values"), "must not be empty"));
-            }
-            let mut seen = BTreeSet::new();
-            let mut strings = Vec::new();
-            for (j, v) in values.iter().enumerate() {
-                let Value::Str(s) = v else {
-                    return Err(ValidationError::new(
-                        format!("{path}.values[{j}]"),
-                        "categorical values must be strings",
-                    ));
-                };
-                if s.is_empty() {
-                    return Err(ValidationError::new(
-                        format!("{path}.values[{j}]"),
-                        "must not be empty",
-                    ));
-                }
-                if !seen.insert(s.clone()) {
-                    return Err(ValidationError::new(
-                        format!("{path}.values[{j}]"),
-                        format!("duplicate value {s:?}"),
-                    ));
-                }
-                strings.push(s.clone());
-            }
-            ParameterKind::Categorical { values: strings }
-        }
-    };
-    let mut children = Vec::new();
-    for (c, child) in p.children.iter().enumerate() {
-        let cpath = format!("{path}.children[{c}]");
-        if child.when.is_empty() {
-            return Err(ValidationError::new(
-                format!("{cpath}.when"),
-                "must name at least one parent value",
-            ));
-        }
-        for (w, v) in child.when.iter().enumerate() {
-            let ok = match (&kind, v) {
-                (ParameterKind::Double { .. }, _) => false,
-                (k, v) => k.contains(v),
-            };
-            if !ok {
-                let why = if matches!(kind, ParameterKind::Double { .. }) {
-                    "a double parameter cannot have conditional children".to_string()
-                } else {
-                    format!("{v:?} is not a value of parent parameter {:?}", p.id)
-                };
-                return Err(ValidationError::new(format!("{cpath}.when[{w}]"), why));
-            }
-        }
-        let parameters =
-            convert_parameters(&child.parameters, &format!("{cpath}.parameters"), ids)?;
-        if parameters.is_empty() {
-            return Err(ValidationError::new(
-                format!("{cpath}.parameters"),
-                "must not be empty",
-            ));
-        }
-        children.push(Child {
-            when: child.when.clone(),
-            parameters,
-        });
-    }
-    Ok(Parameter {
-        id: p.id.clone(),
-        kind,
-        children,
-    })
 }
