@@ -11,6 +11,9 @@ use crate::dispatch::{DispatchConfig, Dispatcher};
 use crate::service::{Service, ServiceError};
 use crate::store;
 
+/// Request bodies larger than this are refused with 413 unless configured otherwise.
+pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
@@ -42,7 +45,7 @@ impl ServerConfig {
             database_url: database_url.into(),
             listen,
             token: None,
-            body_limit: api::DEFAULT_BODY_LIMIT,
+            body_limit: DEFAULT_BODY_LIMIT,
             dispatch: true,
             public_url: None,
             base_dir: None,

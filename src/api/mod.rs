@@ -30,9 +30,6 @@ pub use trials::{CompleteRequest, MeasurementRequest, TrialList};
 use crate::service::Service;
 use error::ApiError;
 
-/// Request bodies larger than this are refused with 413.
-pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
-
 /// What every handler (the API's and the dashboard's) gets.
 #[derive(Clone)]
 pub struct AppState {

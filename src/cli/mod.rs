@@ -58,7 +58,7 @@ pub enum Command {
         #[arg(long, env = "AUGUR_TOKEN", hide_env_values = true)]
         token: Option<String>,
         /// Largest request body accepted, in bytes.
-        #[arg(long, default_value_t = crate::api::DEFAULT_BODY_LIMIT)]
+        #[arg(long, default_value_t = crate::app::DEFAULT_BODY_LIMIT)]
         body_limit: usize,
         /// The URL dispatched jobs report to (AUGUR_URL in their environment).
         #[arg(long, env = "AUGUR_PUBLIC_URL")]
