@@ -37,6 +37,8 @@ pub struct ServerConfig {
     pub base_dir: Option<std::path::PathBuf>,
     /// Names of this process's environment variables passed on to every dispatched job.
     pub job_env: Vec<String>,
+    /// The GPUs local replicas may be given; `None`: those `nvidia-smi -L` lists.
+    pub gpus: Option<Vec<String>>,
 }
 
 impl ServerConfig {
@@ -50,6 +52,7 @@ impl ServerConfig {
             public_url: None,
             base_dir: None,
             job_env: Vec::new(),
+            gpus: None,
         }
     }
 }
@@ -126,6 +129,7 @@ impl App {
                     rand::random::<u32>()
                 ),
                 job_env: config.job_env.clone(),
+                gpus: config.gpus.clone(),
             };
             Dispatcher::new(service.clone(), dispatch_config)
         });

@@ -39,9 +39,11 @@ const DEFAULT_LOG_TAIL_BYTES: u64 = 1024 * 1024;
 pub struct LogsQuery {
     /// Only the last this many bytes (default 1 MiB, at most 16 MiB).
     tail_bytes: Option<u64>,
+    /// The replica of a cluster trial, e.g. `workerpool1-2`; the primary when absent.
+    replica: Option<String>,
 }
 
-/// stdout and stderr of a dispatched trial, every attempt.
+/// stdout and stderr of a dispatched trial's replica (the primary by default), every attempt.
 #[utoipa::path(get, path = "/v1/studies/{study}/trials/{trial}/logs", tag = "trials",
     params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID), LogsQuery),
     responses(
@@ -57,7 +59,8 @@ pub async fn trial_logs(
 ) -> ApiResult<impl axum::response::IntoResponse> {
     let (study, trial) = ids(&study, &trial)?;
     let tail = q.tail_bytes.unwrap_or(DEFAULT_LOG_TAIL_BYTES);
-    let text = state.service.trial_log(study, trial, tail).await?;
+    let replica = q.replica.as_deref();
+    let text = state.service.trial_log(study, trial, replica, tail).await?;
     Ok((
         [(
             axum::http::header::CONTENT_TYPE,

@@ -71,6 +71,10 @@ pub enum Command {
         /// LOGNAME, SHELL, LANG, LANGUAGE, LC_*, TZ, TMPDIR, TERM of it.
         #[arg(long = "job-env", env = "AUGUR_JOB_ENV", value_delimiter = ',')]
         job_env: Vec<String>,
+        /// The GPUs local replicas may be given, e.g. `0,1,2,3` (each replica asking for N
+        /// gets N of its own); default: those `nvidia-smi -L` lists.
+        #[arg(long, env = "AUGUR_GPUS", value_delimiter = ',')]
+        gpus: Option<Vec<String>>,
     },
     /// Apply database migrations and exit (`serve` also applies them on start).
     Migrate {
@@ -99,6 +103,10 @@ pub enum Command {
         /// Pass this variable of the environment on to every trial (as `serve --job-env`).
         #[arg(long = "job-env", env = "AUGUR_JOB_ENV", value_delimiter = ',')]
         job_env: Vec<String>,
+        /// The GPUs local replicas may be given, e.g. `0,1,2,3` (each replica asking for N
+        /// gets N of its own); default: those `nvidia-smi -L` lists.
+        #[arg(long, env = "AUGUR_GPUS", value_delimiter = ',')]
+        gpus: Option<Vec<String>>,
     },
     /// Keep N trials of a study running on this machine (pulled through the API).
     Worker {
@@ -120,6 +128,11 @@ pub enum Command {
         /// LANGUAGE, LC_*, TZ, TMPDIR, TERM of the worker's environment, never its token.
         #[arg(long = "env", value_name = "NAME[=VALUE]")]
         env: Vec<String>,
+        /// The GPUs local replicas may be given, e.g. `0,1,2,3` (each replica asking for N
+        /// gets N of its own); default: those `nvidia-smi -L` lists.
+        #[arg(long, env = "AUGUR_GPUS", value_delimiter = ',')]
+        gpus: Option<Vec<String>>,
+
         /// The training command; values are appended as --<id>=<value>.
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -155,6 +168,9 @@ pub enum TrialCommand {
         /// Only the last this many bytes.
         #[arg(long)]
         tail_bytes: Option<u64>,
+        /// A replica of a cluster trial, e.g. `workerpool1-2` (default: the primary).
+        #[arg(long)]
+        replica: Option<String>,
     },
 }
 
@@ -216,8 +232,10 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             public_url,
             no_dispatch,
             job_env,
+            gpus,
         } => {
             let mut config = crate::app::ServerConfig::new(database_url, listen);
+            config.gpus = gpus;
             config.token = token;
             config.body_limit = body_limit;
             config.public_url = public_url;
@@ -233,7 +251,8 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             file,
             database_url,
             job_env,
-        } => match run::run_study_file(&file, &database_url, job_env).await? {
+            gpus,
+        } => match run::run_study_file(&file, &database_url, job_env, gpus).await? {
             run::RunEnd::Finished => Ok(()),
             run::RunEnd::Interrupted => Err(Failure::Interrupted),
         },
@@ -244,6 +263,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             client_id,
             output_dir,
             env,
+            gpus,
             command,
         } => {
             let http = Client::new(&client.url, client.token.as_deref())?;
@@ -254,6 +274,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 client_id,
                 output_dir,
                 env,
+                gpus,
                 command,
             };
             Ok(worker::run_worker(http, options).await?)
@@ -279,10 +300,21 @@ async fn trial_command(http: &Client, command: TrialCommand) -> CliResult<()> {
             study,
             trial,
             tail_bytes,
+            replica,
         } => {
-            let query = tail_bytes
-                .map(|n| format!("?tail_bytes={n}"))
-                .unwrap_or_default();
+            let mut query: Vec<String> = tail_bytes
+                .map(|n| format!("tail_bytes={n}"))
+                .into_iter()
+                .collect();
+            if let Some(r) = replica {
+                let r: String = form_urlencoded::byte_serialize(r.as_bytes()).collect();
+                query.push(format!("replica={r}"));
+            }
+            let query = if query.is_empty() {
+                String::new()
+            } else {
+                format!("?{}", query.join("&"))
+            };
             let path = format!("/v1/studies/{study}/trials/{trial}/logs{query}");
             let text = http.call(reqwest::Method::GET, &path, None).await?;
             print!("{}", text.as_str().unwrap_or_default());

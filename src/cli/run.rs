@@ -28,6 +28,7 @@ pub async fn run_study_file(
     file: &Path,
     database_url: &str,
     job_env: Vec<String>,
+    gpus: Option<Vec<String>>,
 ) -> CliResult<RunEnd> {
     // Relative paths in the spec (and trial directories) are the spec file's neighbours.
     let base_dir = match file.parent() {
@@ -47,6 +48,7 @@ pub async fn run_study_file(
     let mut config = ServerConfig::new(database_url, listen);
     config.base_dir = Some(base_dir.clone());
     config.job_env = job_env;
+    config.gpus = gpus;
     let app = App::build(config).await?;
     let service = app.service().clone();
     let (study, resumed) = service.find_or_create_study(spec).await?;

@@ -15,11 +15,14 @@ use tokio::sync::watch;
 
 use super::client::Client;
 use super::error::{CliError, CliResult};
+use crate::dispatch::executor::ExecutorContext;
+use crate::dispatch::gpus::GpuPool;
 use crate::dispatch::local::LocalExecutor;
+use crate::dispatch::ports::PortRegistry;
 use crate::dispatch::reporter::{AttemptStart, TrialReporter};
 use crate::dispatch::trial::{Interrupt, TrialSetup, run_trial};
 use crate::dispatch::{DispatchError, DispatchResult};
-use crate::model::{Measurement, Study, TrialJobSpec};
+use crate::model::{Measurement, Study};
 
 pub struct WorkerOptions {
     pub study_id: i64,
@@ -28,6 +31,8 @@ pub struct WorkerOptions {
     pub output_dir: Option<PathBuf>,
     /// `NAME=VALUE` to set, or `NAME` to pass on this worker's own value.
     pub env: Vec<String>,
+    /// The GPUs this worker's replicas may be given; `None`: those `nvidia-smi -L` lists.
+    pub gpus: Option<Vec<String>>,
     pub command: Vec<String>,
 }
 
@@ -78,19 +83,7 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> CliResult<()>
     .map_err(|e| CliError::Connection(format!("unexpected study document: {e}")))?;
     // The study's trial_job settings (argument style, env, timeout, retries) apply, with this
     // command.
-    let mut job = study.spec.trial_job.clone().unwrap_or(TrialJobSpec {
-        executor: Default::default(),
-        command: Vec::new(),
-        arg_style: Default::default(),
-        boolean_flags: false,
-        workdir: None,
-        env: Default::default(),
-        timeout_secs: None,
-        max_retries: 0,
-        output_dir: None,
-        metric_regex: None,
-        slurm: None,
-    });
+    let mut job = study.spec.trial_job.clone().unwrap_or_default();
     job.command = options.command.clone();
     job.workdir = None;
     let output_dir = match &options.output_dir {
@@ -110,7 +103,13 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> CliResult<()>
         augur_url: client.base().to_string(),
         base_env: trial_base_env(&options.env)?,
         output_dir,
-        executor: Arc::new(LocalExecutor),
+        executor: Arc::new(LocalExecutor::new(ExecutorContext {
+            gpus: match options.gpus.clone() {
+                Some(list) => GpuPool::new(list),
+                None => GpuPool::detect(),
+            },
+            ports: PortRegistry::default(),
+        })),
         reporter: Arc::new(HttpReporter {
             client: client.clone(),
             study_id: study.id,

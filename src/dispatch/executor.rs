@@ -1,6 +1,7 @@
-//! The executor interface: how a trial's command is started somewhere (a local process, a
-//! Slurm job) and watched until it ends. A new executor implements [`Executor`] and gets
-//! its arm in [`executor_for`], the one place a `trial_job.executor` is turned into one.
+//! The executor interface: how one attempt of a trial, a cluster of one or more replicas
+//! (DESIGN §4.1), is started somewhere (local processes, a Slurm allocation) and watched
+//! until it ends. A new executor implements [`Executor`] and gets its arm in
+//! [`executor_for`], the one place a `trial_job.executor` is turned into one.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,25 +10,83 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::mpsc;
 
+use super::cluster::{Address, ClusterLayout, cluster_env};
+use super::gpus::GpuPool;
 use super::local::LocalExecutor;
+use super::ports::PortRegistry;
 use super::slurm::SlurmExecutor;
-use crate::model::{ExecutorName, TrialJobSpec};
+use crate::model::{ExecutorName, ReplicaId, Resources, TrialJobSpec};
 
-/// One run (attempt) of a trial's job.
+/// One run (attempt) of a trial's job: its replicas, the primary first.
 #[derive(Debug, Clone)]
 pub struct JobRequest {
     pub study_id: i64,
     pub trial_id: i64,
     pub attempt: u32,
-    /// Program and arguments; never passed through a shell.
-    pub argv: Vec<String>,
+    /// The trial's environment, the same for every replica (DESIGN §4).
     pub env: Vec<(String, String)>,
     pub workdir: Option<PathBuf>,
-    /// stdout and stderr of every attempt are appended here.
+    pub replicas: Vec<ReplicaRequest>,
+    /// Every replica's place in it, when the trial is a cluster (`worker_pools` given);
+    /// `None` for a plain one-replica trial, which gets no cluster configuration.
+    pub cluster: Option<ClusterLayout>,
+}
+
+/// One replica of an attempt.
+#[derive(Debug, Clone)]
+pub struct ReplicaRequest {
+    pub id: ReplicaId,
+    /// Program and arguments; never passed through a shell.
+    pub argv: Vec<String>,
+    /// Added to the trial's environment (its pool's `env`, its own metric file).
+    pub env: Vec<(String, String)>,
+    pub resources: Resources,
+    /// stdout and stderr of every attempt are appended here (the primary's is the trial's
+    /// `job.log`).
     pub log_path: PathBuf,
 }
 
-/// How a job ended.
+impl JobRequest {
+    pub fn primary(&self) -> Option<&ReplicaRequest> {
+        self.replicas.first()
+    }
+
+    /// The whole environment of `replica`: the trial's, its own, and, in a cluster, its place
+    /// given where every replica listens. Later entries win.
+    pub fn replica_env(
+        &self,
+        replica: &ReplicaRequest,
+        address: &dyn Fn(ReplicaId) -> Address,
+    ) -> Vec<(String, String)> {
+        let mut env = self.env.clone();
+        env.extend(replica.env.iter().cloned());
+        if let Some(layout) = &self.cluster {
+            env.extend(cluster_env(layout, address, replica.id, self.trial_id));
+        }
+        env
+    }
+
+    /// The header written to a replica's log at each attempt.
+    pub fn log_header(&self, replica: &ReplicaRequest) -> String {
+        format!(
+            "=== augur: trial {} attempt {} {}: {:?}\n",
+            self.trial_id,
+            self.attempt,
+            replica.id.name(),
+            replica.argv
+        )
+    }
+}
+
+/// What executors of this process share: the machine's GPUs and the ports local clusters
+/// hold.
+#[derive(Clone, Default)]
+pub struct ExecutorContext {
+    pub gpus: GpuPool,
+    pub ports: PortRegistry,
+}
+
+/// How an attempt ended: as its primary replica did, or as a replica that failed first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JobExit {
     Exited(i32),
@@ -35,6 +94,12 @@ pub enum JobExit {
     Signaled(i32),
     /// The executor lost track of it (node failure, job vanished).
     Lost(String),
+    /// A replica other than the primary failed before the primary ended: the attempt fails
+    /// (every replica was stopped).
+    ReplicaFailed {
+        replica: String,
+        exit: Box<JobExit>,
+    },
 }
 
 impl JobExit {
@@ -47,6 +112,9 @@ impl JobExit {
             JobExit::Exited(code) => format!("exited with code {code}"),
             JobExit::Signaled(sig) => format!("killed by signal {sig}"),
             JobExit::Lost(why) => format!("lost: {why}"),
+            JobExit::ReplicaFailed { replica, exit } => {
+                format!("replica {replica} {}", exit.describe())
+            }
         }
     }
 }
@@ -64,9 +132,12 @@ pub enum ExecutorError {
 
 /// The executor a study's trial job names. Exhaustive: a new executor must be added here,
 /// never silently run as another.
-pub fn executor_for(job: &TrialJobSpec) -> Result<Arc<dyn Executor>, ExecutorError> {
+pub fn executor_for(
+    job: &TrialJobSpec,
+    context: &ExecutorContext,
+) -> Result<Arc<dyn Executor>, ExecutorError> {
     match job.executor {
-        ExecutorName::Local => Ok(Arc::new(LocalExecutor)),
+        ExecutorName::Local => Ok(Arc::new(LocalExecutor::new(context.clone()))),
         ExecutorName::Slurm => Ok(Arc::new(SlurmExecutor::new(
             job.slurm.clone().unwrap_or_default(),
         ))),
@@ -77,8 +148,9 @@ pub fn executor_for(job: &TrialJobSpec) -> Result<Arc<dyn Executor>, ExecutorErr
 
 #[async_trait]
 pub trait Executor: Send + Sync {
-    /// Start the job. Each line it prints on stdout is sent to `stdout_lines`; the channel
-    /// closes once the job's output is fully read.
+    /// Start every replica of the attempt. Each line the primary prints on stdout is sent
+    /// to `stdout_lines` (its metrics are the trial's); the channel closes once its output is
+    /// fully read. May wait for resources (GPUs) before starting anything.
     async fn launch(
         &self,
         request: &JobRequest,
@@ -92,11 +164,13 @@ pub trait Executor: Send + Sync {
 
 #[async_trait]
 pub trait RunningJob: Send {
-    /// What identifies the job to its executor (process group id, Slurm job id).
+    /// What identifies the attempt to its executor (process groups, Slurm job id).
     fn handle(&self) -> String;
-    /// Wait until the job ends (cancel-safe: may be dropped and called again).
+    /// Wait until the attempt ends: the primary exited (the other replicas are then
+    /// stopped), or another replica failed first (all are stopped). Cancel-safe: may be
+    /// dropped and called again.
     async fn wait(&mut self) -> JobExit;
-    /// Ask the job to stop (SIGTERM to the process group, `scancel`), wait up to `grace`
-    /// for it to end, then kill it outright. Returns once it is gone.
+    /// Ask every replica to stop (SIGTERM to each process group, `scancel`), wait up to
+    /// `grace` for them to end, then kill them outright. Returns once all are gone.
     async fn stop(&mut self, grace: Duration);
 }

@@ -1,19 +1,35 @@
-//! The local executor: each job is a child process in its own process group, so a timeout
-//! or a cancellation kills everything the trial started (data loaders, subprocesses).
+//! The local executor: each replica of an attempt is a child process in its own process
+//! group, so a timeout or a cancellation kills everything a replica started (data loaders,
+//! subprocesses). A cluster's replicas listen on 127.0.0.1 at ports reserved for it
+//! (`ports.rs`), and get their GPUs from the machine's pool (`gpus.rs`).
 
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio::sync::mpsc;
 
-use super::executor::{Executor, ExecutorError, JobExit, JobRequest, RunningJob};
+use super::cluster::Address;
+use super::executor::{
+    Executor, ExecutorContext, ExecutorError, JobExit, JobRequest, ReplicaRequest, RunningJob,
+};
+use super::gpus::GpuLease;
+use super::ports::PortLease;
+use crate::model::ReplicaId;
 
-pub struct LocalExecutor;
+pub struct LocalExecutor {
+    context: ExecutorContext,
+}
+
+impl LocalExecutor {
+    pub fn new(context: ExecutorContext) -> Self {
+        Self { context }
+    }
+}
 
 #[async_trait]
 impl Executor for LocalExecutor {
@@ -22,81 +38,150 @@ impl Executor for LocalExecutor {
         request: &JobRequest,
         stdout_lines: mpsc::UnboundedSender<String>,
     ) -> Result<Box<dyn RunningJob>, ExecutorError> {
-        let (program, args) = request
-            .argv
-            .split_first()
-            .ok_or_else(|| ExecutorError::Launch("empty command".into()))?;
-        let mut log = tokio::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&request.log_path)
-            .await
-            .map_err(|e| {
-                ExecutorError::Launch(format!("log file {}: {e}", request.log_path.display()))
-            })?;
-        let header = format!(
-            "=== augur: trial {} attempt {}: {:?}\n",
-            request.trial_id, request.attempt, request.argv
-        );
-        log.write_all(header.as_bytes())
-            .await
-            .map_err(|e| ExecutorError::Launch(e.to_string()))?;
-        let mut command = Command::new(program);
-        command
-            .args(args)
-            // Only what the request names: never the server's own environment.
-            .env_clear()
-            .envs(request.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(false);
-        if let Some(dir) = &request.workdir {
-            command.current_dir(dir);
+        let wanted: Vec<u32> = request
+            .replicas
+            .iter()
+            .map(|r| r.resources.gpu.unwrap_or(0))
+            .collect();
+        // GPUs first: the wait for them is no part of the attempt's run.
+        let gpus = if wanted.iter().any(|&n| n > 0) {
+            Some(self.context.gpus.acquire(&wanted).await?)
+        } else {
+            None
+        };
+        let ports = match &request.cluster {
+            Some(layout) => Some(self.context.ports.reserve(layout.len())?),
+            None => None,
+        };
+        let port_list: Vec<u16> = ports.as_ref().map(|l| l.ports.clone()).unwrap_or_default();
+        let address = |id: ReplicaId| Address {
+            host: "127.0.0.1".to_string(),
+            port: request
+                .replicas
+                .iter()
+                .position(|r| r.id == id)
+                .and_then(|i| port_list.get(i))
+                .map_or_else(String::new, u16::to_string),
+        };
+        let mut cluster = LocalCluster {
+            replicas: Vec::with_capacity(request.replicas.len()),
+            exits: mpsc::unbounded_channel(),
+            seen: vec![None; request.replicas.len()],
+            _gpus: gpus,
+            _ports: ports,
+        };
+        let mut primary_lines = Some(stdout_lines);
+        for (i, replica) in request.replicas.iter().enumerate() {
+            let mut env = request.replica_env(replica, &address);
+            if let Some(devices) = cluster._gpus.as_ref().and_then(|g| g.per_replica.get(i)) {
+                env.push(("CUDA_VISIBLE_DEVICES".to_string(), devices.join(",")));
+            }
+            // Only the primary's stdout carries the trial's metrics.
+            let lines = if i == 0 { primary_lines.take() } else { None };
+            match spawn_replica(request, replica, env, lines, i, &cluster.exits.0).await {
+                Ok(started) => cluster.replicas.push(started),
+                Err(e) => {
+                    // No replica outlives a cluster that could not start whole.
+                    cluster.stop(Duration::ZERO).await;
+                    return Err(e);
+                }
+            }
         }
-        let mut child = command
-            .spawn()
-            .map_err(|e| ExecutorError::Launch(format!("{program}: {e}")))?;
-        let pgid = child.id().map(|id| id as i32).unwrap_or(0);
-        let (log_lines, log_rx) = mpsc::unbounded_channel::<String>();
-        if let Some(out) = child.stdout.take() {
-            tokio::spawn(pump(out, log_lines.clone(), Some(stdout_lines)));
-        }
-        if let Some(err) = child.stderr.take() {
-            tokio::spawn(pump(err, log_lines, None));
-        }
-        let writer = tokio::spawn(write_log(log, log_rx));
-        Ok(Box::new(LocalJob {
-            child,
-            pgid,
-            writer: Some(writer),
-        }))
+        Ok(Box::new(cluster))
     }
 
     async fn clean_up_stale(&self, handle: &str, study_id: i64, trial_id: i64) {
-        let Some(pgid) = handle
-            .strip_prefix("pgid:")
-            .and_then(|p| p.parse::<i32>().ok())
-        else {
-            return;
-        };
-        // Process ids are reused: kill only processes of that group that carry this trial's
-        // environment, never whatever holds the number now.
+        // `pgid:N` (one replica, as older versions wrote it) or `pgids:N,M,…`.
+        let groups = handle
+            .strip_prefix("pgids:")
+            .or_else(|| handle.strip_prefix("pgid:"))
+            .unwrap_or("");
+        // Process ids are reused: kill only processes of those groups that carry this
+        // trial's environment, never whatever holds the number now.
         let marks = [
             format!("AUGUR_STUDY_ID={study_id}"),
             format!("AUGUR_TRIAL_ID={trial_id}"),
         ];
-        for pid in group_members(pgid) {
-            let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
-                continue;
-            };
-            let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
-            if marks.iter().all(|m| vars.contains(&m.as_bytes())) {
-                let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+        for pgid in groups.split(',').filter_map(|p| p.parse::<i32>().ok()) {
+            for pid in group_members(pgid) {
+                let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+                    continue;
+                };
+                let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
+                if marks.iter().all(|m| vars.contains(&m.as_bytes())) {
+                    let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+                }
             }
         }
     }
+}
+
+/// Start one replica: its process group, its log, its exit reported on `exits` as
+/// `(replica position, status)`.
+async fn spawn_replica(
+    request: &JobRequest,
+    replica: &ReplicaRequest,
+    env: Vec<(String, String)>,
+    stdout_lines: Option<mpsc::UnboundedSender<String>>,
+    position: usize,
+    exits: &mpsc::UnboundedSender<(usize, std::io::Result<ExitStatus>)>,
+) -> Result<LocalReplica, ExecutorError> {
+    let (program, args) = replica
+        .argv
+        .split_first()
+        .ok_or_else(|| ExecutorError::Launch("empty command".into()))?;
+    if let Some(dir) = replica.log_path.parent() {
+        tokio::fs::create_dir_all(dir)
+            .await
+            .map_err(|e| ExecutorError::Launch(format!("{}: {e}", dir.display())))?;
+    }
+    let mut log = tokio::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&replica.log_path)
+        .await
+        .map_err(|e| {
+            ExecutorError::Launch(format!("log file {}: {e}", replica.log_path.display()))
+        })?;
+    log.write_all(request.log_header(replica).as_bytes())
+        .await
+        .map_err(|e| ExecutorError::Launch(e.to_string()))?;
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        // Only what the request names: never the server's own environment.
+        .env_clear()
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(false);
+    if let Some(dir) = &request.workdir {
+        command.current_dir(dir);
+    }
+    let mut child = command
+        .spawn()
+        .map_err(|e| ExecutorError::Launch(format!("{program}: {e}")))?;
+    let pgid = child.id().map(|id| id as i32).unwrap_or(0);
+    let (log_lines, log_rx) = mpsc::unbounded_channel::<String>();
+    if let Some(out) = child.stdout.take() {
+        tokio::spawn(pump(out, log_lines.clone(), stdout_lines));
+    }
+    if let Some(err) = child.stderr.take() {
+        tokio::spawn(pump(err, log_lines, None));
+    }
+    let writer = tokio::spawn(write_log(log, log_rx));
+    let exits = exits.clone();
+    tokio::spawn(async move {
+        let status = child.wait().await;
+        let _ = exits.send((position, status));
+    });
+    Ok(LocalReplica {
+        id: replica.id,
+        pgid,
+        writer: Some(writer),
+    })
 }
 
 /// Forward a pipe's lines to the log, and stdout's also to the metric parser.
@@ -123,23 +208,13 @@ async fn write_log(mut file: tokio::fs::File, mut lines: mpsc::UnboundedReceiver
     let _ = file.flush().await;
 }
 
-struct LocalJob {
-    child: Child,
+struct LocalReplica {
+    id: ReplicaId,
     pgid: i32,
     writer: Option<tokio::task::JoinHandle<()>>,
 }
 
-impl LocalJob {
-    /// Wait until every line the job printed has been read (and sent on). Cancel-safe: the
-    /// trial loop drops `wait()` whenever another event wins its `select!`, and a dropped
-    /// wait must not lose the last lines (the final metric is often the last line).
-    async fn finish_output(&mut self) {
-        if let Some(writer) = self.writer.as_mut() {
-            let _ = writer.await;
-            self.writer = None;
-        }
-    }
-
+impl LocalReplica {
     fn signal_group(&self, signal: Signal) {
         if self.pgid > 0 {
             // ESRCH: the group is already gone.
@@ -148,39 +223,150 @@ impl LocalJob {
     }
 }
 
+type ExitChannel = (
+    mpsc::UnboundedSender<(usize, std::io::Result<ExitStatus>)>,
+    mpsc::UnboundedReceiver<(usize, std::io::Result<ExitStatus>)>,
+);
+
+struct LocalCluster {
+    replicas: Vec<LocalReplica>,
+    /// Each replica's exit, as its waiter task reports it.
+    exits: ExitChannel,
+    /// Exits received so far, by replica position.
+    seen: Vec<Option<JobExit>>,
+    /// Held until the cluster is gone: its GPUs and ports go back then.
+    _gpus: Option<GpuLease>,
+    _ports: Option<PortLease>,
+}
+
+impl LocalCluster {
+    fn signal_all(&self, signal: Signal) {
+        for replica in &self.replicas {
+            replica.signal_group(signal);
+        }
+    }
+
+    /// Take in every exit reported so far.
+    fn drain_exits(&mut self) {
+        while let Ok((position, status)) = self.exits.1.try_recv() {
+            self.record(position, status);
+        }
+    }
+
+    fn record(&mut self, position: usize, status: std::io::Result<ExitStatus>) {
+        if let Some(slot) = self.seen.get_mut(position) {
+            *slot = Some(exit_of(status));
+        }
+        // The replica's leader is gone; nothing it started may linger in its group.
+        if let Some(replica) = self.replicas.get(position) {
+            replica.signal_group(Signal::SIGKILL);
+        }
+    }
+
+    /// Whether every started replica has exited.
+    fn all_exited(&self) -> bool {
+        self.seen
+            .iter()
+            .take(self.replicas.len())
+            .all(Option::is_some)
+    }
+
+    /// Wait (cancel-safe) until every replica has exited.
+    async fn reap_all(&mut self) {
+        self.drain_exits();
+        while !self.all_exited() {
+            match self.exits.1.recv().await {
+                Some((position, status)) => self.record(position, status),
+                None => return,
+            }
+        }
+    }
+
+    /// Wait until every line the replicas printed has been read (and sent on). Cancel-safe:
+    /// the trial loop drops `wait()` whenever another event wins its `select!`, and a
+    /// dropped wait must not lose the last lines (the final metric is often the last line).
+    async fn finish_output(&mut self) {
+        for replica in &mut self.replicas {
+            if let Some(writer) = replica.writer.as_mut() {
+                let _ = writer.await;
+                replica.writer = None;
+            }
+        }
+    }
+
+    /// SIGTERM to every replica still running, SIGKILL after `grace`; returns once all are
+    /// gone.
+    async fn stop(&mut self, grace: Duration) {
+        self.drain_exits();
+        if !self.all_exited() {
+            self.signal_all(Signal::SIGTERM);
+            if tokio::time::timeout(grace, self.reap_all()).await.is_err() {
+                self.signal_all(Signal::SIGKILL);
+                self.reap_all().await;
+            }
+        }
+        self.signal_all(Signal::SIGKILL);
+        self.finish_output().await;
+    }
+
+    /// The attempt's end once it is decided: the primary exited, or another replica failed.
+    fn decided(&self) -> Option<JobExit> {
+        if let Some(Some(primary)) = self.seen.first() {
+            return Some(primary.clone());
+        }
+        self.seen
+            .iter()
+            .zip(&self.replicas)
+            .skip(1)
+            .find_map(|(exit, replica)| match exit {
+                // A worker that finished its part before the primary is no failure.
+                Some(exit) if !exit.success() => Some(JobExit::ReplicaFailed {
+                    replica: replica.id.name(),
+                    exit: Box::new(exit.clone()),
+                }),
+                _ => None,
+            })
+    }
+}
+
+fn exit_of(status: std::io::Result<ExitStatus>) -> JobExit {
+    match status {
+        Ok(s) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
+            (Some(code), _) => JobExit::Exited(code),
+            (None, Some(sig)) => JobExit::Signaled(sig),
+            (None, None) => JobExit::Lost("no exit status".into()),
+        },
+        Err(e) => JobExit::Lost(e.to_string()),
+    }
+}
+
+/// How long the other replicas get once the primary has finished.
+const WIND_DOWN_GRACE: Duration = Duration::from_secs(5);
+
 #[async_trait]
-impl RunningJob for LocalJob {
+impl RunningJob for LocalCluster {
     fn handle(&self) -> String {
-        format!("pgid:{}", self.pgid)
+        let groups: Vec<String> = self.replicas.iter().map(|r| r.pgid.to_string()).collect();
+        format!("pgids:{}", groups.join(","))
     }
 
     async fn wait(&mut self) -> JobExit {
-        let status = self.child.wait().await;
-        // The leader is gone; make sure nothing it started lingers (it may have left
-        // children behind in its group).
-        self.signal_group(Signal::SIGKILL);
-        self.finish_output().await;
-        match status {
-            Ok(s) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
-                (Some(code), _) => JobExit::Exited(code),
-                (None, Some(sig)) => JobExit::Signaled(sig),
-                (None, None) => JobExit::Lost("no exit status".into()),
-            },
-            Err(e) => JobExit::Lost(e.to_string()),
+        loop {
+            self.drain_exits();
+            if let Some(end) = self.decided() {
+                // The primary is done (or a replica failed): no replica outlives the attempt.
+                self.stop(WIND_DOWN_GRACE).await;
+                return end;
+            }
+            match self.exits.1.recv().await {
+                Some((position, status)) => self.record(position, status),
+                None => return JobExit::Lost("the replicas' waiters are gone".into()),
+            }
         }
     }
 
     async fn stop(&mut self, grace: Duration) {
-        self.signal_group(Signal::SIGTERM);
-        if tokio::time::timeout(grace, self.child.wait())
-            .await
-            .is_err()
-        {
-            self.signal_group(Signal::SIGKILL);
-            let _ = self.child.wait().await;
-        }
-        self.signal_group(Signal::SIGKILL);
-        self.finish_output().await;
+        LocalCluster::stop(self, grace).await;
     }
 }
 

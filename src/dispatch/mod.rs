@@ -7,11 +7,14 @@
 //! Everything it knows of studies it asks the service.
 
 mod attempt;
+pub mod cluster;
 pub mod collect;
 pub mod environment;
 pub mod error;
 pub mod executor;
+pub mod gpus;
 pub mod local;
+pub mod ports;
 pub mod reporter;
 pub mod runner;
 pub mod slurm;
@@ -29,6 +32,9 @@ pub use error::{DispatchError, DispatchResult};
 
 use crate::model::StudyState;
 use crate::service::Service;
+use executor::ExecutorContext;
+use gpus::GpuPool;
+use ports::PortRegistry;
 use trial::Interrupt;
 
 /// How often the dispatcher looks for studies it should run (it also reacts at once to
@@ -46,6 +52,8 @@ pub struct DispatchConfig {
     /// Names of the server's environment variables passed on to every job besides the
     /// inherited ones (`--job-env`), e.g. a shared cache path or an experiment tracker's key.
     pub job_env: Vec<String>,
+    /// The GPUs local replicas may be given (`--gpus`); `None`: those `nvidia-smi -L` lists.
+    pub gpus: Option<Vec<String>>,
 }
 
 /// Starts and stops study runners in this process.
@@ -53,14 +61,24 @@ pub struct DispatchConfig {
 pub struct Dispatcher {
     service: Service,
     config: Arc<DispatchConfig>,
+    /// Shared by every study's executors: the machine's GPUs, the ports clusters hold.
+    executors: ExecutorContext,
     runners: Arc<Mutex<HashMap<i64, watch::Sender<Interrupt>>>>,
     shutdown: watch::Sender<bool>,
 }
 
 impl Dispatcher {
     pub fn new(service: Service, config: DispatchConfig) -> Self {
+        let gpus = match &config.gpus {
+            Some(list) => GpuPool::new(list.clone()),
+            None => GpuPool::detect(),
+        };
         Self {
             service,
+            executors: ExecutorContext {
+                gpus,
+                ports: PortRegistry::default(),
+            },
             config: Arc::new(config),
             runners: Arc::default(),
             shutdown: watch::channel(false).0,
@@ -165,7 +183,8 @@ impl Dispatcher {
         }
         let this = self.clone();
         tokio::spawn(async move {
-            runner::run_study(this.service.clone(), this.config.clone(), study_id, rx).await;
+            let (service, config) = (this.service.clone(), this.config.clone());
+            runner::run_study(service, config, this.executors.clone(), study_id, rx).await;
             if let Ok(mut map) = this.runners.lock() {
                 map.remove(&study_id);
             }

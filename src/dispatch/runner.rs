@@ -12,7 +12,7 @@ use tokio::task::JoinSet;
 use super::DispatchConfig;
 use super::environment::job_base_env;
 use super::error::DispatchResult;
-use super::executor::executor_for;
+use super::executor::{ExecutorContext, executor_for};
 use super::reporter::{AttemptStart, ServiceReporter};
 use super::trial::{Interrupt, TrialEnd, TrialSetup, run_trial};
 use crate::model::trial_dirs::study_output_dir;
@@ -29,12 +29,14 @@ pub const RUNNER_CLIENT: &str = "augur-dispatcher";
 pub async fn run_study(
     service: Service,
     config: Arc<DispatchConfig>,
+    executors: ExecutorContext,
     study_id: i64,
     wake: watch::Receiver<Interrupt>,
 ) {
     StudyRunner {
         service,
         config,
+        executors,
         study_id,
         interrupt_trials: watch::channel(Interrupt::None).0,
         tasks: JoinSet::new(),
@@ -58,6 +60,7 @@ enum Next {
 struct StudyRunner {
     service: Service,
     config: Arc<DispatchConfig>,
+    executors: ExecutorContext,
     study_id: i64,
     interrupt_trials: watch::Sender<Interrupt>,
     tasks: JoinSet<(i64, TrialEnd)>,
@@ -141,7 +144,7 @@ impl StudyRunner {
                 self.study_id,
                 job.output_dir.as_deref(),
             ),
-            executor: executor_for(&job)?,
+            executor: executor_for(&job, &self.executors)?,
             metric_pattern: TrialSetup::metric_pattern(&job)?,
             job,
             metric_ids: study.config.metrics.iter().map(|m| m.id.clone()).collect(),

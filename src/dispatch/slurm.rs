@@ -17,8 +17,10 @@ use tokio::process::Command;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::executor::{Executor, ExecutorError, JobExit, JobRequest, RunningJob};
+use super::cluster::Address;
+use super::executor::{Executor, ExecutorError, JobExit, JobRequest, ReplicaRequest, RunningJob};
 use crate::model::job::SlurmOptions;
+use crate::model::{ReplicaId, Resources};
 
 /// How often a job's state is asked of the controller, and its output file read.
 const POLL: Duration = Duration::from_millis(500);
@@ -75,18 +77,36 @@ fn output_pattern(path: &Path) -> String {
     path.display().to_string().replace('%', "%%")
 }
 
-/// The batch script for one attempt. Options go on `sbatch`'s command line (see
-/// [`sbatch_args`]), where no `#SBATCH` parsing can split a path with spaces.
-fn batch_script(request: &JobRequest) -> Result<String, ExecutorError> {
-    let mut s = String::from("#!/bin/bash\n");
-    if let Some(dir) = &request.workdir {
-        s.push_str(&format!(
-            "cd {} || exit 97\n",
-            quote(&dir.display().to_string())
-        ));
+/// The files of one attempt, beside the trial's log.
+struct AttemptFiles {
+    /// The batch script `sbatch` runs.
+    script: PathBuf,
+    /// A cluster's per-task script, which `srun` runs once per replica.
+    replica_script: PathBuf,
+    /// Where the primary replica's exit code is written (a cluster's job ends with it).
+    primary_exit: PathBuf,
+}
+
+impl AttemptFiles {
+    fn of(request: &JobRequest, primary: &ReplicaRequest) -> AttemptFiles {
+        let dir = primary
+            .log_path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        let n = request.attempt;
+        AttemptFiles {
+            script: dir.join(format!("slurm-attempt-{n}.sh")),
+            replica_script: dir.join(format!("slurm-attempt-{n}-replica.sh")),
+            primary_exit: dir.join(format!("slurm-attempt-{n}.primary-exit")),
+        }
     }
-    for (k, v) in &request.env {
-        // The name is written into the script unquoted: only plain names may pass.
+}
+
+/// `export NAME='value'` lines; only plain names may pass (the name is not quoted).
+fn exports(env: &[(String, String)]) -> Result<String, ExecutorError> {
+    let mut s = String::new();
+    for (k, v) in env {
         if !is_shell_name(k) {
             return Err(ExecutorError::Launch(format!(
                 "environment variable name {k:?} cannot be passed to a Slurm job"
@@ -94,30 +114,195 @@ fn batch_script(request: &JobRequest) -> Result<String, ExecutorError> {
         }
         s.push_str(&format!("export {k}={}\n", quote(v)));
     }
-    let argv: Vec<String> = request.argv.iter().map(|w| quote(w)).collect();
-    s.push_str(&format!("exec {}\n", argv.join(" ")));
     Ok(s)
 }
 
-fn sbatch_args(request: &JobRequest, options: &SlurmOptions, script: &Path) -> Vec<String> {
+/// The batch script for one attempt. Options go on `sbatch`'s command line (see
+/// [`sbatch_args`]), where no `#SBATCH` parsing can split a path with spaces. A one-replica
+/// trial `exec`s its command; a cluster's script finds each task's host and port and starts
+/// every replica with one `srun` (see [`replica_script`]).
+fn batch_script(request: &JobRequest, files: &AttemptFiles) -> Result<String, ExecutorError> {
+    let primary = request
+        .primary()
+        .ok_or_else(|| ExecutorError::Launch("no replica to run".into()))?;
+    let mut s = String::from("#!/bin/bash\n");
+    if let Some(dir) = &request.workdir {
+        s.push_str(&format!(
+            "cd {} || exit 97\n",
+            quote(&dir.display().to_string())
+        ));
+    }
+    let Some(layout) = &request.cluster else {
+        let no_cluster = |_| Address {
+            host: String::new(),
+            port: String::new(),
+        };
+        s.push_str(&exports(&request.replica_env(primary, &no_cluster))?);
+        let argv: Vec<String> = primary.argv.iter().map(|w| quote(w)).collect();
+        s.push_str(&format!("exec {}\n", argv.join(" ")));
+        return Ok(s);
+    };
+    s.push_str(&exports(&request.env)?);
+    s.push_str(&format!(
+        r#"# Each task's host, rank by rank: Slurm places tasks on the allocation's nodes in blocks
+# (SLURM_TASKS_PER_NODE, e.g. "2(x3),1"). Ports: a range per job and node (job id mod 700),
+# one port per task on the node, so concurrent jobs on a node do not collide.
+mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+base=$((20000 + (SLURM_JOB_ID % 700) * 64))
+hosts=(); ports=(); n=0
+for spec in ${{SLURM_TASKS_PER_NODE//,/ }}; do
+  count=${{spec%%(*}}; repeat=1
+  case $spec in *'(x'*) repeat=${{spec#*(x}}; repeat=${{repeat%)}};; esac
+  for ((r = 0; r < repeat; r++)); do
+    for ((t = 0; t < count; t++)); do hosts+=("${{nodes[n]}}"); ports+=($((base + t))); done
+    n=$((n + 1))
+  done
+done
+export AUGUR_CLUSTER_HOSTS="${{hosts[*]}}" AUGUR_CLUSTER_PORTS="${{ports[*]}}"
+rm -f {exit_file}
+srun --ntasks={tasks} --distribution=block --kill-on-bad-exit=1 --export=ALL /bin/bash {replica_script}
+code=$?
+# The attempt ends as its primary did; without its exit code, a replica failed first.
+if [ -s {exit_file} ]; then exit "$(cat {exit_file})"; fi
+exit $(( code == 0 ? 1 : code ))
+"#,
+        exit_file = quote(&files.primary_exit.display().to_string()),
+        replica_script = quote(&files.replica_script.display().to_string()),
+        tasks = layout.len(),
+    ));
+    Ok(s)
+}
+
+/// A cluster's per-task script: `srun` runs it once per replica; it finds its replica by
+/// `SLURM_PROCID`, fills the hosts and ports of the allocation into the cluster
+/// configuration (placeholders `__AUGUR_HOST_k__`/`__AUGUR_PORT_k__`), writes to its
+/// replica's log, and runs the replica's command. The primary records its exit code and
+/// then stops the other tasks.
+fn replica_script(request: &JobRequest, files: &AttemptFiles) -> Result<String, ExecutorError> {
+    let placeholder = |id: ReplicaId| {
+        let rank = request
+            .replicas
+            .iter()
+            .position(|r| r.id == id)
+            .unwrap_or(0);
+        Address {
+            host: format!("__AUGUR_HOST_{rank}__"),
+            port: format!("__AUGUR_PORT_{rank}__"),
+        }
+    };
+    let mut s = String::from(
+        r#"#!/bin/bash
+hosts=($AUGUR_CLUSTER_HOSTS); ports=($AUGUR_CLUSTER_PORTS)
+# The value with every replica's host and port filled in.
+fill() {
+  local v=$1 k
+  for k in "${!hosts[@]}"; do
+    v=${v//__AUGUR_HOST_${k}__/${hosts[k]}}
+    v=${v//__AUGUR_PORT_${k}__/${ports[k]}}
+  done
+  printf '%s' "$v"
+}
+case "$SLURM_PROCID" in
+"#,
+    );
+    for (rank, replica) in request.replicas.iter().enumerate() {
+        s.push_str(&format!("{rank})\n"));
+        for (k, v) in request
+            .replica_env(replica, &placeholder)
+            .iter()
+            .skip(request.env.len())
+        {
+            if !is_shell_name(k) {
+                return Err(ExecutorError::Launch(format!(
+                    "environment variable name {k:?} cannot be passed to a Slurm job"
+                )));
+            }
+            if v.contains("__AUGUR_") {
+                s.push_str(&format!("  export {k}=\"$(fill {})\"\n", quote(v)));
+            } else {
+                s.push_str(&format!("  export {k}={}\n", quote(v)));
+            }
+        }
+        let argv: Vec<String> = replica.argv.iter().map(|w| quote(w)).collect();
+        s.push_str(&format!("  argv=({})\n", argv.join(" ")));
+        s.push_str(&format!(
+            "  log={}\n  header={}\n  ;;\n",
+            quote(&replica.log_path.display().to_string()),
+            quote(request.log_header(replica).trim_end()),
+        ));
+    }
+    s.push_str(&format!(
+        r#"*) echo "augur: no replica for task $SLURM_PROCID" >&2; exit 98 ;;
+esac
+# The primary writes to the job's own log, which Augur follows for its metrics.
+[ "$SLURM_PROCID" = 0 ] || echo "$header" >>"$log"
+exec >>"$log" 2>&1
+if [ "$SLURM_PROCID" = 0 ]; then
+  "${{argv[@]}}"
+  code=$?
+  echo "$code" > {exit_file}
+  # The attempt ends with the primary: stop the other replicas (SIGTERM, then SIGKILL).
+  [ {tasks} -gt 1 ] && scancel --quiet "$SLURM_JOB_ID.$SLURM_STEP_ID"
+  exit "$code"
+fi
+exec "${{argv[@]}}"
+"#,
+        exit_file = quote(&files.primary_exit.display().to_string()),
+        tasks = request.replicas.len(),
+    ));
+    Ok(s)
+}
+
+fn sbatch_args(
+    request: &JobRequest,
+    options: &SlurmOptions,
+    log: &Path,
+    script: &Path,
+) -> Vec<String> {
     let mut args = vec![
         "--parsable".to_string(),
         format!(
             "--job-name={}",
             job_name(request.study_id, request.trial_id)
         ),
-        format!("--output={}", output_pattern(&request.log_path)),
+        format!("--output={}", output_pattern(log)),
         "--open-mode=append".to_string(),
         // sbatch would copy the server's whole environment into the job: the script
         // exports exactly the request's variables instead.
         "--export=NONE".to_string(),
     ];
+    if request.cluster.is_some() {
+        args.push(format!("--ntasks={}", request.replicas.len()));
+        if let Some(nodes) = options.nodes {
+            args.push(format!("--nodes={nodes}"));
+        }
+    }
+    args.extend(resource_args(request));
     if let Some(p) = &options.partition {
         args.push(format!("--partition={p}"));
     }
     // The user's options come last: they override ours.
     args.extend(options.sbatch_args.iter().cloned());
     args.push(script.display().to_string());
+    args
+}
+
+/// Per-task resources: one `srun` starts every replica alike, so each task asks for what
+/// the most demanding replica needs.
+fn resource_args(request: &JobRequest) -> Vec<String> {
+    let all = || request.replicas.iter().map(|r| &r.resources);
+    let mut args = Vec::new();
+    let cpus = all().filter_map(|r| r.cpu).fold(0.0_f64, f64::max);
+    if cpus > 0.0 {
+        args.push(format!("--cpus-per-task={}", cpus.ceil() as u64));
+    }
+    if let Some(bytes) = all().filter_map(Resources::memory_bytes).max() {
+        let per_cpu = bytes.div_ceil(cpus.ceil().max(1.0) as u64);
+        args.push(format!("--mem-per-cpu={}M", per_cpu.div_ceil(1 << 20)));
+    }
+    if let Some(gpus) = all().filter_map(|r| r.gpu).max().filter(|&g| g > 0) {
+        args.push(format!("--gpus-per-task={gpus}"));
+    }
     args
 }
 
@@ -198,26 +383,28 @@ impl Executor for SlurmExecutor {
         request: &JobRequest,
         stdout_lines: mpsc::UnboundedSender<String>,
     ) -> Result<Box<dyn RunningJob>, ExecutorError> {
-        if request.argv.is_empty() {
-            return Err(ExecutorError::Launch("empty command".into()));
+        let primary = request
+            .primary()
+            .filter(|p| !p.argv.is_empty())
+            .ok_or_else(|| ExecutorError::Launch("empty command".into()))?;
+        let files = AttemptFiles::of(request, primary);
+        let private = |path: PathBuf, text: String| async move {
+            write_private(&path, &text)
+                .await
+                .map_err(|e| ExecutorError::Launch(format!("{}: {e}", path.display())))
+        };
+        private(files.script.clone(), batch_script(request, &files)?).await?;
+        if request.cluster.is_some() {
+            private(
+                files.replica_script.clone(),
+                replica_script(request, &files)?,
+            )
+            .await?;
         }
-        let text = batch_script(request)?;
-        let dir = request
-            .log_path
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_default();
-        let script = dir.join(format!("slurm-attempt-{}.sh", request.attempt));
-        write_private(&script, &text)
-            .await
-            .map_err(|e| ExecutorError::Launch(format!("{}: {e}", script.display())))?;
         // The same header as a local job's log; the job's output is read from after it.
-        let header = format!(
-            "=== augur: trial {} attempt {}: {:?}\n",
-            request.trial_id, request.attempt, request.argv
-        );
-        let offset = append_log(&request.log_path, &header).await?;
-        let out = run("sbatch", &sbatch_args(request, &self.options, &script)).await?;
+        let offset = append_log(&primary.log_path, &request.log_header(primary)).await?;
+        let args = sbatch_args(request, &self.options, &primary.log_path, &files.script);
+        let out = run("sbatch", &args).await?;
         let job_id = out.trim().split(';').next().unwrap_or("").to_string();
         if job_id.is_empty() || !job_id.chars().all(|c| c.is_ascii_digit()) {
             return Err(ExecutorError::Launch(format!(
@@ -226,7 +413,7 @@ impl Executor for SlurmExecutor {
         }
         let (done_tx, done_rx) = watch::channel(false);
         let tail = tokio::spawn(tail_file(
-            request.log_path.clone(),
+            primary.log_path.clone(),
             offset,
             stdout_lines,
             done_rx,
@@ -479,38 +666,124 @@ impl RunningJob for SlurmJob {
 mod tests {
     use super::*;
 
+    fn replica(id: ReplicaId, argv: &[&str], log: &str) -> ReplicaRequest {
+        ReplicaRequest {
+            id,
+            argv: argv.iter().map(|a| a.to_string()).collect(),
+            env: Vec::new(),
+            resources: Resources::default(),
+            log_path: PathBuf::from(log),
+        }
+    }
+
     fn request() -> JobRequest {
         JobRequest {
             study_id: 1,
             trial_id: 2,
             attempt: 1,
-            argv: vec![
-                "python3".into(),
-                "train.py".into(),
-                "--name=it's $HOME".into(),
-            ],
             env: vec![("AUGUR_TRIAL_ID".into(), "2".into())],
             workdir: Some(PathBuf::from("/work dir")),
-            log_path: PathBuf::from("/runs 100%/2/job.log"),
+            replicas: vec![replica(
+                ReplicaId::PRIMARY,
+                &["python3", "train.py", "--name=it's $HOME"],
+                "/runs 100%/2/job.log",
+            )],
+            cluster: None,
         }
+    }
+
+    /// A chief, two workers and an evaluator.
+    fn cluster_request() -> JobRequest {
+        let job = crate::model::TrialJobSpec {
+            command: vec!["train".into()],
+            worker_pools: [1, 2, 0, 1]
+                .iter()
+                .map(|&n| {
+                    (n > 0).then(|| crate::model::WorkerPoolSpec {
+                        replicas: n,
+                        command: None,
+                        env: Default::default(),
+                        resources: None,
+                    })
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let mut r = request();
+        r.cluster = Some(super::super::cluster::ClusterLayout::of(&job));
+        r.replicas = job
+            .replicas()
+            .iter()
+            .map(|p| {
+                replica(
+                    p.id,
+                    &["train", "--lr=0.1"],
+                    &format!("/runs/2/{}.log", p.id.name()),
+                )
+            })
+            .collect();
+        r.replicas[3].resources.gpu = Some(2);
+        r
+    }
+
+    fn files() -> AttemptFiles {
+        AttemptFiles::of(&request(), &request().replicas[0])
     }
 
     #[test]
     fn script_quotes_every_word() {
-        let s = batch_script(&request()).expect("script");
+        let s = batch_script(&request(), &files()).expect("script");
         assert!(s.contains("cd '/work dir' || exit 97\n"));
         assert!(s.contains("export AUGUR_TRIAL_ID='2'\n"));
         assert!(
             s.ends_with("exec 'python3' 'train.py' '--name=it'\\''s $HOME'\n"),
             "{s}"
         );
+        assert!(!s.contains("CLUSTER_SPEC"), "one replica, no cluster: {s}");
+    }
+
+    #[test]
+    fn a_cluster_starts_every_replica_with_one_srun_and_ends_as_its_primary() {
+        let r = cluster_request();
+        let files = AttemptFiles::of(&r, &r.replicas[0]);
+        let s = batch_script(&r, &files).expect("script");
+        assert!(
+            s.contains("srun --ntasks=4 --distribution=block --kill-on-bad-exit=1"),
+            "{s}"
+        );
+        assert!(s.contains("slurm-attempt-1.primary-exit"), "{s}");
+        let tasks = replica_script(&r, &files).expect("replica script");
+        for rank in 0..4 {
+            assert!(
+                tasks.contains(&format!("\n{rank})\n")),
+                "task {rank}: {tasks}"
+            );
+        }
+        assert!(
+            tasks.contains("export AUGUR_REPLICA='workerpool3-0'"),
+            "{tasks}"
+        );
+        // The cluster's addresses are filled in inside the allocation.
+        assert!(tasks.contains("export CLUSTER_SPEC=\"$(fill '"), "{tasks}");
+        assert!(
+            tasks.contains("__AUGUR_HOST_2__:__AUGUR_PORT_2__"),
+            "{tasks}"
+        );
+        let args = sbatch_args(
+            &r,
+            &SlurmOptions::default(),
+            Path::new("/l"),
+            Path::new("/s"),
+        );
+        assert!(args.contains(&"--ntasks=4".to_string()), "{args:?}");
+        assert!(args.contains(&"--gpus-per-task=2".to_string()), "{args:?}");
     }
 
     #[test]
     fn env_names_that_a_shell_would_interpret_are_refused() {
         let mut r = request();
         r.env.push(("X;touch /tmp/pwned;Y".into(), "v".into()));
-        assert!(batch_script(&r).is_err());
+        assert!(batch_script(&r, &files()).is_err());
         assert!(
             is_shell_name("_A1")
                 && !is_shell_name("1A")
@@ -524,10 +797,12 @@ mod tests {
         let options = SlurmOptions {
             partition: Some("debug".into()),
             sbatch_args: vec!["--mem=1G".into()],
+            nodes: None,
         };
         let args = sbatch_args(
             &request(),
             &options,
+            Path::new("/runs 100%/2/job.log"),
             Path::new("/runs/2/slurm-attempt-1.sh"),
         );
         assert_eq!(

@@ -11,9 +11,10 @@ use regex::Regex;
 use tokio::sync::watch;
 
 use super::attempt::{Attempt, run_attempt};
+use super::cluster::ClusterLayout;
 use super::environment::{TrialIdentity, trial_env};
 use super::error::{DispatchError, DispatchResult};
-use super::executor::{Executor, JobRequest};
+use super::executor::{Executor, JobRequest, ReplicaRequest};
 use super::reporter::{AttemptStart, TrialReporter};
 use crate::model::job::DEFAULT_METRIC_REGEX;
 use crate::model::{Measurement, TrialDirs, TrialJobSpec};
@@ -89,11 +90,7 @@ pub async fn run_trial(
     // Directories are made on a blocking thread (a mkdir can take a millisecond), meanwhile
     // a resumed trial's launch is counted.
     let mut prepared = Some(prepare_dirs(&setup, &dirs, &parameters));
-    let argv = setup.job.render_argv(
-        &parameters,
-        trial_id,
-        &dirs.params_file.display().to_string(),
-    );
+    let replicas = replica_requests(&setup.job, &parameters, trial_id, &dirs);
     let identity = TrialIdentity {
         augur_url: &setup.augur_url,
         study_id: setup.study_id,
@@ -134,10 +131,13 @@ pub async fn run_trial(
             study_id: setup.study_id,
             trial_id,
             attempt: start.number,
-            argv: argv.clone(),
             env,
             workdir: setup.job.workdir.as_ref().map(PathBuf::from),
-            log_path: dirs.job_log.clone(),
+            replicas: replicas.clone(),
+            cluster: setup
+                .job
+                .is_cluster()
+                .then(|| ClusterLayout::of(&setup.job)),
         };
         let (outcome, last) = run_attempt(&setup, &request, &dirs, timeout, &mut interrupt).await;
         match settle(&setup, trial_id, outcome, last).await {
@@ -158,6 +158,41 @@ pub async fn run_trial(
         format!("{last_failure} (after {max_attempts} attempt(s))")
     };
     give_up(&*reporter, trial_id, reason).await
+}
+
+/// Every replica of the trial's cluster (one, without `worker_pools`), with its command
+/// rendered for these values, its pool's environment, its resources and its log.
+fn replica_requests(
+    job: &TrialJobSpec,
+    parameters: &augur_optimizer::Assignment,
+    trial_id: i64,
+    dirs: &TrialDirs,
+) -> Vec<ReplicaRequest> {
+    let params_file = dirs.params_file.display().to_string();
+    job.replicas()
+        .into_iter()
+        .map(|plan| {
+            let mut env: Vec<(String, String)> = plan
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            if !plan.id.is_primary() {
+                let metric_file = dirs.replica_metric_file(plan.id);
+                env.push((
+                    "CLOUD_ML_HP_METRIC_FILE".to_string(),
+                    metric_file.display().to_string(),
+                ));
+            }
+            ReplicaRequest {
+                id: plan.id,
+                argv: job.render_command(plan.command, parameters, trial_id, &params_file),
+                env,
+                resources: plan.resources.cloned().unwrap_or_default(),
+                log_path: dirs.replica_log(plan.id),
+            }
+        })
+        .collect()
 }
 
 /// Kill a job an earlier run of the service left for this trial, if any. True when a launch
@@ -202,12 +237,13 @@ fn prepare_dirs(
         .iter()
         .any(|a| a.contains("${params_file}"))
         .then(|| serde_json::to_string_pretty(parameters).unwrap_or_else(|_| "{}".into()));
-    let dirs = dirs.clone();
-    tokio::task::spawn_blocking(move || create_dirs(&dirs, params_json))
+    let (dirs, cluster) = (dirs.clone(), setup.job.is_cluster());
+    tokio::task::spawn_blocking(move || create_dirs(&dirs, params_json, cluster))
 }
 
-/// Create the trial's directories, and its params file when given.
-fn create_dirs(dirs: &TrialDirs, params_json: Option<String>) -> DispatchResult<()> {
+/// Create the trial's directories (a cluster's `replicas/` too), and its params file when
+/// given.
+fn create_dirs(dirs: &TrialDirs, params_json: Option<String>, cluster: bool) -> DispatchResult<()> {
     let with_path = |e: std::io::Error, p: &Path| {
         DispatchError::Directories(std::io::Error::new(
             e.kind(),
@@ -216,6 +252,10 @@ fn create_dirs(dirs: &TrialDirs, params_json: Option<String>) -> DispatchResult<
     };
     for dir in [&dirs.model, &dirs.checkpoints, &dirs.logs] {
         std::fs::create_dir_all(dir).map_err(|e| with_path(e, dir))?;
+    }
+    if cluster {
+        let dir = dirs.replicas_dir();
+        std::fs::create_dir_all(&dir).map_err(|e| with_path(e, &dir))?;
     }
     if let Some(json) = params_json {
         std::fs::write(&dirs.params_file, json).map_err(|e| with_path(e, &dirs.params_file))?;

@@ -46,9 +46,166 @@ pub struct SlurmOptions {
     /// Further `sbatch` options, e.g. `["--gres=gpu:1", "--mem=8G"]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sbatch_args: Vec<String>,
+    /// `--nodes` for a cluster's allocation (by default Slurm places its tasks as it likes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<u32>,
 }
 
+/// What one replica may use (DESIGN §2 `resources`). Local replicas get `gpu` distinct GPUs
+/// of the machine through `CUDA_VISIBLE_DEVICES`; Slurm asks for `cpu`/`memory`/`gpu` per
+/// task; containers and pods get them as limits.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    /// CPUs (fractions allowed where the executor can, e.g. 0.5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<f64>,
+    /// Memory as Kubernetes writes it: `16Gi`, `512Mi`, `8G`, or bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
+    /// Whole GPUs, each given to this replica alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<u32>,
+}
+
+impl Resources {
+    /// `memory` in bytes, when given.
+    pub fn memory_bytes(&self) -> Option<u64> {
+        self.memory.as_deref().and_then(parse_memory)
+    }
+
+    fn validate(&self, field: &str) -> Result<(), ValidationError> {
+        if self
+            .cpu
+            .is_some_and(|c| !(c.is_finite() && c > 0.0 && c <= 1024.0))
+        {
+            return Err(ValidationError::new(
+                format!("{field}.cpu"),
+                "must be a number of CPUs above 0 (at most 1024)",
+            ));
+        }
+        if let Some(m) = &self.memory
+            && parse_memory(m).is_none_or(|b| b == 0)
+        {
+            return Err(ValidationError::new(
+                format!("{field}.memory"),
+                "must be a size such as 512Mi, 16Gi, 8G or a number of bytes",
+            ));
+        }
+        if self.gpu.is_some_and(|g| g > 64) {
+            return Err(ValidationError::new(
+                format!("{field}.gpu"),
+                "must be at most 64",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `16Gi`, `512Mi`, `8G`, `1000` → bytes (Kubernetes' binary and decimal suffixes).
+fn parse_memory(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, suffix) = text.split_at(split);
+    let n: u64 = digits.parse().ok()?;
+    let unit: u64 = match suffix {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "K" | "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        _ => return None,
+    };
+    n.checked_mul(unit)
+}
+
+/// One worker pool of a training cluster (DESIGN §4.1), as Vertex AI's `workerPoolSpecs`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerPoolSpec {
+    /// Replicas in this pool; pool 0 (the primary) has exactly one.
+    #[serde(default = "one_replica")]
+    pub replicas: u32,
+    /// This pool's program and arguments; the trial job's `command` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    /// Added to the trial job's `env` for this pool's replicas.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Per replica of this pool; the trial job's `resources` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+}
+
+fn one_replica() -> u32 {
+    1
+}
+
+/// At most four pools: primary, workers, parameter (or reduction) servers, evaluators.
+pub const MAX_WORKER_POOLS: usize = 4;
+/// Replicas one pool may ask for.
+pub const MAX_REPLICAS_PER_POOL: u32 = 256;
+/// Variables Augur sets for the replicas of a cluster: a spec may not set them itself.
+pub const CLUSTER_ENV: [&str; 8] = [
+    "CLUSTER_SPEC",
+    "TF_CONFIG",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "CUDA_VISIBLE_DEVICES",
+];
+
+/// One replica of a trial's cluster: pool 0 index 0 is the primary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ReplicaId {
+    pub pool: usize,
+    pub index: usize,
+}
+
+impl ReplicaId {
+    pub const PRIMARY: ReplicaId = ReplicaId { pool: 0, index: 0 };
+
+    pub fn is_primary(self) -> bool {
+        self == Self::PRIMARY
+    }
+
+    /// `workerpool1-2`: Vertex's pool name and the replica's index.
+    pub fn name(self) -> String {
+        format!("workerpool{}-{}", self.pool, self.index)
+    }
+
+    /// The inverse of [`ReplicaId::name`].
+    pub fn parse(name: &str) -> Option<ReplicaId> {
+        let (pool, index) = name.strip_prefix("workerpool")?.split_once('-')?;
+        let digits = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_digit());
+        if !digits(pool) || !digits(index) {
+            return None;
+        }
+        Some(ReplicaId {
+            pool: pool.parse().ok()?,
+            index: index.parse().ok()?,
+        })
+    }
+}
+
+/// One replica as the executor runs it: its place, program, extra environment, resources.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaPlan<'a> {
+    pub id: ReplicaId,
+    pub command: &'a [String],
+    pub env: &'a BTreeMap<String, String>,
+    pub resources: Option<&'a Resources>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TrialJobSpec {
     #[serde(default)]
@@ -83,6 +240,14 @@ pub struct TrialJobSpec {
     pub metric_regex: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slurm: Option<SlurmOptions>,
+    /// Per replica, unless its pool says otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+    /// Each trial a training cluster (DESIGN §4.1): pool 0 the primary (one replica), pools
+    /// 1-3 workers, parameter servers, evaluators; `null` skips a pool. Absent: one replica.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<Option<WorkerPoolSpec>>)]
+    pub worker_pools: Vec<Option<WorkerPoolSpec>>,
 }
 
 /// Variables of the server's (or worker's) own environment that every job inherits: what a
@@ -96,6 +261,25 @@ pub const INHERITED_ENV: [&str; 10] = [
 /// Whether a variable of the server's environment is one every job inherits.
 pub fn is_inherited_env(name: &str) -> bool {
     INHERITED_ENV.contains(&name) || name.starts_with("LC_")
+}
+
+/// Names a spec may give a job's variables: valid, and none of those Augur sets itself.
+fn check_env_names(env: &BTreeMap<String, String>, field: &str) -> Result<(), ValidationError> {
+    for key in env.keys() {
+        let ok = !key.is_empty()
+            && !key.contains('=')
+            && !key.contains('\0')
+            && !key.starts_with("AUGUR_")
+            && !key.starts_with("AIP_")
+            && !key.starts_with("CLOUD_ML_");
+        if !ok {
+            return Err(ValidationError::new(
+                format!("{field}.{key}"),
+                "not a valid variable name, or one Augur sets itself (AUGUR_*, AIP_*, CLOUD_ML_*)",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Katib's default stdout metric format: `accuracy=0.91` anywhere on a line.
@@ -134,20 +318,7 @@ impl TrialJobSpec {
                 "must be at most 100",
             ));
         }
-        for key in self.env.keys() {
-            let ok = !key.is_empty()
-                && !key.contains('=')
-                && !key.contains('\0')
-                && !key.starts_with("AUGUR_")
-                && !key.starts_with("AIP_")
-                && !key.starts_with("CLOUD_ML_");
-            if !ok {
-                return Err(ValidationError::new(
-                    format!("trial_job.env.{key}"),
-                    "not a valid variable name, or one Augur sets itself (AUGUR_*, AIP_*, CLOUD_ML_*)",
-                ));
-            }
-        }
+        check_env_names(&self.env, "trial_job.env")?;
         if let Some(re) = &self.metric_regex {
             let compiled = regex::Regex::new(re).map_err(|e| {
                 ValidationError::new(field("metric_regex"), format!("invalid regex: {e}"))
@@ -166,6 +337,10 @@ impl TrialJobSpec {
                 "applies to executor: slurm only",
             ));
         }
+        if let Some(resources) = &self.resources {
+            resources.validate(&field("resources"))?;
+        }
+        self.validate_worker_pools()?;
         let sbatch_args = self.slurm.iter().flat_map(|s| s.sbatch_args.iter());
         if let Some(i) = sbatch_args.clone().position(|a| a.starts_with("--export")) {
             // `--export=ALL` would hand the server's environment (its token) to every job.
@@ -178,6 +353,110 @@ impl TrialJobSpec {
         Ok(())
     }
 
+    fn validate_worker_pools(&self) -> Result<(), ValidationError> {
+        let pools = &self.worker_pools;
+        if pools.is_empty() {
+            return Ok(());
+        }
+        if pools.len() > MAX_WORKER_POOLS {
+            return Err(ValidationError::new(
+                "trial_job.worker_pools",
+                "at most 4 pools: the primary, workers, parameter servers, evaluators",
+            ));
+        }
+        match pools.first() {
+            Some(Some(primary)) if primary.replicas == 1 => {}
+            Some(Some(_)) => {
+                return Err(ValidationError::new(
+                    "trial_job.worker_pools[0].replicas",
+                    "pool 0 is the primary replica: exactly 1",
+                ));
+            }
+            _ => {
+                return Err(ValidationError::new(
+                    "trial_job.worker_pools[0]",
+                    "pool 0 (the primary) is required",
+                ));
+            }
+        }
+        if pools.last().is_some_and(Option::is_none) {
+            return Err(ValidationError::new(
+                format!("trial_job.worker_pools[{}]", pools.len() - 1),
+                "a skipped pool (null) may only stand before another pool",
+            ));
+        }
+        for (p, pool) in pools.iter().enumerate() {
+            let Some(pool) = pool else { continue };
+            let field = |f: &str| format!("trial_job.worker_pools[{p}].{f}");
+            if !(1..=MAX_REPLICAS_PER_POOL).contains(&pool.replicas) {
+                return Err(ValidationError::new(
+                    field("replicas"),
+                    "must be between 1 and 256 (skip a pool with null)",
+                ));
+            }
+            if let Some(command) = &pool.command
+                && command.first().is_none_or(|c| c.trim().is_empty())
+            {
+                return Err(ValidationError::new(
+                    field("command"),
+                    "must name a program",
+                ));
+            }
+            check_env_names(&pool.env, &field("env"))?;
+            if let Some(resources) = &pool.resources {
+                resources.validate(&field("resources"))?;
+            }
+        }
+        // A cluster's replicas learn their place from these: the spec may not set them.
+        for (scope, env) in std::iter::once(("trial_job.env".to_string(), &self.env)).chain(
+            pools.iter().enumerate().filter_map(|(p, pool)| {
+                Some((
+                    format!("trial_job.worker_pools[{p}].env"),
+                    &pool.as_ref()?.env,
+                ))
+            }),
+        ) {
+            if let Some(key) = env.keys().find(|k| CLUSTER_ENV.contains(&k.as_str())) {
+                return Err(ValidationError::new(
+                    format!("{scope}.{key}"),
+                    "Augur sets this for every replica of a cluster",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether each trial is a cluster (`worker_pools` given), even of one replica: then every
+    /// replica gets the cluster's configuration (`CLUSTER_SPEC`, `TF_CONFIG`, …).
+    pub fn is_cluster(&self) -> bool {
+        !self.worker_pools.is_empty()
+    }
+
+    /// Every replica of a trial, the primary first, then pool by pool.
+    pub fn replicas(&self) -> Vec<ReplicaPlan<'_>> {
+        if self.worker_pools.is_empty() {
+            return vec![ReplicaPlan {
+                id: ReplicaId::PRIMARY,
+                command: &self.command,
+                env: &self.env,
+                resources: self.resources.as_ref(),
+            }];
+        }
+        let mut out = Vec::new();
+        for (pool, spec) in self.worker_pools.iter().enumerate() {
+            let Some(spec) = spec else { continue };
+            for index in 0..spec.replicas as usize {
+                out.push(ReplicaPlan {
+                    id: ReplicaId { pool, index },
+                    command: spec.command.as_deref().unwrap_or(&self.command),
+                    env: &spec.env,
+                    resources: spec.resources.as_ref().or(self.resources.as_ref()),
+                });
+            }
+        }
+        out
+    }
+
     /// The argv of one trial: the command with placeholders filled in, and the values
     /// appended in `arg_style` unless placed by a placeholder. Never passes through a shell.
     pub fn render_argv(
@@ -186,9 +465,20 @@ impl TrialJobSpec {
         trial_id: i64,
         params_file: &str,
     ) -> Vec<String> {
-        let mut out = Vec::with_capacity(self.command.len() + parameters.len());
+        self.render_command(&self.command, parameters, trial_id, params_file)
+    }
+
+    /// [`TrialJobSpec::render_argv`] of another command (a worker pool's).
+    pub fn render_command(
+        &self,
+        command: &[String],
+        parameters: &Assignment,
+        trial_id: i64,
+        params_file: &str,
+    ) -> Vec<String> {
+        let mut out = Vec::with_capacity(command.len() + parameters.len());
         let mut placed = false;
-        for arg in &self.command {
+        for arg in command {
             if arg == "${args}" {
                 out.extend(self.value_args(parameters));
                 placed = true;
@@ -299,6 +589,8 @@ mod tests {
             output_dir: None,
             metric_regex: None,
             slurm: None,
+            resources: None,
+            worker_pools: Vec::new(),
         }
     }
 
@@ -392,12 +684,115 @@ mod tests {
         j.slurm = Some(SlurmOptions {
             partition: None,
             sbatch_args: vec!["--mem=1G".into(), "--export=ALL".into()],
+            nodes: None,
         });
         assert_eq!(
             j.validate().map_err(|e| e.field),
             Err("trial_job.slurm.sbatch_args[1]".to_string())
         );
         j = job(&["x"]);
+        j.executor = ExecutorName::Kubernetes;
+        assert_eq!(
+            j.validate().map_err(|e| e.field),
+            Err("trial_job.executor".to_string())
+        );
+    }
+
+    fn pool(replicas: u32) -> Option<WorkerPoolSpec> {
+        Some(WorkerPoolSpec {
+            replicas,
+            command: None,
+            env: BTreeMap::new(),
+            resources: None,
+        })
+    }
+
+    #[test]
+    fn worker_pools_name_the_field_that_breaks_the_cluster() {
+        let with = |pools: Vec<Option<WorkerPoolSpec>>| {
+            let mut j = job(&["train"]);
+            j.worker_pools = pools;
+            j.validate().map_err(|e| e.field)
+        };
+        assert_eq!(with(vec![pool(1), pool(2), None, pool(1)]), Ok(()));
+        assert_eq!(
+            with(vec![pool(2)]),
+            Err("trial_job.worker_pools[0].replicas".into())
+        );
+        assert_eq!(
+            with(vec![None, pool(1)]),
+            Err("trial_job.worker_pools[0]".into())
+        );
+        assert_eq!(
+            with(vec![pool(1), pool(0)]),
+            Err("trial_job.worker_pools[1].replicas".into())
+        );
+        assert_eq!(
+            with(vec![pool(1), pool(1), pool(1), pool(1), pool(1)]),
+            Err("trial_job.worker_pools".into())
+        );
+        assert_eq!(
+            with(vec![pool(1), None]),
+            Err("trial_job.worker_pools[1]".into())
+        );
+        let mut tf = pool(1);
+        if let Some(p) = tf.as_mut() {
+            p.env.insert("TF_CONFIG".into(), "{}".into());
+        }
+        assert_eq!(
+            with(vec![pool(1), tf]),
+            Err("trial_job.worker_pools[1].env.TF_CONFIG".into())
+        );
+        let mut big = pool(1);
+        if let Some(p) = big.as_mut() {
+            p.resources = Some(Resources {
+                memory: Some("lots".into()),
+                ..Default::default()
+            });
+        }
+        assert_eq!(
+            with(vec![big]),
+            Err("trial_job.worker_pools[0].resources.memory".into())
+        );
+    }
+
+    #[test]
+    fn replicas_come_primary_first_with_their_pools_command_and_resources() {
+        let mut j = job(&["train"]);
+        j.resources = Some(Resources {
+            gpu: Some(1),
+            ..Default::default()
+        });
+        let mut ps = pool(1);
+        if let Some(p) = ps.as_mut() {
+            p.command = Some(vec!["ps".into()]);
+            p.resources = Some(Resources::default());
+        }
+        j.worker_pools = vec![pool(1), pool(2), ps];
+        let replicas = j.replicas();
+        let names: Vec<String> = replicas.iter().map(|r| r.id.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "workerpool0-0",
+                "workerpool1-0",
+                "workerpool1-1",
+                "workerpool2-0"
+            ]
+        );
+        assert_eq!(replicas[3].command, ["ps".to_string()]);
+        assert_eq!(replicas[1].resources.and_then(|r| r.gpu), Some(1));
+        assert_eq!(replicas[3].resources.and_then(|r| r.gpu), None);
+        assert_eq!(ReplicaId::parse("workerpool1-1"), Some(replicas[2].id));
+        assert_eq!(ReplicaId::parse("workerpool-1"), None);
+        assert_eq!(parse_memory("16Gi"), Some(16 << 30));
+        assert_eq!(parse_memory("8G"), Some(8_000_000_000));
+        assert_eq!(parse_memory("1.5Gi"), None);
+    }
+
+    #[test]
+    fn kubernetes_is_not_available_yet() {
+        let mut j = job(&["x"]);
         j.executor = ExecutorName::Kubernetes;
         assert_eq!(
             j.validate().map_err(|e| e.field),

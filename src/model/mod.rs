@@ -8,7 +8,9 @@ pub mod spec;
 pub mod trial;
 pub mod trial_dirs;
 
-pub use job::{ArgStyle, ExecutorName, TrialJobSpec};
+pub use job::{
+    ArgStyle, ExecutorName, ReplicaId, ReplicaPlan, Resources, TrialJobSpec, WorkerPoolSpec,
+};
 pub use request::{ClientId, Step, SuggestCount};
 pub use spec::{
     AlgorithmName, EarlyStoppingSpec, MeasurementSelection, MetricGoal, MetricSpecInput,

@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use super::ReplicaId;
+
 /// The base of a study's per-trial directories: its `trial_job.output_dir` (relative ones
 /// under `runs_base`), or `<runs_base>/augur-runs/study-<id>`.
 pub fn study_output_dir(runs_base: &Path, study_id: i64, job_output_dir: Option<&str>) -> PathBuf {
@@ -42,6 +44,32 @@ impl TrialDirs {
             job_log: root.join("job.log"),
             root,
         }
+    }
+
+    /// Where a replica's stdout and stderr go: the trial's `job.log` for the primary, and
+    /// `replicas/<workerpoolP-I>.log` for the others.
+    pub fn replica_log(&self, replica: ReplicaId) -> PathBuf {
+        if replica.is_primary() {
+            self.job_log.clone()
+        } else {
+            self.replicas_dir().join(format!("{}.log", replica.name()))
+        }
+    }
+
+    /// The hypertune file of a replica: the trial's for the primary (its metrics are the
+    /// trial's), one of its own for every other, so that they do not overwrite each other.
+    pub fn replica_metric_file(&self, replica: ReplicaId) -> PathBuf {
+        if replica.is_primary() {
+            self.metric_file.clone()
+        } else {
+            self.replicas_dir()
+                .join(format!("{}.metrics", replica.name()))
+        }
+    }
+
+    /// The directory of the non-primary replicas' logs and metric files.
+    pub fn replicas_dir(&self) -> PathBuf {
+        self.root.join("replicas")
     }
 }
 

@@ -4,19 +4,20 @@
 use std::path::Path;
 
 use super::{Service, ServiceError, ServiceResult};
-use crate::model::TrialDirs;
 use crate::model::trial_dirs::study_output_dir;
+use crate::model::{ReplicaId, TrialDirs};
 
 /// The largest tail one request may ask for.
 pub const MAX_LOG_TAIL_BYTES: u64 = 16 * 1024 * 1024;
 
 impl Service {
     /// The last `tail_bytes` of a dispatched trial's log, from a line start (empty while its
-    /// job starts).
+    /// job starts): the primary replica's, or `replica`'s (`workerpool1-2`) in a cluster.
     pub async fn trial_log(
         &self,
         study_id: i64,
         trial_id: i64,
+        replica: Option<&str>,
         tail_bytes: u64,
     ) -> ServiceResult<String> {
         if !(1..=MAX_LOG_TAIL_BYTES).contains(&tail_bytes) {
@@ -33,8 +34,23 @@ impl Service {
                  whoever ran them"
             )));
         };
+        let replica = match replica {
+            None => ReplicaId::PRIMARY,
+            Some(name) => ReplicaId::parse(name)
+                .filter(|id| job.replicas().iter().any(|r| r.id == *id))
+                .ok_or_else(|| {
+                    let names: Vec<String> = job.replicas().iter().map(|r| r.id.name()).collect();
+                    ServiceError::invalid(
+                        "replica",
+                        format!(
+                            "{name:?} is no replica of this study's trials: {}",
+                            names.join(", ")
+                        ),
+                    )
+                })?,
+        };
         let output_dir = study_output_dir(&self.runs_base, study_id, job.output_dir.as_deref());
-        let path = TrialDirs::new(&output_dir, trial_id).job_log;
+        let path = TrialDirs::new(&output_dir, trial_id).replica_log(replica);
         read_tail(&path, tail_bytes)
             .await
             .map_err(|e| ServiceError::Internal(format!("{}: {e}", path.display())))

@@ -504,3 +504,19 @@ pub fn assert_augur_job_env(env: &serde_json::Map<String, Value>) {
         assert!(env.contains_key(key), "the job lacks {key}: {env:?}");
     }
 }
+
+/// Trial jobs alive whose command line mentions `marker`, counted by process group: each
+/// job runs in its own group, and `python3` may be a shim that briefly forks helpers.
+pub fn processes_with(marker: &str) -> usize {
+    let groups: std::collections::BTreeSet<i32> = pids()
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(marker))
+                .unwrap_or(false)
+        })
+        .filter_map(|pid| proc_stat(pid).filter(|(state, _)| *state != 'Z'))
+        .map(|(_, group)| group)
+        .collect();
+    groups.len()
+}

@@ -112,22 +112,6 @@ fn study(
     })
 }
 
-/// Trial jobs alive whose command line mentions `marker`, counted by process group: each
-/// job runs in its own group, and `python3` may be a shim that briefly forks helpers.
-fn processes_with(marker: &str) -> usize {
-    let groups: std::collections::BTreeSet<i32> = common::pids()
-        .into_iter()
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains(marker))
-                .unwrap_or(false)
-        })
-        .filter_map(|pid| common::proc_stat(pid).filter(|(state, _)| *state != 'Z'))
-        .map(|(_, group)| group)
-        .collect();
-    groups.len()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_trials_four_at_a_time_never_more_than_four_processes() {
     let f = fixture();
@@ -139,7 +123,7 @@ async fn twenty_trials_four_at_a_time_never_more_than_four_processes() {
         let (peak, done, marker) = (peak.clone(), done.clone(), marker.clone());
         std::thread::spawn(move || {
             while !done.load(Ordering::Relaxed) {
-                peak.fetch_max(processes_with(&marker), Ordering::Relaxed);
+                peak.fetch_max(common::processes_with(&marker), Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(5));
             }
         })
@@ -273,7 +257,7 @@ async fn a_hung_trial_is_killed_at_its_timeout_with_its_process_group() {
         !common::alive(child),
         "the trial's child process {child} survived"
     );
-    assert_eq!(processes_with(&f.script.display().to_string()), 0);
+    assert_eq!(common::processes_with(&f.script.display().to_string()), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -285,7 +269,7 @@ async fn stopping_the_study_kills_running_jobs() {
         .await;
     let marker = f.script.display().to_string();
     let start = Instant::now();
-    while processes_with(&marker) < 2 {
+    while common::processes_with(&marker) < 2 {
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "jobs did not start"
@@ -295,7 +279,7 @@ async fn stopping_the_study_kills_running_jobs() {
     let stopped = app.post(&format!("/v1/studies/{id}/stop"), json!({})).await;
     assert_eq!(stopped.body["state"], "stopped");
     let start = Instant::now();
-    while processes_with(&marker) > 0 {
+    while common::processes_with(&marker) > 0 {
         assert!(
             start.elapsed() < Duration::from_secs(15),
             "jobs still running after stop"
@@ -387,7 +371,7 @@ async fn sigkill_of_the_service_mid_study_then_restart_finishes_exactly_max_tria
     assert_eq!(s["trial_counts"]["total"], 12, "{s}");
     assert_eq!(s["trial_counts"]["completed"], 12, "{s}\nfailed: {failed}");
     assert_eq!(
-        processes_with(&f.script.display().to_string()),
+        common::processes_with(&f.script.display().to_string()),
         0,
         "no job outlived the study"
     );
@@ -484,7 +468,7 @@ async fn a_service_restart_does_not_renew_a_trials_retries(backend: &str) {
         "the unwatched launch ended",
         Duration::from_secs(15),
         || async {
-            match processes_with(&marker) {
+            match common::processes_with(&marker) {
                 0 => Ok(()),
                 n => Err(format!("{n} job(s) alive")),
             }
@@ -547,7 +531,7 @@ async fn a_launch_interrupted_by_the_service_dying_is_not_charged_to_the_trial()
     server.kill();
     let marker = f.script.display().to_string();
     assert_eq!(
-        processes_with(&marker),
+        common::processes_with(&marker),
         1,
         "the hanging launch outlives the service"
     );
@@ -562,7 +546,11 @@ async fn a_launch_interrupted_by_the_service_dying_is_not_charged_to_the_trial()
         "the interrupted launch given back: {trial}"
     );
     assert_eq!(launches(&log).len(), 2);
-    assert_eq!(processes_with(&marker), 0, "the leftover job was killed");
+    assert_eq!(
+        common::processes_with(&marker),
+        0,
+        "the leftover job was killed"
+    );
 }
 
 /// On a server that requires tokens, each launch gets its own trial token (issued in the

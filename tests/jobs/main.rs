@@ -7,6 +7,7 @@
 mod common;
 
 mod cli;
+mod cluster;
 mod dispatch;
 mod slurm;
 mod worker;
