@@ -108,7 +108,11 @@ async fn pages_are_html_and_plotly_is_served_from_the_binary() {
         "{}",
         js.len()
     );
-    for asset in ["/dashboard/app.js", "/dashboard/style.css"] {
+    for asset in [
+        "/dashboard/style.css",
+        "/dashboard/js/main.js",
+        "/dashboard/js/study.js",
+    ] {
         let r = app
             .http
             .get(format!("{}{asset}", app.base))
@@ -116,7 +120,56 @@ async fn pages_are_html_and_plotly_is_served_from_the_binary() {
             .await
             .expect("get");
         assert_eq!(r.status(), StatusCode::OK, "{asset}");
+        assert_eq!(r.headers()["cache-control"], "no-cache", "{asset}");
     }
+}
+
+#[tokio::test]
+async fn pages_load_the_entry_module_and_modules_are_served_by_name_only() {
+    let app = spawn_app(sqlite_db()).await;
+    let page = app
+        .http
+        .get(format!("{}/", app.base))
+        .send()
+        .await
+        .expect("get")
+        .text()
+        .await
+        .expect("body");
+    assert!(
+        page.contains(r#"<script type="module" src="/dashboard/js/main.js?v="#),
+        "{page}"
+    );
+
+    let r = app
+        .http
+        .get(format!("{}/dashboard/js/main.js", app.base))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(
+        r.headers()["content-type"],
+        "text/javascript; charset=utf-8"
+    );
+    let main = r.text().await.expect("body");
+    assert!(
+        main.contains("import { studyPage } from './study.js';"),
+        "{main}"
+    );
+
+    // Only the embedded modules: no other name, and no way out of the directory.
+    for unknown in [
+        "nope.js",
+        "app.js",
+        "..%2Fmod.rs",
+        "..%2F..%2F..%2FCargo.toml",
+    ] {
+        let r = app.get(&format!("/dashboard/js/{unknown}")).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{unknown}");
+        assert_eq!(r.body["error"]["code"], json!("not_found"), "{unknown}");
+    }
+    let r = app.get("/dashboard/app.js").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "the single script is gone");
 }
 
 #[tokio::test]
@@ -258,7 +311,7 @@ async fn a_protected_server_sends_browsers_to_login_and_takes_the_cookie_for_rea
         r.headers()["location"],
         "/login?next=%2Fstudies%2F3%3Fx%3D1"
     );
-    for open in ["/login", "/dashboard/app.js"] {
+    for open in ["/login", "/dashboard/js/main.js"] {
         let r = http
             .get(format!("{}{open}", app.base))
             .send()

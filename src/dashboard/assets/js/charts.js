@@ -1,0 +1,34 @@
+// plotly.js: loaded once, on demand, with the dashboard's shared layout and configuration.
+
+let plotlyPromise = null;
+
+/** plotly.js (4.6 MB), loaded after the first paint of numbers and tables, never blocking it. */
+export function plotly() {
+  if (!plotlyPromise) {
+    plotlyPromise = new Promise((resolve, reject) => {
+      const script = document.createElement('script');
+      script.src = '/dashboard/plotly.min.js?v=' + document.body.dataset.version;
+      script.onload = () => resolve(window.Plotly);
+      script.onerror = () => reject(new Error('could not load plotly.js'));
+      document.head.append(script);
+    });
+  }
+  return plotlyPromise;
+}
+
+export const PLOT_CONFIG = { displaylogo: false, responsive: true };
+
+/** The layout every chart starts from, with `extra` on top. */
+export const baseLayout = (extra) => Object.assign({
+  margin: { l: 56, r: 16, t: 8, b: 40 }, height: 320, hovermode: 'closest',
+  paper_bgcolor: '#fff', plot_bgcolor: '#fff', showlegend: false,
+}, extra);
+
+/** An axis (or colorbar) title. */
+export const titled = (label) => ({ title: { text: label } });
+
+/** Tick positions and labels for categories drawn at 0, 1, 2, … */
+export const categoryTicks = (categories) => ({
+  tickvals: categories.map((_, i) => i),
+  ticktext: categories,
+});
