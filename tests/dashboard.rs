@@ -381,7 +381,8 @@ async fn a_protected_server_sends_browsers_to_login_and_takes_the_cookie_for_rea
 /// Seeds the database at `AUGUR_BROWSER_DB` for `scripts/browser-test.sh`: a 60-trial study
 /// with learning curves (some stopped early) and a two-metric study through the API, then
 /// a study of `AUGUR_BROWSER_LARGE` trials (default 50,000) written in bulk through the
-/// store, since 50,000 API calls would only measure the API.
+/// store, since 50,000 API calls would only measure the API; last a small study whose name
+/// and categorical values are spreadsheet formulas and HTML.
 #[tokio::test]
 #[ignore = "a fixture for scripts/browser-test.sh, not a test"]
 async fn seed_browser_fixture() {
@@ -550,7 +551,53 @@ async fn seed_browser_fixture() {
         tx.commit().await.expect("commit");
         next = last + 1;
     }
-    println!("seeded studies {small} (60 trials), {multi} (2 metrics), {big} ({large} trials)");
+
+    // Study 4: what an attacker might type (issue 10, findings 8 and 9): a name and
+    // categorical values that a spreadsheet would run as formulas or Plotly would draw as
+    // HTML, and a metric whose values are negative numbers, which must stay numbers.
+    // Trial 1 is labelled `=HYPERLINK(…)` and lost -0.5.
+    let hostile = app.create_study(hostile_spec()).await;
+    for i in 0..20usize {
+        let label = HOSTILE_LABELS[i % HOSTILE_LABELS.len()];
+        let r = app
+            .post(
+                &format!("/v1/studies/{hostile}/trials"),
+                json!({
+                    "parameters": {"x": -0.95 + 0.1 * i as f64, "label": label},
+                    "final_measurement": {"metrics": {"loss": -0.5 + 0.01 * i as f64}}
+                }),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    }
+    println!(
+        "seeded studies {small} (60 trials), {multi} (2 metrics), {big} ({large} trials), {hostile} (hostile labels)"
+    );
+}
+
+/// Categorical values of the hostile study: formulas, HTML links and tags, a number as text.
+const HOSTILE_LABELS: [&str; 6] = [
+    r#"=HYPERLINK("http://evil.example","x")"#,
+    r#"<a href="http://evil.example">x</a>"#,
+    "<b>bold</b>",
+    "@SUM(1+1)*cmd|' /C calc'!A0",
+    "-1",
+    "plain",
+];
+
+/// A study named and labelled by an attacker (see `seed_browser_fixture`).
+fn hostile_spec() -> Json {
+    json!({
+        "name": r#"<a href="http://evil.example">evil</a> =HYPERLINK("http://evil.example","x")"#,
+        "algorithm": "random",
+        "metrics": [{"id": "loss", "goal": "minimize"}],
+        "parameters": [
+            {"id": "x", "type": "double", "min": -1.0, "max": 1.0},
+            {"id": "label", "type": "categorical", "values": HOSTILE_LABELS}
+        ],
+        "max_trials": 100,
+        "seed": 5
+    })
 }
 
 struct Seeder {
