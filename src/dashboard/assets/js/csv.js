@@ -1,12 +1,27 @@
 // CSV files for spreadsheets: the study page's "Export CSV" of the rows its table shows.
+//
+// A spreadsheet runs a cell that starts with `=`, `+`, `-` or `@` as a formula, also behind a
+// leading tab, carriage return or NUL: `=HYPERLINK("http://evil.example","x")` as a
+// categorical value would become a live link (issue 10, finding 8). As OWASP and ASVS 1.2.10
+// recommend, such text gets a leading `'` (the spreadsheet shows it as text and runs nothing)
+// and is quoted; other fields are quoted as RFC 4180 says when they hold a quote, a comma, a
+// semicolon (the list separator in many locales), a tab or a line break. Numbers stay
+// numbers: a metric of -0.5 is written `-0.5`, as is text that is only a number (a category
+// "-1"), which no spreadsheet can run.
 
 import { h } from './dom.js';
 
-/** One field, quoted when it holds a quote, a comma or a line break. */
+const FORMULA_START = /^[=+\-@\t\r\0]/;
+const PLAIN_NUMBER = /^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$/;
+const NEEDS_QUOTES = /[",;\t\r\n]/;
+
+/** One field: numbers and booleans as they are, text neutralised and quoted as needed. */
 export function csvCell(value) {
   if (value == null) return '';
-  const text = String(value);
-  return /[",\n]/.test(text) ? '"' + text.replace(/"/g, '""') + '"' : text;
+  if (typeof value !== 'string') return String(value);
+  const formula = FORMULA_START.test(value) && !PLAIN_NUMBER.test(value);
+  const text = formula ? "'" + value : value;
+  return formula || NEEDS_QUOTES.test(text) ? '"' + text.replace(/"/g, '""') + '"' : text;
 }
 
 /** A CSV document from rows of values. */
