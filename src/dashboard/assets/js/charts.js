@@ -1,4 +1,12 @@
-// plotly.js: loaded once, on demand, with the dashboard's shared layout and configuration.
+// plotly.js: loaded once, on demand, with the dashboard's shared layout and configuration;
+// and labels handed to it as text.
+//
+// Plotly reads a subset of HTML in the strings it draws as rich text (titles, cartesian tick
+// labels, legend and trace names, hover templates, parallel-coordinates axis labels):
+// `<a href>` becomes a clickable link, `<b>` bold, `&lt;` a "<". Study names and categorical
+// values are anyone's text (issue 10, finding 9), so every such label goes through
+// `plotText`, which escapes `&`, `<` and `>`: Plotly then shows it literally, as typed.
+// (Tick labels of parallel coordinates are plain SVG text already: they go in unescaped.)
 
 let plotlyPromise = null;
 
@@ -24,11 +32,16 @@ export const baseLayout = (extra) => Object.assign({
   paper_bgcolor: '#fff', plot_bgcolor: '#fff', showlegend: false,
 }, extra);
 
-/** An axis (or colorbar) title. */
-export const titled = (label) => ({ title: { text: label } });
+const ENTITIES = { '&': '&amp;', '<': '&lt;', '>': '&gt;' };
 
-/** Tick positions and labels for categories drawn at 0, 1, 2, … */
+/** A label as Plotly will show it literally: `&`, `<` and `>` escaped. */
+export const plotText = (label) => String(label).replace(/[&<>]/g, (c) => ENTITIES[c]);
+
+/** An axis (or colorbar) title. */
+export const titled = (label) => ({ title: { text: plotText(label) } });
+
+/** Tick positions and labels of a cartesian axis for categories drawn at 0, 1, 2, … */
 export const categoryTicks = (categories) => ({
   tickvals: categories.map((_, i) => i),
-  ticktext: categories,
+  ticktext: categories.map(plotText),
 });

@@ -2,7 +2,7 @@
 // one chart and their best trials' parameters in one table.
 
 import { api } from './api.js';
-import { PLOT_CONFIG, baseLayout, plotly, titled } from './charts.js';
+import { PLOT_CONFIG, baseLayout, plotText, plotly, titled } from './charts.js';
 import { $, fmt, h } from './dom.js';
 import { mark } from './marks.js';
 
@@ -56,6 +56,6 @@ async function drawBestSoFar(studies) {
     const x = history.best_trial.slice();
     const y = history.best_value.slice();
     if (x.length) { x.push(history.last_trial); y.push(y[y.length - 1]); }
-    return { x, y, mode: 'lines', type: 'scatter', line: { shape: 'hv', width: 2 }, name: `#${info.id} ${info.name} (${insights.metric.id})` };
+    return { x, y, mode: 'lines', type: 'scatter', line: { shape: 'hv', width: 2 }, name: plotText(`#${info.id} ${info.name} (${insights.metric.id})`) };
   }), baseLayout({ showlegend: true, legend: { orientation: 'h', y: -0.2 }, xaxis: titled('trial'), yaxis: titled('best so far') }), PLOT_CONFIG);
 }

@@ -4,7 +4,7 @@
 // front of two metrics, a contour of two parameters and learning curves.
 
 import { api } from './api.js';
-import { PLOT_CONFIG, baseLayout, categoryTicks, plotly, titled } from './charts.js';
+import { PLOT_CONFIG, baseLayout, categoryTicks, plotText, plotly, titled } from './charts.js';
 import { $, h, nextTask } from './dom.js';
 import { mark } from './marks.js';
 
@@ -72,7 +72,7 @@ export class StudyCharts {
     const best = columns.bestSoFar(metric, goals[metric] === 'maximize');
     const note = this.insights.history.sampled ? ` (${points.trial.length} of ${this.insights.completed} trials shown)` : '';
     await P.react('chart-history', [
-      { x: points.trial, y: points.value, mode: 'markers', type: 'scatter', name: metric, marker: { size: 5, color: '#7a8bb0', opacity: 0.7 }, hovertemplate: 'trial %{x}<br>%{y}<extra></extra>' },
+      { x: points.trial, y: points.value, mode: 'markers', type: 'scatter', name: plotText(metric), marker: { size: 5, color: '#7a8bb0', opacity: 0.7 }, hovertemplate: 'trial %{x}<br>%{y}<extra></extra>' },
       { x: best.x, y: best.y, mode: 'lines', type: 'scatter', name: 'best so far', line: { shape: 'hv', color: '#d6452d', width: 2 } },
     ], baseLayout({ xaxis: titled('trial' + note), yaxis: titled(metric) }), PLOT_CONFIG);
   }
@@ -80,9 +80,11 @@ export class StudyCharts {
   /** One axis per parameter (categories at 0, 1, …; log scales as log10) and the metric. */
   parcoordsDimension(param, values) {
     const axis = this.page.axes[param];
-    const d = { label: param, values: values.map((v) => (v == null ? NaN : v)) };
-    if (axis.categories.length) Object.assign(d, categoryTicks(axis.categories), { range: [0, Math.max(1, axis.categories.length - 1)] });
-    else if (axis.log) { d.values = d.values.map((v) => Math.log10(v)); d.label = `log10 ${param}`; d.range = [Math.log10(axis.min), Math.log10(axis.max)]; }
+    const d = { label: plotText(param), values: values.map((v) => (v == null ? NaN : v)) };
+    // Tick labels of parallel coordinates are plain SVG text (d3), not Plotly's HTML subset:
+    // the categories go in as they are, where escaping would show "&lt;". The label is HTML.
+    if (axis.categories.length) Object.assign(d, { tickvals: axis.categories.map((_, i) => i), ticktext: axis.categories, range: [0, Math.max(1, axis.categories.length - 1)] });
+    else if (axis.log) { d.values = d.values.map((v) => Math.log10(v)); d.label = `log10 ${plotText(param)}`; d.range = [Math.log10(axis.min), Math.log10(axis.max)]; }
     else if (axis.min != null && axis.max != null) d.range = [axis.min, axis.max];
     return d;
   }
@@ -91,7 +93,7 @@ export class StudyCharts {
     const { columns, goals, metric } = this.page;
     const sample = this.insights.sample;
     const dimensions = columns.parameters.map((p) => this.parcoordsDimension(p, sample.params[p]));
-    dimensions.push({ label: metric, values: sample.value });
+    dimensions.push({ label: plotText(metric), values: sample.value });
     const el = $('#chart-parcoords');
     P.react(el, [{ type: 'parcoords', line: { color: sample.value, colorscale: 'Viridis', showscale: true, reversescale: goals[metric] !== 'maximize' }, dimensions }],
       baseLayout({ margin: { l: 60, r: 60, t: 40, b: 20 }, height: 360 }), PLOT_CONFIG);
@@ -137,7 +139,7 @@ export class StudyCharts {
       const xaxis = titled(p);
       if (axis.log) xaxis.type = 'log';
       if (axis.categories.length) Object.assign(xaxis, categoryTicks(axis.categories));
-      P.react('slice-' + p, [{ x: sample.params[p], y: sample.value, mode: 'markers', type: 'scatter', marker: { size: 5, color: sample.trial, colorscale: 'Blues', opacity: 0.8 }, hovertemplate: `${p} %{x}<br>${metric} %{y}<extra></extra>` }],
+      P.react('slice-' + p, [{ x: sample.params[p], y: sample.value, mode: 'markers', type: 'scatter', marker: { size: 5, color: sample.trial, colorscale: 'Blues', opacity: 0.8 }, hovertemplate: `${plotText(p)} %{x}<br>${plotText(metric)} %{y}<extra></extra>` }],
         baseLayout({ height: 240, xaxis, yaxis: titled(metric) }), PLOT_CONFIG);
     }
   }
@@ -173,7 +175,7 @@ export class StudyCharts {
 
 function drawImportance(P, insights) {
   const importance = insights.importance.slice().reverse();
-  P.react('chart-importance', [{ type: 'bar', orientation: 'h', y: importance.map((i) => i.parameter), x: importance.map((i) => i.importance), marker: { color: '#2f6fde' } }],
+  P.react('chart-importance', [{ type: 'bar', orientation: 'h', y: importance.map((i) => plotText(i.parameter)), x: importance.map((i) => i.importance), marker: { color: '#2f6fde' } }],
     baseLayout({ margin: { l: 110, r: 16, t: 8, b: 40 }, xaxis: { ...titled(`share of importance (${insights.completed} trials)`), range: [0, 1] } }), PLOT_CONFIG);
 }
 

@@ -2,7 +2,7 @@
 // for dispatched trials the model directory and the tail of the log.
 
 import { api, apiText } from './api.js';
-import { PLOT_CONFIG, baseLayout, plotly, titled } from './charts.js';
+import { PLOT_CONFIG, baseLayout, plotText, plotly, titled } from './charts.js';
 import { $, fmt, h, keyValueTable, stateBadge } from './dom.js';
 import { mark } from './marks.js';
 
@@ -66,7 +66,7 @@ async function drawLearningCurve(trial, metrics) {
   const P = await plotly();
   await P.react('chart-trial-curve', metrics.map((m) => {
     const reported = trial.measurements.filter((x) => x.metrics[m] != null);
-    return { x: reported.map((x) => x.step), y: reported.map((x) => x.metrics[m]), mode: 'lines+markers', type: 'scatter', name: m };
+    return { x: reported.map((x) => x.step), y: reported.map((x) => x.metrics[m]), mode: 'lines+markers', type: 'scatter', name: plotText(m) };
   }), baseLayout({ showlegend: metrics.length > 1, xaxis: titled('step') }), PLOT_CONFIG);
   mark('charts');
 }
