@@ -137,7 +137,8 @@ async fn pages_load_the_entry_module_and_modules_are_served_by_name_only() {
         .await
         .expect("body");
     assert!(
-        page.contains(r#"<script type="module" src="/dashboard/js/main.js?v="#),
+        page.contains(r#"<script type="module" src="/dashboard/js/main.js?v="#)
+            && page.contains(r#"<link rel="modulepreload" href="/dashboard/js/study.js">"#),
         "{page}"
     );
 

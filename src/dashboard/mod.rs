@@ -43,6 +43,8 @@ const MODULES: &[(&str, &str)] = &[
     ("table.js", include_str!("assets/js/table.js")),
     ("trial.js", include_str!("assets/js/trial.js")),
 ];
+/// The module a page shell loads; it imports the rest.
+const ENTRY_MODULE: &str = "main.js";
 const STYLE_CSS: &str = include_str!("assets/style.css");
 /// Bumped with the crate version, so browsers never keep a stale asset across upgrades.
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -83,6 +85,13 @@ fn page(title: &str, kind: &str, data: &[(&str, i64)]) -> Html<String> {
         .iter()
         .map(|(k, v)| format!(" data-{k}=\"{v}\""))
         .collect();
+    // Every other module is fetched in parallel at once, rather than level by level as the
+    // browser finds the imports (main → study → table → dom).
+    let preloads: String = MODULES
+        .iter()
+        .filter(|(name, _)| *name != ENTRY_MODULE)
+        .map(|(name, _)| format!("<link rel=\"modulepreload\" href=\"/dashboard/js/{name}\">\n"))
+        .collect();
     Html(format!(
         r#"<!doctype html>
 <html lang="en">
@@ -91,8 +100,8 @@ fn page(title: &str, kind: &str, data: &[(&str, i64)]) -> Html<String> {
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{title} · Augur</title>
 <link rel="stylesheet" href="/dashboard/style.css?v={VERSION}">
-<script type="module" src="/dashboard/js/main.js?v={VERSION}"></script>
-</head>
+<script type="module" src="/dashboard/js/{ENTRY_MODULE}?v={VERSION}"></script>
+{preloads}</head>
 <body data-page="{kind}" data-version="{VERSION}"{attrs}>
 <header class="top"><a class="brand" href="/">Augur</a><nav><a href="/">Studies</a><a href="/compare">Compare</a></nav></header>
 <main id="main"><p class="muted">Loading…</p></main>
