@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Browser tests of the dashboard: Debian's headless Chromium, driven by playwright-core from
 # npm (kept under tests/browser/), against a live `augur serve` on a seeded SQLite database:
-# a 60-trial study, a two-metric study and a 50,000-trial study; then the same on PostgreSQL
-# when AUGUR_TEST_POSTGRES_URL is set (scripts/test.sh sets it). Installs Chromium and
-# playwright-core when missing. Screenshots: target/browser-artifacts/{sqlite,postgres}/.
+# a 60-trial study, a two-metric study, a 50,000-trial study and a study named and labelled
+# with spreadsheet formulas and HTML; then the same on PostgreSQL when AUGUR_TEST_POSTGRES_URL
+# is set (scripts/test.sh sets it). Installs Chromium and playwright-core when missing.
+# Screenshots: target/browser-artifacts/{sqlite,postgres}/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -62,7 +63,7 @@ run_on() {
 
   mkdir -p "$artifacts/$label"
   echo "== $label: serving with the $profile build; time limit $limit_ms ms"
-  ARTIFACTS="$artifacts/$label" AUGUR_BROWSER_LIMIT_MS="$limit_ms" node tests/browser/dashboard.mjs "http://127.0.0.1:$port" 1 2 3
+  ARTIFACTS="$artifacts/$label" AUGUR_BROWSER_LIMIT_MS="$limit_ms" node tests/browser/dashboard.mjs "http://127.0.0.1:$port" 1 2 3 4
   kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=""
 }
 

@@ -1,8 +1,10 @@
 //! The web dashboard: HTML pages at `/`, `/studies/{study}`, `/studies/{study}/trials/{trial}`
 //! and `/compare`, a login form for token-protected servers, and the embedded assets. Each
-//! page is a small shell; `app.js` draws it from the JSON API (`/v1/...`, including the
-//! aggregates of `insights/charts.rs`) and keeps the study page live through the change cursor.
-//! Charts are plotly.js, which the `plotly` crate ships inside the binary: no npm step.
+//! page is a small shell that loads `main.js`; the JavaScript modules of `assets/js/` (one per
+//! page and per part, no build step, served from [`MODULES`]) draw it from the JSON API
+//! (`/v1/...`, including the aggregates of `insights/charts.rs`) and keep the study page live
+//! through the change cursor. Charts are plotly.js, which the `plotly` crate ships inside the
+//! binary: no npm step.
 
 use std::sync::LazyLock;
 
@@ -17,8 +19,30 @@ use utoipa_axum::routes;
 
 use crate::api::AppState;
 use crate::api::auth::TOKEN_COOKIE;
+use crate::api::error::ApiError;
 
-const APP_JS: &str = include_str!("assets/app.js");
+/// The dashboard's JavaScript modules by file name, each embedded at build time and served at
+/// `/dashboard/js/{module}`; they import each other by these names. A unit test keeps this
+/// list equal to the files in `assets/js/`. `include_str!` rather than rust-embed: a dozen
+/// small files need no dependency, and debug builds serve the same bytes as release ones
+/// (rust-embed reads the disk in debug builds).
+const MODULES: &[(&str, &str)] = &[
+    ("main.js", include_str!("assets/js/main.js")),
+    ("api.js", include_str!("assets/js/api.js")),
+    ("charts.js", include_str!("assets/js/charts.js")),
+    ("compare.js", include_str!("assets/js/compare.js")),
+    ("csv.js", include_str!("assets/js/csv.js")),
+    ("dom.js", include_str!("assets/js/dom.js")),
+    ("live.js", include_str!("assets/js/live.js")),
+    ("marks.js", include_str!("assets/js/marks.js")),
+    ("studies.js", include_str!("assets/js/studies.js")),
+    ("study.js", include_str!("assets/js/study.js")),
+    ("study-charts.js", include_str!("assets/js/study-charts.js")),
+    ("table.js", include_str!("assets/js/table.js")),
+    ("trial.js", include_str!("assets/js/trial.js")),
+];
+/// The module a page shell loads; it imports the rest.
+const ENTRY_MODULE: &str = "main.js";
 const STYLE_CSS: &str = include_str!("assets/style.css");
 /// Bumped with the crate version, so browsers never keep a stale asset across upgrades.
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -48,16 +72,23 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(trial_page))
         .routes(routes!(compare_page))
         .routes(routes!(login_page, login))
-        .routes(routes!(app_js))
+        .routes(routes!(js_module))
         .routes(routes!(style_css))
         .routes(routes!(plotly_js))
 }
 
-/// A page shell: `app.js` reads `data-*` from the body and draws the page.
+/// A page shell: `main.js` reads `data-*` from the body and draws the page.
 fn page(title: &str, kind: &str, data: &[(&str, i64)]) -> Html<String> {
     let attrs: String = data
         .iter()
         .map(|(k, v)| format!(" data-{k}=\"{v}\""))
+        .collect();
+    // Every other module is fetched in parallel at once, rather than level by level as the
+    // browser finds the imports (main → study → table → dom).
+    let preloads: String = MODULES
+        .iter()
+        .filter(|(name, _)| *name != ENTRY_MODULE)
+        .map(|(name, _)| format!("<link rel=\"modulepreload\" href=\"/dashboard/js/{name}\">\n"))
         .collect();
     Html(format!(
         r#"<!doctype html>
@@ -67,8 +98,8 @@ fn page(title: &str, kind: &str, data: &[(&str, i64)]) -> Html<String> {
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{title} · Augur</title>
 <link rel="stylesheet" href="/dashboard/style.css?v={VERSION}">
-<script src="/dashboard/app.js?v={VERSION}" defer></script>
-</head>
+<script type="module" src="/dashboard/js/{ENTRY_MODULE}?v={VERSION}"></script>
+{preloads}</head>
 <body data-page="{kind}" data-version="{VERSION}"{attrs}>
 <header class="top"><a class="brand" href="/">Augur</a><nav><a href="/">Studies</a><a href="/compare">Compare</a></nav></header>
 <main id="main"><p class="muted">Loading…</p></main>
@@ -151,7 +182,7 @@ pub struct CompareQuery {
     /// Study ids separated by commas, e.g. `1,2`.
     #[expect(
         dead_code,
-        reason = "read by app.js from the URL; declared for the OpenAPI document"
+        reason = "read by compare.js from the URL; declared for the OpenAPI document"
     )]
     studies: Option<String>,
 }
@@ -262,11 +293,19 @@ fn asset(body: &'static str, content_type: &'static str, immutable: bool) -> Res
         .into_response()
 }
 
-/// The dashboard's script.
-#[utoipa::path(get, path = "/dashboard/app.js", tag = "dashboard",
-    responses((status = 200, description = "JavaScript", content_type = "text/javascript", body = String)))]
-pub async fn app_js() -> Response {
-    asset(APP_JS, "text/javascript; charset=utf-8", false)
+/// One of the dashboard's JavaScript modules (`main.js` is the entry point the pages load).
+#[utoipa::path(get, path = "/dashboard/js/{module}", tag = "dashboard",
+    params(("module" = String, Path, description = "module file name, e.g. `main.js`")),
+    responses(
+        (status = 200, description = "A JavaScript module", content_type = "text/javascript", body = String),
+        (status = 404, description = "No module of that name", body = crate::api::error::ErrorBody),
+    ))]
+pub async fn js_module(Path(module): Path<String>) -> Result<Response, ApiError> {
+    let (_, source) = MODULES
+        .iter()
+        .find(|(name, _)| *name == module)
+        .ok_or_else(|| ApiError::NotFound("no such dashboard module".into()))?;
+    Ok(asset(source, "text/javascript; charset=utf-8", false))
 }
 
 /// The dashboard's style sheet.
@@ -299,6 +338,35 @@ mod tests {
         // plotly.min.js alone is 4.65 MB; MathJax would add 2 MB more.
         assert!(js.len() < 4_800_000, "MathJax came along: {}", js.len());
         assert!(!js.trim_end().ends_with("</script>"));
+    }
+
+    #[test]
+    fn the_served_modules_are_the_files_of_assets_js_and_import_only_each_other() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/dashboard/assets/js");
+        let mut on_disk: Vec<String> = std::fs::read_dir(dir)
+            .expect("assets/js")
+            .map(|entry| {
+                entry
+                    .expect("entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        on_disk.sort();
+        let mut served: Vec<String> = MODULES.iter().map(|(name, _)| name.to_string()).collect();
+        served.sort();
+        assert_eq!(served, on_disk);
+        // Imports name served modules, relative to the importer's URL.
+        for (name, source) in MODULES {
+            for import in source.split("from './").skip(1) {
+                let target = import.split('\'').next().unwrap_or_default();
+                assert!(
+                    MODULES.iter().any(|(served, _)| *served == target),
+                    "{name} imports {target}, which is not served"
+                );
+            }
+        }
     }
 
     #[test]

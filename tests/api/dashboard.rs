@@ -108,7 +108,11 @@ async fn pages_are_html_and_plotly_is_served_from_the_binary() {
         "{}",
         js.len()
     );
-    for asset in ["/dashboard/app.js", "/dashboard/style.css"] {
+    for asset in [
+        "/dashboard/style.css",
+        "/dashboard/js/main.js",
+        "/dashboard/js/study.js",
+    ] {
         let r = app
             .http
             .get(format!("{}{asset}", app.base))
@@ -116,7 +120,57 @@ async fn pages_are_html_and_plotly_is_served_from_the_binary() {
             .await
             .expect("get");
         assert_eq!(r.status(), StatusCode::OK, "{asset}");
+        assert_eq!(r.headers()["cache-control"], "no-cache", "{asset}");
     }
+}
+
+#[tokio::test]
+async fn pages_load_the_entry_module_and_modules_are_served_by_name_only() {
+    let app = spawn_app(sqlite_db()).await;
+    let page = app
+        .http
+        .get(format!("{}/", app.base))
+        .send()
+        .await
+        .expect("get")
+        .text()
+        .await
+        .expect("body");
+    assert!(
+        page.contains(r#"<script type="module" src="/dashboard/js/main.js?v="#)
+            && page.contains(r#"<link rel="modulepreload" href="/dashboard/js/study.js">"#),
+        "{page}"
+    );
+
+    let r = app
+        .http
+        .get(format!("{}/dashboard/js/main.js", app.base))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(
+        r.headers()["content-type"],
+        "text/javascript; charset=utf-8"
+    );
+    let main = r.text().await.expect("body");
+    assert!(
+        main.contains("import { studyPage } from './study.js';"),
+        "{main}"
+    );
+
+    // Only the embedded modules: no other name, and no way out of the directory.
+    for unknown in [
+        "nope.js",
+        "app.js",
+        "..%2Fmod.rs",
+        "..%2F..%2F..%2FCargo.toml",
+    ] {
+        let r = app.get(&format!("/dashboard/js/{unknown}")).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{unknown}");
+        assert_eq!(r.body["error"]["code"], json!("not_found"), "{unknown}");
+    }
+    let r = app.get("/dashboard/app.js").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "the single script is gone");
 }
 
 #[tokio::test]
@@ -258,7 +312,7 @@ async fn a_protected_server_sends_browsers_to_login_and_takes_the_cookie_for_rea
         r.headers()["location"],
         "/login?next=%2Fstudies%2F3%3Fx%3D1"
     );
-    for open in ["/login", "/dashboard/app.js"] {
+    for open in ["/login", "/dashboard/js/main.js"] {
         let r = http
             .get(format!("{}{open}", app.base))
             .send()
@@ -328,7 +382,8 @@ async fn a_protected_server_sends_browsers_to_login_and_takes_the_cookie_for_rea
 /// Seeds the database at `AUGUR_BROWSER_DB` for `scripts/browser-test.sh`: a 60-trial study
 /// with learning curves (some stopped early) and a two-metric study through the API, then
 /// a study of `AUGUR_BROWSER_LARGE` trials (default 50,000) written in bulk through the
-/// store, since 50,000 API calls would only measure the API.
+/// store, since 50,000 API calls would only measure the API; last a small study whose name
+/// and categorical values are spreadsheet formulas and HTML.
 #[tokio::test]
 #[ignore = "a fixture for scripts/browser-test.sh, not a test"]
 async fn seed_browser_fixture() {
@@ -497,7 +552,53 @@ async fn seed_browser_fixture() {
         tx.commit().await.expect("commit");
         next = last + 1;
     }
-    println!("seeded studies {small} (60 trials), {multi} (2 metrics), {big} ({large} trials)");
+
+    // Study 4: what an attacker might type (issue 10, findings 8 and 9): a name and
+    // categorical values that a spreadsheet would run as formulas or Plotly would draw as
+    // HTML, and a metric whose values are negative numbers, which must stay numbers.
+    // Trial 1 is labelled `=HYPERLINK(…)` and lost -0.5.
+    let hostile = app.create_study(hostile_spec()).await;
+    for i in 0..20usize {
+        let label = HOSTILE_LABELS[i % HOSTILE_LABELS.len()];
+        let r = app
+            .post(
+                &format!("/v1/studies/{hostile}/trials"),
+                json!({
+                    "parameters": {"x": -0.95 + 0.1 * i as f64, "label": label},
+                    "final_measurement": {"metrics": {"loss": -0.5 + 0.01 * i as f64}}
+                }),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    }
+    println!(
+        "seeded studies {small} (60 trials), {multi} (2 metrics), {big} ({large} trials), {hostile} (hostile labels)"
+    );
+}
+
+/// Categorical values of the hostile study: formulas, HTML links and tags, a number as text.
+const HOSTILE_LABELS: [&str; 6] = [
+    r#"=HYPERLINK("http://evil.example","x")"#,
+    r#"<a href="http://evil.example">x</a>"#,
+    "<b>bold</b>",
+    "@SUM(1+1)*cmd|' /C calc'!A0",
+    "-1",
+    "plain",
+];
+
+/// A study named and labelled by an attacker (see `seed_browser_fixture`).
+fn hostile_spec() -> Json {
+    json!({
+        "name": r#"<a href="http://evil.example">evil</a> =HYPERLINK("http://evil.example","x")"#,
+        "algorithm": "random",
+        "metrics": [{"id": "loss", "goal": "minimize"}],
+        "parameters": [
+            {"id": "x", "type": "double", "min": -1.0, "max": 1.0},
+            {"id": "label", "type": "categorical", "values": HOSTILE_LABELS}
+        ],
+        "max_trials": 100,
+        "seed": 5
+    })
 }
 
 struct Seeder {

@@ -2,14 +2,16 @@
 // `cargo test --test api dashboard::seed_browser_fixture -- --ignored` (see scripts/browser-test.sh):
 // pages show the numbers the API holds, the table filters and sorts, a trial completed through
 // the API appears without a reload, and on the 50,000-trial study the first meaningful paint
-// and each live update stay under a second. Screenshots go to $ARTIFACTS.
+// and each live update stay under a second; a study named and labelled with spreadsheet
+// formulas and HTML exports them neutralised and is drawn with them as plain text.
+// Screenshots go to $ARTIFACTS.
 //
-// usage: node dashboard.mjs <base url> <small study> <two-metric study> <large study>
+// usage: node dashboard.mjs <base url> <small study> <two-metric study> <large study> <hostile study>
 import { chromium } from 'playwright-core';
 import { mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 
-const [base, SMALL, MULTI, LARGE] = process.argv.slice(2);
+const [base, SMALL, MULTI, LARGE, HOSTILE] = process.argv.slice(2);
 const ARTIFACTS = process.env.ARTIFACTS || 'target/browser-artifacts';
 // The target is 1 s for each (printed with every run). Timings depend on what else the machine
 // runs, so the test fails only past LIMIT_MS (a sanity bound unless set lower).
@@ -216,6 +218,84 @@ await test('two-metric study shows its Pareto front', async () => {
   const shown = await page.evaluate(() => document.getElementById('chart-pareto').data[1].text.slice().sort((a, b) => a - b));
   assert(JSON.stringify(front) === JSON.stringify(shown), `front ${front} vs ${shown}`);
   await shot('pareto.png');
+});
+
+// RFC 4180 fields: quoted fields may hold commas, doubled quotes and line breaks.
+function parseCsv(text) {
+  const rows = [];
+  let row = [];
+  let field = '';
+  let quoted = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (quoted) {
+      if (c !== '"') field += c;
+      else if (text[i + 1] === '"') { field += '"'; i++; } else quoted = false;
+    } else if (c === '"') quoted = true;
+    else if (c === ',') { row.push(field); field = ''; } else if (c === '\n') { row.push(field); rows.push(row); row = []; field = ''; } else field += c;
+  }
+  if (field || row.length) { row.push(field); rows.push(row); }
+  return rows;
+}
+// What a spreadsheet runs as a formula: text starting with one of these (numbers aside).
+const FORMULA_START = /^[=+\-@\t\r]/;
+const isNumber = (s) => s.trim() !== '' && !Number.isNaN(Number(s));
+
+await test('CSV export: cells a spreadsheet would run as formulas are neutralised, negative numbers stay numbers (issue 10, finding 8)', async () => {
+  await page.goto(`${base}/studies/${HOSTILE}`);
+  await page.waitForFunction(() => window.augur.marks.table);
+  const [download] = await Promise.all([page.waitForEvent('download'), page.click('#export-csv')]);
+  const raw = readFileSync(await download.path(), 'utf8');
+  const rows = parseCsv(raw);
+  const header = rows[0];
+  assert(header.join(',') === 'trial,state,early_stopped,loss,x,label', 'header ' + header);
+  // The seeder's first trial: label =HYPERLINK(…), loss -0.5.
+  const first = rows.find((r) => r[0] === '1');
+  assert(first[5] === `'=HYPERLINK("http://evil.example","x")`, 'formula cell written as ' + JSON.stringify(first[5]));
+  assert(first[3] === '-0.5' && raw.split('\n').some((l) => l.startsWith('1,') && l.includes(',-0.5,')),
+    'the negative metric stays the number -0.5: ' + JSON.stringify(first));
+  const formulas = rows.flat().filter((f) => FORMULA_START.test(f) && !isNumber(f));
+  assert(formulas.length === 0, 'cells a spreadsheet would run: ' + JSON.stringify(formulas));
+  assert(rows.some((r) => r[5] === '<a href="http://evil.example">x</a>'), 'other text is kept as it is');
+  assert(rows.some((r) => r[5] === '-1'), 'text that is only a number stays that number');
+  // Characters the fixture cannot store (names refuse control characters), on the function itself.
+  const cells = await page.evaluate(async () => {
+    const { csvCell } = await import('/dashboard/js/csv.js');
+    return ['\t=1+1', '\r=1+1', '@SUM(1)', '+1+cmd', 'a;=1', -0.5, '-0.5', 'plain'].map(csvCell);
+  });
+  const want = ['"\'\t=1+1"', '"\'\r=1+1"', '"\'@SUM(1)"', '"\'+1+cmd"', '"a;=1"', '-0.5', '-0.5', 'plain'];
+  assert(JSON.stringify(cells) === JSON.stringify(want), `csvCell gave ${JSON.stringify(cells)}, want ${JSON.stringify(want)}`);
+});
+
+// Links and text of every chart; the mode bar's buttons are <a> elements of Plotly's own.
+const chartContents = () => page.evaluate(() => Object.fromEntries([...document.querySelectorAll('.js-plotly-plot')].map((plot) => [plot.id, {
+  links: [...plot.querySelectorAll('a:not(.modebar-btn)')].map((a) => a.outerHTML),
+  text: [...plot.querySelectorAll('svg')].map((svg) => svg.textContent).join(' '),
+}])));
+
+await test('charts show hostile categories as text, never as links or markup (issue 10, finding 9)', async () => {
+  await page.goto(`${base}/studies/${HOSTILE}`);
+  await page.waitForFunction(() => window.augur.marks.charts);
+  const charts = await chartContents();
+  assert(Object.keys(charts).length >= 6, 'charts drawn: ' + Object.keys(charts));
+  const links = Object.entries(charts).filter(([, c]) => c.links.length).map(([id, c]) => `${id}: ${c.links}`);
+  assert(links.length === 0, 'links inside charts: ' + links.join('; '));
+  await shot('hostile-study.png');
+  for (const id of ['slice-label', 'chart-contour', 'chart-parcoords']) {
+    for (const label of ['<a href="http://evil.example">x</a>', '<b>bold</b>']) {
+      assert(charts[id].text.includes(label), `${id} shows ${label} literally: ${charts[id].text.slice(0, 400)}`);
+    }
+  }
+});
+
+await test('the compare chart shows a hostile study name as text (issue 10, finding 9)', async () => {
+  const name = (await get(`/v1/studies/${HOSTILE}`)).name;
+  await page.goto(`${base}/compare?studies=${SMALL},${HOSTILE}`);
+  await page.waitForFunction(() => window.augur.marks.charts);
+  const chart = (await chartContents())['chart-compare'];
+  assert(chart.links.length === 0, 'links in the chart: ' + chart.links);
+  assert(chart.text.includes(`#${HOSTILE} ${name} (loss)`), 'the legend shows the name literally: ' + chart.text.slice(0, 400));
+  await shot('hostile-compare.png');
 });
 
 await test(`large study: first paint and live updates measured (target ${TARGET_MS} ms, limit ${LIMIT_MS} ms)`, async () => {

@@ -1,0 +1,72 @@
+// The trial page (`/studies/{study}/trials/{trial}`): parameters, outcome, learning curve;
+// for dispatched trials the model directory and the tail of the log.
+
+import { api, apiText } from './api.js';
+import { PLOT_CONFIG, baseLayout, plotText, plotly, titled } from './charts.js';
+import { $, fmt, h, keyValueTable, stateBadge } from './dom.js';
+import { mark } from './marks.js';
+
+const LOG_TAIL_BYTES = 65536;
+
+export async function trialPage() {
+  const study = Number(document.body.dataset.study);
+  const trialId = Number(document.body.dataset.trial);
+  const [info, trial] = await Promise.all([api(`/v1/studies/${study}`), api(`/v1/studies/${study}/trials/${trialId}`)]);
+  document.title = `Trial ${trialId} · ${info.name} · Augur`;
+  const job = info.spec.trial_job;
+  const dir = job && job.output_dir ? `${job.output_dir}/${trialId}` : null;
+  const metrics = info.spec.metrics.map((m) => m.id);
+  $('#main').replaceChildren(
+    h('h1', {}, h('a', { href: `/studies/${study}` }, info.name), ` › trial ${trialId} `, stateBadge(trial.state),
+      trial.early_stopped ? h('span', { class: 'muted' }, ' stopped early') : null),
+    h('div', { class: 'grid2' },
+      h('div', { class: 'card' }, h('h2', {}, 'Parameters'),
+        h('div', { id: 'trial-params' }, keyValueTable(Object.entries(trial.parameters).map(([k, v]) => [k, fmt(v)])))),
+      h('div', { class: 'card' }, h('h2', {}, 'Outcome'), h('div', { id: 'trial-outcome' }, keyValueTable(outcome(trial, metrics))))),
+    h('div', { class: 'card' }, h('h2', {}, 'Learning curve'), h('div', { id: 'chart-trial-curve', class: 'chart' })),
+    h('div', { class: 'grid2' },
+      h('div', { class: 'card' }, h('h2', {}, 'Model directory'), h('div', { class: 'placeholder', id: 'model-dir' },
+        dir ? `${dir}/model (checkpoints in ${dir}/checkpoints)` : 'Shown here once the study dispatches its trials (trial_job.output_dir).')),
+      h('div', { class: 'card' }, h('h2', {}, 'Logs'), h('div', { class: 'placeholder', id: 'logs' },
+        dir ? `${dir}/logs` : 'stdout and stderr appear here once the study dispatches its trials.'))));
+  mark('trial');
+  if (job) showLogTail(study, trialId);
+  await drawLearningCurve(trial, metrics);
+}
+
+/** The outcome's rows: final metrics, state, client, times and any reason. */
+function outcome(trial, metrics) {
+  const finals = trial.final_measurement ? trial.final_measurement.metrics : {};
+  const time = (t) => (t ? new Date(t).toLocaleString() : '');
+  return [
+    ...metrics.map((m) => [m, fmt(finals[m])]),
+    ['state', trial.state], ['client', trial.client_id || ''],
+    ['created', new Date(trial.created_at).toLocaleString()],
+    ['started', time(trial.started_at)],
+    ['completed', time(trial.completed_at)],
+    ...(trial.infeasible_reason ? [['infeasible', trial.infeasible_reason]] : []),
+    ...(trial.fail_reason ? [['failure', trial.fail_reason]] : []),
+    ...(trial.excluded ? [['excluded', 'hidden from the optimizer']] : []),
+  ];
+}
+
+/** Dispatched trials keep stdout and stderr on the server: show the tail. */
+function showLogTail(study, trialId) {
+  apiText(`/v1/studies/${study}/trials/${trialId}/logs?tail_bytes=${LOG_TAIL_BYTES}`)
+    .then((log) => { if (log != null) $('#logs').replaceChildren(h('pre', { class: 'log' }, log || '(empty so far)')); })
+    .catch(() => {});
+}
+
+/** One line per metric over the reported steps. */
+async function drawLearningCurve(trial, metrics) {
+  if (!trial.measurements.length) {
+    $('#chart-trial-curve').replaceChildren(h('p', { class: 'muted' }, 'No intermediate values reported.'));
+    return;
+  }
+  const P = await plotly();
+  await P.react('chart-trial-curve', metrics.map((m) => {
+    const reported = trial.measurements.filter((x) => x.metrics[m] != null);
+    return { x: reported.map((x) => x.step), y: reported.map((x) => x.metrics[m]), mode: 'lines+markers', type: 'scatter', name: plotText(m) };
+  }), baseLayout({ showlegend: metrics.length > 1, xaxis: titled('step') }), PLOT_CONFIG);
+  mark('charts');
+}
