@@ -45,7 +45,7 @@ trap cleanup EXIT
 run_on() {
   local label=$1 db=$2
   echo "== $label: seeding ($large trials in the large study)"
-  if ! AUGUR_BROWSER_DB="$db" AUGUR_BROWSER_LARGE="$large" \
+  if ! AUGUR_BROWSER_DB="$db" AUGUR_BROWSER_LARGE="$large" AUGUR_BROWSER_RUNS="$work/runs-$label" \
     cargo test --quiet --test api dashboard::seed_browser_fixture -- --ignored --exact --nocapture >"$work/seed.log" 2>&1; then
     cat "$work/seed.log"
     exit 1
@@ -63,7 +63,7 @@ run_on() {
 
   mkdir -p "$artifacts/$label"
   echo "== $label: serving with the $profile build; time limit $limit_ms ms"
-  ARTIFACTS="$artifacts/$label" AUGUR_BROWSER_LIMIT_MS="$limit_ms" node tests/browser/dashboard.mjs "http://127.0.0.1:$port" 1 2 3 4
+  ARTIFACTS="$artifacts/$label" AUGUR_BROWSER_LIMIT_MS="$limit_ms" node tests/browser/dashboard.mjs "http://127.0.0.1:$port" 1 2 3 4 5
   kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=""
 }
 

@@ -571,8 +571,30 @@ async fn seed_browser_fixture() {
             .await;
         assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
     }
+    // Study 5: one trial run for real as a training cluster (a primary and two workers, each
+    // saying who it is; the workers run until the primary ends after a second and they are
+    // stopped), so the trial page has a log per replica.
+    let runs = std::env::var("AUGUR_BROWSER_RUNS").map_or_else(
+        |_| std::env::temp_dir().join(format!("augur-browser-runs-{}", std::process::id())),
+        std::path::PathBuf::from,
+    );
+    let mut cluster_spec = spec("cluster", 1);
+    cluster_spec["trial_job"] = json!({
+        "command": ["/bin/sh", "-c", "echo \"replica $AUGUR_REPLICA says hello\"; [ \"$AUGUR_REPLICA\" = workerpool0-0 ] || exec sleep 60; sleep 1; echo accuracy=0.5"],
+        "worker_pools": [{"replicas": 1}, {"replicas": 2}],
+        "output_dir": runs.display().to_string(),
+    });
+    let cluster = app.create_study(cluster_spec).await;
+    let started = std::time::Instant::now();
+    while app.get(&format!("/v1/studies/{cluster}")).await.body["state"] != "completed" {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the cluster study did not complete"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     println!(
-        "seeded studies {small} (60 trials), {multi} (2 metrics), {big} ({large} trials), {hostile} (hostile labels)"
+        "seeded studies {small} (60 trials), {multi} (2 metrics), {big} ({large} trials), {hostile} (hostile labels), {cluster} (a cluster trial)"
     );
 }
 

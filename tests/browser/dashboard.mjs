@@ -11,7 +11,7 @@ import { chromium } from 'playwright-core';
 import { mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 
-const [base, SMALL, MULTI, LARGE, HOSTILE] = process.argv.slice(2);
+const [base, SMALL, MULTI, LARGE, HOSTILE, CLUSTER] = process.argv.slice(2);
 const ARTIFACTS = process.env.ARTIFACTS || 'target/browser-artifacts';
 // The target is 1 s for each (printed with every run). Timings depend on what else the machine
 // runs, so the test fails only past LIMIT_MS (a sanity bound unless set lower).
@@ -296,6 +296,19 @@ await test('the compare chart shows a hostile study name as text (issue 10, find
   assert(chart.links.length === 0, 'links in the chart: ' + chart.links);
   assert(chart.text.includes(`#${HOSTILE} ${name} (loss)`), 'the legend shows the name literally: ' + chart.text.slice(0, 400));
   await shot('hostile-compare.png');
+});
+
+await test('a cluster trial shows the log of each replica, the primary first (issue 12)', async () => {
+  await page.goto(`${base}/studies/${CLUSTER}/trials/1`);
+  await page.waitForFunction(() => (document.querySelector('#log-text') || {}).textContent?.includes('says hello'))
+    .catch(async (e) => { throw new Error(`${e.message}; the logs card: ${await page.locator('#logs').innerHTML()}`); });
+  assert((await text('#log-text')).includes('replica workerpool0-0 says hello'), 'the primary log first');
+  const options = await page.locator('#log-replica option').evaluateAll((os) => os.map((o) => o.value));
+  assert(JSON.stringify(options) === JSON.stringify(['workerpool0-0', 'workerpool1-0', 'workerpool1-1']), 'replicas ' + options);
+  await page.selectOption('#log-replica', 'workerpool1-1');
+  await page.waitForFunction(() => document.querySelector('#log-text').textContent.includes('replica workerpool1-1 says hello'));
+  assert(!(await text('#log-text')).includes('workerpool0-0 says'), 'only that replica\'s log');
+  await shot('cluster-trial.png');
 });
 
 await test(`large study: first paint and live updates measured (target ${TARGET_MS} ms, limit ${LIMIT_MS} ms)`, async () => {

@@ -1,5 +1,6 @@
 // The trial page (`/studies/{study}/trials/{trial}`): parameters, outcome, learning curve;
-// for dispatched trials the model directory and the tail of the log.
+// for dispatched trials the model directory and the tail of the log, of any replica of a
+// cluster trial.
 
 import { api, apiText } from './api.js';
 import { PLOT_CONFIG, baseLayout, plotText, plotly, titled } from './charts.js';
@@ -30,7 +31,7 @@ export async function trialPage() {
       h('div', { class: 'card' }, h('h2', {}, 'Logs'), h('div', { class: 'placeholder', id: 'logs' },
         dir ? `${dir}/logs` : 'stdout and stderr appear here once the study dispatches its trials.'))));
   mark('trial');
-  if (job) showLogTail(study, trialId);
+  if (job) showLogs(study, trialId, replicaNames(job));
   await drawLearningCurve(trial, metrics);
 }
 
@@ -50,11 +51,28 @@ function outcome(trial, metrics) {
   ];
 }
 
-/** Dispatched trials keep stdout and stderr on the server: show the tail. */
-function showLogTail(study, trialId) {
-  apiText(`/v1/studies/${study}/trials/${trialId}/logs?tail_bytes=${LOG_TAIL_BYTES}`)
-    .then((log) => { if (log != null) $('#logs').replaceChildren(h('pre', { class: 'log' }, log || '(empty so far)')); })
-    .catch(() => {});
+/** The replicas of a cluster trial (`workerpool1-2`), the primary first; `null` pools are skipped. */
+export function replicaNames(job) {
+  const pools = job.worker_pools || [];
+  if (!pools.length) return ['workerpool0-0'];
+  return pools.flatMap((pool, p) => (pool ? Array.from({ length: pool.replicas ?? 1 }, (_, i) => `workerpool${p}-${i}`) : []));
+}
+
+/** Dispatched trials keep stdout and stderr on the server: show the tail, of a chosen replica. */
+function showLogs(study, trialId, replicas) {
+  const pre = h('pre', { class: 'log', id: 'log-text' }, '');
+  const choose = replicas.length > 1
+    ? h('select', { id: 'log-replica' }, ...replicas.map((r) => h('option', { value: r }, r === 'workerpool0-0' ? `${r} (primary)` : r)))
+    : null;
+  const load = (replica) => {
+    const which = replica === 'workerpool0-0' ? '' : `&replica=${encodeURIComponent(replica)}`;
+    apiText(`/v1/studies/${study}/trials/${trialId}/logs?tail_bytes=${LOG_TAIL_BYTES}${which}`)
+      .then((log) => { if (log != null) pre.textContent = log || '(empty so far)'; })
+      .catch(() => {});
+  };
+  if (choose) choose.addEventListener('change', () => load(choose.value));
+  $('#logs').replaceChildren(...(choose ? [choose] : []), pre);
+  load(replicas[0]);
 }
 
 /** One line per metric over the reported steps. */
