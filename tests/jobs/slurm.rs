@@ -466,3 +466,147 @@ async fn a_slurm_job_starts_from_a_clean_environment_and_its_script_is_private()
         script.display()
     );
 }
+
+/// A cluster replica under Slurm: prints the configuration it was given; the primary reports
+/// `loss=` after a second, `--mode=fail` makes workerpool1-0 die at once.
+const REPLICA_PY: &str = r#"
+import argparse, os, sys, time
+p = argparse.ArgumentParser()
+p.add_argument("--x", type=float, required=True)
+p.add_argument("--mode", default="ok")
+a = p.parse_args()
+name = os.environ["AUGUR_REPLICA"]
+print("replica", name, "task", os.environ.get("SLURM_PROCID"), "on", os.environ.get("SLURMD_NODENAME"), flush=True)
+print("cluster_spec", os.environ["CLUSTER_SPEC"], flush=True)
+print("tf_config", os.environ["TF_CONFIG"], flush=True)
+print("torch", os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"), os.environ.get("RANK"), os.environ.get("WORLD_SIZE"), flush=True)
+if name == "workerpool0-0":
+    time.sleep(30 if a.mode == "fail" else 1.5)
+    print("loss=%f" % ((a.x - 0.3) ** 2), flush=True)
+elif a.mode == "fail" and name == "workerpool1-0":
+    sys.exit(3)
+else:
+    time.sleep(120)
+"#;
+
+fn cluster_study(f: &Fixture, name: &str, mode: &str) -> Value {
+    let script = f.dir.path().join("replica.py");
+    std::fs::write(&script, REPLICA_PY).expect("write script");
+    let mut spec = study(f, name, 1, 1, mode, 0);
+    spec["trial_job"]["command"] = json!([
+        "python3",
+        script.display().to_string(),
+        format!("--mode={mode}")
+    ]);
+    spec["trial_job"]["worker_pools"] = json!([{"replicas": 1}, {"replicas": 2}]);
+    // Three tasks on this machine's two CPUs.
+    spec["trial_job"]["slurm"] = json!({"sbatch_args": ["--overcommit"]});
+    spec
+}
+
+/// A 3-replica cluster trial is one allocation whose tasks `srun` starts: each task finds its
+/// replica by SLURM_PROCID and is told the allocation's hosts and its own place; the primary's
+/// end stops the others and completes the trial.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_trial_runs_its_replicas_as_the_tasks_of_one_srun() {
+    let f = fixture();
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let id = app.create_study(cluster_study(&f, "cluster", "ok")).await;
+    let s = app
+        .wait_for_state(id, "completed", Duration::from_secs(120))
+        .await;
+    assert_eq!(s["trial_counts"]["completed"], 1, "{s}");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname");
+    let mut addresses = std::collections::BTreeSet::new();
+    for (rank, replica) in ["workerpool0-0", "workerpool1-0", "workerpool1-1"]
+        .iter()
+        .enumerate()
+    {
+        let url = format!(
+            "{}/v1/studies/{id}/trials/1/logs?replica={replica}",
+            app.base
+        );
+        let log = app
+            .http
+            .get(url)
+            .send()
+            .await
+            .expect("logs")
+            .text()
+            .await
+            .expect("text");
+        assert!(
+            log.contains(&format!("replica {replica} task {rank}")),
+            "{replica}: {log}"
+        );
+        let line = |prefix: &str| -> Value {
+            let text = log
+                .lines()
+                .find_map(|l| l.strip_prefix(prefix))
+                .unwrap_or_else(|| panic!("{replica} printed no {prefix}: {log}"));
+            serde_json::from_str(text).expect("JSON")
+        };
+        let spec = line("cluster_spec ");
+        let (pool, index) = if rank == 0 { (0, 0) } else { (1, rank - 1) };
+        assert_eq!(spec["task"]["type"], format!("workerpool{pool}"), "{spec}");
+        assert_eq!(spec["task"]["index"], index, "{spec}");
+        let workers = spec["cluster"]["workerpool1"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(workers.len(), 2, "{spec}");
+        for a in spec["cluster"]["workerpool0"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .chain(&workers)
+        {
+            let a = a.as_str().unwrap_or_default();
+            assert!(
+                a.starts_with(&format!("{}:", host.trim())),
+                "an allocation host: {a}"
+            );
+            addresses.insert(a.to_string());
+        }
+        let tf = line("tf_config ");
+        assert_eq!(
+            tf["task"]["type"],
+            if rank == 0 { "chief" } else { "worker" },
+            "{tf}"
+        );
+        assert_eq!(tf["cluster"]["worker"], json!(workers));
+    }
+    assert_eq!(addresses.len(), 3, "a port per task: {addresses:?}");
+    assert!(
+        jobs_under(f.dir.path()).is_empty(),
+        "{:?}",
+        jobs_under(f.dir.path())
+    );
+}
+
+/// A task that fails before the primary ends fails the attempt: `srun` stops every task and
+/// the trial fails (no retries left), with nothing left in the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_task_fails_the_cluster_attempt() {
+    let f = fixture();
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let id = app
+        .create_study(cluster_study(&f, "cluster-fail", "fail"))
+        .await;
+    app.wait_for_state(id, "completed", Duration::from_secs(120))
+        .await;
+    let trial = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
+    assert_eq!(trial["state"], "failed", "{trial}");
+    assert!(
+        trial["fail_reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("exited with code"),
+        "{trial}"
+    );
+    assert!(
+        jobs_under(f.dir.path()).is_empty(),
+        "{:?}",
+        jobs_under(f.dir.path())
+    );
+}
