@@ -30,7 +30,14 @@
 //! - `AUGUR_BENCH_PARALLEL` (default `1,8,32`);
 //! - `AUGUR_BENCH_TRIALS_PER_SLOT` (default 8, at least 40 trials per row);
 //! - `AUGUR_BENCH_POSTGRES=1`: also on PostgreSQL (`AUGUR_TEST_POSTGRES_URL`, see
-//!   scripts/start-postgres.sh).
+//!   scripts/start-postgres.sh);
+//! - `AUGUR_BENCH_CLUSTER` (default `local`; `local,slurm` with a Slurm running, see
+//!   scripts/start-slurm.sh): executors of the cluster row.
+//!
+//! The cluster row (DESIGN §4.1): trials of four replicas (a primary and three workers) one
+//! after another; for each trial, the time from the previous trial's primary exiting (its
+//! slot freed) to the last of its four replicas started. Each replica writes its start time;
+//! the primary waits until all four have, so that none is stopped before it started.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -224,6 +231,85 @@ async fn run_row(backend: &'static str, parallel: usize, trials: usize, script: 
     }
 }
 
+/// One replica of the cluster row: records when it started; the primary waits for all four
+/// to have started, then records its exit and reports.
+const CLUSTER_SH: &str = r#"#!/bin/bash
+s=$EPOCHREALTIME
+echo "$s" > "${AIP_MODEL_DIR}start-${AUGUR_REPLICA}"
+if [ "$AUGUR_REPLICA" = workerpool0-0 ]; then
+  while [ "$(ls "${AIP_MODEL_DIR}" | grep -c '^start-')" -lt 4 ]; do sleep 0.002; done
+  echo "loss=1"
+  echo "$s $EPOCHREALTIME" > "${AIP_MODEL_DIR}times"
+fi
+"#;
+
+/// Slot freed → all replicas of the next cluster started, per trial after the first (s).
+async fn run_cluster_row(
+    executor: &'static str,
+    trials: usize,
+    script: &Path,
+) -> (Vec<f64>, usize) {
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let out = tempfile::tempdir().expect("temp dir");
+    let mut job = json!({
+        "executor": executor,
+        "command": [script.display().to_string()],
+        "worker_pools": [{"replicas": 1}, {"replicas": 3}],
+        "output_dir": out.path().display().to_string()
+    });
+    if executor == "slurm" {
+        job["slurm"] = json!({"sbatch_args": ["--overcommit"]});
+    }
+    let spec = json!({
+        "name": format!("cluster-{executor}"),
+        "algorithm": "random",
+        "metrics": [{"id": "loss", "goal": "minimize"}],
+        "parameters": [{"id": "x", "type": "double", "min": 0, "max": 1}],
+        "max_trials": trials,
+        "parallel_trials": 1,
+        "seed": 1,
+        "trial_job": job
+    });
+    let started = Instant::now();
+    let id = app.create_study(spec).await;
+    let study = loop {
+        let s = app.get(&format!("/v1/studies/{id}")).await.body;
+        if s["state"] == "completed" {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(900),
+            "study did not complete: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let failed = trials - study["trial_counts"]["completed"].as_u64().unwrap_or(0) as usize;
+    let read = |trial: usize, file: &str| -> Option<f64> {
+        let text =
+            std::fs::read_to_string(out.path().join(format!("{trial}/model/{file}"))).ok()?;
+        text.split_whitespace().last()?.parse().ok()
+    };
+    let mut gaps = Vec::new();
+    for trial in 2..=trials {
+        let freed = read(trial - 1, "times");
+        let replicas = [
+            "workerpool0-0",
+            "workerpool1-0",
+            "workerpool1-1",
+            "workerpool1-2",
+        ];
+        let starts: Option<Vec<f64>> = replicas
+            .iter()
+            .map(|r| read(trial, &format!("start-{r}")))
+            .collect();
+        if let (Some(freed), Some(starts)) = (freed, starts) {
+            gaps.push(starts.iter().copied().fold(f64::MIN, f64::max) - freed);
+        }
+    }
+    gaps.sort_by(f64::total_cmp);
+    (gaps, failed)
+}
+
 fn main() {
     let parallels: Vec<usize> = env_or::<String>("AUGUR_BENCH_PARALLEL", "1,8,32".into())
         .split(',')
@@ -305,6 +391,45 @@ fn main() {
             med(&r.suggested_to_started)
         );
     }
+    let cluster_script = dir.path().join("cluster.sh");
+    std::fs::write(&cluster_script, CLUSTER_SH).expect("write script");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&cluster_script, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+    }
+    let executors = env_or::<String>("AUGUR_BENCH_CLUSTER", "local".into());
+    let mut cluster_rows = Vec::new();
+    for executor in executors
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+    {
+        let (executor, trials) = match executor {
+            "slurm" => ("slurm", 12),
+            _ => ("local", 30),
+        };
+        eprintln!("running {trials} four-replica cluster trials one at a time ({executor}) …");
+        let (gaps, failed) = runtime.block_on(run_cluster_row(executor, trials, &cluster_script));
+        cluster_rows.push((executor, trials, failed, gaps));
+    }
     println!();
     println!("target (DESIGN §6): a local trial starts within 50 ms of its slot freeing");
+    println!();
+    println!(
+        "clusters: slot freed (primary exits) → all 4 replicas of the next trial started; sqlite"
+    );
+    println!("| executor | trials | failed | median ms | p90 ms | max ms |");
+    println!("|----------|-------:|-------:|----------:|-------:|-------:|");
+    for (executor, trials, failed, gaps) in &cluster_rows {
+        println!(
+            "| {:<8} | {:>6} | {:>6} | {:>9} | {:>6} | {:>6} |",
+            executor,
+            trials,
+            failed,
+            ms(quantile(gaps, 0.5)),
+            ms(quantile(gaps, 0.9)),
+            ms(gaps.last().copied().unwrap_or(f64::NAN)),
+        );
+    }
 }

@@ -10,4 +10,5 @@ mod cli;
 mod cluster;
 mod dispatch;
 mod slurm;
+mod tensorflow;
 mod worker;
