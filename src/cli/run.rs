@@ -99,9 +99,13 @@ async fn follow_progress(service: &Service, study: &Study) -> CliResult<bool> {
         ProgressStyle::with_template("{bar:30} {pos}/{len} done, {msg} [{elapsed_precise}]")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
+    // One listener for the whole run: a fresh `ctrl_c()` per turn would miss a Ctrl-C
+    // that arrives while the study is being read.
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
     let interrupted = loop {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => break true,
+            _ = &mut ctrl_c => break true,
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
         let current = service.get_study(study.id).await?;

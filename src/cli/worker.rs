@@ -135,9 +135,12 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> CliResult<()>
         options.client_id, study.id, options.slots
     );
     let mut completed = 0usize;
+    // One listener for the worker's life: a fresh `ctrl_c()` per turn could miss one.
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
     loop {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {
+            _ = &mut ctrl_c => {
                 let _ = interrupt.send(Interrupt::Shutdown);
                 while slots.join_next().await.is_some() {}
                 eprintln!("stopped; start the worker again with --client-id {} to resume its trials", options.client_id);

@@ -66,14 +66,16 @@ impl JobRequest {
         env
     }
 
-    /// The header written to a replica's log at each attempt.
+    /// The header written to a replica's log at each attempt (naming the replica in a
+    /// cluster).
     pub fn log_header(&self, replica: &ReplicaRequest) -> String {
+        let name = match self.cluster {
+            Some(_) => format!(" {}", replica.id.name()),
+            None => String::new(),
+        };
         format!(
-            "=== augur: trial {} attempt {} {}: {:?}\n",
-            self.trial_id,
-            self.attempt,
-            replica.id.name(),
-            replica.argv
+            "=== augur: trial {} attempt {}{name}: {:?}\n",
+            self.trial_id, self.attempt, replica.argv
         )
     }
 }
