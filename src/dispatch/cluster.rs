@@ -165,6 +165,7 @@ mod tests {
             command: None,
             env: Default::default(),
             resources: None,
+            image: None,
         })
     }
 

@@ -143,8 +143,8 @@ pub fn executor_for(
         ExecutorName::Slurm => Ok(Arc::new(SlurmExecutor::new(
             job.slurm.clone().unwrap_or_default(),
         ))),
-        // Refused by validation; a study stored by a newer version could still name it.
         ExecutorName::Kubernetes => Err(ExecutorError::Unavailable("kubernetes")),
+        ExecutorName::Container => Err(ExecutorError::Unavailable("container")),
     }
 }
 

@@ -704,6 +704,7 @@ mod tests {
                         command: None,
                         env: Default::default(),
                         resources: None,
+                        image: None,
                     })
                 })
                 .collect(),

@@ -17,8 +17,77 @@ pub enum ExecutorName {
     Local,
     /// A Slurm batch job (`sbatch`), watched with `squeue`/`scontrol`.
     Slurm,
-    /// Not available yet: rejected with a clear error.
+    /// Kubernetes: an Indexed Job per worker pool and a headless Service per attempt.
     Kubernetes,
+    /// A local container per replica (Podman or Docker) of the job's `image`.
+    Container,
+}
+
+impl ExecutorName {
+    /// Whether replicas run from a container image (`image` required).
+    pub fn runs_images(self) -> bool {
+        matches!(self, ExecutorName::Kubernetes | ExecutorName::Container)
+    }
+}
+
+/// A Kubernetes toleration (`spec.tolerations[]` of a pod).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Toleration {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// `Equal` or `Exists`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toleration_seconds: Option<i64>,
+}
+
+/// Where a Kubernetes trial's `AIP_*` directories live.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum OutputVolume {
+    /// A PersistentVolumeClaim mounted in every pod at `mount_path`; the trial directories are
+    /// `<mount_path>/<study output dir>/<trial>/…`.
+    PersistentVolumeClaim {
+        claim_name: String,
+        mount_path: String,
+    },
+    /// Nothing is mounted: `output_dir` is an object-store URI (`gs://…`, `s3://…`) passed
+    /// through in `AIP_*` for the trainer to write to itself.
+    ObjectStore,
+}
+
+/// Options of the Kubernetes executor (DESIGN §4.2).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesOptions {
+    /// Namespace of the trial's Jobs and Service (default: the server's `--kubernetes-namespace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<String>,
+    /// Extra labels and annotations of the pods (e.g. `sidecar.istio.io/inject: "false"`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_volume: Option<OutputVolume>,
+    /// How long a pod may wait for its image before the attempt fails (default 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_timeout_secs: Option<u64>,
 }
 
 /// How parameter values are written on the command line.
@@ -141,6 +210,10 @@ pub struct WorkerPoolSpec {
     /// Per replica of this pool; the trial job's `resources` when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Resources>,
+    /// This pool's container image (container and kubernetes executors); the trial job's
+    /// `image` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 fn one_replica() -> u32 {
@@ -203,6 +276,8 @@ pub struct ReplicaPlan<'a> {
     pub command: &'a [String],
     pub env: &'a BTreeMap<String, String>,
     pub resources: Option<&'a Resources>,
+    /// The image it runs, where the executor runs images.
+    pub image: Option<&'a str>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -243,6 +318,12 @@ pub struct TrialJobSpec {
     /// Per replica, unless its pool says otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Resources>,
+    /// The container image every replica runs (container and kubernetes executors); the
+    /// command and arguments run in it as given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesOptions>,
     /// Each trial a training cluster (DESIGN §4.1): pool 0 the primary (one replica), pools
     /// 1-3 workers, parameter servers, evaluators; `null` skips a pool. Absent: one replica.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -291,10 +372,11 @@ const MAX_TIMEOUT_SECS: u64 = 365 * 24 * 3600;
 impl TrialJobSpec {
     pub fn validate(&self) -> Result<(), ValidationError> {
         let field = |f: &str| format!("trial_job.{f}");
-        if self.executor == ExecutorName::Kubernetes {
+        self.validate_images()?;
+        if self.kubernetes.is_some() && self.executor != ExecutorName::Kubernetes {
             return Err(ValidationError::new(
-                field("executor"),
-                "the kubernetes executor is not available yet; use local or slurm",
+                field("kubernetes"),
+                "applies to executor: kubernetes only",
             ));
         }
         if self.command.is_empty() || self.command[0].trim().is_empty() {
@@ -349,6 +431,44 @@ impl TrialJobSpec {
                 "--export is Augur's: jobs start from a clean environment; set variables in \
                  trial_job.env",
             ));
+        }
+        Ok(())
+    }
+
+    /// An image for every replica where the executor runs images, none where it does not.
+    fn validate_images(&self) -> Result<(), ValidationError> {
+        let images = std::iter::once(("trial_job.image".to_string(), &self.image)).chain(
+            self.worker_pools
+                .iter()
+                .enumerate()
+                .filter_map(|(p, pool)| {
+                    Some((
+                        format!("trial_job.worker_pools[{p}].image"),
+                        &pool.as_ref()?.image,
+                    ))
+                }),
+        );
+        for (field, image) in images {
+            let Some(image) = image else { continue };
+            if !self.executor.runs_images() {
+                return Err(ValidationError::new(
+                    field,
+                    "applies to executors that run images: container, kubernetes",
+                ));
+            }
+            if image.trim().is_empty() || image.chars().any(|c| c.is_whitespace() || c.is_control())
+            {
+                return Err(ValidationError::new(field, "must be an image reference"));
+            }
+        }
+        if self.executor.runs_images() {
+            let missing = self.replicas().iter().any(|r| r.image.is_none());
+            if missing {
+                return Err(ValidationError::new(
+                    "trial_job.image",
+                    "the container and kubernetes executors run an image: give one",
+                ));
+            }
         }
         Ok(())
     }
@@ -440,6 +560,7 @@ impl TrialJobSpec {
                 command: &self.command,
                 env: &self.env,
                 resources: self.resources.as_ref(),
+                image: self.image.as_deref(),
             }];
         }
         let mut out = Vec::new();
@@ -451,6 +572,7 @@ impl TrialJobSpec {
                     command: spec.command.as_deref().unwrap_or(&self.command),
                     env: &spec.env,
                     resources: spec.resources.as_ref().or(self.resources.as_ref()),
+                    image: spec.image.as_deref().or(self.image.as_deref()),
                 });
             }
         }
@@ -590,6 +712,8 @@ mod tests {
             metric_regex: None,
             slurm: None,
             resources: None,
+            image: None,
+            kubernetes: None,
             worker_pools: Vec::new(),
         }
     }
@@ -690,12 +814,6 @@ mod tests {
             j.validate().map_err(|e| e.field),
             Err("trial_job.slurm.sbatch_args[1]".to_string())
         );
-        j = job(&["x"]);
-        j.executor = ExecutorName::Kubernetes;
-        assert_eq!(
-            j.validate().map_err(|e| e.field),
-            Err("trial_job.executor".to_string())
-        );
     }
 
     fn pool(replicas: u32) -> Option<WorkerPoolSpec> {
@@ -704,6 +822,7 @@ mod tests {
             command: None,
             env: BTreeMap::new(),
             resources: None,
+            image: None,
         })
     }
 
@@ -791,12 +910,31 @@ mod tests {
     }
 
     #[test]
-    fn kubernetes_is_not_available_yet() {
-        let mut j = job(&["x"]);
+    fn executors_that_run_images_need_one_and_others_refuse_it() {
+        let mut j = job(&["python3", "train.py"]);
         j.executor = ExecutorName::Kubernetes;
         assert_eq!(
             j.validate().map_err(|e| e.field),
-            Err("trial_job.executor".to_string())
+            Err("trial_job.image".to_string())
+        );
+        j.image = Some("registry.example/trainer:1".into());
+        assert_eq!(j.validate().map_err(|e| e.field), Ok(()));
+        j.image = Some("bad image".into());
+        assert_eq!(
+            j.validate().map_err(|e| e.field),
+            Err("trial_job.image".to_string())
+        );
+        let mut local = job(&["train"]);
+        local.image = Some("trainer:1".into());
+        assert_eq!(
+            local.validate().map_err(|e| e.field),
+            Err("trial_job.image".to_string())
+        );
+        local.image = None;
+        local.kubernetes = Some(KubernetesOptions::default());
+        assert_eq!(
+            local.validate().map_err(|e| e.field),
+            Err("trial_job.kubernetes".to_string())
         );
     }
 }
