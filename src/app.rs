@@ -39,6 +39,8 @@ pub struct ServerConfig {
     pub job_env: Vec<String>,
     /// The GPUs local replicas may be given; `None`: those `nvidia-smi -L` lists.
     pub gpus: Option<Vec<String>>,
+    /// How the container executor runs images (Podman or Docker, with the operator's options).
+    pub containers: crate::dispatch::container::ContainerEngine,
 }
 
 impl ServerConfig {
@@ -53,6 +55,7 @@ impl ServerConfig {
             base_dir: None,
             job_env: Vec::new(),
             gpus: None,
+            containers: Default::default(),
         }
     }
 }
@@ -130,6 +133,7 @@ impl App {
                 ),
                 job_env: config.job_env.clone(),
                 gpus: config.gpus.clone(),
+                containers: config.containers.clone(),
             };
             Dispatcher::new(service.clone(), dispatch_config)
         });

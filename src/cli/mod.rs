@@ -75,6 +75,8 @@ pub enum Command {
         /// gets N of its own); default: those `nvidia-smi -L` lists.
         #[arg(long, env = "AUGUR_GPUS", value_delimiter = ',')]
         gpus: Option<Vec<String>>,
+        #[command(flatten)]
+        containers: ContainerArgs,
     },
     /// Apply database migrations and exit (`serve` also applies them on start).
     Migrate {
@@ -107,6 +109,8 @@ pub enum Command {
         /// gets N of its own); default: those `nvidia-smi -L` lists.
         #[arg(long, env = "AUGUR_GPUS", value_delimiter = ',')]
         gpus: Option<Vec<String>>,
+        #[command(flatten)]
+        containers: ContainerArgs,
     },
     /// Keep N trials of a study running on this machine (pulled through the API).
     Worker {
@@ -132,7 +136,8 @@ pub enum Command {
         /// gets N of its own); default: those `nvidia-smi -L` lists.
         #[arg(long, env = "AUGUR_GPUS", value_delimiter = ',')]
         gpus: Option<Vec<String>>,
-
+        #[command(flatten)]
+        containers: ContainerArgs,
         /// The training command; values are appended as --<id>=<value>.
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -146,6 +151,32 @@ pub enum Command {
     },
     /// Print the OpenAPI document the server serves.
     Openapi,
+}
+
+/// How the container executor runs images: the operator's choice, never a spec's.
+#[derive(Debug, clap::Args)]
+pub struct ContainerArgs {
+    /// `podman` or `docker` (default: podman when installed).
+    #[arg(long = "container-engine", env = "AUGUR_CONTAINER_ENGINE")]
+    engine: Option<String>,
+    /// An option of the engine itself, before `run` (repeatable), e.g. `--runtime=runc`.
+    #[arg(long = "container-engine-arg", allow_hyphen_values = true)]
+    engine_args: Vec<String>,
+    /// An option of every `run` (repeatable), e.g. `--ulimit=nofile=4096:4096`.
+    #[arg(long = "container-run-arg", allow_hyphen_values = true)]
+    run_args: Vec<String>,
+}
+
+impl ContainerArgs {
+    fn engine(self) -> crate::dispatch::container::ContainerEngine {
+        let mut engine = crate::dispatch::container::ContainerEngine::default();
+        if let Some(program) = self.engine {
+            engine.program = program;
+        }
+        engine.global_args = self.engine_args;
+        engine.run_args = self.run_args;
+        engine
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -233,9 +264,11 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             no_dispatch,
             job_env,
             gpus,
+            containers,
         } => {
             let mut config = crate::app::ServerConfig::new(database_url, listen);
             config.gpus = gpus;
+            config.containers = containers.engine();
             config.token = token;
             config.body_limit = body_limit;
             config.public_url = public_url;
@@ -252,7 +285,10 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             database_url,
             job_env,
             gpus,
-        } => match run::run_study_file(&file, &database_url, job_env, gpus).await? {
+            containers,
+        } => match run::run_study_file(&file, &database_url, job_env, gpus, containers.engine())
+            .await?
+        {
             run::RunEnd::Finished => Ok(()),
             run::RunEnd::Interrupted => Err(Failure::Interrupted),
         },
@@ -264,6 +300,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             output_dir,
             env,
             gpus,
+            containers,
             command,
         } => {
             let http = Client::new(&client.url, client.token.as_deref())?;
@@ -275,6 +312,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 output_dir,
                 env,
                 gpus,
+                containers: containers.engine(),
                 command,
             };
             Ok(worker::run_worker(http, options).await?)

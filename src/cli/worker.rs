@@ -15,14 +15,14 @@ use tokio::sync::watch;
 
 use super::client::Client;
 use super::error::{CliError, CliResult};
-use crate::dispatch::executor::ExecutorContext;
+use crate::dispatch::executor::{Executor, ExecutorContext, executor_for};
 use crate::dispatch::gpus::GpuPool;
 use crate::dispatch::local::LocalExecutor;
 use crate::dispatch::ports::PortRegistry;
 use crate::dispatch::reporter::{AttemptStart, TrialReporter};
 use crate::dispatch::trial::{Interrupt, TrialSetup, run_trial};
 use crate::dispatch::{DispatchError, DispatchResult};
-use crate::model::{Measurement, Study};
+use crate::model::{ExecutorName, Measurement, Study, TrialJobSpec};
 
 pub struct WorkerOptions {
     pub study_id: i64,
@@ -33,7 +33,30 @@ pub struct WorkerOptions {
     pub env: Vec<String>,
     /// The GPUs this worker's replicas may be given; `None`: those `nvidia-smi -L` lists.
     pub gpus: Option<Vec<String>>,
+    /// How a container study's replicas run here.
+    pub containers: crate::dispatch::container::ContainerEngine,
     pub command: Vec<String>,
+}
+
+/// Where this worker runs a trial's replicas: in containers for a container study (its
+/// image), as local processes for every other (Slurm and Kubernetes studies too: the worker
+/// runs them on its own machine).
+fn worker_executor(job: &TrialJobSpec, options: &WorkerOptions) -> CliResult<Arc<dyn Executor>> {
+    let context = ExecutorContext {
+        gpus: match options.gpus.clone() {
+            Some(list) => GpuPool::new(list),
+            None => GpuPool::detect(),
+        },
+        ports: PortRegistry::default(),
+        containers: Arc::new(options.containers.clone()),
+    };
+    Ok(match job.executor {
+        ExecutorName::Container => executor_for(job, &context)
+            .map_err(|e| CliError::Dispatch(DispatchError::Executor(e)))?,
+        ExecutorName::Local | ExecutorName::Slurm | ExecutorName::Kubernetes => {
+            Arc::new(LocalExecutor::new(context))
+        }
+    })
 }
 
 /// What a trial's environment starts from: the inherited allow-list, then `--env`.
@@ -95,6 +118,7 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> CliResult<()>
     };
     let client = Arc::new(client);
     let metric_pattern = TrialSetup::metric_pattern(&job)?;
+    let executor = worker_executor(&job, &options)?;
     let setup = Arc::new(TrialSetup {
         study_id: study.id,
         job,
@@ -103,13 +127,7 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> CliResult<()>
         augur_url: client.base().to_string(),
         base_env: trial_base_env(&options.env)?,
         output_dir,
-        executor: Arc::new(LocalExecutor::new(ExecutorContext {
-            gpus: match options.gpus.clone() {
-                Some(list) => GpuPool::new(list),
-                None => GpuPool::detect(),
-            },
-            ports: PortRegistry::default(),
-        })),
+        executor,
         reporter: Arc::new(HttpReporter {
             client: client.clone(),
             study_id: study.id,

@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use tokio::sync::mpsc;
 
 use super::cluster::{Address, ClusterLayout, cluster_env};
+use super::container::{ContainerEngine, ContainerExecutor};
 use super::gpus::GpuPool;
 use super::local::LocalExecutor;
 use super::ports::PortRegistry;
@@ -26,6 +27,9 @@ pub struct JobRequest {
     /// The trial's environment, the same for every replica (DESIGN §4).
     pub env: Vec<(String, String)>,
     pub workdir: Option<PathBuf>,
+    /// The trial's directory (`<output_dir>/<trial>`), where its `AIP_*` directories are:
+    /// containers mount it at the same path.
+    pub trial_dir: PathBuf,
     pub replicas: Vec<ReplicaRequest>,
     /// Every replica's place in it, when the trial is a cluster (`worker_pools` given);
     /// `None` for a plain one-replica trial, which gets no cluster configuration.
@@ -41,6 +45,8 @@ pub struct ReplicaRequest {
     /// Added to the trial's environment (its pool's `env`, its own metric file).
     pub env: Vec<(String, String)>,
     pub resources: Resources,
+    /// The image it runs (container and kubernetes executors).
+    pub image: Option<String>,
     /// stdout and stderr of every attempt are appended here (the primary's is the trial's
     /// `job.log`).
     pub log_path: PathBuf,
@@ -80,12 +86,13 @@ impl JobRequest {
     }
 }
 
-/// What executors of this process share: the machine's GPUs and the ports local clusters
-/// hold.
+/// What executors of this process share: the machine's GPUs, the ports local clusters hold,
+/// and the container engine the server is configured with.
 #[derive(Clone, Default)]
 pub struct ExecutorContext {
     pub gpus: GpuPool,
     pub ports: PortRegistry,
+    pub containers: Arc<ContainerEngine>,
 }
 
 /// How an attempt ended: as its primary replica did, or as a replica that failed first.
@@ -144,7 +151,7 @@ pub fn executor_for(
             job.slurm.clone().unwrap_or_default(),
         ))),
         ExecutorName::Kubernetes => Err(ExecutorError::Unavailable("kubernetes")),
-        ExecutorName::Container => Err(ExecutorError::Unavailable("container")),
+        ExecutorName::Container => Ok(Arc::new(ContainerExecutor::new(context.clone()))),
     }
 }
 

@@ -4,6 +4,7 @@
 //! (`ports.rs`), and get their GPUs from the machine's pool (`gpus.rs`).
 
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -14,6 +15,7 @@ use tokio::process::Command;
 use tokio::sync::mpsc;
 
 use super::cluster::Address;
+use super::container::ContainerEngine;
 use super::executor::{
     Executor, ExecutorContext, ExecutorError, JobExit, JobRequest, ReplicaRequest, RunningJob,
 };
@@ -63,22 +65,21 @@ impl Executor for LocalExecutor {
                 .and_then(|i| port_list.get(i))
                 .map_or_else(String::new, u16::to_string),
         };
-        let mut cluster = LocalCluster {
-            replicas: Vec::with_capacity(request.replicas.len()),
-            exits: mpsc::unbounded_channel(),
-            seen: vec![None; request.replicas.len()],
-            _gpus: gpus,
-            _ports: ports,
-        };
+        let mut cluster = LocalCluster::new(request.replicas.len(), gpus, ports, None);
         let mut primary_lines = Some(stdout_lines);
         for (i, replica) in request.replicas.iter().enumerate() {
             let mut env = request.replica_env(replica, &address);
-            if let Some(devices) = cluster._gpus.as_ref().and_then(|g| g.per_replica.get(i)) {
+            if let Some(devices) = cluster.gpus_of(i) {
                 env.push(("CUDA_VISIBLE_DEVICES".to_string(), devices.join(",")));
             }
             // Only the primary's stdout carries the trial's metrics.
             let lines = if i == 0 { primary_lines.take() } else { None };
-            match spawn_replica(request, replica, env, lines, i, &cluster.exits.0).await {
+            let launch = Launch {
+                argv: replica.argv.clone(),
+                env: Some(env),
+                workdir: request.workdir.clone(),
+            };
+            match spawn_replica(request, replica, launch, lines, i, &cluster.exits.0).await {
                 Ok(started) => cluster.replicas.push(started),
                 Err(e) => {
                     // No replica outlives a cluster that could not start whole.
@@ -116,17 +117,26 @@ impl Executor for LocalExecutor {
     }
 }
 
+/// How one replica's process is started: the program and arguments, and its environment
+/// (`None`: this process's own, for a tool such as a container engine that starts the
+/// replica elsewhere).
+pub(super) struct Launch {
+    pub argv: Vec<String>,
+    pub env: Option<Vec<(String, String)>>,
+    pub workdir: Option<std::path::PathBuf>,
+}
+
 /// Start one replica: its process group, its log, its exit reported on `exits` as
 /// `(replica position, status)`.
-async fn spawn_replica(
+pub(super) async fn spawn_replica(
     request: &JobRequest,
     replica: &ReplicaRequest,
-    env: Vec<(String, String)>,
+    launch: Launch,
     stdout_lines: Option<mpsc::UnboundedSender<String>>,
     position: usize,
     exits: &mpsc::UnboundedSender<(usize, std::io::Result<ExitStatus>)>,
 ) -> Result<LocalReplica, ExecutorError> {
-    let (program, args) = replica
+    let (program, args) = launch
         .argv
         .split_first()
         .ok_or_else(|| ExecutorError::Launch("empty command".into()))?;
@@ -149,15 +159,16 @@ async fn spawn_replica(
     let mut command = Command::new(program);
     command
         .args(args)
-        // Only what the request names: never the server's own environment.
-        .env_clear()
-        .envs(env)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(false);
-    if let Some(dir) = &request.workdir {
+    if let Some(env) = launch.env {
+        // Only what the request names: never the server's own environment.
+        command.env_clear().envs(env);
+    }
+    if let Some(dir) = &launch.workdir {
         command.current_dir(dir);
     }
     let mut child = command
@@ -208,7 +219,7 @@ async fn write_log(mut file: tokio::fs::File, mut lines: mpsc::UnboundedReceiver
     let _ = file.flush().await;
 }
 
-struct LocalReplica {
+pub(super) struct LocalReplica {
     id: ReplicaId,
     pgid: i32,
     writer: Option<tokio::task::JoinHandle<()>>,
@@ -223,23 +234,57 @@ impl LocalReplica {
     }
 }
 
-type ExitChannel = (
+pub(super) type ExitChannel = (
     mpsc::UnboundedSender<(usize, std::io::Result<ExitStatus>)>,
     mpsc::UnboundedReceiver<(usize, std::io::Result<ExitStatus>)>,
 );
 
-struct LocalCluster {
-    replicas: Vec<LocalReplica>,
+/// The replicas of one attempt, each a process group of this machine (the replica itself,
+/// or the container engine's client attached to it).
+pub(super) struct LocalCluster {
+    pub(super) replicas: Vec<LocalReplica>,
     /// Each replica's exit, as its waiter task reports it.
-    exits: ExitChannel,
+    pub(super) exits: ExitChannel,
     /// Exits received so far, by replica position.
     seen: Vec<Option<JobExit>>,
     /// Held until the cluster is gone: its GPUs and ports go back then.
-    _gpus: Option<GpuLease>,
+    gpus: Option<GpuLease>,
     _ports: Option<PortLease>,
+    /// Replicas that are containers: stopped through their engine (signals to the engine's
+    /// client would leave the containers running), by name.
+    containers: Option<(Arc<ContainerEngine>, Vec<String>)>,
+    /// What `RunningJob::handle` says, when not the process groups (containers).
+    handle: Option<String>,
 }
 
 impl LocalCluster {
+    pub(super) fn new(
+        replicas: usize,
+        gpus: Option<GpuLease>,
+        ports: Option<PortLease>,
+        containers: Option<(Arc<ContainerEngine>, Vec<String>)>,
+    ) -> LocalCluster {
+        LocalCluster {
+            replicas: Vec::with_capacity(replicas),
+            exits: mpsc::unbounded_channel(),
+            seen: vec![None; replicas],
+            gpus,
+            _ports: ports,
+            containers,
+            handle: None,
+        }
+    }
+
+    /// Identify the attempt by this instead of its process groups.
+    pub(super) fn set_handle(&mut self, handle: String) {
+        self.handle = Some(handle);
+    }
+
+    /// The GPUs given to the replica at `position`, if any.
+    pub(super) fn gpus_of(&self, position: usize) -> Option<&Vec<String>> {
+        self.gpus.as_ref().and_then(|g| g.per_replica.get(position))
+    }
+
     fn signal_all(&self, signal: Signal) {
         for replica in &self.replicas {
             replica.signal_group(signal);
@@ -295,9 +340,15 @@ impl LocalCluster {
     }
 
     /// SIGTERM to every replica still running, SIGKILL after `grace`; returns once all are
-    /// gone.
-    async fn stop(&mut self, grace: Duration) {
+    /// gone. Containers are stopped by their engine, which does the same inside them.
+    pub(super) async fn stop(&mut self, grace: Duration) {
         self.drain_exits();
+        if let Some((engine, names)) = self.containers.clone()
+            && !self.all_exited()
+        {
+            engine.stop(&names, grace).await;
+            let _ = tokio::time::timeout(grace + Duration::from_secs(5), self.reap_all()).await;
+        }
         if !self.all_exited() {
             self.signal_all(Signal::SIGTERM);
             if tokio::time::timeout(grace, self.reap_all()).await.is_err() {
@@ -306,6 +357,10 @@ impl LocalCluster {
             }
         }
         self.signal_all(Signal::SIGKILL);
+        if let Some((engine, names)) = &self.containers {
+            // Gone with `--rm`; whatever an engine left behind goes now.
+            engine.remove(names).await;
+        }
         self.finish_output().await;
     }
 
@@ -346,6 +401,9 @@ const WIND_DOWN_GRACE: Duration = Duration::from_secs(5);
 #[async_trait]
 impl RunningJob for LocalCluster {
     fn handle(&self) -> String {
+        if let Some(handle) = &self.handle {
+            return handle.clone();
+        }
         let groups: Vec<String> = self.replicas.iter().map(|r| r.pgid.to_string()).collect();
         format!("pgids:{}", groups.join(","))
     }

@@ -9,6 +9,7 @@
 mod attempt;
 pub mod cluster;
 pub mod collect;
+pub mod container;
 pub mod environment;
 pub mod error;
 pub mod executor;
@@ -54,6 +55,8 @@ pub struct DispatchConfig {
     pub job_env: Vec<String>,
     /// The GPUs local replicas may be given (`--gpus`); `None`: those `nvidia-smi -L` lists.
     pub gpus: Option<Vec<String>>,
+    /// How the container executor runs images.
+    pub containers: container::ContainerEngine,
 }
 
 /// Starts and stops study runners in this process.
@@ -78,6 +81,7 @@ impl Dispatcher {
             executors: ExecutorContext {
                 gpus,
                 ports: PortRegistry::default(),
+                containers: Arc::new(config.containers.clone()),
             },
             config: Arc::new(config),
             runners: Arc::default(),

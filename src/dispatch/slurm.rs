@@ -672,6 +672,7 @@ mod tests {
             argv: argv.iter().map(|a| a.to_string()).collect(),
             env: Vec::new(),
             resources: Resources::default(),
+            image: None,
             log_path: PathBuf::from(log),
         }
     }
@@ -683,6 +684,7 @@ mod tests {
             attempt: 1,
             env: vec![("AUGUR_TRIAL_ID".into(), "2".into())],
             workdir: Some(PathBuf::from("/work dir")),
+            trial_dir: PathBuf::from("/runs 100%/2"),
             replicas: vec![replica(
                 ReplicaId::PRIMARY,
                 &["python3", "train.py", "--name=it's $HOME"],

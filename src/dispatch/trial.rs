@@ -133,6 +133,7 @@ pub async fn run_trial(
             attempt: start.number,
             env,
             workdir: setup.job.workdir.as_ref().map(PathBuf::from),
+            trial_dir: dirs.root.clone(),
             replicas: replicas.clone(),
             cluster: setup
                 .job
@@ -189,6 +190,7 @@ fn replica_requests(
                 argv: job.render_command(plan.command, parameters, trial_id, &params_file),
                 env,
                 resources: plan.resources.cloned().unwrap_or_default(),
+                image: plan.image.map(str::to_string),
                 log_path: dirs.replica_log(plan.id),
             }
         })

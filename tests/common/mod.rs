@@ -153,8 +153,17 @@ pub async fn spawn_app(db: TestDb) -> TestApp {
 }
 
 pub async fn spawn_app_with(db: TestDb, token: Option<&str>) -> TestApp {
+    spawn_app_configured(db, |config| config.token = token.map(str::to_string)).await
+}
+
+/// The server in this process with its configuration changed by `configure`.
+pub async fn spawn_app_configured(
+    db: TestDb,
+    configure: impl FnOnce(&mut ServerConfig),
+) -> TestApp {
     let mut config = ServerConfig::new(db.url.clone(), "127.0.0.1:0".parse().expect("addr"));
-    config.token = token.map(str::to_string);
+    configure(&mut config);
+    let token = config.token.clone();
     let app = App::build(config).await.expect("server starts");
     let addr = app.addr();
     tokio::spawn(app.run());
@@ -162,7 +171,7 @@ pub async fn spawn_app_with(db: TestDb, token: Option<&str>) -> TestApp {
         addr,
         base: format!("http://{addr}"),
         http: reqwest::Client::new(),
-        token: token.map(str::to_string),
+        token,
         db,
     }
 }
@@ -519,4 +528,65 @@ pub fn processes_with(marker: &str) -> usize {
         .map(|(_, group)| group)
         .collect();
     groups.len()
+}
+
+/// A Python with the real `cloudml-hypertune` from PyPI, in a venv made once per checkout.
+pub fn python_with_hypertune() -> PathBuf {
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv");
+    let python = venv.join("bin/python3");
+    let ready = Command::new(&python)
+        .args(["-c", "import hypertune"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ready {
+        let made = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .expect("python3 -m venv");
+        assert!(made.success(), "could not create {}", venv.display());
+        let pip = Command::new(venv.join("bin/pip"))
+            .args([
+                "install",
+                "-q",
+                "-r",
+                concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/examples/hypertune/requirements.txt"
+                ),
+            ])
+            .status()
+            .expect("pip");
+        assert!(pip.success(), "pip install cloudml-hypertune failed");
+    }
+    python
+}
+
+/// The container engine of this machine's Podman as `scripts/podman-setup.sh` sets it up
+/// (installing it and building the base image on first use), and the base image's name.
+pub fn podman() -> (augur::dispatch::container::ContainerEngine, String) {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/podman-setup.sh");
+    let out = Command::new(&script)
+        .output()
+        .expect("run scripts/podman-setup.sh");
+    assert!(
+        out.status.success(),
+        "scripts/podman-setup.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let value = |key: &str| -> String {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("podman-setup printed no {key}: {text}"))
+            .to_string()
+    };
+    let words =
+        |key: &str| -> Vec<String> { value(key).split_whitespace().map(str::to_string).collect() };
+    let engine = augur::dispatch::container::ContainerEngine {
+        program: "podman".into(),
+        global_args: words("AUGUR_PODMAN_GLOBAL_ARGS"),
+        run_args: words("AUGUR_PODMAN_RUN_ARGS"),
+    };
+    (engine, value("AUGUR_BASE_IMAGE"))
 }

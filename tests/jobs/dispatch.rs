@@ -596,41 +596,9 @@ async fn each_launch_reports_with_its_own_trial_scoped_token() {
     assert_eq!(found, None, "the completed trial's token is deleted");
 }
 
-/// A Python with the real `cloudml-hypertune` from PyPI, in a venv made once per checkout.
-fn python_with_hypertune() -> PathBuf {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv");
-    let python = venv.join("bin/python3");
-    let ready = Command::new(&python)
-        .args(["-c", "import hypertune"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ready {
-        let made = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .status()
-            .expect("python3 -m venv");
-        assert!(made.success(), "could not create {}", venv.display());
-        let pip = Command::new(venv.join("bin/pip"))
-            .args([
-                "install",
-                "-q",
-                "-r",
-                concat!(
-                    env!("CARGO_MANIFEST_DIR"),
-                    "/examples/hypertune/requirements.txt"
-                ),
-            ])
-            .status()
-            .expect("pip");
-        assert!(pip.success(), "pip install cloudml-hypertune failed");
-    }
-    python
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vertex_style_trainer_reports_through_cloudml_hypertune_and_resumes_its_checkpoint() {
-    let python = tokio::task::spawn_blocking(python_with_hypertune)
+    let python = tokio::task::spawn_blocking(common::python_with_hypertune)
         .await
         .expect("venv");
     let out = tempfile::tempdir().expect("dir");

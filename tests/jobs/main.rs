@@ -8,6 +8,7 @@ mod common;
 
 mod cli;
 mod cluster;
+mod container;
 mod dispatch;
 mod slurm;
 mod tensorflow;

@@ -1,0 +1,392 @@
+//! The container executor for real, through rootful Podman (`scripts/podman-setup.sh`
+//! installs it and builds a Debian base image once): a trainer image built from that base
+//! runs a 3-replica cluster trial as containers that rendezvous through the cluster
+//! environment and report through the hypertune file in the mounted trial directory; a
+//! crashed replica retries the whole cluster; a stop leaves no container behind; the cap
+//! counts trials; the trial token never appears on a command line.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use augur::dispatch::container::ContainerEngine;
+use serde_json::{Value, json};
+
+use crate::common::{self, TestApp};
+
+/// A replica for the failure cases (see `cluster.rs`'s script, of which this is the part the
+/// container tests need).
+const REPLICA_PY: &str = r#"
+import argparse, os, sys, time
+p = argparse.ArgumentParser()
+p.add_argument("--learning_rate", type=float, default=0.1)
+p.add_argument("--mode", default="hang")
+a = p.parse_args()
+name = os.environ["AUGUR_REPLICA"]
+crashed = os.path.join(os.environ["AIP_CHECKPOINT_DIR"], "worker-crashed")
+print("replica", name, "up", flush=True)
+if a.mode == "crash_worker_once":
+    if name == "workerpool1-0" and not os.path.exists(crashed):
+        open(crashed, "w").write("attempt 1")
+        time.sleep(0.5)
+        sys.exit(3)
+    if name == "workerpool0-0":
+        # The first cluster is the one whose worker crashes: its primary never finishes.
+        if not os.path.exists(crashed + ".seen"):
+            open(crashed + ".seen", "w").write("primary of attempt 1")
+            time.sleep(120)
+        print("loss=0.25", flush=True)
+        sys.exit(0)
+time.sleep(1000)
+"#;
+
+/// The trainer image: the base image, the all-reduce example, this file's replica script and
+/// the real `cloudml-hypertune` package (pure Python, copied from the test venv). Built once
+/// per content (its tag is a hash of what goes in).
+fn trainer_image(engine: &ContainerEngine, base: &str) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let example = std::fs::read_to_string(root.join("examples/distributed/allreduce_train.py"))
+        .expect("example");
+    let python = common::python_with_hypertune();
+    let site = Command::new(&python)
+        .args([
+            "-c",
+            "import hypertune, os; print(os.path.dirname(hypertune.__file__))",
+        ])
+        .output()
+        .expect("find hypertune");
+    let hypertune_dir = PathBuf::from(String::from_utf8_lossy(&site.stdout).trim());
+    let tag = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (base, &example, REPLICA_PY).hash(&mut h);
+        format!("localhost/augur-test-trainer:{:016x}", h.finish())
+    };
+    let exists = Command::new(&engine.program)
+        .args(&engine.global_args)
+        .args(["image", "exists", &tag])
+        .status()
+        .is_ok_and(|s| s.success());
+    if exists {
+        return tag;
+    }
+    let context = tempfile::tempdir().expect("context");
+    std::fs::write(context.path().join("allreduce_train.py"), &example).expect("example");
+    std::fs::write(context.path().join("replica.py"), REPLICA_PY).expect("replica");
+    let copied = Command::new("cp")
+        .arg("-r")
+        .arg(&hypertune_dir)
+        .arg(context.path().join("hypertune"))
+        .status()
+        .expect("cp");
+    assert!(
+        copied.success(),
+        "copy hypertune from {}",
+        hypertune_dir.display()
+    );
+    std::fs::write(
+        context.path().join("Containerfile"),
+        format!(
+            "FROM {base}\nCOPY hypertune /usr/lib/python3/dist-packages/hypertune\n\
+             COPY allreduce_train.py replica.py /app/\nWORKDIR /app\n"
+        ),
+    )
+    .expect("Containerfile");
+    let built = Command::new(&engine.program)
+        .args(&engine.global_args)
+        .args(["build", "-q", "--network=host", "-t", &tag])
+        .arg(context.path())
+        .current_dir(context.path())
+        .output()
+        .expect("podman build");
+    assert!(
+        built.status.success(),
+        "podman build: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    tag
+}
+
+/// Containers of study `study` (any state), from their labels.
+fn containers_of(engine: &ContainerEngine, study: i64) -> Vec<String> {
+    let out = Command::new(&engine.program)
+        .args(&engine.global_args)
+        .args(["ps", "--all", "--format", "{{.Names}}"])
+        .args(["--filter", &format!("label=augur.dev/study={study}")])
+        .output()
+        .expect("podman ps");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+struct Setup {
+    app: TestApp,
+    engine: ContainerEngine,
+    image: String,
+    runs: tempfile::TempDir,
+}
+
+/// A failed test's containers go with it: every Augur container of this test's directory.
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let out = Command::new(&self.engine.program)
+            .args(&self.engine.global_args)
+            .args([
+                "ps",
+                "--all",
+                "--filter",
+                "label=app.kubernetes.io/managed-by=augur",
+            ])
+            .args([
+                "--format",
+                "{{.Names}}\t{{index .Labels \"augur.dev/trial-dir\"}}",
+            ])
+            .output();
+        let Ok(out) = out else { return };
+        let mine = self.runs.path().display().to_string();
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            if let Some((name, dir)) = line.split_once('\t')
+                && dir.starts_with(&mine)
+            {
+                let _ = Command::new(&self.engine.program)
+                    .args(&self.engine.global_args)
+                    .args(["rm", "--force", "--time", "0", name])
+                    .output();
+            }
+        }
+    }
+}
+
+async fn setup() -> Setup {
+    let (engine, base) = tokio::task::spawn_blocking(common::podman)
+        .await
+        .expect("podman");
+    let image = {
+        let engine = engine.clone();
+        tokio::task::spawn_blocking(move || trainer_image(&engine, &base))
+            .await
+            .expect("image")
+    };
+    let runs = tempfile::tempdir().expect("runs");
+    let app = {
+        let engine = engine.clone();
+        common::spawn_app_configured(common::sqlite_db(), move |c| c.containers = engine).await
+    };
+    Setup {
+        app,
+        engine,
+        image,
+        runs,
+    }
+}
+
+fn study(
+    s: &Setup,
+    name: &str,
+    command: Value,
+    max_trials: i64,
+    parallel: i64,
+    job: Value,
+) -> Value {
+    let mut trial_job = json!({
+        "executor": "container",
+        "image": s.image,
+        "command": command,
+        "worker_pools": [{"replicas": 1}, {"replicas": 2}],
+        "output_dir": s.runs.path().join(name).display().to_string(),
+    });
+    if let (Some(t), Some(extra)) = (trial_job.as_object_mut(), job.as_object()) {
+        for (k, v) in extra {
+            t.insert(k.clone(), v.clone());
+        }
+    }
+    json!({
+        "name": name,
+        "algorithm": "random",
+        "metrics": [{"id": "loss", "goal": "minimize"}],
+        "parameters": [{"id": "learning_rate", "type": "double", "min": 0.01, "max": 0.3}],
+        "max_trials": max_trials,
+        "parallel_trials": parallel,
+        "seed": 2,
+        "trial_job": trial_job,
+    })
+}
+
+/// Live processes whose command line holds `needle`; with `python_only`, only the replicas'
+/// own interpreters (not the engine's client nor the container's init, whose command lines
+/// repeat the replica's).
+fn processes_matching(needle: &str, python_only: bool) -> usize {
+    common::pids()
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| {
+                    let line = String::from_utf8_lossy(&c);
+                    line.contains(needle) && (!python_only || line.starts_with("python3\0"))
+                })
+                .unwrap_or(false)
+        })
+        .filter(|pid| common::alive(*pid))
+        .count()
+}
+
+/// Whether some process's command line holds `needle`.
+fn on_a_command_line(needle: &str) -> bool {
+    processes_matching(needle, false) > 0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_trial_runs_as_containers_that_find_each_other_and_report_through_hypertune() {
+    let s = setup().await;
+    let marker = "/app/allreduce_train.py";
+    let (peak, done, token_seen) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let monitor = {
+        let (peak, done, token_seen) = (peak.clone(), done.clone(), token_seen.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                peak.fetch_max(processes_matching(marker, true), Ordering::Relaxed);
+                if on_a_command_line("AUGUR_TRIAL_TOKEN=") {
+                    token_seen.store(true, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let spec = study(
+        &s,
+        "allreduce",
+        json!(["python3", marker, "--epochs=3"]),
+        4,
+        2,
+        json!({}),
+    );
+    let id = s.app.create_study(spec).await;
+    let st = s
+        .app
+        .wait_for_state(id, "completed", Duration::from_secs(300))
+        .await;
+    done.store(true, Ordering::Relaxed);
+    monitor.join().expect("monitor");
+    assert_eq!(st["trial_counts"]["completed"], 4, "{st}");
+    let peak = peak.load(Ordering::Relaxed);
+    assert!(
+        peak <= 6,
+        "{peak} replica containers at once for 2 trials of 3"
+    );
+    assert!(
+        !token_seen.load(Ordering::Relaxed),
+        "a trial token on a command line"
+    );
+    for trial in 1..=4 {
+        let t = s
+            .app
+            .get(&format!("/v1/studies/{id}/trials/{trial}"))
+            .await
+            .body;
+        // The hypertune file's entries, one per epoch, as measurements.
+        let steps: Vec<i64> = t["measurements"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m["step"].as_i64())
+            .collect();
+        assert!(steps.contains(&3), "trial {trial}: {t}");
+        for (replica, rank) in [("workerpool0-0", 0), ("workerpool1-1", 2)] {
+            let url = format!(
+                "{}/v1/studies/{id}/trials/{trial}/logs?replica={replica}",
+                s.app.base
+            );
+            let log = s
+                .app
+                .http
+                .get(url)
+                .send()
+                .await
+                .expect("logs")
+                .text()
+                .await
+                .expect("text");
+            assert!(
+                log.contains(&format!("rank {rank} of 3")),
+                "{replica}: {log}"
+            );
+            assert!(
+                log.contains("rendezvous done: 3 replicas"),
+                "{replica}: {log}"
+            );
+        }
+        let env_dir = s
+            .runs
+            .path()
+            .join(format!("allreduce/{trial}/.container-env"));
+        for entry in std::fs::read_dir(&env_dir).expect("env files").flatten() {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = entry.metadata().expect("meta").permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{}", entry.path().display());
+        }
+    }
+    assert!(
+        containers_of(&s.engine, id).is_empty(),
+        "{:?}",
+        containers_of(&s.engine, id)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_container_retries_the_whole_cluster_and_a_stop_leaves_none_behind() {
+    let s = setup().await;
+    let command = |mode: &str| json!(["python3", "/app/replica.py", format!("--mode={mode}")]);
+    let spec = study(
+        &s,
+        "crash",
+        command("crash_worker_once"),
+        1,
+        1,
+        json!({"max_retries": 1}),
+    );
+    let id = s.app.create_study(spec).await;
+    s.app
+        .wait_for_state(id, "completed", Duration::from_secs(180))
+        .await;
+    let trial = s.app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
+    assert_eq!(trial["state"], "completed", "{trial}");
+    assert_eq!(trial["attempts"], 2, "{trial}");
+    assert!(containers_of(&s.engine, id).is_empty());
+
+    let spec = study(&s, "stopped", command("hang"), 4, 2, json!({}));
+    let id = s.app.create_study(spec).await;
+    common::eventually("six containers running", Duration::from_secs(120), || {
+        let engine = s.engine.clone();
+        async move {
+            let n = containers_of(&engine, id).len();
+            if n >= 6 { Ok(()) } else { Err(format!("{n}")) }
+        }
+    })
+    .await;
+    let stopped = s
+        .app
+        .post(&format!("/v1/studies/{id}/stop"), json!({}))
+        .await;
+    assert_eq!(stopped.body["state"], "stopped", "{}", stopped.body);
+    common::eventually("no container left", Duration::from_secs(60), || {
+        let engine = s.engine.clone();
+        async move {
+            let left = containers_of(&engine, id);
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        }
+    })
+    .await;
+}
