@@ -49,6 +49,20 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     }
 }
 
+/// A JSON document already read (e.g. to tell which kind of spec it is) as `T`, with the
+/// path of the first bad field.
+pub fn parse_body<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." {
+            "body".to_string()
+        } else {
+            path
+        };
+        ApiError::invalid(field, e.inner().to_string())
+    })
+}
+
 fn body_error(e: &serde_path_to_error::Error<serde_json::Error>) -> ApiError {
     let path = e.path().to_string();
     let message = e.inner().to_string();

@@ -2,7 +2,8 @@
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::header::WARNING;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -10,7 +11,7 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::{ApiResult, ErrorBody};
-use super::extract::{ApiJson, ApiQuery, STUDY_ID, parse_id};
+use super::extract::{ApiJson, ApiQuery, STUDY_ID, parse_body, parse_id};
 use super::trials::TrialList;
 use crate::model::{ClientId, Study, StudySpec, StudyState, StudyUpdate, SuggestCount, Trial};
 
@@ -68,10 +69,26 @@ pub struct SuggestResponse {
     pub retry_after_secs: Option<u64>,
 }
 
-/// Create a study from a spec.
-#[utoipa::path(post, path = "/v1/studies", tag = "studies", request_body = StudySpec,
+/// A study spec: Augur's own, or a Vertex AI `HyperparameterTuningJob` taken unchanged (its
+/// REST JSON, or the snake_case YAML `gcloud ai hp-tuning-jobs create --config` reads, as
+/// JSON): the README's table says how its fields map.
+#[derive(Deserialize, ToSchema)]
+#[serde(untagged)]
+#[expect(
+    dead_code,
+    reason = "documents the request body; the handler reads it as JSON"
+)]
+pub enum CreateStudyBody {
+    Augur(StudySpec),
+    #[schema(value_type = Object)]
+    VertexHyperparameterTuningJob(serde_json::Value),
+}
+
+/// Create a study from a spec (Augur's, or a Vertex AI `HyperparameterTuningJob`).
+#[utoipa::path(post, path = "/v1/studies", tag = "studies", request_body = CreateStudyBody,
     responses(
-        (status = 201, description = "The study, with defaults (and the seed) filled in", body = Study),
+        (status = 201, description = "The study, with defaults (and the seed) filled in; a Vertex spec's fields Augur ignores are named in `Warning` headers", body = Study,
+            headers(("Warning" = String, description = "`299 augur \"<field>: why it is ignored\"`, one per field"))),
         (status = 400, description = "A field of the spec is wrong; `field` names it", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
@@ -79,10 +96,23 @@ pub struct SuggestResponse {
     ))]
 pub async fn create_study(
     State(state): State<AppState>,
-    ApiJson(spec): ApiJson<StudySpec>,
-) -> ApiResult<(StatusCode, Json<Study>)> {
+    ApiJson(body): ApiJson<serde_json::Value>,
+) -> ApiResult<(StatusCode, HeaderMap, Json<Study>)> {
+    let (spec, warnings) = if crate::model::vertex::is_vertex_job(&body) {
+        let imported = crate::model::vertex::from_vertex(&body)?;
+        (imported.spec, imported.warnings)
+    } else {
+        (parse_body::<StudySpec>(body)?, Vec::new())
+    };
     let study = state.service.create_study(spec).await?;
-    Ok((StatusCode::CREATED, Json(study)))
+    let mut headers = HeaderMap::new();
+    for warning in warnings {
+        let text = format!("299 augur {:?}", warning.replace('"', "'"));
+        if let Ok(value) = HeaderValue::from_str(&text) {
+            headers.append(WARNING, value);
+        }
+    }
+    Ok((StatusCode::CREATED, headers, Json(study)))
 }
 
 /// List studies by id, optionally filtered by state and name.

@@ -207,8 +207,12 @@ pub enum TrialCommand {
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum ExportFormat {
+    /// One row per trial: id, state, parameters, final metrics.
     Csv,
+    /// Every trial as the API returns it.
     Json,
+    /// The study's spec as a Vertex AI `HyperparameterTuningJob` (REST JSON).
+    Vertex,
 }
 
 #[derive(Debug, Subcommand)]
@@ -226,7 +230,7 @@ pub enum StudyCommand {
     Trials { id: i64 },
     /// The best trial (or the Pareto set).
     Best { id: i64 },
-    /// Export all trials.
+    /// Export all trials (csv, json), or the spec as a Vertex AI job (vertex).
     Export {
         id: i64,
         #[arg(long, value_enum, default_value = "csv")]

@@ -31,6 +31,14 @@ pub async fn run_study_command(client: &Client, command: StudyCommand) -> CliRes
     match command {
         StudyCommand::Create { file } => {
             let spec = read_spec(&file)?;
+            // A Vertex AI job is sent as it is; what the server will ignore of it is shown here.
+            if crate::model::vertex::is_vertex_job(&spec)
+                && let Ok(imported) = crate::model::vertex::from_vertex(&spec)
+            {
+                for warning in imported.warnings {
+                    eprintln!("warning: {warning}");
+                }
+            }
             let study = client
                 .call(Method::POST, "/v1/studies", Some(&spec))
                 .await?;
@@ -108,13 +116,20 @@ pub async fn run_study_command(client: &Client, command: StudyCommand) -> CliRes
                 .await?;
             println!("study {id} is {}", s["state"].as_str().unwrap_or("?"));
         }
-        StudyCommand::Export { id, format } => {
-            let trials = client.all_trials(id).await?;
-            match format {
-                ExportFormat::Json => print_json(&Value::Array(trials)),
-                ExportFormat::Csv => print!("{}", trials_csv(&trials)),
+        StudyCommand::Export { id, format } => match format {
+            ExportFormat::Json => print_json(&Value::Array(client.all_trials(id).await?)),
+            ExportFormat::Csv => print!("{}", trials_csv(&client.all_trials(id).await?)),
+            ExportFormat::Vertex => {
+                let study = client
+                    .call(Method::GET, &format!("/v1/studies/{id}"), None)
+                    .await?;
+                let spec: crate::model::StudySpec = serde_json::from_value(study["spec"].clone())
+                    .map_err(|e| {
+                    CliError::Connection(format!("unexpected study document: {e}"))
+                })?;
+                print_json(&crate::model::vertex::to_vertex(&spec));
             }
-        }
+        },
     }
     Ok(())
 }

@@ -285,7 +285,8 @@ pub struct ReplicaPlan<'a> {
 pub struct TrialJobSpec {
     #[serde(default)]
     pub executor: ExecutorName,
-    /// The program and its fixed arguments. Values are appended as `--<id>=<value>` unless
+    /// The program and its fixed arguments (for the container and kubernetes executors, empty
+    /// or arguments only: the image's entrypoint runs them). Values are appended as `--<id>=<value>` unless
     /// an argument is exactly `${args}` (replaced by them) or the arguments name values with
     /// `${<parameter id>}`, `${trial_id}`, `${params_file}` (a JSON file of the values).
     pub command: Vec<String>,
@@ -379,7 +380,9 @@ impl TrialJobSpec {
                 "applies to executor: kubernetes only",
             ));
         }
-        if self.command.is_empty() || self.command[0].trim().is_empty() {
+        // An image's entrypoint may be the program: then the command holds only arguments.
+        let needs_program = !self.executor.runs_images();
+        if needs_program && self.command.first().is_none_or(|c| c.trim().is_empty()) {
             return Err(ValidationError::new(
                 field("command"),
                 "must name a program",
@@ -515,6 +518,7 @@ impl TrialJobSpec {
                 ));
             }
             if let Some(command) = &pool.command
+                && !self.executor.runs_images()
                 && command.first().is_none_or(|c| c.trim().is_empty())
             {
                 return Err(ValidationError::new(

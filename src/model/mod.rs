@@ -7,6 +7,7 @@ pub mod request;
 pub mod spec;
 pub mod trial;
 pub mod trial_dirs;
+pub mod vertex;
 
 pub use job::{
     ArgStyle, ExecutorName, ReplicaId, ReplicaPlan, Resources, TrialJobSpec, WorkerPoolSpec,

@@ -313,3 +313,55 @@ async fn metrics_endpoint_reports_requests_and_trials(backend: &str) {
     assert_eq!(health.body["status"], "ok");
     assert_eq!(app.get("/readyz").await.status, StatusCode::OK);
 }
+
+/// A Vertex AI `HyperparameterTuningJob`, sent unchanged (the example file, as JSON), becomes
+/// a study; what Augur ignores of it is named in `Warning` headers; a field Augur cannot
+/// honour is a 400 naming it in Vertex's terms.
+#[tokio::test]
+async fn a_vertex_ai_tuning_job_creates_a_study_unchanged() {
+    let app = app("sqlite").await;
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/vertex/hp_tuning_job.yaml"
+    ))
+    .expect("example");
+    let mut job: Value = yaml_serde::from_str(&text).expect("yaml");
+    job["encryptionSpec"] = json!({"kmsKeyName": "k"});
+    let response = app
+        .http
+        .post(format!("{}/v1/studies", app.base))
+        .json(&job)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let warnings: Vec<String> = response
+        .headers()
+        .get_all("warning")
+        .iter()
+        .filter_map(|v| v.to_str().ok().map(str::to_string))
+        .collect();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.starts_with("299 augur") && w.contains("encryptionSpec")),
+        "{warnings:?}"
+    );
+    let study: Value = response.json().await.expect("study");
+    let spec = &study["spec"];
+    assert_eq!(spec["name"], "vertex-example");
+    assert_eq!(spec["algorithm"], "gp_bandit");
+    assert_eq!(spec["parallel_trials"], 2);
+    assert_eq!(spec["parameters"][2]["children"][0]["when"], json!(["sgd"]));
+    assert_eq!(spec["trial_job"]["executor"], "container");
+    assert_eq!(spec["trial_job"]["worker_pools"][1]["replicas"], 2);
+    assert_eq!(spec["trial_job"]["timeout_secs"], 3600);
+
+    job["studySpec"]["parameters"][0]["scaleType"] = json!("UNIT_CUBIC_SCALE");
+    let bad = app.post("/v1/studies", job).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
+    assert_eq!(
+        bad.body["error"]["field"],
+        "studySpec.parameters[0].scaleType"
+    );
+}

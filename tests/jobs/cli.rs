@@ -326,3 +326,81 @@ fn token_create_refuses_the_names_of_trial_tokens() {
         });
     assert_eq!(count, 1, "only the admin token named ci");
 }
+
+/// `augur study create -f` takes a Vertex AI job file unchanged, and `augur study export ID
+/// --format vertex` writes the same format back: created again from the export, the study has
+/// the same spec.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vertex_job_file_round_trips_through_create_and_export() {
+    // No dispatch: the example's image is not on this machine.
+    let app = common::spawn_app_configured(common::sqlite_db(), |c| c.dispatch = false).await;
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/vertex/hp_tuning_job.yaml"
+    );
+    let base = app.base.clone();
+    let run = move |args: Vec<String>| {
+        let base = base.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                augur(&base, &args)
+            })
+            .await
+            .expect("augur")
+        }
+    };
+    let (ok, out, err) = run(vec![
+        "study".into(),
+        "create".into(),
+        "-f".into(),
+        example.into(),
+    ])
+    .await;
+    assert!(ok && out.contains("created study 1"), "{out}\n{err}");
+    let (ok, exported, err) = run(vec![
+        "study".into(),
+        "export".into(),
+        "1".into(),
+        "--format".into(),
+        "vertex".into(),
+    ])
+    .await;
+    assert!(ok, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&exported).expect("exported JSON");
+    assert_eq!(
+        doc["studySpec"]["parameters"][2]["conditionalParameterSpecs"][0]["parentCategoricalValues"]
+            ["values"][0],
+        "sgd"
+    );
+    let dir = tempfile::tempdir().expect("dir");
+    let again = dir.path().join("exported.json");
+    std::fs::write(&again, &exported).expect("write");
+    let (ok, out, err) = run(vec![
+        "study".into(),
+        "create".into(),
+        "-f".into(),
+        again.display().to_string(),
+    ])
+    .await;
+    assert!(ok && out.contains("created study 2"), "{out}\n{err}");
+    let spec = |id: i64| {
+        let app = &app;
+        async move {
+            let mut s = app.get(&format!("/v1/studies/{id}")).await.body["spec"].clone();
+            s["seed"] = serde_json::Value::Null;
+            // Machine types become CPUs and memory on import; an export has no machine type.
+            for pool in s["trial_job"]["worker_pools"]
+                .as_array_mut()
+                .into_iter()
+                .flatten()
+            {
+                if let Some(p) = pool.as_object_mut() {
+                    p.remove("resources");
+                }
+            }
+            s
+        }
+    };
+    assert_eq!(spec(2).await, spec(1).await);
+}

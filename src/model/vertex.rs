@@ -1,0 +1,1053 @@
+//! Vertex AI `HyperparameterTuningJob` specs, unchanged: the REST JSON (camelCase) and the
+//! YAML that `gcloud ai hp-tuning-jobs create --config` takes (either case), read into an
+//! Augur [`StudySpec`] and written back from one. The mapping is the table in the README.
+//! Fields Augur cannot honour give a warning, or, where ignoring them would change the
+//! results, an error naming the field in Vertex's own terms (`studySpec.parameters[2]…`).
+
+use std::collections::BTreeMap;
+
+use augur_optimizer::Value;
+use serde_json::{Map, Value as Json, json};
+
+use super::ValidationError;
+use super::job::{ExecutorName, Resources, TrialJobSpec, WorkerPoolSpec};
+use super::spec::{
+    AlgorithmName, ChildInput, EarlyStoppingSpec, MeasurementSelection, MetricGoal,
+    MetricSpecInput, ParameterInput, ParameterType, ScaleName, StoppingRuleName, StudySpec,
+};
+
+/// A Vertex spec read into Augur's, with what was not carried over.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VertexImport {
+    pub spec: StudySpec,
+    /// One sentence per field Augur ignores (it changes no result).
+    pub warnings: Vec<String>,
+}
+
+/// Whether a document is a Vertex `HyperparameterTuningJob` (it has a `studySpec`) rather
+/// than an Augur spec (which never has one: unknown fields are refused).
+pub fn is_vertex_job(doc: &Json) -> bool {
+    doc.get("studySpec")
+        .or_else(|| doc.get("study_spec"))
+        .is_some()
+}
+
+/// A JSON object read by Vertex's camelCase names, accepting their snake_case forms too.
+#[derive(Clone, Copy)]
+struct Obj<'a> {
+    map: &'a Map<String, Json>,
+    path: &'a str,
+}
+
+fn snake(camel: &str) -> String {
+    let mut out = String::new();
+    for c in camel.chars() {
+        if c.is_ascii_uppercase() {
+            out.push('_');
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn camel(snake_name: &str) -> String {
+    let mut out = String::new();
+    let mut upper = false;
+    for c in snake_name.chars() {
+        if c == '_' {
+            upper = true;
+        } else if upper {
+            out.push(c.to_ascii_uppercase());
+            upper = false;
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+impl<'a> Obj<'a> {
+    fn new(doc: &'a Json, path: &'a str) -> Result<Obj<'a>, ValidationError> {
+        let map = doc
+            .as_object()
+            .ok_or_else(|| ValidationError::new(path, "must be an object"))?;
+        Ok(Obj { map, path })
+    }
+
+    fn get(&self, key: &str) -> Option<&'a Json> {
+        self.map.get(key).or_else(|| self.map.get(&snake(key)))
+    }
+
+    fn field(&self, key: &str) -> String {
+        if self.path.is_empty() {
+            key.to_string()
+        } else {
+            format!("{}.{key}", self.path)
+        }
+    }
+
+    fn err(&self, key: &str, message: impl Into<String>) -> ValidationError {
+        ValidationError::new(self.field(key), message)
+    }
+
+    fn string(&self, key: &str) -> Result<Option<String>, ValidationError> {
+        match self.get(key) {
+            None | Some(Json::Null) => Ok(None),
+            Some(Json::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(self.err(key, "must be a string")),
+        }
+    }
+
+    fn required_string(&self, key: &str) -> Result<String, ValidationError> {
+        self.string(key)?
+            .ok_or_else(|| self.err(key, "is required"))
+    }
+
+    /// An int64, which Vertex's JSON writes as a string (`"5"`) and YAML as a number.
+    fn int(&self, key: &str) -> Result<Option<i64>, ValidationError> {
+        match self.get(key) {
+            None | Some(Json::Null) => Ok(None),
+            Some(v) => json_int(v)
+                .map(Some)
+                .ok_or_else(|| self.err(key, "must be a whole number")),
+        }
+    }
+
+    fn number(&self, key: &str) -> Result<Option<f64>, ValidationError> {
+        match self.get(key) {
+            None | Some(Json::Null) => Ok(None),
+            Some(v) => json_number(v)
+                .map(Some)
+                .ok_or_else(|| self.err(key, "must be a number")),
+        }
+    }
+
+    fn list(&self, key: &str) -> Result<&'a [Json], ValidationError> {
+        match self.get(key) {
+            None | Some(Json::Null) => Ok(&[]),
+            Some(Json::Array(items)) => Ok(items),
+            Some(_) => Err(self.err(key, "must be a list")),
+        }
+    }
+
+    /// The keys present, in camelCase.
+    fn keys(&self) -> impl Iterator<Item = String> + 'a {
+        self.map.keys().map(|k| camel(k))
+    }
+}
+
+fn json_int(v: &Json) -> Option<i64> {
+    match v {
+        Json::Number(n) => n.as_i64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15)
+                .map(|f| f as i64)
+        }),
+        Json::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+fn json_number(v: &Json) -> Option<f64> {
+    match v {
+        Json::Number(n) => n.as_f64(),
+        Json::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+/// Output-only fields of a job as the REST API returns it: read back unchanged, ignored.
+const OUTPUT_ONLY: [&str; 9] = [
+    "name",
+    "state",
+    "createTime",
+    "startTime",
+    "endTime",
+    "updateTime",
+    "trials",
+    "error",
+    "satisfiesPzs",
+];
+
+/// Read a Vertex `HyperparameterTuningJob` (JSON or YAML, parsed) into an Augur spec.
+pub fn from_vertex(doc: &Json) -> Result<VertexImport, ValidationError> {
+    let job = Obj::new(doc, "")?;
+    let mut warnings = Vec::new();
+    for key in job.keys() {
+        let known = [
+            "displayName",
+            "maxTrialCount",
+            "parallelTrialCount",
+            "maxFailedTrialCount",
+            "studySpec",
+            "trialJobSpec",
+        ];
+        if known.contains(&key.as_str()) || OUTPUT_ONLY.contains(&key.as_str()) {
+            continue;
+        }
+        warnings.push(match key.as_str() {
+            "encryptionSpec" => {
+                "encryptionSpec: Augur keeps no customer-managed keys; ignored".into()
+            }
+            "labels" => "labels: ignored (Augur studies have no labels)".into(),
+            other => format!("{other}: not a field Augur uses; ignored"),
+        });
+    }
+    let study_doc = job
+        .get("studySpec")
+        .ok_or_else(|| job.err("studySpec", "is required"))?;
+    let study = Obj::new(study_doc, "studySpec")?;
+    let max_trials = job
+        .int("maxTrialCount")?
+        .ok_or_else(|| job.err("maxTrialCount", "is required"))?;
+    let parallel = job.int("parallelTrialCount")?.unwrap_or(1);
+    let max_failed = job.int("maxFailedTrialCount")?.filter(|n| *n > 0);
+    let mut spec = StudySpec {
+        name: job.required_string("displayName")?,
+        algorithm: algorithm(&study)?,
+        metrics: metrics(&study)?,
+        parameters: parameters(
+            study.list("parameters")?,
+            "studySpec.parameters",
+            &mut warnings,
+        )?,
+        max_trials,
+        parallel_trials: parallel,
+        max_failed_trials: max_failed,
+        measurement_selection: measurement_selection(&study)?,
+        seed: None,
+        early_stopping: early_stopping(&study, &mut warnings)?,
+        trial_lease_secs: super::spec::DEFAULT_TRIAL_LEASE_SECS,
+        suggestion_time_budget_secs: super::spec::DEFAULT_SUGGESTION_TIME_BUDGET_SECS,
+        trial_job: None,
+    };
+    for key in study.keys() {
+        let known = [
+            "metrics",
+            "parameters",
+            "algorithm",
+            "measurementSelectionType",
+            "decayCurveStoppingSpec",
+            "medianAutomatedStoppingSpec",
+            "convexAutomatedStoppingSpec",
+        ];
+        if known.contains(&key.as_str()) {
+            continue;
+        }
+        warnings.push(match key.as_str() {
+            "observationNoise" => {
+                "studySpec.observationNoise: the GP learns the noise itself; ignored".into()
+            }
+            "studyStoppingConfig" => {
+                "studySpec.studyStoppingConfig: Augur stops at maxTrialCount; ignored".into()
+            }
+            other => format!("studySpec.{other}: not a field Augur uses; ignored"),
+        });
+    }
+    if let Some(trial_job) = job.get("trialJobSpec") {
+        spec.trial_job = Some(trial_job_spec(
+            &Obj::new(trial_job, "trialJobSpec")?,
+            &mut warnings,
+        )?);
+    }
+    // Whatever Vertex accepts and Augur does not is named here, in Augur's terms.
+    spec.clone().with_seed(0).validate()?;
+    Ok(VertexImport { spec, warnings })
+}
+
+fn algorithm(study: &Obj<'_>) -> Result<AlgorithmName, ValidationError> {
+    match study.string("algorithm")?.as_deref() {
+        None | Some("ALGORITHM_UNSPECIFIED") => Ok(AlgorithmName::GpBandit),
+        Some("GRID_SEARCH") => Ok(AlgorithmName::Grid),
+        Some("RANDOM_SEARCH") => Ok(AlgorithmName::Random),
+        Some(other) => Err(study.err(
+            "algorithm",
+            format!("{other:?}: use ALGORITHM_UNSPECIFIED, GRID_SEARCH or RANDOM_SEARCH"),
+        )),
+    }
+}
+
+fn measurement_selection(study: &Obj<'_>) -> Result<MeasurementSelection, ValidationError> {
+    match study.string("measurementSelectionType")?.as_deref() {
+        None | Some("MEASUREMENT_SELECTION_TYPE_UNSPECIFIED") | Some("LAST_MEASUREMENT") => {
+            Ok(MeasurementSelection::Last)
+        }
+        Some("BEST_MEASUREMENT") => Ok(MeasurementSelection::Best),
+        Some(other) => Err(study.err(
+            "measurementSelectionType",
+            format!("{other:?}: use LAST_MEASUREMENT or BEST_MEASUREMENT"),
+        )),
+    }
+}
+
+fn metrics(study: &Obj<'_>) -> Result<Vec<MetricSpecInput>, ValidationError> {
+    let mut out = Vec::new();
+    for (i, m) in study.list("metrics")?.iter().enumerate() {
+        let path = format!("studySpec.metrics[{i}]");
+        let m = Obj::new(m, &path)?;
+        if m.get("safetyConfig").is_some() {
+            // Ignoring a safety threshold would change which trials count as results.
+            return Err(m.err("safetyConfig", "safety thresholds are not supported yet"));
+        }
+        let goal = match m.required_string("goal")?.as_str() {
+            "MAXIMIZE" => MetricGoal::Maximize,
+            "MINIMIZE" => MetricGoal::Minimize,
+            other => return Err(m.err("goal", format!("{other:?}: use MAXIMIZE or MINIMIZE"))),
+        };
+        out.push(MetricSpecInput {
+            id: m.required_string("metricId")?,
+            goal,
+        });
+    }
+    Ok(out)
+}
+
+fn early_stopping(
+    study: &Obj<'_>,
+    warnings: &mut Vec<String>,
+) -> Result<Option<EarlyStoppingSpec>, ValidationError> {
+    if study.get("convexAutomatedStoppingSpec").is_some() {
+        return Err(study.err(
+            "convexAutomatedStoppingSpec",
+            "not supported: use medianAutomatedStoppingSpec or decayCurveStoppingSpec",
+        ));
+    }
+    let rules = [
+        ("decayCurveStoppingSpec", StoppingRuleName::DecayCurve),
+        ("medianAutomatedStoppingSpec", StoppingRuleName::Median),
+    ];
+    for (key, rule) in rules {
+        let Some(doc) = study.get(key) else { continue };
+        let path = format!("studySpec.{key}");
+        let stopping = Obj::new(doc, &path)?;
+        if stopping.get("useElapsedDuration").and_then(Json::as_bool) == Some(true) {
+            warnings.push(format!(
+                "{path}.useElapsedDuration: Augur compares curves by step; ignored"
+            ));
+        }
+        return Ok(Some(EarlyStoppingSpec {
+            rule,
+            min_completed_trials: None,
+            min_curve_points: None,
+            sigmas: None,
+        }));
+    }
+    Ok(None)
+}
+
+fn parameters(
+    list: &[Json],
+    path: &str,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<ParameterInput>, ValidationError> {
+    list.iter()
+        .enumerate()
+        .map(|(i, p)| parameter(p, &format!("{path}[{i}]"), warnings))
+        .collect()
+}
+
+fn parameter(
+    doc: &Json,
+    path: &str,
+    warnings: &mut Vec<String>,
+) -> Result<ParameterInput, ValidationError> {
+    let p = Obj::new(doc, path)?;
+    let id = p.required_string("parameterId")?;
+    let scale = match p.string("scaleType")?.as_deref() {
+        None | Some("SCALE_TYPE_UNSPECIFIED") => None,
+        Some("UNIT_LINEAR_SCALE") => Some(ScaleName::Linear),
+        Some("UNIT_LOG_SCALE") => Some(ScaleName::Log),
+        Some("UNIT_REVERSE_LOG_SCALE") => Some(ScaleName::ReverseLog),
+        Some(other) => {
+            return Err(p.err(
+                "scaleType",
+                format!(
+                    "{other:?}: use UNIT_LINEAR_SCALE, UNIT_LOG_SCALE or UNIT_REVERSE_LOG_SCALE"
+                ),
+            ));
+        }
+    };
+    let kinds = [
+        "doubleValueSpec",
+        "integerValueSpec",
+        "categoricalValueSpec",
+        "discreteValueSpec",
+    ];
+    let given: Vec<&str> = kinds
+        .iter()
+        .copied()
+        .filter(|k| p.get(k).is_some())
+        .collect();
+    let [kind] = given.as_slice() else {
+        return Err(p.err(
+            "doubleValueSpec",
+            "give exactly one of doubleValueSpec, integerValueSpec, categoricalValueSpec, discreteValueSpec",
+        ));
+    };
+    let value_path = format!("{path}.{kind}");
+    let value_spec = Obj::new(p.get(kind).unwrap_or(&Json::Null), &value_path)?;
+    if value_spec.get("defaultValue").is_some() {
+        warnings.push(format!(
+            "{value_path}.defaultValue: Augur's first trials come from its design; ignored"
+        ));
+    }
+    let mut out = ParameterInput {
+        id,
+        kind: ParameterType::Double,
+        min: None,
+        max: None,
+        values: None,
+        scale,
+        children: Vec::new(),
+    };
+    match *kind {
+        "doubleValueSpec" => {
+            out.min = value_spec.number("minValue")?;
+            out.max = value_spec.number("maxValue")?;
+        }
+        "integerValueSpec" => {
+            out.kind = ParameterType::Integer;
+            out.min = value_spec.int("minValue")?.map(|v| v as f64);
+            out.max = value_spec.int("maxValue")?.map(|v| v as f64);
+        }
+        "categoricalValueSpec" => {
+            out.kind = ParameterType::Categorical;
+            let values = value_spec.list("values")?;
+            let strings = values
+                .iter()
+                .enumerate()
+                .map(|(j, v)| match v {
+                    Json::String(s) => Ok(Value::Str(s.clone())),
+                    _ => Err(value_spec.err(&format!("values[{j}]"), "must be a string")),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            out.values = Some(strings);
+        }
+        _ => {
+            out.kind = ParameterType::Discrete;
+            let values = value_spec.list("values")?;
+            let numbers = values
+                .iter()
+                .enumerate()
+                .map(|(j, v)| {
+                    json_number(v)
+                        .map(Value::from_number)
+                        .ok_or_else(|| value_spec.err(&format!("values[{j}]"), "must be a number"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            out.values = Some(numbers);
+        }
+    }
+    for (c, cond) in p.list("conditionalParameterSpecs")?.iter().enumerate() {
+        let cpath = format!("{path}.conditionalParameterSpecs[{c}]");
+        out.children.push(conditional(cond, &cpath, warnings)?);
+    }
+    Ok(out)
+}
+
+/// One conditional parameter: the parent values it applies to, and its spec.
+fn conditional(
+    doc: &Json,
+    path: &str,
+    warnings: &mut Vec<String>,
+) -> Result<ChildInput, ValidationError> {
+    let c = Obj::new(doc, path)?;
+    let parents = [
+        "parentDiscreteValues",
+        "parentIntValues",
+        "parentCategoricalValues",
+    ];
+    let given: Vec<&str> = parents
+        .iter()
+        .copied()
+        .filter(|k| c.get(k).is_some())
+        .collect();
+    let [which] = given.as_slice() else {
+        return Err(c.err(
+            "parentCategoricalValues",
+            "give exactly one of parentDiscreteValues, parentIntValues, parentCategoricalValues",
+        ));
+    };
+    let values_path = format!("{path}.{which}");
+    let values = Obj::new(c.get(which).unwrap_or(&Json::Null), &values_path)?;
+    let when = values
+        .list("values")?
+        .iter()
+        .enumerate()
+        .map(|(j, v)| {
+            let bad = || values.err(&format!("values[{j}]"), "does not match the parent's type");
+            match *which {
+                "parentCategoricalValues" => v
+                    .as_str()
+                    .map(|s| Value::Str(s.to_string()))
+                    .ok_or_else(bad),
+                "parentIntValues" => json_int(v).map(Value::Int).ok_or_else(bad),
+                _ => json_number(v).map(Value::from_number).ok_or_else(bad),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let child = c
+        .get("parameterSpec")
+        .ok_or_else(|| c.err("parameterSpec", "is required"))?;
+    let parameter = parameter(child, &format!("{path}.parameterSpec"), warnings)?;
+    Ok(ChildInput {
+        when,
+        parameters: vec![parameter],
+    })
+}
+
+/// `trialJobSpec` (a `CustomJobSpec`): its worker pools become the trial's cluster, run from
+/// their images by the container executor.
+fn trial_job_spec(
+    spec: &Obj<'_>,
+    warnings: &mut Vec<String>,
+) -> Result<TrialJobSpec, ValidationError> {
+    let mut job = TrialJobSpec {
+        executor: ExecutorName::Container,
+        ..Default::default()
+    };
+    let pools = spec.list("workerPoolSpecs")?;
+    if pools.is_empty() {
+        return Err(spec.err("workerPoolSpecs", "at least the primary's pool is required"));
+    }
+    for (p, pool) in pools.iter().enumerate() {
+        let path = format!("trialJobSpec.workerPoolSpecs[{p}]");
+        let pool = Obj::new(pool, &path)?;
+        // Vertex marks a skipped pool with an empty spec.
+        if pool.map.is_empty() {
+            job.worker_pools.push(None);
+            continue;
+        }
+        job.worker_pools.push(Some(worker_pool(&pool, warnings)?));
+    }
+    // The primary's image and command stand for every pool that has the same.
+    if let Some(Some(primary)) = job.worker_pools.first().cloned() {
+        job.image = primary.image.clone();
+        job.command = primary.command.clone().unwrap_or_default();
+        for pool in job.worker_pools.iter_mut().flatten() {
+            if pool.image == job.image {
+                pool.image = None;
+            }
+            if pool.command.as_ref() == Some(&job.command) {
+                pool.command = None;
+            }
+        }
+    }
+    if let Some(scheduling) = spec.get("scheduling") {
+        let scheduling = Obj::new(scheduling, "trialJobSpec.scheduling")?;
+        if let Some(timeout) = scheduling.string("timeout")? {
+            job.timeout_secs = Some(parse_duration(&timeout).ok_or_else(|| {
+                scheduling.err(
+                    "timeout",
+                    "must be a duration in seconds, such as \"3600s\"",
+                )
+            })?);
+        }
+        if scheduling.get("restartJobOnWorkerRestart").is_some() {
+            warnings.push(
+                "trialJobSpec.scheduling.restartJobOnWorkerRestart: Augur retries the whole cluster (trial_job.max_retries); ignored".into(),
+            );
+        }
+    }
+    if let Some(base) = spec.get("baseOutputDirectory") {
+        let base = Obj::new(base, "trialJobSpec.baseOutputDirectory")?;
+        let uri = base.required_string("outputUriPrefix")?;
+        match uri.split_once("://") {
+            Some(("file", path)) => job.output_dir = Some(path.to_string()),
+            Some((scheme, _)) => warnings.push(format!(
+                "trialJobSpec.baseOutputDirectory.outputUriPrefix: {scheme}:// is not mounted by the container executor; trials use the server's output directory (the kubernetes executor passes object-store URIs through)"
+            )),
+            None => job.output_dir = Some(uri),
+        }
+    }
+    for key in spec.keys() {
+        let known = ["workerPoolSpecs", "scheduling", "baseOutputDirectory"];
+        if !known.contains(&key.as_str()) {
+            warnings.push(match key.as_str() {
+                "network" => "trialJobSpec.network: replicas use the host's network; ignored".into(),
+                "serviceAccount" => "trialJobSpec.serviceAccount: set trial_job.kubernetes.service_account with the kubernetes executor; ignored".into(),
+                other => format!("trialJobSpec.{other}: not a field Augur uses; ignored"),
+            });
+        }
+    }
+    Ok(job)
+}
+
+fn worker_pool(
+    pool: &Obj<'_>,
+    warnings: &mut Vec<String>,
+) -> Result<WorkerPoolSpec, ValidationError> {
+    if pool.get("pythonPackageSpec").is_some() {
+        return Err(pool.err(
+            "pythonPackageSpec",
+            "Vertex's prebuilt training containers are not available: give a containerSpec",
+        ));
+    }
+    let container_doc = pool
+        .get("containerSpec")
+        .ok_or_else(|| pool.err("containerSpec", "is required"))?;
+    let container_path = pool.field("containerSpec");
+    let container = Obj::new(container_doc, &container_path)?;
+    let strings = |key: &str| -> Result<Vec<String>, ValidationError> {
+        container
+            .list(key)?
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                v.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| container.err(&format!("{key}[{i}]"), "must be a string"))
+            })
+            .collect()
+    };
+    let mut command = strings("command")?;
+    command.extend(strings("args")?);
+    let mut env = BTreeMap::new();
+    for (i, e) in container.list("env")?.iter().enumerate() {
+        let var = Obj::new(e, &container_path)?;
+        let name = var
+            .string("name")?
+            .ok_or_else(|| container.err(&format!("env[{i}].name"), "is required"))?;
+        env.insert(name, var.string("value")?.unwrap_or_default());
+    }
+    let replicas = pool.int("replicaCount")?.unwrap_or(1);
+    let replicas = u32::try_from(replicas)
+        .map_err(|_| pool.err("replicaCount", "must be between 1 and 256"))?;
+    let mut resources = None;
+    if let Some(machine) = pool.get("machineSpec") {
+        let machine_path = pool.field("machineSpec");
+        let machine = Obj::new(machine, &machine_path)?;
+        let mut r = Resources::default();
+        if let Some(kind) = machine.string("machineType")? {
+            match machine_resources(&kind) {
+                Some((cpu, gib)) => {
+                    r.cpu = Some(cpu);
+                    r.memory = Some(format!("{gib}Gi"));
+                }
+                None => warnings.push(format!(
+                    "{machine_path}.machineType: {kind:?} has no known CPU and memory; give trial_job resources instead; ignored"
+                )),
+            }
+        }
+        if let Some(count) = machine.int("acceleratorCount")?.filter(|n| *n > 0) {
+            r.gpu = Some(
+                u32::try_from(count).map_err(|_| machine.err("acceleratorCount", "too large"))?,
+            );
+            if let Some(kind) = machine.string("acceleratorType")? {
+                warnings.push(format!(
+                    "{machine_path}.acceleratorType: {kind}: replicas get whole GPUs of the machine's kind"
+                ));
+            }
+        }
+        resources = Some(r).filter(|r| *r != Resources::default());
+    }
+    for key in ["diskSpec", "nfsMounts"] {
+        if pool.get(key).is_some() {
+            warnings.push(format!("{}: ignored", pool.field(key)));
+        }
+    }
+    Ok(WorkerPoolSpec {
+        replicas,
+        command: Some(command),
+        env,
+        resources,
+        image: Some(container.required_string("imageUri")?),
+    })
+}
+
+/// CPUs and memory (GiB) of Compute Engine machine types: `n1-standard-8`, `e2-highmem-4`, …
+fn machine_resources(kind: &str) -> Option<(f64, u64)> {
+    let mut parts = kind.rsplitn(2, '-');
+    let cpus: u64 = parts.next()?.parse().ok()?;
+    let family = parts.next()?;
+    // GiB per vCPU of each family (Compute Engine's published shapes).
+    let per_cpu = match family {
+        "n1-standard" => 3.75,
+        "n1-highmem" => 6.5,
+        "n1-highcpu" => 0.9,
+        "n2-standard" | "n2d-standard" | "e2-standard" | "c2-standard" => 4.0,
+        "n2-highmem" | "n2d-highmem" | "e2-highmem" => 8.0,
+        "n2-highcpu" | "n2d-highcpu" | "e2-highcpu" => 1.0,
+        _ => return None,
+    };
+    Some((cpus as f64, (cpus as f64 * per_cpu).floor().max(1.0) as u64))
+}
+
+/// `"3600s"`, `"1.5s"` (protobuf's Duration in JSON) → whole seconds.
+fn parse_duration(text: &str) -> Option<u64> {
+    let secs: f64 = text.trim().strip_suffix('s')?.parse().ok()?;
+    (secs.is_finite() && secs >= 1.0).then(|| secs.round() as u64)
+}
+
+/// An Augur spec as a Vertex `HyperparameterTuningJob` (REST JSON, camelCase). Augur's own
+/// settings with no Vertex field (seed, leases, time budgets) are left out.
+pub fn to_vertex(spec: &StudySpec) -> Json {
+    let mut study = json!({
+        "metrics": spec.metrics.iter().map(|m| json!({
+            "metricId": m.id,
+            "goal": match m.goal { MetricGoal::Maximize => "MAXIMIZE", MetricGoal::Minimize => "MINIMIZE" },
+        })).collect::<Vec<_>>(),
+        "parameters": spec.parameters.iter().map(vertex_parameter).collect::<Vec<_>>(),
+        "algorithm": match spec.algorithm {
+            AlgorithmName::GpBandit | AlgorithmName::QuasiRandom => "ALGORITHM_UNSPECIFIED",
+            AlgorithmName::Grid => "GRID_SEARCH",
+            AlgorithmName::Random => "RANDOM_SEARCH",
+        },
+        "measurementSelectionType": match spec.measurement_selection {
+            MeasurementSelection::Last => "LAST_MEASUREMENT",
+            MeasurementSelection::Best => "BEST_MEASUREMENT",
+        },
+    });
+    if let Some(stopping) = &spec.early_stopping {
+        let key = match stopping.rule {
+            StoppingRuleName::Median => "medianAutomatedStoppingSpec",
+            StoppingRuleName::DecayCurve => "decayCurveStoppingSpec",
+        };
+        study[key] = json!({"useElapsedDuration": false});
+    }
+    let mut job = json!({
+        "displayName": spec.name,
+        "maxTrialCount": spec.max_trials.to_string(),
+        "parallelTrialCount": spec.parallel_trials.to_string(),
+        "studySpec": study,
+    });
+    if let Some(n) = spec.max_failed_trials {
+        job["maxFailedTrialCount"] = json!(n.to_string());
+    }
+    if let Some(trial_job) = &spec.trial_job
+        && trial_job.executor.runs_images()
+    {
+        job["trialJobSpec"] = vertex_trial_job(trial_job);
+    }
+    job
+}
+
+fn vertex_parameter(p: &ParameterInput) -> Json {
+    let mut out = json!({"parameterId": p.id});
+    let number = |v: &Value| v.as_f64().map_or(Json::Null, |f| json!(f));
+    match p.kind {
+        ParameterType::Double => {
+            out["doubleValueSpec"] = json!({"minValue": p.min, "maxValue": p.max});
+        }
+        ParameterType::Integer => {
+            let int = |v: Option<f64>| v.map(|f| (f as i64).to_string());
+            out["integerValueSpec"] = json!({"minValue": int(p.min), "maxValue": int(p.max)});
+        }
+        ParameterType::Discrete => {
+            let values: Vec<Json> = p.values.iter().flatten().map(number).collect();
+            out["discreteValueSpec"] = json!({"values": values});
+        }
+        ParameterType::Categorical => {
+            let values: Vec<Json> = p
+                .values
+                .iter()
+                .flatten()
+                .filter_map(|v| match v {
+                    Value::Str(s) => Some(json!(s)),
+                    _ => None,
+                })
+                .collect();
+            out["categoricalValueSpec"] = json!({"values": values});
+        }
+    }
+    if let Some(scale) = p.scale {
+        out["scaleType"] = json!(match scale {
+            ScaleName::Linear => "UNIT_LINEAR_SCALE",
+            ScaleName::Log => "UNIT_LOG_SCALE",
+            ScaleName::ReverseLog => "UNIT_REVERSE_LOG_SCALE",
+        });
+    }
+    let mut conditionals = Vec::new();
+    for child in &p.children {
+        let parent = match p.kind {
+            ParameterType::Categorical => {
+                json!({"parentCategoricalValues": {"values": child.when.iter().filter_map(|v| match v { Value::Str(s) => Some(json!(s)), _ => None }).collect::<Vec<_>>()}})
+            }
+            ParameterType::Integer => {
+                json!({"parentIntValues": {"values": child.when.iter().filter_map(|v| v.as_f64()).map(|f| (f as i64).to_string()).collect::<Vec<_>>()}})
+            }
+            _ => {
+                json!({"parentDiscreteValues": {"values": child.when.iter().map(number).collect::<Vec<_>>()}})
+            }
+        };
+        for parameter in &child.parameters {
+            let mut cond = parent.clone();
+            cond["parameterSpec"] = vertex_parameter(parameter);
+            conditionals.push(cond);
+        }
+    }
+    if !conditionals.is_empty() {
+        out["conditionalParameterSpecs"] = json!(conditionals);
+    }
+    out
+}
+
+fn vertex_trial_job(job: &TrialJobSpec) -> Json {
+    let pool_json = |image: Option<&str>,
+                     command: &[String],
+                     env: &BTreeMap<String, String>,
+                     replicas: u32,
+                     resources: Option<&Resources>| {
+        let mut container = json!({"imageUri": image.unwrap_or_default()});
+        if !command.is_empty() {
+            container["command"] = json!(command);
+        }
+        if !env.is_empty() {
+            container["env"] = json!(
+                env.iter()
+                    .map(|(k, v)| json!({"name": k, "value": v}))
+                    .collect::<Vec<_>>()
+            );
+        }
+        let mut pool = json!({"containerSpec": container, "replicaCount": replicas.to_string()});
+        if let Some(gpu) = resources.and_then(|r| r.gpu) {
+            pool["machineSpec"] = json!({"acceleratorCount": gpu});
+        }
+        pool
+    };
+    let pools: Vec<Json> = if job.worker_pools.is_empty() {
+        vec![pool_json(
+            job.image.as_deref(),
+            &job.command,
+            &job.env,
+            1,
+            job.resources.as_ref(),
+        )]
+    } else {
+        job.worker_pools
+            .iter()
+            .map(|pool| match pool {
+                None => json!({}),
+                Some(p) => pool_json(
+                    p.image.as_deref().or(job.image.as_deref()),
+                    p.command.as_deref().unwrap_or(&job.command),
+                    &p.env,
+                    p.replicas,
+                    p.resources.as_ref().or(job.resources.as_ref()),
+                ),
+            })
+            .collect()
+    };
+    let mut out = json!({"workerPoolSpecs": pools});
+    if let Some(secs) = job.timeout_secs {
+        out["scheduling"] = json!({"timeout": format!("{secs}s")});
+    }
+    if let Some(dir) = &job.output_dir {
+        out["baseOutputDirectory"] = json!({"outputUriPrefix": dir});
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shape of Vertex's documented example (`gcloud ai hp-tuning-jobs create --config`),
+    /// in the REST JSON's camelCase, with a conditional parameter and four worker pools.
+    fn documented_job() -> Json {
+        json!({
+            "displayName": "svc-digits",
+            "maxTrialCount": "40",
+            "parallelTrialCount": "4",
+            "maxFailedTrialCount": "5",
+            "studySpec": {
+                "metrics": [{"metricId": "accuracy", "goal": "MAXIMIZE"}],
+                "parameters": [
+                    {"parameterId": "learning_rate", "doubleValueSpec": {"minValue": 0.0001, "maxValue": 0.1}, "scaleType": "UNIT_LOG_SCALE"},
+                    {"parameterId": "layers", "integerValueSpec": {"minValue": "1", "maxValue": "8"}, "scaleType": "UNIT_LINEAR_SCALE"},
+                    {"parameterId": "batch_size", "discreteValueSpec": {"values": [16, 32, 64]}},
+                    {"parameterId": "optimizer", "categoricalValueSpec": {"values": ["adam", "sgd"]},
+                     "conditionalParameterSpecs": [{
+                        "parentCategoricalValues": {"values": ["sgd"]},
+                        "parameterSpec": {"parameterId": "momentum", "doubleValueSpec": {"minValue": 0.0, "maxValue": 0.99}}
+                     }]}
+                ],
+                "algorithm": "RANDOM_SEARCH",
+                "measurementSelectionType": "BEST_MEASUREMENT",
+                "medianAutomatedStoppingSpec": {"useElapsedDuration": false}
+            },
+            "trialJobSpec": {
+                "workerPoolSpecs": [
+                    {"machineSpec": {"machineType": "n1-standard-4", "acceleratorType": "NVIDIA_TESLA_T4", "acceleratorCount": 1},
+                     "replicaCount": "1",
+                     "containerSpec": {"imageUri": "us-docker.pkg.dev/p/trainer:1", "command": ["python3", "train.py"], "args": ["--epochs=10"],
+                                        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}]}},
+                    {"machineSpec": {"machineType": "n1-standard-4"}, "replicaCount": "2",
+                     "containerSpec": {"imageUri": "us-docker.pkg.dev/p/trainer:1", "command": ["python3", "train.py"], "args": ["--epochs=10"]}},
+                    {"machineSpec": {"machineType": "n1-highmem-2"}, "replicaCount": "1",
+                     "containerSpec": {"imageUri": "us-docker.pkg.dev/p/ps:1"}},
+                    {"machineSpec": {"machineType": "n1-standard-4"}, "replicaCount": "1",
+                     "containerSpec": {"imageUri": "us-docker.pkg.dev/p/trainer:1", "command": ["python3", "eval.py"]}}
+                ],
+                "scheduling": {"timeout": "7200s"},
+                "baseOutputDirectory": {"outputUriPrefix": "file:///srv/runs/svc"}
+            },
+            "encryptionSpec": {"kmsKeyName": "projects/p/locations/l/keyRings/r/cryptoKeys/k"}
+        })
+    }
+
+    #[test]
+    fn a_documented_job_maps_to_the_augur_spec_it_must_produce() {
+        let imported = from_vertex(&documented_job()).expect("import");
+        let expected: StudySpec = serde_json::from_value(json!({
+            "name": "svc-digits",
+            "algorithm": "random",
+            "metrics": [{"id": "accuracy", "goal": "maximize"}],
+            "parameters": [
+                {"id": "learning_rate", "type": "double", "min": 0.0001, "max": 0.1, "scale": "log"},
+                {"id": "layers", "type": "integer", "min": 1, "max": 8, "scale": "linear"},
+                {"id": "batch_size", "type": "discrete", "values": [16, 32, 64]},
+                {"id": "optimizer", "type": "categorical", "values": ["adam", "sgd"],
+                 "children": [{"when": ["sgd"], "parameters": [{"id": "momentum", "type": "double", "min": 0.0, "max": 0.99}]}]}
+            ],
+            "max_trials": 40,
+            "parallel_trials": 4,
+            "max_failed_trials": 5,
+            "measurement_selection": "best",
+            "early_stopping": {"rule": "median"},
+            "trial_job": {
+                "executor": "container",
+                "image": "us-docker.pkg.dev/p/trainer:1",
+                "command": ["python3", "train.py", "--epochs=10"],
+                "timeout_secs": 7200,
+                "output_dir": "/srv/runs/svc",
+                "worker_pools": [
+                    {"replicas": 1, "env": {"PYTHONUNBUFFERED": "1"}, "resources": {"cpu": 4.0, "memory": "15Gi", "gpu": 1}},
+                    {"replicas": 2, "resources": {"cpu": 4.0, "memory": "15Gi"}},
+                    {"replicas": 1, "command": [], "image": "us-docker.pkg.dev/p/ps:1", "resources": {"cpu": 2.0, "memory": "13Gi"}},
+                    {"replicas": 1, "command": ["python3", "eval.py"], "resources": {"cpu": 4.0, "memory": "15Gi"}}
+                ]
+            }
+        }))
+        .expect("expected spec");
+        assert_eq!(imported.spec, expected);
+        let warned = imported.warnings.join("\n");
+        assert!(warned.contains("encryptionSpec"), "{warned}");
+        assert!(warned.contains("acceleratorType"), "{warned}");
+    }
+
+    #[test]
+    fn snake_case_yaml_reads_like_camel_case_json() {
+        let yaml = r#"
+display_name: small
+max_trial_count: 10
+parallel_trial_count: 2
+study_spec:
+  metrics: [{metric_id: loss, goal: MINIMIZE}]
+  parameters:
+    - parameter_id: lr
+      double_value_spec: {min_value: 0.001, max_value: 0.1}
+      scale_type: UNIT_LOG_SCALE
+  decay_curve_stopping_spec: {use_elapsed_duration: true}
+"#;
+        let doc: Json = yaml_serde::from_str(yaml).expect("yaml");
+        let imported = from_vertex(&doc).expect("import");
+        assert_eq!(imported.spec.name, "small");
+        assert_eq!(imported.spec.parallel_trials, 2);
+        assert_eq!(imported.spec.algorithm, AlgorithmName::GpBandit);
+        assert_eq!(
+            imported.spec.early_stopping.map(|e| e.rule),
+            Some(StoppingRuleName::DecayCurve)
+        );
+        assert!(
+            imported
+                .warnings
+                .iter()
+                .any(|w| w.contains("useElapsedDuration"))
+        );
+    }
+
+    #[test]
+    fn import_export_import_is_the_same_spec() {
+        let first = from_vertex(&documented_job()).expect("import").spec;
+        let exported = to_vertex(&first);
+        let second = from_vertex(&exported).expect("re-import").spec;
+        // The machine types become resources on import; export writes no machine type back.
+        let strip = |mut s: StudySpec| {
+            if let Some(job) = s.trial_job.as_mut() {
+                for pool in job.worker_pools.iter_mut().flatten() {
+                    if let Some(r) = pool.resources.as_mut() {
+                        r.cpu = None;
+                        r.memory = None;
+                    }
+                    pool.resources = pool.resources.take().filter(|r| *r != Resources::default());
+                }
+            }
+            s
+        };
+        assert_eq!(strip(second), strip(first));
+    }
+
+    #[test]
+    fn bad_vertex_specs_name_the_field_in_vertexs_terms() {
+        let with = |f: &dyn Fn(&mut Json)| {
+            let mut doc = documented_job();
+            f(&mut doc);
+            from_vertex(&doc).map(|_| ()).map_err(|e| e.field)
+        };
+        let cases: Vec<(&dyn Fn(&mut Json), &str)> = vec![
+            (
+                &|d| d["studySpec"]["parameters"][0]["scaleType"] = json!("UNIT_CUBIC_SCALE"),
+                "studySpec.parameters[0].scaleType",
+            ),
+            (
+                &|d| d["studySpec"]["parameters"][1]["integerValueSpec"]["minValue"] = json!("one"),
+                "studySpec.parameters[1].integerValueSpec.minValue",
+            ),
+            (
+                &|d| d["studySpec"]["parameters"][2] = json!({"parameterId": "x"}),
+                "studySpec.parameters[2].doubleValueSpec",
+            ),
+            (
+                &|d| d["studySpec"]["metrics"][0]["goal"] = json!("BIGGER"),
+                "studySpec.metrics[0].goal",
+            ),
+            (
+                &|d| d["studySpec"]["metrics"][0]["safetyConfig"] = json!({"safetyThreshold": 0.5}),
+                "studySpec.metrics[0].safetyConfig",
+            ),
+            (
+                &|d| d["studySpec"]["algorithm"] = json!("BAYESIAN"),
+                "studySpec.algorithm",
+            ),
+            (
+                &|d| d["studySpec"]["convexAutomatedStoppingSpec"] = json!({}),
+                "studySpec.convexAutomatedStoppingSpec",
+            ),
+            (
+                &|d| {
+                    d["trialJobSpec"]["workerPoolSpecs"][1] =
+                        json!({"replicaCount": "1", "pythonPackageSpec": {}})
+                },
+                "trialJobSpec.workerPoolSpecs[1].pythonPackageSpec",
+            ),
+            (
+                &|d| {
+                    d["trialJobSpec"]["workerPoolSpecs"][0]["containerSpec"] =
+                        json!({"command": ["x"]})
+                },
+                "trialJobSpec.workerPoolSpecs[0].containerSpec.imageUri",
+            ),
+            (
+                &|d| d["trialJobSpec"]["scheduling"]["timeout"] = json!("2h"),
+                "trialJobSpec.scheduling.timeout",
+            ),
+            (
+                &|d| {
+                    d.as_object_mut().map(|o| o.remove("maxTrialCount"));
+                },
+                "maxTrialCount",
+            ),
+            // What Vertex accepts and Augur does not, named in Augur's terms.
+            (
+                &|d| d["trialJobSpec"]["workerPoolSpecs"][0]["replicaCount"] = json!("2"),
+                "trial_job.worker_pools[0].replicas",
+            ),
+        ];
+        for (i, (change, field)) in cases.into_iter().enumerate() {
+            assert_eq!(with(change), Err(field.to_string()), "case {i}");
+        }
+    }
+}
