@@ -79,7 +79,7 @@ pub struct SuggestResponse {
     reason = "documents the request body; the handler reads it as JSON"
 )]
 pub enum CreateStudyBody {
-    Augur(StudySpec),
+    Augur(Box<StudySpec>),
     #[schema(value_type = Object)]
     VertexHyperparameterTuningJob(serde_json::Value),
 }
