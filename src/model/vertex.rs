@@ -987,7 +987,8 @@ study_spec:
             f(&mut doc);
             from_vertex(&doc).map(|_| ()).map_err(|e| e.field)
         };
-        let cases: Vec<(&dyn Fn(&mut Json), &str)> = vec![
+        type Change<'a> = &'a dyn Fn(&mut Json);
+        let cases: Vec<(Change<'_>, &str)> = vec![
             (
                 &|d| d["studySpec"]["parameters"][0]["scaleType"] = json!("UNIT_CUBIC_SCALE"),
                 "studySpec.parameters[0].scaleType",
