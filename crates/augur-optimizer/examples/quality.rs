@@ -9,10 +9,47 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use augur_optimizer::test_functions::{SUITE, TestFunction};
+use augur_optimizer::test_functions::{MIXED_SUITE, SUITE};
 use augur_optimizer::{
-    Algorithm, CompletedTrial, DesignerInput, Goal, MetricSpec, Outcome, designer_for,
+    Algorithm, Assignment, CompletedTrial, DesignerInput, Goal, MetricSpec, Outcome, SearchSpace,
+    designer_for,
 };
+
+/// A box function or a mixed-space problem, as the bench sees it.
+struct Problem {
+    name: &'static str,
+    space: SearchSpace,
+    f: Box<dyn Fn(&Assignment) -> f64>,
+    optimum: f64,
+    budget: usize,
+}
+
+fn problems() -> Vec<Problem> {
+    let mut out: Vec<Problem> = SUITE
+        .iter()
+        .map(|f| {
+            let f = *f;
+            Problem {
+                name: f.name,
+                space: f.space(),
+                f: Box::new(move |a| f.evaluate(a)),
+                optimum: f.optimum,
+                budget: f.budget,
+            }
+        })
+        .collect();
+    out.extend(MIXED_SUITE.iter().map(|f| {
+        let f = *f;
+        Problem {
+            name: f.name,
+            space: (f.space)(),
+            f: Box::new(move |a| (f.f)(a)),
+            optimum: f.optimum,
+            budget: f.budget,
+        }
+    }));
+    out
+}
 
 fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter()
@@ -20,12 +57,13 @@ fn arg(args: &[String], name: &str) -> Option<String> {
         .and_then(|i| args.get(i + 1).cloned())
 }
 
-fn run(algorithm: Algorithm, f: &TestFunction, seed: u64, parallel: usize) -> (Vec<f64>, Vec<f64>) {
+fn run(algorithm: Algorithm, f: &Problem, seed: u64, parallel: usize) -> (Vec<f64>, Vec<f64>) {
     let designer = designer_for(algorithm);
-    let space = f.space();
+    let space = &f.space;
     let metrics = [MetricSpec {
         id: "y".into(),
         goal: Goal::Minimize,
+        safety_threshold: None,
     }];
     let mut completed: Vec<CompletedTrial> = Vec::new();
     let mut state: Option<serde_json::Value> = None;
@@ -34,7 +72,7 @@ fn run(algorithm: Algorithm, f: &TestFunction, seed: u64, parallel: usize) -> (V
     while completed.len() < f.budget {
         let count = parallel.min(f.budget - completed.len());
         let input = DesignerInput {
-            space: &space,
+            space,
             metrics: &metrics,
             completed: &completed,
             pending: &[],
@@ -42,6 +80,8 @@ fn run(algorithm: Algorithm, f: &TestFunction, seed: u64, parallel: usize) -> (V
             first_trial_number: completed.len() as u64 + 1,
             seed,
             previous_state: state.as_ref(),
+            prior_studies: &[],
+            desired_min_safe_trials_fraction: None,
         };
         let start = Instant::now();
         let out = designer.suggest(&input);
@@ -52,7 +92,7 @@ fn run(algorithm: Algorithm, f: &TestFunction, seed: u64, parallel: usize) -> (V
         }
         let per = elapsed / out.suggestions.len() as f64;
         for a in out.suggestions {
-            let y = f.evaluate(&a);
+            let y = (f.f)(&a);
             best = best.min(y);
             regrets.push(best - f.optimum);
             ms.push(per);
@@ -78,7 +118,7 @@ fn main() {
         .split(',')
         .filter_map(|p| p.trim().parse().ok())
         .collect();
-    for f in SUITE
+    for f in problems()
         .iter()
         .filter(|f| functions == "all" || functions.split(',').any(|n| n == f.name))
     {

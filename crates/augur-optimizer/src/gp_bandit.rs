@@ -2,39 +2,63 @@
 //! follows OSS Vizier's default designer, see DESIGN.md §5).
 //!
 //! Per call:
-//! 1. The first trial of a study is the centre of the space; then quasi-random (scrambled
-//!    Sobol) points until [`GpBanditConfig::initial_trials`] trials have finished.
-//! 2. Completed trials are encoded to `[0, 1]^D` ([`Encoder`]), each metric's values warped
-//!    ([`warp`]), and one GP per metric fitted (MAP hyperparameters, warm-started from the
-//!    state returned last time). Large histories are subsampled (the best third plus the
-//!    most recent) so the cost of a suggestion is bounded without a clock.
-//! 3. The first suggestion maximizes UCB `μ + β σ` (β = 1.8, or 1.0 on spaces of doubles
+//! 1. The first trials of a study are scrambled Sobol points, until
+//!    [`GpBanditConfig::initial_trials`] trials have finished. No centre point: a design
+//!    that starts at the centre looks good exactly when the optimum is near the centre
+//!    (Levy and Rosenbrock on their public boxes) and wastes a trial otherwise. With a warm
+//!    start ([`DesignerInput::prior_studies`]) the GP takes over at once, as long as the
+//!    new trials do not contradict the prior studies (see 3).
+//! 2. Completed trials are encoded ([`Encoder`]: numbers in `[0, 1]`, categoricals as level
+//!    indices compared by the kernel's Hamming term), each objective metric's values warped
+//!    ([`warp`]), and one GP per objective fitted (MAP hyperparameters, warm-started from
+//!    the state returned last time). Large histories are subsampled (the best third plus
+//!    the most recent) so the cost of a suggestion is bounded without a clock.
+//! 3. Warm start: a GP fitted to the prior studies' trials (each study warped on its own)
+//!    gives a prior mean `μ₀`; the new study's GP models the residuals `y − w μ₀`, as
+//!    Vizier's stacked residual GP does. The weight `w` is the generalized-least-squares
+//!    estimate under a `N(1, 1/λ)` prior, and the prior is kept only while the residual
+//!    model explains the new trials better than a cold GP (by marginal likelihood, with a
+//!    BIC-style margin for `w`), so an unrelated prior study costs a few trials at most.
+//! 4. The first suggestion maximizes UCB `μ + β σ` (β = 1.8, or 1.0 on spaces of doubles
 //!    only, see [`GpBanditConfig`]), with σ *pending-aware* (pending trials
 //!    and the batch's earlier suggestions enter the covariance), so it does not repeat a
 //!    running trial. The rest of the batch either do the same (GP-BUCB, the default, see
 //!    [`BatchAcquisition`] for the measured reason) or, with [`BatchAcquisition::UcbPe`],
 //!    maximize the pending-aware σ among points whose UCB reaches the best lower confidence
 //!    bound of the observed points (pure exploration within the promising region).
-//! 4. Early on, candidates are confined to a trust region around observed points, growing
-//!    with the number of trials.
-//! 5. Several metrics: a random hypervolume scalarization `min_k (v_k − r_k)/w_k` of the
+//! 5. Safety metrics (a `safety_threshold`): one GP per safety metric on its margin to the
+//!    threshold gives the probability `p(x)` that a point is safe; the acquisition value
+//!    `a` becomes `a₀ + (a − a₀) p(x)` above a floor `a₀` (probability-weighted, as in
+//!    constrained EI, Gardner et al. 2014), and with `desired_min_safe_trials_fraction`
+//!    a point must also reach the probability that keeps the expected safe fraction at
+//!    the target.
+//! 6. Early on, candidates are confined to a trust region around observed points (in the
+//!    numeric features), growing with the number of trials.
+//! 7. Several metrics: a random hypervolume scalarization `min_k (v_k − r_k)/w_k` of the
 //!    per-metric acquisition values, with a fresh direction `w` per suggestion (Golovin &
 //!    Zhang 2020).
-//! 6. The acquisition is maximized by an evolutionary population search (firefly-style moves
-//!    towards better individuals plus Gaussian mutations with a shrinking step, which ends in
-//!    a local refinement), seeded with the best observed points.
+//! 8. The acquisition is maximized by an evolutionary population search (firefly-style moves
+//!    towards better individuals plus Gaussian mutations with a shrinking step; categorical
+//!    features copy the attractor's level or jump to a random level), seeded with the best
+//!    observed points and every one-parameter discrete move from the best two (each other
+//!    category, the next integer up and down), and finished by a local search over those
+//!    discrete moves, which continuous steps cannot make.
 
 use nalgebra::DVector;
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
-use crate::designer::{Designer, DesignerInput, DesignerOutput, Goal, Outcome, trial_seed};
+use crate::designer::{
+    Designer, DesignerInput, DesignerOutput, Goal, MetricSpec, Outcome, objective_metrics,
+    outcome_is_safe, trial_seed,
+};
 use crate::gp::encoding::Encoder;
 use crate::gp::kernel::Hyper;
-use crate::gp::model::{FitOptions, Posterior, fit_theta};
-use crate::gp::warping::warp;
+use crate::gp::model::{FitOptions, Posterior, fit, fit_theta};
+use crate::gp::warping::{normal_cdf, warp};
 use crate::quasi_random::quasi_random_assignment;
+use crate::space::Assignment;
 
 /// How the suggestions after the first of a batch (or while trials are pending) are chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +97,8 @@ pub struct GpBanditConfig {
     pub max_train_points: usize,
     /// Most completed trials the hyperparameters are fitted on (a subset of the above).
     pub max_fit_points: usize,
+    /// Most prior-study trials (warm start) the prior GP conditions on.
+    pub max_prior_points: usize,
     /// Population size of the acquisition search.
     pub population: usize,
     /// Generations of the acquisition search (each evaluates `population` candidates).
@@ -89,6 +115,7 @@ impl Default for GpBanditConfig {
             batch: BatchAcquisition::PendingUcb,
             max_train_points: 300,
             max_fit_points: 80,
+            max_prior_points: 200,
             population: 64,
             generations: 30,
             fit_iters: 30,
@@ -97,7 +124,7 @@ impl Default for GpBanditConfig {
 }
 
 impl GpBanditConfig {
-    /// Trials (centre + quasi-random) before the GP takes over: `max(d + 1, 5)`, at most 10.
+    /// Quasi-random trials before the GP takes over: `max(d + 1, 5)`, at most 10.
     pub fn initial_trials(&self, num_parameters: usize) -> usize {
         (num_parameters + 1).clamp(5, 10)
     }
@@ -109,12 +136,12 @@ pub struct GpBanditDesigner {
 }
 
 /// What the designer hands back as `previous_state`: the fitted log-hyperparameters per
-/// metric, used as a warm start next time.
+/// modelled metric (objectives, then safety metrics), used as a warm start next time.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct GpState {
     /// Feature dimension the hyperparameters belong to.
     dim: usize,
-    /// `θ` per metric, in the study's metric order.
+    /// `θ` per modelled metric.
     theta: Vec<Vec<f64>>,
 }
 
@@ -123,66 +150,53 @@ impl Designer for GpBanditDesigner {
         let encoder = Encoder::new(input.space);
         let mut rng = StdRng::seed_from_u64(trial_seed(input.seed, input.first_trial_number));
         let initial = self.config.initial_trials(encoder.num_parameters());
-        let started = input.completed.len() + input.pending.len();
-        let mut suggestions = Vec::with_capacity(input.count);
-        // Suggestions that come before the GP phase: the centre, then quasi-random points.
-        while suggestions.len() < input.count
-            && (encoder.dim() == 0 || input.completed.len() < initial)
-        {
-            let i = suggestions.len() as u64;
-            suggestions.push(if started + suggestions.len() == 0 {
-                encoder.decode(&vec![0.5; encoder.dim()])
-            } else {
-                quasi_random_assignment(
-                    input.space,
-                    input.seed,
-                    input.first_trial_number.saturating_sub(1) + i,
-                )
-            });
-        }
-        if suggestions.len() == input.count {
-            return DesignerOutput {
-                suggestions,
-                state: None,
-            };
-        }
-        let Some(mut model) = Model::fit(&self.config, &encoder, input, &mut rng) else {
-            // No usable model (should not happen on validated input): fall back to
-            // quasi-random points rather than failing the study.
+        let sobol = |i: usize| {
+            quasi_random_assignment(
+                input.space,
+                input.seed,
+                input.first_trial_number.saturating_sub(1) + i as u64,
+            )
+        };
+        let quasi_random_only = |suggestions: Vec<Assignment>| {
+            let mut suggestions = suggestions;
             while suggestions.len() < input.count {
-                let i = suggestions.len() as u64;
-                suggestions.push(quasi_random_assignment(
-                    input.space,
-                    input.seed,
-                    input.first_trial_number.saturating_sub(1) + i,
-                ));
+                suggestions.push(sobol(suggestions.len()));
             }
-            return DesignerOutput {
+            DesignerOutput {
                 suggestions,
                 state: None,
-            };
+            }
+        };
+        if encoder.dim() == 0 || input.count == 0 {
+            return quasi_random_only(Vec::new());
+        }
+        let warming_up = input.completed.len() < initial;
+        if warming_up && !has_prior_trials(input) {
+            return quasi_random_only(Vec::new());
+        }
+        // No usable model (should not happen on validated input): quasi-random points rather
+        // than failing the study. While warming up, only a model that kept its prior
+        // studies is worth more than the space-filling design.
+        let Some(mut model) = Model::fit(&self.config, &encoder, input, &mut rng)
+            .filter(|m| !warming_up || m.uses_prior())
+        else {
+            return quasi_random_only(Vec::new());
         };
         let state = serde_json::to_value(GpState {
             dim: encoder.dim(),
-            theta: model.thetas.clone(),
+            theta: model.thetas(),
         })
         .ok();
+        let mut suggestions = Vec::with_capacity(input.count);
         let mut first = true;
         while suggestions.len() < input.count {
-            let x = model.next_point(&self.config, &encoder, first, &mut rng);
-            let a = match x {
+            let a = match model.next_point(&self.config, &encoder, first, &mut rng) {
                 Some(x) => {
-                    model.add_pending(x.clone());
-                    encoder.decode(&x)
+                    let a = encoder.decode(&x);
+                    model.add_pending(x);
+                    a
                 }
-                None => {
-                    let i = suggestions.len() as u64;
-                    quasi_random_assignment(
-                        input.space,
-                        input.seed,
-                        input.first_trial_number.saturating_sub(1) + i,
-                    )
-                }
+                None => sobol(suggestions.len()),
             };
             suggestions.push(a);
             first = false;
@@ -195,20 +209,132 @@ impl Designer for GpBanditDesigner {
     }
 }
 
-/// One GP per metric over the (subsampled) completed trials, plus the pending points.
+/// Whether any prior study has a measured trial (warm start).
+fn has_prior_trials(input: &DesignerInput<'_>) -> bool {
+    input
+        .prior_studies
+        .iter()
+        .flat_map(|s| &s.completed)
+        .any(|t| matches!(t.outcome, Outcome::Measured(_)))
+}
+
+/// A metric's value oriented so that larger is better.
+fn oriented(metric: &MetricSpec, outcome: &Outcome) -> Option<f64> {
+    match outcome {
+        Outcome::Measured(v) => v
+            .get(&metric.id)
+            .copied()
+            .filter(|x| x.is_finite())
+            .map(|x| match metric.goal {
+                Goal::Maximize => x,
+                Goal::Minimize => -x,
+            }),
+        Outcome::Infeasible | Outcome::Failed => None,
+    }
+}
+
+/// The GP of one objective metric, possibly on top of a prior study's mean.
+struct ObjectiveModel {
+    /// GP of the targets (or of their residuals from the prior mean) over the training
+    /// points; `None` when there are no training points yet (warm start only).
+    posterior: Option<Posterior>,
+    /// Its kernel (also used for the pending-aware covariance).
+    hyper: Hyper,
+    theta: Vec<f64>,
+    /// Warped targets at the training points (larger is better).
+    train_y: DVector<f64>,
+    prior: Option<PriorMean>,
+}
+
+/// `w μ₀(x)`: a prior studies' GP mean and its weight.
+struct PriorMean {
+    posterior: Posterior,
+    weight: f64,
+    /// The prior studies' best points, to seed the acquisition search.
+    best: Vec<Vec<f64>>,
+}
+
+impl ObjectiveModel {
+    /// Mean and latent variance: `w μ₀(x) + μ_r(x)` and `σ_r²(x)`.
+    fn predict(&self, points: &[Vec<f64>]) -> (Vec<f64>, Vec<f64>) {
+        let (mut mean, var) = match &self.posterior {
+            Some(p) => p.predict(points),
+            None => (
+                vec![0.0; points.len()],
+                vec![self.hyper.amplitude; points.len()],
+            ),
+        };
+        if let Some(prior) = &self.prior {
+            let (m0, _) = prior.posterior.predict(points);
+            for (m, p) in mean.iter_mut().zip(m0) {
+                *m += prior.weight * p;
+            }
+        }
+        (mean, var)
+    }
+}
+
+/// The GP of one safety metric, on `asinh(margin / scale)` standardized, where the margin
+/// is the metric's distance to its threshold on the safe side (negative when unsafe).
+struct SafetyModel {
+    posterior: Posterior,
+    theta: Vec<f64>,
+    /// Where the threshold (margin 0) lies on the GP's standardized scale.
+    threshold: f64,
+}
+
+impl SafetyModel {
+    /// `P(safe) = Φ((μ(x) − t)/σ(x))` under the GP's latent posterior.
+    fn prob_safe(&self, points: &[Vec<f64>]) -> Vec<f64> {
+        let (mean, var) = self.posterior.predict(points);
+        mean.iter()
+            .zip(&var)
+            .map(|(m, v)| normal_cdf((m - self.threshold) / v.sqrt().max(1e-9)))
+            .collect()
+    }
+}
+
+/// Targets for a safety metric's GP (see [`SafetyModel`]) and the threshold on their
+/// scale. Trials without the metric (infeasible, failed) count as clearly unsafe.
+fn safety_targets(margins: &[Option<f64>]) -> (Vec<f64>, f64) {
+    let known: Vec<f64> = margins.iter().flatten().copied().collect();
+    // A robust scale: the median absolute margin, so one huge value cannot flatten the rest.
+    let mut abs: Vec<f64> = known.iter().map(|v| v.abs()).collect();
+    abs.sort_by(f64::total_cmp);
+    let scale = abs.get(abs.len() / 2).copied().unwrap_or(1.0).max(1e-12);
+    let squashed: Vec<f64> = known.iter().map(|v| (v / scale).asinh()).collect();
+    let worst = squashed.iter().copied().fold(0.0, f64::min) - 1.0;
+    let z: Vec<f64> = margins
+        .iter()
+        .map(|m| m.map_or(worst, |v| (v / scale).asinh()))
+        .collect();
+    let n = z.len().max(1) as f64;
+    let mean = z.iter().sum::<f64>() / n;
+    let sd = (z.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n).sqrt();
+    let sd = if sd > 1e-12 { sd } else { 1.0 };
+    // asinh(0) = 0: the threshold sits at −mean/sd after standardization.
+    (z.iter().map(|v| (v - mean) / sd).collect(), -mean / sd)
+}
+
+/// One GP per objective (and per safety metric) over the (subsampled) completed trials,
+/// plus the pending points.
 struct Model {
     train_x: Vec<Vec<f64>>,
-    /// Warped targets per metric (larger is better).
-    train_y: Vec<DVector<f64>>,
-    posteriors: Vec<Posterior>,
-    thetas: Vec<Vec<f64>>,
+    objectives: Vec<ObjectiveModel>,
+    safety: Vec<SafetyModel>,
     /// Pending trials and the batch's earlier suggestions (encoded).
     pending: Vec<Vec<f64>>,
-    /// Covariance-only posteriors over train ∪ pending, per metric (rebuilt on demand).
+    /// Covariance-only posteriors over train ∪ pending, per objective (rebuilt on demand).
     pending_posteriors: Option<Vec<Posterior>>,
     /// Number of completed trials (before subsampling) and parameters, for the trust region.
     num_completed: usize,
     num_parameters: usize,
+    /// Safe-fraction bookkeeping for `desired_min_safe_trials_fraction`: the target, the
+    /// trials counted so far (completed, pending, this batch) and how many of them are
+    /// (expected to be) safe.
+    desired_safe_fraction: Option<f64>,
+    counted_trials: f64,
+    expected_safe: f64,
 }
 
 impl Model {
@@ -218,51 +344,47 @@ impl Model {
         input: &DesignerInput<'_>,
         rng: &mut StdRng,
     ) -> Option<Model> {
-        let metrics = input.metrics;
-        if metrics.is_empty() {
+        let objectives = objective_metrics(input.metrics);
+        if objectives.is_empty() {
             return None;
         }
-        // Metric values per trial, "larger is better".
-        let values: Vec<Vec<Option<f64>>> = metrics
+        let safety: Vec<&MetricSpec> = if objectives.len() < input.metrics.len() {
+            input.metrics.iter().filter(|m| m.is_safety()).collect()
+        } else {
+            Vec::new()
+        };
+        let categorical = encoder.categorical_mask();
+        // Objective values per trial, "larger is better".
+        let values: Vec<Vec<Option<f64>>> = objectives
             .iter()
             .map(|m| {
                 input
                     .completed
                     .iter()
-                    .map(|t| match &t.outcome {
-                        Outcome::Measured(v) => v
-                            .get(&m.id)
-                            .copied()
-                            .filter(|x| x.is_finite())
-                            .map(|x| match m.goal {
-                                Goal::Maximize => x,
-                                Goal::Minimize => -x,
-                            }),
-                        Outcome::Infeasible | Outcome::Failed => None,
-                    })
+                    .map(|t| oriented(m, &t.outcome))
                     .collect()
             })
             .collect();
         let n = input.completed.len();
-        // Rank trials by the sum of their warped metrics over the full history.
+        // Rank trials by the sum of their warped objectives over the full history.
         let warped_all: Vec<Vec<f64>> = values.iter().map(|v| warp(v)).collect();
         let quality: Vec<f64> = (0..n)
             .map(|i| warped_all.iter().map(|w| w[i]).sum())
             .collect();
         let train_idx = subsample(&quality, config.max_train_points);
         let fit_idx = subsample(&quality, config.max_fit_points.min(config.max_train_points));
-        let train_x: Vec<Vec<f64>> = train_idx
-            .iter()
-            .map(|&i| encoder.encode(&input.completed[i].parameters))
-            .collect();
-        let fit_x: Vec<Vec<f64>> = fit_idx
-            .iter()
-            .map(|&i| encoder.encode(&input.completed[i].parameters))
-            .collect();
+        let encode = |idx: &[usize]| -> Vec<Vec<f64>> {
+            idx.iter()
+                .map(|&i| encoder.encode(&input.completed[i].parameters))
+                .collect()
+        };
+        let train_x = encode(&train_idx);
+        let fit_x = encode(&fit_idx);
+        let modelled = objectives.len() + safety.len();
         let warm: Option<GpState> = input
             .previous_state
             .and_then(|s| serde_json::from_value(s.clone()).ok())
-            .filter(|s: &GpState| s.dim == encoder.dim() && s.theta.len() == metrics.len());
+            .filter(|s: &GpState| s.dim == encoder.dim() && s.theta.len() == modelled);
         // Fitting dominates the cost of a suggestion: one L-BFGS run from the best of the
         // starting points (two while the history is small and fits are cheap).
         let options = FitOptions {
@@ -270,36 +392,116 @@ impl Model {
             runs: if fit_x.len() <= 40 { 2 } else { 1 },
             max_iters: config.fit_iters,
         };
-        let mut train_y = Vec::new();
-        let mut posteriors = Vec::new();
-        let mut thetas = Vec::new();
+        let mut objective_models = Vec::new();
         for (k, v) in values.iter().enumerate() {
             let pick = |idx: &[usize]| -> DVector<f64> {
                 let sub: Vec<Option<f64>> = idx.iter().map(|&i| v[i]).collect();
                 DVector::from_vec(warp(&sub))
             };
-            let fit_y = pick(&fit_idx);
             let starts: Vec<Vec<f64>> = warm.iter().map(|s| s.theta[k].clone()).collect();
-            let theta = fit_theta(&fit_x, &fit_y, &starts, options, rng);
-            let y = pick(&train_idx);
-            let post = Posterior::new(Hyper::from_theta(&theta), train_x.clone(), Some(&y))?;
-            train_y.push(y);
-            posteriors.push(post);
-            thetas.push(theta);
+            let prior = fit_prior(config, encoder, input, objectives[k], options, rng);
+            let model = fit_objective(
+                &train_x,
+                pick(&train_idx),
+                &fit_x,
+                pick(&fit_idx),
+                &categorical,
+                &starts,
+                prior,
+                options,
+                rng,
+            )?;
+            objective_models.push(model);
         }
-        Some(Model {
+        let mut safety_models = Vec::new();
+        for (j, m) in safety.iter().enumerate() {
+            let threshold = m.safety_threshold.unwrap_or(0.0);
+            let margins: Vec<Option<f64>> = input
+                .completed
+                .iter()
+                .map(|t| {
+                    let sign = match m.goal {
+                        Goal::Maximize => 1.0,
+                        Goal::Minimize => -1.0,
+                    };
+                    oriented(m, &t.outcome).map(|v| v - sign * threshold)
+                })
+                .collect();
+            let (z, t) = safety_targets(&margins);
+            let pick = |idx: &[usize]| DVector::from_iterator(idx.len(), idx.iter().map(|&i| z[i]));
+            let starts: Vec<Vec<f64>> = warm
+                .iter()
+                .map(|s| s.theta[objectives.len() + j].clone())
+                .collect();
+            let theta = fit_theta(&fit_x, &pick(&fit_idx), &categorical, &starts, options, rng);
+            let hyper = Hyper::from_theta_with(&theta, &categorical);
+            let posterior = Posterior::new(hyper, train_x.clone(), Some(&pick(&train_idx)))?;
+            safety_models.push(SafetyModel {
+                posterior,
+                theta,
+                threshold: t,
+            });
+        }
+        let pending: Vec<Vec<f64>> = input.pending.iter().map(|a| encoder.encode(a)).collect();
+        let mut model = Model {
             train_x,
-            train_y,
-            posteriors,
-            thetas,
-            pending: input.pending.iter().map(|a| encoder.encode(a)).collect(),
+            objectives: objective_models,
+            safety: safety_models,
+            pending: Vec::new(),
             pending_posteriors: None,
             num_completed: n,
             num_parameters: encoder.num_parameters(),
-        })
+            desired_safe_fraction: input
+                .desired_min_safe_trials_fraction
+                .filter(|f| f.is_finite() && *f > 0.0)
+                .map(|f| f.min(1.0)),
+            counted_trials: n as f64,
+            expected_safe: input
+                .completed
+                .iter()
+                .filter(|t| outcome_is_safe(input.metrics, &t.outcome))
+                .count() as f64,
+        };
+        if !model.safety.is_empty() && !pending.is_empty() {
+            let p = model.prob_safe(&pending);
+            model.counted_trials += pending.len() as f64;
+            model.expected_safe += p.iter().sum::<f64>();
+        }
+        model.pending = pending;
+        Some(model)
+    }
+
+    /// Whether any objective's GP sits on a prior study's mean (a warm start that the new
+    /// trials have not contradicted).
+    fn uses_prior(&self) -> bool {
+        self.objectives.iter().any(|o| o.prior.is_some())
+    }
+
+    fn thetas(&self) -> Vec<Vec<f64>> {
+        self.objectives
+            .iter()
+            .map(|o| o.theta.clone())
+            .chain(self.safety.iter().map(|s| s.theta.clone()))
+            .collect()
+    }
+
+    /// The probability that every safety metric is safe (independent GPs: the product).
+    fn prob_safe(&self, points: &[Vec<f64>]) -> Vec<f64> {
+        let mut p = vec![1.0; points.len()];
+        for s in &self.safety {
+            for (a, b) in p.iter_mut().zip(s.prob_safe(points)) {
+                *a *= b;
+            }
+        }
+        p
     }
 
     fn add_pending(&mut self, x: Vec<f64>) {
+        if !self.safety.is_empty() {
+            let p = self.prob_safe(std::slice::from_ref(&x))[0];
+            self.counted_trials += 1.0;
+            self.expected_safe += p;
+        }
         self.pending.push(x);
         self.pending_posteriors = None;
     }
@@ -313,11 +515,23 @@ impl Model {
             let skip = self.pending.len().saturating_sub(MAX_PENDING_IN_COVARIANCE);
             x.extend(self.pending.iter().skip(skip).cloned());
             let built: Option<Vec<Posterior>> = self
-                .posteriors
+                .objectives
                 .iter()
-                .map(|p| Posterior::new(p.hyper.clone(), x.clone(), None))
+                .map(|o| Posterior::new(o.hyper.clone(), x.clone(), None))
                 .collect();
             self.pending_posteriors = built;
+        }
+    }
+
+    /// The probability of safety the next suggestion must reach so that the expected
+    /// fraction of safe trials stays at the target: `p ≥ f (N + 1) − S`, with N trials
+    /// counted and S expected safe so far (capped at 0.99; 0 without a target).
+    fn required_safety(&self) -> f64 {
+        match self.desired_safe_fraction {
+            Some(f) if !self.safety.is_empty() => {
+                (f * (self.counted_trials + 1.0) - self.expected_safe).clamp(0.0, 0.99)
+            }
+            _ => 0.0,
         }
     }
 
@@ -329,7 +543,7 @@ impl Model {
         first: bool,
         rng: &mut StdRng,
     ) -> Option<Vec<f64>> {
-        let m = self.posteriors.len();
+        let m = self.objectives.len();
         let beta = if encoder.is_continuous() {
             config.continuous_ucb_beta
         } else {
@@ -346,7 +560,17 @@ impl Model {
             let norm = w.iter().map(|v| v * v).sum::<f64>().sqrt();
             w.iter().map(|v| v / norm).collect()
         };
-        let reference: Vec<f64> = self.train_y.iter().map(|y| y.min() - 0.1).collect();
+        let reference: Vec<f64> = self
+            .objectives
+            .iter()
+            .map(|o| {
+                if o.train_y.is_empty() {
+                    -3.0
+                } else {
+                    o.train_y.min() - 0.1
+                }
+            })
+            .collect();
         let scalarize = |v: &[f64]| -> f64 {
             if m == 1 {
                 v[0]
@@ -356,12 +580,17 @@ impl Model {
                     .fold(f64::INFINITY, f64::min)
             }
         };
+        let with_safety = !self.safety.is_empty();
+        let required = self.required_safety();
+        // UCB-PE's exploration needs a UCB threshold; safety studies use UCB throughout so
+        // that the probability weighting applies to one kind of value.
+        let use_ucb = first || config.batch == BatchAcquisition::PendingUcb || with_safety;
         // Threshold of the promising region: the best scalarized LCB at observed points.
         let threshold = {
             let preds: Vec<(Vec<f64>, Vec<f64>)> = self
-                .posteriors
+                .objectives
                 .iter()
-                .map(|p| p.predict(&self.train_x))
+                .map(|o| o.predict(&self.train_x))
                 .collect();
             (0..self.train_x.len())
                 .map(|i| {
@@ -373,31 +602,51 @@ impl Model {
                 })
                 .fold(f64::NEG_INFINITY, f64::max)
         };
-        // Trust region: L∞ radius around observed points, growing with the study; off
-        // once it covers the cube.
-        let radius = 0.2 + 0.1 * self.num_completed as f64 / self.num_parameters.max(1) as f64;
+        // The floor of the probability weighting: below every plausible UCB value.
+        let floor = scalarize(&reference) - 2.0;
+        // Trust region: L∞ radius (numeric features) around observed points, growing with
+        // the study; off once it covers the cube, and with a prior study's mean (which
+        // knows the whole space).
+        let radius = if self.uses_prior() || self.train_x.is_empty() {
+            f64::INFINITY
+        } else {
+            0.2 + 0.1 * self.num_completed as f64 / self.num_parameters.max(1) as f64
+        };
+        let categorical = encoder.categorical_mask();
+        let numeric_linf = |a: &[f64], b: &[f64]| -> f64 {
+            a.iter()
+                .zip(b)
+                .zip(&categorical)
+                .filter(|(_, c)| !**c)
+                .map(|((x, y), _)| (x - y).abs())
+                .fold(0.0, f64::max)
+        };
         let known: Vec<Vec<f64>> = self
             .train_x
             .iter()
             .chain(self.pending.iter())
             .cloned()
             .collect();
-        let train_x = self.train_x.clone();
         self.build_pending_posteriors();
-        let pending_posts = self.pending_posteriors.as_deref();
-        let posteriors = &self.posteriors;
+        let this = &*self;
+        let pending_posts = this.pending_posteriors.as_deref();
         let score = |cands: &[Vec<f64>]| -> Vec<f64> {
             let preds: Vec<(Vec<f64>, Vec<f64>)> =
-                posteriors.iter().map(|p| p.predict(cands)).collect();
+                this.objectives.iter().map(|o| o.predict(cands)).collect();
             let pvars: Option<Vec<Vec<f64>>> =
                 pending_posts.map(|pp| pp.iter().map(|p| p.predict(cands).1).collect());
+            let psafe = if with_safety {
+                this.prob_safe(cands)
+            } else {
+                Vec::new()
+            };
             (0..cands.len())
                 .map(|c| {
                     let var_p = |k: usize| match &pvars {
                         Some(v) => v[k][c],
                         None => preds[k].1[c],
                     };
-                    let value = if first || config.batch == BatchAcquisition::PendingUcb {
+                    let mut value = if use_ucb {
                         let ucb: Vec<f64> = (0..m)
                             .map(|k| preds[k].0[c] + beta * var_p(k).sqrt())
                             .collect();
@@ -413,70 +662,137 @@ impl Model {
                             -1.0 - (threshold - u)
                         }
                     };
+                    if with_safety {
+                        let p = psafe[c];
+                        value = floor + (value - floor).max(0.0) * p;
+                        if p < required {
+                            // Below the required probability: only the most likely safe
+                            // of such points, if nothing else is left.
+                            value = -1e6 + p;
+                        }
+                    }
                     if radius < 1.0 {
-                        let dist = train_x
+                        let dist = this
+                            .train_x
                             .iter()
-                            .map(|t| linf(t, &cands[c]))
+                            .map(|t| numeric_linf(t, &cands[c]))
                             .fold(f64::INFINITY, f64::min);
                         if dist > radius {
-                            return -1e6 - dist;
+                            return -1e9 - dist;
                         }
                     }
                     value
                 })
                 .collect()
         };
+        let dim = encoder.dim();
+        let levels = encoder.levels();
+        let continuous = encoder.is_continuous();
+        let project = |x: Vec<f64>| -> Vec<f64> {
+            let x: Vec<f64> = x
+                .into_iter()
+                .zip(&levels)
+                .map(|(v, l)| match l {
+                    Some(k) => v.round().clamp(0.0, (*k).max(1) as f64 - 1.0),
+                    None => v.clamp(0.0, 1.0),
+                })
+                .collect();
+            if continuous { x } else { encoder.snap(&x) }
+        };
+        let random_point = |rng: &mut StdRng| -> Vec<f64> {
+            let x = levels
+                .iter()
+                .map(|l| match l {
+                    Some(k) => rng.random_range(0..(*k).max(1)) as f64,
+                    None => rng.random::<f64>(),
+                })
+                .collect();
+            project(x)
+        };
         // Seeds: the best observed points (by the scalarized warped targets), each with a
-        // few perturbations, and uniform random points.
+        // few perturbations; every one-parameter discrete move from the best two; the prior
+        // studies' best points; and uniform random points.
         let mut order: Vec<usize> = (0..self.train_x.len()).collect();
         let quality: Vec<f64> = order
             .iter()
-            .map(|&i| scalarize(&self.train_y.iter().map(|y| y[i]).collect::<Vec<_>>()))
+            .map(|&i| {
+                scalarize(
+                    &self
+                        .objectives
+                        .iter()
+                        .map(|o| o.train_y[i])
+                        .collect::<Vec<_>>(),
+                )
+            })
             .collect();
         order.sort_by(|&a, &b| quality[b].total_cmp(&quality[a]));
-        let dim = encoder.dim();
-        let continuous = encoder.is_continuous();
-        let project = |x: Vec<f64>| -> Vec<f64> {
-            let x: Vec<f64> = x.into_iter().map(|v| v.clamp(0.0, 1.0)).collect();
-            if continuous { x } else { encoder.snap(&x) }
-        };
-        let mut population: Vec<Vec<f64>> = Vec::with_capacity(config.population);
+        let population_size = config.population.max(8);
+        let mut population: Vec<Vec<f64>> = Vec::with_capacity(2 * population_size);
         for &i in order.iter().take(5) {
             population.push(self.train_x[i].clone());
             for _ in 0..3 {
                 let x = self.train_x[i]
                     .iter()
-                    .map(|v| {
-                        v + 0.05 * {
+                    .zip(&levels)
+                    .map(|(v, l)| match l {
+                        Some(k) if rng.random::<f64>() < 0.2 => {
+                            rng.random_range(0..(*k).max(1)) as f64
+                        }
+                        Some(_) => *v,
+                        None => {
                             let z: f64 = StandardNormal.sample(rng);
-                            z
+                            v + 0.05 * z
                         }
                     })
                     .collect();
                 population.push(project(x));
             }
         }
-        while population.len() < config.population.max(8) {
-            let x = (0..dim).map(|_| rng.random::<f64>()).collect();
-            population.push(project(x));
+        if !continuous {
+            for &i in order.iter().take(2) {
+                population.extend(encoder.discrete_neighbours(&self.train_x[i]));
+            }
+        }
+        for o in &self.objectives {
+            if let Some(prior) = &o.prior {
+                population.extend(prior.best.iter().cloned());
+            }
+        }
+        population.truncate(2 * population_size);
+        while population.len() < population_size {
+            population.push(random_point(rng));
         }
         let mut scores = score(&population);
         let generations = config.generations.max(1);
         for g in 0..generations {
             // Step size shrinks geometrically from 0.2 to about 0.001: global moves first,
-            // local refinement at the end.
-            let step = 0.2 * (0.005f64).powf(g as f64 / (generations - 1).max(1) as f64);
+            // local refinement at the end. Categorical features jump to a random level with
+            // a probability that shrinks likewise, from 0.35 to 0.05.
+            let progress = g as f64 / (generations - 1).max(1) as f64;
+            let step = 0.2 * (0.005f64).powf(progress);
+            let jump = 0.05 + 0.3 * (1.0 - progress);
             let children: Vec<Vec<f64>> = (0..population.len())
                 .map(|j| {
                     let k = rng.random_range(0..population.len());
                     let attract = scores[k] > scores[j];
                     let pull: f64 = if attract { rng.random::<f64>() } else { 0.0 };
                     let x = (0..dim)
-                        .map(|d| {
-                            let noise: f64 = StandardNormal.sample(rng);
-                            population[j][d]
-                                + pull * (population[k][d] - population[j][d])
-                                + step * noise
+                        .map(|d| match levels[d] {
+                            Some(l) => {
+                                if rng.random::<f64>() < pull {
+                                    population[k][d]
+                                } else if rng.random::<f64>() < jump / dim as f64 * 2.0 {
+                                    rng.random_range(0..l.max(1)) as f64
+                                } else {
+                                    population[j][d]
+                                }
+                            }
+                            None => {
+                                let noise: f64 = StandardNormal.sample(rng);
+                                population[j][d]
+                                    + pull * (population[k][d] - population[j][d])
+                                    + step * noise
+                            }
                         })
                         .collect();
                     project(x)
@@ -490,14 +806,209 @@ impl Model {
                 }
             }
         }
-        // The best candidate that is not already a known point.
+        // Local search over one-parameter discrete moves (other categories, neighbouring
+        // integers and discrete values) from the three best candidates.
         let mut ranked: Vec<usize> = (0..population.len()).collect();
         ranked.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+        if !continuous {
+            for &j in ranked.iter().take(3) {
+                for _ in 0..4 {
+                    let moves = encoder.discrete_neighbours(&population[j]);
+                    if moves.is_empty() {
+                        break;
+                    }
+                    let move_scores = score(&moves);
+                    let Some((b, s)) = move_scores
+                        .iter()
+                        .enumerate()
+                        .max_by(|a, b| a.1.total_cmp(b.1))
+                    else {
+                        break;
+                    };
+                    if *s <= scores[j] {
+                        break;
+                    }
+                    population[j] = moves[b].clone();
+                    scores[j] = *s;
+                }
+            }
+            ranked.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+        }
+        // The best candidate that is not already a known point.
         ranked
             .into_iter()
             .map(|j| population[j].clone())
             .find(|x| known.iter().all(|k| linf(k, x) > 1e-9))
     }
+}
+
+/// The prior studies' GP for one objective metric: their trials encoded in the new space
+/// (dropped parameters ignored, missing ones inactive), each study's values warped on their
+/// own, subsampled, and a GP fitted to them. `None` without usable prior trials.
+fn fit_prior(
+    config: &GpBanditConfig,
+    encoder: &Encoder,
+    input: &DesignerInput<'_>,
+    metric: &MetricSpec,
+    options: FitOptions,
+    rng: &mut StdRng,
+) -> Option<(Posterior, Vec<Vec<f64>>)> {
+    let mut x = Vec::new();
+    let mut y = Vec::new();
+    for study in input.prior_studies {
+        let values: Vec<Option<f64>> = study
+            .completed
+            .iter()
+            .map(|t| oriented(metric, &t.outcome))
+            .collect();
+        if values.iter().all(Option::is_none) {
+            continue;
+        }
+        let warped = warp(&values);
+        for (t, w) in study.completed.iter().zip(warped) {
+            x.push(encoder.encode(&t.parameters));
+            y.push(w);
+        }
+    }
+    if x.len() < 3 {
+        return None;
+    }
+    let keep = subsample(&y, config.max_prior_points);
+    let fit_keep = subsample(&y, config.max_fit_points.min(config.max_prior_points));
+    let pick_x = |idx: &[usize]| -> Vec<Vec<f64>> { idx.iter().map(|&i| x[i].clone()).collect() };
+    let pick_y = |idx: &[usize]| DVector::from_iterator(idx.len(), idx.iter().map(|&i| y[i]));
+    let categorical = encoder.categorical_mask();
+    let theta = fit_theta(
+        &pick_x(&fit_keep),
+        &pick_y(&fit_keep),
+        &categorical,
+        &[],
+        options,
+        rng,
+    );
+    let posterior = Posterior::new(
+        Hyper::from_theta_with(&theta, &categorical),
+        pick_x(&keep),
+        Some(&pick_y(&keep)),
+    )?;
+    let mut order: Vec<usize> = (0..y.len()).collect();
+    order.sort_by(|&a, &b| y[b].total_cmp(&y[a]));
+    let best = order.iter().take(5).map(|&i| x[i].clone()).collect();
+    Some((posterior, best))
+}
+
+/// Precision λ of the `N(1, 1/λ)` prior on the weight of a prior study's mean.
+const PRIOR_WEIGHT_PRECISION: f64 = 2.0;
+
+/// Fit one objective's GP, on top of the prior studies' mean when they help.
+///
+/// With a prior mean `μ₀`: the weight is the GLS estimate with the `N(1, 1/λ)` prior,
+/// `w = (μ₀ᵀK⁻¹y + λ)/(μ₀ᵀK⁻¹μ₀ + λ)` (K from the cold GP's hyperparameters), and the prior
+/// is kept if the residual GP's negative log posterior beats the cold GP's by more than
+/// `½ ln n` (a BIC-style charge for `w`), or while fewer than 3 new trials exist.
+#[expect(clippy::too_many_arguments, reason = "the pieces of one fit, named")]
+fn fit_objective(
+    train_x: &[Vec<f64>],
+    train_y: DVector<f64>,
+    fit_x: &[Vec<f64>],
+    fit_y: DVector<f64>,
+    categorical: &[bool],
+    starts: &[Vec<f64>],
+    prior: Option<(Posterior, Vec<Vec<f64>>)>,
+    options: FitOptions,
+    rng: &mut StdRng,
+) -> Option<ObjectiveModel> {
+    let cold = |rng: &mut StdRng| -> Option<ObjectiveModel> {
+        let theta = fit_theta(fit_x, &fit_y, categorical, starts, options, rng);
+        let hyper = Hyper::from_theta_with(&theta, categorical);
+        let posterior = Posterior::new(hyper.clone(), train_x.to_vec(), Some(&train_y))?;
+        Some(ObjectiveModel {
+            posterior: Some(posterior),
+            hyper,
+            theta,
+            train_y: train_y.clone(),
+            prior: None,
+        })
+    };
+    let Some((prior_post, best)) = prior else {
+        return cold(rng);
+    };
+    if train_x.is_empty() {
+        // Nothing new yet: the prior's mean and kernel as they are.
+        let hyper = prior_post.hyper.clone();
+        let theta = theta_of(&hyper);
+        return Some(ObjectiveModel {
+            posterior: None,
+            hyper,
+            theta,
+            train_y,
+            prior: Some(PriorMean {
+                posterior: prior_post,
+                weight: 1.0,
+                best,
+            }),
+        });
+    }
+    let mu_fit = DVector::from_vec(prior_post.predict(fit_x).0);
+    let mu_train = DVector::from_vec(prior_post.predict(train_x).0);
+    let (theta_c, cost_c) = fit(fit_x, &fit_y, categorical, starts, options, rng);
+    let weight = Posterior::new(
+        Hyper::from_theta_with(&theta_c, categorical),
+        fit_x.to_vec(),
+        None,
+    )
+    .map_or(1.0, |p| {
+        let (wm, wy) = (p.whiten(&mu_fit), p.whiten(&fit_y));
+        ((wm.dot(&wy) + PRIOR_WEIGHT_PRECISION) / (wm.dot(&wm) + PRIOR_WEIGHT_PRECISION))
+            .clamp(0.0, 2.0)
+    });
+    let residual_fit = &fit_y - weight * &mu_fit;
+    let mut residual_starts = vec![theta_c.clone()];
+    residual_starts.extend(starts.iter().cloned());
+    let (theta_r, cost_r) = fit(
+        fit_x,
+        &residual_fit,
+        categorical,
+        &residual_starts,
+        options,
+        rng,
+    );
+    let margin = 0.5 * (fit_x.len() as f64).ln();
+    if fit_x.len() >= 3 && cost_r + margin >= cost_c {
+        // The prior does not explain the new trials: a cold GP.
+        let hyper = Hyper::from_theta_with(&theta_c, categorical);
+        let posterior = Posterior::new(hyper.clone(), train_x.to_vec(), Some(&train_y))?;
+        return Some(ObjectiveModel {
+            posterior: Some(posterior),
+            hyper,
+            theta: theta_c,
+            train_y,
+            prior: None,
+        });
+    }
+    let hyper = Hyper::from_theta_with(&theta_r, categorical);
+    let residual_train = &train_y - weight * &mu_train;
+    let posterior = Posterior::new(hyper.clone(), train_x.to_vec(), Some(&residual_train))?;
+    Some(ObjectiveModel {
+        posterior: Some(posterior),
+        hyper,
+        theta: theta_r,
+        train_y,
+        prior: Some(PriorMean {
+            posterior: prior_post,
+            weight,
+            best,
+        }),
+    })
+}
+
+/// `θ = [ln σ², ln ℓ_j…, ln σ_n²]` of fitted hyperparameters (inverse of
+/// [`Hyper::from_theta_with`]).
+fn theta_of(h: &Hyper) -> Vec<f64> {
+    let mut t = vec![h.amplitude.ln()];
+    t.extend(h.inv_ls2.iter().map(|w| -0.5 * w.ln()));
+    t.push((h.noise - crate::gp::kernel::NOISE_FLOOR).max(1e-300).ln());
+    t
 }
 
 fn linf(a: &[f64], b: &[f64]) -> f64 {
