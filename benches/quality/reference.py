@@ -11,6 +11,13 @@ double/int/cat, log scale, conditional on a parent's value) and an objective ove
 active parameter values, defined identically in crates/augur-optimizer/src/test_functions.rs.
 """
 import argparse
+import os
+
+# One thread per process: the bench measures one core, and torch's thread pool spins
+# badly on a shared 2-core machine.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import json
 import math
 import sys
@@ -206,6 +213,9 @@ def tpe(seed, parallel):
 def gp_sampler(seed, parallel):
     import optuna
 
+    import torch
+
+    torch.set_num_threads(1)
     return optuna.samplers.GPSampler(seed=seed)
 
 

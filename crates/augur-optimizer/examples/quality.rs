@@ -3,16 +3,16 @@
 //! `{"optimizer", "function", "parallel", "seed", "regret": [best-so-far regret per trial],
 //!  "ms": [wall ms per suggest call, divided by the suggestions it returned]}`.
 //!
-//! `cargo run --release --example quality -- [--seeds N] [--functions a,b] [--algorithms a,b]
-//! [--parallel 1,5]`. `benches/quality/run` aggregates these lines with the Python references.
+//! `cargo run --release --example quality -- [--seeds N] [--first-seed S] [--functions a,b]
+//! [--algorithms a,b] [--parallel 1,5] [--gp knob=value,… --label name]`. `benches/quality/run` aggregates these lines with the Python references.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use augur_optimizer::test_functions::{MIXED_SUITE, SUITE};
 use augur_optimizer::{
-    Algorithm, Assignment, CompletedTrial, DesignerInput, Goal, MetricSpec, Outcome, SearchSpace,
-    designer_for,
+    Algorithm, Assignment, CompletedTrial, Designer, DesignerInput, Goal, GpBanditConfig,
+    GpBanditDesigner, MetricSpec, Outcome, SearchSpace, designer_for,
 };
 
 /// A box function or a mixed-space problem, as the bench sees it.
@@ -57,8 +57,7 @@ fn arg(args: &[String], name: &str) -> Option<String> {
         .and_then(|i| args.get(i + 1).cloned())
 }
 
-fn run(algorithm: Algorithm, f: &Problem, seed: u64, parallel: usize) -> (Vec<f64>, Vec<f64>) {
-    let designer = designer_for(algorithm);
+fn run(designer: &dyn Designer, f: &Problem, seed: u64, parallel: usize) -> (Vec<f64>, Vec<f64>) {
     let space = &f.space;
     let metrics = [MetricSpec {
         id: "y".into(),
@@ -110,6 +109,12 @@ fn main() {
     let seeds: u64 = arg(&args, "--seeds")
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
+    let first_seed: u64 = arg(&args, "--first-seed")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    // GP-bandit knob overrides (`GpBanditConfig::with_overrides`) and a name for the runs.
+    let gp_overrides = arg(&args, "--gp");
+    let label = arg(&args, "--label");
     let functions = arg(&args, "--functions").unwrap_or_else(|| "all".into());
     let algorithms =
         arg(&args, "--algorithms").unwrap_or_else(|| "gp_bandit,quasi_random,random".into());
@@ -127,11 +132,23 @@ fn main() {
                 eprintln!("unknown algorithm {name}");
                 continue;
             };
+            let designer: Box<dyn Designer> = match (&gp_overrides, algorithm) {
+                (Some(o), Algorithm::GpBandit) => {
+                    match GpBanditConfig::default().with_overrides(o) {
+                        Ok(config) => Box::new(GpBanditDesigner { config }),
+                        Err(e) => {
+                            eprintln!("--gp: {e}");
+                            std::process::exit(2);
+                        }
+                    }
+                }
+                _ => designer_for(algorithm),
+            };
             for &p in &parallel {
-                for seed in 0..seeds {
-                    let (regret, ms) = run(algorithm, f, seed, p);
+                for seed in first_seed..first_seed + seeds {
+                    let (regret, ms) = run(designer.as_ref(), f, seed, p);
                     let line = serde_json::json!({
-                        "optimizer": name, "function": f.name, "parallel": p, "seed": seed,
+                        "optimizer": label.as_deref().unwrap_or(name), "function": f.name, "parallel": p, "seed": seed,
                         "regret": regret, "ms": ms,
                     });
                     println!("{line}");

@@ -13,8 +13,8 @@
 //!    ([`warp`]), and one GP per objective fitted (MAP hyperparameters, warm-started from
 //!    the state returned last time). Large histories are subsampled (the best third plus
 //!    the most recent) so the cost of a suggestion is bounded without a clock.
-//! 3. Warm start: a GP fitted to the prior studies' trials (each study warped on its own)
-//!    gives a prior mean `μ₀`; the new study's GP models the residuals `y − w μ₀`, as
+//! 3. Warm start: a GP fitted to the prior studies' trials (warped together with the new
+//!    study's, so both are on one scale) gives a prior mean `μ₀`; the new study's GP models the residuals `y − w μ₀`, as
 //!    Vizier's stacked residual GP does. The weight `w` is the generalized-least-squares
 //!    estimate under a `N(1, 1/λ)` prior, and the prior is kept only while the residual
 //!    model explains the new trials better than a cold GP (by marginal likelihood, with a
@@ -75,6 +75,33 @@ pub enum BatchAcquisition {
     UcbPe,
 }
 
+/// What the first suggestion of a batch (and, with pending points, every suggestion)
+/// maximizes for a single objective.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acquisition {
+    /// `μ + β σ`.
+    Ucb,
+    /// `ln EI` with `EI = σ h((μ − y*)/σ)`, `h(z) = φ(z) + z Φ(z)` and y* the best warped
+    /// target (Jones et al. 1998; in log space as Ament et al. 2023 advise, so that far-off
+    /// candidates still rank instead of all scoring 0). Pending points enter through the
+    /// pending-aware σ, as for UCB. Several objectives always use UCB (their scalarization
+    /// needs values on the targets' scale).
+    LogEi,
+}
+
+/// `ln h(z)`, `h(z) = φ(z) + z Φ(z)`: directly for z > −5, else by the asymptotic series
+/// `h(z) ≈ φ(z)/z² (1 − 3/z² + 15/z⁴)` (Mills' ratio), which avoids the cancellation.
+pub fn log_h(z: f64) -> f64 {
+    const LN_SQRT_2PI: f64 = 0.918_938_533_204_672_8;
+    if z > -5.0 {
+        let phi = (-0.5 * z * z - LN_SQRT_2PI).exp();
+        (phi + z * normal_cdf(z)).max(1e-300).ln()
+    } else {
+        let z2 = z * z;
+        -0.5 * z2 - LN_SQRT_2PI - z2.ln() + (1.0 - 3.0 / z2 + 15.0 / (z2 * z2)).ln()
+    }
+}
+
 /// Most pending points (running trials and the batch's earlier suggestions) that enter the
 /// pending-aware covariance.
 const MAX_PENDING_IN_COVARIANCE: usize = 100;
@@ -101,10 +128,21 @@ pub struct GpBanditConfig {
     pub max_prior_points: usize,
     /// Population size of the acquisition search.
     pub population: usize,
+    /// Uniform random candidates scored once, whose best fill the population.
+    pub raw_samples: usize,
     /// Generations of the acquisition search (each evaluates `population` candidates).
     pub generations: usize,
     /// L-BFGS iterations per hyperparameter fit.
     pub fit_iters: u64,
+    /// Confine early candidates to a trust region around observed points (see the module
+    /// header).
+    pub trust_region: bool,
+    pub acquisition: Acquisition,
+    /// Quasi-random trials per parameter before the GP takes over (see
+    /// [`GpBanditConfig::initial_trials`]).
+    pub initial_per_parameter: f64,
+    /// Most quasi-random trials before the GP takes over.
+    pub max_initial_trials: usize,
 }
 
 impl Default for GpBanditConfig {
@@ -117,16 +155,61 @@ impl Default for GpBanditConfig {
             max_fit_points: 80,
             max_prior_points: 200,
             population: 64,
+            raw_samples: 512,
             generations: 30,
             fit_iters: 30,
+            trust_region: true,
+            acquisition: Acquisition::Ucb,
+            initial_per_parameter: 1.0,
+            max_initial_trials: 10,
         }
     }
 }
 
 impl GpBanditConfig {
-    /// Quasi-random trials before the GP takes over: `max(d + 1, 5)`, at most 10.
+    /// Apply `key=value` overrides (comma-separated) of the numeric knobs, for the quality
+    /// bench's experiments. Unknown keys or bad values are errors.
+    pub fn with_overrides(mut self, overrides: &str) -> Result<Self, String> {
+        for kv in overrides.split(',').filter(|s| !s.trim().is_empty()) {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("{kv}: expected key=value"))?;
+            let num = |v: &str| v.trim().parse::<f64>().map_err(|e| format!("{kv}: {e}"));
+            match k.trim() {
+                "ucb_beta" => self.ucb_beta = num(v)?,
+                "continuous_ucb_beta" => self.continuous_ucb_beta = num(v)?,
+                "population" => self.population = num(v)? as usize,
+                "raw_samples" => self.raw_samples = num(v)? as usize,
+                "generations" => self.generations = num(v)? as usize,
+                "trust_region" => self.trust_region = num(v)? != 0.0,
+                "initial_per_parameter" => self.initial_per_parameter = num(v)?,
+                "max_initial_trials" => self.max_initial_trials = num(v)? as usize,
+                "log_ei" => {
+                    self.acquisition = if num(v)? != 0.0 {
+                        Acquisition::LogEi
+                    } else {
+                        Acquisition::Ucb
+                    }
+                }
+                "ucb_pe" => {
+                    self.batch = if num(v)? != 0.0 {
+                        BatchAcquisition::UcbPe
+                    } else {
+                        BatchAcquisition::PendingUcb
+                    }
+                }
+                other => return Err(format!("unknown knob {other}")),
+            }
+        }
+        Ok(self)
+    }
+
+    /// Quasi-random trials before the GP takes over: `max(⌈k d⌉ + 1, 5)` for d parameters
+    /// and `k` = [`GpBanditConfig::initial_per_parameter`], at most
+    /// [`GpBanditConfig::max_initial_trials`].
     pub fn initial_trials(&self, num_parameters: usize) -> usize {
-        (num_parameters + 1).clamp(5, 10)
+        let k = (self.initial_per_parameter * num_parameters as f64).ceil() as usize + 1;
+        k.max(5).min(self.max_initial_trials.max(1))
     }
 }
 
@@ -399,7 +482,14 @@ impl Model {
                 DVector::from_vec(warp(&sub))
             };
             let starts: Vec<Vec<f64>> = warm.iter().map(|s| s.theta[k].clone()).collect();
-            let prior = fit_prior(config, encoder, input, objectives[k], options, rng);
+            let prior = fit_prior(config, encoder, input, objectives[k], v, options, rng);
+            let prior = prior.map(|p| {
+                let joint = |idx: &[usize]| {
+                    DVector::from_iterator(idx.len(), idx.iter().map(|&i| p.new_targets[i]))
+                };
+                let (t, f) = (joint(&train_idx), joint(&fit_idx));
+                (p, t, f)
+            });
             let model = fit_objective(
                 &train_x,
                 pick(&train_idx),
@@ -581,6 +671,13 @@ impl Model {
             }
         };
         let with_safety = !self.safety.is_empty();
+        // The incumbent for EI: the best warped target (none before any new trial).
+        let incumbent = self.objectives[0]
+            .train_y
+            .iter()
+            .copied()
+            .fold(f64::NEG_INFINITY, f64::max);
+        let log_ei = config.acquisition == Acquisition::LogEi && m == 1 && !self.train_x.is_empty();
         let required = self.required_safety();
         // UCB-PE's exploration needs a UCB threshold; safety studies use UCB throughout so
         // that the probability weighting applies to one kind of value.
@@ -607,7 +704,7 @@ impl Model {
         // Trust region: L∞ radius (numeric features) around observed points, growing with
         // the study; off once it covers the cube, and with a prior study's mean (which
         // knows the whole space).
-        let radius = if self.uses_prior() || self.train_x.is_empty() {
+        let radius = if !config.trust_region || self.uses_prior() || self.train_x.is_empty() {
             f64::INFINITY
         } else {
             0.2 + 0.1 * self.num_completed as f64 / self.num_parameters.max(1) as f64
@@ -646,7 +743,10 @@ impl Model {
                         Some(v) => v[k][c],
                         None => preds[k].1[c],
                     };
-                    let mut value = if use_ucb {
+                    let mut value = if log_ei {
+                        let sd = var_p(0).sqrt().max(1e-12);
+                        sd.ln() + log_h((preds[0].0[c] - incumbent) / sd)
+                    } else if use_ucb {
                         let ucb: Vec<f64> = (0..m)
                             .map(|k| preds[k].0[c] + beta * var_p(k).sqrt())
                             .collect();
@@ -664,7 +764,12 @@ impl Model {
                     };
                     if with_safety {
                         let p = psafe[c];
-                        value = floor + (value - floor).max(0.0) * p;
+                        value = if log_ei {
+                            // ln(EI · p): constrained EI (Gardner et al. 2014).
+                            value + p.max(1e-300).ln()
+                        } else {
+                            floor + (value - floor).max(0.0) * p
+                        };
                         if p < required {
                             // Below the required probability: only the most likely safe
                             // of such points, if nothing else is left.
@@ -753,16 +858,31 @@ impl Model {
                 population.extend(encoder.discrete_neighbours(&self.train_x[i]));
             }
         }
-        for o in &self.objectives {
-            if let Some(prior) = &o.prior {
-                population.extend(prior.best.iter().cloned());
+        // The prior studies' best points, until the new study has its own.
+        if self.train_x.is_empty() {
+            for o in &self.objectives {
+                if let Some(prior) = &o.prior {
+                    population.extend(prior.best.iter().cloned());
+                }
             }
         }
         population.truncate(2 * population_size);
-        while population.len() < population_size {
-            population.push(random_point(rng));
-        }
         let mut scores = score(&population);
+        // The rest of the population: the best of `raw_samples` uniform random points (as
+        // BoTorch's `optimize_acqf` starts from its best raw samples), so that a narrow
+        // basin far from the observed points still gets candidates.
+        if population.len() < population_size {
+            let raw: Vec<Vec<f64>> = (0..config.raw_samples.max(population_size))
+                .map(|_| random_point(rng))
+                .collect();
+            let raw_scores = score(&raw);
+            let mut order: Vec<usize> = (0..raw.len()).collect();
+            order.sort_by(|&a, &b| raw_scores[b].total_cmp(&raw_scores[a]));
+            for &i in order.iter().take(population_size - population.len()) {
+                population.push(raw[i].clone());
+                scores.push(raw_scores[i]);
+            }
+        }
         let generations = config.generations.max(1);
         for g in 0..generations {
             // Step size shrinks geometrically from 0.2 to about 0.001: global moves first,
@@ -842,37 +962,56 @@ impl Model {
     }
 }
 
+/// The prior studies' GP for one objective metric.
+struct PriorFit {
+    posterior: Posterior,
+    /// The prior studies' best points.
+    best: Vec<Vec<f64>>,
+    /// The new study's targets, warped jointly with the prior studies' values (one
+    /// scale for both), per completed trial.
+    new_targets: Vec<f64>,
+}
+
 /// The prior studies' GP for one objective metric: their trials encoded in the new space
-/// (dropped parameters ignored, missing ones inactive), each study's values warped on their
-/// own, subsampled, and a GP fitted to them. `None` without usable prior trials.
+/// (dropped parameters ignored, missing ones inactive), their values warped together with
+/// the new study's `new_values` (same metric, same units: one warping puts both on one
+/// scale, which a residual needs), subsampled, and a GP fitted to them. `None` without
+/// usable prior trials.
 fn fit_prior(
     config: &GpBanditConfig,
     encoder: &Encoder,
     input: &DesignerInput<'_>,
     metric: &MetricSpec,
+    new_values: &[Option<f64>],
     options: FitOptions,
     rng: &mut StdRng,
-) -> Option<(Posterior, Vec<Vec<f64>>)> {
+) -> Option<PriorFit> {
     let mut x = Vec::new();
-    let mut y = Vec::new();
+    let mut values: Vec<Option<f64>> = Vec::new();
     for study in input.prior_studies {
-        let values: Vec<Option<f64>> = study
+        let v: Vec<Option<f64>> = study
             .completed
             .iter()
             .map(|t| oriented(metric, &t.outcome))
             .collect();
-        if values.iter().all(Option::is_none) {
+        if v.iter().all(Option::is_none) {
             continue;
         }
-        let warped = warp(&values);
-        for (t, w) in study.completed.iter().zip(warped) {
-            x.push(encoder.encode(&t.parameters));
-            y.push(w);
-        }
+        x.extend(
+            study
+                .completed
+                .iter()
+                .map(|t| encoder.encode(&t.parameters)),
+        );
+        values.extend(v);
     }
     if x.len() < 3 {
         return None;
     }
+    let n_prior = values.len();
+    values.extend_from_slice(new_values);
+    let mut y = warp(&values);
+    let new_targets = y.split_off(n_prior);
     let keep = subsample(&y, config.max_prior_points);
     let fit_keep = subsample(&y, config.max_fit_points.min(config.max_prior_points));
     let pick_x = |idx: &[usize]| -> Vec<Vec<f64>> { idx.iter().map(|&i| x[i].clone()).collect() };
@@ -894,7 +1033,11 @@ fn fit_prior(
     let mut order: Vec<usize> = (0..y.len()).collect();
     order.sort_by(|&a, &b| y[b].total_cmp(&y[a]));
     let best = order.iter().take(5).map(|&i| x[i].clone()).collect();
-    Some((posterior, best))
+    Some(PriorFit {
+        posterior,
+        best,
+        new_targets,
+    })
 }
 
 /// Precision λ of the `N(1, 1/λ)` prior on the weight of a prior study's mean.
@@ -902,10 +1045,12 @@ const PRIOR_WEIGHT_PRECISION: f64 = 2.0;
 
 /// Fit one objective's GP, on top of the prior studies' mean when they help.
 ///
-/// With a prior mean `μ₀`: the weight is the GLS estimate with the `N(1, 1/λ)` prior,
-/// `w = (μ₀ᵀK⁻¹y + λ)/(μ₀ᵀK⁻¹μ₀ + λ)` (K from the cold GP's hyperparameters), and the prior
-/// is kept if the residual GP's negative log posterior beats the cold GP's by more than
-/// `½ ln n` (a BIC-style charge for `w`), or while fewer than 3 new trials exist.
+/// With a prior mean `μ₀` (on the joint scale of [`PriorFit::new_targets`], `y` below): the
+/// weight is the GLS estimate with the `N(1, 1/λ)` prior,
+/// `w = (μ₀ᵀK⁻¹y + λ)/(μ₀ᵀK⁻¹μ₀ + λ)` (K from a cold GP's hyperparameters on `y`), and the
+/// prior is kept if the residual GP's negative log posterior beats that cold GP's by more
+/// than `½ ln n` (a BIC-style charge for `w`), or while fewer than 3 new trials exist.
+/// Otherwise the model is a cold GP on the new study's own warping.
 #[expect(clippy::too_many_arguments, reason = "the pieces of one fit, named")]
 fn fit_objective(
     train_x: &[Vec<f64>],
@@ -914,7 +1059,7 @@ fn fit_objective(
     fit_y: DVector<f64>,
     categorical: &[bool],
     starts: &[Vec<f64>],
-    prior: Option<(Posterior, Vec<Vec<f64>>)>,
+    prior: Option<(PriorFit, DVector<f64>, DVector<f64>)>,
     options: FitOptions,
     rng: &mut StdRng,
 ) -> Option<ObjectiveModel> {
@@ -930,9 +1075,10 @@ fn fit_objective(
             prior: None,
         })
     };
-    let Some((prior_post, best)) = prior else {
+    let Some((prior, joint_train_y, joint_fit_y)) = prior else {
         return cold(rng);
     };
+    let (prior_post, best) = (prior.posterior, prior.best);
     if train_x.is_empty() {
         // Nothing new yet: the prior's mean and kernel as they are.
         let hyper = prior_post.hyper.clone();
@@ -941,7 +1087,7 @@ fn fit_objective(
             posterior: None,
             hyper,
             theta,
-            train_y,
+            train_y: joint_train_y,
             prior: Some(PriorMean {
                 posterior: prior_post,
                 weight: 1.0,
@@ -951,18 +1097,18 @@ fn fit_objective(
     }
     let mu_fit = DVector::from_vec(prior_post.predict(fit_x).0);
     let mu_train = DVector::from_vec(prior_post.predict(train_x).0);
-    let (theta_c, cost_c) = fit(fit_x, &fit_y, categorical, starts, options, rng);
+    let (theta_c, cost_c) = fit(fit_x, &joint_fit_y, categorical, starts, options, rng);
     let weight = Posterior::new(
         Hyper::from_theta_with(&theta_c, categorical),
         fit_x.to_vec(),
         None,
     )
     .map_or(1.0, |p| {
-        let (wm, wy) = (p.whiten(&mu_fit), p.whiten(&fit_y));
+        let (wm, wy) = (p.whiten(&mu_fit), p.whiten(&joint_fit_y));
         ((wm.dot(&wy) + PRIOR_WEIGHT_PRECISION) / (wm.dot(&wm) + PRIOR_WEIGHT_PRECISION))
             .clamp(0.0, 2.0)
     });
-    let residual_fit = &fit_y - weight * &mu_fit;
+    let residual_fit = &joint_fit_y - weight * &mu_fit;
     let mut residual_starts = vec![theta_c.clone()];
     residual_starts.extend(starts.iter().cloned());
     let (theta_r, cost_r) = fit(
@@ -976,24 +1122,16 @@ fn fit_objective(
     let margin = 0.5 * (fit_x.len() as f64).ln();
     if fit_x.len() >= 3 && cost_r + margin >= cost_c {
         // The prior does not explain the new trials: a cold GP.
-        let hyper = Hyper::from_theta_with(&theta_c, categorical);
-        let posterior = Posterior::new(hyper.clone(), train_x.to_vec(), Some(&train_y))?;
-        return Some(ObjectiveModel {
-            posterior: Some(posterior),
-            hyper,
-            theta: theta_c,
-            train_y,
-            prior: None,
-        });
+        return cold(rng);
     }
     let hyper = Hyper::from_theta_with(&theta_r, categorical);
-    let residual_train = &train_y - weight * &mu_train;
+    let residual_train = &joint_train_y - weight * &mu_train;
     let posterior = Posterior::new(hyper.clone(), train_x.to_vec(), Some(&residual_train))?;
     Some(ObjectiveModel {
         posterior: Some(posterior),
         hyper,
         theta: theta_r,
-        train_y,
+        train_y: joint_train_y,
         prior: Some(PriorMean {
             posterior: prior_post,
             weight,

@@ -398,3 +398,235 @@ fn all_failed_history_and_single_value_parameters_still_give_valid_suggestions()
         assert_eq!(space.check_assignment(a), Ok(()));
     }
 }
+
+fn unit_square() -> SearchSpace {
+    let p = |id: &str| Parameter {
+        id: id.into(),
+        kind: ParameterKind::Double {
+            min: 0.0,
+            max: 1.0,
+            scale: Scale::Linear,
+        },
+        children: vec![],
+    };
+    SearchSpace {
+        parameters: vec![p("a"), p("b")],
+    }
+}
+
+fn point(a: f64, b: f64) -> Assignment {
+    Assignment::from([("a".into(), Value::Float(a)), ("b".into(), Value::Float(b))])
+}
+
+/// `n` trials on a 2-D grid-like Sobol design, measured by `f` (metric `y`) and `g`
+/// (metric `c`).
+fn trials_on_square(
+    n: u64,
+    seed: u64,
+    f: impl Fn(f64, f64) -> f64,
+    g: impl Fn(f64, f64) -> f64,
+) -> Vec<CompletedTrial> {
+    let space = unit_square();
+    (0..n)
+        .map(|k| {
+            let a = crate::quasi_random::quasi_random_assignment(&space, seed, k);
+            let (x, y) = (
+                a["a"].as_f64().unwrap_or(0.0),
+                a["b"].as_f64().unwrap_or(0.0),
+            );
+            CompletedTrial {
+                parameters: a,
+                outcome: measured(&[("y", f(x, y)), ("c", g(x, y))]),
+            }
+        })
+        .collect()
+}
+
+fn safety_metrics() -> [MetricSpec; 2] {
+    [
+        minimize("y"),
+        MetricSpec {
+            safety_threshold: Some(0.0),
+            ..MetricSpec::new("c", Goal::Maximize)
+        },
+    ]
+}
+
+fn fitted(inp: &DesignerInput<'_>) -> Model {
+    let encoder = Encoder::new(inp.space);
+    let mut rng = StdRng::seed_from_u64(5);
+    Model::fit(&GpBanditConfig::default(), &encoder, inp, &mut rng).expect("a model")
+}
+
+#[test]
+fn safety_targets_put_the_threshold_between_safe_and_unsafe_trials() {
+    let (z, t) = safety_targets(&[Some(-2.0), Some(-0.1), Some(0.5), Some(300.0), None]);
+    assert!(
+        z[0] < t && z[1] < t,
+        "unsafe below the threshold: {z:?} {t}"
+    );
+    assert!(z[2] > t && z[3] > t, "safe above it: {z:?} {t}");
+    assert!(z[4] < z[0], "a trial without the metric is the least safe");
+    // The squashing keeps one huge margin from flattening the rest.
+    // (Standardized raw margins would put 0.5 and −0.1 within 0.005 sd of each other.)
+    assert!(z[2] - z[1] > 0.02 * (z[3] - z[2]), "{z:?}");
+}
+
+/// The feasibility model learns where `c ≥ 0` (here `a < 0.5`): P(safe) is high deep
+/// inside the safe half, low deep inside the unsafe half, and in between on the border.
+#[test]
+fn feasibility_model_is_confident_inside_each_region_and_unsure_on_the_border() {
+    let space = unit_square();
+    let metrics = safety_metrics();
+    let completed = trials_on_square(24, 1, |a, b| a + b, |a, _| 0.5 - a);
+    let model = fitted(&input(&space, &metrics, &completed, &[], 1, 1));
+    assert_eq!(
+        model.objectives.len(),
+        1,
+        "the safety metric is no objective"
+    );
+    assert_eq!(model.safety.len(), 1);
+    let p = model.prob_safe(&[vec![0.1, 0.5], vec![0.9, 0.5], vec![0.5, 0.5]]);
+    assert!(p[0] > 0.95, "{p:?}");
+    assert!(p[1] < 0.05, "{p:?}");
+    assert!(p[2] > 0.1 && p[2] < 0.9, "{p:?}");
+}
+
+/// `desired_min_safe_trials_fraction` f asks the next trial for `p ≥ f (N + 1) − S`.
+#[test]
+fn required_safety_keeps_the_expected_safe_fraction_at_the_target() {
+    let space = unit_square();
+    let metrics = safety_metrics();
+    // 10 trials, of which those with a < 0.4 are safe.
+    let completed = trials_on_square(10, 2, |a, b| a + b, |a, _| 0.4 - a);
+    let safe = completed
+        .iter()
+        .filter(|t| outcome_is_safe(&metrics, &t.outcome))
+        .count() as f64;
+    assert!(safe > 0.0 && safe < 10.0);
+    for (f, expected) in [
+        (0.0, 0.0),
+        (safe / 11.0, 0.0),
+        ((safe + 0.5) / 11.0, 0.5),
+        (1.0, 0.99),
+    ] {
+        let mut inp = input(&space, &metrics, &completed, &[], 1, 1);
+        inp.desired_min_safe_trials_fraction = Some(f);
+        let r = fitted(&inp).required_safety();
+        assert!((r - expected).abs() < 1e-9, "f = {f}: {r} vs {expected}");
+    }
+}
+
+/// The objective improves towards a = 1, but only a < 0.4 is safe: with a desired safe
+/// fraction of 1 the suggestion stays where the feasibility model is sure.
+#[test]
+fn a_desired_safe_fraction_of_one_keeps_suggestions_inside_the_safe_region() {
+    let space = unit_square();
+    let metrics = safety_metrics();
+    let completed = trials_on_square(20, 3, |a, b| -a + 0.1 * b, |a, _| 0.4 - a);
+    let mut inp = input(&space, &metrics, &completed, &[], 3, 4);
+    inp.desired_min_safe_trials_fraction = Some(1.0);
+    let out = GpBanditDesigner::default().suggest(&inp);
+    for a in &out.suggestions {
+        let x = a["a"].as_f64().unwrap_or(1.0);
+        assert!(x < 0.4, "{a:?}");
+    }
+}
+
+/// Prior studies (warm start): a prior trial keeps only the parameters the new space has,
+/// and with no new trial the model predicts the prior studies' GP mean.
+#[test]
+fn with_no_new_trials_the_warm_model_predicts_the_prior_mean() {
+    let space = unit_square();
+    let metrics = [minimize("y")];
+    let mut prior_trials = trials_on_square(20, 6, |a, b| (a - 0.3).powi(2) + b, |_, _| 0.0);
+    // A parameter the new space lacks is dropped.
+    for t in &mut prior_trials {
+        t.parameters.insert("gone".into(), Value::Int(3));
+    }
+    let prior = [crate::designer::PriorStudy {
+        completed: prior_trials,
+    }];
+    let mut inp = input(&space, &metrics, &[], &[], 1, 1);
+    inp.prior_studies = &prior;
+    let model = fitted(&inp);
+    assert!(model.uses_prior());
+    let pts = [vec![0.3, 0.0], vec![0.9, 0.9]];
+    let (mean, _) = model.objectives[0].predict(&pts);
+    let prior_mean = &model.objectives[0]
+        .prior
+        .as_ref()
+        .expect("a prior")
+        .posterior;
+    let (m0, _) = prior_mean.predict(&pts);
+    assert_eq!(mean, m0);
+    // Larger is better on the warped scale: (0.3, 0) is the prior's best region.
+    assert!(mean[0] > mean[1] + 1.0, "{mean:?}");
+    // And the designer's first suggestion goes there, not to a quasi-random point.
+    let out = GpBanditDesigner::default().suggest(&inp);
+    let a = &out.suggestions[0];
+    let (x, y) = (
+        a["a"].as_f64().unwrap_or(0.0),
+        a["b"].as_f64().unwrap_or(1.0),
+    );
+    assert!((x - 0.3).abs() < 0.2 && y < 0.25, "{a:?}");
+}
+
+/// A prior study of the same function, shifted: its mean keeps a weight near 1 and the
+/// residual model predicts held-out points better than a cold GP on the same trials.
+#[test]
+fn a_related_prior_keeps_a_weight_near_one_and_predicts_better_than_cold() {
+    let space = unit_square();
+    let metrics = [minimize("y")];
+    let f = |a: f64, b: f64| (3.0 * a).sin() + (a - 0.6).powi(2) * 4.0 + b * b;
+    let prior = [crate::designer::PriorStudy {
+        completed: trials_on_square(40, 7, |a, b| f(a - 0.05, b), |_, _| 0.0),
+    }];
+    let completed = trials_on_square(6, 8, f, |_, _| 0.0);
+    let mut inp = input(&space, &metrics, &completed, &[], 1, 1);
+    inp.prior_studies = &prior;
+    let warm = fitted(&inp);
+    let weight = warm.objectives[0].prior.as_ref().map(|p| p.weight);
+    assert!(
+        weight.is_some_and(|w| (0.6..=1.4).contains(&w)),
+        "{weight:?}"
+    );
+    let cold = fitted(&input(&space, &metrics, &completed, &[], 1, 1));
+    // Held-out points, ranked: the warm model's ranking agrees better with the truth.
+    let held: Vec<Vec<f64>> = (0..30u64)
+        .map(|k| crate::quasi_random::sobol_point(99, k, 2))
+        .collect();
+    let truth: Vec<f64> = held.iter().map(|p| -f(p[0], p[1])).collect();
+    let agreement = |pred: &[f64]| {
+        let mut ok = 0;
+        for i in 0..held.len() {
+            for j in 0..i {
+                if (pred[i] - pred[j]) * (truth[i] - truth[j]) > 0.0 {
+                    ok += 1;
+                }
+            }
+        }
+        ok
+    };
+    let w = agreement(&warm.objectives[0].predict(&held).0);
+    let c = agreement(&cold.objectives[0].predict(&held).0);
+    assert!(w > c, "concordant pairs: warm {w} vs cold {c}");
+}
+
+/// A prior study of the opposite function: once a few new trials contradict it, the
+/// model drops the prior and is the cold GP.
+#[test]
+fn an_unrelated_prior_is_dropped_once_new_trials_contradict_it() {
+    let space = unit_square();
+    let metrics = [minimize("y")];
+    let f = |a: f64, b: f64| (a - 0.2).powi(2) + (b - 0.7).powi(2);
+    let prior = [crate::designer::PriorStudy {
+        completed: trials_on_square(40, 9, |a, b| -f(a, b), |_, _| 0.0),
+    }];
+    let completed = trials_on_square(10, 10, f, |_, _| 0.0);
+    let mut inp = input(&space, &metrics, &completed, &[], 1, 1);
+    inp.prior_studies = &prior;
+    let model = fitted(&inp);
+    let weight = model.objectives[0].prior.as_ref().map(|p| p.weight);
+    assert!(weight.is_none(), "prior kept with weight {weight:?}");
+}
