@@ -461,7 +461,8 @@ mod tests {
 
     #[test]
     fn agreement_points_are_valid_and_give_the_shared_values() {
-        let all = |name: &str| -> (SearchSpace, Box<dyn Fn(&Assignment) -> f64>) {
+        type Evaluate = Box<dyn Fn(&Assignment) -> f64>;
+        let all = |name: &str| -> (SearchSpace, Evaluate) {
             if let Some(f) = MIXED_SUITE.iter().find(|f| f.name == name) {
                 let f = *f;
                 return ((f.space)(), Box::new(move |a| (f.f)(a)));

@@ -9,7 +9,31 @@ use std::collections::BTreeMap;
 
 use augur_optimizer::test_functions::{BRANIN, branin};
 use augur_optimizer::{Assignment, Goal, GpBanditDesigner, MetricSpec, PriorStudy};
-use common::{Study, best_so_far, median, metric, run};
+use augur_optimizer::{CompletedTrial, Outcome};
+use common::{Study, median, run};
+
+/// The value of metric `id` of each measured trial, in order.
+fn metric(trials: &[CompletedTrial], id: &str) -> Vec<f64> {
+    trials
+        .iter()
+        .filter_map(|t| match &t.outcome {
+            Outcome::Measured(v) => v.get(id).copied(),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Best-so-far of `values` after each trial (minimization).
+fn best_so_far(values: &[f64]) -> Vec<f64> {
+    let mut best = f64::INFINITY;
+    values
+        .iter()
+        .map(|v| {
+            best = best.min(*v);
+            best
+        })
+        .collect()
+}
 
 const BUDGET: usize = 50;
 const SEEDS: std::ops::Range<u64> = 0..6;

@@ -414,10 +414,6 @@ fn unit_square() -> SearchSpace {
     }
 }
 
-fn point(a: f64, b: f64) -> Assignment {
-    Assignment::from([("a".into(), Value::Float(a)), ("b".into(), Value::Float(b))])
-}
-
 /// `n` trials on a 2-D grid-like Sobol design, measured by `f` (metric `y`) and `g`
 /// (metric `c`).
 fn trials_on_square(

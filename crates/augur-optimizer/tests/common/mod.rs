@@ -60,29 +60,6 @@ pub fn run(
     completed
 }
 
-/// The value of metric `id` of each measured trial, in order.
-pub fn metric(trials: &[CompletedTrial], id: &str) -> Vec<f64> {
-    trials
-        .iter()
-        .filter_map(|t| match &t.outcome {
-            Outcome::Measured(v) => v.get(id).copied(),
-            _ => None,
-        })
-        .collect()
-}
-
-/// Best-so-far of `values` after each trial (minimization).
-pub fn best_so_far(values: &[f64]) -> Vec<f64> {
-    let mut best = f64::INFINITY;
-    values
-        .iter()
-        .map(|v| {
-            best = best.min(*v);
-            best
-        })
-        .collect()
-}
-
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     let n = v.len();
