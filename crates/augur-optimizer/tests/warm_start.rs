@@ -36,7 +36,7 @@ fn best_so_far(values: &[f64]) -> Vec<f64> {
 }
 
 const BUDGET: usize = 50;
-const SEEDS: std::ops::Range<u64> = 0..6;
+const SEEDS: std::ops::Range<u64> = 0..4;
 
 fn xy(a: &Assignment) -> (f64, f64) {
     (
@@ -68,6 +68,12 @@ fn prior_study(f: &dyn Fn(f64, f64) -> f64) -> PriorStudy {
     PriorStudy { completed }
 }
 
+/// The cold studies' regret curves, computed once for both tests.
+fn cold() -> &'static [Vec<f64>] {
+    static COLD: std::sync::OnceLock<Vec<Vec<f64>>> = std::sync::OnceLock::new();
+    COLD.get_or_init(|| SEEDS.map(|s| regrets(s, &[])).collect())
+}
+
 /// Best-so-far Branin regret after each trial of a study with these prior studies.
 fn regrets(seed: u64, prior: &[PriorStudy]) -> Vec<f64> {
     let space = BRANIN.space();
@@ -95,36 +101,44 @@ fn regrets(seed: u64, prior: &[PriorStudy]) -> Vec<f64> {
 }
 
 /// The prior study ran on Branin shifted by (0.15, −0.2) (its minima moved by that much).
-/// Over 6 seeds, a warm study's median regret after 10 trials is under 0.7 times the
-/// cold studies' (a cold study is still in its quasi-random design there, a warm one near
-/// an optimum from its first trial), and after 50 trials it is no worse than twice the
-/// cold median. (The cold studies' 50-trial regret, about 5e-6, is a precision that the
-/// warm ones reach only at about the same time: see RESULTS.md.)
+/// Over 4 seeds, the median number of trials a warm study needs to reach the cold
+/// studies' median regret at 50 trials is at most 30 (measured: 18, 27, 21, 18), and at 10
+/// trials the warm studies' median regret is under a tenth of the cold ones' (measured
+/// 0.016 against 1.15: a cold study is still in its quasi-random design there, a warm one
+/// near an optimum from its first trial).
 #[test]
-fn a_prior_study_of_a_shifted_function_puts_the_study_far_ahead_early() {
+fn a_prior_study_of_a_shifted_function_reaches_the_cold_regret_in_far_fewer_trials() {
     let prior = [prior_study(&|x, y| branin(&[x - 0.15, y + 0.2]))];
-    let cold: Vec<Vec<f64>> = SEEDS.map(|s| regrets(s, &[])).collect();
+    let cold = cold();
     let warm: Vec<Vec<f64>> = SEEDS.map(|s| regrets(s, &prior)).collect();
     let at = |runs: &[Vec<f64>], n: usize| median(runs.iter().map(|r| r[n - 1]).collect());
-    let (c10, w10) = (at(&cold, 10), at(&warm, 10));
-    let (c50, w50) = (at(&cold, BUDGET), at(&warm, BUDGET));
+    let target = at(cold, BUDGET);
+    let needed: Vec<f64> = warm
+        .iter()
+        .map(|r| {
+            r.iter()
+                .position(|v| *v <= target)
+                .map_or(BUDGET + 1, |i| i + 1) as f64
+        })
+        .collect();
     assert!(
-        w10 < 0.7 * c10,
-        "median regret at 10: warm {w10} vs cold {c10}"
+        median(needed.clone()) <= 30.0,
+        "trials to reach {target}: {needed:?}"
     );
+    let (c10, w10) = (at(cold, 10), at(&warm, 10));
     assert!(
-        w50 <= 2.0 * c50,
-        "median regret at 50: warm {w50} vs cold {c50}"
+        w10 < 0.1 * c10,
+        "median regret at 10: warm {w10} vs cold {c10}"
     );
 }
 
 /// The prior study ran on −Branin (its best points are Branin's worst): the warm studies'
 /// median regret at 50 trials stays within twice the cold studies' (plus 1e-3), because
-/// the model drops a prior that the new trials contradict.
+/// the model drops a prior that the new trials contradict (4 seeds).
 #[test]
 fn an_opposite_prior_study_costs_little_against_a_cold_start() {
     let prior = [prior_study(&|x, y| -branin(&[x, y]))];
-    let cold: Vec<f64> = SEEDS.map(|s| regrets(s, &[])[BUDGET - 1]).collect();
+    let cold: Vec<f64> = cold().iter().map(|r| r[BUDGET - 1]).collect();
     let warm: Vec<f64> = SEEDS.map(|s| regrets(s, &prior)[BUDGET - 1]).collect();
     let (c, w) = (median(cold), median(warm));
     assert!(
