@@ -103,16 +103,20 @@ if plot:
         print(f"\n(no matplotlib: {plot} not written)", file=sys.stderr)
     else:
         fig, axes = plt.subplots(2, len(functions) // 2 + len(functions) % 2, figsize=(20, 8), squeeze=False)
+        # One colour per optimizer across every panel.
+        every = sorted({o for (_f, _p, o) in rows})
+        colour = {o: f"C{i % 10}" for i, o in enumerate(every)}
         for ax, (f, p) in zip(axes.T.flat, functions):
             for o in sorted(o for (ff, pp, o) in rows if ff == f and pp == p):
                 rs = rows[(f, p, o)]
                 n = min(len(r["regret"]) for r in rs)
                 med = [st.median([max(r["regret"][t], 1e-9) for r in rs]) for t in range(n)]
-                ax.plot(range(1, n + 1), med, label=o)
+                ax.plot(range(1, n + 1), med, label=o, color=colour[o])
             ax.set_yscale("log")
             ax.set_title(f"{f}, parallel {p}")
             ax.set_xlabel("trials")
             ax.set_ylabel("median simple regret")
-        axes.flat[0].legend(fontsize=8)
+        handles = [plt.Line2D([], [], color=colour[o], label=o) for o in every]
+        axes.flat[0].legend(handles=handles, fontsize=8)
         fig.tight_layout()
         fig.savefig(plot, dpi=80)
