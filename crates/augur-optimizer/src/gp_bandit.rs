@@ -142,7 +142,14 @@ pub struct GpBanditConfig {
     /// header).
     pub trust_region: bool,
     pub acquisition: Acquisition,
-    /// UCB β while a warm-started study would still be in its quasi-random design.
+    /// Confine candidates to a box around the incumbent whose side adapts to successes and
+    /// failures (TuRBO, Eriksson et al. 2019; see [`incumbent_box`]). Single objective only.
+    /// Off: tried against Levy10's gap to the GP references, it made Levy worse (parallel
+    /// 1, median at 100 trials: 8.9 against 5.3 on the public box, 22 against 9.1 off-centre)
+    /// while helping Branin (50 trials: 1.4e-7 against 5.3e-6), Ackley5 (1.6 against 2.0) and
+    /// Hartmann6 (100 trials: 1.6e-5 against 4.5e-5); 7–10 seeds each.
+    pub incumbent_region: bool,
+    /// UCB β while a warm-started study uses its prior studies.
     pub warm_start_ucb_beta: f64,
     /// Warm start: the new study's trials after which prior studies are no longer used,
     /// as a multiple of [`GpBanditConfig::initial_trials`]. 10 (50 trials on Branin): with
@@ -176,6 +183,7 @@ impl Default for GpBanditConfig {
             fit_iters: 30,
             trust_region: true,
             acquisition: Acquisition::Ucb,
+            incumbent_region: false,
             warm_start_initial_multiple: 10,
             warm_start_ucb_beta: 0.2,
             initial_per_parameter: 2.0,
@@ -205,6 +213,7 @@ impl GpBanditConfig {
                 "raw_samples" => self.raw_samples = num(v)? as usize,
                 "generations" => self.generations = num(v)? as usize,
                 "trust_region" => self.trust_region = num(v)? != 0.0,
+                "incumbent_region" => self.incumbent_region = num(v)? != 0.0,
                 "initial_per_parameter" => self.initial_per_parameter = num(v)?,
                 "max_initial_trials" => self.max_initial_trials = num(v)? as usize,
                 "log_ei" => {
@@ -483,6 +492,8 @@ struct Model {
     /// Number of completed trials (before subsampling) and parameters, for the trust region.
     num_completed: usize,
     num_parameters: usize,
+    /// The incumbent's box (centre, half side), when enabled.
+    incumbent_box: Option<(Vec<f64>, f64)>,
     /// Safe-fraction bookkeeping for `desired_min_safe_trials_fraction`: the target, the
     /// trials counted so far (completed, pending, this batch) and how many of them are
     /// (expected to be) safe.
@@ -616,6 +627,7 @@ impl Model {
             pending: Vec::new(),
             pending_posteriors: None,
             num_completed: n,
+            incumbent_box: None,
             num_parameters: encoder.num_parameters(),
             desired_safe_fraction: input
                 .desired_min_safe_trials_fraction
@@ -634,6 +646,11 @@ impl Model {
             model.expected_safe += p.iter().sum::<f64>();
         }
         model.pending = pending;
+        if config.incumbent_region && values.len() == 1 && safety.is_empty() {
+            let initial = config.initial_trials(encoder.num_parameters());
+            model.incumbent_box = incumbent_box(&values[0], initial)
+                .map(|(i, half)| (encoder.encode(&input.completed[i].parameters), half));
+        }
         Some(model)
     }
 
@@ -865,6 +882,12 @@ impl Model {
                             value = -1e6 + p;
                         }
                     }
+                    if let Some((centre, half)) = &this.incumbent_box {
+                        let dist = numeric_linf(centre, &cands[c]);
+                        if dist > *half {
+                            return -1e9 - dist;
+                        }
+                    }
                     if radius < 1.0 {
                         let dist = this
                             .train_x
@@ -893,12 +916,18 @@ impl Model {
                 .collect();
             if continuous { x } else { encoder.snap(&x) }
         };
+        let incumbent_box = self.incumbent_box.clone();
         let random_point = |rng: &mut StdRng| -> Vec<f64> {
             let x = levels
                 .iter()
-                .map(|l| match l {
-                    Some(k) => rng.random_range(0..(*k).max(1)) as f64,
-                    None => rng.random::<f64>(),
+                .enumerate()
+                .map(|(d, l)| match (l, &incumbent_box) {
+                    (Some(k), _) => rng.random_range(0..(*k).max(1)) as f64,
+                    // Inside the incumbent's box, where the candidates must be.
+                    (None, Some((centre, half))) => {
+                        centre[d] + half * (2.0 * rng.random::<f64>() - 1.0)
+                    }
+                    (None, None) => rng.random::<f64>(),
                 })
                 .collect();
             project(x)
@@ -1199,6 +1228,59 @@ fn linf(a: &[f64], b: &[f64]) -> f64 {
         .zip(b)
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f64::max)
+}
+
+/// The incumbent's trust region, replayed from the history (so that it needs no state):
+/// side 0.8 of the unit cube after the initial design; after 3 successive improvements (by
+/// more than 1e-3 of the range so far) it doubles (at most 1.6), after 5 successive
+/// failures it halves, and below 0.8/64 it restarts at 0.8 (after Eriksson et al. 2019,
+/// TuRBO-1 with one region). Returns the incumbent's index and the box's half side.
+/// `values`: larger is better, `None` for infeasible trials.
+fn incumbent_box(values: &[Option<f64>], initial: usize) -> Option<(usize, f64)> {
+    const START: f64 = 0.8;
+    let (mut side, mut successes, mut failures) = (START, 0usize, 0usize);
+    let mut best: Option<(usize, f64)> = None;
+    let (lo, hi) = values
+        .iter()
+        .flatten()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
+            (a.min(*v), b.max(*v))
+        });
+    let tol = 1e-3 * (hi - lo).max(1e-12);
+    for (i, v) in values.iter().enumerate() {
+        let improved = match (v, best) {
+            (Some(v), Some((_, b))) => *v > b + tol,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if let Some(v) = v
+            && best.is_none_or(|(_, b)| *v > b)
+        {
+            best = Some((i, *v));
+        }
+        if i < initial {
+            continue;
+        }
+        if improved {
+            successes += 1;
+            failures = 0;
+        } else {
+            failures += 1;
+            successes = 0;
+        }
+        if successes >= 3 {
+            side = (2.0 * side).min(1.6);
+            successes = 0;
+        }
+        if failures >= 5 {
+            side /= 2.0;
+            failures = 0;
+        }
+        if side < START / 64.0 {
+            side = START;
+        }
+    }
+    best.map(|(i, _)| (i, side / 2.0))
 }
 
 /// Indices of at most `cap` trials: the best third by `quality`, then the most recent.

@@ -618,3 +618,21 @@ fn an_opposite_prior_is_dropped_for_a_cold_gp() {
     assert!(model.objectives[0].warm.is_none());
     assert!(!model.uses_prior());
 }
+
+/// The incumbent's box doubles after 3 improvements in a row, halves after 5 failures in a
+/// row, restarts when tiny, and is centred on the best trial.
+#[test]
+fn incumbent_box_grows_on_successes_shrinks_on_failures_and_restarts() {
+    let up: Vec<Option<f64>> = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0].map(Some).to_vec();
+    assert_eq!(incumbent_box(&up, 3), Some((5, 0.8)));
+    let mut flat: Vec<Option<f64>> = vec![Some(1.0), Some(5.0), Some(2.0)];
+    flat.extend([Some(0.0); 5]);
+    assert_eq!(incumbent_box(&flat, 3), Some((1, 0.2)));
+    // 30 failures: 0.8 → 0.4 → … → 0.0125 (= 0.8/64, kept) → restart at 0.8 on the 35th.
+    let mut long = flat.clone();
+    long.extend([None; 25]);
+    assert_eq!(incumbent_box(&long, 3), Some((1, 0.4 / 64.0)));
+    long.extend([None; 5]);
+    assert_eq!(incumbent_box(&long, 3), Some((1, 0.4)));
+    assert_eq!(incumbent_box(&[None, None], 1), None);
+}
