@@ -54,8 +54,8 @@ use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
 use crate::designer::{
-    Designer, DesignerInput, DesignerOutput, Goal, MetricSpec, Outcome, objective_metrics,
-    outcome_is_safe, trial_seed,
+    CompletedTrial, Designer, DesignerInput, DesignerOutput, Goal, MetricSpec, Outcome,
+    objective_metrics, outcome_is_safe, trial_seed,
 };
 use crate::gp::encoding::Encoder;
 use crate::gp::kernel::Hyper;
@@ -1103,20 +1103,20 @@ fn prior_data(
     let mut x = Vec::new();
     let mut values: Vec<Option<f64>> = Vec::new();
     for study in input.prior_studies {
-        let v: Vec<Option<f64>> = study
+        // Trials with a value outside this space's domain are left out.
+        let usable: Vec<&CompletedTrial> = study
             .completed
+            .iter()
+            .filter(|t| encoder.accepts(&t.parameters))
+            .collect();
+        let v: Vec<Option<f64>> = usable
             .iter()
             .map(|t| oriented(metric, &t.outcome))
             .collect();
         if v.iter().all(Option::is_none) {
             continue;
         }
-        x.extend(
-            study
-                .completed
-                .iter()
-                .map(|t| encoder.encode(&t.parameters)),
-        );
+        x.extend(usable.iter().map(|t| encoder.encode(&t.parameters)));
         values.extend(v);
     }
     if x.len() < 3 {

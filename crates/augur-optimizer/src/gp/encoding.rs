@@ -79,6 +79,19 @@ impl Encoder {
         x
     }
 
+    /// Whether every value that `assignment` gives a parameter of this space is feasible
+    /// for it (parameters it lacks, or that the space lacks, do not matter). Prior
+    /// studies' trials come from other spaces: a value outside this one's domain (a log
+    /// scale's non-positive value above all) would encode as NaN.
+    pub fn accepts(&self, assignment: &Assignment) -> bool {
+        self.slots
+            .iter()
+            .all(|(id, kind, _)| match assignment.get(id) {
+                Some(v) => kind.contains(v),
+                None => true,
+            })
+    }
+
     /// The assignment a feature vector stands for: numbers snap to the nearest feasible
     /// value, categoricals take the level of their (rounded) index (the last level for the
     /// inactive marker), and only parameters active under the chosen parent values are set.
@@ -343,5 +356,17 @@ mod tests {
         assert_eq!(mask.iter().filter(|c| **c).count(), 1);
         assert!(mask[enc.dim() - 2]);
         assert_eq!(enc.levels()[enc.dim() - 2], Some(2));
+    }
+
+    #[test]
+    fn values_outside_the_domain_are_not_accepted() {
+        let space = every_kind_space();
+        let enc = Encoder::new(&space);
+        let mut a = crate::quasi_random::quasi_random_assignment(&space, 5, 1);
+        assert!(enc.accepts(&a));
+        a.insert("unknown".into(), Value::Int(1));
+        assert!(enc.accepts(&a), "other parameters do not matter");
+        a.insert("d1".into(), Value::Float(-1.0));
+        assert!(!enc.accepts(&a), "log scale, below the minimum");
     }
 }
