@@ -142,15 +142,6 @@ impl Encoder {
             .collect()
     }
 
-    /// Per feature, whether it takes a finite set of values (integer, discrete,
-    /// categorical), so that small continuous moves may not change it.
-    pub fn discrete_mask(&self) -> Vec<bool> {
-        self.slots
-            .iter()
-            .map(|(_, k, _)| !matches!(k, ParameterKind::Double { .. }))
-            .collect()
-    }
-
     /// The feasible neighbours of the feasible point `x` that differ in one active
     /// parameter: every other level of each active categorical, and the next feasible value
     /// up and down of each active integer or discrete parameter. The acquisition search

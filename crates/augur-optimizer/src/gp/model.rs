@@ -289,8 +289,7 @@ pub fn fit_theta(
 }
 
 /// [`fit_theta`], also returning the negative log posterior at the returned `θ` (infinite
-/// if it could not be evaluated): it compares models of the same data (e.g. with and
-/// without a prior study's mean).
+/// if it could not be evaluated), to compare fits of the same data.
 pub fn fit(
     x: &[Vec<f64>],
     y: &DVector<f64>,
@@ -382,22 +381,6 @@ impl Posterior {
             l_inv,
             alpha,
         })
-    }
-
-    /// `L⁻¹v`: then `uᵀK⁻¹v = (L⁻¹u)·(L⁻¹v)` (generalized least squares, e.g. the weight
-    /// of a prior study's mean).
-    pub fn whiten(&self, v: &DVector<f64>) -> DVector<f64> {
-        &self.l_inv * v
-    }
-
-    /// Number of points conditioned on.
-    pub fn len(&self) -> usize {
-        self.x.len()
-    }
-
-    /// Whether the posterior conditions on no point (never: `new` needs one).
-    pub fn is_empty(&self) -> bool {
-        self.x.is_empty()
     }
 
     /// Posterior means (zeros for a covariance-only posterior) and variances of the latent
