@@ -397,6 +397,7 @@ impl StudySpec {
             metrics.push(MetricSpec {
                 id: m.id.clone(),
                 goal,
+                safety_threshold: None,
             });
         }
         if self.parameters.is_empty() {

@@ -76,10 +76,12 @@ mod tests {
             MetricSpec {
                 id: "acc".into(),
                 goal: Goal::Maximize,
+                safety_threshold: None,
             },
             MetricSpec {
                 id: "latency".into(),
                 goal: Goal::Minimize,
+                safety_threshold: None,
             },
         ];
         // 2 dominates 1 (better acc, lower latency); 3 and 4 trade off; 5 equals 3 (kept:

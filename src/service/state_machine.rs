@@ -397,6 +397,8 @@ impl StudyBatch {
             first_trial_number: self.study.next_trial_id.max(1) as u64,
             seed: self.config.seed,
             previous_state: None,
+            prior_studies: &[],
+            desired_min_safe_trials_fraction: None,
         };
         designer.suggest(&input).suggestions
     }

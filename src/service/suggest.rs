@@ -211,6 +211,8 @@ impl Service {
                 first_trial_number,
                 seed,
                 previous_state: previous_state.as_ref(),
+                prior_studies: &[],
+                desired_min_safe_trials_fraction: None,
             };
             designer_for(algorithm).suggest(&input)
         })
@@ -237,6 +239,8 @@ fn fallback_points(study: &StudyRecord, config: &StudyConfig, count: usize) -> V
         first_trial_number: study.next_trial_id.max(1) as u64,
         seed: config.seed,
         previous_state: None,
+        prior_studies: &[],
+        desired_min_safe_trials_fraction: None,
     };
     designer_for(augur_optimizer::Algorithm::QuasiRandom)
         .suggest(&input)

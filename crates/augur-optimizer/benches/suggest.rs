@@ -52,6 +52,7 @@ fn bench(c: &mut Criterion) {
     let metrics = [MetricSpec {
         id: "y".into(),
         goal: Goal::Minimize,
+        safety_threshold: None,
     }];
     let designer = designer_for(augur_optimizer::Algorithm::GpBandit);
     let mut group = c.benchmark_group("gp_bandit_suggest");
@@ -73,6 +74,8 @@ fn bench(c: &mut Criterion) {
                         first_trial_number: n as u64 + 1,
                         seed: 1,
                         previous_state: None,
+                        prior_studies: &[],
+                        desired_min_safe_trials_fraction: None,
                     };
                     black_box(designer.suggest(&input))
                 })
@@ -93,6 +96,8 @@ fn bench(c: &mut Criterion) {
             first_trial_number: 101,
             seed: 1,
             previous_state: state,
+            prior_studies: &[],
+            desired_min_safe_trials_fraction: None,
         })
     };
     let state = first(None).state;

@@ -3,16 +3,53 @@
 //! `{"optimizer", "function", "parallel", "seed", "regret": [best-so-far regret per trial],
 //!  "ms": [wall ms per suggest call, divided by the suggestions it returned]}`.
 //!
-//! `cargo run --release --example quality -- [--seeds N] [--functions a,b] [--algorithms a,b]
-//! [--parallel 1,5]`. `benches/quality/run` aggregates these lines with the Python references.
+//! `cargo run --release --example quality -- [--seeds N] [--first-seed S] [--functions a,b]
+//! [--algorithms a,b] [--parallel 1,5] [--gp knob=value,… --label name]`. `benches/quality/run` aggregates these lines with the Python references.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use augur_optimizer::test_functions::{SUITE, TestFunction};
+use augur_optimizer::test_functions::{MIXED_SUITE, SUITE};
 use augur_optimizer::{
-    Algorithm, CompletedTrial, DesignerInput, Goal, MetricSpec, Outcome, designer_for,
+    Algorithm, Assignment, CompletedTrial, Designer, DesignerInput, Goal, GpBanditConfig,
+    GpBanditDesigner, MetricSpec, Outcome, SearchSpace, designer_for,
 };
+
+/// A box function or a mixed-space problem, as the bench sees it.
+struct Problem {
+    name: &'static str,
+    space: SearchSpace,
+    f: Box<dyn Fn(&Assignment) -> f64>,
+    optimum: f64,
+    budget: usize,
+}
+
+fn problems() -> Vec<Problem> {
+    let mut out: Vec<Problem> = SUITE
+        .iter()
+        .map(|f| {
+            let f = *f;
+            Problem {
+                name: f.name,
+                space: f.space(),
+                f: Box::new(move |a| f.evaluate(a)),
+                optimum: f.optimum,
+                budget: f.budget,
+            }
+        })
+        .collect();
+    out.extend(MIXED_SUITE.iter().map(|f| {
+        let f = *f;
+        Problem {
+            name: f.name,
+            space: (f.space)(),
+            f: Box::new(move |a| (f.f)(a)),
+            optimum: f.optimum,
+            budget: f.budget,
+        }
+    }));
+    out
+}
 
 fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter()
@@ -20,12 +57,12 @@ fn arg(args: &[String], name: &str) -> Option<String> {
         .and_then(|i| args.get(i + 1).cloned())
 }
 
-fn run(algorithm: Algorithm, f: &TestFunction, seed: u64, parallel: usize) -> (Vec<f64>, Vec<f64>) {
-    let designer = designer_for(algorithm);
-    let space = f.space();
+fn run(designer: &dyn Designer, f: &Problem, seed: u64, parallel: usize) -> (Vec<f64>, Vec<f64>) {
+    let space = &f.space;
     let metrics = [MetricSpec {
         id: "y".into(),
         goal: Goal::Minimize,
+        safety_threshold: None,
     }];
     let mut completed: Vec<CompletedTrial> = Vec::new();
     let mut state: Option<serde_json::Value> = None;
@@ -34,7 +71,7 @@ fn run(algorithm: Algorithm, f: &TestFunction, seed: u64, parallel: usize) -> (V
     while completed.len() < f.budget {
         let count = parallel.min(f.budget - completed.len());
         let input = DesignerInput {
-            space: &space,
+            space,
             metrics: &metrics,
             completed: &completed,
             pending: &[],
@@ -42,6 +79,8 @@ fn run(algorithm: Algorithm, f: &TestFunction, seed: u64, parallel: usize) -> (V
             first_trial_number: completed.len() as u64 + 1,
             seed,
             previous_state: state.as_ref(),
+            prior_studies: &[],
+            desired_min_safe_trials_fraction: None,
         };
         let start = Instant::now();
         let out = designer.suggest(&input);
@@ -52,7 +91,7 @@ fn run(algorithm: Algorithm, f: &TestFunction, seed: u64, parallel: usize) -> (V
         }
         let per = elapsed / out.suggestions.len() as f64;
         for a in out.suggestions {
-            let y = f.evaluate(&a);
+            let y = (f.f)(&a);
             best = best.min(y);
             regrets.push(best - f.optimum);
             ms.push(per);
@@ -70,6 +109,12 @@ fn main() {
     let seeds: u64 = arg(&args, "--seeds")
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
+    let first_seed: u64 = arg(&args, "--first-seed")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    // GP-bandit knob overrides (`GpBanditConfig::with_overrides`) and a name for the runs.
+    let gp_overrides = arg(&args, "--gp");
+    let label = arg(&args, "--label");
     let functions = arg(&args, "--functions").unwrap_or_else(|| "all".into());
     let algorithms =
         arg(&args, "--algorithms").unwrap_or_else(|| "gp_bandit,quasi_random,random".into());
@@ -78,7 +123,7 @@ fn main() {
         .split(',')
         .filter_map(|p| p.trim().parse().ok())
         .collect();
-    for f in SUITE
+    for f in problems()
         .iter()
         .filter(|f| functions == "all" || functions.split(',').any(|n| n == f.name))
     {
@@ -87,11 +132,23 @@ fn main() {
                 eprintln!("unknown algorithm {name}");
                 continue;
             };
+            let designer: Box<dyn Designer> = match (&gp_overrides, algorithm) {
+                (Some(o), Algorithm::GpBandit) => {
+                    match GpBanditConfig::default().with_overrides(o) {
+                        Ok(config) => Box::new(GpBanditDesigner { config }),
+                        Err(e) => {
+                            eprintln!("--gp: {e}");
+                            std::process::exit(2);
+                        }
+                    }
+                }
+                _ => designer_for(algorithm),
+            };
             for &p in &parallel {
-                for seed in 0..seeds {
-                    let (regret, ms) = run(algorithm, f, seed, p);
+                for seed in first_seed..first_seed + seeds {
+                    let (regret, ms) = run(designer.as_ref(), f, seed, p);
                     let line = serde_json::json!({
-                        "optimizer": name, "function": f.name, "parallel": p, "seed": seed,
+                        "optimizer": label.as_deref().unwrap_or(name), "function": f.name, "parallel": p, "seed": seed,
                         "regret": regret, "ms": ms,
                     });
                     println!("{line}");

@@ -19,6 +19,73 @@ pub enum Goal {
 pub struct MetricSpec {
     pub id: String,
     pub goal: Goal,
+    /// Makes this a *safety* metric (Vertex AI's `safetyConfig`): a trial is safe when the
+    /// metric is on the good side of the threshold (`≥` for [`Goal::Maximize`], `≤` for
+    /// [`Goal::Minimize`]). A safety metric constrains the search and is not an objective,
+    /// unless every metric of the study is a safety metric. Absent in specs stored before it
+    /// existed, hence the serde default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub safety_threshold: Option<f64>,
+}
+
+impl MetricSpec {
+    /// An objective metric without a safety threshold.
+    pub fn new(id: impl Into<String>, goal: Goal) -> Self {
+        MetricSpec {
+            id: id.into(),
+            goal,
+            safety_threshold: None,
+        }
+    }
+
+    /// Whether this metric carries a safety threshold.
+    pub fn is_safety(&self) -> bool {
+        self.safety_threshold.is_some()
+    }
+
+    /// Whether `value` of this metric is on the safe side of its threshold (always true
+    /// without a threshold; never for a non-finite value).
+    pub fn value_is_safe(&self, value: f64) -> bool {
+        match self.safety_threshold {
+            None => true,
+            Some(t) => {
+                value.is_finite()
+                    && match self.goal {
+                        Goal::Maximize => value >= t,
+                        Goal::Minimize => value <= t,
+                    }
+            }
+        }
+    }
+}
+
+/// The metrics a designer optimizes: those without a safety threshold, or all of them when
+/// every metric has one (then there is nothing else to optimize).
+pub fn objective_metrics(metrics: &[MetricSpec]) -> Vec<&MetricSpec> {
+    let objectives: Vec<&MetricSpec> = metrics.iter().filter(|m| !m.is_safety()).collect();
+    if objectives.is_empty() {
+        metrics.iter().collect()
+    } else {
+        objectives
+    }
+}
+
+/// Whether a measured trial is safe: every safety metric is present, finite and on the
+/// good side of its threshold. A study without safety metrics has only safe trials.
+pub fn is_safe(metrics: &[MetricSpec], values: &BTreeMap<String, f64>) -> bool {
+    metrics
+        .iter()
+        .filter(|m| m.is_safety())
+        .all(|m| values.get(&m.id).is_some_and(|v| m.value_is_safe(*v)))
+}
+
+/// [`is_safe`] for any outcome: infeasible and failed trials are not safe when the study
+/// has safety metrics (nothing shows they are), and are when it has none.
+pub fn outcome_is_safe(metrics: &[MetricSpec], outcome: &Outcome) -> bool {
+    match outcome {
+        Outcome::Measured(values) => is_safe(metrics, values),
+        Outcome::Infeasible | Outcome::Failed => !metrics.iter().any(MetricSpec::is_safety),
+    }
 }
 
 /// What a finished trial told us.
@@ -49,6 +116,17 @@ pub enum Algorithm {
     Grid,
 }
 
+/// The finished trials of an earlier study that a new study learns from (warm start).
+///
+/// Parameters are matched to the new study's by id: those the new space lacks are dropped,
+/// and the new space's parameters that a prior trial lacks count as inactive (as for a
+/// conditional parameter). Metric values are matched by metric id and read with the new
+/// study's goals. Prior trials never count towards the new study's budget.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PriorStudy {
+    pub completed: Vec<CompletedTrial>,
+}
+
 /// Everything a designer may look at. The service builds this from stored trials.
 #[derive(Debug, Clone)]
 pub struct DesignerInput<'a> {
@@ -69,6 +147,13 @@ pub struct DesignerInput<'a> {
     /// State the designer returned last time, if the service kept it (e.g. GP
     /// hyperparameters to warm-start from). Never required for correctness.
     pub previous_state: Option<&'a serde_json::Value>,
+    /// Earlier studies to learn from (warm start); empty for a cold start. Only the GP
+    /// bandit uses them.
+    pub prior_studies: &'a [PriorStudy],
+    /// With safety metrics: the fraction of trials that should be safe at any time (best
+    /// effort, Vertex AI's `desired_min_safe_trials_fraction`, in [0, 1]). `None` or 0: no
+    /// target, suggestions are only weighted by their probability of being safe.
+    pub desired_min_safe_trials_fraction: Option<f64>,
 }
 
 /// What a designer returns.
@@ -106,4 +191,60 @@ pub fn trial_seed(seed: u64, trial_number: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(pairs: &[(&str, f64)]) -> BTreeMap<String, f64> {
+        pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    }
+
+    #[test]
+    fn safety_follows_each_metrics_goal_and_needs_every_safety_metric() {
+        let metrics = [
+            MetricSpec::new("accuracy", Goal::Maximize),
+            MetricSpec {
+                safety_threshold: Some(2.0),
+                ..MetricSpec::new("memory_gb", Goal::Minimize)
+            },
+            MetricSpec {
+                safety_threshold: Some(0.5),
+                ..MetricSpec::new("recall", Goal::Maximize)
+            },
+        ];
+        let safe = values(&[("accuracy", 0.1), ("memory_gb", 2.0), ("recall", 0.5)]);
+        assert!(is_safe(&metrics, &safe), "thresholds themselves are safe");
+        let too_big = values(&[("accuracy", 0.9), ("memory_gb", 2.1), ("recall", 0.9)]);
+        assert!(!is_safe(&metrics, &too_big));
+        let too_low = values(&[("accuracy", 0.9), ("memory_gb", 1.0), ("recall", 0.4)]);
+        assert!(!is_safe(&metrics, &too_low));
+        let missing = values(&[("accuracy", 0.9), ("memory_gb", 1.0)]);
+        assert!(
+            !is_safe(&metrics, &missing),
+            "a missing safety metric is not safe"
+        );
+        let nan = values(&[("accuracy", 0.9), ("memory_gb", f64::NAN), ("recall", 0.9)]);
+        assert!(!is_safe(&metrics, &nan));
+        assert!(!outcome_is_safe(&metrics, &Outcome::Infeasible));
+        assert!(outcome_is_safe(&metrics[..1], &Outcome::Failed));
+        assert_eq!(objective_metrics(&metrics), vec![&metrics[0]]);
+        assert_eq!(objective_metrics(&metrics[1..]).len(), 2);
+    }
+
+    #[test]
+    fn stored_metric_specs_without_a_threshold_still_parse_and_round_trip() {
+        let old: MetricSpec =
+            serde_json::from_str(r#"{"id": "loss", "goal": "minimize"}"#).expect("parses");
+        assert_eq!(old, MetricSpec::new("loss", Goal::Minimize));
+        assert_eq!(
+            serde_json::to_string(&old).expect("serializes"),
+            r#"{"id":"loss","goal":"minimize"}"#
+        );
+        let new: MetricSpec =
+            serde_json::from_str(r#"{"id": "mem", "goal": "minimize", "safety_threshold": 4.5}"#)
+                .expect("parses");
+        assert_eq!(new.safety_threshold, Some(4.5));
+    }
 }

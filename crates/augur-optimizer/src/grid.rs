@@ -234,6 +234,7 @@ mod tests {
         let metrics = [MetricSpec {
             id: "m".into(),
             goal: Goal::Minimize,
+            safety_threshold: None,
         }];
         let input = DesignerInput {
             space,
@@ -244,6 +245,8 @@ mod tests {
             first_trial_number: first,
             seed: 0,
             previous_state: None,
+            prior_studies: &[],
+            desired_min_safe_trials_fraction: None,
         };
         GridDesigner::default().suggest(&input).suggestions
     }

@@ -16,9 +16,9 @@ pub mod test_functions;
 
 pub use designer::{
     Algorithm, CompletedTrial, Designer, DesignerInput, DesignerOutput, Goal, MetricSpec, Outcome,
-    designer_for,
+    PriorStudy, designer_for, is_safe, objective_metrics, outcome_is_safe,
 };
-pub use gp_bandit::{BatchAcquisition, GpBanditConfig, GpBanditDesigner};
+pub use gp_bandit::{Acquisition, BatchAcquisition, GpBanditConfig, GpBanditDesigner};
 pub use grid::{DEFAULT_GRID_RESOLUTION, grid_size};
 pub use space::{Assignment, Child, Parameter, ParameterKind, Scale, SearchSpace, Value};
 pub use stopping::{StoppingRule, should_stop};

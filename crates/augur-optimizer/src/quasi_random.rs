@@ -140,6 +140,7 @@ mod tests {
         let metrics = [MetricSpec {
             id: "m".into(),
             goal: crate::Goal::Minimize,
+            safety_threshold: None,
         }];
         let input = DesignerInput {
             space,
@@ -150,6 +151,8 @@ mod tests {
             first_trial_number: first,
             seed,
             previous_state: None,
+            prior_studies: &[],
+            desired_min_safe_trials_fraction: None,
         };
         QuasiRandomDesigner.suggest(&input).suggestions
     }

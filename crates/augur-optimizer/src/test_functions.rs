@@ -1,9 +1,14 @@
 //! The public benchmark suite (`shared/reference/README.md`): Branin, Hartmann6,
-//! Rosenbrock 4D, Ackley 5D on the asymmetric box [−5, 10]^5, Levy 10D. All minimized;
-//! simple regret = best value found − `optimum`. Used by the statistical tests, the latency
-//! bench and the quality bench (`examples/quality.rs`).
+//! Rosenbrock 4D, Ackley 5D on the asymmetric box [−5, 10]^5, Levy 10D; off-centre boxes
+//! of Levy and Rosenbrock (the optimum far from the box centre, so that a designer gains
+//! nothing by trying the centre); and mixed-space problems with categorical, log-scaled
+//! integer and conditional parameters ([`MIXED_SUITE`]). All minimized; simple regret =
+//! best value found − `optimum`. Used by the statistical tests, the latency bench and the
+//! quality bench (`examples/quality.rs`); `benches/quality/reference.py` defines the same
+//! functions for the Python references, and both check the values at the points of
+//! [`AGREEMENT_POINTS`].
 
-use crate::space::{Assignment, Parameter, ParameterKind, Scale, SearchSpace};
+use crate::space::{Assignment, Child, Parameter, ParameterKind, Scale, SearchSpace, Value};
 
 /// One benchmark function over a box.
 #[derive(Debug, Clone, Copy)]
@@ -93,8 +98,271 @@ pub const LEVY10: TestFunction = TestFunction {
     f: levy,
 };
 
+/// Levy 10D on [−10, 20]^10: the optimum (x = 1) is far from the centre (x = 5, where
+/// Levy is about 20, against 1.44 at the centre of the public box).
+pub const LEVY10_OFFCENTRE: TestFunction = TestFunction {
+    name: "levy10_offcentre",
+    bounds: &[(-10.0, 20.0); 10],
+    optimum: 0.0,
+    budget: 100,
+    f: levy,
+};
+/// Rosenbrock 6D on [−3, 7]^6: the optimum (x = 1) is far from the centre (x = 2, value
+/// 405 against 3 at the centre of the public 4D box).
+pub const ROSENBROCK6_OFFCENTRE: TestFunction = TestFunction {
+    name: "rosenbrock6_offcentre",
+    bounds: &[(-3.0, 7.0); 6],
+    optimum: 0.0,
+    budget: 100,
+    f: rosenbrock,
+};
+
 /// The whole suite, in the reference order.
-pub const SUITE: [TestFunction; 5] = [BRANIN, HARTMANN6, ROSENBROCK4, ACKLEY5, LEVY10];
+pub const SUITE: [TestFunction; 7] = [
+    BRANIN,
+    HARTMANN6,
+    ROSENBROCK4,
+    ACKLEY5,
+    LEVY10,
+    LEVY10_OFFCENTRE,
+    ROSENBROCK6_OFFCENTRE,
+];
+
+/// A benchmark problem over an arbitrary (mixed, conditional) search space.
+#[derive(Debug, Clone, Copy)]
+pub struct MixedFunction {
+    pub name: &'static str,
+    pub space: fn() -> SearchSpace,
+    /// The objective at a valid assignment of `space()`.
+    pub f: fn(&Assignment) -> f64,
+    /// The global minimum f*, found by [`MixedFunction::exhaustive_optimum`].
+    pub optimum: f64,
+    pub budget: usize,
+}
+
+/// A model training run's shape: `lr` (log double), `batch` (log integer 16..1024),
+/// `optimizer` (categorical sgd/adam/rmsprop) whose value moves the optimal `lr` and
+/// `batch`, `momentum` (active only with sgd, and moving sgd's optimal `lr`), `dropout`
+/// (linear double) and `layers` (integer 1..8):
+/// `f = base + 0.6 (log10 lr − l*)² + 0.05 (log2 batch − b*)² + 1.5 (dropout − 0.25)²
+///      + 0.02 (layers − 3.6)²`, with per optimizer
+/// sgd: `base = −0.1 + 0.6 (momentum − 0.9)²`, `l* = −1.2 + log10(1 − momentum)`, `b* = 8.4`;
+/// adam: `base = 0`, `l* = −3.3`, `b* = 6.3`; rmsprop: `base = 0.15`, `l* = −2.8`, `b* = 7`.
+/// The best branch (sgd with momentum 0.9) must be found through the conditional
+/// parameter; adam is an easy trap 0.1 above it.
+pub const TRAIN5: MixedFunction = MixedFunction {
+    name: "mixed_train5",
+    space: train5_space,
+    f: train5,
+    optimum: -0.096_799_961_329_591_29,
+    budget: 50,
+};
+
+/// Ackley over a categorical `level` (a, b, c, d) that moves the optimum of three doubles
+/// `x0..x2` and two integers `n0, n1`, all on [−5, 10]: `f = ackley(v − s_level) + o_level`
+/// with shifts `s = (−2, 3.3, 6, 0.5)` and offsets `o = (0.6, 0, 0.3, 0.9)`. Level `b` has
+/// the lowest offset, but its integers cannot reach 3.3 (its best is 2.43), so f* = 0.3 at
+/// level `c` with every coordinate at 6, as exhaustive search confirms.
+pub const ACKLEY_MIXED6: MixedFunction = MixedFunction {
+    name: "mixed_ackley6",
+    space: ackley_mixed_space,
+    f: ackley_mixed,
+    optimum: 0.300_000_000_000_000_4,
+    budget: 50,
+};
+
+/// The mixed-space problems.
+pub const MIXED_SUITE: [MixedFunction; 2] = [TRAIN5, ACKLEY_MIXED6];
+
+fn double(id: &str, min: f64, max: f64, scale: Scale) -> Parameter {
+    Parameter {
+        id: id.into(),
+        kind: ParameterKind::Double { min, max, scale },
+        children: vec![],
+    }
+}
+
+fn integer(id: &str, min: i64, max: i64, scale: Scale) -> Parameter {
+    Parameter {
+        id: id.into(),
+        kind: ParameterKind::Integer { min, max, scale },
+        children: vec![],
+    }
+}
+
+fn categorical(id: &str, values: &[&str]) -> Parameter {
+    Parameter {
+        id: id.into(),
+        kind: ParameterKind::Categorical {
+            values: values.iter().map(|v| v.to_string()).collect(),
+        },
+        children: vec![],
+    }
+}
+
+fn train5_space() -> SearchSpace {
+    let mut optimizer = categorical("optimizer", &["sgd", "adam", "rmsprop"]);
+    optimizer.children.push(Child {
+        when: vec![Value::Str("sgd".into())],
+        parameters: vec![double("momentum", 0.0, 0.99, Scale::Linear)],
+    });
+    SearchSpace {
+        parameters: vec![
+            double("lr", 1e-5, 1.0, Scale::Log),
+            integer("batch", 16, 1024, Scale::Log),
+            optimizer,
+            double("dropout", 0.0, 0.8, Scale::Linear),
+            integer("layers", 1, 8, Scale::Linear),
+        ],
+    }
+}
+
+fn num(a: &Assignment, id: &str) -> f64 {
+    a.get(id).and_then(Value::as_f64).unwrap_or(0.0)
+}
+
+fn cat<'a>(a: &'a Assignment, id: &str) -> &'a str {
+    match a.get(id) {
+        Some(Value::Str(s)) => s,
+        _ => "",
+    }
+}
+
+fn train5(a: &Assignment) -> f64 {
+    let (base, lstar, bstar) = match cat(a, "optimizer") {
+        "sgd" => {
+            let m = num(a, "momentum");
+            (
+                -0.1 + 0.6 * (m - 0.9).powi(2),
+                -1.2 + (1.0 - m).log10(),
+                8.4,
+            )
+        }
+        "adam" => (0.0, -3.3, 6.3),
+        _ => (0.15, -2.8, 7.0),
+    };
+    base + 0.6 * (num(a, "lr").log10() - lstar).powi(2)
+        + 0.05 * (num(a, "batch").log2() - bstar).powi(2)
+        + 1.5 * (num(a, "dropout") - 0.25).powi(2)
+        + 0.02 * (num(a, "layers") - 3.6).powi(2)
+}
+
+const ACKLEY_SHIFTS: [f64; 4] = [-2.0, 3.3, 6.0, 0.5];
+const ACKLEY_OFFSETS: [f64; 4] = [0.6, 0.0, 0.3, 0.9];
+
+fn ackley_mixed_space() -> SearchSpace {
+    SearchSpace {
+        parameters: vec![
+            categorical("level", &["a", "b", "c", "d"]),
+            double("x0", -5.0, 10.0, Scale::Linear),
+            double("x1", -5.0, 10.0, Scale::Linear),
+            double("x2", -5.0, 10.0, Scale::Linear),
+            integer("n0", -5, 10, Scale::Linear),
+            integer("n1", -5, 10, Scale::Linear),
+        ],
+    }
+}
+
+fn ackley_mixed(a: &Assignment) -> f64 {
+    let level = match cat(a, "level") {
+        "a" => 0,
+        "b" => 1,
+        "c" => 2,
+        _ => 3,
+    };
+    let s = ACKLEY_SHIFTS[level];
+    let v: Vec<f64> = ["x0", "x1", "x2", "n0", "n1"]
+        .iter()
+        .map(|id| num(a, id) - s)
+        .collect();
+    ackley(&v) + ACKLEY_OFFSETS[level]
+}
+
+impl MixedFunction {
+    /// f* by exhaustive search over the discrete part (every categorical level and every
+    /// integer value), with the continuous part at its known minimizer given the discrete
+    /// part (both problems are built so that it is known in closed form).
+    pub fn exhaustive_optimum(&self) -> f64 {
+        let mut best = f64::INFINITY;
+        match self.name {
+            "mixed_train5" => {
+                for opt in ["sgd", "adam", "rmsprop"] {
+                    for batch in 16..=1024i64 {
+                        for layers in 1..=8i64 {
+                            let lstar = match opt {
+                                "sgd" => -1.2 + (1.0f64 - 0.9).log10(),
+                                "adam" => -3.3,
+                                _ => -2.8,
+                            };
+                            let mut a = Assignment::new();
+                            a.insert("optimizer".into(), Value::Str(opt.into()));
+                            a.insert("lr".into(), Value::Float(10f64.powf(lstar)));
+                            a.insert("batch".into(), Value::Int(batch));
+                            a.insert("dropout".into(), Value::Float(0.25));
+                            a.insert("layers".into(), Value::Int(layers));
+                            if opt == "sgd" {
+                                a.insert("momentum".into(), Value::Float(0.9));
+                            }
+                            best = best.min(train5(&a));
+                        }
+                    }
+                }
+            }
+            _ => {
+                for (level, s) in ["a", "b", "c", "d"].iter().zip(ACKLEY_SHIFTS) {
+                    for n0 in -5..=10i64 {
+                        for n1 in -5..=10i64 {
+                            let mut a = Assignment::new();
+                            a.insert("level".into(), Value::Str(level.to_string()));
+                            for id in ["x0", "x1", "x2"] {
+                                a.insert(id.into(), Value::Float(s));
+                            }
+                            a.insert("n0".into(), Value::Int(n0));
+                            a.insert("n1".into(), Value::Int(n1));
+                            best = best.min(ackley_mixed(&a));
+                        }
+                    }
+                }
+            }
+        }
+        best
+    }
+}
+
+/// Points (as JSON objects) and the values both implementations must give there;
+/// `reference.py --self-test` checks the same table.
+pub const AGREEMENT_POINTS: [(&str, &str, f64); 6] = [
+    (
+        "mixed_train5",
+        r#"{"lr": 0.001, "batch": 64, "optimizer": "sgd", "momentum": 0.5, "dropout": 0.1, "layers": 2}"#,
+        1.717_096_644_339_474_2,
+    ),
+    (
+        "mixed_train5",
+        r#"{"lr": 0.0005, "batch": 512, "optimizer": "adam", "dropout": 0.7, "layers": 8}"#,
+        1.055_450_636_534_640_8,
+    ),
+    (
+        "mixed_train5",
+        r#"{"lr": 0.2, "batch": 16, "optimizer": "rmsprop", "dropout": 0.0, "layers": 1}"#,
+        3.477_546_225_607_873_5,
+    ),
+    (
+        "mixed_ackley6",
+        r#"{"level": "b", "x0": 3.3, "x1": 3.3, "x2": 3.3, "n0": 3, "n1": 4}"#,
+        2.425_012_541_648_815_7,
+    ),
+    (
+        "mixed_ackley6",
+        r#"{"level": "a", "x0": 0.0, "x1": -1.5, "x2": 7.25, "n0": -5, "n1": 10}"#,
+        16.863_527_155_910_973,
+    ),
+    (
+        "levy10_offcentre",
+        r#"{"x0": 5, "x1": 5, "x2": 5, "x3": 5, "x4": 5, "x5": 5, "x6": 5, "x7": 5, "x8": 5, "x9": 5}"#,
+        73.726_607_644_621_4,
+    ),
+];
 
 /// `a(x2 − b x1² + c x1 − r)² + s(1 − t) cos x1 + s`, with the standard constants.
 pub fn branin(x: &[f64]) -> f64 {
@@ -176,5 +444,44 @@ mod tests {
         assert!(rosenbrock(&[1.0; 4]).abs() < 1e-12);
         assert!(ackley(&[0.0; 5]).abs() < 1e-12);
         assert!(levy(&[1.0; 10]).abs() < 1e-12);
+    }
+
+    #[test]
+    fn mixed_problems_state_the_optimum_that_exhaustive_search_finds() {
+        for f in MIXED_SUITE {
+            let found = f.exhaustive_optimum();
+            assert!(
+                (found - f.optimum).abs() < 1e-9,
+                "{}: {found} vs {}",
+                f.name,
+                f.optimum
+            );
+        }
+    }
+
+    #[test]
+    fn agreement_points_are_valid_and_give_the_shared_values() {
+        type Evaluate = Box<dyn Fn(&Assignment) -> f64>;
+        let all = |name: &str| -> (SearchSpace, Evaluate) {
+            if let Some(f) = MIXED_SUITE.iter().find(|f| f.name == name) {
+                let f = *f;
+                return ((f.space)(), Box::new(move |a| (f.f)(a)));
+            }
+            let f = *SUITE
+                .iter()
+                .find(|f| f.name == name)
+                .expect("known function");
+            (f.space(), Box::new(move |a| f.evaluate(a)))
+        };
+        for (name, point, value) in AGREEMENT_POINTS {
+            let a: Assignment = serde_json::from_str(point).expect("a JSON object");
+            let (space, f) = all(name);
+            assert_eq!(space.check_assignment(&a), Ok(()), "{name} {point}");
+            let got = f(&a);
+            assert!(
+                (got - value).abs() < 1e-9 * value.abs().max(1.0),
+                "{name} {point}: {got} vs {value}"
+            );
+        }
     }
 }

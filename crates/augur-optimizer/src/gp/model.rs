@@ -16,7 +16,7 @@ use argmin::solver::quasinewton::LBFGS;
 use nalgebra::{Cholesky, DMatrix, DVector, Dyn};
 use rand::{Rng, RngExt};
 
-use super::kernel::{Hyper, matern52, scaled_r2};
+use super::kernel::{Hyper, feature_distance, matern52};
 
 const SQRT5: f64 = 2.236_067_977_499_79;
 
@@ -25,6 +25,9 @@ const SQRT5: f64 = 2.236_067_977_499_79;
 /// factor of e^σ.
 const PRIOR_LN_AMPLITUDE: (f64, f64) = (0.0, 1.0);
 const PRIOR_LN_LENGTH_SCALE: (f64, f64) = (-0.693, 1.0);
+/// Categorical features (Hamming term, distance 1 between distinct levels): length scales
+/// around 1, i.e. a correlation of about 0.5 between two levels of one parameter a priori.
+const PRIOR_LN_CATEGORICAL_LENGTH_SCALE: (f64, f64) = (0.0, 1.0);
 const PRIOR_LN_NOISE: (f64, f64) = (-6.9, 2.0);
 /// Hard box for `θ`, enforced by a steep quadratic penalty outside it (argmin's L-BFGS is
 /// unbounded).
@@ -32,19 +35,21 @@ const BOUNDS_AMPLITUDE: (f64, f64) = (-4.6, 4.6);
 const BOUNDS_LENGTH_SCALE: (f64, f64) = (-4.6, 3.0);
 const BOUNDS_NOISE: (f64, f64) = (-18.0, 0.0);
 
-/// The default starting point of the hyperparameter search (the prior means).
-pub fn default_theta(dim: usize) -> Vec<f64> {
-    let mut t = vec![PRIOR_LN_LENGTH_SCALE.0; dim + 2];
-    t[0] = PRIOR_LN_AMPLITUDE.0;
-    t[dim + 1] = PRIOR_LN_NOISE.0;
-    t
+/// The default starting point of the hyperparameter search (the prior means);
+/// `categorical` as in [`Hyper::categorical`].
+pub fn default_theta(dim: usize, categorical: &[bool]) -> Vec<f64> {
+    (0..dim + 2)
+        .map(|j| prior_and_bounds(dim, categorical, j).0.0)
+        .collect()
 }
 
-fn prior_and_bounds(dim: usize, j: usize) -> ((f64, f64), (f64, f64)) {
+fn prior_and_bounds(dim: usize, categorical: &[bool], j: usize) -> ((f64, f64), (f64, f64)) {
     if j == 0 {
         (PRIOR_LN_AMPLITUDE, BOUNDS_AMPLITUDE)
     } else if j == dim + 1 {
         (PRIOR_LN_NOISE, BOUNDS_NOISE)
+    } else if categorical.get(j - 1).copied().unwrap_or(false) {
+        (PRIOR_LN_CATEGORICAL_LENGTH_SCALE, BOUNDS_LENGTH_SCALE)
     } else {
         (PRIOR_LN_LENGTH_SCALE, BOUNDS_LENGTH_SCALE)
     }
@@ -120,10 +125,12 @@ pub fn lower_triangular_inverse(l: &DMatrix<f64>) -> DMatrix<f64> {
     x
 }
 
-/// Negative log posterior of `θ` (up to a constant) and its gradient.
+/// Negative log posterior of `θ` (up to a constant) and its gradient; `categorical` as in
+/// [`Hyper::categorical`].
 pub fn neg_log_posterior(
     x: &[Vec<f64>],
     y: &DVector<f64>,
+    categorical: &[bool],
     theta: &[f64],
 ) -> Option<(f64, Vec<f64>)> {
     let n = x.len();
@@ -132,14 +139,14 @@ pub fn neg_log_posterior(
     if theta.iter().any(|t| !t.is_finite() || t.abs() > 40.0) {
         return None;
     }
-    let h = Hyper::from_theta(theta);
+    let h = Hyper::from_theta_with(theta, categorical);
     // K_f and, per pair, the factor c(r) of ∂K/∂ln ℓ_j (one exp per pair for both).
     let mut kf = DMatrix::zeros(n, n);
     let mut ls_factor = DMatrix::zeros(n, n);
     for a in 0..n {
         kf[(a, a)] = h.amplitude;
         for b in 0..a {
-            let r = scaled_r2(&h.inv_ls2, &x[a], &x[b]).sqrt();
+            let r = h.r2(&x[a], &x[b]).sqrt();
             let e = h.amplitude * (-SQRT5 * r).exp();
             let k = e * (1.0 + SQRT5 * r + 5.0 / 3.0 * r * r);
             kf[(a, b)] = k;
@@ -172,13 +179,13 @@ pub fn neg_log_posterior(
             grad[0] += wab * kf[(a, b)];
             let c = wab * ls_factor[(a, b)];
             for j in 0..dim {
-                let d = x[a][j] - x[b][j];
-                grad[1 + j] += c * d * d * h.inv_ls2[j];
+                let cat = categorical.get(j).copied().unwrap_or(false);
+                grad[1 + j] += c * feature_distance(cat, x[a][j], x[b][j]) * h.inv_ls2[j];
             }
         }
     }
     for (j, t) in theta.iter().enumerate() {
-        let ((mu, sd), (lo, hi)) = prior_and_bounds(dim, j);
+        let ((mu, sd), (lo, hi)) = prior_and_bounds(dim, categorical, j);
         cost += 0.5 * ((t - mu) / sd).powi(2);
         grad[j] += (t - mu) / (sd * sd);
         let excess = if *t < lo {
@@ -204,6 +211,7 @@ type CostAndGradient = (f64, Vec<f64>);
 struct Objective<'a> {
     x: &'a [Vec<f64>],
     y: &'a DVector<f64>,
+    categorical: &'a [bool],
     cache: RefCell<Option<(Vec<f64>, Option<CostAndGradient>)>>,
     best: RefCell<(f64, Vec<f64>)>,
     evals: Cell<usize>,
@@ -222,7 +230,7 @@ impl Objective<'_> {
             return Err(Error::msg("evaluation budget spent"));
         }
         self.evals.set(self.evals.get() + 1);
-        let v = neg_log_posterior(self.x, self.y, &t);
+        let v = neg_log_posterior(self.x, self.y, self.categorical, &t);
         if let Some((c, _)) = &v
             && *c < self.best.borrow().0
         {
@@ -272,21 +280,35 @@ pub struct FitOptions {
 pub fn fit_theta(
     x: &[Vec<f64>],
     y: &DVector<f64>,
+    categorical: &[bool],
     starts: &[Vec<f64>],
     options: FitOptions,
     rng: &mut impl Rng,
 ) -> Vec<f64> {
-    let dim = x.first().map_or(0, Vec::len);
+    fit(x, y, categorical, starts, options, rng).0
+}
+
+/// [`fit_theta`], also returning the negative log posterior at the returned `θ` (infinite
+/// if it could not be evaluated), to compare fits of the same data.
+pub fn fit(
+    x: &[Vec<f64>],
+    y: &DVector<f64>,
+    categorical: &[bool],
+    starts: &[Vec<f64>],
+    options: FitOptions,
+    rng: &mut impl Rng,
+) -> (Vec<f64>, f64) {
+    let dim = x.first().map_or(categorical.len(), Vec::len);
     let mut candidates: Vec<Vec<f64>> = starts
         .iter()
         .filter(|s| s.len() == dim + 2 && s.iter().all(|v| v.is_finite()))
         .cloned()
         .collect();
-    candidates.push(default_theta(dim));
+    candidates.push(default_theta(dim, categorical));
     for _ in 0..options.random_starts {
         let t: Vec<f64> = (0..dim + 2)
             .map(|j| {
-                let ((mu, sd), (lo, hi)) = prior_and_bounds(dim, j);
+                let ((mu, sd), (lo, hi)) = prior_and_bounds(dim, categorical, j);
                 // A uniform draw over ±1.5 prior sd: crude, but bounded and cheap.
                 (mu + sd * 1.5 * (2.0 * rng.random::<f64>() - 1.0)).clamp(lo, hi)
             })
@@ -297,7 +319,7 @@ pub fn fit_theta(
         .into_iter()
         .map(|t| {
             (
-                neg_log_posterior(x, y, &t).map_or(f64::INFINITY, |v| v.0),
+                neg_log_posterior(x, y, categorical, &t).map_or(f64::INFINITY, |v| v.0),
                 t,
             )
         })
@@ -308,6 +330,7 @@ pub fn fit_theta(
         let objective = Objective {
             x,
             y,
+            categorical,
             cache: RefCell::new(None),
             best: RefCell::new((*cost, start.clone())),
             evals: Cell::new(0),
@@ -332,7 +355,7 @@ pub fn fit_theta(
             best = (c, t);
         }
     }
-    best.1
+    (best.1, best.0)
 }
 
 /// A fitted posterior over a set of points. With `alpha` it predicts means; without (a
@@ -367,10 +390,7 @@ impl Posterior {
         let mut ks = DMatrix::zeros(n, m);
         for (c, p) in points.iter().enumerate() {
             for (r, xi) in self.x.iter().enumerate() {
-                ks[(r, c)] = matern52(
-                    self.hyper.amplitude,
-                    scaled_r2(&self.hyper.inv_ls2, xi, p).sqrt(),
-                );
+                ks[(r, c)] = matern52(self.hyper.amplitude, self.hyper.r2(xi, p).sqrt());
             }
         }
         let mean = match &self.alpha {
@@ -399,15 +419,15 @@ mod tests {
         let y = DVector::from_iterator(12, x.iter().map(|p| (5.0 * p[0]).sin() + p[1] * p[1]));
         // One length scale outside its bounds so the penalty's gradient is checked too.
         let theta = [0.2, -1.0, 3.5, -0.3, -4.0];
-        let (_, grad) = neg_log_posterior(&x, &y, &theta).expect("positive definite");
+        let (_, grad) = neg_log_posterior(&x, &y, &[], &theta).expect("positive definite");
         for j in 0..theta.len() {
             let eps = 1e-5;
             let mut tp = theta;
             tp[j] += eps;
             let mut tm = theta;
             tm[j] -= eps;
-            let fp = neg_log_posterior(&x, &y, &tp).map_or(f64::NAN, |v| v.0);
-            let fm = neg_log_posterior(&x, &y, &tm).map_or(f64::NAN, |v| v.0);
+            let fp = neg_log_posterior(&x, &y, &[], &tp).map_or(f64::NAN, |v| v.0);
+            let fm = neg_log_posterior(&x, &y, &[], &tm).map_or(f64::NAN, |v| v.0);
             let numeric = (fp - fm) / (2.0 * eps);
             assert!(
                 (grad[j] - numeric).abs() < 1e-4 * numeric.abs().max(1.0),
@@ -456,9 +476,66 @@ mod tests {
             runs: 2,
             max_iters: 50,
         };
-        let theta = fit_theta(&x, &y, &[], options, &mut rng);
+        let theta = fit_theta(&x, &y, &[], &[], options, &mut rng);
         assert!(
             theta[2] > theta[1] + 1.0,
+            "ℓ_irrelevant ≫ ℓ_relevant: {theta:?}"
+        );
+    }
+
+    #[test]
+    fn likelihood_gradient_with_a_categorical_feature_matches_finite_differences() {
+        let mut rng = StdRng::seed_from_u64(3);
+        // Feature 1 is a category index in {0, 1, 2}; the target depends on it.
+        let x: Vec<Vec<f64>> = (0..15)
+            .map(|i| vec![rng.random::<f64>(), (i % 3) as f64, rng.random::<f64>()])
+            .collect();
+        let y = DVector::from_iterator(15, x.iter().map(|p| (4.0 * p[0]).sin() + p[1] * 0.7));
+        let cat = [false, true, false];
+        let theta = [0.1, -0.8, 0.4, -0.2, -3.0];
+        let (_, grad) = neg_log_posterior(&x, &y, &cat, &theta).expect("positive definite");
+        for j in 0..theta.len() {
+            let eps = 1e-5;
+            let mut tp = theta;
+            tp[j] += eps;
+            let mut tm = theta;
+            tm[j] -= eps;
+            let fp = neg_log_posterior(&x, &y, &cat, &tp).map_or(f64::NAN, |v| v.0);
+            let fm = neg_log_posterior(&x, &y, &cat, &tm).map_or(f64::NAN, |v| v.0);
+            let numeric = (fp - fm) / (2.0 * eps);
+            assert!(
+                (grad[j] - numeric).abs() < 1e-4 * numeric.abs().max(1.0),
+                "θ_{j}: {} vs {numeric}",
+                grad[j]
+            );
+        }
+    }
+
+    #[test]
+    fn a_relevant_category_gets_a_shorter_length_scale_than_an_irrelevant_one() {
+        let mut rng = StdRng::seed_from_u64(4);
+        // Two categorical features with 3 levels: the first shifts y by 2 per level, the
+        // second does nothing.
+        let x: Vec<Vec<f64>> = (0..30)
+            .map(|_| {
+                vec![
+                    rng.random::<f64>(),
+                    rng.random_range(0..3) as f64,
+                    rng.random_range(0..3) as f64,
+                ]
+            })
+            .collect();
+        let y = DVector::from_iterator(30, x.iter().map(|p| p[0] + 2.0 * p[1]));
+        let y = (&y - DVector::from_element(30, y.mean())) / y.variance().sqrt();
+        let options = FitOptions {
+            random_starts: 3,
+            runs: 2,
+            max_iters: 50,
+        };
+        let cat = [false, true, true];
+        let theta = fit_theta(&x, &y, &cat, &[], options, &mut rng);
+        assert!(
+            theta[3] > theta[2] + 1.0,
             "ℓ_irrelevant ≫ ℓ_relevant: {theta:?}"
         );
     }

@@ -12,6 +12,7 @@ fn minimize(id: &str) -> MetricSpec {
     MetricSpec {
         id: id.into(),
         goal: Goal::Minimize,
+        safety_threshold: None,
     }
 }
 
@@ -41,6 +42,8 @@ fn input<'a>(
         first_trial_number: (completed.len() + pending.len()) as u64 + 1,
         seed,
         previous_state: None,
+        prior_studies: &[],
+        desired_min_safe_trials_fraction: None,
     }
 }
 
@@ -144,16 +147,22 @@ fn mixed_objective(a: &Assignment) -> f64 {
     c.ln().powi(2) / 10.0 + (batch.log2() - 5.0).abs() * 0.2 + kernel_cost
 }
 
+/// The initial design is the scrambled Sobol sequence from the first trial: no centre
+/// point, whose value would say more about where the optimum sits than about the designer.
 #[test]
-fn first_trial_is_the_centre_then_quasi_random() {
+fn first_trials_are_the_sobol_sequence_and_not_the_centre() {
     let f = BRANIN;
     let space = f.space();
     let metrics = [minimize("y")];
     let out = GpBanditDesigner::default().suggest(&input(&space, &metrics, &[], &[], 3, 1));
     assert_eq!(out.suggestions.len(), 3);
-    assert_eq!(out.suggestions[0]["x0"], Value::Float(2.5));
-    assert_eq!(out.suggestions[0]["x1"], Value::Float(7.5));
-    assert_ne!(out.suggestions[1], out.suggestions[2]);
+    for (k, a) in out.suggestions.iter().enumerate() {
+        assert_eq!(
+            *a,
+            crate::quasi_random::quasi_random_assignment(&space, 1, k as u64)
+        );
+        assert_ne!(a["x0"], Value::Float(2.5));
+    }
 }
 
 #[test]
@@ -270,6 +279,7 @@ fn two_metrics_give_valid_suggestions() {
         MetricSpec {
             id: "b".into(),
             goal: Goal::Maximize,
+            safety_threshold: None,
         },
     ];
     let completed: Vec<CompletedTrial> = (0..10u64)
@@ -387,4 +397,242 @@ fn all_failed_history_and_single_value_parameters_still_give_valid_suggestions()
     for a in &out.suggestions {
         assert_eq!(space.check_assignment(a), Ok(()));
     }
+}
+
+fn unit_square() -> SearchSpace {
+    let p = |id: &str| Parameter {
+        id: id.into(),
+        kind: ParameterKind::Double {
+            min: 0.0,
+            max: 1.0,
+            scale: Scale::Linear,
+        },
+        children: vec![],
+    };
+    SearchSpace {
+        parameters: vec![p("a"), p("b")],
+    }
+}
+
+/// `n` trials on a 2-D grid-like Sobol design, measured by `f` (metric `y`) and `g`
+/// (metric `c`).
+fn trials_on_square(
+    n: u64,
+    seed: u64,
+    f: impl Fn(f64, f64) -> f64,
+    g: impl Fn(f64, f64) -> f64,
+) -> Vec<CompletedTrial> {
+    let space = unit_square();
+    (0..n)
+        .map(|k| {
+            let a = crate::quasi_random::quasi_random_assignment(&space, seed, k);
+            let (x, y) = (
+                a["a"].as_f64().unwrap_or(0.0),
+                a["b"].as_f64().unwrap_or(0.0),
+            );
+            CompletedTrial {
+                parameters: a,
+                outcome: measured(&[("y", f(x, y)), ("c", g(x, y))]),
+            }
+        })
+        .collect()
+}
+
+fn safety_metrics() -> [MetricSpec; 2] {
+    [
+        minimize("y"),
+        MetricSpec {
+            safety_threshold: Some(0.0),
+            ..MetricSpec::new("c", Goal::Maximize)
+        },
+    ]
+}
+
+fn fitted(inp: &DesignerInput<'_>) -> Model {
+    let encoder = Encoder::new(inp.space);
+    let mut rng = StdRng::seed_from_u64(5);
+    Model::fit(&GpBanditConfig::default(), &encoder, inp, &mut rng).expect("a model")
+}
+
+#[test]
+fn safety_targets_put_the_threshold_between_safe_and_unsafe_trials() {
+    let (z, t) = safety_targets(&[Some(-2.0), Some(-0.1), Some(0.5), Some(300.0), None]);
+    assert!(
+        z[0] < t && z[1] < t,
+        "unsafe below the threshold: {z:?} {t}"
+    );
+    assert!(z[2] > t && z[3] > t, "safe above it: {z:?} {t}");
+    assert!(z[4] < z[0], "a trial without the metric is the least safe");
+    // The squashing keeps one huge margin from flattening the rest.
+    // (Standardized raw margins would put 0.5 and −0.1 within 0.005 sd of each other.)
+    assert!(z[2] - z[1] > 0.02 * (z[3] - z[2]), "{z:?}");
+}
+
+/// The feasibility model learns where `c ≥ 0` (here `a < 0.5`): P(safe) is high deep
+/// inside the safe half, low deep inside the unsafe half, and in between on the border.
+#[test]
+fn feasibility_model_is_confident_inside_each_region_and_unsure_on_the_border() {
+    let space = unit_square();
+    let metrics = safety_metrics();
+    let completed = trials_on_square(24, 1, |a, b| a + b, |a, _| 0.5 - a);
+    let model = fitted(&input(&space, &metrics, &completed, &[], 1, 1));
+    assert_eq!(
+        model.objectives.len(),
+        1,
+        "the safety metric is no objective"
+    );
+    assert_eq!(model.safety.len(), 1);
+    let p = model.prob_safe(&[vec![0.1, 0.5], vec![0.9, 0.5], vec![0.5, 0.5]]);
+    assert!(p[0] > 0.95, "{p:?}");
+    assert!(p[1] < 0.05, "{p:?}");
+    assert!(p[2] > 0.1 && p[2] < 0.9, "{p:?}");
+}
+
+/// `desired_min_safe_trials_fraction` f asks the next trial for `p ≥ f (N + 1) − S`.
+#[test]
+fn required_safety_keeps_the_expected_safe_fraction_at_the_target() {
+    let space = unit_square();
+    let metrics = safety_metrics();
+    // 10 trials, of which those with a < 0.4 are safe.
+    let completed = trials_on_square(10, 2, |a, b| a + b, |a, _| 0.4 - a);
+    let safe = completed
+        .iter()
+        .filter(|t| outcome_is_safe(&metrics, &t.outcome))
+        .count() as f64;
+    assert!(safe > 0.0 && safe < 10.0);
+    for (f, expected) in [
+        (0.0, 0.0),
+        (safe / 11.0, 0.0),
+        ((safe + 0.5) / 11.0, 0.5),
+        (1.0, 0.99),
+    ] {
+        let mut inp = input(&space, &metrics, &completed, &[], 1, 1);
+        inp.desired_min_safe_trials_fraction = Some(f);
+        let r = fitted(&inp).required_safety();
+        assert!((r - expected).abs() < 1e-9, "f = {f}: {r} vs {expected}");
+    }
+}
+
+/// The objective improves towards a = 1, but only a < 0.4 is safe: with a desired safe
+/// fraction of 1 the suggestion stays where the feasibility model is sure.
+#[test]
+fn a_desired_safe_fraction_of_one_keeps_suggestions_inside_the_safe_region() {
+    let space = unit_square();
+    let metrics = safety_metrics();
+    let completed = trials_on_square(20, 3, |a, b| -a + 0.1 * b, |a, _| 0.4 - a);
+    let mut inp = input(&space, &metrics, &completed, &[], 3, 4);
+    inp.desired_min_safe_trials_fraction = Some(1.0);
+    let out = GpBanditDesigner::default().suggest(&inp);
+    for a in &out.suggestions {
+        let x = a["a"].as_f64().unwrap_or(1.0);
+        assert!(x < 0.4, "{a:?}");
+    }
+}
+
+/// Prior studies (warm start): a prior trial keeps only the parameters the new space has,
+/// and with no new trial the model ranks the prior's best region first and the designer
+/// goes there instead of to a quasi-random point.
+#[test]
+fn with_no_new_trials_the_warm_model_follows_the_prior_study() {
+    let space = unit_square();
+    let metrics = [minimize("y")];
+    let mut prior_trials = trials_on_square(20, 6, |a, b| (a - 0.3).powi(2) + b, |_, _| 0.0);
+    // A parameter the new space lacks is dropped.
+    for t in &mut prior_trials {
+        t.parameters.insert("gone".into(), Value::Int(3));
+    }
+    let prior = [crate::designer::PriorStudy {
+        completed: prior_trials,
+    }];
+    let mut inp = input(&space, &metrics, &[], &[], 1, 1);
+    inp.prior_studies = &prior;
+    let model = fitted(&inp);
+    assert!(model.uses_prior());
+    let (mean, _) = model.objectives[0].predict(&[vec![0.3, 0.0], vec![0.9, 0.9]]);
+    // Larger is better on the warped scale: (0.3, 0) is the prior's best region.
+    assert!(mean[0] > mean[1] + 0.5, "{mean:?}");
+    let out = GpBanditDesigner::default().suggest(&inp);
+    let a = &out.suggestions[0];
+    let (x, y) = (
+        a["a"].as_f64().unwrap_or(0.0),
+        a["b"].as_f64().unwrap_or(1.0),
+    );
+    assert!((x - 0.3).abs() < 0.2 && y < 0.25, "{a:?}");
+}
+
+fn held_out_concordance(model: &Model, f: impl Fn(f64, f64) -> f64) -> usize {
+    let held: Vec<Vec<f64>> = (0..30u64)
+        .map(|k| crate::quasi_random::sobol_point(99, k, 2))
+        .collect();
+    let truth: Vec<f64> = held.iter().map(|p| -f(p[0], p[1])).collect();
+    let pred = model.objectives[0].predict(&held).0;
+    let mut ok = 0;
+    for i in 0..held.len() {
+        for j in 0..i {
+            if (pred[i] - pred[j]) * (truth[i] - truth[j]) > 0.0 {
+                ok += 1;
+            }
+        }
+    }
+    ok
+}
+
+/// A prior study of the same function, shifted: the study correlation is learned high and
+/// the warm model ranks held-out points better than a cold GP on the same new trials.
+#[test]
+fn a_related_prior_gets_a_high_study_correlation_and_predicts_better_than_cold() {
+    let space = unit_square();
+    let metrics = [minimize("y")];
+    let f = |a: f64, b: f64| (3.0 * a).sin() + (a - 0.6).powi(2) * 4.0 + b * b;
+    let prior = [crate::designer::PriorStudy {
+        completed: trials_on_square(40, 7, |a, b| f(a - 0.05, b), |_, _| 0.0),
+    }];
+    let completed = trials_on_square(6, 8, f, |_, _| 0.0);
+    let mut inp = input(&space, &metrics, &completed, &[], 1, 1);
+    inp.prior_studies = &prior;
+    let warm = fitted(&inp);
+    let rho = warm.objectives[0].study_correlation();
+    assert!(rho.is_some_and(|r| r > 0.6), "{rho:?}");
+    let cold = fitted(&input(&space, &metrics, &completed, &[], 1, 1));
+    let (w, c) = (
+        held_out_concordance(&warm, f),
+        held_out_concordance(&cold, f),
+    );
+    assert!(w > c, "concordant pairs: warm {w} vs cold {c}");
+}
+
+/// A prior study of the opposite function: its learned study correlation is low, so the
+/// model drops it and is a cold GP.
+#[test]
+fn an_opposite_prior_is_dropped_for_a_cold_gp() {
+    let space = unit_square();
+    let metrics = [minimize("y")];
+    let f = |a: f64, b: f64| (a - 0.2).powi(2) + (b - 0.7).powi(2);
+    let prior = [crate::designer::PriorStudy {
+        completed: trials_on_square(40, 9, |a, b| -f(a, b), |_, _| 0.0),
+    }];
+    let completed = trials_on_square(10, 10, f, |_, _| 0.0);
+    let mut inp = input(&space, &metrics, &completed, &[], 1, 1);
+    inp.prior_studies = &prior;
+    let model = fitted(&inp);
+    assert!(model.objectives[0].warm.is_none());
+    assert!(!model.uses_prior());
+}
+
+/// The incumbent's box doubles after 3 improvements in a row, halves after 5 failures in a
+/// row, restarts when tiny, and is centred on the best trial.
+#[test]
+fn incumbent_box_grows_on_successes_shrinks_on_failures_and_restarts() {
+    let up: Vec<Option<f64>> = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0].map(Some).to_vec();
+    assert_eq!(incumbent_box(&up, 3), Some((5, 0.8)));
+    let mut flat: Vec<Option<f64>> = vec![Some(1.0), Some(5.0), Some(2.0)];
+    flat.extend([Some(0.0); 5]);
+    assert_eq!(incumbent_box(&flat, 3), Some((1, 0.2)));
+    // 30 failures: 0.8 → 0.4 → … → 0.0125 (= 0.8/64, kept) → restart at 0.8 on the 35th.
+    let mut long = flat.clone();
+    long.extend([None; 25]);
+    assert_eq!(incumbent_box(&long, 3), Some((1, 0.4 / 64.0)));
+    long.extend([None; 5]);
+    assert_eq!(incumbent_box(&long, 3), Some((1, 0.4)));
+    assert_eq!(incumbent_box(&[None, None], 1), None);
 }
