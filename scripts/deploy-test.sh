@@ -69,12 +69,17 @@ ensure_venv() {
     printf '%s\n' "$want" > "$stamp"
   fi
 }
+# ensure_packages PKG...: install the Debian packages that are missing
+ensure_packages() {
+  local p missing=()
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  ((${#missing[@]})) || return 0
+  echo "installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
 ensure_kubectl() {
-  if ! command -v kubectl >/dev/null 2>&1; then
-    echo "installing kubectl"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kubectl
-  fi
+  command -v kubectl >/dev/null 2>&1 || ensure_packages kubectl
 }
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -139,6 +144,8 @@ build_image() {
   fi
   image_built=1
 }
+
+ensure_packages curl jq
 
 # ---------------------------------------------------------------------------- 1. kubernetes
 step_kubernetes() {
@@ -312,6 +319,9 @@ EOF
   ); then pass "compose.yaml validates against the Compose Specification schema"; else fail "compose.yaml schema"; echo "$out"; fi
 
   setup_podman
+  # Compose's services find each other by name: Podman 4.3's CNI networks need the dnsname
+  # plugin for that.
+  ensure_packages golang-github-containernetworking-plugin-dnsname
   build_image || { fail "compose: no augur image"; return; }
   # podman-compose runs podman with our state directories through this wrapper
   local wrapper=$work/podman-wrapper port token password
@@ -518,10 +528,13 @@ step_image() {
   rm -rf "$data"
   mkdir -p "$data"
   chown 10001:10001 "$data"
+  # invoked as the Kubernetes Deployment does: `serve`, the rest from the environment
   pm run -d --name "$sq" --label "$label" "${R[@]}" --network=host --read-only -v "$data:/var/lib/augur" \
-    -e "AUGUR_TOKEN=$token" "$image" serve --listen "127.0.0.1:$port_s" >/dev/null 2>>"$work/run.log"
+    -e "AUGUR_TOKEN=$token" -e "AUGUR_LISTEN=127.0.0.1:$port_s" -e AUGUR_LOG=info \
+    -e "AUGUR_PUBLIC_URL=http://127.0.0.1:$port_s" -e "AUGUR_HEALTHCHECK_PORT=$port_s" \
+    "$image" serve >/dev/null 2>>"$work/run.log"
   if wait_http "http://127.0.0.1:$port_s/readyz" 30 && [[ -s $data/augur.db ]]; then
-    pass "image: with no database URL it serves from SQLite at /var/lib/augur/augur.db (read-only root)"
+    pass "image: \`serve\` configured by AUGUR_LISTEN etc., no database URL: SQLite at /var/lib/augur/augur.db (read-only root)"
   else
     fail "image: SQLite default"; pm logs --tail 20 "$sq" 2>&1
   fi
