@@ -340,7 +340,7 @@ EOF
   cfg=$work/compose-config.yaml
   if pc config >"$cfg" 2>"$work/compose-config.err" \
     && grep -q "postgres://augur:$password@postgres:5432/augur" "$cfg"; then
-    pass "podman-compose config (interpolated: database URL, token, image names)"
+    pass "podman-compose config renders it (the database URL interpolated)"
   else
     fail "podman-compose config"; cat "$work/compose-config.err"
   fi
