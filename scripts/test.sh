@@ -30,6 +30,10 @@ cargo test --workspace --no-fail-fast 2>&1 | tee target/test-output.txt
 # a closing line for the record: totals over every test binary
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i }' target/test-output.txt
 
+step "deploy/: manifests, service image, compose (scripts/deploy-test.sh)"
+# The debug binary `cargo test` built: a release build would add 15+ minutes to CI.
+AUGUR_DEPLOY_PROFILE=debug scripts/deploy-test.sh
+
 step "Python client against a live server (scripts/python-client-test.sh)"
 scripts/python-client-test.sh
 

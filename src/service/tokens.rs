@@ -75,10 +75,11 @@ impl Service {
         if self.store.find_token(&hash).await?.is_some() {
             return Ok(());
         }
-        self.store.delete_token(ENV_TOKEN_NAME).await?;
+        // One upsert, not a delete and an insert: replicas starting together (a
+        // Deployment's pods) each register the same token without racing.
         Ok(self
             .store
-            .insert_token(ENV_TOKEN_NAME, &hash, None, Utc::now())
+            .replace_token(ENV_TOKEN_NAME, &hash, None, Utc::now())
             .await?)
     }
 

@@ -302,3 +302,26 @@ async fn an_open_server_answers_only_loopback_host_names() {
         .expect("request");
     assert_eq!(r.status(), StatusCode::OK);
 }
+
+/// Two replicas starting at once on a fresh database, both configured with the same admin
+/// token (a Deployment's pods), both start: registering the token is no race.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_starting_together_both_register_the_configured_token() {
+    for round in 0..6 {
+        let db = common::postgres_db().await;
+        let start = || {
+            let mut config =
+                ServerConfig::new(db.url.clone(), "127.0.0.1:0".parse().expect("addr"));
+            config.token = Some("team-admin".into());
+            config.dispatch = false;
+            App::build(config)
+        };
+        let (a, b) = tokio::join!(start(), start());
+        assert!(
+            a.is_ok() && b.is_ok(),
+            "round {round}: {:?} / {:?}",
+            a.err(),
+            b.err()
+        );
+    }
+}
