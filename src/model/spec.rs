@@ -52,6 +52,10 @@ pub struct StudySpec {
     /// Present: the service runs each trial itself as a job (see `dispatch`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trial_job: Option<super::TrialJobSpec>,
+    /// Earlier studies (same or overlapping parameters and metrics) whose trials `gp_bandit`
+    /// learns from, without counting them against this study's budget (a warm start).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prior_studies: Vec<i64>,
 }
 
 fn one() -> i64 {
@@ -100,6 +104,16 @@ pub enum MetricGoal {
 pub struct MetricSpecInput {
     pub id: String,
     pub goal: MetricGoal,
+    /// Makes this metric a safety constraint (Vertex AI's `safetyConfig`): a trial is safe when
+    /// the metric is at or above the threshold (`maximize`) or at or below it (`minimize`).
+    /// The optimizer models it and proposes points likely to be safe; `optimal_trials` keeps
+    /// safe trials only. A safety metric is no objective, unless every metric is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub safety_threshold: Option<f64>,
+    /// With `safety_threshold`: the share of trials (0-1) that should be safe; suggestions
+    /// become more careful while fewer are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_min_safe_trials_fraction: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
@@ -302,6 +316,9 @@ pub struct StudyConfig {
     pub suggestion_time_budget: std::time::Duration,
     /// How the service runs each trial itself; `None` for ask/tell studies.
     pub trial_job: Option<super::TrialJobSpec>,
+    pub prior_studies: Vec<i64>,
+    /// The largest `desired_min_safe_trials_fraction` of the study's safety metrics.
+    pub desired_min_safe_trials_fraction: Option<f64>,
 }
 
 impl StudyConfig {
@@ -394,10 +411,30 @@ impl StudySpec {
                 MetricGoal::Maximize => Goal::Maximize,
                 MetricGoal::Minimize => Goal::Minimize,
             };
+            if m.safety_threshold.is_some_and(|t| !t.is_finite()) {
+                return Err(ValidationError::new(
+                    format!("metrics[{i}].safety_threshold"),
+                    "must be a finite number",
+                ));
+            }
+            if let Some(f) = m.desired_min_safe_trials_fraction {
+                if !(0.0..=1.0).contains(&f) {
+                    return Err(ValidationError::new(
+                        format!("metrics[{i}].desired_min_safe_trials_fraction"),
+                        "must be between 0 and 1",
+                    ));
+                }
+                if m.safety_threshold.is_none() {
+                    return Err(ValidationError::new(
+                        format!("metrics[{i}].desired_min_safe_trials_fraction"),
+                        "applies to a metric with a safety_threshold",
+                    ));
+                }
+            }
             metrics.push(MetricSpec {
                 id: m.id.clone(),
                 goal,
-                safety_threshold: None,
+                safety_threshold: m.safety_threshold,
             });
         }
         if self.parameters.is_empty() {
@@ -435,6 +472,15 @@ impl StudySpec {
         if let Some(job) = &self.trial_job {
             job.validate()?;
         }
+        if self.prior_studies.len() > 20 {
+            return Err(ValidationError::new("prior_studies", "at most 20 studies"));
+        }
+        if let Some(i) = self.prior_studies.iter().position(|id| *id < 1) {
+            return Err(ValidationError::new(
+                format!("prior_studies[{i}]"),
+                "must be a study id",
+            ));
+        }
         let algorithm: Algorithm = self.algorithm.into();
         let space = SearchSpace { parameters };
         Ok(StudyConfig {
@@ -452,6 +498,12 @@ impl StudySpec {
                 self.suggestion_time_budget_secs,
             ),
             trial_job: self.trial_job.clone(),
+            prior_studies: self.prior_studies.clone(),
+            desired_min_safe_trials_fraction: self
+                .metrics
+                .iter()
+                .filter_map(|m| m.desired_min_safe_trials_fraction)
+                .reduce(f64::max),
         })
     }
 

@@ -222,6 +222,7 @@ pub fn from_vertex(doc: &Json) -> Result<VertexImport, ValidationError> {
         trial_lease_secs: super::spec::DEFAULT_TRIAL_LEASE_SECS,
         suggestion_time_budget_secs: super::spec::DEFAULT_SUGGESTION_TIME_BUDGET_SECS,
         trial_job: None,
+        prior_studies: Vec::new(),
     };
     for key in study.keys() {
         let known = [
@@ -287,9 +288,16 @@ fn metrics(study: &Obj<'_>) -> Result<Vec<MetricSpecInput>, ValidationError> {
     for (i, m) in study.list("metrics")?.iter().enumerate() {
         let path = format!("studySpec.metrics[{i}]");
         let m = Obj::new(m, &path)?;
-        if m.get("safetyConfig").is_some() {
-            // Ignoring a safety threshold would change which trials count as results.
-            return Err(m.err("safetyConfig", "safety thresholds are not supported yet"));
+        let (mut safety_threshold, mut desired_min_safe_trials_fraction) = (None, None);
+        if let Some(safety) = m.get("safetyConfig") {
+            let safety_path = m.field("safetyConfig");
+            let safety = Obj::new(safety, &safety_path)?;
+            safety_threshold = Some(
+                safety
+                    .number("safetyThreshold")?
+                    .ok_or_else(|| safety.err("safetyThreshold", "is required"))?,
+            );
+            desired_min_safe_trials_fraction = safety.number("desiredMinSafeTrialsFraction")?;
         }
         let goal = match m.required_string("goal")?.as_str() {
             "MAXIMIZE" => MetricGoal::Maximize,
@@ -299,6 +307,8 @@ fn metrics(study: &Obj<'_>) -> Result<Vec<MetricSpecInput>, ValidationError> {
         out.push(MetricSpecInput {
             id: m.required_string("metricId")?,
             goal,
+            safety_threshold,
+            desired_min_safe_trials_fraction,
         });
     }
     Ok(out)
@@ -685,10 +695,19 @@ fn parse_duration(text: &str) -> Option<u64> {
 /// settings with no Vertex field (seed, leases, time budgets) are left out.
 pub fn to_vertex(spec: &StudySpec) -> Json {
     let mut study = json!({
-        "metrics": spec.metrics.iter().map(|m| json!({
-            "metricId": m.id,
-            "goal": match m.goal { MetricGoal::Maximize => "MAXIMIZE", MetricGoal::Minimize => "MINIMIZE" },
-        })).collect::<Vec<_>>(),
+        "metrics": spec.metrics.iter().map(|m| {
+            let mut metric = json!({
+                "metricId": m.id,
+                "goal": match m.goal { MetricGoal::Maximize => "MAXIMIZE", MetricGoal::Minimize => "MINIMIZE" },
+            });
+            if let Some(threshold) = m.safety_threshold {
+                metric["safetyConfig"] = json!({"safetyThreshold": threshold});
+                if let Some(f) = m.desired_min_safe_trials_fraction {
+                    metric["safetyConfig"]["desiredMinSafeTrialsFraction"] = json!(f);
+                }
+            }
+            metric
+        }).collect::<Vec<_>>(),
         "parameters": spec.parameters.iter().map(vertex_parameter).collect::<Vec<_>>(),
         "algorithm": match spec.algorithm {
             AlgorithmName::GpBandit | AlgorithmName::QuasiRandom => "ALGORITHM_UNSPECIFIED",

@@ -195,15 +195,9 @@ impl Service {
 
     async fn study_view(&self, record: StudyRecord) -> ServiceResult<Study> {
         let counts = self.store.count_trials(record.id).await?;
-        let best_trial = match record.spec.metrics.as_slice() {
-            [only] => {
-                let maximize = only.goal == crate::model::MetricGoal::Maximize;
-                match self.store.best_trial(record.id, maximize).await? {
-                    Some(t) => Some(self.trial_view(record.id, t).await?),
-                    None => None,
-                }
-            }
-            _ => None,
+        let best_trial = match self.best_trial_record(record.id, &record.spec).await? {
+            Some(t) => Some(self.trial_view(record.id, t).await?),
+            None => None,
         };
         Ok(Study {
             id: record.id,

@@ -1,35 +1,106 @@
-//! The optimal trials: the best one, or the Pareto set of a study with several metrics.
+//! The optimal trials: the best one, or the Pareto set of a study with several objectives,
+//! among the trials that are safe by the study's safety thresholds.
 
-use augur_optimizer::Goal;
+use augur_optimizer::{Goal, MetricSpec, is_safe, objective_metrics};
 
 use super::{Service, ServiceResult, pareto, stored_config};
-use crate::model::{Trial, TrialState};
+use crate::model::{StudyConfig, StudySpec, Trial, TrialState};
 use crate::store::TrialRecord;
 
 impl Service {
-    /// The best trial, or the Pareto set of a multi-metric study.
+    /// The best trial, or the Pareto set of a multi-objective study; safe trials only.
     pub async fn optimal_trials(&self, study_id: i64) -> ServiceResult<Vec<Trial>> {
         let study = self.study_record(study_id).await?;
         let config = stored_config(&study)?;
-        let records = if config.metrics.len() == 1 {
-            let maximize = config.metrics[0].goal == Goal::Maximize;
-            self.store
+        let records = self.optimal_records(study_id, &config).await?;
+        self.trial_views(study_id, records).await
+    }
+
+    async fn optimal_records(
+        &self,
+        study_id: i64,
+        config: &StudyConfig,
+    ) -> ServiceResult<Vec<TrialRecord>> {
+        let objectives: Vec<MetricSpec> = objective_metrics(&config.metrics)
+            .into_iter()
+            .cloned()
+            .collect();
+        let constrained = config.metrics.iter().any(MetricSpec::is_safety);
+        if let [only] = objectives.as_slice()
+            && !constrained
+        {
+            // The store ranks trials by their objective (`objective` column) by itself,
+            // whatever the study's size.
+            let maximize = only.goal == Goal::Maximize;
+            return Ok(self
+                .store
                 .best_trial(study_id, maximize)
                 .await?
                 .into_iter()
-                .collect()
-        } else {
-            let completed: Vec<TrialRecord> = self
-                .store
-                .all_trials(study_id)
-                .await?
-                .into_iter()
-                .filter(|t| {
-                    t.state == TrialState::Completed && !t.excluded && t.final_measurement.is_some()
+                .collect());
+        }
+        let safe: Vec<TrialRecord> = self
+            .store
+            .all_trials(study_id)
+            .await?
+            .into_iter()
+            .filter(|t| t.state == TrialState::Completed && !t.excluded)
+            .filter(|t| {
+                t.final_measurement.as_ref().is_some_and(|m| {
+                    config.metrics.iter().all(|s| m.metrics.contains_key(&s.id))
+                        && is_safe(&config.metrics, &m.metrics)
                 })
-                .collect();
-            pareto::pareto_front(completed, &config.metrics)
-        };
-        self.trial_views(study_id, records).await
+            })
+            .collect();
+        Ok(match objectives.as_slice() {
+            [only] => best_of(safe, only).into_iter().collect(),
+            _ => pareto::pareto_front(safe, &objectives),
+        })
     }
+
+    /// The study's best trial as its view shows it: of its one objective (safe trials only),
+    /// none for a multi-objective study.
+    pub(super) async fn best_trial_record(
+        &self,
+        study_id: i64,
+        spec: &StudySpec,
+    ) -> ServiceResult<Option<TrialRecord>> {
+        let unconstrained = spec.metrics.iter().all(|m| m.safety_threshold.is_none());
+        if let ([only], true) = (spec.metrics.as_slice(), unconstrained) {
+            let maximize = only.goal == crate::model::MetricGoal::Maximize;
+            return Ok(self.store.best_trial(study_id, maximize).await?);
+        }
+        if unconstrained {
+            return Ok(None);
+        }
+        let config = spec.validate().map_err(super::corrupt_spec(study_id))?;
+        if objective_metrics(&config.metrics).len() != 1 {
+            return Ok(None);
+        }
+        Ok(self
+            .optimal_records(study_id, &config)
+            .await?
+            .into_iter()
+            .next())
+    }
+}
+
+/// The trial with the best value of `metric`; the earliest among equals.
+fn best_of(trials: Vec<TrialRecord>, metric: &MetricSpec) -> Option<TrialRecord> {
+    let value = |t: &TrialRecord| {
+        t.final_measurement
+            .as_ref()
+            .and_then(|m| m.metrics.get(&metric.id).copied())
+            .unwrap_or(f64::NAN)
+    };
+    trials
+        .into_iter()
+        .filter(|t| value(t).is_finite())
+        .reduce(|best, t| {
+            let better = match metric.goal {
+                Goal::Maximize => value(&t) > value(&best),
+                Goal::Minimize => value(&t) < value(&best),
+            };
+            if better { t } else { best }
+        })
 }

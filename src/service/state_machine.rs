@@ -486,9 +486,10 @@ impl StudyBatch {
         }
     }
 
+    /// The value the store ranks trials by (its `objective` column): the study's first
+    /// objective metric (safety metrics constrain, they are no objective).
     fn objective(&self, metrics: &BTreeMap<String, f64>) -> Option<f64> {
-        self.config
-            .metrics
+        augur_optimizer::objective_metrics(&self.config.metrics)
             .first()
             .and_then(|m| metrics.get(&m.id))
             .copied()

@@ -4,13 +4,21 @@ use chrono::Utc;
 
 use super::paging::{page_bounds, split_page};
 use super::state_machine::{Command, Reply};
-use super::{Page, Service, ServiceResult, not_found_study, unexpected};
+use super::{Page, Service, ServiceError, ServiceResult, not_found_study, unexpected};
 use crate::model::{Study, StudySpec, StudyState, StudyUpdate};
 
 impl Service {
     pub async fn create_study(&self, spec: StudySpec) -> ServiceResult<Study> {
         let spec = spec.with_seed(rand::random::<u32>() as u64);
         spec.validate()?;
+        for (i, prior) in spec.prior_studies.iter().enumerate() {
+            if self.store.get_study(*prior).await?.is_none() {
+                return Err(ServiceError::invalid(
+                    format!("prior_studies[{i}]"),
+                    format!("no study {prior}"),
+                ));
+            }
+        }
         let record = self.store.insert_study(&spec, Utc::now()).await?;
         self.notify(record.id);
         self.study_view(record).await

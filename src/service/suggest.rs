@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use augur_optimizer::{Assignment, CompletedTrial, DesignerInput, Outcome, designer_for};
+use augur_optimizer::{
+    Assignment, CompletedTrial, DesignerInput, Outcome, PriorStudy, designer_for,
+};
 
 use super::state_machine::{Command, Reply};
 use super::{Service, ServiceError, ServiceResult, stored_config, unexpected};
@@ -194,6 +196,8 @@ impl Service {
             .filter(|t| t.state.is_unfinished())
             .map(|t| t.parameters.clone())
             .collect();
+        let priors = self.prior_studies(config).await?;
+        let desired_safe = config.desired_min_safe_trials_fraction;
         let space = config.space.clone();
         let metrics = config.metrics.clone();
         let seed = config.seed;
@@ -211,8 +215,8 @@ impl Service {
                 first_trial_number,
                 seed,
                 previous_state: previous_state.as_ref(),
-                prior_studies: &[],
-                desired_min_safe_trials_fraction: None,
+                prior_studies: &priors,
+                desired_min_safe_trials_fraction: desired_safe,
             };
             designer_for(algorithm).suggest(&input)
         })
@@ -225,6 +229,28 @@ impl Service {
             }
         }
         Ok(output.suggestions)
+    }
+}
+
+impl Service {
+    /// The finished trials of the study's `prior_studies`, for a warm start (a prior study
+    /// deleted since is skipped). Their outcomes are read with this study's metrics: a prior
+    /// trial without one of them counts as infeasible.
+    async fn prior_studies(&self, config: &StudyConfig) -> ServiceResult<Vec<PriorStudy>> {
+        let mut priors = Vec::with_capacity(config.prior_studies.len());
+        for prior in &config.prior_studies {
+            let trials = self.store.all_trials(*prior).await?;
+            let completed = trials
+                .iter()
+                .filter(|t| !t.excluded && !t.state.is_unfinished())
+                .map(|t| CompletedTrial {
+                    parameters: t.parameters.clone(),
+                    outcome: outcome_of(t, config),
+                })
+                .collect();
+            priors.push(PriorStudy { completed });
+        }
+        Ok(priors)
     }
 }
 

@@ -593,8 +593,12 @@ async fn seed_browser_fixture() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Study 6: warm-started from study 1.
+    let mut warm_spec = spec("warm", 10);
+    warm_spec["prior_studies"] = json!([small]);
+    let warm = app.create_study(warm_spec).await;
     println!(
-        "seeded studies {small} (60 trials), {multi} (2 metrics), {big} ({large} trials), {hostile} (hostile labels), {cluster} (a cluster trial)"
+        "seeded studies {small} (60 trials), {multi} (2 metrics), {big} ({large} trials), {hostile} (hostile labels), {cluster} (a cluster trial), {warm} (warm-started)"
     );
 }
 

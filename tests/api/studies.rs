@@ -365,3 +365,82 @@ async fn a_vertex_ai_tuning_job_creates_a_study_unchanged() {
         "studySpec.parameters[0].scaleType"
     );
 }
+
+/// A metric with a `safety_threshold` constrains the study: the best trial (in the study's
+/// view and in `optimal_trials`) is the best of the safe ones, and the objective is the
+/// other metric even when the safety metric comes first.
+#[tokio::test]
+async fn safety_thresholds_keep_unsafe_trials_out_of_the_optimum() {
+    let app = app("sqlite").await;
+    let mut constrained = spec("random", 10, 2);
+    constrained["metrics"] = json!([
+        {"id": "memory_gb", "goal": "minimize", "safety_threshold": 8.0, "desired_min_safe_trials_fraction": 0.8},
+        {"id": "accuracy", "goal": "maximize"}
+    ]);
+    let id = app.create_study(constrained).await;
+    let params = json!({"lr": 0.01, "layers": 2, "batch": 32, "kernel": "rbf"});
+    for (accuracy, memory) in [(0.80, 4.0), (0.95, 12.0), (0.85, 7.5), (0.99, 8.5)] {
+        let r = app
+            .post(
+                &format!("/v1/studies/{id}/trials"),
+                json!({"parameters": params, "final_measurement": {"metrics": {"accuracy": accuracy, "memory_gb": memory}}}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    }
+    let optimal = app
+        .get(&format!("/v1/studies/{id}/optimal_trials"))
+        .await
+        .body;
+    let trials = optimal["trials"].as_array().cloned().unwrap_or_default();
+    assert_eq!(trials.len(), 1, "{optimal}");
+    assert_eq!(
+        trials[0]["id"], 3,
+        "the best safe trial, not the best unsafe one: {optimal}"
+    );
+    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    assert_eq!(study["best_trial"]["id"], 3, "{study}");
+    let bad = {
+        let mut s = spec("random", 10, 2);
+        s["metrics"][0]["desired_min_safe_trials_fraction"] = json!(0.5);
+        app.post("/v1/studies", s).await
+    };
+    assert_eq!(
+        bad.body["error"]["field"],
+        "metrics[0].desired_min_safe_trials_fraction"
+    );
+}
+
+/// `prior_studies` warm-starts the GP from earlier studies: named studies must exist, and a
+/// warm-started study suggests as any other.
+#[tokio::test]
+async fn prior_studies_must_exist_and_warm_start_suggestions() {
+    let app = app("sqlite").await;
+    let prior = app.create_study(spec("random", 20, 4)).await;
+    for i in 0..8 {
+        let lr = 0.0001 * 10f64.powf(i as f64 / 2.0);
+        let r = app
+            .post(
+                &format!("/v1/studies/{prior}/trials"),
+                json!({"parameters": {"lr": lr, "layers": 1 + i, "batch": 64, "kernel": "rbf"},
+                       "final_measurement": {"metrics": {"accuracy": 1.0 - (lr.log10() + 2.0).abs() / 4.0}}}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    }
+    let mut warm = spec("gp_bandit", 10, 1);
+    warm["prior_studies"] = json!([prior, 999]);
+    let missing = app.post("/v1/studies", warm.clone()).await;
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    assert_eq!(missing.body["error"]["field"], "prior_studies[1]");
+    warm["prior_studies"] = json!([prior]);
+    let id = app.create_study(warm).await;
+    let s = suggest(&app, id, 1, None).await;
+    assert_eq!(s["trials"].as_array().map(Vec::len), Some(1), "{s}");
+    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    assert_eq!(study["spec"]["prior_studies"], json!([prior]));
+    assert_eq!(
+        study["trial_counts"]["total"], 1,
+        "prior trials are not this study's"
+    );
+}

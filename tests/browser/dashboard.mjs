@@ -11,7 +11,7 @@ import { chromium } from 'playwright-core';
 import { mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 
-const [base, SMALL, MULTI, LARGE, HOSTILE, CLUSTER] = process.argv.slice(2);
+const [base, SMALL, MULTI, LARGE, HOSTILE, CLUSTER, WARM] = process.argv.slice(2);
 const ARTIFACTS = process.env.ARTIFACTS || 'target/browser-artifacts';
 // The target is 1 s for each (printed with every run). Timings depend on what else the machine
 // runs, so the test fails only past LIMIT_MS (a sanity bound unless set lower).
@@ -296,6 +296,17 @@ await test('the compare chart shows a hostile study name as text (issue 10, find
   assert(chart.links.length === 0, 'links in the chart: ' + chart.links);
   assert(chart.text.includes(`#${HOSTILE} ${name} (loss)`), 'the legend shows the name literally: ' + chart.text.slice(0, 400));
   await shot('hostile-compare.png');
+});
+
+await test('a warm-started study names the studies it learns from (issue 14)', async () => {
+  await page.goto(`${base}/studies/${WARM}`);
+  await page.waitForSelector('#warm-start');
+  const shown = await text('#warm-start');
+  assert(shown.includes(`warm-started from #${SMALL}`), 'warm start shown: ' + shown);
+  const href = await page.locator('#warm-start a').first().getAttribute('href');
+  assert(href === `/studies/${SMALL}`, 'links to the prior study: ' + href);
+  const plain = await page.goto(`${base}/studies/${SMALL}`).then(() => page.locator('#warm-start').count());
+  assert(plain === 0, 'a cold study says nothing');
 });
 
 await test('a cluster trial shows the log of each replica, the primary first (issue 12)', async () => {

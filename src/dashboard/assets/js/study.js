@@ -70,7 +70,12 @@ function drawSummary(study, info) {
 }
 
 const studyHeading = (study, info) => h('h1', {}, info.name, ' ', stateBadge(info.state), ' ',
-  h('span', { class: 'muted' }, `#${study} · ${info.spec.algorithm}`));
+  h('span', { class: 'muted' }, `#${study} · ${info.spec.algorithm}`),
+  ...warmStart(info.spec.prior_studies || []));
+
+/** A warm-started study names the studies it learns from, each a link. */
+const warmStart = (priors) => (priors.length ? [h('span', { class: 'muted', id: 'warm-start' }, ' · warm-started from ',
+  ...priors.flatMap((id, i) => [i ? ', ' : '', h('a', { href: `/studies/${id}` }, `#${id}`)]))] : []);
 
 const stat = (label, value, id) => h('div', { class: 'stat' }, h('div', { class: 'v', id }, value), h('div', { class: 'k' }, label));
 
