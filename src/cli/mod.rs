@@ -71,12 +71,8 @@ pub enum Command {
         /// LOGNAME, SHELL, LANG, LANGUAGE, LC_*, TZ, TMPDIR, TERM of it.
         #[arg(long = "job-env", env = "AUGUR_JOB_ENV", value_delimiter = ',')]
         job_env: Vec<String>,
-        /// The GPUs local replicas may be given, e.g. `0,1,2,3` (each replica asking for N
-        /// gets N of its own); default: those `nvidia-smi -L` lists.
-        #[arg(long, env = "AUGUR_GPUS", value_delimiter = ',')]
-        gpus: Option<Vec<String>>,
         #[command(flatten)]
-        containers: ContainerArgs,
+        machine: MachineArgs,
     },
     /// Apply database migrations and exit (`serve` also applies them on start).
     Migrate {
@@ -105,12 +101,8 @@ pub enum Command {
         /// Pass this variable of the environment on to every trial (as `serve --job-env`).
         #[arg(long = "job-env", env = "AUGUR_JOB_ENV", value_delimiter = ',')]
         job_env: Vec<String>,
-        /// The GPUs local replicas may be given, e.g. `0,1,2,3` (each replica asking for N
-        /// gets N of its own); default: those `nvidia-smi -L` lists.
-        #[arg(long, env = "AUGUR_GPUS", value_delimiter = ',')]
-        gpus: Option<Vec<String>>,
         #[command(flatten)]
-        containers: ContainerArgs,
+        machine: MachineArgs,
     },
     /// Keep N trials of a study running on this machine (pulled through the API).
     Worker {
@@ -132,12 +124,8 @@ pub enum Command {
         /// LANGUAGE, LC_*, TZ, TMPDIR, TERM of the worker's environment, never its token.
         #[arg(long = "env", value_name = "NAME[=VALUE]")]
         env: Vec<String>,
-        /// The GPUs local replicas may be given, e.g. `0,1,2,3` (each replica asking for N
-        /// gets N of its own); default: those `nvidia-smi -L` lists.
-        #[arg(long, env = "AUGUR_GPUS", value_delimiter = ',')]
-        gpus: Option<Vec<String>>,
         #[command(flatten)]
-        containers: ContainerArgs,
+        machine: MachineArgs,
         /// The training command; values are appended as --<id>=<value>.
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -151,6 +139,17 @@ pub enum Command {
     },
     /// Print the OpenAPI document the server serves.
     Openapi,
+}
+
+/// What the replicas of this machine may use: its GPUs, and the container engine.
+#[derive(Debug, clap::Args)]
+pub struct MachineArgs {
+    /// The GPUs local replicas may be given, e.g. `0,1,2,3` (each replica asking for N gets N
+    /// of its own); default: those `nvidia-smi -L` lists.
+    #[arg(long, env = "AUGUR_GPUS", value_delimiter = ',')]
+    gpus: Option<Vec<String>>,
+    #[command(flatten)]
+    containers: ContainerArgs,
 }
 
 /// How the container executor runs images: the operator's choice, never a spec's.
@@ -267,12 +266,11 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             public_url,
             no_dispatch,
             job_env,
-            gpus,
-            containers,
+            machine,
         } => {
             let mut config = crate::app::ServerConfig::new(database_url, listen);
-            config.gpus = gpus;
-            config.containers = containers.engine();
+            config.gpus = machine.gpus;
+            config.containers = machine.containers.engine();
             config.token = token;
             config.body_limit = body_limit;
             config.public_url = public_url;
@@ -288,10 +286,15 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             file,
             database_url,
             job_env,
-            gpus,
-            containers,
-        } => match run::run_study_file(&file, &database_url, job_env, gpus, containers.engine())
-            .await?
+            machine,
+        } => match run::run_study_file(
+            &file,
+            &database_url,
+            job_env,
+            machine.gpus,
+            machine.containers.engine(),
+        )
+        .await?
         {
             run::RunEnd::Finished => Ok(()),
             run::RunEnd::Interrupted => Err(Failure::Interrupted),
@@ -303,8 +306,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             client_id,
             output_dir,
             env,
-            gpus,
-            containers,
+            machine,
             command,
         } => {
             let http = Client::new(&client.url, client.token.as_deref())?;
@@ -315,8 +317,8 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 client_id,
                 output_dir,
                 env,
-                gpus,
-                containers: containers.engine(),
+                gpus: machine.gpus,
+                containers: machine.containers.engine(),
                 command,
             };
             Ok(worker::run_worker(http, options).await?)

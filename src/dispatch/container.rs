@@ -18,10 +18,11 @@ use tokio::process::Command;
 use tokio::sync::mpsc;
 
 use super::cluster::Address;
+use super::executor::write_private;
 use super::executor::{
     Executor, ExecutorContext, ExecutorError, JobRequest, ReplicaRequest, RunningJob,
 };
-use super::local::{Launch, LocalCluster, spawn_replica};
+use super::local::{Launch, LocalCluster, loopback_addresses, reserve_machine, spawn_replica};
 use crate::model::ReplicaId;
 
 /// How the server runs containers: the engine's program and the options the operator gives it
@@ -237,25 +238,6 @@ fn env_file_text(env: &[(String, String)]) -> Result<String, ExecutorError> {
     Ok(text)
 }
 
-/// Write `text` readable by its owner only: it holds the trial's token.
-async fn write_private(path: &Path, text: &str) -> Result<(), ExecutorError> {
-    use tokio::io::AsyncWriteExt;
-    let failed = |e: std::io::Error| ExecutorError::Launch(format!("{}: {e}", path.display()));
-    if let Some(dir) = path.parent() {
-        tokio::fs::create_dir_all(dir).await.map_err(failed)?;
-    }
-    let mut file = tokio::fs::OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .await
-        .map_err(failed)?;
-    file.write_all(text.as_bytes()).await.map_err(failed)?;
-    file.flush().await.map_err(failed)
-}
-
 pub struct ContainerExecutor {
     context: ExecutorContext,
 }
@@ -274,31 +256,8 @@ impl Executor for ContainerExecutor {
         stdout_lines: mpsc::UnboundedSender<String>,
     ) -> Result<Box<dyn RunningJob>, ExecutorError> {
         let engine = self.context.containers.clone();
-        let wanted: Vec<u32> = request
-            .replicas
-            .iter()
-            .map(|r| r.resources.gpu.unwrap_or(0))
-            .collect();
-        // GPUs first: the wait for them is no part of the attempt's run.
-        let gpus = if wanted.iter().any(|&n| n > 0) {
-            Some(self.context.gpus.acquire(&wanted).await?)
-        } else {
-            None
-        };
-        let ports = match &request.cluster {
-            Some(layout) => Some(self.context.ports.reserve(layout.len())?),
-            None => None,
-        };
-        let port_list: Vec<u16> = ports.as_ref().map(|l| l.ports.clone()).unwrap_or_default();
-        let address = |id: ReplicaId| Address {
-            host: "127.0.0.1".to_string(),
-            port: request
-                .replicas
-                .iter()
-                .position(|r| r.id == id)
-                .and_then(|i| port_list.get(i))
-                .map_or_else(String::new, u16::to_string),
-        };
+        let (gpus, ports) = reserve_machine(&self.context, request).await?;
+        let address = loopback_addresses(request, ports.as_ref());
         let nonce = format!("{:08x}", rand::random::<u32>());
         let names: Vec<String> = request
             .replicas
@@ -387,7 +346,9 @@ impl ContainerExecutor {
             .trial_dir
             .join(".container-env")
             .join(format!("{name}.env"));
-        write_private(&env_file, &env_file_text(&env)?).await?;
+        write_private(&env_file, &env_file_text(&env)?)
+            .await
+            .map_err(|e| ExecutorError::Launch(format!("{}: {e}", env_file.display())))?;
         let run = ContainerRun {
             name,
             study_id: request.study_id,

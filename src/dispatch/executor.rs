@@ -183,3 +183,25 @@ pub trait RunningJob: Send {
     /// `grace` for them to end, then kill them outright. Returns once all are gone.
     async fn stop(&mut self, grace: Duration);
 }
+
+/// Write `text` to `path` (making its directory) readable by its owner only: batch scripts
+/// and env files hold the trial's token.
+pub async fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    use tokio::io::AsyncWriteExt;
+    if let Some(dir) = path.parent() {
+        tokio::fs::create_dir_all(dir).await?;
+    }
+    let mut file = tokio::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .await?;
+    // `mode` applies only to a new file: an earlier attempt's may be wider.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .await?;
+    file.write_all(text.as_bytes()).await?;
+    file.flush().await
+}

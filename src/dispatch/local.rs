@@ -40,31 +40,8 @@ impl Executor for LocalExecutor {
         request: &JobRequest,
         stdout_lines: mpsc::UnboundedSender<String>,
     ) -> Result<Box<dyn RunningJob>, ExecutorError> {
-        let wanted: Vec<u32> = request
-            .replicas
-            .iter()
-            .map(|r| r.resources.gpu.unwrap_or(0))
-            .collect();
-        // GPUs first: the wait for them is no part of the attempt's run.
-        let gpus = if wanted.iter().any(|&n| n > 0) {
-            Some(self.context.gpus.acquire(&wanted).await?)
-        } else {
-            None
-        };
-        let ports = match &request.cluster {
-            Some(layout) => Some(self.context.ports.reserve(layout.len())?),
-            None => None,
-        };
-        let port_list: Vec<u16> = ports.as_ref().map(|l| l.ports.clone()).unwrap_or_default();
-        let address = |id: ReplicaId| Address {
-            host: "127.0.0.1".to_string(),
-            port: request
-                .replicas
-                .iter()
-                .position(|r| r.id == id)
-                .and_then(|i| port_list.get(i))
-                .map_or_else(String::new, u16::to_string),
-        };
+        let (gpus, ports) = reserve_machine(&self.context, request).await?;
+        let address = loopback_addresses(request, ports.as_ref());
         let mut cluster = LocalCluster::new(request.replicas.len(), gpus, ports, None);
         let mut primary_lines = Some(stdout_lines);
         for (i, replica) in request.replicas.iter().enumerate() {
@@ -114,6 +91,50 @@ impl Executor for LocalExecutor {
                 }
             }
         }
+    }
+}
+
+/// What a cluster holds of this machine while it runs: the GPUs its replicas asked for
+/// (waited for first: the wait is no part of the attempt's run) and, for a cluster, a port
+/// per replica.
+pub(super) async fn reserve_machine(
+    context: &ExecutorContext,
+    request: &JobRequest,
+) -> Result<(Option<GpuLease>, Option<PortLease>), ExecutorError> {
+    let wanted: Vec<u32> = request
+        .replicas
+        .iter()
+        .map(|r| r.resources.gpu.unwrap_or(0))
+        .collect();
+    let gpus = if wanted.iter().any(|&n| n > 0) {
+        Some(context.gpus.acquire(&wanted).await?)
+    } else {
+        None
+    };
+    let ports = match &request.cluster {
+        Some(layout) => Some(context.ports.reserve(layout.len())?),
+        None => None,
+    };
+    Ok((gpus, ports))
+}
+
+/// Where each replica of a cluster on this machine listens: 127.0.0.1 at its port.
+pub(super) fn loopback_addresses(
+    request: &JobRequest,
+    ports: Option<&PortLease>,
+) -> impl Fn(ReplicaId) -> Address + Sync + use<> {
+    let by_replica: Vec<(ReplicaId, String)> = request
+        .replicas
+        .iter()
+        .zip(ports.map(|l| l.ports.clone()).unwrap_or_default())
+        .map(|(r, port)| (r.id, port.to_string()))
+        .collect();
+    move |id| Address {
+        host: "127.0.0.1".to_string(),
+        port: by_replica
+            .iter()
+            .find(|(r, _)| *r == id)
+            .map_or_else(String::new, |(_, p)| p.clone()),
     }
 }
 

@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::cluster::Address;
+use super::executor::write_private;
 use super::executor::{Executor, ExecutorError, JobExit, JobRequest, ReplicaRequest, RunningJob};
 use crate::model::job::SlurmOptions;
 use crate::model::{ReplicaId, Resources};
@@ -327,23 +328,6 @@ async fn run(program: &str, args: &[String]) -> Result<String, ExecutorError> {
 /// Whether the controller said it does not know the job.
 fn unknown_job(e: &ExecutorError) -> bool {
     e.to_string().contains(UNKNOWN_JOB)
-}
-
-/// Write `text` to `path` readable by its owner only: a batch script holds the trial's token.
-async fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let mut file = tokio::fs::OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .await?;
-    // `mode` applies only to a new file: an earlier attempt's may be wider.
-    file.set_permissions(std::fs::Permissions::from_mode(0o600))
-        .await?;
-    file.write_all(text.as_bytes()).await?;
-    file.flush().await
 }
 
 /// The job's state as `squeue` prints it (empty once it has left the queue). `--jobs=` and

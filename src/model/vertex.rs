@@ -1025,8 +1025,11 @@ study_spec:
                 "studySpec.metrics[0].goal",
             ),
             (
-                &|d| d["studySpec"]["metrics"][0]["safetyConfig"] = json!({"safetyThreshold": 0.5}),
-                "studySpec.metrics[0].safetyConfig",
+                &|d| {
+                    d["studySpec"]["metrics"][0]["safetyConfig"] =
+                        json!({"desiredMinSafeTrialsFraction": 0.5})
+                },
+                "studySpec.metrics[0].safetyConfig.safetyThreshold",
             ),
             (
                 &|d| d["studySpec"]["algorithm"] = json!("BAYESIAN"),
