@@ -39,6 +39,8 @@ pub struct ServerConfig {
     pub job_env: Vec<String>,
     /// The GPUs local replicas may be given; `None`: those `nvidia-smi -L` lists.
     pub gpus: Option<Vec<String>>,
+    /// How the kubernetes executor reaches its cluster (`--kubeconfig`, …).
+    pub kubernetes: crate::dispatch::kubernetes::KubeSettings,
 }
 
 impl ServerConfig {
@@ -53,6 +55,7 @@ impl ServerConfig {
             base_dir: None,
             job_env: Vec::new(),
             gpus: None,
+            kubernetes: Default::default(),
         }
     }
 }
@@ -130,6 +133,7 @@ impl App {
                 ),
                 job_env: config.job_env.clone(),
                 gpus: config.gpus.clone(),
+                kubernetes: config.kubernetes.clone(),
             };
             Dispatcher::new(service.clone(), dispatch_config)
         });

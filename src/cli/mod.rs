@@ -44,6 +44,31 @@ pub struct ClientArgs {
     pub token: Option<String>,
 }
 
+/// Where the kubernetes executor runs trials (`trial_job.executor: kubernetes`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct KubeArgs {
+    /// Namespace of trials whose spec names none (default: the kubeconfig context's, the
+    /// service account's in a cluster, or `default`).
+    #[arg(long, env = "AUGUR_KUBERNETES_NAMESPACE")]
+    pub kubernetes_namespace: Option<String>,
+    /// Kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or the in-cluster account).
+    #[arg(long, env = "AUGUR_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Context of the kubeconfig to use (default: its current context).
+    #[arg(long, env = "AUGUR_KUBE_CONTEXT")]
+    pub kube_context: Option<String>,
+}
+
+impl KubeArgs {
+    fn settings(self) -> crate::dispatch::kubernetes::KubeSettings {
+        crate::dispatch::kubernetes::KubeSettings {
+            namespace: self.kubernetes_namespace,
+            kubeconfig: self.kubeconfig,
+            context: self.kube_context,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the API server.
@@ -75,6 +100,8 @@ pub enum Command {
         /// gets N of its own); default: those `nvidia-smi -L` lists.
         #[arg(long, env = "AUGUR_GPUS", value_delimiter = ',')]
         gpus: Option<Vec<String>>,
+        #[command(flatten)]
+        kubernetes: KubeArgs,
     },
     /// Apply database migrations and exit (`serve` also applies them on start).
     Migrate {
@@ -107,6 +134,8 @@ pub enum Command {
         /// gets N of its own); default: those `nvidia-smi -L` lists.
         #[arg(long, env = "AUGUR_GPUS", value_delimiter = ',')]
         gpus: Option<Vec<String>>,
+        #[command(flatten)]
+        kubernetes: KubeArgs,
     },
     /// Keep N trials of a study running on this machine (pulled through the API).
     Worker {
@@ -233,9 +262,11 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             no_dispatch,
             job_env,
             gpus,
+            kubernetes,
         } => {
             let mut config = crate::app::ServerConfig::new(database_url, listen);
             config.gpus = gpus;
+            config.kubernetes = kubernetes.settings();
             config.token = token;
             config.body_limit = body_limit;
             config.public_url = public_url;
@@ -252,7 +283,10 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             database_url,
             job_env,
             gpus,
-        } => match run::run_study_file(&file, &database_url, job_env, gpus).await? {
+            kubernetes,
+        } => match run::run_study_file(&file, &database_url, job_env, gpus, kubernetes.settings())
+            .await?
+        {
             run::RunEnd::Finished => Ok(()),
             run::RunEnd::Interrupted => Err(Failure::Interrupted),
         },

@@ -29,6 +29,7 @@ pub async fn run_study_file(
     database_url: &str,
     job_env: Vec<String>,
     gpus: Option<Vec<String>>,
+    kubernetes: crate::dispatch::kubernetes::KubeSettings,
 ) -> CliResult<RunEnd> {
     // Relative paths in the spec (and trial directories) are the spec file's neighbours.
     let base_dir = match file.parent() {
@@ -49,6 +50,7 @@ pub async fn run_study_file(
     config.base_dir = Some(base_dir.clone());
     config.job_env = job_env;
     config.gpus = gpus;
+    config.kubernetes = kubernetes;
     let app = App::build(config).await?;
     let service = app.service().clone();
     let (study, resumed) = service.find_or_create_study(spec).await?;

@@ -109,6 +109,7 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> CliResult<()>
                 None => GpuPool::detect(),
             },
             ports: PortRegistry::default(),
+            ..Default::default()
         })),
         reporter: Arc::new(HttpReporter {
             client: client.clone(),

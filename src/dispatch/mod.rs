@@ -3,7 +3,7 @@
 //! replicas, by a lease the service keeps); `runner.rs` keeps `parallel_trials` trials running,
 //! `trial.rs` runs one trial through its attempts (`attempt.rs`), with the environment of
 //! `environment.rs`, reporting through `reporter.rs`, on an executor (`executor.rs`: `local.rs`,
-//! `slurm.rs`). Metrics from stdout and the hypertune file are parsed in `collect.rs`.
+//! `slurm.rs`, `kubernetes/`). Metrics from stdout and the hypertune file are parsed in `collect.rs`.
 //! Everything it knows of studies it asks the service.
 
 mod attempt;
@@ -13,6 +13,7 @@ pub mod environment;
 pub mod error;
 pub mod executor;
 pub mod gpus;
+pub mod kubernetes;
 pub mod local;
 pub mod ports;
 pub mod reporter;
@@ -54,6 +55,8 @@ pub struct DispatchConfig {
     pub job_env: Vec<String>,
     /// The GPUs local replicas may be given (`--gpus`); `None`: those `nvidia-smi -L` lists.
     pub gpus: Option<Vec<String>>,
+    /// How the kubernetes executor reaches its cluster.
+    pub kubernetes: kubernetes::KubeSettings,
 }
 
 /// Starts and stops study runners in this process.
@@ -78,6 +81,7 @@ impl Dispatcher {
             executors: ExecutorContext {
                 gpus,
                 ports: PortRegistry::default(),
+                kubernetes: kubernetes::KubeConnection::new(config.kubernetes.clone()),
             },
             config: Arc::new(config),
             runners: Arc::default(),

@@ -379,6 +379,9 @@ impl TrialJobSpec {
                 "applies to executor: kubernetes only",
             ));
         }
+        if let Some(volume) = self.kubernetes.as_ref().and_then(|k| k.output_volume.as_ref()) {
+            self.validate_output_volume(volume)?;
+        }
         if self.command.is_empty() || self.command[0].trim().is_empty() {
             return Err(ValidationError::new(
                 field("command"),
@@ -431,6 +434,40 @@ impl TrialJobSpec {
                 "--export is Augur's: jobs start from a clean environment; set variables in \
                  trial_job.env",
             ));
+        }
+        Ok(())
+    }
+
+    /// A claim mounted at an absolute path; an object store only with a URI to write to.
+    fn validate_output_volume(&self, volume: &OutputVolume) -> Result<(), ValidationError> {
+        let field = "trial_job.kubernetes.output_volume";
+        match volume {
+            OutputVolume::PersistentVolumeClaim {
+                claim_name,
+                mount_path,
+            } => {
+                if claim_name.trim().is_empty() {
+                    return Err(ValidationError::new(
+                        format!("{field}.persistent_volume_claim.claim_name"),
+                        "must name a PersistentVolumeClaim",
+                    ));
+                }
+                if !mount_path.starts_with('/') || mount_path.contains(':') {
+                    return Err(ValidationError::new(
+                        format!("{field}.persistent_volume_claim.mount_path"),
+                        "must be an absolute path",
+                    ));
+                }
+            }
+            OutputVolume::ObjectStore => {
+                if !self.output_dir.as_deref().is_some_and(|d| d.contains("://")) {
+                    return Err(ValidationError::new(
+                        "trial_job.output_dir",
+                        "with output_volume: object_store, must be a URI (gs://…, s3://…) \
+                         the trainer writes to",
+                    ));
+                }
+            }
         }
         Ok(())
     }
