@@ -379,7 +379,11 @@ impl TrialJobSpec {
                 "applies to executor: kubernetes only",
             ));
         }
-        if let Some(volume) = self.kubernetes.as_ref().and_then(|k| k.output_volume.as_ref()) {
+        if let Some(volume) = self
+            .kubernetes
+            .as_ref()
+            .and_then(|k| k.output_volume.as_ref())
+        {
             self.validate_output_volume(volume)?;
         }
         if self.command.is_empty() || self.command[0].trim().is_empty() {
@@ -460,7 +464,11 @@ impl TrialJobSpec {
                 }
             }
             OutputVolume::ObjectStore => {
-                if !self.output_dir.as_deref().is_some_and(|d| d.contains("://")) {
+                if !self
+                    .output_dir
+                    .as_deref()
+                    .is_some_and(|d| d.contains("://"))
+                {
                     return Err(ValidationError::new(
                         "trial_job.output_dir",
                         "with output_volume: object_store, must be a URI (gs://…, s3://…) \

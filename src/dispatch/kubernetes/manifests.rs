@@ -316,9 +316,7 @@ pub fn attempt_manifests(
                     parallelism: Some(count),
                     // Augur owns retries: a failed pod fails the attempt.
                     backoff_limit: Some(0),
-                    active_deadline_seconds: job
-                        .timeout_secs
-                        .and_then(|t| i64::try_from(t).ok()),
+                    active_deadline_seconds: job.timeout_secs.and_then(|t| i64::try_from(t).ok()),
                     ttl_seconds_after_finished: Some(TTL_AFTER_FINISHED_SECS),
                     template: PodTemplateSpec {
                         metadata: Some(ObjectMeta {

@@ -25,14 +25,14 @@ use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
 use kube::{Client, Config, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
-use tokio::sync::{OnceCell, mpsc, watch};
+use tokio::sync::{OnceCell, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -50,6 +50,8 @@ pub const DEFAULT_IMAGE_PULL_TIMEOUT: Duration = Duration::from_secs(300);
 const LOG_DRAIN: Duration = Duration::from_secs(10);
 /// How long a deleted attempt's pods may take to go, beyond their grace period.
 const POD_GONE_WAIT: Duration = Duration::from_secs(30);
+/// How long the watch of a new attempt may take to start (its first list).
+const WATCH_READY: Duration = Duration::from_secs(30);
 /// How often the disappearance of deleted pods is checked.
 const GONE_POLL: Duration = Duration::from_millis(250);
 
@@ -305,24 +307,65 @@ impl Executor for KubernetesExecutor {
             request.attempt
         );
         apis.delete_selected(&others).await;
+        // The watch is in place before anything is created, so that no event of the
+        // attempt's objects can be missed (a pod may vanish before a later list).
+        let (created_tx, created_rx) = oneshot::channel();
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let (decided_tx, decision) = watch::channel(None);
+        let followers = Arc::new(Mutex::new(Followers::default()));
+        let selector = attempt_selector(request.study_id, request.trial_id, request.attempt);
+        let driver = Driver {
+            apis: apis.clone(),
+            selector: selector.clone(),
+            manifests: Arc::new(manifests.clone()),
+            tracker: Tracker::new(BTreeMap::new(), self.pull_timeout()),
+            uids: BTreeMap::new(),
+            logs: request
+                .replicas
+                .iter()
+                .map(|r| (r.id, r.log_path.clone()))
+                .collect(),
+            followers: followers.clone(),
+            stdout: Some(stdout_lines),
+            ungated: Arc::default(),
+            last_seen: BTreeMap::new(),
+        };
+        let driver = tokio::spawn(driver.run(decided_tx, ready_tx, created_rx));
+        if !matches!(
+            tokio::time::timeout(WATCH_READY, ready_rx).await,
+            Ok(Ok(()))
+        ) {
+            driver.abort();
+            return Err(ExecutorError::Launch(format!(
+                "kubernetes: could not watch pods and Jobs in namespace {} within {} s",
+                apis.namespace,
+                WATCH_READY.as_secs()
+            )));
+        }
         let created = match create_attempt(&apis, &manifests).await {
             Ok(created) => created,
             Err(e) => {
+                driver.abort();
                 // Nothing of an attempt that could not start whole is left behind.
-                let selector =
-                    attempt_selector(request.study_id, request.trial_id, request.attempt);
                 apis.delete_selected(&selector).await;
                 return Err(e);
             }
         };
-        Ok(Box::new(KubeAttempt::start(
+        let _ = created_tx.send(created.uids.clone());
+        Ok(Box::new(KubeAttempt {
+            handle: handle_of(&apis.namespace, &manifests.names.base),
             apis,
-            manifests,
-            created,
-            request,
-            stdout_lines,
-            self.pull_timeout(),
-        )))
+            selector,
+            uids: created.uids,
+            jobs: created.jobs,
+            service: manifests.names.service().to_string(),
+            secret: manifests.secret.as_ref().map(|s| s.name_any()),
+            decision,
+            driver,
+            followers,
+            drain_until: None,
+            finished: None,
+        }))
     }
 
     async fn clean_up_stale(&self, handle: &str, study_id: i64, trial_id: i64) {
@@ -336,7 +379,12 @@ impl Executor for KubernetesExecutor {
         let selector = trial_selector(study_id, trial_id);
         let deleted = apis.delete_selected(&selector).await;
         if deleted > 0 {
-            tracing::info!(study_id, trial_id, deleted, "kubernetes: deleted a leftover attempt");
+            tracing::info!(
+                study_id,
+                trial_id,
+                deleted,
+                "kubernetes: deleted a leftover attempt"
+            );
         }
         // A resumed trial never runs twice: its old pods are gone before the new ones start.
         apis.pods_gone(&selector, POD_GONE_WAIT, |_| true).await;
@@ -395,14 +443,21 @@ struct Created {
 /// Secret, Service, then the Jobs (the primary's first); then the Secret and the Service
 /// are made dependents of the primary's Job, so that Kubernetes removes them with it should
 /// Augur not.
-async fn create_attempt(apis: &Apis, manifests: &AttemptManifests) -> Result<Created, ExecutorError> {
+async fn create_attempt(
+    apis: &Apis,
+    manifests: &AttemptManifests,
+) -> Result<Created, ExecutorError> {
     if let Some(secret) = &manifests.secret {
         let existing = create_or_adopt(&apis.secrets, secret).await?;
         if existing.string_data.is_none() && existing.data.is_some() {
             // Adopted: this attempt's token replaces the earlier one's.
             let patch = json!({"stringData": secret.string_data});
             apis.secrets
-                .patch(manifests.names.secret(), &PatchParams::default(), &Patch::Merge(&patch))
+                .patch(
+                    manifests.names.secret(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
                 .await
                 .map_err(|e| api_error("updating the token", e))?;
         }
@@ -479,50 +534,6 @@ struct KubeAttempt {
 }
 
 impl KubeAttempt {
-    fn start(
-        apis: Apis,
-        manifests: AttemptManifests,
-        created: Created,
-        request: &JobRequest,
-        stdout_lines: mpsc::UnboundedSender<String>,
-        pull_timeout: Duration,
-    ) -> KubeAttempt {
-        let selector = attempt_selector(request.study_id, request.trial_id, request.attempt);
-        let (decided_tx, decision) = watch::channel(None);
-        let followers = Arc::new(Mutex::new(Followers::default()));
-        let logs: BTreeMap<ReplicaId, PathBuf> = request
-            .replicas
-            .iter()
-            .map(|r| (r.id, r.log_path.clone()))
-            .collect();
-        let driver = Driver {
-            apis: apis.clone(),
-            selector: selector.clone(),
-            manifests: Arc::new(manifests.clone()),
-            tracker: Tracker::new(created.uids.clone(), pull_timeout),
-            uids: created.uids.clone(),
-            logs,
-            followers: followers.clone(),
-            stdout: Some(stdout_lines),
-            ungated: Arc::default(),
-        };
-        let driver = tokio::spawn(driver.run(decided_tx));
-        KubeAttempt {
-            handle: handle_of(&apis.namespace, &manifests.names.base),
-            apis,
-            selector,
-            uids: created.uids,
-            jobs: created.jobs,
-            service: manifests.names.service().to_string(),
-            secret: manifests.secret.as_ref().map(|s| s.name_any()),
-            decision,
-            driver,
-            followers,
-            drain_until: None,
-            finished: None,
-        }
-    }
-
     async fn delete_jobs(&self, primary_too: bool) {
         for (pool, name) in &self.jobs {
             if *pool != 0 || primary_too {
@@ -600,7 +611,8 @@ impl RunningJob for KubeAttempt {
         self.apis
             .pods_gone(&self.selector, grace + POD_GONE_WAIT, ours)
             .await;
-        self.drain_logs(Instant::now() + Duration::from_secs(2)).await;
+        self.drain_logs(Instant::now() + Duration::from_secs(2))
+            .await;
         self.finished
             .get_or_insert(JobExit::Lost("stopped by Augur".to_string()));
     }
@@ -621,36 +633,98 @@ struct Driver {
     /// The primary's stdout lines go here; moved into its log follower.
     stdout: Option<mpsc::UnboundedSender<String>>,
     ungated: Arc<Mutex<HashSet<String>>>,
+    /// The attempt's pods as last seen, by name.
+    last_seen: BTreeMap<String, Pod>,
 }
 
 impl Driver {
-    async fn run(mut self, decided: watch::Sender<Option<JobExit>>) {
+    /// Watch until the attempt is decided. `ready` is told once both watches have made
+    /// their first list (objects created after that cannot be missed); `created` brings the
+    /// uids of the attempt's Jobs. Events before it are kept (the latest of each object)
+    /// and replayed then.
+    async fn run(
+        mut self,
+        decided: watch::Sender<Option<JobExit>>,
+        ready: oneshot::Sender<()>,
+        mut created: oneshot::Receiver<BTreeMap<String, usize>>,
+    ) {
         let config = watcher::Config::default().labels(&self.selector);
         let pods = watcher::watcher(self.apis.pods.clone(), config.clone()).default_backoff();
         let jobs = watcher::watcher(self.apis.jobs.clone(), config).default_backoff();
         futures::pin_mut!(pods, jobs);
+        let (mut pods_listed, mut jobs_listed) = (false, false);
+        let mut ready = Some(ready);
+        let mut known = false;
+        let mut early_pods: BTreeMap<String, (Pod, bool)> = BTreeMap::new();
+        let mut early_jobs: BTreeMap<String, (Job, bool)> = BTreeMap::new();
+        let mut relisted: HashSet<String> = HashSet::new();
         loop {
+            if pods_listed
+                && jobs_listed
+                && let Some(ready) = ready.take()
+            {
+                let _ = ready.send(());
+            }
             let deadline = self.tracker.next_deadline();
             tokio::select! {
+                uids = &mut created, if !known => {
+                    let Ok(uids) = uids else { return };
+                    known = true;
+                    self.tracker.set_jobs(uids.clone());
+                    self.uids = uids;
+                    for (job, deleted) in std::mem::take(&mut early_jobs).into_values() {
+                        self.job_event(job, deleted);
+                    }
+                    for (pod, deleted) in std::mem::take(&mut early_pods).into_values() {
+                        if deleted {
+                            self.pod_deleted(pod).await;
+                        } else {
+                            self.pod(pod);
+                        }
+                    }
+                }
                 event = pods.try_next() => match event {
-                    Ok(Some(Event::Apply(pod) | Event::InitApply(pod))) => self.pod(pod),
+                    Ok(Some(Event::Apply(pod) | Event::InitApply(pod))) if !known => {
+                        early_pods.insert(pod.name_any(), (pod, false));
+                    }
+                    Ok(Some(Event::Delete(pod))) if !known => {
+                        early_pods.insert(pod.name_any(), (pod, true));
+                    }
+                    Ok(Some(Event::Apply(pod))) => self.pod(pod),
+                    Ok(Some(Event::InitApply(pod))) => {
+                        relisted.insert(pod.name_any());
+                        self.pod(pod);
+                    }
                     Ok(Some(Event::Delete(pod))) => self.pod_deleted(pod).await,
-                    Ok(Some(Event::Init | Event::InitDone)) => {}
+                    Ok(Some(Event::InitDone)) => {
+                        pods_listed = true;
+                        // A pod deleted while the watch was down is missing from the new
+                        // list and was never seen deleted.
+                        let gone: Vec<Pod> = self
+                            .last_seen
+                            .iter()
+                            .filter(|(name, _)| !relisted.contains(*name))
+                            .map(|(_, pod)| pod.clone())
+                            .collect();
+                        for pod in gone {
+                            self.pod_deleted(pod).await;
+                        }
+                    }
+                    Ok(Some(Event::Init)) => relisted.clear(),
                     Ok(None) => break,
                     Err(e) => tracing::debug!(error = %e, "kubernetes: pod watch"),
                 },
                 event = jobs.try_next() => match event {
-                    Ok(Some(Event::Apply(job) | Event::InitApply(job))) => {
-                        if self.is_ours(&job) {
-                            self.tracker.job(&job);
-                        }
+                    Ok(Some(Event::Apply(job) | Event::InitApply(job))) if !known => {
+                        early_jobs.insert(job.name_any(), (job, false));
                     }
-                    Ok(Some(Event::Delete(job))) => {
-                        if self.is_ours(&job) {
-                            self.tracker.job_deleted(&job);
-                        }
+                    Ok(Some(Event::Delete(job))) if !known => {
+                        early_jobs.insert(job.name_any(), (job, true));
                     }
-                    Ok(Some(Event::Init | Event::InitDone)) => {}
+                    Ok(Some(Event::Apply(job) | Event::InitApply(job))) => self.job_event(job, false),
+                    Ok(Some(Event::Delete(job))) => self.job_event(job, true),
+                    Ok(Some(Event::InitDone)) => jobs_listed = true,
+                    Ok(Some(Event::Init)) => {}
                     Ok(None) => break,
                     Err(e) => tracing::debug!(error = %e, "kubernetes: job watch"),
                 },
@@ -664,6 +738,17 @@ impl Driver {
         let _ = decided.send(Some(JobExit::Lost(
             "the watch of the attempt's pods ended".to_string(),
         )));
+    }
+
+    fn job_event(&mut self, job: Job, deleted: bool) {
+        if !self.is_ours(&job) {
+            return;
+        }
+        if deleted {
+            self.tracker.job_deleted(&job);
+        } else {
+            self.tracker.job(&job);
+        }
     }
 
     /// One of this attempt's Jobs (by uid: a same-named Job of an earlier run is not).
@@ -689,10 +774,12 @@ impl Driver {
                 self.tracker.job(&job);
             }
         }
+        self.last_seen.remove(&pod.name_any());
         self.tracker.pod_deleted(&pod);
     }
 
     fn pod(&mut self, pod: Pod) {
+        self.last_seen.insert(pod.name_any(), pod.clone());
         if let Some(replica) = self.tracker.replica_of(&pod) {
             self.ungate(&pod, replica);
             self.follow(&pod, replica);
@@ -711,7 +798,12 @@ impl Driver {
             return;
         };
         let name = pod.name_any();
-        if !gated || !self.ungated.lock().is_ok_and(|mut u| u.insert(name.clone())) {
+        if !gated
+            || !self
+                .ungated
+                .lock()
+                .is_ok_and(|mut u| u.insert(name.clone()))
+        {
             return;
         }
         // The other gates (none that Augur sets) are kept.
@@ -782,7 +874,12 @@ impl Driver {
         } else {
             None
         };
-        let task = tokio::spawn(follow_log(self.apis.pods.clone(), name.clone(), path, stdout));
+        let task = tokio::spawn(follow_log(
+            self.apis.pods.clone(),
+            name.clone(),
+            path,
+            stdout,
+        ));
         followers.tasks.insert(name, (replica, task));
     }
 }
@@ -807,7 +904,7 @@ async fn follow_log(
         return;
     };
     let mut written = 0usize;
-    for _ in 0..10 {
+    loop {
         let params = LogParams {
             container: Some(CONTAINER.to_string()),
             follow: true,

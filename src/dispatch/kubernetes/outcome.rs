@@ -16,7 +16,11 @@ use super::manifests::{COMPLETION_INDEX, CONTAINER};
 use crate::model::ReplicaId;
 
 /// Waiting reasons of a container whose image cannot be pulled (yet): given the bounded wait.
-const PULL_TROUBLE: [&str; 3] = ["ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError"];
+const PULL_TROUBLE: [&str; 3] = [
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "CreateContainerConfigError",
+];
 /// Waiting reasons that no wait mends.
 const NEVER_STARTS: [&str; 2] = ["InvalidImageName", "ErrImageNeverPull"];
 
@@ -73,7 +77,9 @@ pub fn pod_view(pod: &Pod) -> PodView {
                 .into_iter()
                 .find(|c| c.type_ == "DisruptionTarget" && c.status == "True");
             let why = match (status.reason, disruption) {
-                (Some(reason), _) => format!("{reason}{}", message(status.message).unwrap_or_default()),
+                (Some(reason), _) => {
+                    format!("{reason}{}", message(status.message).unwrap_or_default())
+                }
                 (None, Some(c)) => format!(
                     "{}{}",
                     c.reason.unwrap_or_else(|| "disrupted".into()),
@@ -114,9 +120,7 @@ pub fn pod_view(pod: &Pod) -> PodView {
             message(waiting.message).unwrap_or_default()
         );
         if NEVER_STARTS.contains(&reason.as_str()) {
-            return PodView::Ended(JobExit::Failed(format!(
-                "pod {name} cannot start: {what}"
-            )));
+            return PodView::Ended(JobExit::Failed(format!("pod {name} cannot start: {what}")));
         }
         if PULL_TROUBLE.contains(&reason.as_str()) {
             return PodView::Waiting(Some(what));
@@ -173,6 +177,11 @@ impl Tracker {
             pull_timeout,
             decided: None,
         }
+    }
+
+    /// The attempt's Jobs, once they exist: uid → pool.
+    pub fn set_jobs(&mut self, jobs: BTreeMap<String, usize>) {
+        self.jobs = jobs;
     }
 
     pub fn decided(&self) -> Option<&JobExit> {
@@ -268,9 +277,7 @@ impl Tracker {
             let name = job.metadata.name.clone().unwrap_or_default();
             self.decide(
                 ReplicaId::PRIMARY,
-                JobExit::Failed(format!(
-                    "Job {name} exceeded its active deadline{deadline}"
-                )),
+                JobExit::Failed(format!("Job {name} exceeded its active deadline{deadline}")),
             );
         }
     }
@@ -370,7 +377,10 @@ mod tests {
     #[test]
     fn oom_kills_evictions_and_vanished_pods_say_what_happened() {
         let mut t = tracker();
-        t.pod(&pod("p", 0, 0, terminated(137, "OOMKilled")), Instant::now());
+        t.pod(
+            &pod("p", 0, 0, terminated(137, "OOMKilled")),
+            Instant::now(),
+        );
         assert!(matches!(t.decided(), Some(JobExit::Failed(why)) if why.starts_with("OOMKilled")));
         let evicted = pod(
             "p",
