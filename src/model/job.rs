@@ -955,6 +955,35 @@ mod tests {
     }
 
     #[test]
+    fn kubernetes_output_volumes_need_an_absolute_mount_or_an_object_store_uri() {
+        let mut j = job(&["train"]);
+        j.executor = ExecutorName::Kubernetes;
+        j.image = Some("trainer:1".into());
+        let with = |j: &mut TrialJobSpec, volume: OutputVolume| {
+            j.kubernetes = Some(KubernetesOptions {
+                output_volume: Some(volume),
+                ..Default::default()
+            });
+            j.validate().map_err(|e| e.field)
+        };
+        let claim = |mount: &str| OutputVolume::PersistentVolumeClaim {
+            claim_name: "runs".into(),
+            mount_path: mount.into(),
+        };
+        assert_eq!(with(&mut j, claim("/mnt/runs")), Ok(()));
+        assert_eq!(
+            with(&mut j, claim("runs")),
+            Err("trial_job.kubernetes.output_volume.persistent_volume_claim.mount_path".into())
+        );
+        assert_eq!(
+            with(&mut j, OutputVolume::ObjectStore),
+            Err("trial_job.output_dir".into())
+        );
+        j.output_dir = Some("gs://bucket/runs".into());
+        assert_eq!(with(&mut j, OutputVolume::ObjectStore), Ok(()));
+    }
+
+    #[test]
     fn executors_that_run_images_need_one_and_others_refuse_it() {
         let mut j = job(&["python3", "train.py"]);
         j.executor = ExecutorName::Kubernetes;

@@ -708,6 +708,29 @@ async fn stopping_a_study_deletes_its_running_jobs_in_the_background() {
 }
 
 #[tokio::test]
+async fn deleting_a_study_deletes_its_running_jobs_in_the_background() {
+    let standin = Arc::new(StandIn::start().await);
+    let _kubelet = kubelet(standin.clone(), true);
+    let (app, _runs) = server_on(&standin).await;
+    let id = app
+        .create_study(kube_study(4, 2, json!([{"replicas": 1}, {"replicas": 2}])))
+        .await;
+    standin
+        .wait_until("two trials running", |s| s.names(Kind::Job).len() == 4)
+        .await;
+    let deleted = app
+        .call(reqwest::Method::DELETE, &format!("/v1/studies/{id}"), None)
+        .await;
+    assert!(deleted.status.is_success(), "{}", deleted.body);
+    standin
+        .wait_until("every Job and pod deleted", |s| {
+            s.names(Kind::Job).is_empty() && s.names(Kind::Pod).is_empty()
+        })
+        .await;
+    assert_eq!(background_deletions(&standin, Kind::Job).len(), 4);
+}
+
+#[tokio::test]
 async fn a_trial_past_its_timeout_is_retried_and_its_jobs_are_deleted() {
     let standin = Arc::new(StandIn::start().await);
     let _kubelet = kubelet(standin.clone(), true);
