@@ -1,7 +1,7 @@
 //! The Kubernetes executor (DESIGN §4.2): each trial attempt is one Indexed Job per worker
 //! pool plus a headless Service and a Secret (`manifests.rs`), watched through the API server
-//! until the primary's pod decides it (`outcome.rs`); every pod's log is streamed into its
-//! replica's log file, the primary's also line by line to the metric parser. Stop, timeout,
+//! (`watch.rs`) until the primary's pod decides it (`outcome.rs`); every pod's log is streamed
+//! into its replica's log file, the primary's also line by line to the metric parser. Stop, timeout,
 //! early stopping and the attempt's end delete its objects (propagation Background). Nothing
 //! of a trial is kept in Kubernetes beyond its running Jobs: a restarted service finds
 //! leftovers by label and deletes them (`clean_up_stale`).
@@ -12,37 +12,35 @@
 
 pub mod manifests;
 pub mod outcome;
+mod watch;
 
-use std::collections::{BTreeMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::{AsyncBufReadExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
 use kube::{Client, Config, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
-use tokio::sync::{OnceCell, mpsc, oneshot, watch};
+use tokio::sync::{OnceCell, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use self::watch::{Driver, Followers, open_log};
 use super::executor::{Executor, ExecutorError, JobExit, JobRequest, RunningJob};
 use crate::model::{ReplicaId, TrialJobSpec};
 use manifests::{
-    AttemptManifests, CONTAINER, ENV_GATE, LABEL_ATTEMPT, LABEL_MANAGED_BY, LABEL_STUDY,
-    LABEL_TRIAL, attempt_manifests, attempt_selector, trial_selector,
+    AttemptManifests, LABEL_ATTEMPT, LABEL_MANAGED_BY, LABEL_STUDY, LABEL_TRIAL, attempt_manifests,
+    attempt_selector, trial_selector,
 };
-use outcome::{PodView, Tracker, pod_view};
 
 /// How long a pod may wait for its image unless the spec says (`image_pull_timeout_secs`).
 pub const DEFAULT_IMAGE_PULL_TIMEOUT: Duration = Duration::from_secs(300);
@@ -311,25 +309,23 @@ impl Executor for KubernetesExecutor {
         // attempt's objects can be missed (a pod may vanish before a later list).
         let (created_tx, created_rx) = oneshot::channel();
         let (ready_tx, ready_rx) = oneshot::channel();
-        let (decided_tx, decision) = watch::channel(None);
+        let (decided_tx, decision) = tokio::sync::watch::channel(None);
         let followers = Arc::new(Mutex::new(Followers::default()));
         let selector = attempt_selector(request.study_id, request.trial_id, request.attempt);
-        let driver = Driver {
-            apis: apis.clone(),
-            selector: selector.clone(),
-            manifests: Arc::new(manifests.clone()),
-            tracker: Tracker::new(BTreeMap::new(), self.pull_timeout()),
-            uids: BTreeMap::new(),
-            logs: request
-                .replicas
-                .iter()
-                .map(|r| (r.id, r.log_path.clone()))
-                .collect(),
-            followers: followers.clone(),
-            stdout: Some(stdout_lines),
-            ungated: Arc::default(),
-            last_seen: BTreeMap::new(),
-        };
+        let logs = request
+            .replicas
+            .iter()
+            .map(|r| (r.id, r.log_path.clone()))
+            .collect();
+        let driver = Driver::new(
+            apis.clone(),
+            selector.clone(),
+            Arc::new(manifests.clone()),
+            self.pull_timeout(),
+            logs,
+            followers.clone(),
+            stdout_lines,
+        );
         let driver = tokio::spawn(driver.run(decided_tx, ready_tx, created_rx));
         if !matches!(
             tokio::time::timeout(WATCH_READY, ready_rx).await,
@@ -425,15 +421,6 @@ async fn write_log_headers(request: &JobRequest) -> Result<(), ExecutorError> {
     Ok(())
 }
 
-async fn open_log(path: &Path) -> Result<tokio::fs::File, ExecutorError> {
-    tokio::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .await
-        .map_err(|e| ExecutorError::Launch(format!("log file {}: {e}", path.display())))
-}
-
 /// The created (or adopted) Jobs: uid → pool, and the names by pool.
 struct Created {
     uids: BTreeMap<String, usize>,
@@ -510,12 +497,6 @@ async fn create_attempt(
     Ok(created)
 }
 
-/// Log followers by pod name; the primary's is the one whose end closes the stdout channel.
-#[derive(Default)]
-struct Followers {
-    tasks: BTreeMap<String, (ReplicaId, JoinHandle<()>)>,
-}
-
 /// One running attempt.
 struct KubeAttempt {
     apis: Apis,
@@ -525,7 +506,7 @@ struct KubeAttempt {
     jobs: Vec<(usize, String)>,
     service: String,
     secret: Option<String>,
-    decision: watch::Receiver<Option<JobExit>>,
+    decision: tokio::sync::watch::Receiver<Option<JobExit>>,
     driver: JoinHandle<()>,
     followers: Arc<Mutex<Followers>>,
     /// Set once the attempt is decided: the log drain may not take longer than this.
@@ -616,330 +597,4 @@ impl RunningJob for KubeAttempt {
         self.finished
             .get_or_insert(JobExit::Lost("stopped by Augur".to_string()));
     }
-}
-
-/// Watches one attempt's pods and Jobs until it is decided: lifts each gated pod's gate
-/// once its own variables are written, starts a log follower for each pod that runs, and
-/// feeds the tracker.
-struct Driver {
-    apis: Apis,
-    selector: String,
-    manifests: Arc<AttemptManifests>,
-    tracker: Tracker,
-    /// This attempt's Jobs: uid → pool.
-    uids: BTreeMap<String, usize>,
-    logs: BTreeMap<ReplicaId, PathBuf>,
-    followers: Arc<Mutex<Followers>>,
-    /// The primary's stdout lines go here; moved into its log follower.
-    stdout: Option<mpsc::UnboundedSender<String>>,
-    ungated: Arc<Mutex<HashSet<String>>>,
-    /// The attempt's pods as last seen, by name.
-    last_seen: BTreeMap<String, Pod>,
-}
-
-impl Driver {
-    /// Watch until the attempt is decided. `ready` is told once both watches have made
-    /// their first list (objects created after that cannot be missed); `created` brings the
-    /// uids of the attempt's Jobs. Events before it are kept (the latest of each object)
-    /// and replayed then.
-    async fn run(
-        mut self,
-        decided: watch::Sender<Option<JobExit>>,
-        ready: oneshot::Sender<()>,
-        mut created: oneshot::Receiver<BTreeMap<String, usize>>,
-    ) {
-        let config = watcher::Config::default().labels(&self.selector);
-        let pods = watcher::watcher(self.apis.pods.clone(), config.clone()).default_backoff();
-        let jobs = watcher::watcher(self.apis.jobs.clone(), config).default_backoff();
-        futures::pin_mut!(pods, jobs);
-        let (mut pods_listed, mut jobs_listed) = (false, false);
-        let mut ready = Some(ready);
-        let mut known = false;
-        let mut early_pods: BTreeMap<String, (Pod, bool)> = BTreeMap::new();
-        let mut early_jobs: BTreeMap<String, (Job, bool)> = BTreeMap::new();
-        let mut relisted: HashSet<String> = HashSet::new();
-        loop {
-            if pods_listed
-                && jobs_listed
-                && let Some(ready) = ready.take()
-            {
-                let _ = ready.send(());
-            }
-            let deadline = self.tracker.next_deadline();
-            tokio::select! {
-                uids = &mut created, if !known => {
-                    let Ok(uids) = uids else { return };
-                    known = true;
-                    self.tracker.set_jobs(uids.clone());
-                    self.uids = uids;
-                    for (job, deleted) in std::mem::take(&mut early_jobs).into_values() {
-                        self.job_event(job, deleted);
-                    }
-                    for (pod, deleted) in std::mem::take(&mut early_pods).into_values() {
-                        if deleted {
-                            self.pod_deleted(pod).await;
-                        } else {
-                            self.pod(pod);
-                        }
-                    }
-                }
-                event = pods.try_next() => match event {
-                    Ok(Some(Event::Apply(pod) | Event::InitApply(pod))) if !known => {
-                        early_pods.insert(pod.name_any(), (pod, false));
-                    }
-                    Ok(Some(Event::Delete(pod))) if !known => {
-                        early_pods.insert(pod.name_any(), (pod, true));
-                    }
-                    Ok(Some(Event::Apply(pod))) => self.pod(pod),
-                    Ok(Some(Event::InitApply(pod))) => {
-                        relisted.insert(pod.name_any());
-                        self.pod(pod);
-                    }
-                    Ok(Some(Event::Delete(pod))) => self.pod_deleted(pod).await,
-                    Ok(Some(Event::InitDone)) => {
-                        pods_listed = true;
-                        // A pod deleted while the watch was down is missing from the new
-                        // list and was never seen deleted.
-                        let gone: Vec<Pod> = self
-                            .last_seen
-                            .iter()
-                            .filter(|(name, _)| !relisted.contains(*name))
-                            .map(|(_, pod)| pod.clone())
-                            .collect();
-                        for pod in gone {
-                            self.pod_deleted(pod).await;
-                        }
-                    }
-                    Ok(Some(Event::Init)) => relisted.clear(),
-                    Ok(None) => break,
-                    Err(e) => tracing::debug!(error = %e, "kubernetes: pod watch"),
-                },
-                event = jobs.try_next() => match event {
-                    Ok(Some(Event::Apply(job) | Event::InitApply(job))) if !known => {
-                        early_jobs.insert(job.name_any(), (job, false));
-                    }
-                    Ok(Some(Event::Delete(job))) if !known => {
-                        early_jobs.insert(job.name_any(), (job, true));
-                    }
-                    Ok(Some(Event::Apply(job) | Event::InitApply(job))) => self.job_event(job, false),
-                    Ok(Some(Event::Delete(job))) => self.job_event(job, true),
-                    Ok(Some(Event::InitDone)) => jobs_listed = true,
-                    Ok(Some(Event::Init)) => {}
-                    Ok(None) => break,
-                    Err(e) => tracing::debug!(error = %e, "kubernetes: job watch"),
-                },
-                _ = sleep_until(deadline) => self.tracker.tick(Instant::now()),
-            }
-            if let Some(exit) = self.tracker.decided() {
-                let _ = decided.send(Some(exit.clone()));
-                return;
-            }
-        }
-        let _ = decided.send(Some(JobExit::Lost(
-            "the watch of the attempt's pods ended".to_string(),
-        )));
-    }
-
-    fn job_event(&mut self, job: Job, deleted: bool) {
-        if !self.is_ours(&job) {
-            return;
-        }
-        if deleted {
-            self.tracker.job_deleted(&job);
-        } else {
-            self.tracker.job(&job);
-        }
-    }
-
-    /// One of this attempt's Jobs (by uid: a same-named Job of an earlier run is not).
-    fn is_ours(&self, job: &Job) -> bool {
-        job.uid().is_some_and(|uid| self.uids.contains_key(&uid))
-    }
-
-    /// A pod is gone. Its Job may say why (a deadline), in an event of the other watch that
-    /// may not have come yet: asked first.
-    async fn pod_deleted(&mut self, pod: Pod) {
-        if self.tracker.decided().is_none() && self.tracker.replica_of(&pod).is_some() {
-            let owner = pod
-                .metadata
-                .owner_references
-                .iter()
-                .flatten()
-                .find(|o| self.uids.contains_key(&o.uid))
-                .map(|o| o.name.clone());
-            if let Some(owner) = owner
-                && let Ok(Some(job)) = self.apis.jobs.get_opt(&owner).await
-                && job.uid().is_some_and(|uid| self.uids.contains_key(&uid))
-            {
-                self.tracker.job(&job);
-            }
-        }
-        self.last_seen.remove(&pod.name_any());
-        self.tracker.pod_deleted(&pod);
-    }
-
-    fn pod(&mut self, pod: Pod) {
-        self.last_seen.insert(pod.name_any(), pod.clone());
-        if let Some(replica) = self.tracker.replica_of(&pod) {
-            self.ungate(&pod, replica);
-            self.follow(&pod, replica);
-        }
-        self.tracker.pod(&pod, Instant::now());
-    }
-
-    /// Write a gated pod's own variables into its annotations and lift the gate, once.
-    fn ungate(&self, pod: &Pod, replica: ReplicaId) {
-        let gated = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.scheduling_gates.as_ref())
-            .is_some_and(|g| g.iter().any(|g| g.name == ENV_GATE));
-        let Some(annotations) = self.manifests.annotations_for(replica) else {
-            return;
-        };
-        let name = pod.name_any();
-        if !gated
-            || !self
-                .ungated
-                .lock()
-                .is_ok_and(|mut u| u.insert(name.clone()))
-        {
-            return;
-        }
-        // The other gates (none that Augur sets) are kept.
-        let gates: Vec<_> = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.scheduling_gates.clone())
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|g| g.name != ENV_GATE)
-            .collect();
-        let gates = if gates.is_empty() {
-            serde_json::Value::Null
-        } else {
-            json!(gates)
-        };
-        let patch = json!({
-            "metadata": {"annotations": annotations},
-            "spec": {"schedulingGates": gates},
-        });
-        let (pods, ungated) = (self.apis.pods.clone(), self.ungated.clone());
-        tokio::spawn(async move {
-            for attempt in 0..5u32 {
-                match pods
-                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                {
-                    Ok(_) => return,
-                    Err(kube::Error::Api(s)) if s.code == 404 => return,
-                    Err(e) => {
-                        tracing::warn!(pod = name, error = %e, "kubernetes: could not ungate a pod");
-                        tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
-                    }
-                }
-            }
-            // The next event of the pod tries again.
-            if let Ok(mut u) = ungated.lock() {
-                u.remove(&name);
-            }
-        });
-    }
-
-    /// Start streaming a pod's log into its replica's file once its container has started.
-    fn follow(&mut self, pod: &Pod, replica: ReplicaId) {
-        let started = match pod_view(pod) {
-            PodView::Running => true,
-            PodView::Ended(_) => pod
-                .status
-                .as_ref()
-                .and_then(|s| s.container_statuses.as_ref())
-                .into_iter()
-                .flatten()
-                .any(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some())),
-            PodView::Waiting(_) => false,
-        };
-        let name = pod.name_any();
-        let Ok(mut followers) = self.followers.lock() else {
-            return;
-        };
-        if !started || followers.tasks.contains_key(&name) {
-            return;
-        }
-        let Some(path) = self.logs.get(&replica).cloned() else {
-            return;
-        };
-        let stdout = if replica.is_primary() {
-            self.stdout.take()
-        } else {
-            None
-        };
-        let task = tokio::spawn(follow_log(
-            self.apis.pods.clone(),
-            name.clone(),
-            path,
-            stdout,
-        ));
-        followers.tasks.insert(name, (replica, task));
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Stream a pod's log (`follow=true`) into `path`, each line also to `stdout` (the
-/// primary's). A stream that breaks while the pod still runs is opened again and the lines
-/// already written are skipped.
-async fn follow_log(
-    pods: Api<Pod>,
-    name: String,
-    path: PathBuf,
-    stdout: Option<mpsc::UnboundedSender<String>>,
-) {
-    let Ok(mut file) = open_log(&path).await else {
-        return;
-    };
-    let mut written = 0usize;
-    loop {
-        let params = LogParams {
-            container: Some(CONTAINER.to_string()),
-            follow: true,
-            ..Default::default()
-        };
-        match pods.log_stream(&name, &params).await {
-            Ok(stream) => {
-                let lines = stream.lines();
-                futures::pin_mut!(lines);
-                let mut seen = 0usize;
-                while let Some(Ok(line)) = lines.next().await {
-                    seen += 1;
-                    if seen <= written {
-                        continue;
-                    }
-                    written += 1;
-                    if let Some(tx) = &stdout {
-                        let _ = tx.send(line.clone());
-                    }
-                    if file.write_all(line.as_bytes()).await.is_err()
-                        || file.write_all(b"\n").await.is_err()
-                    {
-                        return;
-                    }
-                }
-            }
-            Err(e) => tracing::debug!(pod = name, error = %e, "kubernetes: log stream"),
-        }
-        // The stream ended: the container is done, or the connection broke.
-        match pods.get_opt(&name).await {
-            Ok(Some(pod)) if !matches!(pod_view(&pod), PodView::Ended(_)) => {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-            _ => break,
-        }
-    }
-    let _ = file.flush().await;
 }
