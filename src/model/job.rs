@@ -379,6 +379,16 @@ impl TrialJobSpec {
                 "applies to executor: kubernetes only",
             ));
         }
+        if self.executor == ExecutorName::Kubernetes
+            && let Some(field) = self.params_file_field()
+        {
+            // The file is written on the server's disk, which pods do not see.
+            return Err(ValidationError::new(
+                field,
+                "${params_file} is not available with executor: kubernetes (the file is on \
+                 the server's disk); pass values as arguments or ${<parameter id>}",
+            ));
+        }
         if let Some(volume) = self
             .kubernetes
             .as_ref()
@@ -440,6 +450,18 @@ impl TrialJobSpec {
             ));
         }
         Ok(())
+    }
+
+    /// The command (the job's or a pool's) that names `${params_file}`, if one does.
+    fn params_file_field(&self) -> Option<String> {
+        let names = |c: &[String]| c.iter().any(|a| a.contains("${params_file}"));
+        if names(&self.command) {
+            return Some("trial_job.command".to_string());
+        }
+        self.worker_pools.iter().enumerate().find_map(|(p, pool)| {
+            let command = pool.as_ref()?.command.as_ref()?;
+            names(command).then(|| format!("trial_job.worker_pools[{p}].command"))
+        })
     }
 
     /// A claim mounted at an absolute path; an object store only with a URI to write to.
@@ -981,6 +1003,11 @@ mod tests {
         );
         j.output_dir = Some("gs://bucket/runs".into());
         assert_eq!(with(&mut j, OutputVolume::ObjectStore), Ok(()));
+        j.command = vec!["train".into(), "--config=${params_file}".into()];
+        assert_eq!(
+            j.validate().map_err(|e| e.field),
+            Err("trial_job.command".into())
+        );
     }
 
     #[test]

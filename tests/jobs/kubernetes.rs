@@ -69,7 +69,15 @@ fn request(job: &TrialJobSpec, base: &Path, attempt: u32) -> JobRequest {
         trial_id,
         dirs: &dirs,
     };
-    let base_env = [("PATH".to_string(), "/server/only/bin".to_string())];
+    // The server's PATH (inherited by local jobs) and a variable it passes on by name
+    // (`--job-env`), which may be a key.
+    let base_env = [
+        ("PATH".to_string(), "/server/only/bin".to_string()),
+        (
+            "TRACKER_API_KEY".to_string(),
+            "key-of-the-server".to_string(),
+        ),
+    ];
     let mut env = trial_env(&base_env, &job.env, &identity);
     env.push((
         "AUGUR_TRIAL_TOKEN".into(),
@@ -182,6 +190,15 @@ async fn a_three_pool_trial_is_one_indexed_job_per_pool_and_each_replica_is_told
     assert_eq!(workers["spec"]["activeDeadlineSeconds"], 3600);
     assert_eq!(workers["metadata"]["labels"]["augur.dev/replica-pool"], "1");
 
+    // Secrets are in the Secret: the Jobs only name them.
+    let job_text = workers.to_string();
+    assert!(!job_text.contains("token-of-attempt-1") && !job_text.contains("key-of-the-server"));
+    let secret = rig
+        .standin
+        .get(Kind::Secret, "augur-s3-t7-a1")
+        .expect("secret");
+    assert_eq!(secret["stringData"]["TRACKER_API_KEY"], "key-of-the-server");
+
     let pods = rig.run_all(1, &pools).await;
     // Each replica sees exactly what the local executor would tell it, with the Service's
     // stable names as addresses.
@@ -199,6 +216,7 @@ async fn a_three_pool_trial_is_one_indexed_job_per_pool_and_each_replica_is_told
         assert_eq!(env["AUGUR_URL"], "http://augur.example:8080");
         assert_eq!(env["PYTHONUNBUFFERED"], "1");
         assert!(!env.contains_key("PATH"), "the server's PATH reached a pod");
+        assert_eq!(env["TRACKER_API_KEY"], "key-of-the-server");
         assert_eq!(env["AIP_CHECKPOINT_DIR"], "/augur/output/7/checkpoints/");
         let metric_file = if id.is_primary() {
             "/augur/output/7/output.metrics".to_string()

@@ -1,6 +1,7 @@
 //! What the Kubernetes executor asks the API server for, per trial attempt (DESIGN §4.2): one
 //! Indexed `batch/v1` Job per worker pool, one headless Service that gives every replica a
-//! stable name (`<job>-<index>.<service>`), and one Secret holding the attempt's trial token.
+//! stable name (`<job>-<index>.<service>`), and one Secret holding the attempt's trial token
+//! and the server variables passed on by name (`--job-env`, which may be keys).
 //! Pure: the same request always gives the same objects (the golden test pins them).
 //!
 //! **Per-replica environment in an Indexed Job.** Every pod of an Indexed Job is made from
@@ -36,7 +37,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::super::cluster::Address;
 use super::super::executor::{ExecutorError, JobRequest, ReplicaRequest};
 use crate::model::job::is_inherited_env;
-use crate::model::job::{OutputVolume, Toleration};
+use crate::model::job::{CLUSTER_ENV, OutputVolume, Toleration};
 use crate::model::{ReplicaId, Resources, TrialDirs, TrialJobSpec};
 
 /// Every replica listens on this port (each pod has its own address, so one port serves all).
@@ -138,7 +139,7 @@ pub fn attempt_selector(study_id: i64, trial_id: i64, attempt: u32) -> String {
 #[derive(Debug, Clone)]
 pub struct AttemptManifests {
     pub names: AttemptNames,
-    /// The trial token, when the attempt has one.
+    /// The trial token and the passed-on variables, when the attempt has any.
     pub secret: Option<Secret>,
     pub service: Service,
     /// One per pool that has replicas, the primary's first: `(pool, Job)`.
@@ -166,12 +167,17 @@ pub fn attempt_manifests(
     let labels = attempt_labels(request.study_id, request.trial_id, request.attempt);
     let options = job.kubernetes.clone().unwrap_or_default();
     let output = PodOutput::of(job, request.study_id);
-    let token = request
-        .env
-        .iter()
-        .rev()
-        .find(|(k, _)| k == TOKEN_KEY)
-        .map(|(_, v)| v.clone());
+    // The token and what the server passes on by name go in the Secret, not in the Jobs.
+    let spec_names: Vec<String> = (0..job.worker_pools.len().max(1))
+        .flat_map(|pool| pool_spec_env(job, pool))
+        .collect();
+    let mut secret_data: BTreeMap<String, String> = BTreeMap::new();
+    for (name, value) in &request.env {
+        if name == TOKEN_KEY || passed_on(name, &spec_names) {
+            secret_data.insert(name.clone(), value.clone());
+        }
+    }
+    let secret_keys: Vec<String> = secret_data.keys().cloned().collect();
     let address = |id: ReplicaId| Address {
         host: names.replica_host(id),
         port: CLUSTER_PORT.to_string(),
@@ -183,10 +189,10 @@ pub fn attempt_manifests(
         ..Default::default()
     };
 
-    let secret = token.as_ref().map(|token| Secret {
+    let secret = (!secret_data.is_empty()).then(|| Secret {
         metadata: meta(names.secret().to_string(), labels.clone()),
         type_: Some("Opaque".to_string()),
-        string_data: Some([(TOKEN_KEY.to_string(), token.clone())].into()),
+        string_data: Some(secret_data),
         ..Default::default()
     });
     let service = Service {
@@ -228,10 +234,14 @@ pub fn attempt_manifests(
         let spec_env = pool_spec_env(job, pool);
         let envs: Vec<BTreeMap<String, String>> = replicas
             .iter()
-            .map(|r| pod_env(request, r, &address, &output, &spec_env))
+            .map(|r| pod_env(request, r, &address, &output, &spec_env, &secret_keys))
             .collect();
-        let secret_name = token.as_ref().map(|_| names.secret());
-        let (env, own) = split_env(&envs, secret_name);
+        // A pool's own `env` wins over a passed-on variable of the same name.
+        let from_secret: Vec<&String> = secret_keys
+            .iter()
+            .filter(|k| !spec_env.contains(k))
+            .collect();
+        let (env, own) = split_env(&envs, names.secret(), &from_secret);
         if !own.is_empty() {
             per_index.insert(pool, own);
         }
@@ -416,13 +426,14 @@ fn pool_spec_env(job: &TrialJobSpec, pool: usize) -> Vec<String> {
 /// One replica's variables as its pod must see them: the executor-independent ones
 /// (`JobRequest::replica_env`), less the server's own `PATH`, `HOME`, … (an image has its
 /// own; the spec's `env` may still set them), with the trial's directories as the pod sees
-/// them, the token left to the Secret.
+/// them, the token and the passed-on variables left to the Secret.
 fn pod_env(
     request: &JobRequest,
     replica: &ReplicaRequest,
     address: &dyn Fn(ReplicaId) -> Address,
     output: &PodOutput,
     spec_env: &[String],
+    secret_keys: &[String],
 ) -> BTreeMap<String, String> {
     let mut env: BTreeMap<String, String> = BTreeMap::new();
     for (name, value) in request.replica_env(replica, address) {
@@ -432,7 +443,9 @@ fn pod_env(
         // Later entries win, as in `replica_env`.
         env.insert(name, value);
     }
-    env.remove(TOKEN_KEY);
+    for key in secret_keys.iter().filter(|k| !spec_env.contains(k)) {
+        env.remove(key);
+    }
     let dirs = TrialDirs::new(Path::new(&output.base), request.trial_id);
     let dir = |p: &Path| format!("{}/", p.display());
     env.insert(
@@ -449,7 +462,8 @@ fn pod_env(
 /// variables that differ between its replicas), by name.
 fn split_env(
     envs: &[BTreeMap<String, String>],
-    secret: Option<&str>,
+    secret: &str,
+    from_secret: &[&String],
 ) -> (Vec<EnvVar>, Vec<BTreeMap<String, String>>) {
     let mut names: Vec<&String> = envs.iter().flat_map(|e| e.keys()).collect();
     names.sort();
@@ -484,21 +498,21 @@ fn split_env(
             }
         }
     }
-    if let Some(secret) = secret {
+    for key in from_secret {
         vars.push(EnvVar {
-            name: TOKEN_KEY.to_string(),
+            name: key.to_string(),
             value: None,
             value_from: Some(EnvVarSource {
                 secret_key_ref: Some(SecretKeySelector {
                     name: secret.to_string(),
-                    key: TOKEN_KEY.to_string(),
+                    key: key.to_string(),
                     optional: Some(false),
                 }),
                 ..Default::default()
             }),
         });
-        vars.sort_by(|a, b| a.name.cmp(&b.name));
     }
+    vars.sort_by(|a, b| a.name.cmp(&b.name));
     let own = if differing.is_empty() {
         Vec::new()
     } else {
@@ -517,6 +531,18 @@ fn split_env(
             .collect()
     };
     (vars, own)
+}
+
+/// A variable of the server's environment passed on by name (`augur serve --job-env`): not
+/// the spec's, not the allow-list every job inherits, not one Augur sets. It may hold a secret
+/// (a tracker's API key kept out of specs), so it travels in the attempt's Secret.
+fn passed_on(name: &str, spec_names: &[String]) -> bool {
+    !spec_names.iter().any(|n| n == name)
+        && !is_inherited_env(name)
+        && !name.starts_with("AUGUR_")
+        && !name.starts_with("AIP_")
+        && !name.starts_with("CLOUD_ML_")
+        && !CLUSTER_ENV.contains(&name)
 }
 
 /// A word as Kubernetes must be given it to pass it on unchanged: the kubelet expands
