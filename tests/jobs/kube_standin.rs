@@ -1067,9 +1067,8 @@ async fn pod_log(
             if closed || !follow {
                 return;
             }
-            if tick.changed().await.is_err() {
-                return;
-            }
+            // A deleted pod's log closes without a tick: look again now and then.
+            let _ = tokio::time::timeout(Duration::from_millis(100), tick.changed()).await;
         }
     });
     Response::builder()

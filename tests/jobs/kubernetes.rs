@@ -276,6 +276,35 @@ async fn a_three_pool_trial_is_one_indexed_job_per_pool_and_each_replica_is_told
 }
 
 #[tokio::test]
+async fn no_line_of_the_primary_is_lost_when_its_wait_is_dropped_for_every_line() {
+    let rig = rig(job_spec(&[1, 1], json!({}))).await;
+    let (_, mut job, mut stdout) = rig.launch(1).await;
+    let pods = rig.run_all(1, &[1, 1]).await;
+    let primary = &pods[&ReplicaId::PRIMARY];
+    for i in 0..300 {
+        rig.standin.print(primary, &format!("step {i}"));
+    }
+    rig.standin.print(primary, "loss=0.125");
+    rig.standin.exit(primary, 0);
+    // As the trial loop does: a line that arrives first drops the wait, which is called again.
+    let mut lines = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let exit = loop {
+        tokio::select! {
+            exit = job.wait() => break exit,
+            Some(line) = stdout.recv() => lines.push(line),
+            _ = tokio::time::sleep_until(deadline) => panic!("the attempt did not end"),
+        }
+    };
+    while let Ok(line) = stdout.try_recv() {
+        lines.push(line);
+    }
+    assert_eq!(exit, JobExit::Exited(0));
+    assert_eq!(lines.len(), 301);
+    assert_eq!(lines.last().map(String::as_str), Some("loss=0.125"));
+}
+
+#[tokio::test]
 async fn a_worker_that_fails_first_fails_the_attempt_and_the_other_pools_are_deleted() {
     let pools = [1, 2];
     let rig = rig(job_spec(&pools, json!({}))).await;

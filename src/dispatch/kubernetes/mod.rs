@@ -360,6 +360,7 @@ impl Executor for KubernetesExecutor {
             driver,
             followers,
             drain_until: None,
+            draining: None,
             finished: None,
         }))
     }
@@ -509,8 +510,12 @@ struct KubeAttempt {
     decision: tokio::sync::watch::Receiver<Option<JobExit>>,
     driver: JoinHandle<()>,
     followers: Arc<Mutex<Followers>>,
-    /// Set once the attempt is decided: the log drain may not take longer than this.
+    /// Set once the attempt is decided (and the other pools' Jobs deleted): the log drain
+    /// may not take longer than this.
     drain_until: Option<Instant>,
+    /// The log followers being waited for, the primary's first; kept here so that a wait
+    /// dropped meanwhile (the trial loop drops it whenever a line arrives) loses none.
+    draining: Option<Vec<(ReplicaId, JoinHandle<()>)>>,
     finished: Option<JobExit>,
 }
 
@@ -531,18 +536,23 @@ impl KubeAttempt {
         }
     }
 
-    /// Wait for log followers (the primary's first) until `until`; abort the rest then.
-    async fn drain_logs(&self, until: Instant) {
-        let tasks: Vec<(ReplicaId, JoinHandle<()>)> = match self.followers.lock() {
-            Ok(mut f) => std::mem::take(&mut f.tasks).into_values().collect(),
-            Err(_) => Vec::new(),
-        };
-        let (mut primary, others): (Vec<_>, Vec<_>) =
-            tasks.into_iter().partition(|(id, _)| id.is_primary());
-        primary.extend(others);
-        for (_, mut task) in primary {
-            if tokio::time::timeout_at(until, &mut task).await.is_err() {
+    /// Wait for the log followers (the primary's first) until `until`; abort the rest then.
+    /// Cancel-safe: a follower not yet waited for stays in `draining`.
+    async fn drain_logs(&mut self, until: Instant) {
+        if self.draining.is_none() {
+            let mut tasks: Vec<(ReplicaId, JoinHandle<()>)> = match self.followers.lock() {
+                Ok(mut f) => std::mem::take(&mut f.tasks).into_values().collect(),
+                Err(_) => Vec::new(),
+            };
+            tasks.sort_by_key(|(id, _)| !id.is_primary());
+            self.draining = Some(tasks);
+        }
+        while let Some((_, task)) = self.draining.as_mut().and_then(|t| t.first_mut()) {
+            if tokio::time::timeout_at(until, &mut *task).await.is_err() {
                 task.abort();
+            }
+            if let Some(tasks) = self.draining.as_mut() {
+                tasks.remove(0);
             }
         }
     }
@@ -574,10 +584,13 @@ impl RunningJob for KubeAttempt {
                 });
             }
         };
-        // Cancel-safe from here on: each step may run again if this wait is dropped.
-        // The primary has ended (or a replica failed): the other pools' pods stop now.
-        self.delete_jobs(false).await;
-        let until = *self.drain_until.get_or_insert(Instant::now() + LOG_DRAIN);
+        // Cancel-safe from here on: a step cut short runs again when this wait is.
+        if self.drain_until.is_none() {
+            // The primary has ended (or a replica failed): the other pools' pods stop now.
+            self.delete_jobs(false).await;
+            self.drain_until = Some(Instant::now() + LOG_DRAIN);
+        }
+        let until = self.drain_until.unwrap_or_else(Instant::now);
         self.drain_logs(until).await;
         self.delete_all().await;
         self.finished = Some(exit.clone());
