@@ -611,3 +611,26 @@ impl RunningJob for KubeAttempt {
             .get_or_insert(JobExit::Lost("stopped by Augur".to_string()));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_client_for_a_tls_cluster_is_made_with_rustls_and_ring() {
+        // The tests' stand-in speaks plain HTTP; real clusters speak TLS: the TLS stack must
+        // at least be buildable (a missing crypto provider would panic here).
+        let url = "https://127.0.0.1:6443".parse().map_err(|e| format!("{e}"));
+        let config = Config::new(url.expect("a URL"));
+        assert!(Client::try_from(config).is_ok());
+    }
+
+    #[test]
+    fn a_handle_names_its_namespace() {
+        assert_eq!(
+            handle_namespace(&handle_of("ml", "augur-s1-t2-a3")),
+            Some("ml")
+        );
+        assert_eq!(handle_namespace("pgids:1,2"), None);
+    }
+}
