@@ -778,6 +778,60 @@ async fn deleting_a_study_deletes_its_running_jobs_in_the_background() {
 }
 
 #[tokio::test]
+async fn an_early_stopped_trial_has_its_jobs_deleted_in_the_background() {
+    let standin = Arc::new(StandIn::start().await);
+    // Trial 1 rises to 0.9 and completes; trial 2 stays at 0.1 and would run forever.
+    let kubelet = {
+        let standin = standin.clone();
+        tokio::spawn(async move {
+            let mut handled = std::collections::HashSet::new();
+            loop {
+                for pod in standin.objects(Kind::Pod) {
+                    let name = pod["metadata"]["name"].as_str().unwrap_or("").to_string();
+                    if pod["metadata"]["labels"]["augur.dev/replica-pool"] != "0"
+                        || !handled.insert(name.clone())
+                    {
+                        continue;
+                    }
+                    standin.run(&name);
+                    let good = standin.container_env(&name)["AUGUR_TRIAL_ID"] == "1";
+                    for step in 1..=3 {
+                        let accuracy = if good {
+                            0.5 + 0.1 * f64::from(step)
+                        } else {
+                            0.1
+                        };
+                        standin.print(&name, &format!("step={step} accuracy={accuracy}"));
+                    }
+                    if good {
+                        standin.exit(&name, 0);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let (app, _runs) = server_on(&standin).await;
+    let mut spec = kube_study(2, 1, json!([{"replicas": 1}, {"replicas": 1}]));
+    spec["early_stopping"] = json!({"rule": "median", "min_completed_trials": 1});
+    let id = app.create_study(spec).await;
+    app.wait_for_state(id, "completed", Duration::from_secs(60))
+        .await;
+    kubelet.abort();
+    let second = app.get(&format!("/v1/studies/{id}/trials/2")).await.body;
+    assert_eq!(second["state"], "completed", "{second}");
+    assert_eq!(second["early_stopped"], true, "{second}");
+    let mut jobs = background_deletions(&standin, Kind::Job);
+    jobs.sort();
+    assert!(
+        jobs.contains(&"augur-s1-t2-a1-wp0".to_string())
+            && jobs.contains(&"augur-s1-t2-a1-wp1".to_string()),
+        "{jobs:?}"
+    );
+    assert!(standin.names(Kind::Pod).is_empty());
+}
+
+#[tokio::test]
 async fn a_trial_past_its_timeout_is_retried_and_its_jobs_are_deleted() {
     let standin = Arc::new(StandIn::start().await);
     let _kubelet = kubelet(standin.clone(), true);
