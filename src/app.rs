@@ -41,6 +41,8 @@ pub struct ServerConfig {
     pub gpus: Option<Vec<String>>,
     /// How the container executor runs images (Podman or Docker, with the operator's options).
     pub containers: crate::dispatch::container::ContainerEngine,
+    /// How the kubernetes executor reaches its cluster (`--kubeconfig`, …).
+    pub kubernetes: crate::dispatch::kubernetes::KubeSettings,
 }
 
 impl ServerConfig {
@@ -56,6 +58,7 @@ impl ServerConfig {
             job_env: Vec::new(),
             gpus: None,
             containers: Default::default(),
+            kubernetes: Default::default(),
         }
     }
 }
@@ -134,6 +137,7 @@ impl App {
                 job_env: config.job_env.clone(),
                 gpus: config.gpus.clone(),
                 containers: config.containers.clone(),
+                kubernetes: config.kubernetes.clone(),
             };
             Dispatcher::new(service.clone(), dispatch_config)
         });

@@ -44,6 +44,31 @@ pub struct ClientArgs {
     pub token: Option<String>,
 }
 
+/// Where the kubernetes executor runs trials (`trial_job.executor: kubernetes`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct KubeArgs {
+    /// Namespace of trials whose spec names none (default: the kubeconfig context's, the
+    /// service account's in a cluster, or `default`).
+    #[arg(long, env = "AUGUR_KUBERNETES_NAMESPACE")]
+    pub kubernetes_namespace: Option<String>,
+    /// Kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or the in-cluster account).
+    #[arg(long, env = "AUGUR_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Context of the kubeconfig to use (default: its current context).
+    #[arg(long, env = "AUGUR_KUBE_CONTEXT")]
+    pub kube_context: Option<String>,
+}
+
+impl KubeArgs {
+    fn settings(self) -> crate::dispatch::kubernetes::KubeSettings {
+        crate::dispatch::kubernetes::KubeSettings {
+            namespace: self.kubernetes_namespace,
+            kubeconfig: self.kubeconfig,
+            context: self.kube_context,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the API server.
@@ -73,6 +98,8 @@ pub enum Command {
         job_env: Vec<String>,
         #[command(flatten)]
         machine: MachineArgs,
+        #[command(flatten)]
+        kubernetes: KubeArgs,
     },
     /// Apply database migrations and exit (`serve` also applies them on start).
     Migrate {
@@ -103,6 +130,8 @@ pub enum Command {
         job_env: Vec<String>,
         #[command(flatten)]
         machine: MachineArgs,
+        #[command(flatten)]
+        kubernetes: KubeArgs,
     },
     /// Keep N trials of a study running on this machine (pulled through the API).
     Worker {
@@ -267,10 +296,12 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             no_dispatch,
             job_env,
             machine,
+            kubernetes,
         } => {
             let mut config = crate::app::ServerConfig::new(database_url, listen);
             config.gpus = machine.gpus;
             config.containers = machine.containers.engine();
+            config.kubernetes = kubernetes.settings();
             config.token = token;
             config.body_limit = body_limit;
             config.public_url = public_url;
@@ -287,12 +318,14 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             database_url,
             job_env,
             machine,
+            kubernetes,
         } => match run::run_study_file(
             &file,
             &database_url,
             job_env,
             machine.gpus,
             machine.containers.engine(),
+            kubernetes.settings(),
         )
         .await?
         {

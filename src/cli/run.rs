@@ -30,6 +30,7 @@ pub async fn run_study_file(
     job_env: Vec<String>,
     gpus: Option<Vec<String>>,
     containers: crate::dispatch::container::ContainerEngine,
+    kubernetes: crate::dispatch::kubernetes::KubeSettings,
 ) -> CliResult<RunEnd> {
     // Relative paths in the spec (and trial directories) are the spec file's neighbours.
     let base_dir = match file.parent() {
@@ -51,6 +52,7 @@ pub async fn run_study_file(
     config.job_env = job_env;
     config.gpus = gpus;
     config.containers = containers;
+    config.kubernetes = kubernetes;
     let app = App::build(config).await?;
     let service = app.service().clone();
     let (study, resumed) = service.find_or_create_study(spec).await?;

@@ -49,6 +49,7 @@ fn worker_executor(job: &TrialJobSpec, options: &WorkerOptions) -> CliResult<Arc
         },
         ports: PortRegistry::default(),
         containers: Arc::new(options.containers.clone()),
+        ..Default::default()
     };
     Ok(match job.executor {
         ExecutorName::Container => executor_for(job, &context)

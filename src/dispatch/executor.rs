@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use super::cluster::{Address, ClusterLayout, cluster_env};
 use super::container::{ContainerEngine, ContainerExecutor};
 use super::gpus::GpuPool;
+use super::kubernetes::{KubeConnection, KubernetesExecutor};
 use super::local::LocalExecutor;
 use super::ports::PortRegistry;
 use super::slurm::SlurmExecutor;
@@ -93,6 +94,8 @@ pub struct ExecutorContext {
     pub gpus: GpuPool,
     pub ports: PortRegistry,
     pub containers: Arc<ContainerEngine>,
+    /// The process's Kubernetes client (made on first use).
+    pub kubernetes: KubeConnection,
 }
 
 /// How an attempt ended: as its primary replica did, or as a replica that failed first.
@@ -103,6 +106,9 @@ pub enum JobExit {
     Signaled(i32),
     /// The executor lost track of it (node failure, job vanished).
     Lost(String),
+    /// The platform ended it, for the reason given (OOM-killed, its image could not be
+    /// pulled, evicted, past its deadline).
+    Failed(String),
     /// A replica other than the primary failed before the primary ended: the attempt fails
     /// (every replica was stopped).
     ReplicaFailed {
@@ -121,6 +127,7 @@ impl JobExit {
             JobExit::Exited(code) => format!("exited with code {code}"),
             JobExit::Signaled(sig) => format!("killed by signal {sig}"),
             JobExit::Lost(why) => format!("lost: {why}"),
+            JobExit::Failed(why) => why.clone(),
             JobExit::ReplicaFailed { replica, exit } => {
                 format!("replica {replica} {}", exit.describe())
             }
@@ -150,7 +157,10 @@ pub fn executor_for(
         ExecutorName::Slurm => Ok(Arc::new(SlurmExecutor::new(
             job.slurm.clone().unwrap_or_default(),
         ))),
-        ExecutorName::Kubernetes => Err(ExecutorError::Unavailable("kubernetes")),
+        ExecutorName::Kubernetes => Ok(Arc::new(KubernetesExecutor::new(
+            context.kubernetes.clone(),
+            job.clone(),
+        ))),
         ExecutorName::Container => Ok(Arc::new(ContainerExecutor::new(context.clone()))),
     }
 }

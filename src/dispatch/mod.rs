@@ -3,7 +3,7 @@
 //! replicas, by a lease the service keeps); `runner.rs` keeps `parallel_trials` trials running,
 //! `trial.rs` runs one trial through its attempts (`attempt.rs`), with the environment of
 //! `environment.rs`, reporting through `reporter.rs`, on an executor (`executor.rs`: `local.rs`,
-//! `slurm.rs`). Metrics from stdout and the hypertune file are parsed in `collect.rs`.
+//! `slurm.rs`, `kubernetes/`). Metrics from stdout and the hypertune file are parsed in `collect.rs`.
 //! Everything it knows of studies it asks the service.
 
 mod attempt;
@@ -14,6 +14,7 @@ pub mod environment;
 pub mod error;
 pub mod executor;
 pub mod gpus;
+pub mod kubernetes;
 pub mod local;
 pub mod ports;
 pub mod reporter;
@@ -57,6 +58,8 @@ pub struct DispatchConfig {
     pub gpus: Option<Vec<String>>,
     /// How the container executor runs images.
     pub containers: container::ContainerEngine,
+    /// How the kubernetes executor reaches its cluster.
+    pub kubernetes: kubernetes::KubeSettings,
 }
 
 /// Starts and stops study runners in this process.
@@ -82,6 +85,7 @@ impl Dispatcher {
                 gpus,
                 ports: PortRegistry::default(),
                 containers: Arc::new(config.containers.clone()),
+                kubernetes: kubernetes::KubeConnection::new(config.kubernetes.clone()),
             },
             config: Arc::new(config),
             runners: Arc::default(),

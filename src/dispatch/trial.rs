@@ -163,7 +163,7 @@ pub async fn run_trial(
 
 /// Every replica of the trial's cluster (one, without `worker_pools`), with its command
 /// rendered for these values, its pool's environment, its resources and its log.
-fn replica_requests(
+pub fn replica_requests(
     job: &TrialJobSpec,
     parameters: &augur_optimizer::Assignment,
     trial_id: i64,

@@ -380,6 +380,23 @@ impl TrialJobSpec {
                 "applies to executor: kubernetes only",
             ));
         }
+        if self.executor == ExecutorName::Kubernetes
+            && let Some(field) = self.params_file_field()
+        {
+            // The file is written on the server's disk, which pods do not see.
+            return Err(ValidationError::new(
+                field,
+                "${params_file} is not available with executor: kubernetes (the file is on \
+                 the server's disk); pass values as arguments or ${<parameter id>}",
+            ));
+        }
+        if let Some(volume) = self
+            .kubernetes
+            .as_ref()
+            .and_then(|k| k.output_volume.as_ref())
+        {
+            self.validate_output_volume(volume)?;
+        }
         // An image's entrypoint may be the program: then the command holds only arguments.
         let needs_program = !self.executor.runs_images();
         if needs_program && self.command.first().is_none_or(|c| c.trim().is_empty()) {
@@ -434,6 +451,56 @@ impl TrialJobSpec {
                 "--export is Augur's: jobs start from a clean environment; set variables in \
                  trial_job.env",
             ));
+        }
+        Ok(())
+    }
+
+    /// The command (the job's or a pool's) that names `${params_file}`, if one does.
+    fn params_file_field(&self) -> Option<String> {
+        let names = |c: &[String]| c.iter().any(|a| a.contains("${params_file}"));
+        if names(&self.command) {
+            return Some("trial_job.command".to_string());
+        }
+        self.worker_pools.iter().enumerate().find_map(|(p, pool)| {
+            let command = pool.as_ref()?.command.as_ref()?;
+            names(command).then(|| format!("trial_job.worker_pools[{p}].command"))
+        })
+    }
+
+    /// A claim mounted at an absolute path; an object store only with a URI to write to.
+    fn validate_output_volume(&self, volume: &OutputVolume) -> Result<(), ValidationError> {
+        let field = "trial_job.kubernetes.output_volume";
+        match volume {
+            OutputVolume::PersistentVolumeClaim {
+                claim_name,
+                mount_path,
+            } => {
+                if claim_name.trim().is_empty() {
+                    return Err(ValidationError::new(
+                        format!("{field}.persistent_volume_claim.claim_name"),
+                        "must name a PersistentVolumeClaim",
+                    ));
+                }
+                if !mount_path.starts_with('/') || mount_path.contains(':') {
+                    return Err(ValidationError::new(
+                        format!("{field}.persistent_volume_claim.mount_path"),
+                        "must be an absolute path",
+                    ));
+                }
+            }
+            OutputVolume::ObjectStore => {
+                if !self
+                    .output_dir
+                    .as_deref()
+                    .is_some_and(|d| d.contains("://"))
+                {
+                    return Err(ValidationError::new(
+                        "trial_job.output_dir",
+                        "with output_volume: object_store, must be a URI (gs://…, s3://…) \
+                         the trainer writes to",
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -911,6 +978,40 @@ mod tests {
         assert_eq!(parse_memory("16Gi"), Some(16 << 30));
         assert_eq!(parse_memory("8G"), Some(8_000_000_000));
         assert_eq!(parse_memory("1.5Gi"), None);
+    }
+
+    #[test]
+    fn kubernetes_output_volumes_need_an_absolute_mount_or_an_object_store_uri() {
+        let mut j = job(&["train"]);
+        j.executor = ExecutorName::Kubernetes;
+        j.image = Some("trainer:1".into());
+        let with = |j: &mut TrialJobSpec, volume: OutputVolume| {
+            j.kubernetes = Some(KubernetesOptions {
+                output_volume: Some(volume),
+                ..Default::default()
+            });
+            j.validate().map_err(|e| e.field)
+        };
+        let claim = |mount: &str| OutputVolume::PersistentVolumeClaim {
+            claim_name: "runs".into(),
+            mount_path: mount.into(),
+        };
+        assert_eq!(with(&mut j, claim("/mnt/runs")), Ok(()));
+        assert_eq!(
+            with(&mut j, claim("runs")),
+            Err("trial_job.kubernetes.output_volume.persistent_volume_claim.mount_path".into())
+        );
+        assert_eq!(
+            with(&mut j, OutputVolume::ObjectStore),
+            Err("trial_job.output_dir".into())
+        );
+        j.output_dir = Some("gs://bucket/runs".into());
+        assert_eq!(with(&mut j, OutputVolume::ObjectStore), Ok(()));
+        j.command = vec!["train".into(), "--config=${params_file}".into()];
+        assert_eq!(
+            j.validate().map_err(|e| e.field),
+            Err("trial_job.command".into())
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Trials run as jobs, end to end with real processes: the dispatcher with the local
-//! executor and a real one-node Slurm, `augur worker` pulling trials, and the `augur`
+//! executor and a real one-node Slurm, the kubernetes executor against an in-process
+//! stand-in for the API server, `augur worker` pulling trials, and the `augur`
 //! binary as users run it (`study`, `run`, `token`). One test binary for all of them.
 
 #[macro_use]
@@ -10,6 +11,8 @@ mod cli;
 mod cluster;
 mod container;
 mod dispatch;
+mod kube_standin;
+mod kubernetes;
 mod slurm;
 mod tensorflow;
 mod worker;
