@@ -65,9 +65,10 @@ pub async fn require_token(
     }
 }
 
-/// The dashboard's login form and its static assets hold no data: anyone may load them.
+/// The dashboard's login form, its sign-out and its static assets hold no data: anyone may
+/// load them (a sign-in checks its token itself).
 fn is_public_dashboard_path(path: &str) -> bool {
-    path == "/login" || path.starts_with("/dashboard/")
+    path == "/login" || path == "/logout" || path.starts_with("/dashboard/")
 }
 
 /// The token from the dashboard's cookie, as a bearer header would carry it. Only for
