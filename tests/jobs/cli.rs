@@ -326,3 +326,106 @@ fn token_create_refuses_the_names_of_trial_tokens() {
         });
     assert_eq!(count, 1, "only the admin token named ci");
 }
+
+/// Runs `augur` with `args` against `url` on a blocking thread.
+async fn augur_async(url: &str, args: &[&str]) -> (bool, String, String) {
+    let url = url.to_string();
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        augur(&url, &args.iter().map(String::as_str).collect::<Vec<_>>())
+    })
+    .await
+    .expect("join")
+}
+
+/// Issue 10, finding 10: a name with an escape sequence (retitling the terminal, or worse),
+/// a NUL or a line break (a forged row) is printed escaped. Names are refused at validation
+/// now, so the study is stored as an older version would have stored it: through the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn study_list_prints_control_characters_escaped() {
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let store = augur::store::connect(&app.db.url).await.expect("store");
+    let name = "evil\u{1b}]0;pwned\u{7}\n     2  completed  random  3/3  forged\u{0}\u{9b}";
+    let spec: augur::model::StudySpec = serde_json::from_value(serde_json::json!({
+        "name": name,
+        "algorithm": "random",
+        "metrics": [{"id": "loss", "goal": "minimize"}],
+        "parameters": [{"id": "x", "type": "double", "min": 0, "max": 1}],
+        "max_trials": 3,
+        "seed": 1
+    }))
+    .expect("spec");
+    store
+        .insert_study(&spec, chrono::Utc::now())
+        .await
+        .expect("stored as an older version would have");
+    let (ok, out, err) = augur_async(&app.base, &["study", "list"]).await;
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().count(), 2, "a forged row: {out:?}");
+    let raw = out
+        .chars()
+        .find(|c| c.is_control() && *c != '\n')
+        .map(|c| c.escape_unicode().to_string());
+    assert_eq!(raw, None, "a control character printed raw: {out:?}");
+    assert!(
+        out.contains(r"evil\u{1b}]0;pwned\u{7}\n     2  completed"),
+        "{out}"
+    );
+}
+
+/// Issue 10, finding 8: a CSV cell that starts with `=`, `+`, `-`, `@` (or a tab or CR) is a
+/// formula to a spreadsheet (`=HYPERLINK(…)` exfiltrates, DDE runs commands). String cells
+/// get a leading `'`, as OWASP and the spreadsheets expect; numbers, negative metric values
+/// included, stay numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csv_export_neutralises_formulas_and_keeps_numbers() {
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let values = [
+        "=HYPERLINK(\"http://evil.example\",\"x\")",
+        "+1+1",
+        "-2+3",
+        "@SUM(A1)",
+        "plain",
+    ];
+    let study = app
+        .create_study(serde_json::json!({
+            "name": "csv",
+            "algorithm": "random",
+            "metrics": [{"id": "loss", "goal": "minimize"}],
+            "parameters": [
+                {"id": "opt", "type": "categorical", "values": values},
+                {"id": "x", "type": "double", "min": -5, "max": 5}
+            ],
+            "max_trials": 10,
+            "seed": 1
+        }))
+        .await;
+    for (i, value) in values.iter().enumerate() {
+        let r = app
+            .post(
+                &format!("/v1/studies/{study}/trials"),
+                serde_json::json!({
+                    "parameters": {"opt": value, "x": -1.5},
+                    "final_measurement": {"metrics": {"loss": -0.25 - i as f64}}
+                }),
+            )
+            .await;
+        assert_eq!(r.status, reqwest::StatusCode::CREATED, "{}", r.body);
+    }
+    let (ok, out, err) = augur_async(
+        &app.base,
+        &["study", "export", &study.to_string(), "--format", "csv"],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "id,state,opt,x,loss");
+    assert_eq!(
+        lines[1],
+        r#"1,completed,"'=HYPERLINK(""http://evil.example"",""x"")",-1.5,-0.25"#
+    );
+    assert_eq!(lines[2], "2,completed,'+1+1,-1.5,-1.25");
+    assert_eq!(lines[3], "3,completed,'-2+3,-1.5,-2.25");
+    assert_eq!(lines[4], "4,completed,'@SUM(A1),-1.5,-3.25");
+    assert_eq!(lines[5], "5,completed,plain,-1.5,-4.25");
+}
