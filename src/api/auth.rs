@@ -117,7 +117,7 @@ async fn check(
 }
 
 /// `(study, trial)` if this request reads or reports to one trial: GET of the trial or its
-/// should_stop, POST of its measurements/complete/fail/heartbeat.
+/// should_stop, POST of its measurements/complete/fail/heartbeat/should_stop.
 fn trial_route(method: &Method, path: &str) -> Option<(i64, i64)> {
     let parts: Vec<&str> = path.trim_end_matches('/').split('/').collect();
     let (study, trial, action) = match parts.as_slice() {
@@ -130,7 +130,7 @@ fn trial_route(method: &Method, path: &str) -> Option<(i64, i64)> {
         (&Method::GET, None | Some("should_stop"))
             | (
                 &Method::POST,
-                Some("measurements" | "complete" | "fail" | "heartbeat")
+                Some("measurements" | "complete" | "fail" | "heartbeat" | "should_stop")
             )
     );
     if !allowed {
@@ -151,6 +151,10 @@ mod tests {
         );
         assert_eq!(
             trial_route(&Method::GET, "/v1/studies/3/trials/7"),
+            Some((3, 7))
+        );
+        assert_eq!(
+            trial_route(&Method::POST, "/v1/studies/3/trials/7/should_stop"),
             Some((3, 7))
         );
         assert_eq!(trial_route(&Method::PATCH, "/v1/studies/3/trials/7"), None);

@@ -25,7 +25,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(complete_trial))
         .routes(routes!(fail_trial))
         .routes(routes!(heartbeat_trial))
-        .routes(routes!(should_stop))
+        .routes(routes!(stop_verdict, should_stop))
         .routes(routes!(trial_changes))
         .routes(routes!(trial_logs))
 }
@@ -403,8 +403,29 @@ pub async fn heartbeat_trial(
     Ok(Json(state.service.heartbeat(study, trial).await?))
 }
 
-/// Whether the study's early-stopping rule says this trial should stop now.
+/// The early-stopping rule's verdict on this trial, changing nothing (true for a trial
+/// already stopping). A worker acting on the verdict sends POST.
 #[utoipa::path(get, path = "/v1/studies/{study}/trials/{trial}/should_stop", tag = "trials",
+    params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID)),
+    responses(
+        (status = 200, description = "The verdict; nothing changes", body = ShouldStopResponse),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "A trial token for another trial", body = ErrorBody),
+        (status = 404, description = "No such study or trial", body = ErrorBody),
+    ))]
+pub async fn stop_verdict(
+    State(state): State<AppState>,
+    Path((study, trial)): Path<(String, String)>,
+) -> ApiResult<Json<ShouldStopResponse>> {
+    let (study, trial) = ids(&study, &trial)?;
+    Ok(Json(ShouldStopResponse {
+        should_stop: state.service.stop_verdict(study, trial).await?,
+    }))
+}
+
+/// Ask the study's early-stopping rule whether this trial should stop now, and act on it: a
+/// trial told to stop moves to `stopping` (finish it with `complete`).
+#[utoipa::path(post, path = "/v1/studies/{study}/trials/{trial}/should_stop", tag = "trials",
     params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID)),
     responses(
         (status = 200, description = "The verdict; a stopped trial moves to `stopping`", body = ShouldStopResponse),

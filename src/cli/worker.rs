@@ -304,7 +304,7 @@ impl TrialReporter for HttpReporter {
     async fn should_stop(&self, trial_id: i64) -> DispatchResult<bool> {
         let v = self
             .client
-            .call(Method::GET, &self.path(trial_id, "/should_stop"), None)
+            .call(Method::POST, &self.path(trial_id, "/should_stop"), None)
             .await
             .map_err(remote)?;
         Ok(v["should_stop"] == Value::Bool(true))

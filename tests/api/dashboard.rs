@@ -381,7 +381,10 @@ async fn seed_browser_fixture() {
             .await;
             if poor {
                 let r = app
-                    .get(&format!("/v1/studies/{small}/trials/{id}/should_stop"))
+                    .post(
+                        &format!("/v1/studies/{small}/trials/{id}/should_stop"),
+                        json!({}),
+                    )
                     .await;
                 if r.body["should_stop"] == json!(true) {
                     stopped += 1;
@@ -514,18 +517,6 @@ impl Seeder {
             reqwest::Method::POST,
             path,
             Some(body),
-        )
-        .await
-    }
-
-    async fn get(&self, path: &str) -> common::Response {
-        common::call(
-            &self.http,
-            &self.base,
-            None,
-            reqwest::Method::GET,
-            path,
-            None,
         )
         .await
     }
