@@ -37,6 +37,11 @@ pub struct ServerConfig {
     pub base_dir: Option<std::path::PathBuf>,
     /// Names of this process's environment variables passed on to every dispatched job.
     pub job_env: Vec<String>,
+    /// Commands a `trial_job` may run (`--job-commands`); empty: any.
+    pub job_commands: Vec<String>,
+    pub header_read_timeout: std::time::Duration,
+    pub idle_timeout: std::time::Duration,
+    pub max_connections: usize,
 }
 
 impl ServerConfig {
@@ -50,6 +55,10 @@ impl ServerConfig {
             public_url: None,
             base_dir: None,
             job_env: Vec::new(),
+            job_commands: Vec::new(),
+            header_read_timeout: std::time::Duration::from_secs(10),
+            idle_timeout: std::time::Duration::from_secs(60),
+            max_connections: 1024,
         }
     }
 }
@@ -90,7 +99,9 @@ impl App {
             Some(dir) => dir,
             None => std::env::current_dir()?,
         };
-        let service = open_service(&config.database_url, base_dir.clone()).await?;
+        let service = open_service(&config.database_url, base_dir.clone())
+            .await?
+            .with_job_policy(crate::service::JobPolicy::new(config.job_commands.clone()));
         if let Some(token) = &config.token {
             service.register_configured_token(token).await?;
         }

@@ -85,10 +85,6 @@ impl Client {
         &self.base
     }
 
-    pub fn token(&self) -> Option<&str> {
-        self.token.as_deref()
-    }
-
     /// Every trial of a study, following pages.
     pub async fn all_trials(&self, id: i64) -> CliResult<Vec<Value>> {
         let mut out = Vec::new();

@@ -1,7 +1,8 @@
-//! The `augur` command line. `serve`, `migrate` and `token create` work on the database
-//! directly; everything else is a thin client of the HTTP API.
+//! The `augur` command line. `serve`, `migrate` and `token` work on the database directly;
+//! everything else is a thin client of the HTTP API.
 
 mod client;
+mod duration;
 mod error;
 mod run;
 mod server;
@@ -12,6 +13,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::model::Role;
 
 use client::Client;
 pub use error::{CliError, CliResult};
@@ -71,16 +74,32 @@ pub enum Command {
         /// LOGNAME, SHELL, LANG, LANGUAGE, LC_*, TZ, TMPDIR, TERM of it.
         #[arg(long = "job-env", env = "AUGUR_JOB_ENV", value_delimiter = ',')]
         job_env: Vec<String>,
+        /// Run only `trial_job` commands that start with one of these (repeatable, or
+        /// comma-separated): whole arguments (`/usr/bin/python3 /opt/t/train.py`) or a
+        /// directory ending in `/` (`/opt/trainers/`). Default: any command (of operators and
+        /// admins).
+        #[arg(
+            long = "job-commands",
+            env = "AUGUR_JOB_COMMANDS",
+            value_delimiter = ','
+        )]
+        job_commands: Vec<String>,
     },
     /// Apply database migrations and exit (`serve` also applies them on start).
     Migrate {
         #[arg(long, env = "AUGUR_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
         database_url: String,
     },
-    /// API tokens.
+    /// API tokens with roles (on the database, like `serve`).
     Token {
         #[command(subcommand)]
         command: TokenCommand,
+    },
+    /// The audit trail: who created, changed, stopped or deleted studies, added or excluded
+    /// trials, created or revoked tokens (through the HTTP API, with an admin's token).
+    Audit {
+        #[command(flatten)]
+        client: ClientArgs,
     },
     /// Studies (through the HTTP API).
     Study {
@@ -137,9 +156,29 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum TokenCommand {
-    /// Create an admin token, print it once, store only its hash.
+    /// Create a token with a role, print it once, store only its hash.
     Create {
         #[arg(long)]
+        name: String,
+        /// reader (every GET, the dashboard), writer (also ask/tell studies, suggest, report,
+        /// change its own studies), operator (also `trial_job` studies: commands on this
+        /// server's machines), admin (also tokens, the audit trail, every study).
+        #[arg(long)]
+        role: Role,
+        /// Refuse the token after this long: `30d`, `12h`, `90m`, `3600s` (or seconds).
+        #[arg(long, value_parser = duration::parse_duration)]
+        expires_in: Option<std::time::Duration>,
+        #[arg(long, env = "AUGUR_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
+        database_url: String,
+    },
+    /// List tokens: name, role, created, expires, last used (never the secrets).
+    List {
+        #[arg(long, env = "AUGUR_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
+        database_url: String,
+    },
+    /// Revoke a token. A running server refuses it within 5 s (at once when revoked through
+    /// its API, `DELETE /v1/tokens/{name}`).
+    Revoke {
         name: String,
         #[arg(long, env = "AUGUR_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
         database_url: String,
@@ -216,6 +255,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             public_url,
             no_dispatch,
             job_env,
+            job_commands,
         } => {
             let mut config = crate::app::ServerConfig::new(database_url, listen);
             config.token = token;
@@ -223,12 +263,15 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             config.public_url = public_url;
             config.dispatch = !no_dispatch;
             config.job_env = job_env;
+            config.job_commands = job_commands;
             Ok(server::serve(config).await?)
         }
         Command::Migrate { database_url } => Ok(server::migrate(&database_url).await?),
-        Command::Token {
-            command: TokenCommand::Create { name, database_url },
-        } => Ok(server::create_token(&database_url, &name).await?),
+        Command::Token { command } => Ok(server::token_command(command).await?),
+        Command::Audit { client } => {
+            let http = Client::new(&client.url, client.token.as_deref())?;
+            Ok(study::print_audit(&http).await?)
+        }
         Command::Run {
             file,
             database_url,

@@ -119,6 +119,40 @@ pub async fn run_study_command(client: &Client, command: StudyCommand) -> CliRes
     Ok(())
 }
 
+/// `augur audit`: the whole trail, oldest first, one line per entry.
+pub async fn print_audit(client: &Client) -> CliResult<()> {
+    let mut token: Option<String> = None;
+    loop {
+        let path = match &token {
+            Some(t) => format!("/v1/audit?page_size=1000&page_token={t}"),
+            None => "/v1/audit?page_size=1000".to_string(),
+        };
+        let page = client.call(Method::GET, &path, None).await?;
+        for e in page["events"].as_array().into_iter().flatten() {
+            let mut line = format!(
+                "{}  {}  {}",
+                e["at"].as_str().unwrap_or(""),
+                printable(e["actor"].as_str().unwrap_or("")),
+                e["action"].as_str().unwrap_or("")
+            );
+            if let Some(study) = e["study_id"].as_i64() {
+                line.push_str(&format!("  study {study}"));
+            }
+            if let Some(trial) = e["trial_id"].as_i64() {
+                line.push_str(&format!("  trial {trial}"));
+            }
+            if let Some(detail) = e["detail"].as_str() {
+                line.push_str(&format!("  {}", printable(detail)));
+            }
+            println!("{line}");
+        }
+        match page["next_page_token"].as_str() {
+            Some(t) => token = Some(t.to_string()),
+            None => return Ok(()),
+        }
+    }
+}
+
 /// One row per trial: id, state, every parameter, every final metric.
 fn trials_csv(trials: &[Value]) -> String {
     let keys = |field: &str| -> Vec<String> {
@@ -212,7 +246,10 @@ mod tests {
             "parameters": {"opt": "@SUM(A1)", "x": -2.5},
             "final_measurement": {"metrics": {"loss": -0.5}}
         })]);
-        assert_eq!(csv, "id,state,opt,x,loss\n1,completed,'@SUM(A1),-2.5,-0.5\n");
+        assert_eq!(
+            csv,
+            "id,state,opt,x,loss\n1,completed,'@SUM(A1),-2.5,-0.5\n"
+        );
     }
 
     #[test]

@@ -311,7 +311,11 @@ fn safe_next(next: Option<&str>) -> String {
     let here = url::Url::parse("http://augur.invalid/")
         .and_then(|base| base.join(next))
         .is_ok_and(|u| u.host_str() == Some("augur.invalid") && u.port().is_none());
-    if plain && here { next.into() } else { "/".into() }
+    if plain && here {
+        next.into()
+    } else {
+        "/".into()
+    }
 }
 
 fn html_escape(s: &str) -> String {
@@ -382,9 +386,18 @@ mod tests {
         assert_eq!(safe_next(Some("//evil.example")), "/");
         assert_eq!(safe_next(Some("https://evil.example")), "/");
         assert_eq!(safe_next(None), "/");
-        for foreign in ["/\t/evil.example", "/\\evil.example", "/\n/x", "/ /x", "/\u{85}/x"] {
+        for foreign in [
+            "/\t/evil.example",
+            "/\\evil.example",
+            "/\n/x",
+            "/ /x",
+            "/\u{85}/x",
+        ] {
             assert_eq!(safe_next(Some(foreign)), "/", "{foreign:?}");
         }
-        assert_eq!(safe_next(Some("/compare?studies=1,2")), "/compare?studies=1,2");
+        assert_eq!(
+            safe_next(Some("/compare?studies=1,2")),
+            "/compare?studies=1,2"
+        );
     }
 }

@@ -4,12 +4,14 @@
 pub mod job;
 mod parameters;
 pub mod request;
+mod role;
 pub mod spec;
 pub mod trial;
 pub mod trial_dirs;
 
 pub use job::{ArgStyle, ExecutorName, TrialJobSpec};
 pub use request::{ClientId, Step, SuggestCount};
+pub use role::{AuditEvent, Role, TokenInfo};
 pub use spec::{
     AlgorithmName, EarlyStoppingSpec, MeasurementSelection, MetricGoal, MetricSpecInput,
     ParameterInput, StudyConfig, StudySpec, StudyUpdate,

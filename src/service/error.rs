@@ -18,6 +18,13 @@ pub enum ServiceError {
         message: String,
         field: Option<String>,
     },
+    /// The caller's role or ownership does not allow this (403); `field` names the part of
+    /// the request that needs more (e.g. `trial_job`).
+    #[error("{message}")]
+    PermissionDenied {
+        message: String,
+        field: Option<String>,
+    },
     /// Storage failed (500; the cause is logged, not shown).
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -29,6 +36,13 @@ pub enum ServiceError {
 impl ServiceError {
     pub fn conflict(message: impl Into<String>) -> Self {
         ServiceError::Conflict {
+            message: message.into(),
+            field: None,
+        }
+    }
+
+    pub fn denied(message: impl Into<String>) -> Self {
+        ServiceError::PermissionDenied {
             message: message.into(),
             field: None,
         }

@@ -11,10 +11,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 pub use postgres::PostgresStore;
-pub use records::{StudyRecord, TokenRecord, TrialRecord, TrialToken};
+pub use records::{AuditEntry, AuditRecord, StudyRecord, TokenRecord, TrialRecord, TrialToken};
 pub use sqlite::SqliteStore;
 
-use crate::model::{Measurement, StudySpec, StudyState, TrialCounts, TrialPoint, TrialState};
+use crate::model::{Measurement, Role, StudySpec, StudyState, TrialCounts, TrialPoint, TrialState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -49,7 +49,13 @@ pub trait Store: Send + Sync + 'static {
     fn backend(&self) -> &'static str;
     async fn ping(&self) -> StoreResult<()>;
 
-    async fn insert_study(&self, spec: &StudySpec, now: DateTime<Utc>) -> StoreResult<StudyRecord>;
+    /// A new active study; `created_by` names the token that created it.
+    async fn insert_study(
+        &self,
+        spec: &StudySpec,
+        created_by: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> StoreResult<StudyRecord>;
     async fn get_study(&self, study_id: i64) -> StoreResult<Option<StudyRecord>>;
     /// Studies with id > `after_id`, by id, at most `limit`.
     async fn list_studies(
@@ -118,6 +124,23 @@ pub trait Store: Send + Sync + 'static {
         now: DateTime<Utc>,
     ) -> StoreResult<()>;
     async fn find_token(&self, token_hash: &str) -> StoreResult<Option<TokenRecord>>;
+    /// A token of a person or program with a role. False (nothing stored) when the name is
+    /// taken.
+    async fn insert_role_token(
+        &self,
+        name: &str,
+        token_hash: &str,
+        role: Role,
+        expires_at: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) -> StoreResult<bool>;
+    /// Tokens not scoped to a trial, by name.
+    async fn list_tokens(&self) -> StoreResult<Vec<TokenRecord>>;
+    /// Record that the token was just used.
+    async fn touch_token(&self, name: &str, now: DateTime<Utc>) -> StoreResult<()>;
+    async fn insert_audit(&self, entry: &AuditEntry) -> StoreResult<()>;
+    /// Audit entries with id > `after_id`, oldest first, at most `limit`.
+    async fn list_audit(&self, after_id: i64, limit: i64) -> StoreResult<Vec<AuditRecord>>;
     async fn delete_token(&self, name: &str) -> StoreResult<bool>;
     /// Insert, or replace the token of the same name (one statement: a trial's token is
     /// renewed on every attempt).

@@ -20,4 +20,5 @@ mod openapi;
 mod store;
 mod studies;
 mod suggest;
+mod tokens;
 mod trials;

@@ -222,10 +222,7 @@ async fn median_rule_stops_a_bad_trial(backend: &str) {
     );
     // The POST acts on it.
     let verdict = app
-        .post(
-            &format!("/v1/studies/{id}/trials/4/should_stop"),
-            json!({}),
-        )
+        .post(&format!("/v1/studies/{id}/trials/4/should_stop"), json!({}))
         .await;
     assert_eq!(verdict.status, StatusCode::OK, "{}", verdict.body);
     assert_eq!(verdict.body["should_stop"], true);

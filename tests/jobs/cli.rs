@@ -303,7 +303,16 @@ fn token_create_refuses_the_names_of_trial_tokens() {
     let create = |name: &str| {
         augur(
             "http://127.0.0.1:1",
-            &["token", "create", "--name", name, "--database-url", &db.url],
+            &[
+                "token",
+                "create",
+                "--name",
+                name,
+                "--role",
+                "admin",
+                "--database-url",
+                &db.url,
+            ],
         )
     };
     let (ok, stdout, stderr) = create("trial:1:1");
@@ -356,7 +365,7 @@ async fn study_list_prints_control_characters_escaped() {
     }))
     .expect("spec");
     store
-        .insert_study(&spec, chrono::Utc::now())
+        .insert_study(&spec, None, chrono::Utc::now())
         .await
         .expect("stored as an older version would have");
     let (ok, out, err) = augur_async(&app.base, &["study", "list"]).await;
