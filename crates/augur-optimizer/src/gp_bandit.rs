@@ -168,7 +168,7 @@ impl Designer for GpBanditDesigner {
         })
         .ok();
         let mut first = true;
-        while suggestions.len() < input.count {
+        while suggestions.len() < input.count && !crate::cancel::requested() {
             let x = model.next_point(&self.config, &encoder, first, &mut rng);
             let a = match x {
                 Some(x) => {
@@ -463,6 +463,9 @@ impl Model {
         let mut scores = score(&population);
         let generations = config.generations.max(1);
         for g in 0..generations {
+            if crate::cancel::requested() {
+                break;
+            }
             // Step size shrinks geometrically from 0.2 to about 0.001: global moves first,
             // local refinement at the end.
             let step = 0.2 * (0.005f64).powf(g as f64 / (generations - 1).max(1) as f64);
