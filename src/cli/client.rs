@@ -1,6 +1,8 @@
 //! The CLI's HTTP client: the commands that talk to a server (`study`, `trial`, `worker`)
 //! go through it. API errors come back as `CliError::Api` with the server's code and field.
 
+use std::path::Path;
+
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
@@ -13,12 +15,24 @@ pub struct Client {
 }
 
 impl Client {
-    pub fn new(url: &str, token: Option<&str>) -> CliResult<Self> {
+    /// A client of the server at `url`; `ca_cert` (PEM) is trusted besides the system's
+    /// roots, for an https server with a certificate of its own.
+    pub fn new(url: &str, token: Option<&str>, ca_cert: Option<&Path>) -> CliResult<Self> {
         let base = url.trim_end_matches('/').to_string();
         url::Url::parse(&base)
             .map_err(|e| CliError::Usage(format!("invalid --url {url:?}: {e}")))?;
-        let http = reqwest::Client::builder()
+        crate::serve::install_tls_provider();
+        let mut builder = reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(60))
+            // Below the server's header-read timeout (10 s), which closes idle connections:
+            // a pooled connection is never picked just as the server closes it.
+            .pool_idle_timeout(std::time::Duration::from_secs(5));
+        if let Some(path) = ca_cert {
+            let pem = std::fs::read(path).map_err(|e| CliError::file(path, e))?;
+            let cert = reqwest::Certificate::from_pem(&pem).map_err(|e| CliError::file(path, e))?;
+            builder = builder.tls_certs_merge([cert]);
+        }
+        let http = builder
             .build()
             .map_err(|e| CliError::Connection(format!("cannot build HTTP client: {e}")))?;
         Ok(Self {

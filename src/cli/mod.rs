@@ -45,6 +45,9 @@ pub struct ClientArgs {
     /// Bearer token for the server.
     #[arg(long, env = "AUGUR_TOKEN", global = true, hide_env_values = true)]
     pub token: Option<String>,
+    /// Trust this PEM certificate (an https server's own, or its CA) besides the system's.
+    #[arg(long, env = "AUGUR_CA_CERT", global = true)]
+    pub ca_cert: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -84,6 +87,26 @@ pub enum Command {
             value_delimiter = ','
         )]
         job_commands: Vec<String>,
+        /// Serve HTTPS with this PEM certificate chain (with --tls-key).
+        #[arg(long, env = "AUGUR_TLS_CERT", requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// The PEM private key of --tls-cert.
+        #[arg(long, env = "AUGUR_TLS_KEY", requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// Requests a second each token may send (bursts of twice that); past it, 429 with
+        /// Retry-After. Default: no limit.
+        #[arg(long, env = "AUGUR_RATE_LIMIT")]
+        rate_limit: Option<f64>,
+        /// Seconds a client may take to send a request's head (and a connection may wait
+        /// for its next request).
+        #[arg(long, default_value_t = crate::app::DEFAULT_HEADER_READ_TIMEOUT.as_secs())]
+        header_read_timeout: u64,
+        /// Seconds a connection may go with no byte moving before it is closed.
+        #[arg(long, default_value_t = crate::app::DEFAULT_IDLE_TIMEOUT.as_secs())]
+        idle_timeout: u64,
+        /// Connections open at once; past this, new ones are answered 503.
+        #[arg(long, default_value_t = crate::app::DEFAULT_MAX_CONNECTIONS)]
+        max_connections: usize,
     },
     /// Apply database migrations and exit (`serve` also applies them on start).
     Migrate {
@@ -256,6 +279,12 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             no_dispatch,
             job_env,
             job_commands,
+            tls_cert,
+            tls_key,
+            rate_limit,
+            header_read_timeout,
+            idle_timeout,
+            max_connections,
         } => {
             let mut config = crate::app::ServerConfig::new(database_url, listen);
             config.token = token;
@@ -264,12 +293,23 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             config.dispatch = !no_dispatch;
             config.job_env = job_env;
             config.job_commands = job_commands;
+            config.tls = tls_cert
+                .zip(tls_key)
+                .map(|(cert, key)| crate::app::TlsFiles { cert, key });
+            config.rate_limit = rate_limit;
+            config.header_read_timeout = std::time::Duration::from_secs(header_read_timeout.max(1));
+            config.idle_timeout = std::time::Duration::from_secs(idle_timeout.max(1));
+            config.max_connections = max_connections.max(1);
             Ok(server::serve(config).await?)
         }
         Command::Migrate { database_url } => Ok(server::migrate(&database_url).await?),
         Command::Token { command } => Ok(server::token_command(command).await?),
         Command::Audit { client } => {
-            let http = Client::new(&client.url, client.token.as_deref())?;
+            let http = Client::new(
+                &client.url,
+                client.token.as_deref(),
+                client.ca_cert.as_deref(),
+            )?;
             Ok(study::print_audit(&http).await?)
         }
         Command::Run {
@@ -289,7 +329,11 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             env,
             command,
         } => {
-            let http = Client::new(&client.url, client.token.as_deref())?;
+            let http = Client::new(
+                &client.url,
+                client.token.as_deref(),
+                client.ca_cert.as_deref(),
+            )?;
             let client_id = client_id.unwrap_or_else(worker::default_client_id);
             let options = worker::WorkerOptions {
                 study_id: study,
@@ -302,7 +346,11 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             Ok(worker::run_worker(http, options).await?)
         }
         Command::Trial { client, command } => {
-            let http = Client::new(&client.url, client.token.as_deref())?;
+            let http = Client::new(
+                &client.url,
+                client.token.as_deref(),
+                client.ca_cert.as_deref(),
+            )?;
             Ok(trial_command(&http, command).await?)
         }
         Command::Openapi => {
@@ -310,7 +358,11 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         Command::Study { client, command } => {
-            let client = Client::new(&client.url, client.token.as_deref())?;
+            let client = Client::new(
+                &client.url,
+                client.token.as_deref(),
+                client.ca_cert.as_deref(),
+            )?;
             Ok(study::run_study_command(&client, command).await?)
         }
     }

@@ -101,7 +101,7 @@ async fn a_suggestion_past_its_budget_stops_the_model() {
     let db = common::sqlite_db();
     let server = common::ServerProcess::start(&db.url, common::free_port());
     server.wait_ready().await;
-    let http = reqwest::Client::new();
+    let http = common::http();
     let mut spec = study(doubles(256), "gp_bandit");
     spec["suggestion_time_budget_secs"] = json!(0.5);
     let created = common::call(
@@ -285,7 +285,7 @@ async fn connections_past_the_cap_are_refused_until_some_close() {
         "{answer:?}"
     );
     drop(held);
-    let http = reqwest::Client::new();
+    let http = common::http();
     common::eventually("served again", Duration::from_secs(5), || {
         let (http, addr) = (&http, &addr);
         async move {
@@ -296,4 +296,60 @@ async fn connections_past_the_cap_are_refused_until_some_close() {
         }
     })
     .await;
+}
+
+/// `--rate-limit N`: each token may send N requests a second (bursts of 2N); past that it is
+/// answered 429 with `Retry-After`, and other tokens are not held back. Off by default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_past_its_rate_limit_is_told_to_retry() {
+    let db = common::sqlite_db();
+    let mut config = ServerConfig::new(db.url.clone(), "127.0.0.1:0".parse().expect("addr"));
+    config.token = Some("busy".into());
+    config.rate_limit = Some(5.0);
+    config.dispatch = false;
+    let app = App::build(config).await.expect("server");
+    let base = format!("http://{}", app.addr());
+    let service = app.service().clone();
+    tokio::spawn(app.run());
+    let other = service
+        .create_token(
+            &augur::service::Caller::local("test"),
+            "other",
+            augur::model::Role::Reader,
+            None,
+        )
+        .await
+        .expect("token")
+        .token;
+    let http = common::http();
+    let get = |token: &str| {
+        let (http, base, token) = (&http, &base, token.to_string());
+        async move {
+            http.get(format!("{base}/v1/studies"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .expect("request")
+        }
+    };
+    let mut limited = None;
+    for _ in 0..30 {
+        let r = get("busy").await;
+        if r.status() == StatusCode::TOO_MANY_REQUESTS {
+            limited = Some(r);
+            break;
+        }
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    let limited = limited.expect("30 requests at once were all let through");
+    let retry = limited.headers()["retry-after"]
+        .to_str()
+        .expect("header")
+        .to_string();
+    let body: Value = limited.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "too_many_requests");
+    assert_eq!(retry, "1");
+    assert_eq!(get(&other).await.status(), StatusCode::OK, "another token");
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert_eq!(get("busy").await.status(), StatusCode::OK, "after the wait");
 }

@@ -12,7 +12,7 @@ const TOKEN: &str = "s3cret-token";
 
 /// A client that shows redirects instead of following them, as a test must see them.
 fn browser() -> reqwest::Client {
-    reqwest::Client::builder()
+    common::http_builder()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(Duration::from_secs(10))
         .build()

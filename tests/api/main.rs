@@ -21,5 +21,6 @@ mod openapi;
 mod store;
 mod studies;
 mod suggest;
+mod tls;
 mod tokens;
 mod trials;

@@ -313,7 +313,7 @@ async fn a_server_runs_only_the_commands_it_allows() {
     let app = App::build(config).await.expect("server");
     let base = format!("http://{}", app.addr());
     tokio::spawn(app.run());
-    let http = reqwest::Client::new();
+    let http = common::http();
     let create = |spec: Value| {
         let (http, base) = (&http, &base);
         async move {
