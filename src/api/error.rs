@@ -101,6 +101,12 @@ impl From<ServiceError> for ApiError {
             ServiceError::PermissionDenied { message, field } => {
                 ApiError::PermissionDenied { message, field }
             }
+            ServiceError::Unavailable(why) => {
+                tracing::warn!(%why, "answering 503: the database is unavailable");
+                ApiError::Unavailable {
+                    retry_after_secs: RETRY_AFTER_OUTAGE_SECS,
+                }
+            }
             ServiceError::Store(s) => ApiError::Internal(s.to_string()),
             ServiceError::Internal(s) => ApiError::Internal(s),
         }
@@ -195,3 +201,7 @@ impl IntoResponse for ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+/// What a client is told to wait while the database is unavailable: a restart takes a
+/// second or two; a client retrying sooner only adds load.
+pub const RETRY_AFTER_OUTAGE_SECS: u64 = 1;

@@ -329,11 +329,13 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             env,
             command,
         } => {
+            // Every call a worker makes is safe to repeat: it rides out outages.
             let http = Client::new(
                 &client.url,
                 client.token.as_deref(),
                 client.ca_cert.as_deref(),
-            )?;
+            )?
+            .patient();
             let client_id = client_id.unwrap_or_else(worker::default_client_id);
             let options = worker::WorkerOptions {
                 study_id: study,

@@ -25,9 +25,13 @@ pub enum ServiceError {
         message: String,
         field: Option<String>,
     },
+    /// The database cannot be reached right now (503 with `Retry-After`): the same request
+    /// may succeed in a moment.
+    #[error("{0}")]
+    Unavailable(String),
     /// Storage failed (500; the cause is logged, not shown).
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(StoreError),
     /// A bug or a lost background task (500).
     #[error("internal error: {0}")]
     Internal(String),
@@ -50,6 +54,15 @@ impl ServiceError {
 
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
         ServiceError::Invalid(ValidationError::new(field, message))
+    }
+}
+
+impl From<StoreError> for ServiceError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Unavailable(why) => ServiceError::Unavailable(why),
+            other => ServiceError::Store(other),
+        }
     }
 }
 

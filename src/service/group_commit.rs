@@ -158,6 +158,8 @@ async fn apply_batch(store: &dyn Store, tokens: &TokenCache, study_id: i64, jobs
             // A study deleted (or never created) is the caller's 404, not a failed transaction.
             if matches!(error, ServiceError::NotFound(_)) {
                 tracing::debug!(study_id, %error, "no such study");
+            } else if matches!(error, ServiceError::Unavailable(_)) {
+                tracing::warn!(study_id, %error, "study transaction failed: database unavailable");
             } else {
                 tracing::error!(study_id, %error, "study transaction failed");
             }
@@ -165,6 +167,8 @@ async fn apply_batch(store: &dyn Store, tokens: &TokenCache, study_id: i64, jobs
             for reply in replies {
                 let _ = reply.send(Err(match &error {
                     ServiceError::NotFound(what) => ServiceError::NotFound(what.clone()),
+                    // Nothing of the batch is known to be written: ask again later.
+                    ServiceError::Unavailable(why) => ServiceError::Unavailable(why.clone()),
                     _ => ServiceError::Internal(message.clone()),
                 }));
             }

@@ -18,8 +18,13 @@ use crate::model::{Measurement, Role, StudySpec, StudyState, TrialCounts, TrialP
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// The database cannot be reached or is going away (a restart, a failover, a pool with
+    /// no connection to give): the same request may succeed in a moment. Whether a write in
+    /// flight was committed is unknown.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
     #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     /// A stored document no longer parses: a bug or a hand edit, never user input.
@@ -30,6 +35,35 @@ pub enum StoreError {
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        if is_outage(&e) {
+            StoreError::Unavailable(e.to_string())
+        } else {
+            StoreError::Database(e)
+        }
+    }
+}
+
+/// Whether an error says the database is out of reach for now, rather than that the request
+/// was wrong: the connection broke or could not be made, the pool had none to give, the
+/// server is shutting down, starting up or full (PostgreSQL's SQLSTATE class 08, 57P01-03,
+/// 53300), or SQLite's lock stayed taken past its busy timeout (SQLITE_BUSY, 5).
+fn is_outage(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08")
+                || matches!(code.as_ref(), "57P01" | "57P02" | "57P03" | "53300" | "5")
+        }),
+        _ => false,
+    }
+}
 
 /// Open the store a URL names (`sqlite://augur.db`, `sqlite::memory:`, `postgres://…`) and
 /// apply its migrations.

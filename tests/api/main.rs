@@ -18,6 +18,7 @@ mod gp;
 mod limits;
 mod login;
 mod openapi;
+mod outage;
 mod store;
 mod studies;
 mod suggest;
