@@ -59,6 +59,8 @@ pub struct ServerConfig {
     pub rate_limit: Option<f64>,
     /// Serve HTTPS with this PEM certificate chain and private key.
     pub tls: Option<TlsFiles>,
+    /// Run local jobs as this user (`--run-jobs-as`), not the server's.
+    pub run_jobs_as: Option<String>,
 }
 
 /// `--tls-cert` and `--tls-key`.
@@ -85,6 +87,7 @@ impl ServerConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             rate_limit: None,
             tls: None,
+            run_jobs_as: None,
         }
     }
 }
@@ -106,6 +109,8 @@ pub enum AppError {
     OpenOnNetwork(SocketAddr),
     #[error("{0}")]
     Tls(String),
+    #[error("{0}")]
+    RunAs(String),
     #[error("server error: {0}")]
     Serve(#[from] std::io::Error),
 }
@@ -139,6 +144,12 @@ impl App {
         if open && !config.listen.ip().is_loopback() {
             return Err(AppError::OpenOnNetwork(config.listen));
         }
+        let run_as = match &config.run_jobs_as {
+            Some(name) => {
+                Some(crate::dispatch::local::RunAs::lookup(name).map_err(AppError::RunAs)?)
+            }
+            None => None,
+        };
         let tls = match &config.tls {
             Some(files) => {
                 Some(crate::serve::tls_acceptor(&files.cert, &files.key).map_err(AppError::Tls)?)
@@ -175,6 +186,7 @@ impl App {
                     rand::random::<u32>()
                 ),
                 job_env: config.job_env.clone(),
+                run_as,
             };
             Dispatcher::new(service.clone(), dispatch_config)
         });

@@ -107,6 +107,10 @@ pub enum Command {
         /// Connections open at once; past this, new ones are answered 503.
         #[arg(long, default_value_t = crate::app::DEFAULT_MAX_CONNECTIONS)]
         max_connections: usize,
+        /// Run local trial jobs as this user (the server must run as root to switch), so
+        /// that a trial cannot read the database file or the server's own files.
+        #[arg(long, env = "AUGUR_RUN_JOBS_AS")]
+        run_jobs_as: Option<String>,
     },
     /// Apply database migrations and exit (`serve` also applies them on start).
     Migrate {
@@ -285,6 +289,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             header_read_timeout,
             idle_timeout,
             max_connections,
+            run_jobs_as,
         } => {
             let mut config = crate::app::ServerConfig::new(database_url, listen);
             config.token = token;
@@ -300,6 +305,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             config.header_read_timeout = std::time::Duration::from_secs(header_read_timeout.max(1));
             config.idle_timeout = std::time::Duration::from_secs(idle_timeout.max(1));
             config.max_connections = max_connections.max(1);
+            config.run_jobs_as = run_jobs_as;
             Ok(server::serve(config).await?)
         }
         Command::Migrate { database_url } => Ok(server::migrate(&database_url).await?),

@@ -116,7 +116,7 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> CliResult<()>
         augur_url: client.base().to_string(),
         base_env: trial_base_env(&options.env)?,
         output_dir,
-        executor: Arc::new(LocalExecutor),
+        executor: Arc::new(LocalExecutor::default()),
         reporter: reporter.clone(),
         metric_pattern,
     });

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::mpsc;
 
-use super::local::LocalExecutor;
+use super::local::{LocalExecutor, RunAs};
 use super::slurm::SlurmExecutor;
 use crate::model::{ExecutorName, TrialJobSpec};
 
@@ -64,9 +64,15 @@ pub enum ExecutorError {
 
 /// The executor a study's trial job names. Exhaustive: a new executor must be added here,
 /// never silently run as another.
-pub fn executor_for(job: &TrialJobSpec) -> Result<Arc<dyn Executor>, ExecutorError> {
+/// Local jobs run as `run_as` when given (`--run-jobs-as`).
+pub fn executor_for(
+    job: &TrialJobSpec,
+    run_as: Option<&RunAs>,
+) -> Result<Arc<dyn Executor>, ExecutorError> {
     match job.executor {
-        ExecutorName::Local => Ok(Arc::new(LocalExecutor)),
+        ExecutorName::Local => Ok(Arc::new(LocalExecutor {
+            run_as: run_as.cloned(),
+        })),
         ExecutorName::Slurm => Ok(Arc::new(SlurmExecutor::new(
             job.slurm.clone().unwrap_or_default(),
         ))),

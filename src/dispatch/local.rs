@@ -1,5 +1,10 @@
 //! The local executor: each job is a child process in its own process group, so a timeout
 //! or a cancellation kills everything the trial started (data loaders, subprocesses).
+//! With `augur serve --run-jobs-as USER` the job runs as that user (its uid, its group, no
+//! other groups), so it cannot read what only the server's user may: the database file,
+//! the server's own files; the directories the trial contract gives it to write (DESIGN §4:
+//! model, checkpoints, TensorBoard logs, the hypertune file) are made its own, the trial's
+//! directory and the job's log stay the server's.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -13,7 +18,86 @@ use tokio::sync::mpsc;
 
 use super::executor::{Executor, ExecutorError, JobExit, JobRequest, RunningJob};
 
-pub struct LocalExecutor;
+/// The user local jobs run as (`--run-jobs-as`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunAs {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub home: std::path::PathBuf,
+}
+
+impl RunAs {
+    /// The user of this name, from the system's user database.
+    pub fn lookup(name: &str) -> Result<RunAs, String> {
+        match nix::unistd::User::from_name(name) {
+            Ok(Some(user)) => Ok(RunAs {
+                name: user.name,
+                uid: user.uid.as_raw(),
+                gid: user.gid.as_raw(),
+                home: user.dir,
+            }),
+            Ok(None) => Err(format!("--run-jobs-as {name}: no such user")),
+            Err(e) => Err(format!("--run-jobs-as {name}: {e}")),
+        }
+    }
+}
+
+/// Variables of the trial contract (DESIGN §4) naming what a job writes: directories, and
+/// the hypertune file (made beforehand, so that a job may write it in a directory that is
+/// not its own).
+const JOB_WRITES_DIRS: [&str; 3] = [
+    "AIP_MODEL_DIR",
+    "AIP_CHECKPOINT_DIR",
+    "AIP_TENSORBOARD_LOG_DIR",
+];
+const JOB_WRITES_FILE: &str = "CLOUD_ML_HP_METRIC_FILE";
+
+#[derive(Debug, Clone, Default)]
+pub struct LocalExecutor {
+    /// Run jobs as this user rather than the server's.
+    pub run_as: Option<RunAs>,
+}
+
+impl LocalExecutor {
+    /// Hand the job what it writes, and tell it who it is.
+    fn prepare_for(&self, request: &JobRequest) -> Result<Vec<(String, String)>, ExecutorError> {
+        let mut env = request.env.clone();
+        let Some(user) = &self.run_as else {
+            return Ok(env);
+        };
+        let give = |path: &std::path::Path| {
+            std::os::unix::fs::chown(path, Some(user.uid), Some(user.gid)).map_err(|e| {
+                ExecutorError::Launch(format!(
+                    "cannot give {} to {}: {e}",
+                    path.display(),
+                    user.name
+                ))
+            })
+        };
+        for (name, value) in &request.env {
+            if JOB_WRITES_DIRS.contains(&name.as_str()) {
+                give(std::path::Path::new(value))?;
+            } else if name == JOB_WRITES_FILE {
+                let path = std::path::Path::new(value);
+                if !path.exists() {
+                    std::fs::File::create(path)
+                        .map_err(|e| ExecutorError::Launch(format!("{}: {e}", path.display())))?;
+                }
+                give(path)?;
+            }
+        }
+        // Its own home and name, not the server's.
+        for (name, value) in env.iter_mut() {
+            match name.as_str() {
+                "HOME" => *value = user.home.display().to_string(),
+                "USER" | "LOGNAME" => value.clone_from(&user.name),
+                _ => {}
+            }
+        }
+        Ok(env)
+    }
+}
 
 #[async_trait]
 impl Executor for LocalExecutor {
@@ -41,12 +125,13 @@ impl Executor for LocalExecutor {
         log.write_all(header.as_bytes())
             .await
             .map_err(|e| ExecutorError::Launch(e.to_string()))?;
+        let env = self.prepare_for(request)?;
         let mut command = Command::new(program);
         command
             .args(args)
             // Only what the request names: never the server's own environment.
             .env_clear()
-            .envs(request.env.iter().map(|(k, v)| (k, v)))
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -54,6 +139,11 @@ impl Executor for LocalExecutor {
             .kill_on_drop(false);
         if let Some(dir) = &request.workdir {
             command.current_dir(dir);
+        }
+        if let Some(user) = &self.run_as {
+            // Setting the uid also drops the server's supplementary groups (std does so when
+            // no groups are given).
+            command.uid(user.uid).gid(user.gid);
         }
         let mut child = command
             .spawn()

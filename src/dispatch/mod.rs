@@ -46,6 +46,8 @@ pub struct DispatchConfig {
     /// Names of the server's environment variables passed on to every job besides the
     /// inherited ones (`--job-env`), e.g. a shared cache path or an experiment tracker's key.
     pub job_env: Vec<String>,
+    /// Local jobs run as this user (`--run-jobs-as`), not the server's.
+    pub run_as: Option<local::RunAs>,
 }
 
 /// Starts and stops study runners in this process.

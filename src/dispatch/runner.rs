@@ -141,7 +141,7 @@ impl StudyRunner {
                 self.study_id,
                 job.output_dir.as_deref(),
             ),
-            executor: executor_for(&job)?,
+            executor: executor_for(&job, self.config.run_as.as_ref())?,
             metric_pattern: TrialSetup::metric_pattern(&job)?,
             job,
             metric_ids: study.config.metrics.iter().map(|m| m.id.clone()).collect(),

@@ -8,5 +8,6 @@ mod common;
 
 mod cli;
 mod dispatch;
+mod run_as;
 mod slurm;
 mod worker;
