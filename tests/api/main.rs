@@ -19,6 +19,7 @@ mod limits;
 mod login;
 mod openapi;
 mod outage;
+mod roles;
 mod store;
 mod studies;
 mod suggest;
