@@ -199,6 +199,7 @@ pub async fn stop_study(
         (status = 200, description = "Trials to run (possibly none: see retry_after_secs and study_state)", body = SuggestResponse),
         (status = 400, description = "A field is wrong", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "A reader's token", body = ErrorBody),
         (status = 404, description = "No such study", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
         (status = 415, description = "Body is not JSON", body = ErrorBody),

@@ -203,6 +203,7 @@ fn ids(study: &str, trial: &str) -> ApiResult<(i64, i64)> {
         (status = 201, description = "The new trial", body = Trial),
         (status = 400, description = "A parameter or metric is wrong", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "A reader's token", body = ErrorBody),
         (status = 404, description = "No such study", body = ErrorBody),
         (status = 409, description = "The study is not active, its budget is spent, or its cap is full", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
