@@ -438,3 +438,153 @@ async fn csv_export_neutralises_formulas_and_keeps_numbers() {
     assert_eq!(lines[4], "4,completed,'@SUM(A1),-1.5,-3.25");
     assert_eq!(lines[5], "5,completed,plain,-1.5,-4.25");
 }
+
+/// `augur token create --role R --expires-in 30d | list | revoke` on the database, and
+/// `augur audit` through the API: the trail names who did what.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_with_roles_from_the_command_line_and_the_audit_trail() {
+    let db = common::sqlite_db();
+    let url = db.url.clone();
+    let token = |args: Vec<String>| {
+        let url = url.clone();
+        async move {
+            let mut args = args;
+            args.extend(["--database-url".to_string(), url]);
+            augur_async(
+                "http://127.0.0.1:1",
+                &args.iter().map(String::as_str).collect::<Vec<_>>(),
+            )
+            .await
+        }
+    };
+    let (ok, alice, err) = token(
+        [
+            "token",
+            "create",
+            "--name",
+            "alice",
+            "--role",
+            "writer",
+            "--expires-in",
+            "30d",
+        ]
+        .map(String::from)
+        .to_vec(),
+    )
+    .await;
+    assert!(ok, "{err}");
+    let alice = alice.trim().to_string();
+    assert!(err.contains("writer") && err.contains("expires"), "{err}");
+    let (ok, _, err) = token(
+        ["token", "create", "--name", "bob", "--role", "root"]
+            .map(String::from)
+            .to_vec(),
+    )
+    .await;
+    assert!(!ok && err.contains("root"), "{err}");
+    let (ok, _, err) = token(
+        [
+            "token",
+            "create",
+            "--name",
+            "bob",
+            "--role",
+            "reader",
+            "--expires-in",
+            "3y",
+        ]
+        .map(String::from)
+        .to_vec(),
+    )
+    .await;
+    assert!(!ok && err.contains("unit"), "{err}");
+
+    let app = common::spawn_app_with(db, Some("cli-admin")).await;
+    let as_alice = common::call(
+        &app.http,
+        &app.base,
+        Some(&alice),
+        reqwest::Method::POST,
+        "/v1/studies",
+        Some(common::spec("random", 3, 1)),
+    )
+    .await;
+    assert_eq!(
+        as_alice.status,
+        reqwest::StatusCode::CREATED,
+        "{}",
+        as_alice.body
+    );
+
+    let (ok, listed, err) = token(["token", "list"].map(String::from).to_vec()).await;
+    assert!(ok, "{err}");
+    let rows: Vec<&str> = listed.lines().collect();
+    assert!(rows[0].starts_with("name"), "{listed}");
+    let alice_row = rows
+        .iter()
+        .find(|r| r.starts_with("alice"))
+        .expect("alice listed");
+    assert!(
+        alice_row.contains("writer") && !alice_row.contains(&alice),
+        "{listed}"
+    );
+    assert!(rows.iter().any(|r| r.starts_with("env ")), "{listed}");
+
+    let (ok, _, err) = token(["token", "revoke", "alice"].map(String::from).to_vec()).await;
+    assert!(ok, "{err}");
+    let (_, listed, _) = token(["token", "list"].map(String::from).to_vec()).await;
+    assert!(!listed.contains("alice"), "{listed}");
+    // Revoked on the database: the running server refuses it within its cache's bound.
+    common::eventually("alice refused", augur::service::TOKEN_CACHE_TTL * 2, || {
+        let (app, alice) = (&app, &alice);
+        async move {
+            let r = common::call(
+                &app.http,
+                &app.base,
+                Some(alice),
+                reqwest::Method::GET,
+                "/v1/studies",
+                None,
+            )
+            .await;
+            if r.status == reqwest::StatusCode::UNAUTHORIZED {
+                Ok(())
+            } else {
+                Err(r.status.to_string())
+            }
+        }
+    })
+    .await;
+
+    let audit = tokio::task::spawn_blocking({
+        let base = app.base.clone();
+        move || {
+            std::process::Command::new(common::augur_bin())
+                .args(["audit", "--url", &base])
+                .env("AUGUR_TOKEN", "cli-admin")
+                .output()
+                .expect("augur audit")
+        }
+    })
+    .await
+    .expect("join");
+    assert!(
+        audit.status.success(),
+        "{}",
+        String::from_utf8_lossy(&audit.stderr)
+    );
+    let trail = String::from_utf8_lossy(&audit.stdout).into_owned();
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+    let lines: Vec<&str> = trail.lines().collect();
+    assert_eq!(lines.len(), 3, "{trail}");
+    assert!(
+        lines[0].contains(&format!("cli:{user}  token.create"))
+            && lines[0].contains("alice (writer, expires"),
+        "{trail}"
+    );
+    assert!(lines[1].contains("alice  study.create  study 1"), "{trail}");
+    assert!(
+        lines[2].contains(&format!("cli:{user}  token.revoke  alice")),
+        "{trail}"
+    );
+}
