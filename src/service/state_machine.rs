@@ -259,6 +259,17 @@ impl StudyBatch {
                 token_hash,
             } => {
                 let trial = self.running_trial(trial_id, "issue a token for").await?;
+                // A dispatched trial (no lease: its dispatcher watches it) reports with the
+                // dispatcher's token for its launch; another would revoke that one.
+                if trial.lease_expires_at.is_none() {
+                    return Err(ServiceError::PermissionDenied {
+                        message: format!(
+                            "trial {trial_id} is run by the server's dispatcher, which gives \
+                             each launch its token"
+                        ),
+                        field: Some("client_id".into()),
+                    });
+                }
                 if trial.client_id.as_deref() != Some(client_id.as_str()) {
                     return Err(ServiceError::PermissionDenied {
                         message: format!(

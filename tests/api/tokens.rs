@@ -455,3 +455,40 @@ async fn the_audit_trail_names_who_did_what(backend: &str) {
     let trail = open.get("/v1/audit").await.body;
     assert_eq!(trail["events"][0]["actor"], "open", "{trail}");
 }
+
+/// A dispatched trial's token is its dispatcher's, one per launch: nobody may mint another
+/// (it would revoke the running job's), even knowing the dispatcher's client id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatched_trials_token_cannot_be_replaced() {
+    let app = common::spawn_app_with(common::sqlite_db(), Some(ADMIN)).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let mut spec = common::spec("random", 1, 1);
+    spec["trial_job"] = json!({
+        "command": ["/bin/sh", "-c", "sleep 30"],
+        "output_dir": dir.path().display().to_string()
+    });
+    let study = app.create_study(spec).await;
+    let trial = common::eventually("the trial runs", Duration::from_secs(20), || {
+        let app = &app;
+        async move {
+            let t = app.get(&format!("/v1/studies/{study}/trials/1")).await.body;
+            if t["state"] == "active" {
+                Ok(t)
+            } else {
+                Err(t.to_string())
+            }
+        }
+    })
+    .await;
+    let client = trial["client_id"].as_str().expect("client id").to_string();
+    let r = app
+        .post(
+            &format!("/v1/studies/{study}/trials/1/token"),
+            json!({"client_id": client}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
+    assert_eq!(r.body["error"]["field"], "client_id");
+    app.post(&format!("/v1/studies/{study}/stop"), json!({}))
+        .await;
+}
