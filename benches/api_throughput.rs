@@ -245,6 +245,7 @@ async fn bench(database_url: &str) {
     .expect("server starts");
     let base = format!("http://{}", app.addr());
     tokio::spawn(app.run());
+    augur::serve::install_tls_provider();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(64)
         .timeout(Duration::from_secs(30))

@@ -4,8 +4,10 @@
 #
 # Builds `augur`, serves it (with a bearer token) on a temp SQLite file and a free loopback
 # port, creates studies and trials so that `{study}`/`{trial}` ids exist (the generator draws
-# path ids from them most of the time), runs `schemathesis run openapi.yaml` twice (DELETE
-# last, so that it cannot remove the seeded studies under the other operations), and exits
+# path ids from them most of the time), runs `schemathesis run openapi.yaml` twice with the
+# admin's token (DELETE last, so that it cannot remove the seeded studies under the other
+# operations), then a third time with a reader's token, where every change must be refused
+# with 403 (a check of our own, `a_reader_changes_nothing`) and nothing may answer 5xx; exits
 # non-zero on any finding.
 #
 # Environment (all optional):
@@ -90,6 +92,37 @@ post /v1/studies/2/suggest '{"count": 1}'
 post /v1/studies/2/trials/1/complete '{"metrics": {"loss": 0.1}}'
 post /v1/studies "$study"
 post /v1/studies/3/stop '{}'
+# A reader's token for the third pass (an admin's API; its secret is in the answer).
+reader=$(curl -fsS -X POST "$base/v1/tokens" -H "authorization: Bearer $token" \
+  -H 'content-type: application/json' -d '{"name": "fuzz-reader", "role": "reader"}' \
+  | python3 -c 'import json, sys; print(json.load(sys.stdin)["token"])')
+
+# The reader pass's own check: a reader may read, and change nothing.
+cat >"$work/reader_checks.py" <<'PY'
+import os
+
+import schemathesis
+
+PUBLIC = {"/login", "/logout"}
+READER = os.environ["AUGUR_FUZZ_READER"]
+
+
+@schemathesis.check
+def a_reader_changes_nothing(ctx, response, case):
+    """Every change a reader's token asks for is refused with 403."""
+    public = case.path in PUBLIC or case.path.startswith("/dashboard/") or case.path in ("/healthz", "/readyz")
+    if case.method.upper() not in ("POST", "PUT", "PATCH", "DELETE") or public:
+        return None
+    # The coverage phase also sends cases without the token (401 is right for those).
+    sent = response.request.headers.get("Authorization", "")
+    if not sent.startswith("Bearer ") or sent != f"Bearer {READER}":
+        return None
+    if response.status_code != 403:
+        raise AssertionError(
+            f"{case.method} {case.path} with a reader's token answered {response.status_code}, not 403"
+        )
+    return None
+PY
 
 cat >"$work/schemathesis.toml" <<EOF
 [dictionaries.study_ids]
@@ -103,14 +136,15 @@ EOF
 
 # Two passes, so that fuzzing DELETE does not remove the seeded studies under the others.
 run_pass() {
-  local name=$1
-  shift
-  echo "schemathesis ($name) against $base ($spec), checks: $checks, max examples: $max_examples" >&2
+  local name=$1 bearer=$2 pass_checks=$3
+  shift 3
+  echo "schemathesis ($name) against $base ($spec), checks: $pass_checks, max examples: $max_examples" >&2
   # From the temp dir: schemathesis keeps its example database in the working directory.
-  (cd "$work" && timeout "$run_timeout" "$venv/bin/schemathesis" --config-file "$work/schemathesis.toml" run "$spec" \
+  (cd "$work" && PYTHONPATH="$work" SCHEMATHESIS_HOOKS=reader_checks AUGUR_FUZZ_READER="$reader" timeout "$run_timeout" \
+    "$venv/bin/schemathesis" --config-file "$work/schemathesis.toml" run "$spec" \
     --url "$base" \
-    --header "Authorization: Bearer $token" \
-    --checks "$checks" \
+    --header "Authorization: Bearer $bearer" \
+    --checks "$pass_checks" \
     --max-examples "$max_examples" \
     --seed "$seed" \
     --phases examples,coverage,fuzzing \
@@ -119,10 +153,14 @@ run_pass() {
     "$@")
 }
 status=0
-# POST /login takes a browser form, not JSON: tests/api/dashboard.rs covers it.
-run_pass "all but DELETE" --exclude-method DELETE --exclude-path /login || status=$?
+# POST /login takes a browser form, not JSON: tests/api/login.rs covers it.
+run_pass "admin, all but DELETE" "$token" "$checks" --exclude-method DELETE --exclude-path /login || status=$?
 if [ "$status" -ne 124 ]; then
-  run_pass "DELETE" --include-method DELETE || { s=$?; [ "$status" -eq 0 ] && status=$s; }
+  run_pass "admin, DELETE" "$token" "$checks" --include-method DELETE || { s=$?; [ "$status" -eq 0 ] && status=$s; }
+fi
+if [ "$status" -ne 124 ]; then
+  run_pass "reader" "$reader" "$checks,a_reader_changes_nothing" --exclude-path /login \
+    || { s=$?; [ "$status" -eq 0 ] && status=$s; }
 fi
 if grep -q "panicked\|ERROR" "$work/server.log"; then
   echo "--- server log (errors) ---" >&2

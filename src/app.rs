@@ -3,6 +3,7 @@
 //! The one place besides `service` that knows the store exists.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 
@@ -13,6 +14,14 @@ use crate::store;
 
 /// Request bodies larger than this are refused with 413 unless configured otherwise.
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+/// How long a client may take to send a request's head (and a connection may wait for its
+/// next request): a slow-headers client is cut off, an idle keep-alive connection closed.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection on which no byte moves for this long is closed: longer than any request
+/// may take (requests time out at 60 s).
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Connections open at once, all clients together.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -43,6 +52,31 @@ pub struct ServerConfig {
     pub containers: crate::dispatch::container::ContainerEngine,
     /// How the kubernetes executor reaches its cluster (`--kubeconfig`, …).
     pub kubernetes: crate::dispatch::kubernetes::KubeSettings,
+    /// Commands a `trial_job` may run (`--job-commands`); empty: any.
+    pub job_commands: Vec<String>,
+    /// Images a container or kubernetes `trial_job` may run (`--job-images`); empty: any
+    /// while `job_commands` is empty too, none otherwise.
+    pub job_images: Vec<String>,
+    /// A request's head must arrive within this (also how long a connection may wait for
+    /// its next request).
+    pub header_read_timeout: std::time::Duration,
+    /// A connection on which nothing moves for this long is closed.
+    pub idle_timeout: std::time::Duration,
+    /// Connections open at once; past this, new ones are answered 503.
+    pub max_connections: usize,
+    /// Requests a second each token may send (`--rate-limit`); `None`: no limit.
+    pub rate_limit: Option<f64>,
+    /// Serve HTTPS with this PEM certificate chain and private key.
+    pub tls: Option<TlsFiles>,
+    /// Run local jobs as this user (`--run-jobs-as`), not the server's.
+    pub run_jobs_as: Option<String>,
+}
+
+/// `--tls-cert` and `--tls-key`.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
 }
 
 impl ServerConfig {
@@ -59,6 +93,14 @@ impl ServerConfig {
             gpus: None,
             containers: Default::default(),
             kubernetes: Default::default(),
+            job_commands: Vec::new(),
+            job_images: Vec::new(),
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            rate_limit: None,
+            tls: None,
+            run_jobs_as: None,
         }
     }
 }
@@ -78,6 +120,10 @@ pub enum AppError {
         "refusing to serve on {0} without a token: set AUGUR_TOKEN (or --token), or create one with `augur token create`; only a loopback address may run open"
     )]
     OpenOnNetwork(SocketAddr),
+    #[error("{0}")]
+    Tls(String),
+    #[error("{0}")]
+    RunAs(String),
     #[error("server error: {0}")]
     Serve(#[from] std::io::Error),
 }
@@ -87,6 +133,8 @@ pub struct App {
     addr: SocketAddr,
     listener: TcpListener,
     router: axum::Router,
+    limits: crate::serve::ConnectionLimits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     service: Service,
     dispatcher: Option<Dispatcher>,
     pub open: bool,
@@ -99,7 +147,12 @@ impl App {
             Some(dir) => dir,
             None => std::env::current_dir()?,
         };
-        let service = open_service(&config.database_url, base_dir.clone()).await?;
+        let service = open_service(&config.database_url, base_dir.clone())
+            .await?
+            .with_job_policy(crate::service::JobPolicy::new(
+                config.job_commands.clone(),
+                config.job_images.clone(),
+            ));
         if let Some(token) = &config.token {
             service.register_configured_token(token).await?;
         }
@@ -107,6 +160,18 @@ impl App {
         if open && !config.listen.ip().is_loopback() {
             return Err(AppError::OpenOnNetwork(config.listen));
         }
+        let run_as = match &config.run_jobs_as {
+            Some(name) => {
+                Some(crate::dispatch::local::RunAs::lookup(name).map_err(AppError::RunAs)?)
+            }
+            None => None,
+        };
+        let tls = match &config.tls {
+            Some(files) => {
+                Some(crate::serve::tls_acceptor(&files.cert, &files.key).map_err(AppError::Tls)?)
+            }
+            None => None,
+        };
         let listener = TcpListener::bind(config.listen)
             .await
             .map_err(|source| AppError::Bind {
@@ -120,9 +185,11 @@ impl App {
             } else {
                 addr.ip().to_string()
             };
-            format!("http://{host}:{}", addr.port())
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            format!("{scheme}://{host}:{}", addr.port())
         });
-        let state = AppState::new(service.clone(), open, public_url.clone(), openapi_yaml());
+        let state = AppState::new(service.clone(), open, public_url.clone(), openapi_yaml())
+            .with_rate_limit(config.rate_limit);
         let router = api::serve_layers(routes().split_for_parts().0, state, config.body_limit);
         let dispatcher = config.dispatch.then(|| {
             let dispatch_config = DispatchConfig {
@@ -138,6 +205,7 @@ impl App {
                 gpus: config.gpus.clone(),
                 containers: config.containers.clone(),
                 kubernetes: config.kubernetes.clone(),
+                run_as,
             };
             Dispatcher::new(service.clone(), dispatch_config)
         });
@@ -145,6 +213,12 @@ impl App {
             addr,
             listener,
             router,
+            limits: crate::serve::ConnectionLimits {
+                header_read_timeout: config.header_read_timeout,
+                idle_timeout: config.idle_timeout,
+                max_connections: config.max_connections,
+            },
+            tls,
             service,
             dispatcher,
             open,
@@ -171,9 +245,8 @@ impl App {
         stop: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), AppError> {
         let dispatching = self.dispatcher.as_ref().map(|d| (d.clone(), d.spawn()));
-        let served = axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(stop)
-            .await;
+        let served =
+            crate::serve::serve(self.listener, self.router, self.limits, self.tls, stop).await;
         if let Some((dispatcher, task)) = dispatching {
             dispatcher.shutdown().await;
             let _ = task.await;

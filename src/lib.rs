@@ -11,6 +11,7 @@ pub mod dashboard;
 pub mod dispatch;
 pub mod insights;
 pub mod model;
+pub mod serve;
 pub mod service;
 pub mod store;
 

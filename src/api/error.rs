@@ -19,8 +19,13 @@ pub enum ApiError {
     },
     /// 401: no valid bearer token.
     Unauthenticated,
-    /// 403: the token may not do this (a trial token used on another trial).
-    PermissionDenied(String),
+    /// 403: the caller may not do this: its role is too low (`field` names what needs
+    /// more, e.g. `trial_job`), the study is another's, a trial token used on another
+    /// trial, or a page of another origin.
+    PermissionDenied {
+        message: String,
+        field: Option<String>,
+    },
     /// 404: no such study, trial or route.
     NotFound(String),
     /// 405: the route exists, the method does not.
@@ -34,6 +39,11 @@ pub enum ApiError {
     PayloadTooLarge,
     /// 415: the body is not JSON.
     UnsupportedMediaType,
+    /// 429 with `Retry-After`: the caller sent more than its rate limit allows.
+    TooManyRequests { retry_after_secs: u64 },
+    /// 503 with `Retry-After`: the database cannot be reached right now (it restarts, or
+    /// fails over); nothing was changed, or the change is unknown and safe to send again.
+    Unavailable { retry_after_secs: u64 },
     /// 500: logged with its cause; the client sees only that it happened.
     Internal(String),
 }
@@ -47,7 +57,8 @@ pub struct ErrorBody {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorDetail {
     /// invalid_argument, unauthenticated, permission_denied, not_found, method_not_allowed,
-    /// failed_precondition, payload_too_large, unsupported_media_type, internal
+    /// failed_precondition, payload_too_large, unsupported_media_type, too_many_requests,
+    /// unavailable, internal
     pub code: String,
     pub message: String,
     /// The offending field, e.g. `parameters[2].min`.
@@ -55,6 +66,13 @@ pub struct ErrorDetail {
 }
 
 impl ApiError {
+    pub fn denied(message: impl Into<String>) -> Self {
+        ApiError::PermissionDenied {
+            message: message.into(),
+            field: None,
+        }
+    }
+
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
         ApiError::InvalidArgument {
             message: message.into(),
@@ -80,6 +98,15 @@ impl From<ServiceError> for ApiError {
             ServiceError::Conflict { message, field } => {
                 ApiError::FailedPrecondition { message, field }
             }
+            ServiceError::PermissionDenied { message, field } => {
+                ApiError::PermissionDenied { message, field }
+            }
+            ServiceError::Unavailable(why) => {
+                tracing::warn!(%why, "answering 503: the database is unavailable");
+                ApiError::Unavailable {
+                    retry_after_secs: RETRY_AFTER_OUTAGE_SECS,
+                }
+            }
             ServiceError::Store(s) => ApiError::Internal(s.to_string()),
             ServiceError::Internal(s) => ApiError::Internal(s),
         }
@@ -88,6 +115,7 @@ impl From<ServiceError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let mut retry_after = None;
         let (status, code, message, field) = match self {
             ApiError::InvalidArgument { message, field } => {
                 (StatusCode::BAD_REQUEST, "invalid_argument", message, field)
@@ -98,7 +126,9 @@ impl IntoResponse for ApiError {
                 "send Authorization: Bearer <token>".to_string(),
                 None,
             ),
-            ApiError::PermissionDenied(m) => (StatusCode::FORBIDDEN, "permission_denied", m, None),
+            ApiError::PermissionDenied { message, field } => {
+                (StatusCode::FORBIDDEN, "permission_denied", message, field)
+            }
             ApiError::NotFound(m) => (StatusCode::NOT_FOUND, "not_found", m, None),
             ApiError::MethodNotAllowed => (
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -121,6 +151,28 @@ impl IntoResponse for ApiError {
                 "send the body as application/json".to_string(),
                 None,
             ),
+            ApiError::TooManyRequests { retry_after_secs } => {
+                retry_after = Some(retry_after_secs);
+                (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too_many_requests",
+                    format!(
+                        "this token sent more requests than it may; retry after {retry_after_secs} s"
+                    ),
+                    None,
+                )
+            }
+            ApiError::Unavailable { retry_after_secs } => {
+                retry_after = Some(retry_after_secs);
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    format!(
+                        "the database cannot be reached right now; retry after {retry_after_secs} s"
+                    ),
+                    None,
+                )
+            }
             ApiError::Internal(cause) => {
                 tracing::error!(%cause, "internal error");
                 (
@@ -138,8 +190,18 @@ impl IntoResponse for ApiError {
                 field,
             },
         };
-        (status, Json(body)).into_response()
+        let mut response = (status, Json(body)).into_response();
+        if let Some(secs) = retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        response
     }
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+/// What a client is told to wait while the database is unavailable: a restart takes a
+/// second or two; a client retrying sooner only adds load.
+pub const RETRY_AFTER_OUTAGE_SECS: u64 = 1;

@@ -62,7 +62,7 @@ fn check(
     // Liveness and readiness probes carry whatever name their prober uses and reveal nothing.
     let probe = path == "/healthz" || path == "/readyz";
     if open && !probe && !host.is_some_and(is_loopback_host) {
-        return Err(ApiError::PermissionDenied(format!(
+        return Err(ApiError::denied(format!(
             "this server runs without tokens and answers only loopback names (localhost, \
              127.0.0.1, [::1]), not Host {}",
             host.unwrap_or("(none)")
@@ -76,7 +76,7 @@ fn check(
                 .ok()
                 .is_some_and(|u| u.origin().ascii_serialization() == origin);
         if !own {
-            return Err(ApiError::PermissionDenied(format!(
+            return Err(ApiError::denied(format!(
                 "a page of another origin ({origin}) may not change anything here"
             )));
         }

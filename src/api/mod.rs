@@ -9,7 +9,9 @@ pub mod error;
 mod extract;
 mod guard;
 mod health;
+pub mod rate_limit;
 mod studies;
+mod tokens;
 mod trials;
 
 use std::sync::{Arc, OnceLock};
@@ -40,6 +42,8 @@ pub struct AppState {
     /// The URL jobs and browsers reach this server at (`--public-url`): its origin is this
     /// server's own, besides the one a request names in `Host`.
     pub public_url: Arc<str>,
+    /// The per-token rate limit (`--rate-limit`; none by default).
+    pub limits: rate_limit::RateLimit,
 }
 
 impl AppState {
@@ -50,7 +54,14 @@ impl AppState {
             metrics: metrics_handle(),
             openapi_yaml: openapi_yaml.into(),
             public_url: public_url.into(),
+            limits: rate_limit::RateLimit::default(),
         }
+    }
+
+    /// The same state, limiting each token to `per_second` requests a second.
+    pub fn with_rate_limit(mut self, per_second: Option<f64>) -> Self {
+        self.limits = rate_limit::RateLimit::new(per_second);
+        self
     }
 }
 
@@ -58,7 +69,7 @@ impl AppState {
 #[openapi(
     info(
         title = "Augur",
-        description = "Self-hosted hyperparameter tuning: studies, trials, suggestions (ask/tell), measurements.",
+        description = "Self-hosted hyperparameter tuning: studies, trials, suggestions (ask/tell), measurements.\n\nTokens carry a role: reader (every GET), writer (also ask/tell: create studies, suggest, report; change, stop, delete its own studies), operator (also studies with a trial_job), admin (also tokens, the audit trail, every study); a trial token reads and reports to its own trial only. Any route may also answer 429 with Retry-After (a token past its rate limit, when one is configured) and 503 with Retry-After and code `unavailable` (the database cannot be reached right now): send the same request again after the wait.",
         license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
     // Recursive schemas are referenced, not inlined: they must be listed here.
@@ -70,6 +81,7 @@ impl AppState {
         (name = "trials", description = "Suggest, report and inspect trials"),
         (name = "operations", description = "Health, readiness, metrics, this document"),
         (name = "dashboard", description = "The web dashboard's pages and the chart data they draw"),
+        (name = "tokens", description = "Tokens with roles and the audit trail (an admin's)"),
     )
 )]
 struct ApiDoc;
@@ -94,6 +106,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .merge(trials::router())
         .merge(health::router())
         .merge(charts::router())
+        .merge(tokens::router())
 }
 
 /// The Prometheus recorder is process-wide; every app in the process shares it.

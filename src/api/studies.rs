@@ -10,6 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
+use super::auth::Actor;
 use super::error::{ApiResult, ErrorBody};
 use super::extract::{ApiJson, ApiQuery, STUDY_ID, parse_body, parse_id};
 use super::trials::TrialList;
@@ -91,11 +92,13 @@ pub enum CreateStudyBody {
             headers(("Warning" = String, description = "`299 augur \"<field>: why it is ignored\"`, one per field"))),
         (status = 400, description = "A field of the spec is wrong; `field` names it", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "A reader's token; a `trial_job` without an operator's, or with a command this server does not run (`field` names it)", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
         (status = 415, description = "Body is not JSON", body = ErrorBody),
     ))]
 pub async fn create_study(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     ApiJson(body): ApiJson<serde_json::Value>,
 ) -> ApiResult<(StatusCode, HeaderMap, Json<Study>)> {
     let (spec, warnings) = if crate::model::vertex::is_vertex_job(&body) {
@@ -104,7 +107,7 @@ pub async fn create_study(
     } else {
         (parse_body::<StudySpec>(body)?, Vec::new())
     };
-    let study = state.service.create_study(spec).await?;
+    let study = state.service.create_study(&actor, spec).await?;
     let mut headers = HeaderMap::new();
     for warning in warnings {
         let text = format!("299 augur {:?}", warning.replace('"', "'"));
@@ -165,6 +168,7 @@ pub async fn get_study(
         (status = 200, description = "The changed study", body = Study),
         (status = 400, description = "A field is wrong", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "Not the study's creator nor an admin", body = ErrorBody),
         (status = 404, description = "No such study", body = ErrorBody),
         (status = 409, description = "The study was stopped", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
@@ -172,11 +176,12 @@ pub async fn get_study(
     ))]
 pub async fn update_study(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path(study): Path<String>,
     ApiJson(update): ApiJson<StudyUpdate>,
 ) -> ApiResult<Json<Study>> {
     let id = parse_id(&study, "study")?;
-    Ok(Json(state.service.update_study(id, update).await?))
+    Ok(Json(state.service.update_study(&actor, id, update).await?))
 }
 
 /// Delete a study with all its trials and measurements.
@@ -185,14 +190,16 @@ pub async fn update_study(
     responses(
         (status = 204, description = "Deleted"),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "Not the study's creator nor an admin", body = ErrorBody),
         (status = 404, description = "No such study", body = ErrorBody),
     ))]
 pub async fn delete_study(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path(study): Path<String>,
 ) -> ApiResult<StatusCode> {
     let id = parse_id(&study, "study")?;
-    state.service.delete_study(id).await?;
+    state.service.delete_study(&actor, id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -202,14 +209,16 @@ pub async fn delete_study(
     responses(
         (status = 200, description = "The study, stopped (unchanged if it had already ended)", body = Study),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "Not the study's creator nor an admin", body = ErrorBody),
         (status = 404, description = "No such study", body = ErrorBody),
     ))]
 pub async fn stop_study(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path(study): Path<String>,
 ) -> ApiResult<Json<Study>> {
     let id = parse_id(&study, "study")?;
-    Ok(Json(state.service.stop_study(id).await?))
+    Ok(Json(state.service.stop_study(&actor, id).await?))
 }
 
 /// Ask for trials to run. Never more than `parallel_trials` unfinished trials at once nor
@@ -220,6 +229,7 @@ pub async fn stop_study(
         (status = 200, description = "Trials to run (possibly none: see retry_after_secs and study_state)", body = SuggestResponse),
         (status = 400, description = "A field is wrong", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "A reader's token", body = ErrorBody),
         (status = 404, description = "No such study", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
         (status = 415, description = "Body is not JSON", body = ErrorBody),

@@ -12,6 +12,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
+use super::auth::Actor;
 use super::error::{ApiError, ApiResult, ErrorBody};
 use super::extract::{ApiJson, ApiQuery, STUDY_ID, TRIAL_ID, parse_id};
 use crate::model::{Measurement, Step, Trial, TrialState};
@@ -25,9 +26,10 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(complete_trial))
         .routes(routes!(fail_trial))
         .routes(routes!(heartbeat_trial))
-        .routes(routes!(should_stop))
+        .routes(routes!(stop_verdict, should_stop))
         .routes(routes!(trial_changes))
         .routes(routes!(trial_logs))
+        .routes(routes!(issue_trial_token))
 }
 
 /// The log tail a request gets when it names none.
@@ -204,6 +206,7 @@ fn ids(study: &str, trial: &str) -> ApiResult<(i64, i64)> {
         (status = 201, description = "The new trial", body = Trial),
         (status = 400, description = "A parameter or metric is wrong", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "A reader's token", body = ErrorBody),
         (status = 404, description = "No such study", body = ErrorBody),
         (status = 409, description = "The study is not active, its budget is spent, or its cap is full", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
@@ -211,13 +214,15 @@ fn ids(study: &str, trial: &str) -> ApiResult<(i64, i64)> {
     ))]
 pub async fn add_trial(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path(study): Path<String>,
     ApiJson(req): ApiJson<AddTrialRequest>,
 ) -> ApiResult<(StatusCode, Json<Trial>)> {
     let id = parse_id(&study, "study")?;
+    let final_metrics = req.final_measurement.map(|m| m.metrics);
     let trial = state
         .service
-        .add_trial(id, req.parameters, req.final_measurement.map(|m| m.metrics))
+        .add_trial(&actor, id, req.parameters, final_metrics)
         .await?;
     Ok((StatusCode::CREATED, Json(trial)))
 }
@@ -272,12 +277,14 @@ pub async fn get_trial(
         (status = 200, description = "The trial", body = Trial),
         (status = 400, description = "A field is wrong", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "Not the study's creator nor an admin", body = ErrorBody),
         (status = 404, description = "No such study or trial", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
         (status = 415, description = "Body is not JSON", body = ErrorBody),
     ))]
 pub async fn update_trial(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path((study, trial)): Path<(String, String)>,
     ApiJson(req): ApiJson<TrialUpdate>,
 ) -> ApiResult<Json<Trial>> {
@@ -285,7 +292,7 @@ pub async fn update_trial(
     Ok(Json(
         state
             .service
-            .set_excluded(study, trial, req.excluded)
+            .set_excluded(&actor, study, trial, req.excluded)
             .await?,
     ))
 }
@@ -406,8 +413,29 @@ pub async fn heartbeat_trial(
     Ok(Json(state.service.heartbeat(study, trial).await?))
 }
 
-/// Whether the study's early-stopping rule says this trial should stop now.
+/// The early-stopping rule's verdict on this trial, changing nothing (true for a trial
+/// already stopping). A worker acting on the verdict sends POST.
 #[utoipa::path(get, path = "/v1/studies/{study}/trials/{trial}/should_stop", tag = "trials",
+    params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID)),
+    responses(
+        (status = 200, description = "The verdict; nothing changes", body = ShouldStopResponse),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "A trial token for another trial", body = ErrorBody),
+        (status = 404, description = "No such study or trial", body = ErrorBody),
+    ))]
+pub async fn stop_verdict(
+    State(state): State<AppState>,
+    Path((study, trial)): Path<(String, String)>,
+) -> ApiResult<Json<ShouldStopResponse>> {
+    let (study, trial) = ids(&study, &trial)?;
+    Ok(Json(ShouldStopResponse {
+        should_stop: state.service.stop_verdict(study, trial).await?,
+    }))
+}
+
+/// Ask the study's early-stopping rule whether this trial should stop now, and act on it: a
+/// trial told to stop moves to `stopping` (finish it with `complete`).
+#[utoipa::path(post, path = "/v1/studies/{study}/trials/{trial}/should_stop", tag = "trials",
     params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID)),
     responses(
         (status = 200, description = "The verdict; a stopped trial moves to `stopping`", body = ShouldStopResponse),
@@ -423,4 +451,49 @@ pub async fn should_stop(
     Ok(Json(ShouldStopResponse {
         should_stop: state.service.should_stop(study, trial).await?,
     }))
+}
+
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TrialTokenRequest {
+    /// The `client_id` the trial was suggested to: only its holder gets a token.
+    pub client_id: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct TrialTokenResponse {
+    /// A token that may only read and report to this trial (its measurements, complete,
+    /// fail, heartbeat, should_stop). It replaces the trial's earlier token and stops working
+    /// when the trial finishes or its lease runs out. Shown once.
+    pub token: String,
+}
+
+/// A token for a pulled trial's own process, so that it reports with a token that can do
+/// nothing else, not its worker's (`augur worker` asks for one per launch and hands it to
+/// the trial as `AUGUR_TRIAL_TOKEN`).
+#[utoipa::path(post, path = "/v1/studies/{study}/trials/{trial}/token", tag = "trials",
+    request_body = TrialTokenRequest,
+    params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID)),
+    responses(
+        (status = 201, description = "The trial's new token", body = TrialTokenResponse),
+        (status = 400, description = "A field is wrong", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "A reader's token, or the trial is not held by this client_id", body = ErrorBody),
+        (status = 404, description = "No such study or trial", body = ErrorBody),
+        (status = 409, description = "The trial is not running", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 415, description = "Body is not JSON", body = ErrorBody),
+    ))]
+pub async fn issue_trial_token(
+    State(state): State<AppState>,
+    Path((study, trial)): Path<(String, String)>,
+    ApiJson(req): ApiJson<TrialTokenRequest>,
+) -> ApiResult<(StatusCode, Json<TrialTokenResponse>)> {
+    let (study, trial) = ids(&study, &trial)?;
+    let client_id = crate::model::ClientId::try_from(req.client_id)?;
+    let token = state
+        .service
+        .issue_trial_token(study, trial, client_id.as_str())
+        .await?;
+    Ok((StatusCode::CREATED, Json(TrialTokenResponse { token })))
 }

@@ -1,31 +1,57 @@
 //! The CLI's HTTP client: the commands that talk to a server (`study`, `trial`, `worker`)
 //! go through it. API errors come back as `CliError::Api` with the server's code and field.
 
+use std::path::Path;
+
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
 use super::error::{CliError, CliResult};
+use crate::dispatch::reporter::OUTAGE_PATIENCE;
 
 pub struct Client {
     http: reqwest::Client,
     base: String,
     token: Option<String>,
+    /// Ride out an outage: a 503 or 429 (after its `Retry-After`) and a dropped connection
+    /// are tried again, backing off, for up to `OUTAGE_PATIENCE`. For `augur worker`, whose
+    /// every call is safe to repeat; `study create` is not.
+    patient: bool,
 }
 
 impl Client {
-    pub fn new(url: &str, token: Option<&str>) -> CliResult<Self> {
+    /// A client of the server at `url`; `ca_cert` (PEM) is trusted besides the system's
+    /// roots, for an https server with a certificate of its own.
+    pub fn new(url: &str, token: Option<&str>, ca_cert: Option<&Path>) -> CliResult<Self> {
         let base = url.trim_end_matches('/').to_string();
         url::Url::parse(&base)
             .map_err(|e| CliError::Usage(format!("invalid --url {url:?}: {e}")))?;
-        let http = reqwest::Client::builder()
+        crate::serve::install_tls_provider();
+        let mut builder = reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(60))
+            // Below the server's header-read timeout (10 s), which closes idle connections:
+            // a pooled connection is never picked just as the server closes it.
+            .pool_idle_timeout(std::time::Duration::from_secs(5));
+        if let Some(path) = ca_cert {
+            let pem = std::fs::read(path).map_err(|e| CliError::file(path, e))?;
+            let cert = reqwest::Certificate::from_pem(&pem).map_err(|e| CliError::file(path, e))?;
+            builder = builder.tls_certs_merge([cert]);
+        }
+        let http = builder
             .build()
             .map_err(|e| CliError::Connection(format!("cannot build HTTP client: {e}")))?;
         Ok(Self {
             http,
             base,
             token: token.map(str::to_string),
+            patient: false,
         })
+    }
+
+    /// The same client, retrying through outages (see `patient`).
+    pub fn patient(mut self) -> Self {
+        self.patient = true;
+        self
     }
 
     pub async fn call(&self, method: Method, path: &str, body: Option<&Value>) -> CliResult<Value> {
@@ -49,6 +75,38 @@ impl Client {
         path: &str,
         body: Option<&Value>,
     ) -> CliResult<(StatusCode, Value)> {
+        let started = std::time::Instant::now();
+        let mut wait = std::time::Duration::from_millis(200);
+        loop {
+            let answer = self.call_once(method.clone(), path, body).await;
+            let retry_after = match &answer {
+                Ok((status, _, retry_after))
+                    if *status == StatusCode::SERVICE_UNAVAILABLE
+                        || *status == StatusCode::TOO_MANY_REQUESTS =>
+                {
+                    Some(retry_after.unwrap_or(wait))
+                }
+                Err(CliError::Connection(_)) => Some(wait),
+                _ => None,
+            };
+            match retry_after {
+                Some(pause) if self.patient && started.elapsed() < OUTAGE_PATIENCE => {
+                    tracing::warn!(%path, ?pause, "the server is unavailable; trying again");
+                    tokio::time::sleep(pause).await;
+                    wait = (wait * 2).min(std::time::Duration::from_secs(5));
+                }
+                _ => return answer.map(|(status, value, _)| (status, value)),
+            }
+        }
+    }
+
+    /// One request: the status, the JSON body and the `Retry-After` the server asked for.
+    async fn call_once(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> CliResult<(StatusCode, Value, Option<std::time::Duration>)> {
         let mut request = self.http.request(method, format!("{}{path}", self.base));
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
@@ -64,17 +122,23 @@ impl Client {
             })
         })?;
         let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(|secs| std::time::Duration::from_secs(secs.clamp(1, 60)));
         let text = response
             .text()
             .await
             .map_err(|e| CliError::Connection(format!("reading the server's answer: {e}")))?;
         if status == StatusCode::NO_CONTENT || text.is_empty() {
-            return Ok((status, Value::Null));
+            return Ok((status, Value::Null, retry_after));
         }
         match serde_json::from_str(&text) {
-            Ok(value) => Ok((status, value)),
+            Ok(value) => Ok((status, value, retry_after)),
             // Logs and metrics are text.
-            Err(_) if status.is_success() => Ok((status, Value::String(text))),
+            Err(_) if status.is_success() => Ok((status, Value::String(text), retry_after)),
             Err(_) => Err(CliError::Connection(format!(
                 "the server answered {status} with a body that is not JSON"
             ))),
@@ -83,10 +147,6 @@ impl Client {
 
     pub fn base(&self) -> &str {
         &self.base
-    }
-
-    pub fn token(&self) -> Option<&str> {
-        self.token.as_deref()
     }
 
     /// Every trial of a study, following pages.

@@ -1,7 +1,8 @@
-//! The `augur` command line. `serve`, `migrate` and `token create` work on the database
-//! directly; everything else is a thin client of the HTTP API.
+//! The `augur` command line. `serve`, `migrate` and `token` work on the database directly;
+//! everything else is a thin client of the HTTP API.
 
 mod client;
+mod duration;
 mod error;
 mod run;
 mod server;
@@ -12,6 +13,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::model::Role;
 
 use client::Client;
 pub use error::{CliError, CliResult};
@@ -42,6 +45,9 @@ pub struct ClientArgs {
     /// Bearer token for the server.
     #[arg(long, env = "AUGUR_TOKEN", global = true, hide_env_values = true)]
     pub token: Option<String>,
+    /// Trust this PEM certificate (an https server's own, or its CA) besides the system's.
+    #[arg(long, env = "AUGUR_CA_CERT", global = true)]
+    pub ca_cert: Option<PathBuf>,
 }
 
 /// Where the kubernetes executor runs trials (`trial_job.executor: kubernetes`).
@@ -100,16 +106,61 @@ pub enum Command {
         machine: MachineArgs,
         #[command(flatten)]
         kubernetes: KubeArgs,
+        /// Run only `trial_job` commands that start with one of these (repeatable, or
+        /// comma-separated): whole arguments (`/usr/bin/python3 /opt/t/train.py`) or a
+        /// directory ending in `/` (`/opt/trainers/`). Default: any command (of operators and
+        /// admins).
+        #[arg(
+            long = "job-commands",
+            env = "AUGUR_JOB_COMMANDS",
+            value_delimiter = ','
+        )]
+        job_commands: Vec<String>,
+        /// Run only container and kubernetes `trial_job`s whose image starts with one of
+        /// these (repeatable, or comma-separated), e.g. `registry.example.com/ml/`. With
+        /// either this or --job-commands set, a job of the other kind needs its own list.
+        #[arg(long = "job-images", env = "AUGUR_JOB_IMAGES", value_delimiter = ',')]
+        job_images: Vec<String>,
+        /// Serve HTTPS with this PEM certificate chain (with --tls-key).
+        #[arg(long, env = "AUGUR_TLS_CERT", requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// The PEM private key of --tls-cert.
+        #[arg(long, env = "AUGUR_TLS_KEY", requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// Requests a second each token may send (bursts of twice that); past it, 429 with
+        /// Retry-After. Default: no limit.
+        #[arg(long, env = "AUGUR_RATE_LIMIT")]
+        rate_limit: Option<f64>,
+        /// Seconds a client may take to send a request's head (and a connection may wait
+        /// for its next request).
+        #[arg(long, default_value_t = crate::app::DEFAULT_HEADER_READ_TIMEOUT.as_secs())]
+        header_read_timeout: u64,
+        /// Seconds a connection may go with no byte moving before it is closed.
+        #[arg(long, default_value_t = crate::app::DEFAULT_IDLE_TIMEOUT.as_secs())]
+        idle_timeout: u64,
+        /// Connections open at once; past this, new ones are answered 503.
+        #[arg(long, default_value_t = crate::app::DEFAULT_MAX_CONNECTIONS)]
+        max_connections: usize,
+        /// Run local trial jobs as this user (the server must run as root to switch), so
+        /// that a trial cannot read the database file or the server's own files.
+        #[arg(long, env = "AUGUR_RUN_JOBS_AS")]
+        run_jobs_as: Option<String>,
     },
     /// Apply database migrations and exit (`serve` also applies them on start).
     Migrate {
         #[arg(long, env = "AUGUR_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
         database_url: String,
     },
-    /// API tokens.
+    /// API tokens with roles (on the database, like `serve`).
     Token {
         #[command(subcommand)]
         command: TokenCommand,
+    },
+    /// The audit trail: who created, changed, stopped or deleted studies, added or excluded
+    /// trials, created or revoked tokens (through the HTTP API, with an admin's token).
+    Audit {
+        #[command(flatten)]
+        client: ClientArgs,
     },
     /// Studies (through the HTTP API).
     Study {
@@ -209,9 +260,29 @@ impl ContainerArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum TokenCommand {
-    /// Create an admin token, print it once, store only its hash.
+    /// Create a token with a role, print it once, store only its hash.
     Create {
         #[arg(long)]
+        name: String,
+        /// reader (every GET, the dashboard), writer (also ask/tell studies, suggest, report,
+        /// change its own studies), operator (also `trial_job` studies: commands on this
+        /// server's machines), admin (also tokens, the audit trail, every study).
+        #[arg(long)]
+        role: Role,
+        /// Refuse the token after this long: `30d`, `12h`, `90m`, `3600s` (or seconds).
+        #[arg(long, value_parser = duration::parse_duration)]
+        expires_in: Option<std::time::Duration>,
+        #[arg(long, env = "AUGUR_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
+        database_url: String,
+    },
+    /// List tokens: name, role, created, expires, last used (never the secrets).
+    List {
+        #[arg(long, env = "AUGUR_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
+        database_url: String,
+    },
+    /// Revoke a token. A running server refuses it within 5 s (at once when revoked through
+    /// its API, `DELETE /v1/tokens/{name}`).
+    Revoke {
         name: String,
         #[arg(long, env = "AUGUR_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
         database_url: String,
@@ -297,6 +368,15 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             job_env,
             machine,
             kubernetes,
+            job_commands,
+            job_images,
+            tls_cert,
+            tls_key,
+            rate_limit,
+            header_read_timeout,
+            idle_timeout,
+            max_connections,
+            run_jobs_as,
         } => {
             let mut config = crate::app::ServerConfig::new(database_url, listen);
             config.gpus = machine.gpus;
@@ -307,12 +387,28 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             config.public_url = public_url;
             config.dispatch = !no_dispatch;
             config.job_env = job_env;
+            config.job_commands = job_commands;
+            config.job_images = job_images;
+            config.tls = tls_cert
+                .zip(tls_key)
+                .map(|(cert, key)| crate::app::TlsFiles { cert, key });
+            config.rate_limit = rate_limit;
+            config.header_read_timeout = std::time::Duration::from_secs(header_read_timeout.max(1));
+            config.idle_timeout = std::time::Duration::from_secs(idle_timeout.max(1));
+            config.max_connections = max_connections.max(1);
+            config.run_jobs_as = run_jobs_as;
             Ok(server::serve(config).await?)
         }
         Command::Migrate { database_url } => Ok(server::migrate(&database_url).await?),
-        Command::Token {
-            command: TokenCommand::Create { name, database_url },
-        } => Ok(server::create_token(&database_url, &name).await?),
+        Command::Token { command } => Ok(server::token_command(command).await?),
+        Command::Audit { client } => {
+            let http = Client::new(
+                &client.url,
+                client.token.as_deref(),
+                client.ca_cert.as_deref(),
+            )?;
+            Ok(study::print_audit(&http).await?)
+        }
         Command::Run {
             file,
             database_url,
@@ -342,7 +438,13 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             machine,
             command,
         } => {
-            let http = Client::new(&client.url, client.token.as_deref())?;
+            // Every call a worker makes is safe to repeat: it rides out outages.
+            let http = Client::new(
+                &client.url,
+                client.token.as_deref(),
+                client.ca_cert.as_deref(),
+            )?
+            .patient();
             let client_id = client_id.unwrap_or_else(worker::default_client_id);
             let options = worker::WorkerOptions {
                 study_id: study,
@@ -357,7 +459,11 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             Ok(worker::run_worker(http, options).await?)
         }
         Command::Trial { client, command } => {
-            let http = Client::new(&client.url, client.token.as_deref())?;
+            let http = Client::new(
+                &client.url,
+                client.token.as_deref(),
+                client.ca_cert.as_deref(),
+            )?;
             Ok(trial_command(&http, command).await?)
         }
         Command::Openapi => {
@@ -365,7 +471,11 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         Command::Study { client, command } => {
-            let client = Client::new(&client.url, client.token.as_deref())?;
+            let client = Client::new(
+                &client.url,
+                client.token.as_deref(),
+                client.ca_cert.as_deref(),
+            )?;
             Ok(study::run_study_command(&client, command).await?)
         }
     }

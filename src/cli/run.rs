@@ -55,7 +55,8 @@ pub async fn run_study_file(
     config.kubernetes = kubernetes;
     let app = App::build(config).await?;
     let service = app.service().clone();
-    let (study, resumed) = service.find_or_create_study(spec).await?;
+    let actor = crate::service::Caller::local("cli:run");
+    let (study, resumed) = service.find_or_create_study(&actor, spec).await?;
     if resumed {
         eprintln!("resuming study {} from an earlier run", study.id);
     }

@@ -45,7 +45,7 @@ pub async fn run_study_command(client: &Client, command: StudyCommand) -> CliRes
             println!(
                 "created study {} ({})",
                 study["id"],
-                study["name"].as_str().unwrap_or("")
+                printable(study["name"].as_str().unwrap_or(""))
             );
         }
         StudyCommand::List => {
@@ -71,7 +71,7 @@ pub async fn run_study_command(client: &Client, command: StudyCommand) -> CliRes
                         s["state"].as_str().unwrap_or(""),
                         s["spec"]["algorithm"].as_str().unwrap_or(""),
                         format!("{done}/{}", s["spec"]["max_trials"]),
-                        s["name"].as_str().unwrap_or("")
+                        printable(s["name"].as_str().unwrap_or(""))
                     );
                 }
                 match page["next_page_token"].as_str() {
@@ -134,6 +134,40 @@ pub async fn run_study_command(client: &Client, command: StudyCommand) -> CliRes
     Ok(())
 }
 
+/// `augur audit`: the whole trail, oldest first, one line per entry.
+pub async fn print_audit(client: &Client) -> CliResult<()> {
+    let mut token: Option<String> = None;
+    loop {
+        let path = match &token {
+            Some(t) => format!("/v1/audit?page_size=1000&page_token={t}"),
+            None => "/v1/audit?page_size=1000".to_string(),
+        };
+        let page = client.call(Method::GET, &path, None).await?;
+        for e in page["events"].as_array().into_iter().flatten() {
+            let mut line = format!(
+                "{}  {}  {}",
+                e["at"].as_str().unwrap_or(""),
+                printable(e["actor"].as_str().unwrap_or("")),
+                e["action"].as_str().unwrap_or("")
+            );
+            if let Some(study) = e["study_id"].as_i64() {
+                line.push_str(&format!("  study {study}"));
+            }
+            if let Some(trial) = e["trial_id"].as_i64() {
+                line.push_str(&format!("  trial {trial}"));
+            }
+            if let Some(detail) = e["detail"].as_str() {
+                line.push_str(&format!("  {}", printable(detail)));
+            }
+            println!("{line}");
+        }
+        match page["next_page_token"].as_str() {
+            Some(t) => token = Some(t.to_string()),
+            None => return Ok(()),
+        }
+    }
+}
+
 /// One row per trial: id, state, every parameter, every final metric.
 fn trials_csv(trials: &[Value]) -> String {
     let keys = |field: &str| -> Vec<String> {
@@ -155,10 +189,12 @@ fn trials_csv(trials: &[Value]) -> String {
     let cell = |v: &Value| -> String {
         let s = match v {
             Value::Null => String::new(),
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
+            // Numbers stay numbers (a negative metric is no formula).
+            Value::Number(n) => n.to_string(),
+            Value::String(s) => neutralise_formula(s),
+            other => neutralise_formula(&other.to_string()),
         };
-        if s.contains([',', '"', '\n']) {
+        if s.contains([',', '"', '\n', '\r']) {
             format!("\"{}\"", s.replace('"', "\"\""))
         } else {
             s
@@ -183,4 +219,57 @@ fn trials_csv(trials: &[Value]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// A text cell a spreadsheet would run as a formula (`=`, `+`, `-`, `@`, or a tab or CR
+/// before one) gets a leading `'`, which spreadsheets show as text (OWASP's advice for CSV
+/// injection). Only text cells: numbers are written as numbers.
+fn neutralise_formula(s: &str) -> String {
+    if s.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+        format!("'{s}")
+    } else {
+        s.to_string()
+    }
+}
+
+/// A value for a terminal: control characters (escape sequences, NUL, line breaks, C1
+/// controls) escaped as `\u{1b}`, `\n`, …, so a stored name cannot forge rows or drive the
+/// terminal. Names are refused with them at validation now; older versions stored them.
+fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formulas_are_neutralised_and_numbers_kept() {
+        assert_eq!(neutralise_formula("=1+1"), "'=1+1");
+        assert_eq!(neutralise_formula("\t=1"), "'\t=1");
+        assert_eq!(neutralise_formula("adam"), "adam");
+        let csv = trials_csv(&[serde_json::json!({
+            "id": 1, "state": "completed",
+            "parameters": {"opt": "@SUM(A1)", "x": -2.5},
+            "final_measurement": {"metrics": {"loss": -0.5}}
+        })]);
+        assert_eq!(
+            csv,
+            "id,state,opt,x,loss\n1,completed,'@SUM(A1),-2.5,-0.5\n"
+        );
+    }
+
+    #[test]
+    fn control_characters_print_escaped() {
+        assert_eq!(printable("a\u{1b}[31mb\nc\0"), "a\\u{1b}[31mb\\nc\\u{0}");
+        assert_eq!(printable("svc-digits é"), "svc-digits é");
+    }
 }

@@ -120,6 +120,12 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> CliResult<()>
     let client = Arc::new(client);
     let metric_pattern = TrialSetup::metric_pattern(&job)?;
     let executor = worker_executor(&job, &options)?;
+    let reporter = Arc::new(HttpReporter {
+        client: client.clone(),
+        study_id: study.id,
+        attempts: Default::default(),
+        holders: Default::default(),
+    });
     let setup = Arc::new(TrialSetup {
         study_id: study.id,
         job,
@@ -129,11 +135,7 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> CliResult<()>
         base_env: trial_base_env(&options.env)?,
         output_dir,
         executor,
-        reporter: Arc::new(HttpReporter {
-            client: client.clone(),
-            study_id: study.id,
-            attempts: Default::default(),
-        }),
+        reporter: reporter.clone(),
         metric_pattern,
     });
     let lease = Duration::from_secs(study.spec.trial_lease_secs.max(3) as u64);
@@ -144,6 +146,7 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> CliResult<()>
         slots.spawn(run_slot(
             client.clone(),
             setup.clone(),
+            reporter.clone(),
             slot_client,
             lease,
             interrupt.subscribe(),
@@ -189,6 +192,7 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> CliResult<()>
 async fn run_slot(
     client: Arc<Client>,
     setup: Arc<TrialSetup>,
+    reporter: Arc<HttpReporter>,
     client_id: String,
     lease: Duration,
     mut interrupt: watch::Receiver<Interrupt>,
@@ -233,8 +237,10 @@ async fn run_slot(
                 }
             })
         };
+        reporter.hold(trial_id, &client_id);
         let end = run_trial(setup.clone(), trial_id, parameters, None, interrupt.clone()).await;
         beat.abort();
+        reporter.release(trial_id);
         eprintln!("trial {trial_id}: {end:?}");
         ran += 1;
         if interrupt.has_changed().unwrap_or(true)
@@ -253,11 +259,60 @@ struct HttpReporter {
     /// of dispatched trials alone (`attempts`), so a restarted worker starts its trials'
     /// retries afresh.
     attempts: std::sync::Mutex<std::collections::HashMap<i64, u32>>,
+    /// The slot's client id each running trial was suggested to: the server gives a
+    /// trial's token only to its holder.
+    holders: std::sync::Mutex<std::collections::HashMap<i64, String>>,
 }
 
 impl HttpReporter {
     fn path(&self, trial_id: i64, action: &str) -> String {
         format!("/v1/studies/{}/trials/{trial_id}{action}", self.study_id)
+    }
+
+    fn hold(&self, trial_id: i64, client_id: &str) {
+        if let Ok(mut holders) = self.holders.lock() {
+            holders.insert(trial_id, client_id.to_string());
+        }
+    }
+
+    fn release(&self, trial_id: i64) {
+        if let Ok(mut holders) = self.holders.lock() {
+            holders.remove(&trial_id);
+        }
+    }
+
+    /// A token that may only report to this trial, from the server (never this worker's
+    /// own). `None` from a server too old to issue one: the trial then gets no token.
+    async fn trial_token(&self, trial_id: i64) -> DispatchResult<Option<String>> {
+        let client_id = self
+            .holders
+            .lock()
+            .ok()
+            .and_then(|h| h.get(&trial_id).cloned())
+            .ok_or_else(|| DispatchError::Task(format!("trial {trial_id} has no holder")))?;
+        let (status, body) = self
+            .client
+            .call_status(
+                Method::POST,
+                &self.path(trial_id, "/token"),
+                Some(&json!({"client_id": client_id})),
+            )
+            .await
+            .map_err(remote)?;
+        match status {
+            s if s.is_success() => body["token"]
+                .as_str()
+                .map(|t| Some(t.to_string()))
+                .ok_or_else(|| remote("the server answered a token request without a token")),
+            StatusCode::NOT_FOUND if body["error"]["message"] == "no such route" => {
+                tracing::warn!(
+                    trial_id,
+                    "the server issues no trial tokens (older than this worker): the trial gets none"
+                );
+                Ok(None)
+            }
+            s => Err(remote(format!("token: {s}: {}", body["error"]["message"]))),
+        }
     }
 }
 
@@ -325,7 +380,7 @@ impl TrialReporter for HttpReporter {
     async fn should_stop(&self, trial_id: i64) -> DispatchResult<bool> {
         let v = self
             .client
-            .call(Method::GET, &self.path(trial_id, "/should_stop"), None)
+            .call(Method::POST, &self.path(trial_id, "/should_stop"), None)
             .await
             .map_err(remote)?;
         Ok(v["should_stop"] == Value::Bool(true))
@@ -348,20 +403,22 @@ impl TrialReporter for HttpReporter {
         trial_id: i64,
         max_attempts: u32,
     ) -> DispatchResult<Option<AttemptStart>> {
-        let mut attempts = self
-            .attempts
-            .lock()
-            .map_err(|_| DispatchError::Task("attempt counter poisoned".into()))?;
-        let n = attempts.entry(trial_id).or_insert(0);
-        if *n >= max_attempts {
-            return Ok(None);
-        }
-        *n += 1;
-        // The worker's own token: the API gives pulled trials none of their own.
-        Ok(Some(AttemptStart {
-            number: *n,
-            token: self.client.token().map(str::to_string),
-        }))
+        let number = {
+            let mut attempts = self
+                .attempts
+                .lock()
+                .map_err(|_| DispatchError::Task("attempt counter poisoned".into()))?;
+            let n = attempts.entry(trial_id).or_insert(0);
+            if *n >= max_attempts {
+                return Ok(None);
+            }
+            *n += 1;
+            *n
+        };
+        // A token of the trial's own for each launch (replacing the last launch's): the
+        // worker's token, which may do whatever the worker may, never reaches the trial.
+        let token = self.trial_token(trial_id).await?;
+        Ok(Some(AttemptStart { number, token }))
     }
 
     async fn refund_attempt(&self, trial_id: i64) -> DispatchResult<()> {

@@ -9,8 +9,8 @@
 use std::sync::LazyLock;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use serde::Deserialize;
 use utoipa::IntoParams;
@@ -72,6 +72,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(trial_page))
         .routes(routes!(compare_page))
         .routes(routes!(login_page, login))
+        .routes(routes!(logout))
         .routes(routes!(js_module))
         .routes(routes!(style_css))
         .routes(routes!(plotly_js))
@@ -209,13 +210,19 @@ pub struct LoginQuery {
 #[utoipa::path(get, path = "/login", tag = "dashboard", params(LoginQuery),
     responses((status = 200, description = "The login form", content_type = "text/html", body = String)))]
 pub async fn login_page(Query(q): Query<LoginQuery>) -> Html<String> {
-    let next = safe_next(q.next.as_deref());
+    login_form(&safe_next(q.next.as_deref()), None)
+}
+
+fn login_form(next: &str, error: Option<&str>) -> Html<String> {
+    let error = error
+        .map(|e| format!("<p class=\"error\">{}</p>\n", html_escape(e)))
+        .unwrap_or_default();
     Html(format!(
         r#"<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Sign in · Augur</title>
 <link rel="stylesheet" href="/dashboard/style.css?v={VERSION}"></head>
 <body><main class="login"><h1>Augur</h1>
-<form method="post" action="/login">
+{error}<form method="post" action="/login">
 <label>API token <input type="password" name="token" autocomplete="current-password" required autofocus></label>
 <input type="hidden" name="next" value="{next}">
 <button type="submit">Sign in</button>
@@ -223,20 +230,24 @@ pub async fn login_page(Query(q): Query<LoginQuery>) -> Html<String> {
 <p class="muted">A token from <code>augur token create</code> or the server's <code>AUGUR_TOKEN</code>.</p>
 </main></body></html>
 "#,
-        next = html_escape(&next),
+        next = html_escape(next),
     ))
 }
 
-/// Keep the token in an HTTP-only cookie and go on to the page asked for. The cookie is
-/// accepted for reading only (GET), so a forged cross-site form cannot change anything.
+/// Check the token (through the service, as every request is), keep it in an HTTP-only
+/// cookie and go on to the page asked for. The cookie is accepted for reading only (GET),
+/// so a forged cross-site form cannot change anything; a login posted from another site is
+/// refused too (login CSRF: the victim would be signed in as the attacker).
 #[utoipa::path(post, path = "/login", tag = "dashboard",
     request_body(content = String, content_type = "application/x-www-form-urlencoded",
         description = "`token=<api token>&next=<path>`"),
     responses(
         (status = 303, description = "Signed in: the cookie is set, on to `next`"),
-        (status = 400, description = "No token in the form", content_type = "text/html", body = String),
+        (status = 400, description = "No token in the form, or one no cookie can hold", content_type = "text/html", body = String),
+        (status = 401, description = "No such token (or it expired): the form again", content_type = "text/html", body = String),
+        (status = 403, description = "Posted from another site, or a trial's token", content_type = "text/html", body = String),
     ))]
-pub async fn login(body: Bytes) -> Response {
+pub async fn login(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     let mut token = None;
     let mut next = None;
     for (k, v) in form_urlencoded::parse(&body) {
@@ -246,27 +257,95 @@ pub async fn login(body: Bytes) -> Response {
             _ => {}
         }
     }
-    let Some(token) = token.filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_graphic()))
-    else {
-        return (
-            StatusCode::BAD_REQUEST,
-            Html("<!doctype html><p>No token given. <a href=\"/login\">Try again</a></p>"),
-        )
-            .into_response();
+    let next = safe_next(next.as_deref());
+    if let Some(site) = foreign_site(&headers) {
+        let why = format!("a sign-in posted from another site ({site}) is refused");
+        return (StatusCode::FORBIDDEN, login_form(&next, Some(&why))).into_response();
+    }
+    let Some(token) = token.filter(|t| !t.is_empty()) else {
+        let form = login_form(&next, Some("No token given."));
+        return (StatusCode::BAD_REQUEST, form).into_response();
     };
-    let cookie = format!("{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict");
-    let mut response = Redirect::to(&safe_next(next.as_deref())).into_response();
-    if let Ok(v) = HeaderValue::from_str(&cookie) {
+    // Only what a cookie value may hold (RFC 6265 cookie-octet): no `;`, `,`, spaces or
+    // control characters that would end the value and add attributes of the sender's.
+    if !token.bytes().all(is_cookie_octet) {
+        let form = login_form(&next, Some("That is not a token this server issues."));
+        return (StatusCode::BAD_REQUEST, form).into_response();
+    }
+    match state.service.authenticate(&token).await {
+        Ok(Some(caller)) if caller.trial_scope.is_none() => {
+            let cookie = format!("{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict");
+            with_cookie(Redirect::to(&next).into_response(), &cookie)
+        }
+        Ok(Some(_)) => {
+            let why = "A trial's token may only report to its trial: it cannot sign in.";
+            (StatusCode::FORBIDDEN, login_form(&next, Some(why))).into_response()
+        }
+        Ok(None) => {
+            let why = "Unknown or expired token.";
+            (StatusCode::UNAUTHORIZED, login_form(&next, Some(why))).into_response()
+        }
+        Err(e) => crate::api::error::ApiError::from(e).into_response(),
+    }
+}
+
+/// Forget the token: the cookie is cleared and the browser goes to the login form.
+#[utoipa::path(post, path = "/logout", tag = "dashboard",
+    responses(
+        (status = 303, description = "Signed out: the cookie is cleared, on to the login form"),
+        (status = 403, description = "Posted from another site", content_type = "text/html", body = String),
+    ))]
+pub async fn logout(headers: HeaderMap) -> Response {
+    if let Some(site) = foreign_site(&headers) {
+        let why = format!("a sign-out posted from another site ({site}) is refused");
+        return (StatusCode::FORBIDDEN, login_form("/", Some(&why))).into_response();
+    }
+    let cookie = format!("{TOKEN_COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
+    with_cookie(Redirect::to("/login").into_response(), &cookie)
+}
+
+fn with_cookie(mut response: Response, cookie: &str) -> Response {
+    if let Ok(v) = HeaderValue::from_str(cookie) {
         response.headers_mut().insert(header::SET_COOKIE, v);
     }
     response
 }
 
-/// Only local paths: a login link must not send people to another site.
+/// `Sec-Fetch-Site` when a browser says the request comes from a page of another site or
+/// of a sibling subdomain (`same-site`); `None` for this server's own pages (`same-origin`),
+/// a request the user made (`none`), and clients that send no such header. Foreign `Origin`s
+/// are refused before this, by the guard (`api/guard.rs`).
+fn foreign_site(headers: &HeaderMap) -> Option<String> {
+    let site = headers.get("sec-fetch-site")?.to_str().unwrap_or("invalid");
+    match site {
+        "same-origin" | "none" => None,
+        other => Some(other.to_string()),
+    }
+}
+
+/// RFC 6265 `cookie-octet`: visible ASCII but `"`, `,`, `;` and `\`.
+fn is_cookie_octet(b: u8) -> bool {
+    b.is_ascii_graphic() && !matches!(b, b'"' | b',' | b';' | b'\\')
+}
+
+/// Only paths of this server: a login link must not send people to another site. Browsers
+/// drop tabs and line breaks inside URLs and read `\` as `/`, so `/\t/evil.example` and
+/// `/\evil.example` are other sites: only visible ASCII without `\` is taken, and only if a
+/// URL parser, resolving it against this server, stays here.
 fn safe_next(next: Option<&str>) -> String {
-    match next {
-        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') => n.into(),
-        _ => "/".into(),
+    let Some(next) = next else {
+        return "/".into();
+    };
+    let plain = next.starts_with('/')
+        && !next.starts_with("//")
+        && next.bytes().all(|b| b.is_ascii_graphic() && b != b'\\');
+    let here = url::Url::parse("http://augur.invalid/")
+        .and_then(|base| base.join(next))
+        .is_ok_and(|u| u.host_str() == Some("augur.invalid") && u.port().is_none());
+    if plain && here {
+        next.into()
+    } else {
+        "/".into()
     }
 }
 
@@ -375,5 +454,18 @@ mod tests {
         assert_eq!(safe_next(Some("//evil.example")), "/");
         assert_eq!(safe_next(Some("https://evil.example")), "/");
         assert_eq!(safe_next(None), "/");
+        for foreign in [
+            "/\t/evil.example",
+            "/\\evil.example",
+            "/\n/x",
+            "/ /x",
+            "/\u{85}/x",
+        ] {
+            assert_eq!(safe_next(Some(foreign)), "/", "{foreign:?}");
+        }
+        assert_eq!(
+            safe_next(Some("/compare?studies=1,2")),
+            "/compare?studies=1,2"
+        );
     }
 }

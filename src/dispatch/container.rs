@@ -285,6 +285,7 @@ impl Executor for ContainerExecutor {
                         // container gets only its env file.
                         env: None,
                         workdir: None,
+                        user: None,
                     };
                     spawn_replica(request, replica, launch, lines, i, &cluster.exits.0).await
                 }

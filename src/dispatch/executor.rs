@@ -14,7 +14,7 @@ use super::cluster::{Address, ClusterLayout, cluster_env};
 use super::container::{ContainerEngine, ContainerExecutor};
 use super::gpus::GpuPool;
 use super::kubernetes::{KubeConnection, KubernetesExecutor};
-use super::local::LocalExecutor;
+use super::local::{LocalExecutor, RunAs};
 use super::ports::PortRegistry;
 use super::slurm::SlurmExecutor;
 use crate::model::{ExecutorName, ReplicaId, Resources, TrialJobSpec};
@@ -96,6 +96,8 @@ pub struct ExecutorContext {
     pub containers: Arc<ContainerEngine>,
     /// The process's Kubernetes client (made on first use).
     pub kubernetes: KubeConnection,
+    /// Local replicas run as this user (`--run-jobs-as`), not the server's.
+    pub run_as: Option<RunAs>,
 }
 
 /// How an attempt ended: as its primary replica did, or as a replica that failed first.

@@ -2,6 +2,12 @@
 //! group, so a timeout or a cancellation kills everything a replica started (data loaders,
 //! subprocesses). A cluster's replicas listen on 127.0.0.1 at ports reserved for it
 //! (`ports.rs`), and get their GPUs from the machine's pool (`gpus.rs`).
+//!
+//! With `augur serve --run-jobs-as USER` the replicas run as that user (its uid, its group,
+//! no other groups), so they cannot read what only the server's user may: the database file,
+//! the server's own files; the directories the trial contract gives a job to write (DESIGN
+//! §4: model, checkpoints, TensorBoard logs, the hypertune file) are made its own, the
+//! trial's directory and the job's logs stay the server's.
 
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
@@ -22,6 +28,73 @@ use super::executor::{
 use super::gpus::GpuLease;
 use super::ports::PortLease;
 use crate::model::ReplicaId;
+
+/// The user local jobs run as (`--run-jobs-as`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunAs {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub home: std::path::PathBuf,
+}
+
+impl RunAs {
+    /// The user of this name, from the system's user database.
+    pub fn lookup(name: &str) -> Result<RunAs, String> {
+        match nix::unistd::User::from_name(name) {
+            Ok(Some(user)) => Ok(RunAs {
+                name: user.name,
+                uid: user.uid.as_raw(),
+                gid: user.gid.as_raw(),
+                home: user.dir,
+            }),
+            Ok(None) => Err(format!("--run-jobs-as {name}: no such user")),
+            Err(e) => Err(format!("--run-jobs-as {name}: {e}")),
+        }
+    }
+
+    /// Hand the user what a replica with environment `env` writes, and tell the replica who
+    /// it is (its own home and name, not the server's).
+    fn prepare(&self, env: &mut [(String, String)]) -> Result<(), ExecutorError> {
+        let give = |path: &std::path::Path| {
+            std::os::unix::fs::chown(path, Some(self.uid), Some(self.gid)).map_err(|e| {
+                ExecutorError::Launch(format!(
+                    "cannot give {} to {}: {e}",
+                    path.display(),
+                    self.name
+                ))
+            })
+        };
+        for (name, value) in env.iter_mut() {
+            let path = std::path::Path::new(value.as_str());
+            if JOB_WRITES_DIRS.contains(&name.as_str()) {
+                give(path)?;
+            } else if name == JOB_WRITES_FILE {
+                if !path.exists() {
+                    std::fs::File::create(path)
+                        .map_err(|e| ExecutorError::Launch(format!("{}: {e}", path.display())))?;
+                }
+                give(path)?;
+            }
+            match name.as_str() {
+                "HOME" => *value = self.home.display().to_string(),
+                "USER" | "LOGNAME" => value.clone_from(&self.name),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Variables of the trial contract (DESIGN §4) naming what a job writes: directories, and
+/// the hypertune file (made beforehand, so that a job may write it in a directory that is
+/// not its own).
+const JOB_WRITES_DIRS: [&str; 3] = [
+    "AIP_MODEL_DIR",
+    "AIP_CHECKPOINT_DIR",
+    "AIP_TENSORBOARD_LOG_DIR",
+];
+const JOB_WRITES_FILE: &str = "CLOUD_ML_HP_METRIC_FILE";
 
 pub struct LocalExecutor {
     context: ExecutorContext,
@@ -49,14 +122,23 @@ impl Executor for LocalExecutor {
             if let Some(devices) = cluster.gpus_of(i) {
                 env.push(("CUDA_VISIBLE_DEVICES".to_string(), devices.join(",")));
             }
+            let prepared = match &self.context.run_as {
+                Some(user) => user.prepare(&mut env),
+                None => Ok(()),
+            };
             // Only the primary's stdout carries the trial's metrics.
             let lines = if i == 0 { primary_lines.take() } else { None };
             let launch = Launch {
                 argv: replica.argv.clone(),
                 env: Some(env),
                 workdir: request.workdir.clone(),
+                user: self.context.run_as.clone(),
             };
-            match spawn_replica(request, replica, launch, lines, i, &cluster.exits.0).await {
+            let started = match prepared {
+                Ok(()) => spawn_replica(request, replica, launch, lines, i, &cluster.exits.0).await,
+                Err(e) => Err(e),
+            };
+            match started {
                 Ok(started) => cluster.replicas.push(started),
                 Err(e) => {
                     // No replica outlives a cluster that could not start whole.
@@ -145,6 +227,8 @@ pub(super) struct Launch {
     pub argv: Vec<String>,
     pub env: Option<Vec<(String, String)>>,
     pub workdir: Option<std::path::PathBuf>,
+    /// Run as this user rather than the server's (`--run-jobs-as`).
+    pub user: Option<RunAs>,
 }
 
 /// Start one replica: its process group, its log, its exit reported on `exits` as
@@ -191,6 +275,11 @@ pub(super) async fn spawn_replica(
     }
     if let Some(dir) = &launch.workdir {
         command.current_dir(dir);
+    }
+    if let Some(user) = &launch.user {
+        // Setting the uid also drops the server's supplementary groups (std does so when no
+        // groups are given).
+        command.uid(user.uid).gid(user.gid);
     }
     let mut child = command
         .spawn()

@@ -60,6 +60,8 @@ pub struct DispatchConfig {
     pub containers: container::ContainerEngine,
     /// How the kubernetes executor reaches its cluster.
     pub kubernetes: kubernetes::KubeSettings,
+    /// Local jobs run as this user (`--run-jobs-as`), not the server's.
+    pub run_as: Option<local::RunAs>,
 }
 
 /// Starts and stops study runners in this process.
@@ -86,6 +88,7 @@ impl Dispatcher {
                 ports: PortRegistry::default(),
                 containers: Arc::new(config.containers.clone()),
                 kubernetes: kubernetes::KubeConnection::new(config.kubernetes.clone()),
+                run_as: config.run_as.clone(),
             },
             config: Arc::new(config),
             runners: Arc::default(),

@@ -1,11 +1,42 @@
 //! Where a trial's progress and outcome go: straight to the service for the dispatcher's
 //! trials ([`ServiceReporter`]), or over HTTP for `augur worker`'s (`cli/worker.rs`).
 
+use std::future::Future;
+use std::time::{Duration, Instant};
+
 use async_trait::async_trait;
 
 use super::error::DispatchResult;
 use crate::model::Measurement;
-use crate::service::{Completion, Service, ServiceError, hash_token, new_token};
+use crate::service::{Completion, Service, ServiceError, ServiceResult, hash_token, new_token};
+
+/// How long a report waits out a database outage (a restart, a failover) before it gives
+/// up: the trial's job keeps running meanwhile, and its report is made once the database is
+/// back.
+pub const OUTAGE_PATIENCE: Duration = Duration::from_secs(120);
+
+/// `call` again, backing off from 0.2 s to 5 s, while the database is unavailable, for up to
+/// [`OUTAGE_PATIENCE`]. Every report is safe to repeat: a measurement replaces itself, a
+/// second completion or failure is a conflict taken as done. (A launch counted just before
+/// the connection broke may be counted twice: one retry less for that trial.)
+pub async fn patiently<T, F, Fut>(what: &str, mut call: F) -> ServiceResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ServiceResult<T>>,
+{
+    let started = Instant::now();
+    let mut wait = Duration::from_millis(200);
+    loop {
+        match call().await {
+            Err(ServiceError::Unavailable(why)) if started.elapsed() < OUTAGE_PATIENCE => {
+                tracing::warn!(%why, ?wait, "{what}: the database is unavailable; trying again");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+            other => return other,
+        }
+    }
+}
 
 /// A launch, counted.
 pub struct AttemptStart {
@@ -46,19 +77,21 @@ pub struct ServiceReporter {
 #[async_trait]
 impl TrialReporter for ServiceReporter {
     async fn measurement(&self, trial_id: i64, measurement: Measurement) -> DispatchResult<()> {
-        Ok(self
-            .service
-            .record_measurement(self.study_id, trial_id, measurement)
-            .await?)
+        Ok(patiently("measurement", || {
+            self.service
+                .record_measurement(self.study_id, trial_id, measurement.clone())
+        })
+        .await?)
     }
 
     async fn complete_with(&self, trial_id: i64, last: Vec<Measurement>) -> DispatchResult<bool> {
-        let outcome = Completion::Selected(last);
-        match self
-            .service
-            .record_completion(self.study_id, trial_id, outcome)
-            .await
-        {
+        let completed = patiently("completion", || {
+            let outcome = Completion::Selected(last.clone());
+            self.service
+                .record_completion(self.study_id, trial_id, outcome)
+        })
+        .await;
+        match completed {
             Ok(()) => Ok(true),
             Err(ServiceError::Invalid(_)) => Ok(false),
             // Completed meanwhile (by the job over HTTP).
@@ -68,25 +101,28 @@ impl TrialReporter for ServiceReporter {
     }
 
     async fn fail(&self, trial_id: i64, reason: String) -> DispatchResult<()> {
-        match self
-            .service
-            .record_failure(self.study_id, trial_id, reason)
-            .await
-        {
+        let failed = patiently("failure", || {
+            self.service
+                .record_failure(self.study_id, trial_id, reason.clone())
+        })
+        .await;
+        match failed {
             Ok(()) | Err(ServiceError::Conflict { .. }) => Ok(()),
             Err(e) => Err(e.into()),
         }
     }
 
+    // Asked every 250 ms: an outage makes it say "no" (the caller ignores errors) rather
+    // than wait.
     async fn should_stop(&self, trial_id: i64) -> DispatchResult<bool> {
         Ok(self.service.should_stop(self.study_id, trial_id).await?)
     }
 
     async fn finished(&self, trial_id: i64) -> DispatchResult<bool> {
-        let unfinished = self
-            .service
-            .trial_unfinished(self.study_id, trial_id)
-            .await?;
+        let unfinished = patiently("trial state", || {
+            self.service.trial_unfinished(self.study_id, trial_id)
+        })
+        .await?;
         Ok(!unfinished)
     }
 
@@ -97,10 +133,11 @@ impl TrialReporter for ServiceReporter {
         max_attempts: u32,
     ) -> DispatchResult<Option<AttemptStart>> {
         let token = new_token();
-        let number = self
-            .service
-            .start_attempt(self.study_id, trial_id, max_attempts, hash_token(&token))
-            .await?;
+        let number = patiently("launch", || {
+            self.service
+                .start_attempt(self.study_id, trial_id, max_attempts, hash_token(&token))
+        })
+        .await?;
         Ok(number.map(|number| AttemptStart {
             number,
             token: Some(token),
@@ -108,6 +145,9 @@ impl TrialReporter for ServiceReporter {
     }
 
     async fn refund_attempt(&self, trial_id: i64) -> DispatchResult<()> {
-        Ok(self.service.refund_attempt(self.study_id, trial_id).await?)
+        Ok(patiently("refund", || {
+            self.service.refund_attempt(self.study_id, trial_id)
+        })
+        .await?)
     }
 }

@@ -4,6 +4,7 @@
 pub mod job;
 mod parameters;
 pub mod request;
+mod role;
 pub mod spec;
 pub mod trial;
 pub mod trial_dirs;
@@ -13,6 +14,7 @@ pub use job::{
     ArgStyle, ExecutorName, ReplicaId, ReplicaPlan, Resources, TrialJobSpec, WorkerPoolSpec,
 };
 pub use request::{ClientId, Step, SuggestCount};
+pub use role::{AuditEvent, Role, TokenInfo};
 pub use spec::{
     AlgorithmName, EarlyStoppingSpec, MeasurementSelection, MetricGoal, MetricSpecInput,
     ParameterInput, StudyConfig, StudySpec, StudyUpdate,

@@ -7,7 +7,9 @@ use std::collections::BTreeSet;
 use augur_optimizer::{Child, Parameter, ParameterKind, Scale, Value};
 
 use super::ValidationError;
-use super::spec::{ChildInput, ParameterInput, ParameterType, ScaleName, check_id};
+use super::spec::{
+    ChildInput, MAX_VALUES_PER_PARAMETER, ParameterInput, ParameterType, ScaleName, check_id,
+};
 
 /// The parameters at `path` (`parameters`, or a child's `….parameters`); `ids` collects
 /// every id of the study so that none repeats anywhere in the tree.
@@ -177,6 +179,15 @@ fn required_values<'a>(
         .ok_or_else(|| at.error("values", "is required"))?;
     if values.is_empty() {
         return Err(at.error("values", "must not be empty"));
+    }
+    if values.len() > MAX_VALUES_PER_PARAMETER {
+        return Err(at.error(
+            "values",
+            format!(
+                "may list at most {MAX_VALUES_PER_PARAMETER} values, not {}",
+                values.len()
+            ),
+        ));
     }
     Ok(values)
 }

@@ -12,6 +12,14 @@ use super::ValidationError;
 
 /// Default lease of a pulled trial: it returns to `requested` after this long without news.
 pub const DEFAULT_TRIAL_LEASE_SECS: i64 = 600;
+/// Parameters a study may have, conditional children included: what one request can make
+/// the optimizer (and every answer) carry is bounded by it.
+pub const MAX_PARAMETERS: usize = 256;
+/// Values a categorical or discrete parameter may list (each is a feature of the GP).
+pub const MAX_VALUES_PER_PARAMETER: usize = 1000;
+/// Values one `suggest` may hand out: `count` × the study's parameters (a 256-parameter
+/// study may ask for 100 trials at once, a 25-parameter one for the 1,000 `count` allows).
+pub const MAX_SUGGEST_VALUES: usize = 25_600;
 
 /// A study spec as submitted. Unknown fields are rejected.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -303,6 +311,8 @@ pub struct StudyUpdate {
 /// A validated study: what the service and the optimizer work with.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StudyConfig {
+    /// Parameters in all, conditional children included (at most [`MAX_PARAMETERS`]).
+    pub parameter_count: usize,
     pub algorithm: Algorithm,
     pub metrics: Vec<MetricSpec>,
     pub space: SearchSpace,
@@ -446,6 +456,17 @@ impl StudySpec {
         let mut ids = BTreeSet::new();
         let parameters =
             super::parameters::convert_parameters(&self.parameters, "parameters", &mut ids)?;
+        // `ids` holds every parameter of the tree once.
+        if ids.len() > MAX_PARAMETERS {
+            return Err(ValidationError::new(
+                "parameters",
+                format!(
+                    "a study may have at most {MAX_PARAMETERS} parameters (children included), \
+                     not {}",
+                    ids.len()
+                ),
+            ));
+        }
         let max_trials = positive(self.max_trials, "max_trials")?;
         let parallel_trials = positive(self.parallel_trials, "parallel_trials")?;
         let max_failed_trials = self
@@ -484,6 +505,7 @@ impl StudySpec {
         let algorithm: Algorithm = self.algorithm.into();
         let space = SearchSpace { parameters };
         Ok(StudyConfig {
+            parameter_count: ids.len(),
             algorithm,
             metrics,
             space,

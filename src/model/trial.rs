@@ -171,6 +171,10 @@ pub struct Study {
     /// The best completed trial (first metric), absent for multi-metric studies: see
     /// `optimal_trials`.
     pub best_trial: Option<Trial>,
+    /// The name of the token that created the study (`open` on an open server); absent for
+    /// studies from before tokens had roles.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_by: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }

@@ -18,9 +18,20 @@ pub enum ServiceError {
         message: String,
         field: Option<String>,
     },
+    /// The caller's role or ownership does not allow this (403); `field` names the part of
+    /// the request that needs more (e.g. `trial_job`).
+    #[error("{message}")]
+    PermissionDenied {
+        message: String,
+        field: Option<String>,
+    },
+    /// The database cannot be reached right now (503 with `Retry-After`): the same request
+    /// may succeed in a moment.
+    #[error("{0}")]
+    Unavailable(String),
     /// Storage failed (500; the cause is logged, not shown).
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(StoreError),
     /// A bug or a lost background task (500).
     #[error("internal error: {0}")]
     Internal(String),
@@ -34,8 +45,24 @@ impl ServiceError {
         }
     }
 
+    pub fn denied(message: impl Into<String>) -> Self {
+        ServiceError::PermissionDenied {
+            message: message.into(),
+            field: None,
+        }
+    }
+
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
         ServiceError::Invalid(ValidationError::new(field, message))
+    }
+}
+
+impl From<StoreError> for ServiceError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Unavailable(why) => ServiceError::Unavailable(why),
+            other => ServiceError::Store(other),
+        }
     }
 }
 

@@ -14,6 +14,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use super::state_machine::{Command, Reply, StudyBatch};
+use super::tokens::TokenCache;
 use super::{ServiceError, ServiceResult};
 use crate::store::Store;
 
@@ -33,13 +34,16 @@ type Senders = Arc<Mutex<HashMap<i64, mpsc::UnboundedSender<Job>>>>;
 pub(super) struct GroupCommit {
     store: Arc<dyn Store>,
     senders: Senders,
+    /// Told of the trial tokens each batch revoked or replaced.
+    tokens: TokenCache,
 }
 
 impl GroupCommit {
-    pub fn new(store: Arc<dyn Store>) -> Self {
+    pub fn new(store: Arc<dyn Store>, tokens: TokenCache) -> Self {
         Self {
             store,
             senders: Arc::default(),
+            tokens,
         }
     }
 
@@ -80,6 +84,7 @@ impl GroupCommit {
         tokio::spawn(run_batcher(
             self.store.clone(),
             self.senders.clone(),
+            self.tokens.clone(),
             study_id,
             receiver,
         ));
@@ -94,6 +99,7 @@ fn poisoned() -> ServiceError {
 async fn run_batcher(
     store: Arc<dyn Store>,
     senders: Senders,
+    tokens: TokenCache,
     study_id: i64,
     mut receiver: mpsc::UnboundedReceiver<Job>,
 ) {
@@ -113,7 +119,7 @@ async fn run_batcher(
                     rest.push(job);
                 }
                 if !rest.is_empty() {
-                    apply_batch(&*store, study_id, rest).await;
+                    apply_batch(&*store, &tokens, study_id, rest).await;
                 }
                 return;
             }
@@ -125,12 +131,12 @@ async fn run_batcher(
                 Err(_) => break,
             }
         }
-        apply_batch(&*store, study_id, jobs).await;
+        apply_batch(&*store, &tokens, study_id, jobs).await;
     }
 }
 
 /// One transaction for all `jobs`; each gets its own result, sent only after the commit.
-async fn apply_batch(store: &dyn Store, study_id: i64, jobs: Vec<Job>) {
+async fn apply_batch(store: &dyn Store, tokens: &TokenCache, study_id: i64, jobs: Vec<Job>) {
     metrics::histogram!("augur_group_commit_batch_size").record(jobs.len() as f64);
     let (commands, replies): (Vec<_>, Vec<_>) =
         jobs.into_iter().map(|j| (j.command, j.reply)).unzip();
@@ -140,8 +146,11 @@ async fn apply_batch(store: &dyn Store, study_id: i64, jobs: Vec<Job>) {
     // what bounds one study's throughput.
     metrics::histogram!("augur_group_commit_seconds").record(started.elapsed().as_secs_f64());
     match outcome {
-        Ok(results) => {
-            for (reply, result) in replies.into_iter().zip(results) {
+        Ok(outcome) => {
+            // Before anyone hears of the commit: a finished trial's token is refused from
+            // the moment its completion is acknowledged.
+            tokens.forget_trials(study_id, &outcome.tokens_changed);
+            for (reply, result) in replies.into_iter().zip(outcome.replies) {
                 let _ = reply.send(result);
             }
         }
@@ -149,6 +158,8 @@ async fn apply_batch(store: &dyn Store, study_id: i64, jobs: Vec<Job>) {
             // A study deleted (or never created) is the caller's 404, not a failed transaction.
             if matches!(error, ServiceError::NotFound(_)) {
                 tracing::debug!(study_id, %error, "no such study");
+            } else if matches!(error, ServiceError::Unavailable(_)) {
+                tracing::warn!(study_id, %error, "study transaction failed: database unavailable");
             } else {
                 tracing::error!(study_id, %error, "study transaction failed");
             }
@@ -156,6 +167,8 @@ async fn apply_batch(store: &dyn Store, study_id: i64, jobs: Vec<Job>) {
             for reply in replies {
                 let _ = reply.send(Err(match &error {
                     ServiceError::NotFound(what) => ServiceError::NotFound(what.clone()),
+                    // Nothing of the batch is known to be written: ask again later.
+                    ServiceError::Unavailable(why) => ServiceError::Unavailable(why.clone()),
                     _ => ServiceError::Internal(message.clone()),
                 }));
             }

@@ -8,16 +8,19 @@
 //! - `trials.rs`: add, read, measure, complete, fail, exclude a trial; changes since a cursor;
 //! - `stopping.rs`: the early-stopping verdict; `optimal.rs`: best trial or Pareto set;
 //! - `runners.rs`: what the dispatcher asks (its studies, leases, attempts, resumable trials);
-//! - `tokens.rs`: minting, hashing and checking API tokens; `logs.rs`: dispatched trials' logs;
+//! - `tokens.rs`: minting, hashing and checking API tokens (roles, the auth cache, trial
+//!   tokens for pulled trials); `audit.rs`: the audit trail; `logs.rs`: dispatched trials' logs;
 //! - `snapshots.rs`: the dashboard's cache of a study's trials; `operations.rs`: readiness
 //!   and counts for `/metrics`;
 //! - `state_machine.rs`: the one place where trials change state and the cap is enforced,
 //!   applied in batches by `group_commit.rs`; `checks.rs` and `paging.rs`: input checks and
 //!   page tokens.
 
+mod audit;
 mod checks;
 mod error;
 mod group_commit;
+mod job_policy;
 mod logs;
 mod operations;
 mod optimal;
@@ -37,12 +40,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 pub use error::{ServiceError, ServiceResult};
+pub use job_policy::JobPolicy;
 pub use paging::{Changes, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Page, cursor_after_seq};
 pub use runners::{DispatchedTrial, RUNNER_LEASE_TTL, RunnerStudy};
 pub use snapshots::StudySnapshot;
 pub use state_machine::Completion;
 pub use suggest::{DispatchedSuggestions, Suggestions};
-pub use tokens::{Caller, hash_token, new_token};
+pub use tokens::{Caller, NewToken, OPEN_CALLER, TOKEN_CACHE_TTL, hash_token, new_token};
 
 use group_commit::GroupCommit;
 use state_machine::{Command, Reply};
@@ -66,22 +70,32 @@ pub struct Service {
     tokens: tokens::TokenCache,
     /// Where relative `output_dir`s of dispatched studies resolve (their logs are served).
     runs_base: Arc<PathBuf>,
+    /// The commands a `trial_job` may run (`--job-commands`).
+    job_policy: Arc<JobPolicy>,
 }
 
 impl Service {
     /// `runs_base`: where the per-trial directories of dispatched studies with a relative (or
     /// no) `output_dir` live.
     pub fn new(store: Arc<dyn Store>, runs_base: PathBuf) -> Self {
+        let tokens = tokens::TokenCache::default();
         Self {
-            commits: GroupCommit::new(store.clone()),
+            commits: GroupCommit::new(store.clone(), tokens.clone()),
             store,
             design_locks: Arc::default(),
             events: tokio::sync::broadcast::channel(1024).0,
             fixed_configs: Arc::default(),
             snapshots: snapshots::Snapshots::default(),
-            tokens: tokens::TokenCache::default(),
+            tokens,
             runs_base: Arc::new(runs_base),
+            job_policy: Arc::default(),
         }
+    }
+
+    /// The same service, allowing `trial_job` commands by `policy`.
+    pub fn with_job_policy(mut self, policy: JobPolicy) -> Self {
+        self.job_policy = Arc::new(policy);
+        self
     }
 
     /// Study ids as they are created, changed, stopped or deleted in this process.
@@ -207,6 +221,7 @@ impl Service {
             spec: record.spec,
             trial_counts: counts,
             best_trial,
+            created_by: record.created_by,
             created_at: record.created_at,
             updated_at: record.updated_at,
         })

@@ -1,13 +1,24 @@
 //! What operators ask: whether the database answers (`/readyz`) and trials by state over
 //! every study (`/metrics`).
 
-use super::{Service, ServiceResult};
+use std::time::Duration;
+
+use super::{Service, ServiceError, ServiceResult};
 use crate::model::TrialCounts;
 
+/// How long readiness waits for the database: while it is down, the pool keeps trying to
+/// connect for up to its acquire timeout (10 s), and a probe must not wait that long.
+const PING_TIMEOUT: Duration = Duration::from_secs(1);
+
 impl Service {
-    /// Ok when the database answers.
+    /// Ok when the database answers, within a second.
     pub async fn ping(&self) -> ServiceResult<()> {
-        Ok(self.store.ping().await?)
+        match tokio::time::timeout(PING_TIMEOUT, self.store.ping()).await {
+            Ok(answered) => Ok(answered?),
+            Err(_) => Err(ServiceError::Unavailable(format!(
+                "the database did not answer within {PING_TIMEOUT:?}"
+            ))),
+        }
     }
 
     /// Trials by state over every study.

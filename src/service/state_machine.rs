@@ -72,6 +72,13 @@ pub enum Command {
     RefundAttempt {
         trial_id: i64,
     },
+    /// Store a token for a pulled trial that `client_id` holds (it replaces the trial's
+    /// earlier one), as `StartAttempt` does for a dispatched trial.
+    IssueToken {
+        trial_id: i64,
+        client_id: String,
+        token_hash: String,
+    },
 }
 
 /// How a trial completes.
@@ -102,6 +109,16 @@ pub enum Reply {
     Study(Box<StudyRecord>),
     /// The launch's number, or `None`: no launch left.
     Attempt(Option<u32>),
+    /// The token was stored.
+    Issued,
+}
+
+/// What a committed batch did besides answering its commands.
+pub(super) struct BatchOutcome {
+    pub replies: Vec<ServiceResult<Reply>>,
+    /// Trials whose tokens were revoked (the trial finished or went back to `requested`) or
+    /// replaced (a new launch or token): their old tokens must be forgotten by the cache.
+    pub tokens_changed: Vec<i64>,
 }
 
 pub(super) struct StudyBatch {
@@ -130,7 +147,7 @@ impl StudyBatch {
         store: &dyn Store,
         study_id: i64,
         commands: Vec<Command>,
-    ) -> ServiceResult<Vec<ServiceResult<Reply>>> {
+    ) -> ServiceResult<BatchOutcome> {
         let Some(mut tx) = store.begin_study(study_id).await? else {
             return Err(ServiceError::NotFound(format!("study {study_id}")));
         };
@@ -161,8 +178,11 @@ impl StudyBatch {
             batch.settle_study_state().await?;
             results.push(result);
         }
-        batch.write().await?;
-        Ok(results)
+        let tokens_changed = batch.write().await?;
+        Ok(BatchOutcome {
+            replies: results,
+            tokens_changed,
+        })
     }
 
     async fn apply(&mut self, command: Command) -> ServiceResult<Reply> {
@@ -232,6 +252,35 @@ impl StudyBatch {
                 trial.attempts = trial.attempts.saturating_sub(1);
                 self.changed.insert(trial_id);
                 Ok(Reply::Attempt(None))
+            }
+            Command::IssueToken {
+                trial_id,
+                client_id,
+                token_hash,
+            } => {
+                let trial = self.running_trial(trial_id, "issue a token for").await?;
+                // A dispatched trial (no lease: its dispatcher watches it) reports with the
+                // dispatcher's token for its launch; another would revoke that one.
+                if trial.lease_expires_at.is_none() {
+                    return Err(ServiceError::PermissionDenied {
+                        message: format!(
+                            "trial {trial_id} is run by the server's dispatcher, which gives \
+                             each launch its token"
+                        ),
+                        field: Some("client_id".into()),
+                    });
+                }
+                if trial.client_id.as_deref() != Some(client_id.as_str()) {
+                    return Err(ServiceError::PermissionDenied {
+                        message: format!(
+                            "trial {trial_id} is not held by client {client_id:?}: ask for a \
+                             token for a trial that suggest handed to this client"
+                        ),
+                        field: Some("client_id".into()),
+                    });
+                }
+                self.tokens.push(self.trial_token(trial_id, token_hash));
+                Ok(Reply::Issued)
             }
         }
     }
@@ -724,7 +773,8 @@ impl StudyBatch {
         Ok(())
     }
 
-    async fn write(mut self) -> ServiceResult<()> {
+    /// Write the batch and commit; the trials whose tokens were revoked or replaced.
+    async fn write(mut self) -> ServiceResult<Vec<i64>> {
         let touched_trials = !self.created.is_empty() || !self.changed.is_empty();
         if touched_trials || self.study_changed {
             self.study.change_seq += 1;
@@ -757,11 +807,12 @@ impl StudyBatch {
             self.study.updated_at = self.now;
             self.tx.update_study(&self.study).await?;
         }
-        // A trial that finished may not report any more: its token goes. (A launch counted
-        // in this batch of a trial that also finished in it gets none.)
+        // A trial that finished may not report any more: its token goes; so does the token
+        // of a pulled trial whose lease ran out (back to `requested`, another worker's next).
+        // (A launch counted in this batch of a trial that also finished in it gets none.)
         let finished: Vec<i64> = changed
             .iter()
-            .filter(|t| !t.state.is_unfinished())
+            .filter(|t| !t.state.is_unfinished() || t.state == TrialState::Requested)
             .map(|t| t.id)
             .collect();
         self.tx.revoke_trial_tokens(&finished).await?;
@@ -769,7 +820,9 @@ impl StudyBatch {
         // After the trials: a token belongs to one.
         self.tx.replace_trial_tokens(&self.tokens, self.now).await?;
         self.tx.commit().await?;
-        Ok(())
+        let mut tokens_changed = finished;
+        tokens_changed.extend(self.tokens.iter().map(|t| t.trial_id));
+        Ok(tokens_changed)
     }
 }
 

@@ -4,11 +4,14 @@ use chrono::Utc;
 
 use super::paging::{page_bounds, split_page};
 use super::state_machine::{Command, Reply};
-use super::{Page, Service, ServiceError, ServiceResult, not_found_study, unexpected};
-use crate::model::{Study, StudySpec, StudyState, StudyUpdate};
+use super::{Caller, Page, Service, ServiceError, ServiceResult, not_found_study, unexpected};
+use crate::model::{Role, Study, StudySpec, StudyState, StudyUpdate};
 
 impl Service {
-    pub async fn create_study(&self, spec: StudySpec) -> ServiceResult<Study> {
+    /// A new study, created by `actor`: a study with a `trial_job` runs commands on this
+    /// server's machines, so only operators and admins may create one (and its command must
+    /// be one the server allows, `--job-commands`).
+    pub async fn create_study(&self, actor: &Caller, spec: StudySpec) -> ServiceResult<Study> {
         let spec = spec.with_seed(rand::random::<u32>() as u64);
         spec.validate()?;
         for (i, prior) in spec.prior_studies.iter().enumerate() {
@@ -19,15 +22,43 @@ impl Service {
                 ));
             }
         }
-        let record = self.store.insert_study(&spec, Utc::now()).await?;
+        if let Some(job) = &spec.trial_job {
+            if actor.role < Role::Operator {
+                return Err(ServiceError::PermissionDenied {
+                    message: format!(
+                        "a study with a trial_job runs commands on the server's machines: it \
+                         needs an operator or admin token, and this one is a {}",
+                        actor.role
+                    ),
+                    field: Some("trial_job".into()),
+                });
+            }
+            self.job_policy.check(job)?;
+        }
+        let record = self
+            .store
+            .insert_study(&spec, Some(&actor.name), Utc::now())
+            .await?;
         self.notify(record.id);
+        self.audit(
+            actor,
+            "study.create",
+            Some(record.id),
+            None,
+            Some(record.name.clone()),
+        )
+        .await;
         self.study_view(record).await
     }
 
     /// The study an earlier run of the same spec made (same name and spec, active or
     /// completed), or a new one: what `augur run` resumes. The spec's seed counts only when
     /// it names one.
-    pub async fn find_or_create_study(&self, spec: StudySpec) -> ServiceResult<(Study, bool)> {
+    pub async fn find_or_create_study(
+        &self,
+        actor: &Caller,
+        spec: StudySpec,
+    ) -> ServiceResult<(Study, bool)> {
         let mut token: Option<String> = None;
         loop {
             let page = self
@@ -48,7 +79,7 @@ impl Service {
                 None => break,
             }
         }
-        Ok((self.create_study(spec).await?, false))
+        Ok((self.create_study(actor, spec).await?, false))
     }
 
     pub async fn get_study(&self, study_id: i64) -> ServiceResult<Study> {
@@ -79,21 +110,56 @@ impl Service {
         })
     }
 
-    pub async fn delete_study(&self, study_id: i64) -> ServiceResult<()> {
+    pub async fn delete_study(&self, actor: &Caller, study_id: i64) -> ServiceResult<()> {
+        self.check_manager(actor, study_id).await?;
         if self.store.delete_study(study_id).await? {
+            self.tokens.forget_study(study_id);
             self.notify(study_id);
+            self.audit(actor, "study.delete", Some(study_id), None, None)
+                .await;
             Ok(())
         } else {
             Err(not_found_study(study_id))
         }
     }
 
-    pub async fn stop_study(&self, study_id: i64) -> ServiceResult<Study> {
-        self.change_study(study_id, Command::Stop).await
+    pub async fn stop_study(&self, actor: &Caller, study_id: i64) -> ServiceResult<Study> {
+        self.check_manager(actor, study_id).await?;
+        let study = self.change_study(study_id, Command::Stop).await?;
+        self.audit(actor, "study.stop", Some(study_id), None, None)
+            .await;
+        Ok(study)
     }
 
-    pub async fn update_study(&self, study_id: i64, update: StudyUpdate) -> ServiceResult<Study> {
-        self.change_study(study_id, Command::Update(update)).await
+    pub async fn update_study(
+        &self,
+        actor: &Caller,
+        study_id: i64,
+        update: StudyUpdate,
+    ) -> ServiceResult<Study> {
+        self.check_manager(actor, study_id).await?;
+        let detail = serde_json::to_string(&update).ok();
+        let study = self.change_study(study_id, Command::Update(update)).await?;
+        self.audit(actor, "study.update", Some(study_id), None, detail)
+            .await;
+        Ok(study)
+    }
+
+    /// Only the study's creator or an admin may change, stop or delete it (or exclude its
+    /// trials). Studies from before roles have no creator: admins' alone.
+    pub(super) async fn check_manager(&self, actor: &Caller, study_id: i64) -> ServiceResult<()> {
+        let study = self.study_record(study_id).await?;
+        if actor.may_manage(study.created_by.as_deref()) {
+            Ok(())
+        } else {
+            Err(ServiceError::denied(format!(
+                "study {study_id} was created by {}; only its creator or an admin may change it",
+                study
+                    .created_by
+                    .as_deref()
+                    .unwrap_or("an earlier version (admins only)")
+            )))
+        }
     }
 
     async fn change_study(&self, study_id: i64, command: Command) -> ServiceResult<Study> {

@@ -3,6 +3,7 @@
 //! run inside the study's batch (`state_machine.rs`), where the cap is enforced.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use augur_optimizer::{
     Assignment, CompletedTrial, DesignerInput, Outcome, PriorStudy, designer_for,
@@ -10,6 +11,7 @@ use augur_optimizer::{
 
 use super::state_machine::{Command, Reply};
 use super::{Service, ServiceError, ServiceResult, stored_config, unexpected};
+use crate::model::spec::MAX_SUGGEST_VALUES;
 use crate::model::{ClientId, StudyConfig, StudyState, SuggestCount, Trial, TrialState};
 use crate::store::{StudyRecord, TrialRecord};
 
@@ -49,6 +51,17 @@ impl Service {
         count: SuggestCount,
         client_id: Option<ClientId>,
     ) -> ServiceResult<Suggestions> {
+        let parameters = self.fixed_config(study_id).await?.parameter_count;
+        if count.get().saturating_mul(parameters) > MAX_SUGGEST_VALUES {
+            return Err(ServiceError::invalid(
+                "count",
+                format!(
+                    "one suggest answers at most {MAX_SUGGEST_VALUES} values: with {parameters} \
+                     parameters, ask for at most {} trials at a time",
+                    (MAX_SUGGEST_VALUES / parameters.max(1)).max(1)
+                ),
+            ));
+        }
         let (trials, study_state, retry_later) = self
             .suggest_as(study_id, count.get(), Asker::Worker(client_id))
             .await?;
@@ -154,8 +167,8 @@ impl Service {
             tokio::time::timeout(budget, self.run_designer(&study, &config, &trials, wanted)).await;
         Ok(Some(match designed {
             Ok(points) => points?,
-            // The model took too long: answer on time with quasi-random points (the fit
-            // goes on in the background and is discarded).
+            // The model took too long: answer on time with quasi-random points (the fit is
+            // told to stop, and what it returns is discarded).
             Err(_) => {
                 metrics::counter!("augur_suggestion_budget_exceeded_total").increment(1);
                 tracing::warn!(
@@ -204,7 +217,11 @@ impl Service {
         let first_trial_number = study.next_trial_id.max(1) as u64;
         let previous_state = study.designer_state.clone();
         let algorithm = config.algorithm;
-        // The optimizer is CPU-bound: keep it off the async workers.
+        // The optimizer is CPU-bound: keep it off the async workers. If this future is
+        // dropped (the time budget ran out), the flag tells the designer to stop: a fit
+        // nobody waits for must not hold a core.
+        let cancel = Arc::new(AtomicBool::new(false));
+        let _stop_when_abandoned = CancelOnDrop(cancel.clone());
         let output = tokio::task::spawn_blocking(move || {
             let input = DesignerInput {
                 space: &space,
@@ -218,7 +235,7 @@ impl Service {
                 prior_studies: &priors,
                 desired_min_safe_trials_fraction: desired_safe,
             };
-            designer_for(algorithm).suggest(&input)
+            augur_optimizer::cancel::with_cancel(cancel, || designer_for(algorithm).suggest(&input))
         })
         .await
         .map_err(|e| ServiceError::Internal(format!("designer task: {e}")))?;
@@ -251,6 +268,15 @@ impl Service {
             priors.push(PriorStudy { completed });
         }
         Ok(priors)
+    }
+}
+
+/// Sets its flag when dropped: when the designer's future is abandoned, or done.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 

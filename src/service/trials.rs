@@ -8,13 +8,14 @@ use augur_optimizer::Assignment;
 use super::checks::{check_measurement, check_metrics};
 use super::paging::{format_cursor, page_bounds, parse_cursor, split_page};
 use super::state_machine::Command;
-use super::{Changes, Completion, Page, Service, ServiceError, ServiceResult};
+use super::{Caller, Changes, Completion, Page, Service, ServiceError, ServiceResult};
 use crate::model::{Measurement, Trial, TrialState};
 use crate::store::TrialRecord;
 
 impl Service {
     pub async fn add_trial(
         &self,
+        actor: &Caller,
         study_id: i64,
         parameters: Assignment,
         final_metrics: Option<BTreeMap<String, f64>>,
@@ -35,11 +36,22 @@ impl Service {
             }
             None => None,
         };
+        let completed = final_measurement.is_some();
         let command = Command::AddTrial {
             parameters,
             final_measurement,
         };
-        self.change_trial(study_id, command).await
+        let trial = self.change_trial(study_id, command).await?;
+        let detail = if completed { "completed" } else { "requested" };
+        self.audit(
+            actor,
+            "trial.add",
+            Some(study_id),
+            Some(trial.id),
+            Some(detail.into()),
+        )
+        .await;
+        Ok(trial)
     }
 
     pub async fn list_trials(
@@ -216,13 +228,26 @@ impl Service {
             .await
     }
 
+    /// Hide a trial from the optimizer (or show it again): a change to the study, so its
+    /// creator's or an admin's.
     pub async fn set_excluded(
         &self,
+        actor: &Caller,
         study_id: i64,
         trial_id: i64,
         excluded: bool,
     ) -> ServiceResult<Trial> {
-        self.change_trial(study_id, Command::SetExcluded { trial_id, excluded })
-            .await
+        self.check_manager(actor, study_id).await?;
+        let trial = self
+            .change_trial(study_id, Command::SetExcluded { trial_id, excluded })
+            .await?;
+        let action = if excluded {
+            "trial.exclude"
+        } else {
+            "trial.include"
+        };
+        self.audit(actor, action, Some(study_id), Some(trial_id), None)
+            .await;
+        Ok(trial)
     }
 }

@@ -11,15 +11,20 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 pub use postgres::PostgresStore;
-pub use records::{StudyRecord, TokenRecord, TrialRecord, TrialToken};
+pub use records::{AuditEntry, AuditRecord, StudyRecord, TokenRecord, TrialRecord, TrialToken};
 pub use sqlite::SqliteStore;
 
-use crate::model::{Measurement, StudySpec, StudyState, TrialCounts, TrialPoint, TrialState};
+use crate::model::{Measurement, Role, StudySpec, StudyState, TrialCounts, TrialPoint, TrialState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// The database cannot be reached or is going away (a restart, a failover, a pool with
+    /// no connection to give): the same request may succeed in a moment. Whether a write in
+    /// flight was committed is unknown.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
     #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     /// A stored document no longer parses: a bug or a hand edit, never user input.
@@ -30,6 +35,35 @@ pub enum StoreError {
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        if is_outage(&e) {
+            StoreError::Unavailable(e.to_string())
+        } else {
+            StoreError::Database(e)
+        }
+    }
+}
+
+/// Whether an error says the database is out of reach for now, rather than that the request
+/// was wrong: the connection broke or could not be made, the pool had none to give, the
+/// server is shutting down, starting up or full (PostgreSQL's SQLSTATE class 08, 57P01-03,
+/// 53300), or SQLite's lock stayed taken past its busy timeout (SQLITE_BUSY, 5).
+fn is_outage(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08")
+                || matches!(code.as_ref(), "57P01" | "57P02" | "57P03" | "53300" | "5")
+        }),
+        _ => false,
+    }
+}
 
 /// Open the store a URL names (`sqlite://augur.db`, `sqlite::memory:`, `postgres://…`) and
 /// apply its migrations.
@@ -49,7 +83,13 @@ pub trait Store: Send + Sync + 'static {
     fn backend(&self) -> &'static str;
     async fn ping(&self) -> StoreResult<()>;
 
-    async fn insert_study(&self, spec: &StudySpec, now: DateTime<Utc>) -> StoreResult<StudyRecord>;
+    /// A new active study; `created_by` names the token that created it.
+    async fn insert_study(
+        &self,
+        spec: &StudySpec,
+        created_by: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> StoreResult<StudyRecord>;
     async fn get_study(&self, study_id: i64) -> StoreResult<Option<StudyRecord>>;
     /// Studies with id > `after_id`, by id, at most `limit`.
     async fn list_studies(
@@ -118,6 +158,23 @@ pub trait Store: Send + Sync + 'static {
         now: DateTime<Utc>,
     ) -> StoreResult<()>;
     async fn find_token(&self, token_hash: &str) -> StoreResult<Option<TokenRecord>>;
+    /// A token of a person or program with a role. False (nothing stored) when the name is
+    /// taken.
+    async fn insert_role_token(
+        &self,
+        name: &str,
+        token_hash: &str,
+        role: Role,
+        expires_at: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) -> StoreResult<bool>;
+    /// Tokens not scoped to a trial, by name.
+    async fn list_tokens(&self) -> StoreResult<Vec<TokenRecord>>;
+    /// Record that the token was just used.
+    async fn touch_token(&self, name: &str, now: DateTime<Utc>) -> StoreResult<()>;
+    async fn insert_audit(&self, entry: &AuditEntry) -> StoreResult<()>;
+    /// Audit entries with id > `after_id`, oldest first, at most `limit`.
+    async fn list_audit(&self, after_id: i64, limit: i64) -> StoreResult<Vec<AuditRecord>>;
     async fn delete_token(&self, name: &str) -> StoreResult<bool>;
     /// Insert, or replace the token of the same name (one statement: a trial's token is
     /// renewed on every attempt).

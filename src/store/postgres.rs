@@ -50,7 +50,7 @@ impl_sql_store!(PostgresStore, PostgresStudyTx, sqlx::Postgres, "postgres");
 const STUDY_WITH_UNFINISHED: &str = "SELECT s.id AS s_id, s.name AS s_name, s.state AS s_state, \
      s.state_reason AS s_state_reason, s.spec AS s_spec, s.next_trial_id AS s_next_trial_id, \
      s.change_seq AS s_change_seq, s.designer_state AS s_designer_state, \
-     s.created_at AS s_created_at, s.updated_at AS s_updated_at, \
+     s.created_by AS s_created_by, s.created_at AS s_created_at, s.updated_at AS s_updated_at, \
      t.study_id, t.id, t.state, t.parameters, t.client_id, t.final_measurement, t.objective, \
      t.infeasible_reason, t.fail_reason, t.early_stopped, t.excluded, t.lease_expires_at, \
      t.created_at, t.started_at, t.completed_at, t.change_seq, t.attempts \
@@ -209,6 +209,7 @@ impl PostgresStudyTx {
             next_trial_id: first.try_get("s_next_trial_id")?,
             change_seq: first.try_get("s_change_seq")?,
             designer_state: first.try_get("s_designer_state")?,
+            created_by: first.try_get("s_created_by")?,
             created_at: first.try_get("s_created_at")?,
             updated_at: first.try_get("s_updated_at")?,
         };

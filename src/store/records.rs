@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 
 use super::StoreError;
-use crate::model::{Measurement, StudySpec, StudyState, TrialPoint, TrialState};
+use crate::model::{Measurement, Role, StudySpec, StudyState, TrialPoint, TrialState};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct StudyRecord {
@@ -22,6 +22,9 @@ pub struct StudyRecord {
     /// Bumped by every committed batch that changed the study or its trials.
     pub change_seq: i64,
     pub designer_state: Option<serde_json::Value>,
+    /// The name of the token that created the study (`open` in open mode); `None` for
+    /// studies from before roles.
+    pub created_by: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -74,6 +77,35 @@ pub struct TokenRecord {
     pub name: String,
     /// `(study, trial)` for a token that may only report to one trial.
     pub scope: Option<(i64, i64)>,
+    /// What a token not scoped to a trial may do (ignored for a trial-scoped one).
+    pub role: Role,
+    /// Refused after this; `None`: never.
+    pub expires_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    /// When it was last seen, to within a minute.
+    pub last_used_at: Option<DateTime<Utc>>,
+}
+
+/// One entry of the audit trail, as written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuditEntry {
+    pub at: DateTime<Utc>,
+    /// The token's name (`open` on an open server, `cli:<user>` for `augur token` on the
+    /// database).
+    pub actor: String,
+    /// What was done, e.g. `study.create`, `trial.exclude`, `token.revoke`.
+    pub action: String,
+    pub study_id: Option<i64>,
+    pub trial_id: Option<i64>,
+    /// What else is worth knowing (a study's name, a token's name and role, a change).
+    pub detail: Option<String>,
+}
+
+/// A stored audit entry, with its place in the trail.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuditRecord {
+    pub id: i64,
+    pub entry: AuditEntry,
 }
 
 #[derive(sqlx::FromRow)]
@@ -86,6 +118,7 @@ pub(super) struct StudyRow {
     pub next_trial_id: i64,
     pub change_seq: i64,
     pub designer_state: Option<Json<serde_json::Value>>,
+    pub created_by: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -106,6 +139,7 @@ impl TryFrom<StudyRow> for StudyRecord {
             next_trial_id: r.next_trial_id,
             change_seq: r.change_seq,
             designer_state: r.designer_state.map(|j| j.0),
+            created_by: r.created_by,
             created_at: r.created_at,
             updated_at: r.updated_at,
         })
@@ -243,13 +277,51 @@ pub(super) struct TokenRow {
     pub name: String,
     pub study_id: Option<i64>,
     pub trial_id: Option<i64>,
+    pub role: String,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub last_used_at: Option<DateTime<Utc>>,
 }
 
-impl From<TokenRow> for TokenRecord {
-    fn from(r: TokenRow) -> Self {
-        TokenRecord {
+impl TryFrom<TokenRow> for TokenRecord {
+    type Error = StoreError;
+    fn try_from(r: TokenRow) -> Result<Self, StoreError> {
+        let role = Role::parse(&r.role)
+            .ok_or_else(|| StoreError::Corrupt(format!("token {:?}: role {:?}", r.name, r.role)))?;
+        Ok(TokenRecord {
             name: r.name,
             scope: r.study_id.zip(r.trial_id),
+            role,
+            expires_at: r.expires_at,
+            created_at: r.created_at,
+            last_used_at: r.last_used_at,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct AuditRow {
+    pub id: i64,
+    pub at: DateTime<Utc>,
+    pub actor: String,
+    pub action: String,
+    pub study_id: Option<i64>,
+    pub trial_id: Option<i64>,
+    pub detail: Option<String>,
+}
+
+impl From<AuditRow> for AuditRecord {
+    fn from(r: AuditRow) -> Self {
+        AuditRecord {
+            id: r.id,
+            entry: AuditEntry {
+                at: r.at,
+                actor: r.actor,
+                action: r.action,
+                study_id: r.study_id,
+                trial_id: r.trial_id,
+                detail: r.detail,
+            },
         }
     }
 }

@@ -5,7 +5,8 @@
 
 macro_rules! study_cols {
     () => {
-        "id, name, state, state_reason, spec, next_trial_id, change_seq, designer_state, created_at, updated_at"
+        "id, name, state, state_reason, spec, next_trial_id, change_seq, designer_state, created_by, created_at, \
+         updated_at"
     };
 }
 macro_rules! trial_cols {
@@ -18,8 +19,8 @@ macro_rules! trial_cols {
 pub(super) use {study_cols, trial_cols};
 
 pub(super) const INSERT_STUDY: &str = concat!(
-    "INSERT INTO studies (name, state, spec, next_trial_id, created_at, updated_at) \
-     VALUES ($1, 'active', $2, 1, $3, $3) RETURNING ",
+    "INSERT INTO studies (name, state, spec, next_trial_id, created_by, created_at, updated_at) \
+     VALUES ($1, 'active', $2, 1, $4, $3, $3) RETURNING ",
     study_cols!()
 );
 pub(super) const GET_STUDY: &str = concat!("SELECT ", study_cols!(), " FROM studies WHERE id = $1");
@@ -119,8 +120,29 @@ pub(super) const UPDATE_STUDY: &str = "UPDATE studies SET state = $2, state_reas
      next_trial_id = $5, updated_at = $6, change_seq = $7 WHERE id = $1";
 pub(super) const INSERT_TOKEN: &str = "INSERT INTO api_tokens (name, token_hash, study_id, trial_id, created_at) \
      VALUES ($1, $2, $3, $4, $5)";
-pub(super) const FIND_TOKEN: &str =
-    "SELECT name, study_id, trial_id FROM api_tokens WHERE token_hash = $1";
+macro_rules! token_cols {
+    () => {
+        "name, study_id, trial_id, role, expires_at, created_at, last_used_at"
+    };
+}
+pub(super) const FIND_TOKEN: &str = concat!(
+    "SELECT ",
+    token_cols!(),
+    " FROM api_tokens WHERE token_hash = $1"
+);
+/// Tokens of people and programs, not of trials.
+pub(super) const LIST_TOKENS: &str = concat!(
+    "SELECT ",
+    token_cols!(),
+    " FROM api_tokens WHERE study_id IS NULL ORDER BY name"
+);
+pub(super) const INSERT_ROLE_TOKEN: &str = "INSERT INTO api_tokens \
+     (name, token_hash, role, expires_at, created_at) VALUES ($1, $2, $3, $4, $5)";
+pub(super) const TOUCH_TOKEN: &str = "UPDATE api_tokens SET last_used_at = $2 WHERE name = $1";
+pub(super) const INSERT_AUDIT: &str = "INSERT INTO audit_events \
+     (at, actor, action, study_id, trial_id, detail) VALUES ($1, $2, $3, $4, $5, $6)";
+pub(super) const LIST_AUDIT: &str = "SELECT id, at, actor, action, study_id, trial_id, detail \
+     FROM audit_events WHERE id > $1 ORDER BY id LIMIT $2";
 pub(super) const CLAIM_RUNNER: &str = "INSERT INTO study_runners (study_id, owner, expires_at) VALUES ($1, $2, $3) \
      ON CONFLICT (study_id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at \
      WHERE study_runners.owner = excluded.owner OR study_runners.expires_at < $4";
@@ -128,7 +150,8 @@ pub(super) const RELEASE_RUNNER: &str =
     "DELETE FROM study_runners WHERE study_id = $1 AND owner = $2";
 pub(super) const REPLACE_TOKEN: &str = "INSERT INTO api_tokens (name, token_hash, study_id, trial_id, created_at) \
      VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE SET token_hash = excluded.token_hash, \
-     study_id = excluded.study_id, trial_id = excluded.trial_id, created_at = excluded.created_at";
+     study_id = excluded.study_id, trial_id = excluded.trial_id, created_at = excluded.created_at, \
+     role = excluded.role, expires_at = excluded.expires_at";
 pub(super) const DELETE_TOKEN: &str = "DELETE FROM api_tokens WHERE name = $1";
 pub(super) const DELETE_TRIAL_TOKEN: &str =
     "DELETE FROM api_tokens WHERE study_id = $1 AND trial_id = $2";
@@ -144,11 +167,12 @@ macro_rules! impl_sql_store {
             Measurement, StudySpec, StudyState, TrialCounts, TrialPoint, TrialState,
         };
         use $crate::store::records::{
-            MeasurementRow, StudyRow, TokenRow, TrialPointRow, TrialRow, to_json,
+            AuditRow, MeasurementRow, StudyRow, TokenRow, TrialPointRow, TrialRow, to_json,
         };
         use $crate::store::sql::*;
         use $crate::store::{
-            StoreResult, StudyRecord, StudyTx, TokenRecord, TrialRecord, TrialToken,
+            AuditEntry, AuditRecord, StoreResult, StudyRecord, StudyTx, TokenRecord, TrialRecord,
+            TrialToken,
         };
 
         fn counts_from(rows: Vec<(String, i64)>) -> StoreResult<TrialCounts> {
@@ -198,12 +222,14 @@ macro_rules! impl_sql_store {
             async fn insert_study(
                 &self,
                 spec: &StudySpec,
+                created_by: Option<&str>,
                 now: chrono::DateTime<chrono::Utc>,
             ) -> StoreResult<StudyRecord> {
                 let row: StudyRow = sqlx::query_as(INSERT_STUDY)
                     .bind(&spec.name)
                     .bind(to_json(spec)?)
                     .bind(now)
+                    .bind(created_by)
                     .fetch_one(&self.pool)
                     .await?;
                 row.try_into()
@@ -433,7 +459,75 @@ macro_rules! impl_sql_store {
                     .bind(token_hash)
                     .fetch_optional(&self.pool)
                     .await?;
-                Ok(row.map(Into::into))
+                row.map(TokenRecord::try_from).transpose()
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn insert_role_token(
+                &self,
+                name: &str,
+                token_hash: &str,
+                role: $crate::model::Role,
+                expires_at: Option<chrono::DateTime<chrono::Utc>>,
+                now: chrono::DateTime<chrono::Utc>,
+            ) -> StoreResult<bool> {
+                let done = sqlx::query(INSERT_ROLE_TOKEN)
+                    .bind(name)
+                    .bind(token_hash)
+                    .bind(role.as_str())
+                    .bind(expires_at)
+                    .bind(now)
+                    .execute(&self.pool)
+                    .await;
+                match done {
+                    Ok(_) => Ok(true),
+                    Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(false),
+                    Err(e) => Err(e.into()),
+                }
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn list_tokens(&self) -> StoreResult<Vec<TokenRecord>> {
+                let rows: Vec<TokenRow> = sqlx::query_as(LIST_TOKENS).fetch_all(&self.pool).await?;
+                rows.into_iter().map(TokenRecord::try_from).collect()
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn touch_token(
+                &self,
+                name: &str,
+                now: chrono::DateTime<chrono::Utc>,
+            ) -> StoreResult<()> {
+                sqlx::query(TOUCH_TOKEN)
+                    .bind(name)
+                    .bind(now)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(())
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn insert_audit(&self, entry: &AuditEntry) -> StoreResult<()> {
+                sqlx::query(INSERT_AUDIT)
+                    .bind(entry.at)
+                    .bind(&entry.actor)
+                    .bind(&entry.action)
+                    .bind(entry.study_id)
+                    .bind(entry.trial_id)
+                    .bind(&entry.detail)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(())
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn list_audit(&self, after_id: i64, limit: i64) -> StoreResult<Vec<AuditRecord>> {
+                let rows: Vec<AuditRow> = sqlx::query_as(LIST_AUDIT)
+                    .bind(after_id)
+                    .bind(limit)
+                    .fetch_all(&self.pool)
+                    .await?;
+                Ok(rows.into_iter().map(Into::into).collect())
             }
 
             #[tracing::instrument(skip_all)]

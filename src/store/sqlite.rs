@@ -25,13 +25,38 @@ impl SqliteStore {
             .busy_timeout(Duration::from_secs(30))
             .foreign_keys(true);
         let in_memory = url.contains(":memory:");
+        let file = options.get_filename().to_path_buf();
         let pool = SqlitePoolOptions::new()
             // An in-memory database lives in one connection.
             .max_connections(if in_memory { 1 } else { 8 })
             .connect_with(options)
             .await?;
         sqlx::migrate!("migrations/sqlite").run(&pool).await?;
+        if !in_memory {
+            owner_only(&file);
+        }
         Ok(Self { pool })
+    }
+}
+
+/// The database file (and its WAL and shared-memory files) readable and writable by the
+/// server's user alone: it holds the token store, and jobs (`--run-jobs-as`) or other users
+/// of the machine must not read it.
+fn owner_only(file: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let mut paths = vec![file.to_path_buf()];
+    for suffix in ["-wal", "-shm"] {
+        let mut name = file.as_os_str().to_owned();
+        name.push(suffix);
+        paths.push(name.into());
+    }
+    for path in paths {
+        if path.exists()
+            && let Err(error) =
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        {
+            tracing::warn!(path = %path.display(), %error, "could not make the database file private");
+        }
     }
 }
 

@@ -75,16 +75,15 @@ async fn a_trial_token_reports_only_to_its_own_trial() {
     )
     .await;
     assert_eq!(own.status, StatusCode::OK, "{}", own.body);
-    assert_eq!(
-        as_trial(
-            Method::GET,
+    for method in [Method::GET, Method::POST] {
+        let r = as_trial(
+            method.clone(),
             format!("/v1/studies/{study}/trials/1/should_stop"),
-            None
+            None,
         )
-        .await
-        .status,
-        StatusCode::OK
-    );
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "{method} should_stop: {}", r.body);
+    }
     for (method, path) in [
         (
             Method::POST,
@@ -325,3 +324,114 @@ async fn replicas_starting_together_both_register_the_configured_token() {
         );
     }
 }
+
+/// Issue 10, finding 7: a checked token was trusted for 30 s without asking the database,
+/// so a finished trial's token kept reporting. Its trial's end evicts it at once in the
+/// process that saw the end.
+#[tokio::test]
+async fn a_finished_trials_token_stops_working_at_once() {
+    let app = common::spawn_app_with(common::sqlite_db(), Some("admin")).await;
+    let study = app.create_study(common::spec("random", 5, 2)).await;
+    app.post(&format!("/v1/studies/{study}/suggest"), json!({"count": 1}))
+        .await;
+    let store = augur::store::connect(&app.db.url).await.expect("store");
+    store
+        .insert_token(
+            "trial:probe",
+            &augur::service::hash_token("trial-one"),
+            Some((study, 1)),
+            chrono::Utc::now(),
+        )
+        .await
+        .expect("token");
+    let trial = format!("/v1/studies/{study}/trials/1");
+    let as_trial = |method: Method, path: String| {
+        let app = &app;
+        async move { common::call(&app.http, &app.base, Some("trial-one"), method, &path, None).await }
+    };
+    // Checked once: now in the cache.
+    assert_eq!(
+        as_trial(Method::GET, trial.clone()).await.status,
+        StatusCode::OK
+    );
+    let done = app
+        .post(
+            &format!("{trial}/complete"),
+            json!({"metrics": {"accuracy": 0.5}}),
+        )
+        .await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+    let after = as_trial(Method::POST, format!("{trial}/heartbeat")).await;
+    assert_eq!(
+        after.status,
+        StatusCode::UNAUTHORIZED,
+        "the finished trial's token still works: {}",
+        after.body
+    );
+}
+
+/// Revocation through the API takes effect at once on the replica that revoked, and within
+/// the documented bound (`augur::service::TOKEN_CACHE_TTL`) on another replica that had the
+/// token cached.
+async fn a_revoked_token_stops_working_on_every_replica(backend: &str) {
+    let db = common::db(backend).await;
+    let url = db.url.clone();
+    let a = common::spawn_app_with(db, Some("admin")).await;
+    let b = {
+        let mut config = ServerConfig::new(url, "127.0.0.1:0".parse().expect("addr"));
+        config.dispatch = false;
+        let app = App::build(config).await.expect("second replica");
+        let addr = app.addr();
+        tokio::spawn(app.run());
+        format!("http://{addr}")
+    };
+    let created = a
+        .post("/v1/tokens", json!({"name": "ci", "role": "reader"}))
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    let token = created.body["token"].as_str().expect("token").to_string();
+    for base in [&a.base, &b] {
+        let r = common::call(
+            &a.http,
+            base,
+            Some(&token),
+            Method::GET,
+            "/v1/studies",
+            None,
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "{base}: {}", r.body);
+    }
+    let revoked = a.call(Method::DELETE, "/v1/tokens/ci", None).await;
+    assert_eq!(revoked.status, StatusCode::NO_CONTENT, "{}", revoked.body);
+    let here = common::call(
+        &a.http,
+        &a.base,
+        Some(&token),
+        Method::GET,
+        "/v1/studies",
+        None,
+    )
+    .await;
+    assert_eq!(
+        here.status,
+        StatusCode::UNAUTHORIZED,
+        "on the revoking replica"
+    );
+    let started = std::time::Instant::now();
+    let bound = augur::service::TOKEN_CACHE_TTL + std::time::Duration::from_secs(1);
+    common::eventually("revocation on the other replica", bound, || {
+        let (http, token, b) = (&a.http, &token, &b);
+        async move {
+            let r = common::call(http, b, Some(token), Method::GET, "/v1/studies", None).await;
+            if r.status == StatusCode::UNAUTHORIZED {
+                Ok(())
+            } else {
+                Err(format!("{} after {:?}", r.status, started.elapsed()))
+            }
+        }
+    })
+    .await;
+}
+
+on_both_backends!(a_revoked_token_stops_working_on_every_replica);

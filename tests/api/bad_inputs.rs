@@ -404,7 +404,7 @@ async fn unknown_ids_and_routes_are_404_and_bodies_must_be_small_json(backend: &
     assert_eq!(not_json.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
     // Its own client: the server answers 413 without reading the body and drops the
     // connection, which a pooled client could otherwise pick for the next request.
-    let huge = reqwest::Client::new()
+    let huge = crate::common::http()
         .post(format!("{}/v1/studies", app.base))
         .header("content-type", "application/json")
         .body(format!("{{\"name\": \"{}\"}}", "x".repeat(2 * 1024 * 1024)))

@@ -103,7 +103,7 @@ async fn client(
     ledger: Arc<Mutex<Ledger>>,
     done: Arc<AtomicBool>,
 ) {
-    let http = reqwest::Client::new();
+    let http = common::http();
     // Half the clients identify themselves, half do not: both paths must respect the cap.
     let mut request = json!({"count": 1});
     if n.is_multiple_of(2) {
@@ -178,7 +178,7 @@ async fn client(
 /// Run `CLIENTS` workers spread over `bases` against one study until it completes, with a
 /// monitor polling the database; then check the cap, the budget and every trial.
 async fn hammer_one_study(bases: &[String], monitor: Monitor) {
-    let http = reqwest::Client::new();
+    let http = common::http();
     let spec = json!({
         "name": "concurrency",
         "algorithm": "random",

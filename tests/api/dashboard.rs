@@ -289,7 +289,7 @@ async fn learning_curves_come_from_reported_measurements() {
 #[tokio::test]
 async fn a_protected_server_sends_browsers_to_login_and_takes_the_cookie_for_reads_only() {
     let app = spawn_app_with(sqlite_db(), Some("s3cret-token")).await;
-    let http = reqwest::Client::builder()
+    let http = common::http_builder()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(Duration::from_secs(10))
         .build()
@@ -398,7 +398,7 @@ async fn seed_browser_fixture() {
     let base = format!("http://{}", server.addr());
     tokio::spawn(server.run());
     let app = Seeder {
-        http: reqwest::Client::new(),
+        http: common::http(),
         base,
     };
 
@@ -436,7 +436,10 @@ async fn seed_browser_fixture() {
             .await;
             if poor {
                 let r = app
-                    .get(&format!("/v1/studies/{small}/trials/{id}/should_stop"))
+                    .post(
+                        &format!("/v1/studies/{small}/trials/{id}/should_stop"),
+                        json!({}),
+                    )
                     .await;
                 if r.body["should_stop"] == json!(true) {
                     stopped += 1;

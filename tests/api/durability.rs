@@ -83,7 +83,7 @@ async fn worker(
     completions: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
 ) -> Result<WorkerEnd, String> {
-    let http = reqwest::Client::builder()
+    let http = common::http_builder()
         .timeout(Duration::from_secs(20))
         .build()
         .expect("HTTP client");
@@ -183,7 +183,7 @@ fn same(served: Option<f64>, sent: f64) -> bool {
 
 /// Every acknowledged measurement and completion is in what the server now serves.
 async fn check_acknowledged(base: &str, study_id: i64, acked: &Acknowledged, after: &str) {
-    let http = reqwest::Client::new();
+    let http = common::http();
     let list = get(
         &http,
         format!("{base}/v1/studies/{study_id}/trials?page_size=1000"),
@@ -286,7 +286,7 @@ async fn phase(
 async fn survive_sigkills(database_url: &str) {
     let mut server = start(database_url);
     server.wait_ready().await;
-    let http = reqwest::Client::new();
+    let http = common::http();
     let spec = json!({
         "name": "durability",
         "algorithm": "random",
@@ -382,7 +382,7 @@ async fn metric_values_round_trip_bit_exact() {
     let db = common::sqlite_db();
     let server = start(&db.url);
     server.wait_ready().await;
-    let http = reqwest::Client::new();
+    let http = common::http();
     let spec = json!({
         "name": "floats",
         "algorithm": "random",

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use augur::model::TrialPoint;
-use augur::model::{Measurement, StudySpec, StudyState, TrialState};
-use augur::store::{Store, StudyTx, TrialRecord, TrialToken};
+use augur::model::{Measurement, Role, StudySpec, StudyState, TrialState};
+use augur::store::{AuditEntry, Store, StudyTx, TrialRecord, TrialToken};
 use augur_optimizer::Value;
 use chrono::{DateTime, Duration, Utc};
 
@@ -22,6 +22,9 @@ on_both_backends!(store:
     deleting_a_study_cascades,
     trial_points_are_the_records_light_view,
     attempts_and_runner_leases,
+    role_tokens_list_touch_and_expire,
+    studies_remember_who_created_them,
+    audit_entries_are_kept_in_order_and_outlive_their_study,
 );
 
 fn spec(name: &str) -> StudySpec {
@@ -97,11 +100,11 @@ async fn insert(store: &dyn Store, study: i64, trials: &[TrialRecord]) {
 async fn studies_insert_get_list_filter_delete(store: Arc<dyn Store>) {
     store.ping().await.expect("ping");
     let a = store
-        .insert_study(&spec("Alpha net"), now())
+        .insert_study(&spec("Alpha net"), None, now())
         .await
         .expect("insert");
     let b = store
-        .insert_study(&spec("beta_100%"), now())
+        .insert_study(&spec("beta_100%"), None, now())
         .await
         .expect("insert");
     assert_eq!(a.state, StudyState::Active);
@@ -170,7 +173,7 @@ async fn studies_insert_get_list_filter_delete(store: Arc<dyn Store>) {
 
 async fn study_transaction_inserts_updates_and_commits(store: Arc<dyn Store>) {
     let study = store
-        .insert_study(&spec("tx"), now())
+        .insert_study(&spec("tx"), None, now())
         .await
         .expect("insert");
     assert!(
@@ -239,7 +242,7 @@ async fn study_transaction_inserts_updates_and_commits(store: Arc<dyn Store>) {
 
 async fn dropped_transaction_rolls_back(store: Arc<dyn Store>) {
     let study = store
-        .insert_study(&spec("rollback"), now())
+        .insert_study(&spec("rollback"), None, now())
         .await
         .expect("insert");
     {
@@ -254,7 +257,10 @@ async fn dropped_transaction_rolls_back(store: Arc<dyn Store>) {
 }
 
 async fn measurements_upsert_by_step_and_range(store: Arc<dyn Store>) {
-    let study = store.insert_study(&spec("m"), now()).await.expect("insert");
+    let study = store
+        .insert_study(&spec("m"), None, now())
+        .await
+        .expect("insert");
     insert(
         &*store,
         study.id,
@@ -295,9 +301,12 @@ async fn measurements_upsert_by_step_and_range(store: Arc<dyn Store>) {
 }
 
 async fn counts_best_and_paging(store: Arc<dyn Store>) {
-    let study = store.insert_study(&spec("c"), now()).await.expect("insert");
+    let study = store
+        .insert_study(&spec("c"), None, now())
+        .await
+        .expect("insert");
     let other = store
-        .insert_study(&spec("other"), now())
+        .insert_study(&spec("other"), None, now())
         .await
         .expect("insert");
     let mut best_excluded = completed(trial(study.id, 4, TrialState::Active, 0.4), 0.99);
@@ -353,7 +362,10 @@ async fn counts_best_and_paging(store: Arc<dyn Store>) {
 }
 
 async fn tokens_insert_find_delete_count(store: Arc<dyn Store>) {
-    let study = store.insert_study(&spec("t"), now()).await.expect("insert");
+    let study = store
+        .insert_study(&spec("t"), None, now())
+        .await
+        .expect("insert");
     assert_eq!(store.count_tokens().await.expect("count"), 0);
     store
         .insert_token("ci", "hash-ci", None, now())
@@ -416,7 +428,7 @@ async fn tokens_insert_find_delete_count(store: Arc<dyn Store>) {
 
 async fn deleting_a_study_cascades(store: Arc<dyn Store>) {
     let study = store
-        .insert_study(&spec("cascade"), now())
+        .insert_study(&spec("cascade"), None, now())
         .await
         .expect("insert");
     insert(
@@ -455,7 +467,7 @@ async fn deleting_a_study_cascades(store: Arc<dyn Store>) {
 /// latest completed trials, which the stopping rule reads.
 async fn trial_points_are_the_records_light_view(store: Arc<dyn Store>) {
     let study = store
-        .insert_study(&spec("points"), now())
+        .insert_study(&spec("points"), None, now())
         .await
         .expect("insert");
     let mut first = vec![
@@ -585,7 +597,7 @@ async fn postgres_batches_stay_small_on_stale_statistics() {
     // The large study's first batches run while the table is nearly empty, so a connection
     // that caches plans caches ones made for a tiny table.
     let big = store
-        .insert_study(&spec("big"), now())
+        .insert_study(&spec("big"), None, now())
         .await
         .expect("insert");
     let warm_up = 10i64;
@@ -609,7 +621,7 @@ async fn postgres_batches_stay_small_on_stale_statistics() {
     }
     // Statistics taken while the table holds one small study besides; autovacuum kept out.
     let first = store
-        .insert_study(&spec("first"), now())
+        .insert_study(&spec("first"), None, now())
         .await
         .expect("insert");
     let small: Vec<TrialRecord> = (1..=300)
@@ -678,7 +690,7 @@ fn token(study_id: i64, trial_id: i64, hash: &str) -> TrialToken {
 /// winning, and are deleted by trial. A study's runner lease belongs to one owner until it expires or is released.
 async fn attempts_and_runner_leases(store: Arc<dyn Store>) {
     let study = store
-        .insert_study(&spec("dispatch"), now())
+        .insert_study(&spec("dispatch"), None, now())
         .await
         .expect("insert");
     let mut tx = begin(&*store, study.id).await;
@@ -779,4 +791,153 @@ async fn attempts_and_runner_leases(store: Arc<dyn Store>) {
             .await
             .expect("released")
     );
+}
+
+async fn role_tokens_list_touch_and_expire(store: Arc<dyn Store>) {
+    let study = store
+        .insert_study(&spec("r"), None, now())
+        .await
+        .expect("insert");
+    let created = now();
+    let expires = created + Duration::days(30);
+    assert!(
+        store
+            .insert_role_token("reader-1", "h-r", Role::Reader, Some(expires), created)
+            .await
+            .expect("insert")
+    );
+    assert!(
+        store
+            .insert_role_token("ops", "h-o", Role::Operator, None, created)
+            .await
+            .expect("insert")
+    );
+    assert!(
+        !store
+            .insert_role_token("ops", "h-o2", Role::Admin, None, created)
+            .await
+            .expect("a taken name"),
+        "names are unique: nothing stored"
+    );
+    assert_eq!(store.find_token("h-o2").await.expect("find"), None);
+    // Tokens from before roles, and the configured one, are admins.
+    store
+        .insert_token("env", "h-env", None, created)
+        .await
+        .expect("insert");
+    store
+        .insert_token("trial:1:1", "h-t", Some((study.id, 1)), created)
+        .await
+        .expect("insert");
+    let reader = store.find_token("h-r").await.expect("find").expect("token");
+    assert_eq!(
+        (
+            reader.role,
+            reader.expires_at,
+            reader.created_at,
+            reader.last_used_at
+        ),
+        (Role::Reader, Some(expires), created, None)
+    );
+    assert_eq!(
+        store
+            .find_token("h-env")
+            .await
+            .expect("find")
+            .map(|t| t.role),
+        Some(Role::Admin)
+    );
+    let listed: Vec<(String, Role)> = store
+        .list_tokens()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|t| (t.name, t.role))
+        .collect();
+    assert_eq!(
+        listed,
+        vec![
+            ("env".to_string(), Role::Admin),
+            ("ops".to_string(), Role::Operator),
+            ("reader-1".to_string(), Role::Reader),
+        ],
+        "by name, trial tokens left out"
+    );
+    let used = now();
+    store.touch_token("reader-1", used).await.expect("touch");
+    assert_eq!(
+        store
+            .find_token("h-r")
+            .await
+            .expect("find")
+            .and_then(|t| t.last_used_at),
+        Some(used)
+    );
+    assert_eq!(store.count_tokens().await.expect("count"), 3);
+}
+
+async fn studies_remember_who_created_them(store: Arc<dyn Store>) {
+    let mine = store
+        .insert_study(&spec("mine"), Some("alice"), now())
+        .await
+        .expect("insert");
+    let old = store
+        .insert_study(&spec("old"), None, now())
+        .await
+        .expect("insert");
+    assert_eq!(mine.created_by.as_deref(), Some("alice"));
+    let read = store.get_study(mine.id).await.expect("get").expect("study");
+    assert_eq!(read.created_by.as_deref(), Some("alice"));
+    assert_eq!(
+        store
+            .get_study(old.id)
+            .await
+            .expect("get")
+            .expect("study")
+            .created_by,
+        None
+    );
+    // The study transaction sees it too (PostgreSQL reads the row its own way).
+    let tx = store
+        .begin_study(mine.id)
+        .await
+        .expect("begin")
+        .expect("study");
+    assert_eq!(tx.study().created_by.as_deref(), Some("alice"));
+    drop(tx);
+    let listed = store.list_studies(None, None, 0, 10).await.expect("list");
+    assert_eq!(listed[0].created_by.as_deref(), Some("alice"));
+}
+
+async fn audit_entries_are_kept_in_order_and_outlive_their_study(store: Arc<dyn Store>) {
+    let study = store
+        .insert_study(&spec("a"), Some("alice"), now())
+        .await
+        .expect("insert");
+    let entry = |action: &str, trial: Option<i64>| AuditEntry {
+        at: now(),
+        actor: "alice".into(),
+        action: action.into(),
+        study_id: Some(study.id),
+        trial_id: trial,
+        detail: Some(format!("{action} detail")),
+    };
+    let written = [
+        entry("study.create", None),
+        entry("trial.add", Some(1)),
+        entry("study.delete", None),
+    ];
+    for e in &written {
+        store.insert_audit(e).await.expect("audit");
+    }
+    assert!(store.delete_study(study.id).await.expect("delete"));
+    let all = store.list_audit(0, 10).await.expect("list");
+    assert_eq!(
+        all.iter().map(|r| r.entry.clone()).collect::<Vec<_>>(),
+        written.to_vec()
+    );
+    assert!(all.windows(2).all(|w| w[0].id < w[1].id));
+    let page = store.list_audit(all[0].id, 1).await.expect("page");
+    assert_eq!(page.len(), 1);
+    assert_eq!(page[0].entry.action, "trial.add");
 }

@@ -192,11 +192,8 @@ async fn median_rule_stops_a_bad_trial(backend: &str) {
                 json!({}),
             )
             .await;
-        assert_eq!(
-            r.status,
-            StatusCode::METHOD_NOT_ALLOWED,
-            "should_stop is a GET"
-        );
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+        assert_eq!(r.body["should_stop"], false);
         app.post(
             &format!("/v1/studies/{id}/trials/{trial}/complete"),
             json!({}),
@@ -211,8 +208,21 @@ async fn median_rule_stops_a_bad_trial(backend: &str) {
         )
         .await;
     }
+    // A GET reads the verdict and changes nothing (issue 10, finding 6: a GET moved the
+    // trial to `stopping`, so a prefetch or a crawler could stop trials).
     let verdict = app
         .get(&format!("/v1/studies/{id}/trials/4/should_stop"))
+        .await;
+    assert_eq!(verdict.status, StatusCode::OK, "{}", verdict.body);
+    assert_eq!(verdict.body["should_stop"], true);
+    assert_eq!(
+        app.get(&format!("/v1/studies/{id}/trials/4")).await.body["state"],
+        "active",
+        "a GET changed the trial"
+    );
+    // The POST acts on it.
+    let verdict = app
+        .post(&format!("/v1/studies/{id}/trials/4/should_stop"), json!({}))
         .await;
     assert_eq!(verdict.status, StatusCode::OK, "{}", verdict.body);
     assert_eq!(verdict.body["should_stop"], true);

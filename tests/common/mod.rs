@@ -47,6 +47,17 @@ macro_rules! on_both_backends {
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
+/// An HTTP client for the tests (reqwest asks for the process's TLS provider: `augur`
+/// installs ring's, as its CLI does).
+pub fn http() -> reqwest::Client {
+    http_builder().build().expect("HTTP client")
+}
+
+pub fn http_builder() -> reqwest::ClientBuilder {
+    augur::serve::install_tls_provider();
+    reqwest::Client::builder()
+}
+
 /// Admin URL of the test PostgreSQL (see scripts/start-postgres.sh).
 pub fn postgres_admin_url() -> String {
     std::env::var("AUGUR_TEST_POSTGRES_URL")
@@ -170,7 +181,7 @@ pub async fn spawn_app_configured(
     TestApp {
         addr,
         base: format!("http://{addr}"),
-        http: reqwest::Client::new(),
+        http: http(),
         token,
         db,
     }
@@ -345,7 +356,7 @@ impl ServerProcess {
 
     /// Wait until `/readyz` answers 200.
     pub async fn wait_ready(&self) {
-        let http = reqwest::Client::new();
+        let http = http();
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if let Ok(r) = http.get(format!("{}/readyz", self.base)).send().await

@@ -303,7 +303,16 @@ fn token_create_refuses_the_names_of_trial_tokens() {
     let create = |name: &str| {
         augur(
             "http://127.0.0.1:1",
-            &["token", "create", "--name", name, "--database-url", &db.url],
+            &[
+                "token",
+                "create",
+                "--name",
+                name,
+                "--role",
+                "admin",
+                "--database-url",
+                &db.url,
+            ],
         )
     };
     let (ok, stdout, stderr) = create("trial:1:1");
@@ -403,4 +412,257 @@ async fn a_vertex_job_file_round_trips_through_create_and_export() {
         }
     };
     assert_eq!(spec(2).await, spec(1).await);
+}
+
+/// Runs `augur` with `args` against `url` on a blocking thread.
+async fn augur_async(url: &str, args: &[&str]) -> (bool, String, String) {
+    let url = url.to_string();
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        augur(&url, &args.iter().map(String::as_str).collect::<Vec<_>>())
+    })
+    .await
+    .expect("join")
+}
+
+/// Issue 10, finding 10: a name with an escape sequence (retitling the terminal, or worse),
+/// a NUL or a line break (a forged row) is printed escaped. Names are refused at validation
+/// now, so the study is stored as an older version would have stored it: through the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn study_list_prints_control_characters_escaped() {
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let store = augur::store::connect(&app.db.url).await.expect("store");
+    let name = "evil\u{1b}]0;pwned\u{7}\n     2  completed  random  3/3  forged\u{0}\u{9b}";
+    let spec: augur::model::StudySpec = serde_json::from_value(serde_json::json!({
+        "name": name,
+        "algorithm": "random",
+        "metrics": [{"id": "loss", "goal": "minimize"}],
+        "parameters": [{"id": "x", "type": "double", "min": 0, "max": 1}],
+        "max_trials": 3,
+        "seed": 1
+    }))
+    .expect("spec");
+    store
+        .insert_study(&spec, None, chrono::Utc::now())
+        .await
+        .expect("stored as an older version would have");
+    let (ok, out, err) = augur_async(&app.base, &["study", "list"]).await;
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().count(), 2, "a forged row: {out:?}");
+    let raw = out
+        .chars()
+        .find(|c| c.is_control() && *c != '\n')
+        .map(|c| c.escape_unicode().to_string());
+    assert_eq!(raw, None, "a control character printed raw: {out:?}");
+    assert!(
+        out.contains(r"evil\u{1b}]0;pwned\u{7}\n     2  completed"),
+        "{out}"
+    );
+}
+
+/// Issue 10, finding 8: a CSV cell that starts with `=`, `+`, `-`, `@` (or a tab or CR) is a
+/// formula to a spreadsheet (`=HYPERLINK(…)` exfiltrates, DDE runs commands). String cells
+/// get a leading `'`, as OWASP and the spreadsheets expect; numbers, negative metric values
+/// included, stay numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csv_export_neutralises_formulas_and_keeps_numbers() {
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let values = [
+        "=HYPERLINK(\"http://evil.example\",\"x\")",
+        "+1+1",
+        "-2+3",
+        "@SUM(A1)",
+        "plain",
+    ];
+    let study = app
+        .create_study(serde_json::json!({
+            "name": "csv",
+            "algorithm": "random",
+            "metrics": [{"id": "loss", "goal": "minimize"}],
+            "parameters": [
+                {"id": "opt", "type": "categorical", "values": values},
+                {"id": "x", "type": "double", "min": -5, "max": 5}
+            ],
+            "max_trials": 10,
+            "seed": 1
+        }))
+        .await;
+    for (i, value) in values.iter().enumerate() {
+        let r = app
+            .post(
+                &format!("/v1/studies/{study}/trials"),
+                serde_json::json!({
+                    "parameters": {"opt": value, "x": -1.5},
+                    "final_measurement": {"metrics": {"loss": -0.25 - i as f64}}
+                }),
+            )
+            .await;
+        assert_eq!(r.status, reqwest::StatusCode::CREATED, "{}", r.body);
+    }
+    let (ok, out, err) = augur_async(
+        &app.base,
+        &["study", "export", &study.to_string(), "--format", "csv"],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "id,state,opt,x,loss");
+    assert_eq!(
+        lines[1],
+        r#"1,completed,"'=HYPERLINK(""http://evil.example"",""x"")",-1.5,-0.25"#
+    );
+    assert_eq!(lines[2], "2,completed,'+1+1,-1.5,-1.25");
+    assert_eq!(lines[3], "3,completed,'-2+3,-1.5,-2.25");
+    assert_eq!(lines[4], "4,completed,'@SUM(A1),-1.5,-3.25");
+    assert_eq!(lines[5], "5,completed,plain,-1.5,-4.25");
+}
+
+/// `augur token create --role R --expires-in 30d | list | revoke` on the database, and
+/// `augur audit` through the API: the trail names who did what.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_with_roles_from_the_command_line_and_the_audit_trail() {
+    let db = common::sqlite_db();
+    let url = db.url.clone();
+    let token = |args: Vec<String>| {
+        let url = url.clone();
+        async move {
+            let mut args = args;
+            args.extend(["--database-url".to_string(), url]);
+            augur_async(
+                "http://127.0.0.1:1",
+                &args.iter().map(String::as_str).collect::<Vec<_>>(),
+            )
+            .await
+        }
+    };
+    let (ok, alice, err) = token(
+        [
+            "token",
+            "create",
+            "--name",
+            "alice",
+            "--role",
+            "writer",
+            "--expires-in",
+            "30d",
+        ]
+        .map(String::from)
+        .to_vec(),
+    )
+    .await;
+    assert!(ok, "{err}");
+    let alice = alice.trim().to_string();
+    assert!(err.contains("writer") && err.contains("expires"), "{err}");
+    let (ok, _, err) = token(
+        ["token", "create", "--name", "bob", "--role", "root"]
+            .map(String::from)
+            .to_vec(),
+    )
+    .await;
+    assert!(!ok && err.contains("root"), "{err}");
+    let (ok, _, err) = token(
+        [
+            "token",
+            "create",
+            "--name",
+            "bob",
+            "--role",
+            "reader",
+            "--expires-in",
+            "3y",
+        ]
+        .map(String::from)
+        .to_vec(),
+    )
+    .await;
+    assert!(!ok && err.contains("unit"), "{err}");
+
+    let app = common::spawn_app_with(db, Some("cli-admin")).await;
+    let as_alice = common::call(
+        &app.http,
+        &app.base,
+        Some(&alice),
+        reqwest::Method::POST,
+        "/v1/studies",
+        Some(common::spec("random", 3, 1)),
+    )
+    .await;
+    assert_eq!(
+        as_alice.status,
+        reqwest::StatusCode::CREATED,
+        "{}",
+        as_alice.body
+    );
+
+    let (ok, listed, err) = token(["token", "list"].map(String::from).to_vec()).await;
+    assert!(ok, "{err}");
+    let rows: Vec<&str> = listed.lines().collect();
+    assert!(rows[0].starts_with("name"), "{listed}");
+    let alice_row = rows
+        .iter()
+        .find(|r| r.starts_with("alice"))
+        .expect("alice listed");
+    assert!(
+        alice_row.contains("writer") && !alice_row.contains(&alice),
+        "{listed}"
+    );
+    assert!(rows.iter().any(|r| r.starts_with("env ")), "{listed}");
+
+    let (ok, _, err) = token(["token", "revoke", "alice"].map(String::from).to_vec()).await;
+    assert!(ok, "{err}");
+    let (_, listed, _) = token(["token", "list"].map(String::from).to_vec()).await;
+    assert!(!listed.contains("alice"), "{listed}");
+    // Revoked on the database: the running server refuses it within its cache's bound.
+    common::eventually("alice refused", augur::service::TOKEN_CACHE_TTL * 2, || {
+        let (app, alice) = (&app, &alice);
+        async move {
+            let r = common::call(
+                &app.http,
+                &app.base,
+                Some(alice),
+                reqwest::Method::GET,
+                "/v1/studies",
+                None,
+            )
+            .await;
+            if r.status == reqwest::StatusCode::UNAUTHORIZED {
+                Ok(())
+            } else {
+                Err(r.status.to_string())
+            }
+        }
+    })
+    .await;
+
+    let audit = tokio::task::spawn_blocking({
+        let base = app.base.clone();
+        move || {
+            std::process::Command::new(common::augur_bin())
+                .args(["audit", "--url", &base])
+                .env("AUGUR_TOKEN", "cli-admin")
+                .output()
+                .expect("augur audit")
+        }
+    })
+    .await
+    .expect("join");
+    assert!(
+        audit.status.success(),
+        "{}",
+        String::from_utf8_lossy(&audit.stderr)
+    );
+    let trail = String::from_utf8_lossy(&audit.stdout).into_owned();
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+    let lines: Vec<&str> = trail.lines().collect();
+    assert_eq!(lines.len(), 3, "{trail}");
+    assert!(
+        lines[0].contains(&format!("cli:{user}  token.create"))
+            && lines[0].contains("alice (writer, expires"),
+        "{trail}"
+    );
+    assert!(lines[1].contains("alice  study.create  study 1"), "{trail}");
+    assert!(
+        lines[2].contains(&format!("cli:{user}  token.revoke  alice")),
+        "{trail}"
+    );
 }

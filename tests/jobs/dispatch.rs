@@ -305,7 +305,7 @@ async fn sigkill_of_the_service_mid_study_then_restart_finishes_exactly_max_tria
     let port = common::free_port();
     let mut server = common::ServerProcess::start(&db.url, port);
     server.wait_ready().await;
-    let http = reqwest::Client::new();
+    let http = common::http();
     let base = server.base.clone();
     let spec = study(&f, "kill", 12, 3, &["--sleep=0.4"], json!({}));
     let created = common::call(
@@ -456,7 +456,7 @@ async fn a_service_restart_does_not_renew_a_trials_retries(backend: &str) {
         &["--mode=crash_always"],
         json!({"max_retries": 2, "env": {"LAUNCHES": log.display().to_string()}}),
     );
-    let http = reqwest::Client::new();
+    let http = common::http();
     let mut server = common::ServerProcess::start(&db.url, port);
     server.wait_ready().await;
     let id = create_on(&http, &server.base, spec).await;
@@ -523,7 +523,7 @@ async fn a_launch_interrupted_by_the_service_dying_is_not_charged_to_the_trial()
         &["--mode=hang_first"],
         json!({"env": {"LAUNCHES": log.display().to_string()}}),
     );
-    let http = reqwest::Client::new();
+    let http = common::http();
     let mut server = common::ServerProcess::start(&db.url, port);
     server.wait_ready().await;
     let id = create_on(&http, &server.base, spec).await;
@@ -710,7 +710,7 @@ async fn a_dispatched_trial_starts_from_a_clean_environment() {
         base: format!("http://127.0.0.1:{port}"),
     };
     server.wait_ready().await;
-    let http = reqwest::Client::new();
+    let http = common::http();
     let mut spec = study(
         &f,
         "clean-env",

@@ -13,6 +13,7 @@ mod container;
 mod dispatch;
 mod kube_standin;
 mod kubernetes;
+mod run_as;
 mod slurm;
 mod tensorflow;
 mod worker;

@@ -149,3 +149,86 @@ async fn a_restarted_worker_resumes_its_trial_and_kills_the_leftover_job() {
         "the leftover job of trial 1 was killed"
     );
 }
+
+/// A trial that tries its `AUGUR_TRIAL_TOKEN`: reads the study list (anything but its own
+/// trial), reports a measurement to its own trial, and writes the token and both statuses
+/// to `<AIP_MODEL_DIR>/token.json`.
+const TOKEN_PROBE: &str = r#"
+import json, os, urllib.request, urllib.error
+url, token = os.environ["AUGUR_URL"], os.environ.get("AUGUR_TRIAL_TOKEN", "")
+study, trial = os.environ["AUGUR_STUDY_ID"], os.environ["AUGUR_TRIAL_ID"]
+def call(method, path, body=None):
+    req = urllib.request.Request(url + path, method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
+    try:
+        return urllib.request.urlopen(req).status
+    except urllib.error.HTTPError as e:
+        return e.code
+seen = {
+    "token": token,
+    "studies": call("GET", "/v1/studies"),
+    "other_trial": call("POST", "/v1/studies/%s/trials/%d/heartbeat" % (study, 1 + int(trial))),
+    "own": call("POST", "/v1/studies/%s/trials/%s/measurements" % (study, trial),
+                {"step": 1, "metrics": {"loss": 0.5}}),
+}
+open(os.path.join(os.environ["AIP_MODEL_DIR"], "token.json"), "w").write(json.dumps(seen))
+print("loss=0.5")
+"#;
+
+/// Issue 10, finding 3: `augur worker` gave each trial its own (admin) token. Each pulled
+/// trial now gets a token from the server that may only report to that trial, and stops
+/// working once the trial ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_hands_its_trials_trial_tokens_not_its_own() {
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::write(dir.path().join("trial.py"), TOKEN_PROBE).expect("script");
+    let admin = "worker-admin-token";
+    let app = common::spawn_app_with(common::sqlite_db(), Some(admin)).await;
+    let id = app.create_study(spec(2, 2)).await;
+    let mut w = Command::new(common::augur_bin())
+        .args(["worker", "--url", &app.base, "--study", &id.to_string()])
+        .args(["--slots", "2", "--client-id", "t", "--output-dir"])
+        .arg(dir.path().join("runs"))
+        .args(["--", "python3"])
+        .arg(dir.path().join("trial.py"))
+        .env("AUGUR_TOKEN", admin)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn worker");
+    let status = tokio::task::spawn_blocking(move || w.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    assert!(status.success());
+    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    assert_eq!(study["trial_counts"]["completed"], 2, "{study}");
+    for trial in 1..=2 {
+        let path = dir.path().join(format!("runs/{trial}/model/token.json"));
+        let seen: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("token.json"))
+                .expect("json");
+        let token = seen["token"].as_str().expect("token");
+        assert!(!token.is_empty(), "trial {trial} got no token");
+        assert_ne!(token, admin, "trial {trial} got the worker's own token");
+        assert_eq!(seen["studies"], 403, "trial {trial}: {seen}");
+        assert_eq!(seen["other_trial"], 403, "trial {trial}: {seen}");
+        assert_eq!(seen["own"], 200, "trial {trial}: {seen}");
+        // The trial ended: its token is gone.
+        let after = common::call(
+            &app.http,
+            &app.base,
+            Some(token),
+            reqwest::Method::GET,
+            &format!("/v1/studies/{id}/trials/{trial}"),
+            None,
+        )
+        .await;
+        assert_eq!(
+            after.status,
+            reqwest::StatusCode::UNAUTHORIZED,
+            "trial {trial}'s token outlived it"
+        );
+    }
+}

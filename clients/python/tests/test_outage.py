@@ -1,7 +1,7 @@
 """PostgreSQL only: a worker's calls ride out a database outage. A TCP proxy between this
 test's own `augur serve` and PostgreSQL is cut for longer than the server's pool waits (10 s),
-so the server answers 500 in the meantime; the client retries the idempotent call until the
-database is back. (Only this server loses its database: others on the machine are untouched.)"""
+so the server answers 503 (`unavailable`, with Retry-After) in the meantime; the client retries
+the idempotent call until the database is back. (Only this server loses its database: others on the machine are untouched.)"""
 
 from __future__ import annotations
 
@@ -52,5 +52,5 @@ def test_a_report_during_a_database_outage_succeeds_once_it_is_back(outage_serve
         waited = time.monotonic() - started
         assert waited >= OUTAGE_SECS - 1
         outcomes = [o for _, o in http.calls("POST", r".*/measurements")]
-        assert "upstream 500" in outcomes and outcomes[-1] == "forward", outcomes
+        assert "upstream 503" in outcomes and outcomes[-1] == "forward", outcomes
         assert trial.complete().metrics == {"loss": 0.5}

@@ -304,7 +304,7 @@ impl Designer for GpBanditDesigner {
         .ok();
         let mut suggestions = Vec::with_capacity(input.count);
         let mut first = true;
-        while suggestions.len() < input.count {
+        while suggestions.len() < input.count && !crate::cancel::requested() {
             let a = match model.next_point(&self.config, &encoder, first, &mut rng) {
                 Some(x) => {
                     let a = encoder.decode(&x);
@@ -1003,6 +1003,9 @@ impl Model {
         }
         let generations = config.generations.max(1);
         for g in 0..generations {
+            if crate::cancel::requested() {
+                break;
+            }
             // Step size shrinks geometrically from 0.2 to about 0.001: global moves first,
             // local refinement at the end. Categorical features jump to a random level with
             // a probability that shrinks likewise, from 0.35 to 0.05.

@@ -4,6 +4,7 @@
 //! and seed, every designer returns the same suggestions. The service turns stored trials into
 //! a [`DesignerInput`] and stores what comes back.
 
+pub mod cancel;
 pub mod designer;
 pub mod gp;
 pub mod gp_bandit;

@@ -30,11 +30,11 @@ log = logging.getLogger("augur")
 
 __all__ = ["Client", "Study", "Trial", "Suggestions", "SHOULD_STOP_METHODS", "dispatched_trial"]
 
-#: The methods tried, in order, for ``…/trials/{trial}/should_stop``. The API answers it on
-#: GET today, but the answer can move a trial to ``stopping``, and a GET must not change
-#: state, so the route is moving to POST. The client asks with POST first and falls back to
-#: GET on 405, remembering per :class:`Client` which one the server took. Once every server
-#: takes POST, this is ``("POST",)``.
+#: The methods tried, in order, for ``…/trials/{trial}/should_stop``. The API acts on the
+#: verdict with POST (a trial told to stop moves to ``stopping``); its GET only reads it.
+#: Servers before issue 10 answered GET only (and let a trial token GET it only), so the
+#: client falls back to GET on 405 or 403, remembering per :class:`Client` which one the
+#: server took. Once no such server is left, this is ``("POST",)``.
 SHOULD_STOP_METHODS = ("POST", "GET")
 
 #: Trial states after which nothing more can be reported.

@@ -226,7 +226,7 @@ impl Objective<'_> {
         {
             return Ok(v.clone());
         }
-        if self.evals.get() >= self.max_evals {
+        if self.evals.get() >= self.max_evals || crate::cancel::requested() {
             return Err(Error::msg("evaluation budget spent"));
         }
         self.evals.set(self.evals.get() + 1);

@@ -1,0 +1,65 @@
+//! The audit trail: who (a token's name; `open` on an open server) created, changed, stopped
+//! or deleted each study, added or excluded trials, created or revoked tokens.
+//!
+//! An entry is written right after the change it records commits, not in the same
+//! transaction: a crash (or a lost database) between the two loses the entry, never the
+//! change. Each such loss is logged and counted (`augur_audit_write_failures_total`).
+
+use chrono::Utc;
+
+use super::paging::{page_bounds, split_page};
+use super::{Caller, Page, Service, ServiceResult};
+use crate::model::AuditEvent;
+use crate::store::{AuditEntry, AuditRecord};
+
+impl Service {
+    /// Record that `actor` did `action`.
+    pub(super) async fn audit(
+        &self,
+        actor: &Caller,
+        action: &str,
+        study_id: Option<i64>,
+        trial_id: Option<i64>,
+        detail: Option<String>,
+    ) {
+        let entry = AuditEntry {
+            at: Utc::now(),
+            actor: actor.name.clone(),
+            action: action.to_string(),
+            study_id,
+            trial_id,
+            detail,
+        };
+        if let Err(error) = self.store.insert_audit(&entry).await {
+            metrics::counter!("augur_audit_write_failures_total").increment(1);
+            tracing::error!(%error, actor = %entry.actor, action, ?study_id, ?trial_id, "could not write an audit entry");
+        }
+    }
+
+    /// The audit trail, oldest first, a page at a time.
+    pub async fn audit_events(
+        &self,
+        page_size: Option<i64>,
+        page_token: Option<&str>,
+    ) -> ServiceResult<Page<AuditEvent>> {
+        let (limit, after) = page_bounds(page_size, page_token)?;
+        let records = self.store.list_audit(after, limit + 1).await?;
+        let (records, next) = split_page(records, limit, |r| r.id);
+        Ok(Page {
+            items: records.into_iter().map(audit_event).collect(),
+            next_page_token: next,
+        })
+    }
+}
+
+fn audit_event(r: AuditRecord) -> AuditEvent {
+    AuditEvent {
+        id: r.id,
+        at: r.entry.at,
+        actor: r.entry.actor,
+        action: r.entry.action,
+        study_id: r.entry.study_id,
+        trial_id: r.entry.trial_id,
+        detail: r.entry.detail,
+    }
+}
