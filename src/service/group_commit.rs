@@ -1,39 +1,49 @@
-//! Group commit: every change to a study goes through that study's batcher, a task that
-//! takes all the commands queued while the previous transaction committed and applies them
-//! in one transaction. Each caller gets its answer only after that commit.
+//! Group commit: every change to a study goes through a commit lane, a task that takes all
+//! the commands queued while its previous transaction committed, whatever their studies, and
+//! applies them in one transaction: each study's commands as one batch under that study's
+//! lock (`state_machine.rs`), all committed together. Each caller gets its answer only after
+//! that commit.
 //!
 //! Why: a durable commit costs a disk flush (~4 ms here), and changes to one study are
 //! serialized by its row lock anyway, so one transaction per request caps a study at a few
-//! hundred changes per second. Batching spreads one flush over every waiting request.
-//! Across replicas the study row lock still serializes the batches, so the cap holds.
+//! hundred changes per second, and one transaction per study and batch caps a server with many
+//! busy studies alike (each batch then holds one or two commands). Sharing the flush across
+//! studies spreads it over every waiting request.
+//!
+//! A study always goes to the same lane (its id modulo [`LANES`]), so its batches stay in
+//! order; several lanes let one build its transaction while another waits for its flush.
+//!
+//! Replicas on one PostgreSQL: a lane locks its first study waiting, as one study's batcher
+//! did, and every further study with `SKIP LOCKED`, so it never waits while holding locks
+//! (no deadlock between replicas) and a study another replica is committing does not hold
+//! up this lane's other studies: its commands go first into the lane's next transaction.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::state_machine::{Command, Reply, StudyBatch};
+use super::state_machine::{BatchOutcome, Command, Reply, StudyBatch};
 use super::tokens::TokenCache;
 use super::{ServiceError, ServiceResult};
-use crate::store::Store;
+use crate::store::{Store, StudiesTx, StudyLock};
 
+/// Commit lanes per process: enough that one lane's flush overlaps another's work on 2 cores.
+const LANES: usize = 4;
 /// How many commands one transaction applies at most.
-const MAX_BATCH: usize = 256;
-/// A batcher with nothing to do for this long exits; the next command starts a new one.
-const IDLE: Duration = Duration::from_secs(30);
+const MAX_BATCH: usize = 512;
 
 struct Job {
+    study_id: i64,
     command: Command,
     reply: oneshot::Sender<ServiceResult<Reply>>,
 }
 
-type Senders = Arc<Mutex<HashMap<i64, mpsc::UnboundedSender<Job>>>>;
-
 #[derive(Clone)]
 pub(super) struct GroupCommit {
     store: Arc<dyn Store>,
-    senders: Senders,
+    /// Started with the first command (a lane is a task: it needs the runtime).
+    lanes: Arc<OnceLock<Vec<mpsc::UnboundedSender<Job>>>>,
     /// Told of the trial tokens each batch revoked or replaced.
     tokens: TokenCache,
 }
@@ -42,136 +52,251 @@ impl GroupCommit {
     pub fn new(store: Arc<dyn Store>, tokens: TokenCache) -> Self {
         Self {
             store,
-            senders: Arc::default(),
+            lanes: Arc::default(),
             tokens,
         }
     }
 
     /// Apply `command` to `study_id` in the next batch; returns once that batch committed.
     pub async fn submit(&self, study_id: i64, command: Command) -> ServiceResult<Reply> {
+        let lanes = self.lanes.get_or_init(|| {
+            (0..LANES)
+                .map(|_| {
+                    let (sender, receiver) = mpsc::unbounded_channel();
+                    tokio::spawn(run_lane(self.store.clone(), self.tokens.clone(), receiver));
+                    sender
+                })
+                .collect()
+        });
         let (reply, answer) = oneshot::channel();
-        let mut job = Job { command, reply };
-        loop {
-            let sender = {
-                let mut senders = self.senders.lock().map_err(|_| poisoned())?;
-                senders
-                    .entry(study_id)
-                    .or_insert_with(|| self.spawn_batcher(study_id))
-                    .clone()
-            };
-            match sender.send(job) {
-                Ok(()) => break,
-                // That batcher just went idle and closed: forget it and start another.
-                Err(mpsc::error::SendError(returned)) => {
-                    job = returned;
-                    let mut senders = self.senders.lock().map_err(|_| poisoned())?;
-                    if senders
-                        .get(&study_id)
-                        .is_some_and(|s| s.same_channel(&sender))
-                    {
-                        senders.remove(&study_id);
-                    }
-                }
-            }
-        }
-        answer
-            .await
-            .map_err(|_| ServiceError::Internal("the study's batcher stopped".into()))?
-    }
-
-    fn spawn_batcher(&self, study_id: i64) -> mpsc::UnboundedSender<Job> {
-        let (sender, receiver) = mpsc::unbounded_channel();
-        tokio::spawn(run_batcher(
-            self.store.clone(),
-            self.senders.clone(),
-            self.tokens.clone(),
+        let lane = &lanes[study_id.rem_euclid(LANES as i64) as usize];
+        lane.send(Job {
             study_id,
-            receiver,
-        ));
-        sender
+            command,
+            reply,
+        })
+        .map_err(|_| lane_stopped())?;
+        answer.await.map_err(|_| lane_stopped())?
     }
 }
 
-fn poisoned() -> ServiceError {
-    ServiceError::Internal("batcher registry lock poisoned".into())
+fn lane_stopped() -> ServiceError {
+    ServiceError::Internal("the commit lane stopped".into())
 }
 
-async fn run_batcher(
+async fn run_lane(
     store: Arc<dyn Store>,
-    senders: Senders,
     tokens: TokenCache,
-    study_id: i64,
     mut receiver: mpsc::UnboundedReceiver<Job>,
 ) {
+    let mut deferred: Vec<Job> = Vec::new();
     loop {
-        let first = match tokio::time::timeout(IDLE, receiver.recv()).await {
-            Ok(Some(job)) => job,
-            Ok(None) => return,
-            Err(_idle) => {
-                // Unregister under the registry lock, then refuse new sends; anything that
-                // slipped in before the close is still applied below.
-                if let Ok(mut map) = senders.lock() {
-                    map.remove(&study_id);
-                }
-                receiver.close();
-                let mut rest = Vec::new();
-                while let Ok(job) = receiver.try_recv() {
-                    rest.push(job);
-                }
-                if !rest.is_empty() {
-                    apply_batch(&*store, &tokens, study_id, rest).await;
-                }
-                return;
+        let mut jobs = std::mem::take(&mut deferred);
+        if jobs.is_empty() {
+            match receiver.recv().await {
+                Some(job) => jobs.push(job),
+                None => return,
             }
-        };
-        let mut jobs = vec![first];
+        }
         while jobs.len() < MAX_BATCH {
             match receiver.try_recv() {
                 Ok(job) => jobs.push(job),
                 Err(_) => break,
             }
         }
-        apply_batch(&*store, &tokens, study_id, jobs).await;
+        deferred = apply_jobs(&*store, &tokens, jobs).await;
     }
 }
 
+/// One study's share of a transaction: its commands (kept to replay them alone if the shared
+/// transaction fails before its commit) and where each answer goes.
+struct StudyJobs {
+    study_id: i64,
+    commands: Vec<Command>,
+    replies: Vec<oneshot::Sender<ServiceResult<Reply>>>,
+}
+
+impl StudyJobs {
+    /// Every command of the study fails with `error`.
+    fn fail(self, error: &ServiceError) {
+        for reply in self.replies {
+            let _ = reply.send(Err(batch_error(error)));
+        }
+    }
+
+    fn into_jobs(self) -> Vec<Job> {
+        let study_id = self.study_id;
+        self.commands
+            .into_iter()
+            .zip(self.replies)
+            .map(|(command, reply)| Job {
+                study_id,
+                command,
+                reply,
+            })
+            .collect()
+    }
+}
+
+/// The jobs by study, in the order each study first appears (the deferred ones first).
+fn by_study(jobs: Vec<Job>) -> Vec<StudyJobs> {
+    let mut groups: Vec<StudyJobs> = Vec::new();
+    let mut index: HashMap<i64, usize> = HashMap::new();
+    for job in jobs {
+        let i = *index.entry(job.study_id).or_insert_with(|| {
+            groups.push(StudyJobs {
+                study_id: job.study_id,
+                commands: Vec::new(),
+                replies: Vec::new(),
+            });
+            groups.len() - 1
+        });
+        groups[i].commands.push(job.command);
+        groups[i].replies.push(job.reply);
+    }
+    groups
+}
+
 /// One transaction for all `jobs`; each gets its own result, sent only after the commit.
-async fn apply_batch(store: &dyn Store, tokens: &TokenCache, study_id: i64, jobs: Vec<Job>) {
+/// Returns the jobs of studies another transaction held, for the next round.
+async fn apply_jobs(store: &dyn Store, tokens: &TokenCache, jobs: Vec<Job>) -> Vec<Job> {
     metrics::histogram!("augur_group_commit_batch_size").record(jobs.len() as f64);
-    let (commands, replies): (Vec<_>, Vec<_>) =
-        jobs.into_iter().map(|j| (j.command, j.reply)).unzip();
+    let groups = by_study(jobs);
     let started = std::time::Instant::now();
-    let outcome = StudyBatch::run(store, study_id, commands).await;
-    // How long the study stayed locked for this batch, commit included: with the batch size,
-    // what bounds one study's throughput.
+    let mut deferred = Vec::new();
+    let mut applied: Vec<(StudyJobs, BatchOutcome)> = Vec::new();
+    let mut tx: Box<dyn StudiesTx> = match store.begin_studies().await {
+        Ok(tx) => tx,
+        Err(error) => {
+            let error = ServiceError::from(error);
+            for group in groups {
+                group.fail(&error);
+            }
+            return deferred;
+        }
+    };
+    let mut groups = groups.into_iter();
+    let mut first = true;
+    while let Some(group) = groups.next() {
+        // Only the first lock may wait: this transaction holds none yet.
+        let lock = tx.lock_study(group.study_id, first).await;
+        first = false;
+        let locked = match lock {
+            Ok(StudyLock::Locked(locked)) => locked,
+            Ok(StudyLock::Missing(back)) => {
+                tx = back;
+                let missing = ServiceError::NotFound(format!("study {}", group.study_id));
+                tracing::debug!(study_id = group.study_id, "no such study");
+                group.fail(&missing);
+                continue;
+            }
+            Ok(StudyLock::Busy(back)) => {
+                tx = back;
+                deferred.extend(group.into_jobs());
+                continue;
+            }
+            Err(error) => {
+                // The transaction is lost: replay every study alone.
+                let rest = std::iter::once(group).chain(groups);
+                replay_alone(store, tokens, applied, rest.collect(), error.into()).await;
+                return deferred;
+            }
+        };
+        match StudyBatch::apply_locked(locked, group.commands.clone()).await {
+            Ok((outcome, locked)) => match locked.release().await {
+                Ok(back) => {
+                    tx = back;
+                    applied.push((group, outcome));
+                }
+                Err(error) => {
+                    let rest = std::iter::once(group).chain(groups);
+                    replay_alone(store, tokens, applied, rest.collect(), error.into()).await;
+                    return deferred;
+                }
+            },
+            Err(error) => {
+                let rest = std::iter::once(group).chain(groups);
+                replay_alone(store, tokens, applied, rest.collect(), error).await;
+                return deferred;
+            }
+        }
+    }
+    let studies = applied.len();
+    let committed = tx.commit().await;
+    // How long this lane's studies stayed locked, commit included: with the batch size, what
+    // bounds a study's throughput.
     metrics::histogram!("augur_group_commit_seconds").record(started.elapsed().as_secs_f64());
-    match outcome {
-        Ok(outcome) => {
-            // Before anyone hears of the commit: a finished trial's token is refused from
-            // the moment its completion is acknowledged.
-            tokens.forget_trials(study_id, &outcome.tokens_changed);
-            for (reply, result) in replies.into_iter().zip(outcome.replies) {
-                let _ = reply.send(result);
+    metrics::histogram!("augur_group_commit_studies").record(studies as f64);
+    match committed {
+        Ok(()) => {
+            for (group, outcome) in applied {
+                announce(tokens, group, outcome);
             }
         }
         Err(error) => {
-            // A study deleted (or never created) is the caller's 404, not a failed transaction.
-            if matches!(error, ServiceError::NotFound(_)) {
-                tracing::debug!(study_id, %error, "no such study");
-            } else if matches!(error, ServiceError::Unavailable(_)) {
-                tracing::warn!(study_id, %error, "study transaction failed: database unavailable");
-            } else {
-                tracing::error!(study_id, %error, "study transaction failed");
-            }
-            let message = error.to_string();
-            for reply in replies {
-                let _ = reply.send(Err(match &error {
-                    ServiceError::NotFound(what) => ServiceError::NotFound(what.clone()),
-                    // Nothing of the batch is known to be written: ask again later.
-                    ServiceError::Unavailable(why) => ServiceError::Unavailable(why.clone()),
-                    _ => ServiceError::Internal(message.clone()),
-                }));
+            // Whether the commit reached the disk is unknown: nothing may be replayed, and
+            // every caller hears that the database is out of reach (or failed).
+            let error = ServiceError::from(error);
+            log_failure(&error);
+            for (group, _) in applied {
+                group.fail(&error);
             }
         }
+    }
+    deferred
+}
+
+/// Answer each command of a committed study batch.
+fn announce(tokens: &TokenCache, group: StudyJobs, outcome: BatchOutcome) {
+    // Before anyone hears of the commit: a finished trial's token is refused from the moment
+    // its completion is acknowledged.
+    tokens.forget_trials(group.study_id, &outcome.tokens_changed);
+    for (reply, result) in group.replies.into_iter().zip(outcome.replies) {
+        let _ = reply.send(result);
+    }
+}
+
+/// A shared transaction failed before its commit (so nothing of it was written): apply each
+/// study's commands in a transaction of its own, so that one study's failure (`error`, of the
+/// last study tried, or the database's) is that study's alone.
+async fn replay_alone(
+    store: &dyn Store,
+    tokens: &TokenCache,
+    applied: Vec<(StudyJobs, BatchOutcome)>,
+    rest: Vec<StudyJobs>,
+    error: ServiceError,
+) {
+    log_failure(&error);
+    let groups = applied.into_iter().map(|(group, _)| group).chain(rest);
+    for group in groups {
+        let result = StudyBatch::run(store, group.study_id, group.commands.clone()).await;
+        match result {
+            Ok(outcome) => announce(tokens, group, outcome),
+            Err(error) => {
+                log_failure(&error);
+                group.fail(&error);
+            }
+        }
+    }
+}
+
+fn log_failure(error: &ServiceError) {
+    match error {
+        ServiceError::NotFound(_) => tracing::debug!(%error, "no such study"),
+        ServiceError::Unavailable(_) => {
+            tracing::warn!(%error, "study transaction failed: database unavailable")
+        }
+        _ => tracing::error!(%error, "study transaction failed"),
+    }
+}
+
+/// The error every command of a failed batch answers.
+fn batch_error(error: &ServiceError) -> ServiceError {
+    match error {
+        // A study deleted (or never created) is the caller's 404, not a failed transaction.
+        ServiceError::NotFound(what) => ServiceError::NotFound(what.clone()),
+        // Nothing of the batch is known to be written: ask again later.
+        ServiceError::Unavailable(why) => ServiceError::Unavailable(why.clone()),
+        other => ServiceError::Internal(other.to_string()),
     }
 }

@@ -14,8 +14,9 @@ use crate::model::{
 };
 use crate::store::{Store, StudyRecord, StudyTx, TrialRecord, TrialToken};
 
-/// A change to one study.
-#[derive(Debug)]
+/// A change to one study. Cloned so that a shared transaction that failed can be replayed
+/// study by study (`group_commit.rs`).
+#[derive(Debug, Clone)]
 pub enum Command {
     /// Hand out up to `count` trials. `precomputed` carries suggestions from a designer that
     /// needs the history (computed outside the lock); otherwise the designer runs here.
@@ -82,7 +83,7 @@ pub enum Command {
 }
 
 /// How a trial completes.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Completion {
     Metrics {
         metrics: BTreeMap<String, f64>,
@@ -141,17 +142,30 @@ pub(super) struct StudyBatch {
 }
 
 impl StudyBatch {
-    /// Apply `commands` in one transaction. The outer error means the transaction itself
-    /// failed (nothing applied); inner errors are per command.
+    /// Apply `commands` in a transaction of their own. The outer error means the
+    /// transaction itself failed (nothing applied); inner errors are per command.
     pub async fn run(
         store: &dyn Store,
         study_id: i64,
         commands: Vec<Command>,
     ) -> ServiceResult<BatchOutcome> {
-        let Some(mut tx) = store.begin_study(study_id).await? else {
+        let Some(tx) = store.begin_study(study_id).await? else {
             return Err(ServiceError::NotFound(format!("study {study_id}")));
         };
+        let (outcome, tx) = Self::apply_locked(tx, commands).await?;
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    /// Apply `commands` to the study `tx` holds, writing but not committing: the caller
+    /// commits, maybe with other studies (`group_commit.rs`), and only then may anyone hear
+    /// of the outcome.
+    pub async fn apply_locked(
+        mut tx: Box<dyn StudyTx>,
+        commands: Vec<Command>,
+    ) -> ServiceResult<(BatchOutcome, Box<dyn StudyTx>)> {
         let study = tx.study().clone();
+        let study_id = study.id;
         let config = study
             .spec
             .validate()
@@ -178,11 +192,14 @@ impl StudyBatch {
             batch.settle_study_state().await?;
             results.push(result);
         }
-        let tokens_changed = batch.write().await?;
-        Ok(BatchOutcome {
-            replies: results,
-            tokens_changed,
-        })
+        let (tokens_changed, tx) = batch.write().await?;
+        Ok((
+            BatchOutcome {
+                replies: results,
+                tokens_changed,
+            },
+            tx,
+        ))
     }
 
     async fn apply(&mut self, command: Command) -> ServiceResult<Reply> {
@@ -774,7 +791,8 @@ impl StudyBatch {
     }
 
     /// Write the batch and commit; the trials whose tokens were revoked or replaced.
-    async fn write(mut self) -> ServiceResult<Vec<i64>> {
+    /// Sends the batch's writes; the trials whose tokens changed, and the transaction.
+    async fn write(mut self) -> ServiceResult<(Vec<i64>, Box<dyn StudyTx>)> {
         let touched_trials = !self.created.is_empty() || !self.changed.is_empty();
         if touched_trials || self.study_changed {
             self.study.change_seq += 1;
@@ -819,10 +837,9 @@ impl StudyBatch {
         self.tokens.retain(|t| !finished.contains(&t.trial_id));
         // After the trials: a token belongs to one.
         self.tx.replace_trial_tokens(&self.tokens, self.now).await?;
-        self.tx.commit().await?;
         let mut tokens_changed = finished;
         tokens_changed.extend(self.tokens.iter().map(|t| t.trial_id));
-        Ok(tokens_changed)
+        Ok((tokens_changed, self.tx))
     }
 }
 

@@ -145,10 +145,23 @@ pub trait Store: Send + Sync + 'static {
     async fn set_designer_state(&self, study_id: i64, state: &serde_json::Value)
     -> StoreResult<()>;
 
-    /// Begin the one kind of transaction that changes a study: it holds the study's lock (row
-    /// lock on PostgreSQL, the write lock on SQLite) until commit or drop. `None` if the study
-    /// does not exist.
-    async fn begin_study(&self, study_id: i64) -> StoreResult<Option<Box<dyn StudyTx>>>;
+    /// Begin the one kind of transaction that changes studies: it locks each study it changes
+    /// ([`StudiesTx::lock_study`]; row locks on PostgreSQL, the write lock on SQLite) until
+    /// commit or drop. Nothing is sent to the database before the first lock.
+    async fn begin_studies(&self) -> StoreResult<Box<dyn StudiesTx>>;
+
+    /// A transaction on one study, waiting for its lock. `None` if the study does not exist.
+    async fn begin_study(&self, study_id: i64) -> StoreResult<Option<Box<dyn StudyTx>>> {
+        match self
+            .begin_studies()
+            .await?
+            .lock_study(study_id, true)
+            .await?
+        {
+            StudyLock::Locked(tx) => Ok(Some(tx)),
+            StudyLock::Missing(_) | StudyLock::Busy(_) => Ok(None),
+        }
+    }
 
     async fn insert_token(
         &self,
@@ -200,6 +213,28 @@ pub trait Store: Send + Sync + 'static {
     async fn count_tokens(&self) -> StoreResult<i64>;
 }
 
+/// A transaction that changes several studies and commits them together: what lets one
+/// durable commit (a disk flush) serve the commands of many studies. Dropping it without
+/// `commit` rolls back.
+#[async_trait]
+pub trait StudiesTx: Send {
+    /// Lock the study for the rest of the transaction and work on it; give the transaction
+    /// back with [`StudyTx::release`]. With `wait` false, a study another transaction holds
+    /// is `Busy` at once (PostgreSQL's `SKIP LOCKED`): a transaction that already holds locks
+    /// must never wait for one, or two replicas could deadlock.
+    async fn lock_study(self: Box<Self>, study_id: i64, wait: bool) -> StoreResult<StudyLock>;
+    async fn commit(self: Box<Self>) -> StoreResult<()>;
+}
+
+/// What [`StudiesTx::lock_study`] got.
+pub enum StudyLock {
+    Locked(Box<dyn StudyTx>),
+    /// No such study: the transaction, unchanged.
+    Missing(Box<dyn StudiesTx>),
+    /// Another transaction holds the study (only without `wait`).
+    Busy(Box<dyn StudiesTx>),
+}
+
 /// A transaction on one locked study. Dropping it without `commit` rolls back.
 #[async_trait]
 pub trait StudyTx: Send {
@@ -230,5 +265,8 @@ pub trait StudyTx: Send {
         tokens: &[TrialToken],
         now: DateTime<Utc>,
     ) -> StoreResult<()>;
+    /// Send the writes held so far and give the transaction back, the study still locked,
+    /// for the next study of the batch.
+    async fn release(self: Box<Self>) -> StoreResult<Box<dyn StudiesTx>>;
     async fn commit(self: Box<Self>) -> StoreResult<()>;
 }

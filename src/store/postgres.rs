@@ -26,7 +26,7 @@ impl PostgresStore {
     }
 }
 
-impl_sql_store!(PostgresStore, PostgresStudyTx, sqlx::Postgres, "postgres");
+impl_sql_store!(PostgresStore, PostgresStudiesTx, sqlx::Postgres, "postgres");
 
 // A study transaction costs round trips, and the study stays locked across all of them, so
 // they bound one study's throughput. Four, whatever the batch size:
@@ -37,6 +37,8 @@ impl_sql_store!(PostgresStore, PostgresStudyTx, sqlx::Postgres, "postgres");
 // 3. every write of the batch, as one statement (each column travels as an array that
 //    `UNNEST` zips back into rows), sent at commit: nothing reads in between;
 // 4. `COMMIT`.
+// A transaction over several studies shares 1 and 4: each further study costs its lock
+// (`SKIP LOCKED`), 2 and 3.
 
 /// The study row (columns prefixed `s_`) with each of its unfinished trials, or alone (trial
 /// columns NULL) when it has none. The study row lists its unfinished trials' ids
@@ -163,42 +165,82 @@ impl TrialColumns {
     }
 }
 
-pub struct PostgresStudyTx {
-    tx: sqlx::Transaction<'static, sqlx::Postgres>,
-    study: StudyRecord,
-    /// Read with the study row; handed out by the first `unfinished_trials`.
-    unfinished: Option<Vec<TrialRecord>>,
-    /// The ids of the unfinished trials, as of the writes held so far.
-    unfinished_ids: std::collections::BTreeSet<i64>,
-    /// Writes held until `commit`, which sends them as one statement.
-    new_trials: Vec<TrialRecord>,
-    changed_trials: Vec<TrialRecord>,
-    measurements: Vec<(i64, Measurement)>,
-    measured_at: Option<Time>,
-    study_update: Option<StudyRecord>,
-    /// Trials whose tokens to delete.
-    revoked: Vec<i64>,
+/// Studies locked one by one in one transaction, which `BEGIN`s with the first lock.
+pub struct PostgresStudiesTx {
+    pool: PgPool,
+    tx: Option<sqlx::Transaction<'static, sqlx::Postgres>>,
 }
 
-impl PostgresStudyTx {
-    async fn begin(store: &PostgresStore, study_id: i64) -> StoreResult<Option<Box<dyn StudyTx>>> {
-        // An integer formatted into the SQL: nothing a client sends reaches this text.
-        // Custom plans in a study transaction: a connection's cached generic plan is made
-        // once, for the table's size back then, and what was cheap on a tiny table (a scan
-        // of it, or of the whole study through `trials_study_change_idx`) stayed in the plan
-        // for every batch as the study grew. Planning each batch costs ~10-20% of peak
-        // throughput; `enable_seqscan = off` was cheaper but left the index scan possible.
-        let begin = format!(
-            "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan; \
-             SELECT 1 FROM studies WHERE id = {study_id} FOR UPDATE"
-        );
-        let mut tx = store.pool.begin_with(sqlx::AssertSqlSafe(begin)).await?;
+impl PostgresStudiesTx {
+    fn begin(store: &PostgresStore) -> Box<dyn StudiesTx> {
+        Box::new(PostgresStudiesTx {
+            pool: store.pool.clone(),
+            tx: None,
+        })
+    }
+}
+
+// Custom plans in a study transaction: a connection's cached generic plan is made once, for
+// the table's size back then, and what was cheap on a tiny table (a scan of it, or of the
+// whole study through `trials_study_change_idx`) stayed in the plan for every batch as the
+// study grew. Planning each batch costs ~10-20% of peak throughput; `enable_seqscan = off`
+// was cheaper but left the index scan possible.
+const BEGIN: &str = "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan";
+const LOCK: &str = "SELECT 1 FROM studies WHERE id = $1 FOR UPDATE";
+const TRY_LOCK: &str = "SELECT 1 FROM studies WHERE id = $1 FOR UPDATE SKIP LOCKED";
+const EXISTS: &str = "SELECT 1 FROM studies WHERE id = $1";
+
+#[async_trait::async_trait]
+impl StudiesTx for PostgresStudiesTx {
+    async fn lock_study(self: Box<Self>, study_id: i64, wait: bool) -> StoreResult<StudyLock> {
+        let PostgresStudiesTx { pool, tx } = *self;
+        let mut tx = match tx {
+            Some(mut tx) => {
+                if wait {
+                    sqlx::query(LOCK).bind(study_id).execute(&mut *tx).await?;
+                } else if sqlx::query(TRY_LOCK)
+                    .bind(study_id)
+                    .fetch_optional(&mut *tx)
+                    .await?
+                    .is_none()
+                {
+                    let exists = sqlx::query(EXISTS)
+                        .bind(study_id)
+                        .fetch_optional(&mut *tx)
+                        .await?
+                        .is_some();
+                    let tx = Box::new(PostgresStudiesTx { pool, tx: Some(tx) });
+                    return Ok(if exists {
+                        StudyLock::Busy(tx)
+                    } else {
+                        StudyLock::Missing(tx)
+                    });
+                }
+                tx
+            }
+            // The first lock rides with `BEGIN`: one round trip. (An integer formatted into
+            // the SQL: nothing a client sends reaches this text.)
+            None if wait => {
+                let begin =
+                    format!("{BEGIN}; SELECT 1 FROM studies WHERE id = {study_id} FOR UPDATE");
+                pool.begin_with(sqlx::AssertSqlSafe(begin)).await?
+            }
+            None => {
+                let tx = pool.begin_with(BEGIN).await?;
+                return Box::new(PostgresStudiesTx { pool, tx: Some(tx) })
+                    .lock_study(study_id, false)
+                    .await;
+            }
+        };
         let rows = sqlx::query(STUDY_WITH_UNFINISHED)
             .bind(study_id)
             .fetch_all(&mut *tx)
             .await?;
         let Some(first) = rows.first() else {
-            return Ok(None);
+            return Ok(StudyLock::Missing(Box::new(PostgresStudiesTx {
+                pool,
+                tx: Some(tx),
+            })));
         };
         let study = StudyRow {
             id: first.try_get("s_id")?,
@@ -220,7 +262,8 @@ impl PostgresStudyTx {
             }
         }
         let unfinished_ids = unfinished.iter().map(|t| t.id).collect();
-        Ok(Some(Box::new(PostgresStudyTx {
+        Ok(StudyLock::Locked(Box::new(PostgresStudyTx {
+            pool,
             tx,
             study: study.try_into()?,
             unfinished: Some(unfinished),
@@ -234,6 +277,33 @@ impl PostgresStudyTx {
         })))
     }
 
+    async fn commit(self: Box<Self>) -> StoreResult<()> {
+        if let Some(tx) = self.tx {
+            tx.commit().await?;
+        }
+        Ok(())
+    }
+}
+
+pub struct PostgresStudyTx {
+    pool: PgPool,
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    study: StudyRecord,
+    /// Read with the study row; handed out by the first `unfinished_trials`.
+    unfinished: Option<Vec<TrialRecord>>,
+    /// The ids of the unfinished trials, as of the writes held so far.
+    unfinished_ids: std::collections::BTreeSet<i64>,
+    /// Writes held until `commit`, which sends them as one statement.
+    new_trials: Vec<TrialRecord>,
+    changed_trials: Vec<TrialRecord>,
+    measurements: Vec<(i64, Measurement)>,
+    measured_at: Option<Time>,
+    study_update: Option<StudyRecord>,
+    /// Trials whose tokens to delete.
+    revoked: Vec<i64>,
+}
+
+impl PostgresStudyTx {
     /// Sends the writes held so far, so that a read sees them (the service only reads before
     /// it writes, so this costs a round trip in the conformance suite, not in a batch).
     async fn flush(&mut self) -> StoreResult<()> {
@@ -463,6 +533,14 @@ impl StudyTx for PostgresStudyTx {
             .execute(&mut *self.tx)
             .await?;
         Ok(())
+    }
+
+    async fn release(mut self: Box<Self>) -> StoreResult<Box<dyn StudiesTx>> {
+        if self.has_writes() {
+            self.write_batch().await?;
+        }
+        let PostgresStudyTx { pool, tx, .. } = *self;
+        Ok(Box::new(PostgresStudiesTx { pool, tx: Some(tx) }))
     }
 
     async fn commit(mut self: Box<Self>) -> StoreResult<()> {

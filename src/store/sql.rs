@@ -158,11 +158,10 @@ pub(super) const DELETE_TRIAL_TOKEN: &str =
 pub(super) const COUNT_TOKENS: &str = "SELECT COUNT(*) FROM api_tokens WHERE study_id IS NULL";
 
 /// Implements `Store` for `$store` (with field `pool: sqlx::Pool<$db>`). Study transactions
-/// are the backend's `$tx`, which has `async fn begin(&$store, study_id) ->
-/// StoreResult<Option<Box<dyn StudyTx>>>`: `impl_row_study_tx!` on SQLite, hand-written and
-/// batched on PostgreSQL.
+/// are the backend's `$studies`, which has `fn begin(&$store) -> Box<dyn StudiesTx>`:
+/// `impl_row_study_tx!` on SQLite, hand-written and batched on PostgreSQL.
 macro_rules! impl_sql_store {
-    ($store:ty, $tx:ident, $db:ty, $backend:literal) => {
+    ($store:ty, $studies:ident, $db:ty, $backend:literal) => {
         use $crate::model::{
             Measurement, StudySpec, StudyState, TrialCounts, TrialPoint, TrialState,
         };
@@ -171,8 +170,8 @@ macro_rules! impl_sql_store {
         };
         use $crate::store::sql::*;
         use $crate::store::{
-            AuditEntry, AuditRecord, StoreResult, StudyRecord, StudyTx, TokenRecord, TrialRecord,
-            TrialToken,
+            AuditEntry, AuditRecord, StoreResult, StudiesTx, StudyLock, StudyRecord, StudyTx,
+            TokenRecord, TrialRecord, TrialToken,
         };
 
         fn counts_from(rows: Vec<(String, i64)>) -> StoreResult<TrialCounts> {
@@ -435,8 +434,8 @@ macro_rules! impl_sql_store {
             }
 
             #[tracing::instrument(skip_all)]
-            async fn begin_study(&self, study_id: i64) -> StoreResult<Option<Box<dyn StudyTx>>> {
-                $tx::begin(self, study_id).await
+            async fn begin_studies(&self) -> StoreResult<Box<dyn StudiesTx>> {
+                Ok($studies::begin(self))
             }
 
             #[tracing::instrument(skip_all)]
@@ -651,31 +650,70 @@ macro_rules! impl_row_writes {
 }
 pub(super) use impl_row_writes;
 
-/// The study transaction of a backend where a statement is cheap (SQLite: a function call, no
-/// network): the study row is read with `$lock` inside the transaction `$begin` opens (an
-/// expression over `$s: &$store`), and each row of a batch is written by its own statement.
+/// The study transactions of a backend where a statement is cheap (SQLite: a function call,
+/// no network): `$begin` (an expression over `$s: &$store`) opens the transaction at the
+/// first lock and takes the database's one write lock, so every study is locked with it and
+/// `$lock` only reads the study row; each row of a batch is written by its own statement.
 macro_rules! impl_row_study_tx {
-    ($store:ty, $tx:ident, $db:ty, $lock:expr, |$s:ident| $begin:expr) => {
-        pub struct $tx {
-            tx: sqlx::Transaction<'static, $db>,
-            study: StudyRecord,
+    ($store:ty, $studies:ident, $tx:ident, $db:ty, $lock:expr, |$s:ident| $begin:expr) => {
+        pub struct $studies {
+            pool: sqlx::Pool<$db>,
+            tx: Option<sqlx::Transaction<'static, $db>>,
         }
 
-        impl $tx {
-            async fn begin($s: &$store, study_id: i64) -> StoreResult<Option<Box<dyn StudyTx>>> {
-                let mut tx = $begin.await?;
+        impl $studies {
+            fn begin(store: &$store) -> Box<dyn StudiesTx> {
+                Box::new($studies {
+                    pool: store.pool.clone(),
+                    tx: None,
+                })
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl StudiesTx for $studies {
+            async fn lock_study(
+                self: Box<Self>,
+                study_id: i64,
+                _wait: bool,
+            ) -> StoreResult<StudyLock> {
+                let $studies { pool, tx } = *self;
+                let mut tx = match tx {
+                    Some(tx) => tx,
+                    None => {
+                        let $s = &pool;
+                        $begin.await?
+                    }
+                };
                 let row: Option<StudyRow> = sqlx::query_as($lock)
                     .bind(study_id)
                     .fetch_optional(&mut *tx)
                     .await?;
                 match row {
-                    None => Ok(None),
-                    Some(row) => Ok(Some(Box::new($tx {
+                    None => Ok(StudyLock::Missing(Box::new($studies {
+                        pool,
+                        tx: Some(tx),
+                    }))),
+                    Some(row) => Ok(StudyLock::Locked(Box::new($tx {
+                        pool,
                         tx,
                         study: row.try_into()?,
                     }))),
                 }
             }
+
+            async fn commit(self: Box<Self>) -> StoreResult<()> {
+                if let Some(tx) = self.tx {
+                    tx.commit().await?;
+                }
+                Ok(())
+            }
+        }
+
+        pub struct $tx {
+            pool: sqlx::Pool<$db>,
+            tx: sqlx::Transaction<'static, $db>,
+            study: StudyRecord,
         }
 
         $crate::store::sql::impl_row_writes!($tx);
@@ -785,6 +823,11 @@ macro_rules! impl_row_study_tx {
                         .await?;
                 }
                 Ok(())
+            }
+
+            async fn release(self: Box<Self>) -> StoreResult<Box<dyn StudiesTx>> {
+                let $tx { pool, tx, .. } = *self;
+                Ok(Box::new($studies { pool, tx: Some(tx) }))
             }
 
             async fn commit(self: Box<Self>) -> StoreResult<()> {

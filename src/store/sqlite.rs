@@ -62,7 +62,12 @@ fn owner_only(file: &std::path::Path) {
 
 const LOCK_STUDY: &str = concat!("SELECT ", study_cols!(), " FROM studies WHERE id = $1");
 
-impl_sql_store!(SqliteStore, SqliteStudyTx, sqlx::Sqlite, "sqlite");
-impl_row_study_tx!(SqliteStore, SqliteStudyTx, sqlx::Sqlite, LOCK_STUDY, |s| s
-    .pool
-    .begin_with("BEGIN IMMEDIATE"));
+impl_sql_store!(SqliteStore, SqliteStudiesTx, sqlx::Sqlite, "sqlite");
+impl_row_study_tx!(
+    SqliteStore,
+    SqliteStudiesTx,
+    SqliteStudyTx,
+    sqlx::Sqlite,
+    LOCK_STUDY,
+    |pool| pool.begin_with("BEGIN IMMEDIATE")
+);

@@ -16,15 +16,40 @@ use tokio::sync::Mutex;
 
 use common::{ServerProcess, free_port};
 
-const CLIENTS: usize = 64;
-const PARALLEL: i64 = 4;
-const MAX_TRIALS: i64 = 400;
 /// The whole run gives up after this long.
-const DEADLINE: Duration = Duration::from_secs(120);
+const DEADLINE: Duration = Duration::from_secs(180);
 /// Upper bound on requests one client sends, so that a stuck study cannot spin forever.
 const MAX_REQUESTS_PER_CLIENT: usize = 20_000;
 
-const UNFINISHED_SQL: &str = "SELECT count(*) FROM trials WHERE study_id = $1 AND state IN ('requested','active','stopping')";
+/// How hard a run hammers: `clients` workers, client `n` on study `n % studies`.
+#[derive(Clone, Copy)]
+struct Load {
+    studies: usize,
+    clients: usize,
+    parallel: i64,
+    max_trials: i64,
+}
+
+/// One study, 64 clients: the cap under the most contention.
+const ONE_STUDY: Load = Load {
+    studies: 1,
+    clients: 64,
+    parallel: 4,
+    max_trials: 400,
+};
+
+/// A team's server: 100 studies at once, three clients each, so that commands of many
+/// studies share transactions (and, on two replicas, meet studies the other one holds).
+const MANY_STUDIES: Load = Load {
+    studies: 100,
+    clients: 300,
+    parallel: 2,
+    max_trials: 20,
+};
+
+/// The most unfinished trials of any one study, by study.
+const UNFINISHED_SQL: &str = "SELECT study_id, count(*) FROM trials \
+     WHERE state IN ('requested','active','stopping') GROUP BY study_id";
 
 /// How the monitor reads the database behind the servers.
 enum Monitor {
@@ -33,22 +58,13 @@ enum Monitor {
 }
 
 impl Monitor {
-    async fn unfinished(&self, study_id: i64) -> Result<i64, sqlx::Error> {
-        let (n,): (i64,) = match self {
-            Monitor::Postgres(pool) => {
-                sqlx::query_as(UNFINISHED_SQL)
-                    .bind(study_id)
-                    .fetch_one(pool)
-                    .await?
-            }
-            Monitor::Sqlite(pool) => {
-                sqlx::query_as(UNFINISHED_SQL)
-                    .bind(study_id)
-                    .fetch_one(pool)
-                    .await?
-            }
+    /// The most unfinished trials any one study has now.
+    async fn most_unfinished(&self) -> Result<i64, sqlx::Error> {
+        let rows: Vec<(i64, i64)> = match self {
+            Monitor::Postgres(pool) => sqlx::query_as(UNFINISHED_SQL).fetch_all(pool).await?,
+            Monitor::Sqlite(pool) => sqlx::query_as(UNFINISHED_SQL).fetch_all(pool).await?,
         };
-        Ok(n)
+        Ok(rows.iter().map(|(_, n)| *n).max().unwrap_or(0))
     }
 
     async fn trials(&self, study_id: i64) -> Vec<(i64, String)> {
@@ -71,10 +87,10 @@ impl Monitor {
 /// What the clients saw, for the checks at the end.
 #[derive(Default)]
 struct Ledger {
-    /// trial id → how many times a suggest handed it out.
-    handed: BTreeMap<i64, u32>,
-    /// trial id → how many completes were acknowledged with 200.
-    completed: BTreeMap<i64, u32>,
+    /// (study id, trial id) → how many times a suggest handed it out.
+    handed: BTreeMap<(i64, i64), u32>,
+    /// (study id, trial id) → how many completes were acknowledged with 200.
+    completed: BTreeMap<(i64, i64), u32>,
     /// Unexpected answers, described.
     errors: Vec<String>,
 }
@@ -137,7 +153,6 @@ async fn client(
         let trials = body["trials"].as_array().cloned().unwrap_or_default();
         if trials.is_empty() {
             if body["study_state"] == "completed" {
-                done.store(true, Ordering::Relaxed);
                 return;
             }
             // The cap is full: back off a little (not the advertised second, to keep load up).
@@ -153,12 +168,22 @@ async fn client(
                     .push(format!("client {n}: trial without id: {trial}"));
                 return;
             };
-            *ledger.lock().await.handed.entry(id).or_default() += 1;
+            *ledger
+                .lock()
+                .await
+                .handed
+                .entry((study_id, id))
+                .or_default() += 1;
             let accuracy = (id as f64 * 0.618).fract();
             let url = format!("{base}/v1/studies/{study_id}/trials/{id}/complete");
             match post(&http, url, json!({"metrics": {"accuracy": accuracy}})).await {
                 Ok((StatusCode::OK, _)) => {
-                    *ledger.lock().await.completed.entry(id).or_default() += 1
+                    *ledger
+                        .lock()
+                        .await
+                        .completed
+                        .entry((study_id, id))
+                        .or_default() += 1
                 }
                 Ok((status, body)) => ledger.lock().await.errors.push(format!(
                     "client {n}: complete {id} answered {status}: {body}"
@@ -175,9 +200,9 @@ async fn client(
     ));
 }
 
-/// Run `CLIENTS` workers spread over `bases` against one study until it completes, with a
-/// monitor polling the database; then check the cap, the budget and every trial.
-async fn hammer_one_study(bases: &[String], monitor: Monitor) {
+/// Run `load`'s workers spread over `bases` against its studies until all complete, with a
+/// monitor polling the database; then check the cap, the budget and every trial of each.
+async fn hammer(bases: &[String], monitor: Monitor, load: Load) {
     let http = common::http();
     let spec = json!({
         "name": "concurrency",
@@ -188,15 +213,18 @@ async fn hammer_one_study(bases: &[String], monitor: Monitor) {
             {"id": "layers", "type": "integer", "min": 1, "max": 8},
             {"id": "kernel", "type": "categorical", "values": ["rbf", "poly"]}
         ],
-        "max_trials": MAX_TRIALS,
-        "parallel_trials": PARALLEL,
+        "max_trials": load.max_trials,
+        "parallel_trials": load.parallel,
         "seed": 11
     });
-    let (status, study) = post(&http, format!("{}/v1/studies", bases[0]), spec)
-        .await
-        .expect("create study");
-    assert_eq!(status, StatusCode::CREATED, "create study: {study}");
-    let study_id = study["id"].as_i64().expect("study id");
+    let mut study_ids = Vec::with_capacity(load.studies);
+    for _ in 0..load.studies {
+        let (status, study) = post(&http, format!("{}/v1/studies", bases[0]), spec.clone())
+            .await
+            .expect("create study");
+        assert_eq!(status, StatusCode::CREATED, "create study: {study}");
+        study_ids.push(study["id"].as_i64().expect("study id"));
+    }
 
     let monitor = Arc::new(monitor);
     let done = Arc::new(AtomicBool::new(false));
@@ -212,7 +240,7 @@ async fn hammer_one_study(bases: &[String], monitor: Monitor) {
         tokio::spawn(async move {
             let deadline = Instant::now() + DEADLINE;
             while !done.load(Ordering::Relaxed) && Instant::now() < deadline {
-                match monitor.unfinished(study_id).await {
+                match monitor.most_unfinished().await {
                     Ok(n) => {
                         max_seen.fetch_max(n, Ordering::Relaxed);
                         polls.fetch_add(1, Ordering::Relaxed);
@@ -227,9 +255,10 @@ async fn hammer_one_study(bases: &[String], monitor: Monitor) {
 
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let started = Instant::now();
-    let clients: Vec<_> = (0..CLIENTS)
+    let clients: Vec<_> = (0..load.clients)
         .map(|n| {
             let base = bases[n % bases.len()].clone();
+            let study_id = study_ids[n % study_ids.len()];
             tokio::spawn(client(n, base, study_id, ledger.clone(), done.clone()))
         })
         .collect();
@@ -239,7 +268,7 @@ async fn hammer_one_study(bases: &[String], monitor: Monitor) {
     monitor_task.await.expect("monitor task");
     let finished = finished.unwrap_or_else(|_| {
         panic!(
-            "the study did not complete within {DEADLINE:?} ({} polls)",
+            "the studies did not complete within {DEADLINE:?} ({} polls)",
             polls.load(Ordering::Relaxed)
         )
     });
@@ -247,8 +276,10 @@ async fn hammer_one_study(bases: &[String], monitor: Monitor) {
         joined.expect("client task panicked");
     }
     eprintln!(
-        "{} trials by {CLIENTS} clients on {} server(s) in {:.1?}; monitor polled {} times, max unfinished {}",
-        MAX_TRIALS,
+        "{} studies of {} trials by {} clients on {} server(s) in {:.1?}; monitor polled {} times, max unfinished {}",
+        load.studies,
+        load.max_trials,
+        load.clients,
         bases.len(),
         started.elapsed(),
         polls.load(Ordering::Relaxed),
@@ -264,11 +295,15 @@ async fn hammer_one_study(bases: &[String], monitor: Monitor) {
     assert!(polls.load(Ordering::Relaxed) > 10, "the monitor hardly ran");
     let max_seen = max_seen.load(Ordering::Relaxed);
     assert!(
-        max_seen <= PARALLEL,
-        "{max_seen} unfinished trials at once, cap {PARALLEL}"
+        max_seen <= load.parallel,
+        "{max_seen} unfinished trials of one study at once, cap {}",
+        load.parallel
     );
 
-    let expected: Vec<i64> = (1..=MAX_TRIALS).collect();
+    let expected: Vec<(i64, i64)> = study_ids
+        .iter()
+        .flat_map(|s| (1..=load.max_trials).map(move |t| (*s, t)))
+        .collect();
     let handed_twice: Vec<_> = ledger.handed.iter().filter(|(_, n)| **n > 1).collect();
     assert!(
         handed_twice.is_empty(),
@@ -290,39 +325,37 @@ async fn hammer_one_study(bases: &[String], monitor: Monitor) {
         "trials completed"
     );
 
-    let stored = monitor.trials(study_id).await;
-    assert_eq!(
-        stored.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
-        expected,
-        "stored trial ids"
-    );
-    let not_completed: Vec<_> = stored
-        .iter()
-        .filter(|(_, state)| state != "completed")
-        .collect();
-    assert!(
-        not_completed.is_empty(),
-        "trials not completed: {not_completed:?}"
-    );
-
-    let response = http
-        .get(format!("{}/v1/studies/{study_id}", bases[bases.len() - 1]))
-        .send()
-        .await
-        .expect("get study");
-    assert_eq!(response.status(), StatusCode::OK);
-    let study: Value = response.json().await.expect("study JSON");
-    assert_eq!(study["state"], "completed", "study: {study}");
+    for &study_id in &study_ids {
+        let stored = monitor.trials(study_id).await;
+        assert_eq!(
+            stored.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+            (1..=load.max_trials).collect::<Vec<_>>(),
+            "stored trial ids of study {study_id}"
+        );
+        let not_completed: Vec<_> = stored
+            .iter()
+            .filter(|(_, state)| state != "completed")
+            .collect();
+        assert!(
+            not_completed.is_empty(),
+            "trials of study {study_id} not completed: {not_completed:?}"
+        );
+        let response = http
+            .get(format!("{}/v1/studies/{study_id}", bases[bases.len() - 1]))
+            .send()
+            .await
+            .expect("get study");
+        assert_eq!(response.status(), StatusCode::OK);
+        let study: Value = response.json().await.expect("study JSON");
+        assert_eq!(study["state"], "completed", "study: {study}");
+    }
 }
 
-/// Two replicas on one PostgreSQL never hand out more than `parallel_trials` at once nor
-/// more than `max_trials` in all, and every trial is handed out and completed exactly once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_postgres_replicas_keep_the_cap_and_the_budget_under_64_clients() {
-    let db = common::postgres_db().await;
+/// Two replicas on one PostgreSQL, started one after the other as a rolling deployment
+/// would (the second once the first has migrated), and a monitor's pool.
+async fn two_replicas(db: &common::TestDb) -> (ServerProcess, ServerProcess, Monitor) {
     let first = ServerProcess::start(&db.url, free_port());
     first.wait_ready().await;
-    // The second starts once the first has migrated, as a rolling deployment would.
     let second = ServerProcess::start(&db.url, free_port());
     second.wait_ready().await;
     let pool = sqlx::postgres::PgPoolOptions::new()
@@ -330,17 +363,39 @@ async fn two_postgres_replicas_keep_the_cap_and_the_budget_under_64_clients() {
         .connect(&db.url)
         .await
         .expect("monitor connects");
-    hammer_one_study(
+    (first, second, Monitor::Postgres(pool))
+}
+
+/// Two replicas on one PostgreSQL never hand out more than `parallel_trials` at once nor
+/// more than `max_trials` in all, and every trial is handed out and completed exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_postgres_replicas_keep_the_cap_and_the_budget_under_64_clients() {
+    let db = common::postgres_db().await;
+    let (first, second, monitor) = two_replicas(&db).await;
+    hammer(
         &[first.base.clone(), second.base.clone()],
-        Monitor::Postgres(pool),
+        monitor,
+        ONE_STUDY,
     )
     .await;
 }
 
-/// The same on a SQLite file behind one server process.
+/// The same for 100 studies at once, whose commands share transactions on each replica and
+/// meet, on the other, studies it holds locked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_server_keeps_the_cap_and_the_budget_under_64_clients() {
-    let db = common::sqlite_db();
+async fn two_postgres_replicas_keep_every_cap_of_100_studies() {
+    let db = common::postgres_db().await;
+    let (first, second, monitor) = two_replicas(&db).await;
+    hammer(
+        &[first.base.clone(), second.base.clone()],
+        monitor,
+        MANY_STUDIES,
+    )
+    .await;
+}
+
+/// A SQLite file behind one server process, and a read-only monitor on it.
+async fn sqlite_server(db: &common::TestDb) -> (ServerProcess, Monitor) {
     let server = ServerProcess::start(&db.url, free_port());
     server.wait_ready().await;
     let options = db
@@ -354,5 +409,21 @@ async fn sqlite_server_keeps_the_cap_and_the_budget_under_64_clients() {
         .connect_with(options)
         .await
         .expect("monitor opens the SQLite file");
-    hammer_one_study(std::slice::from_ref(&server.base), Monitor::Sqlite(pool)).await;
+    (server, Monitor::Sqlite(pool))
+}
+
+/// The same on a SQLite file behind one server process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_server_keeps_the_cap_and_the_budget_under_64_clients() {
+    let db = common::sqlite_db();
+    let (server, monitor) = sqlite_server(&db).await;
+    hammer(std::slice::from_ref(&server.base), monitor, ONE_STUDY).await;
+}
+
+/// And for 100 studies on SQLite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_server_keeps_every_cap_of_100_studies() {
+    let db = common::sqlite_db();
+    let (server, monitor) = sqlite_server(&db).await;
+    hammer(std::slice::from_ref(&server.base), monitor, MANY_STUDIES).await;
 }

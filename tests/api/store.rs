@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use augur::model::TrialPoint;
 use augur::model::{Measurement, Role, StudySpec, StudyState, TrialState};
-use augur::store::{AuditEntry, Store, StudyTx, TrialRecord, TrialToken};
+use augur::store::{AuditEntry, Store, StudiesTx, StudyLock, StudyTx, TrialRecord, TrialToken};
 use augur_optimizer::Value;
 use chrono::{DateTime, Duration, Utc};
 
@@ -25,6 +25,7 @@ on_both_backends!(store:
     role_tokens_list_touch_and_expire,
     studies_remember_who_created_them,
     audit_entries_are_kept_in_order_and_outlive_their_study,
+    one_transaction_changes_several_studies,
 );
 
 fn spec(name: &str) -> StudySpec {
@@ -940,4 +941,96 @@ async fn audit_entries_are_kept_in_order_and_outlive_their_study(store: Arc<dyn 
     let page = store.list_audit(all[0].id, 1).await.expect("page");
     assert_eq!(page.len(), 1);
     assert_eq!(page[0].entry.action, "trial.add");
+}
+
+fn locked(lock: StudyLock) -> Box<dyn StudyTx> {
+    match lock {
+        StudyLock::Locked(tx) => tx,
+        StudyLock::Missing(_) => panic!("study missing"),
+        StudyLock::Busy(_) => panic!("study busy"),
+    }
+}
+
+/// The ids of a study's trials.
+async fn trial_ids(store: &dyn Store, study_id: i64) -> Vec<i64> {
+    let all = store.all_trials(study_id).await.expect("all trials");
+    all.iter().map(|t| t.id).collect()
+}
+
+/// One transaction locks several studies, writes to each and commits them together, or rolls
+/// all back; a study another transaction holds is `Busy` to a lock that may not wait.
+async fn one_transaction_changes_several_studies(store: Arc<dyn Store>) {
+    let a = store
+        .insert_study(&spec("a"), None, now())
+        .await
+        .expect("a");
+    let b = store
+        .insert_study(&spec("b"), None, now())
+        .await
+        .expect("b");
+
+    // Both written, one commit; a missing study leaves the transaction as it was.
+    let tx = store.begin_studies().await.expect("begin");
+    let mut on_a = locked(tx.lock_study(a.id, true).await.expect("lock a"));
+    on_a.insert_trials(&[trial(a.id, 1, TrialState::Active, 0.1)])
+        .await
+        .expect("insert a");
+    let tx = on_a.release().await.expect("release a");
+    let tx: Box<dyn StudiesTx> = match tx.lock_study(424242, false).await.expect("lock") {
+        StudyLock::Missing(tx) => tx,
+        _ => panic!("study 424242 should be missing"),
+    };
+    let mut on_b = locked(tx.lock_study(b.id, false).await.expect("lock b"));
+    assert_eq!(on_b.study().name, "b");
+    on_b.insert_trials(&[trial(b.id, 1, TrialState::Requested, 0.2)])
+        .await
+        .expect("insert b");
+    let tx = on_b.release().await.expect("release b");
+    // Not visible before the commit.
+    assert_eq!(trial_ids(&*store, a.id).await, Vec::<i64>::new());
+    tx.commit().await.expect("commit");
+    assert_eq!(trial_ids(&*store, a.id).await, vec![1]);
+    assert_eq!(trial_ids(&*store, b.id).await, vec![1]);
+
+    // Dropped: neither study changes.
+    let tx = store.begin_studies().await.expect("begin");
+    let mut on_a = locked(tx.lock_study(a.id, true).await.expect("lock a"));
+    on_a.insert_trials(&[trial(a.id, 2, TrialState::Active, 0.3)])
+        .await
+        .expect("insert a");
+    let tx = on_a.release().await.expect("release a");
+    let mut on_b = locked(tx.lock_study(b.id, false).await.expect("lock b"));
+    on_b.insert_trials(&[trial(b.id, 2, TrialState::Active, 0.4)])
+        .await
+        .expect("insert b");
+    drop(on_b);
+    assert_eq!(trial_ids(&*store, a.id).await, vec![1]);
+    assert_eq!(trial_ids(&*store, b.id).await, vec![1]);
+
+    // An empty transaction commits.
+    store
+        .begin_studies()
+        .await
+        .expect("begin")
+        .commit()
+        .await
+        .expect("empty commit");
+
+    // Row locks: only PostgreSQL has them (SQLite's one write lock makes a second writer
+    // wait at its start, never at a study).
+    if store.backend() == "postgres" {
+        let holder = store.begin_studies().await.expect("begin");
+        let holder = locked(holder.lock_study(a.id, true).await.expect("lock a"));
+        let other = store.begin_studies().await.expect("begin other");
+        let other = locked(other.lock_study(b.id, true).await.expect("lock b"))
+            .release()
+            .await
+            .expect("release b");
+        let other = match other.lock_study(a.id, false).await.expect("try a") {
+            StudyLock::Busy(tx) => tx,
+            _ => panic!("study a should be busy while another transaction holds it"),
+        };
+        other.commit().await.expect("commit other");
+        holder.commit().await.expect("commit holder");
+    }
 }
