@@ -427,3 +427,62 @@ async fn sqlite_server_keeps_every_cap_of_100_studies() {
     let (server, monitor) = sqlite_server(&db).await;
     hammer(std::slice::from_ref(&server.base), monitor, MANY_STUDIES).await;
 }
+
+on_both_backends!(one_studys_failure_is_its_own_in_a_shared_transaction);
+
+/// Commands of many studies share a transaction; a study whose batch fails (here: its stored
+/// spec no longer parses) fails alone, and the other studies' commands still commit.
+async fn one_studys_failure_is_its_own_in_a_shared_transaction(backend: &str) {
+    let app = common::spawn_app(common::db(backend).await).await;
+    let broken = app.create_study(common::spec("random", 50, 50)).await;
+    let mut others = Vec::new();
+    for _ in 0..15 {
+        others.push(app.create_study(common::spec("random", 50, 50)).await);
+    }
+    // Its fixed configuration is now cached, so its commands reach the commit lanes.
+    let first = app
+        .post(
+            &format!("/v1/studies/{broken}/suggest"),
+            json!({"count": 1}),
+        )
+        .await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+    let corrupt = "UPDATE studies SET spec = '{\"broken\": true}' WHERE id = $1";
+    if backend == "postgres" {
+        let pool = sqlx::PgPool::connect(&app.db.url).await.expect("connect");
+        sqlx::query(corrupt)
+            .bind(broken)
+            .execute(&pool)
+            .await
+            .expect("corrupt");
+    } else {
+        let pool = sqlx::SqlitePool::connect(&app.db.url).await.expect("open");
+        sqlx::query(corrupt)
+            .bind(broken)
+            .execute(&pool)
+            .await
+            .expect("corrupt");
+    }
+    for _round in 0..3 {
+        let asks = std::iter::once(broken)
+            .chain(others.iter().copied())
+            .flat_map(|study| std::iter::repeat_n(study, 3))
+            .map(|study| {
+                let app = &app;
+                async move {
+                    let r = app
+                        .post(&format!("/v1/studies/{study}/suggest"), json!({"count": 1}))
+                        .await;
+                    (study, r)
+                }
+            });
+        for (study, r) in futures::future::join_all(asks).await {
+            if study == broken {
+                assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.body);
+            } else {
+                assert_eq!(r.status, StatusCode::OK, "study {study}: {}", r.body);
+                assert_eq!(r.body["trials"].as_array().map(Vec::len), Some(1));
+            }
+        }
+    }
+}
