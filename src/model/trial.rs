@@ -145,16 +145,55 @@ pub struct TrialCounts {
 
 impl TrialCounts {
     pub fn add(&mut self, state: TrialState, n: u64) {
-        let slot = match state {
+        *self.slot(state) += n;
+        self.total += n;
+    }
+
+    /// The counts from stored per-state columns (requested, active, stopping, completed,
+    /// infeasible, failed), the total their sum.
+    pub fn from_columns(columns: [i64; 6]) -> Self {
+        let mut counts = TrialCounts::default();
+        for (state, n) in TrialState::ALL.into_iter().zip(columns) {
+            counts.add(state, n.max(0) as u64);
+        }
+        counts
+    }
+
+    /// The per-state counts in the order of [`TrialCounts::from_columns`].
+    pub fn columns(&self) -> [i64; 6] {
+        [
+            self.requested,
+            self.active,
+            self.stopping,
+            self.completed,
+            self.infeasible,
+            self.failed,
+        ]
+        .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
+    }
+
+    /// A trial moved from `from` (`None`: it is new) to `to`.
+    pub fn moved(&mut self, from: Option<TrialState>, to: TrialState) {
+        if from == Some(to) {
+            return;
+        }
+        if let Some(from) = from {
+            let slot = self.slot(from);
+            *slot = slot.saturating_sub(1);
+            self.total = self.total.saturating_sub(1);
+        }
+        self.add(to, 1);
+    }
+
+    fn slot(&mut self, state: TrialState) -> &mut u64 {
+        match state {
             TrialState::Requested => &mut self.requested,
             TrialState::Active => &mut self.active,
             TrialState::Stopping => &mut self.stopping,
             TrialState::Completed => &mut self.completed,
             TrialState::Infeasible => &mut self.infeasible,
             TrialState::Failed => &mut self.failed,
-        };
-        *slot += n;
-        self.total += n;
+        }
     }
 }
 

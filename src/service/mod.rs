@@ -208,7 +208,6 @@ impl Service {
     }
 
     async fn study_view(&self, record: StudyRecord) -> ServiceResult<Study> {
-        let counts = self.store.count_trials(record.id).await?;
         let best_trial = match self.best_trial_record(record.id, &record.spec).await? {
             Some(t) => Some(self.trial_view(record.id, t).await?),
             None => None,
@@ -219,7 +218,7 @@ impl Service {
             state: record.state,
             state_reason: record.state_reason,
             spec: record.spec,
-            trial_counts: counts,
+            trial_counts: record.trial_counts,
             best_trial,
             created_by: record.created_by,
             created_at: record.created_at,

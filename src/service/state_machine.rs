@@ -129,6 +129,8 @@ pub(super) struct StudyBatch {
     now: DateTime<Utc>,
     /// Every trial this batch has loaded or created, by id.
     trials: BTreeMap<i64, TrialRecord>,
+    /// The stored state of each trial loaded, for the study's trial counts.
+    stored_states: BTreeMap<i64, TrialState>,
     created: BTreeSet<i64>,
     changed: BTreeSet<i64>,
     measurements: Vec<(i64, Measurement)>,
@@ -176,6 +178,7 @@ impl StudyBatch {
             study,
             config,
             now: Utc::now(),
+            stored_states: unfinished.iter().map(|t| (t.id, t.state)).collect(),
             trials: unfinished.into_iter().map(|t| (t.id, t)).collect(),
             created: BTreeSet::new(),
             changed: BTreeSet::new(),
@@ -566,6 +569,7 @@ impl StudyBatch {
         if !self.trials.contains_key(&trial_id)
             && let Some(trial) = self.tx.trials_by_id(&[trial_id]).await?.pop()
         {
+            self.stored_states.insert(trial_id, trial.state);
             self.trials.insert(trial_id, trial);
         }
         self.trials.get_mut(&trial_id).ok_or_else(|| {
@@ -815,6 +819,13 @@ impl StudyBatch {
             .filter(|id| !self.created.contains(id))
             .filter_map(|id| self.trials.get(id).cloned())
             .collect();
+        for trial in &created {
+            self.study.trial_counts.moved(None, trial.state);
+        }
+        for trial in &changed {
+            let stored = self.stored_states.get(&trial.id).copied();
+            self.study.trial_counts.moved(stored, trial.state);
+        }
         self.tx.insert_trials(&created).await?;
         self.tx.update_trials(&changed).await?;
         self.tx

@@ -102,8 +102,7 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes the study with its trials, measurements and tokens. False if there was none.
     async fn delete_study(&self, study_id: i64) -> StoreResult<bool>;
 
-    async fn count_trials(&self, study_id: i64) -> StoreResult<TrialCounts>;
-    /// Counts over every study, for `/metrics`.
+    /// Counts over every study, for `/metrics`: the sum of the studies' `trial_counts`.
     async fn count_all_trials(&self) -> StoreResult<TrialCounts>;
     /// The completed, not excluded trial with the best first-metric value.
     async fn best_trial(&self, study_id: i64, maximize: bool) -> StoreResult<Option<TrialRecord>>;
@@ -254,7 +253,8 @@ pub trait StudyTx: Send {
         rows: &[(i64, Measurement)],
         now: DateTime<Utc>,
     ) -> StoreResult<()>;
-    /// Writes state, state_reason, spec, next_trial_id, change_seq and updated_at.
+    /// Writes state, state_reason, spec, next_trial_id, change_seq, updated_at and
+    /// trial_counts.
     async fn update_study(&mut self, study: &StudyRecord) -> StoreResult<()>;
     /// Delete the tokens scoped to these trials (they finished).
     async fn revoke_trial_tokens(&mut self, trial_ids: &[i64]) -> StoreResult<()>;

@@ -53,6 +53,8 @@ const STUDY_WITH_UNFINISHED: &str = "SELECT s.id AS s_id, s.name AS s_name, s.st
      s.state_reason AS s_state_reason, s.spec AS s_spec, s.next_trial_id AS s_next_trial_id, \
      s.change_seq AS s_change_seq, s.designer_state AS s_designer_state, \
      s.created_by AS s_created_by, s.created_at AS s_created_at, s.updated_at AS s_updated_at, \
+     s.n_requested AS s_n_requested, s.n_active AS s_n_active, s.n_stopping AS s_n_stopping, \
+     s.n_completed AS s_n_completed, s.n_infeasible AS s_n_infeasible, s.n_failed AS s_n_failed, \
      t.study_id, t.id, t.state, t.parameters, t.client_id, t.final_measurement, t.objective, \
      t.infeasible_reason, t.fail_reason, t.early_stopped, t.excluded, t.lease_expires_at, \
      t.created_at, t.started_at, t.completed_at, t.change_seq, t.attempts \
@@ -64,8 +66,8 @@ const STUDY_WITH_UNFINISHED: &str = "SELECT s.id AS s_id, s.name AS s_name, s.st
 
 /// All of a batch's writes: new trials, changed trials (every mutable column), measurements
 /// (replacing any at the same trial and step), and the study row (with its unfinished trials'
-/// ids, `$42`; the trials' `attempts`, added later, are `$43` and `$44`), and the tokens of
-/// trials that finished (`$45`). The parts touch different rows, as data-modifying CTEs must.
+/// ids, `$42`; the trials' `attempts`, added later, are `$43` and `$44`; its trial counts
+/// `$46` to `$51`), and the tokens of trials that finished (`$45`). The parts touch different rows, as data-modifying CTEs must.
 ///
 /// The changed trials are found by primary key, row by row, whatever the statistics say: the
 /// study id comes from behind an `OFFSET 0` fence, so there is no `study_id = $1` for the
@@ -106,7 +108,9 @@ const WRITE_BATCH: &str = "WITH new_trials AS (\
      DELETE FROM api_tokens WHERE study_id = $1 AND trial_id = ANY($45::bigint[])\
      ) \
      UPDATE studies SET state = $36, state_reason = $37, spec = $38, next_trial_id = $39, \
-     updated_at = $40, change_seq = $41, unfinished_ids = $42 WHERE id = $1";
+     updated_at = $40, change_seq = $41, unfinished_ids = $42, n_requested = $46, \
+     n_active = $47, n_stopping = $48, n_completed = $49, n_infeasible = $50, n_failed = $51 \
+     WHERE id = $1";
 
 /// `REPLACE_TOKEN` for many trials of one study at once.
 const REPLACE_TRIAL_TOKENS: &str = "INSERT INTO api_tokens (name, token_hash, study_id, trial_id, created_at) \
@@ -254,6 +258,12 @@ impl StudiesTx for PostgresStudiesTx {
             created_by: first.try_get("s_created_by")?,
             created_at: first.try_get("s_created_at")?,
             updated_at: first.try_get("s_updated_at")?,
+            n_requested: first.try_get("s_n_requested")?,
+            n_active: first.try_get("s_n_active")?,
+            n_stopping: first.try_get("s_n_stopping")?,
+            n_completed: first.try_get("s_n_completed")?,
+            n_infeasible: first.try_get("s_n_infeasible")?,
+            n_failed: first.try_get("s_n_failed")?,
         };
         let mut unfinished: Vec<TrialRecord> = Vec::new();
         for row in &rows {
@@ -361,6 +371,8 @@ impl PostgresStudyTx {
             self.study = update;
         }
         let study = &self.study;
+        let [requested, active, stopping, completed, infeasible, failed] =
+            study.trial_counts.columns();
         sqlx::query(WRITE_BATCH)
             .bind(self.study.id)
             .bind(new.id)
@@ -407,6 +419,12 @@ impl PostgresStudyTx {
             .bind(new.attempts)
             .bind(changed.attempts)
             .bind(&self.revoked)
+            .bind(requested)
+            .bind(active)
+            .bind(stopping)
+            .bind(completed)
+            .bind(infeasible)
+            .bind(failed)
             .execute(&mut *self.tx)
             .await?;
         Ok(())

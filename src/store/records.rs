@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 
 use super::StoreError;
-use crate::model::{Measurement, Role, StudySpec, StudyState, TrialPoint, TrialState};
+use crate::model::{Measurement, Role, StudySpec, StudyState, TrialCounts, TrialPoint, TrialState};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct StudyRecord {
@@ -27,6 +27,8 @@ pub struct StudyRecord {
     pub created_by: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// Its trials by state, as its batches left them (the service keeps them).
+    pub trial_counts: TrialCounts,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -121,6 +123,12 @@ pub(super) struct StudyRow {
     pub created_by: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    pub n_requested: i64,
+    pub n_active: i64,
+    pub n_stopping: i64,
+    pub n_completed: i64,
+    pub n_infeasible: i64,
+    pub n_failed: i64,
 }
 
 impl TryFrom<StudyRow> for StudyRecord {
@@ -142,6 +150,14 @@ impl TryFrom<StudyRow> for StudyRecord {
             created_by: r.created_by,
             created_at: r.created_at,
             updated_at: r.updated_at,
+            trial_counts: TrialCounts::from_columns([
+                r.n_requested,
+                r.n_active,
+                r.n_stopping,
+                r.n_completed,
+                r.n_infeasible,
+                r.n_failed,
+            ]),
         })
     }
 }

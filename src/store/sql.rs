@@ -6,7 +6,7 @@
 macro_rules! study_cols {
     () => {
         "id, name, state, state_reason, spec, next_trial_id, change_seq, designer_state, created_by, created_at, \
-         updated_at"
+         updated_at, n_requested, n_active, n_stopping, n_completed, n_infeasible, n_failed"
     };
 }
 macro_rules! trial_cols {
@@ -32,9 +32,11 @@ pub(super) const LIST_STUDIES: &str = concat!(
      AND id > $3 ORDER BY id LIMIT $4"
 );
 pub(super) const DELETE_STUDY: &str = "DELETE FROM studies WHERE id = $1";
-pub(super) const COUNT_TRIALS: &str =
-    "SELECT state, COUNT(*) FROM trials WHERE study_id = $1 GROUP BY state";
-pub(super) const COUNT_ALL_TRIALS: &str = "SELECT state, COUNT(*) FROM trials GROUP BY state";
+/// One row per study, not per trial: the studies keep their counts.
+pub(super) const COUNT_ALL_TRIALS: &str = "SELECT CAST(COALESCE(SUM(n_requested), 0) AS BIGINT), \
+     CAST(COALESCE(SUM(n_active), 0) AS BIGINT), CAST(COALESCE(SUM(n_stopping), 0) AS BIGINT), \
+     CAST(COALESCE(SUM(n_completed), 0) AS BIGINT), CAST(COALESCE(SUM(n_infeasible), 0) AS BIGINT), \
+     CAST(COALESCE(SUM(n_failed), 0) AS BIGINT) FROM studies";
 pub(super) const BEST_TRIAL_MAX: &str = concat!(
     "SELECT ",
     trial_cols!(),
@@ -117,7 +119,8 @@ pub(super) const UPSERT_MEASUREMENT: &str = "INSERT INTO measurements \
      ON CONFLICT (study_id, trial_id, step) DO UPDATE SET elapsed_secs = excluded.elapsed_secs, \
      metrics = excluded.metrics, created_at = excluded.created_at";
 pub(super) const UPDATE_STUDY: &str = "UPDATE studies SET state = $2, state_reason = $3, spec = $4, \
-     next_trial_id = $5, updated_at = $6, change_seq = $7 WHERE id = $1";
+     next_trial_id = $5, updated_at = $6, change_seq = $7, n_requested = $8, n_active = $9, \
+     n_stopping = $10, n_completed = $11, n_infeasible = $12, n_failed = $13 WHERE id = $1";
 pub(super) const INSERT_TOKEN: &str = "INSERT INTO api_tokens (name, token_hash, study_id, trial_id, created_at) \
      VALUES ($1, $2, $3, $4, $5)";
 macro_rules! token_cols {
@@ -173,17 +176,6 @@ macro_rules! impl_sql_store {
             AuditEntry, AuditRecord, StoreResult, StudiesTx, StudyLock, StudyRecord, StudyTx,
             TokenRecord, TrialRecord, TrialToken,
         };
-
-        fn counts_from(rows: Vec<(String, i64)>) -> StoreResult<TrialCounts> {
-            let mut counts = TrialCounts::default();
-            for (state, n) in rows {
-                let state = TrialState::parse(&state).ok_or_else(|| {
-                    $crate::store::StoreError::Corrupt(format!("trial state {state:?}"))
-                })?;
-                counts.add(state, n.max(0) as u64);
-            }
-            Ok(counts)
-        }
 
         fn trials_from(rows: Vec<TrialRow>) -> StoreResult<Vec<TrialRecord>> {
             rows.into_iter().map(TrialRecord::try_from).collect()
@@ -279,20 +271,13 @@ macro_rules! impl_sql_store {
             }
 
             #[tracing::instrument(skip_all)]
-            async fn count_trials(&self, study_id: i64) -> StoreResult<TrialCounts> {
-                let rows: Vec<(String, i64)> = sqlx::query_as(COUNT_TRIALS)
-                    .bind(study_id)
-                    .fetch_all(&self.pool)
-                    .await?;
-                counts_from(rows)
-            }
-
-            #[tracing::instrument(skip_all)]
             async fn count_all_trials(&self) -> StoreResult<TrialCounts> {
-                let rows: Vec<(String, i64)> = sqlx::query_as(COUNT_ALL_TRIALS)
-                    .fetch_all(&self.pool)
+                let row: (i64, i64, i64, i64, i64, i64) = sqlx::query_as(COUNT_ALL_TRIALS)
+                    .fetch_one(&self.pool)
                     .await?;
-                counts_from(rows)
+                Ok(TrialCounts::from_columns([
+                    row.0, row.1, row.2, row.3, row.4, row.5,
+                ]))
             }
 
             #[tracing::instrument(skip_all)]
@@ -787,6 +772,7 @@ macro_rules! impl_row_study_tx {
             }
 
             async fn update_study(&mut self, study: &StudyRecord) -> StoreResult<()> {
+                let counts = study.trial_counts.columns();
                 sqlx::query(UPDATE_STUDY)
                     .bind(study.id)
                     .bind(study.state.as_str())
@@ -795,6 +781,12 @@ macro_rules! impl_row_study_tx {
                     .bind(study.next_trial_id)
                     .bind(study.updated_at)
                     .bind(study.change_seq)
+                    .bind(counts[0])
+                    .bind(counts[1])
+                    .bind(counts[2])
+                    .bind(counts[3])
+                    .bind(counts[4])
+                    .bind(counts[5])
                     .execute(&mut *self.tx)
                     .await?;
                 Ok(())

@@ -348,6 +348,13 @@ async fn hammer(bases: &[String], monitor: Monitor, load: Load) {
         assert_eq!(response.status(), StatusCode::OK);
         let study: Value = response.json().await.expect("study JSON");
         assert_eq!(study["state"], "completed", "study: {study}");
+        // Counts kept by the batches, under contention, agree with the trials.
+        assert_eq!(
+            study["trial_counts"]["completed"],
+            json!(load.max_trials),
+            "{study}"
+        );
+        assert_eq!(study["trial_counts"]["total"], json!(load.max_trials));
     }
 }
 

@@ -13,6 +13,7 @@ on_both_backends!(
     excluded_trial_is_not_best_and_not_given_to_optimizer,
     median_rule_stops_a_bad_trial,
     changes_cursor_returns_only_what_changed,
+    trial_counts_follow_every_transition,
 );
 
 async fn measurements_and_completion_paths(backend: &str) {
@@ -230,6 +231,7 @@ async fn median_rule_stops_a_bad_trial(backend: &str) {
         app.get(&format!("/v1/studies/{id}/trials/4")).await.body["state"],
         "stopping"
     );
+    assert_counts_match_trials(&app, id).await;
     let done = app
         .post(&format!("/v1/studies/{id}/trials/4/complete"), json!({}))
         .await;
@@ -398,5 +400,109 @@ async fn should_stop_reads_a_bounded_number_of_curves() {
         read < 7_000,
         "should_stop read {read} measurements; the study holds {}",
         completed * 5
+    );
+}
+
+/// The study's `trial_counts` (kept by each batch, not counted) against its trials' states.
+async fn assert_counts_match_trials(app: &common::TestApp, study: i64) {
+    let listed = app
+        .get(&format!("/v1/studies/{study}/trials?page_size=1000"))
+        .await;
+    assert_eq!(listed.status, StatusCode::OK, "{}", listed.body);
+    let mut counted = serde_json::Map::new();
+    let trials = listed.body["trials"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for state in [
+        "requested",
+        "active",
+        "stopping",
+        "completed",
+        "infeasible",
+        "failed",
+    ] {
+        let n = trials.iter().filter(|t| t["state"] == state).count();
+        counted.insert(state.into(), json!(n));
+    }
+    counted.insert("total".into(), json!(trials.len()));
+    let study_body = app.get(&format!("/v1/studies/{study}")).await.body;
+    assert_eq!(
+        study_body["trial_counts"],
+        serde_json::Value::Object(counted),
+        "stored counts vs the trials"
+    );
+    // The studies list shows the same counts.
+    let list = app.get("/v1/studies?page_size=1000").await.body;
+    let listed_study = list["studies"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["id"] == study))
+        .cloned()
+        .expect("study listed");
+    assert_eq!(listed_study["trial_counts"], study_body["trial_counts"]);
+}
+
+/// Every way a trial changes state moves it between the study's counts.
+async fn trial_counts_follow_every_transition(backend: &str) {
+    let app = app(backend).await;
+    let id = app.create_study(spec("random", 20, 6)).await;
+    assert_counts_match_trials(&app, id).await;
+    let handed = ids(&suggest(&app, id, 4, Some("w1")).await["trials"]);
+    assert_eq!(handed, vec![1, 2, 3, 4]);
+    assert_counts_match_trials(&app, id).await;
+    complete(&app, id, 1, 0.5).await;
+    let failed = app
+        .post(
+            &format!("/v1/studies/{id}/trials/2/fail"),
+            json!({"reason": "out of memory"}),
+        )
+        .await;
+    assert_eq!(failed.status, StatusCode::OK, "{}", failed.body);
+    let infeasible = app
+        .post(
+            &format!("/v1/studies/{id}/trials/3/complete"),
+            json!({"infeasible_reason": "diverged"}),
+        )
+        .await;
+    assert_eq!(infeasible.status, StatusCode::OK, "{}", infeasible.body);
+    assert_counts_match_trials(&app, id).await;
+    // Added by hand: requested, and completed at once.
+    let params = json!({"lr": 0.01, "layers": 2, "batch": 16, "kernel": "rbf"});
+    let added = app
+        .post(
+            &format!("/v1/studies/{id}/trials"),
+            json!({"parameters": params}),
+        )
+        .await;
+    assert_eq!(added.status, StatusCode::CREATED, "{}", added.body);
+    let added_done = app
+        .post(
+            &format!("/v1/studies/{id}/trials"),
+            json!({"parameters": params, "final_measurement": {"metrics": {"accuracy": 0.7}}}),
+        )
+        .await;
+    assert_eq!(
+        added_done.status,
+        StatusCode::CREATED,
+        "{}",
+        added_done.body
+    );
+    assert_counts_match_trials(&app, id).await;
+    // The requested trial is handed out (requested → active), a completed one excluded.
+    suggest(&app, id, 1, Some("w2")).await;
+    let excluded = app
+        .call(
+            Method::PATCH,
+            &format!("/v1/studies/{id}/trials/1"),
+            Some(json!({"excluded": true})),
+        )
+        .await;
+    assert_eq!(excluded.status, StatusCode::OK, "{}", excluded.body);
+    assert_counts_match_trials(&app, id).await;
+    let counts = app.get(&format!("/v1/studies/{id}")).await.body["trial_counts"].clone();
+    assert_eq!(
+        counts,
+        json!({"requested": 0, "active": 2, "stopping": 0, "completed": 2,
+               "infeasible": 1, "failed": 1, "total": 6})
     );
 }

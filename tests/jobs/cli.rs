@@ -279,8 +279,10 @@ async fn ctrl_c_stops_augur_run_cleanly_and_the_same_command_resumes_the_study()
     let store = augur::store::connect(&db).await.expect("open the database");
     let studies = store.list_studies(None, None, 0, 10).await.expect("list");
     assert_eq!(studies.len(), 1, "no duplicate study");
-    let counts = store.count_trials(studies[0].id).await.expect("counts");
+    let counts = &studies[0].trial_counts;
     assert_eq!((counts.total, counts.completed), (6, 6), "{counts:?}");
+    let stored = store.all_trials(studies[0].id).await.expect("trials");
+    assert_eq!(stored.len(), 6, "the study's counts agree with its trials");
     // The interrupted trials were resumed, not replaced: launched again, same directories.
     for trial in interrupted {
         let log = std::fs::read_to_string(runs.join(format!("{trial}/job.log"))).expect("log");
