@@ -773,7 +773,7 @@ async fn gp_studies() {
     }
     // 4 clients per study, as many as its parallel_trials: every study as busy as its spec
     // allows, 400 clients for 100 studies. Not too heavy for a 2-core machine: the 3,000
-    // trials took ~20 s there (2026-11-30), so there was no reason to ask for fewer.
+    // trials took 15-20 s there (2026-11-30), so there was no reason to ask for fewer.
     let per_study: usize = env_or("AUGUR_BENCH_GP_CLIENTS_PER_STUDY", 4).max(1);
     let max_trials: u64 = env_or("AUGUR_BENCH_GP_TRIALS", 30);
     let max_secs: f64 = env_or("AUGUR_BENCH_MAX_SECS", 600.0);
