@@ -61,6 +61,10 @@ pub struct Service {
     /// Model-based suggestions for one study are computed one at a time in this process, so
     /// that each sees the trials the previous one handed out as pending.
     design_locks: Arc<Mutex<HashMap<i64, Arc<tokio::sync::Mutex<()>>>>>,
+    /// Model fits running at once in this process: one per core. More would only share the
+    /// cores and make every fit late; a fit waits here (first come, first served) on its
+    /// suggestion's time budget.
+    design_slots: Arc<tokio::sync::Semaphore>,
     /// Ids of studies that were created, changed, stopped or deleted in this process: the
     /// dispatcher reacts at once instead of at its next poll.
     events: tokio::sync::broadcast::Sender<i64>,
@@ -83,6 +87,9 @@ impl Service {
             commits: GroupCommit::new(store.clone(), tokens.clone()),
             store,
             design_locks: Arc::default(),
+            design_slots: Arc::new(tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(1, usize::from),
+            )),
             events: tokio::sync::broadcast::channel(1024).0,
             fixed_configs: Arc::default(),
             snapshots: snapshots::Snapshots::default(),

@@ -455,8 +455,16 @@ impl StudyBatch {
     }
 
     /// Run a designer that does not need the history, with the exact trial numbers.
+    /// Points chosen inside the batch: by the study's designer when it needs no history, else
+    /// quasi-random ones (a model-based designer's points come precomputed; without them its
+    /// suggestion ran out of time). Numbered from the study's next trial, so never repeated.
     fn design(&self, count: usize) -> Vec<Assignment> {
-        let designer = designer_for(self.config.algorithm);
+        let algorithm = if designer_for(self.config.algorithm).uses_history() {
+            augur_optimizer::Algorithm::QuasiRandom
+        } else {
+            self.config.algorithm
+        };
+        let designer = designer_for(algorithm);
         let input = DesignerInput {
             space: &self.config.space,
             metrics: &self.config.metrics,

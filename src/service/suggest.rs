@@ -1,6 +1,15 @@
 //! Handing out trials. Model-based designers (`gp_bandit`) read a snapshot of the study and
 //! think outside its lock, one suggestion at a time per study and process; cheap designers
 //! run inside the study's batch (`state_machine.rs`), where the cap is enforced.
+//!
+//! How model fits share the machine: the suggestion's time budget runs from its arrival.
+//! Waiting for the study's previous suggestion (the design lock) and for a core (one fit per
+//! core in the process, first come first served: `Service::design_slots`) come out of it.
+//! A suggestion whose budget runs out before its fit gets a core takes no core at all, and
+//! one whose fit runs late stops that fit (it is told to, and its answer is discarded): either
+//! gets quasi-random points, chosen inside the study's batch so that two of them never repeat
+//! a point. So under load the latency of a suggestion stays within its budget and a commit,
+//! and the cores run only fits whose answer someone waits for.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -111,19 +120,30 @@ impl Service {
             } => (Some(client_id), true, launch_tokens),
         };
         // Model-based designers read a snapshot and think outside the study's lock; the
-        // lock below keeps this process's suggestions for the study one at a time.
+        // design lock keeps this process's suggestions for the study one at a time, so each
+        // sees the trials the one before handed out.
+        let deadline = tokio::time::Instant::now() + fixed.suggestion_time_budget;
         let lock = if designer_for(fixed.algorithm).uses_history() {
             Some(self.design_lock(study_id)?)
         } else {
             None
         };
-        let _one_at_a_time = match &lock {
-            Some(lock) => Some(lock.lock().await),
+        let one_at_a_time = match &lock {
+            Some(lock) => match tokio::time::timeout_at(deadline, lock.lock()).await {
+                Ok(guard) => Some(guard),
+                Err(_late) => {
+                    budget_exceeded(study_id, fixed.suggestion_time_budget, "design lock");
+                    None
+                }
+            },
             None => None,
         };
-        let precomputed = if lock.is_some() {
+        // Without the design lock (none needed, or the budget ran out waiting for it) the
+        // batch chooses the points: quasi-random ones for a model-based designer.
+        let precomputed = if one_at_a_time.is_some() {
             let resume_client = client_id.as_ref().filter(|_| !dispatched);
-            self.precompute(study_id, count, resume_client).await?
+            self.precompute(study_id, count, resume_client, deadline)
+                .await?
         } else {
             None
         };
@@ -144,13 +164,15 @@ impl Service {
         }
     }
 
-    /// A model-based designer's points for this call, within the study's time budget (past
-    /// it, quasi-random points); `None` when the study is not active or needs none.
+    /// A model-based designer's points for this call, by `deadline` (past it: `None`, and the
+    /// batch chooses quasi-random points); `None` too when the study is not active or needs
+    /// none.
     async fn precompute(
         &self,
         study_id: i64,
         count: usize,
         resume_client: Option<&ClientId>,
+        deadline: tokio::time::Instant,
     ) -> ServiceResult<Option<Vec<Assignment>>> {
         let study = self.study_record(study_id).await?;
         if study.state != StudyState::Active {
@@ -162,23 +184,20 @@ impl Service {
         if wanted == 0 {
             return Ok(None);
         }
-        let budget = config.suggestion_time_budget;
-        let designed =
-            tokio::time::timeout(budget, self.run_designer(&study, &config, &trials, wanted)).await;
-        Ok(Some(match designed {
-            Ok(points) => points?,
-            // The model took too long: answer on time with quasi-random points (the fit is
-            // told to stop, and what it returns is discarded).
+        let designed = tokio::time::timeout_at(
+            deadline,
+            self.run_designer(&study, &config, &trials, wanted),
+        )
+        .await;
+        match designed {
+            Ok(points) => Ok(Some(points?)),
+            // No core in time, or the model took too long: answer on time with quasi-random
+            // points (a fit is told to stop, and what it returns is discarded).
             Err(_) => {
-                metrics::counter!("augur_suggestion_budget_exceeded_total").increment(1);
-                tracing::warn!(
-                    study_id,
-                    ?budget,
-                    "suggestion time budget exceeded; using quasi-random points"
-                );
-                fallback_points(&study, &config, wanted)
+                budget_exceeded(study_id, config.suggestion_time_budget, "model fit");
+                Ok(None)
             }
-        }))
+        }
     }
 
     fn design_lock(&self, study_id: i64) -> ServiceResult<Arc<tokio::sync::Mutex<()>>> {
@@ -222,7 +241,16 @@ impl Service {
         // nobody waits for must not hold a core.
         let cancel = Arc::new(AtomicBool::new(false));
         let _stop_when_abandoned = CancelOnDrop(cancel.clone());
+        // A core for this fit, held until the fit returns (also when nobody waits for it any
+        // more: until it has seen the cancel flag).
+        let core = self
+            .design_slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| ServiceError::Internal("design slots closed".into()))?;
         let output = tokio::task::spawn_blocking(move || {
+            let _core = core;
             let input = DesignerInput {
                 space: &space,
                 metrics: &metrics,
@@ -280,23 +308,15 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// Quasi-random points for when the model misses its time budget.
-fn fallback_points(study: &StudyRecord, config: &StudyConfig, count: usize) -> Vec<Assignment> {
-    let input = DesignerInput {
-        space: &config.space,
-        metrics: &config.metrics,
-        completed: &[],
-        pending: &[],
-        count,
-        first_trial_number: study.next_trial_id.max(1) as u64,
-        seed: config.seed,
-        previous_state: None,
-        prior_studies: &[],
-        desired_min_safe_trials_fraction: None,
-    };
-    designer_for(augur_optimizer::Algorithm::QuasiRandom)
-        .suggest(&input)
-        .suggestions
+/// A suggestion ran out of its time budget at `stage`: it gets quasi-random points.
+fn budget_exceeded(study_id: i64, budget: std::time::Duration, stage: &'static str) {
+    metrics::counter!("augur_suggestion_budget_exceeded_total").increment(1);
+    tracing::warn!(
+        study_id,
+        ?budget,
+        stage,
+        "suggestion time budget exceeded; using quasi-random points"
+    );
 }
 
 /// How many new points a model-based designer should propose for this call: none when the

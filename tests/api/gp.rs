@@ -135,3 +135,50 @@ async fn a_suggestion_over_its_time_budget_falls_back_to_quasi_random() {
         .await;
     assert_eq!(bad.body["error"]["field"], "suggestion_time_budget_secs");
 }
+
+/// Suggestions that wait for the study's previous one past their time budget (the design
+/// lock) get quasi-random points chosen inside the study's batch: on time, and never the same
+/// point twice, however many arrive together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suggestions_late_for_the_design_lock_get_distinct_points() {
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let id = app
+        .create_study(json!({
+            "name": "crowded",
+            "metrics": [{"id": "value", "goal": "minimize"}],
+            "parameters": [
+                {"id": "x1", "type": "double", "min": -5, "max": 10},
+                {"id": "x2", "type": "double", "min": 0, "max": 15}
+            ],
+            "max_trials": 100, "parallel_trials": 12, "seed": 3,
+            "suggestion_time_budget_secs": 0.02
+        }))
+        .await;
+    for i in 0..40 {
+        let (x1, x2) = (
+            -5.0 + 15.0 * f64::from(i) / 40.0,
+            15.0 * f64::from((i * 11) % 40) / 40.0,
+        );
+        let body = json!({"parameters": {"x1": x1, "x2": x2}, "final_measurement": {"metrics": {"value": branin(x1, x2)}}});
+        let r = app.post(&format!("/v1/studies/{id}/trials"), body).await;
+        assert_eq!(r.status, reqwest::StatusCode::CREATED, "{}", r.body);
+    }
+    let asks = (0..12).map(|c| {
+        let app = &app;
+        async move {
+            app.post(
+                &format!("/v1/studies/{id}/suggest"),
+                json!({"count": 1, "client_id": format!("w{c}")}),
+            )
+            .await
+        }
+    });
+    let mut points = Vec::new();
+    for r in futures::future::join_all(asks).await {
+        assert_eq!(r.status, reqwest::StatusCode::OK, "{}", r.body);
+        let trial = &r.body["trials"][0];
+        points.push(format!("{}", trial["parameters"]));
+    }
+    let distinct: std::collections::BTreeSet<_> = points.iter().collect();
+    assert_eq!(distinct.len(), 12, "repeated points: {points:?}");
+}
