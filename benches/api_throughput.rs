@@ -837,8 +837,10 @@ async fn gp_studies() {
         "max_trials {max_trials}, on one replica (this process). Suggestion time budget: \
          {budget} s (the"
     );
-    println!("spec's default suggestion_time_budget_secs); it bounds the designer's run, not the");
-    println!("wait for the study's design lock, its reads or the commit. Fallbacks: suggestions");
+    println!("spec's default suggestion_time_budget_secs); it runs from the suggest's arrival and");
+    println!(
+        "bounds the waits for the design lock and a core and the fit, not the commit. Fallbacks: suggestions"
+    );
     println!("past the budget, answered with quasi-random points (the server's counter");
     println!("augur_suggestion_budget_exceeded_total). Cores: CPU used by this process (clients");
     println!("and server), by PostgreSQL and by anything else.\n");
