@@ -175,9 +175,20 @@ async fn apply_jobs(store: &dyn Store, tokens: &TokenCache, jobs: Vec<Job>) -> V
             return deferred;
         }
     };
+    // The studies after the first are locked and read together (PostgreSQL: two statements
+    // for all of them instead of two each), once the first is done.
+    let mut rest: Vec<i64> = groups.iter().skip(1).map(|g| g.study_id).collect();
     let mut groups = groups.into_iter();
     let mut first = true;
     while let Some(group) = groups.next() {
+        if !first
+            && !rest.is_empty()
+            && let Err(error) = tx.prefetch(&std::mem::take(&mut rest)).await
+        {
+            let rest = std::iter::once(group).chain(groups);
+            replay_alone(store, tokens, applied, rest.collect(), error.into()).await;
+            return deferred;
+        }
         // Only the first lock may wait: this transaction holds none yet.
         let lock = tx.lock_study(group.study_id, first).await;
         first = false;

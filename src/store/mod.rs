@@ -222,6 +222,12 @@ pub trait StudiesTx: Send {
     /// is `Busy` at once (PostgreSQL's `SKIP LOCKED`): a transaction that already holds locks
     /// must never wait for one, or two replicas could deadlock.
     async fn lock_study(self: Box<Self>, study_id: i64, wait: bool) -> StoreResult<StudyLock>;
+    /// Lock (without waiting) and read these studies ahead, in as few statements as the
+    /// backend can, for the `lock_study` calls that follow. A hint: a backend where a
+    /// statement is cheap ignores it.
+    async fn prefetch(&mut self, _study_ids: &[i64]) -> StoreResult<()> {
+        Ok(())
+    }
     async fn commit(self: Box<Self>) -> StoreResult<()>;
 }
 

@@ -1,6 +1,7 @@
 //! PostgreSQL: the store for several replicas. The study row is locked `FOR UPDATE` in every
 //! study transaction, which serializes changes to one study across all service processes.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use sqlx::postgres::{PgPool, PgPoolOptions};
@@ -63,6 +64,22 @@ const STUDY_WITH_UNFINISHED: &str = "SELECT s.id AS s_id, s.name AS s_name, s.st
      JOIN trials t ON t.study_id = u.study_id AND t.id = u.id \
      WHERE t.state IN ('requested', 'active', 'stopping')) AS t ON TRUE \
      WHERE s.id = $1 ORDER BY t.id";
+
+/// `STUDY_WITH_UNFINISHED` for several studies at once, by study.
+const STUDIES_WITH_UNFINISHED: &str = "SELECT s.id AS s_id, s.name AS s_name, s.state AS s_state, \
+     s.state_reason AS s_state_reason, s.spec AS s_spec, s.next_trial_id AS s_next_trial_id, \
+     s.change_seq AS s_change_seq, s.designer_state AS s_designer_state, \
+     s.created_by AS s_created_by, s.created_at AS s_created_at, s.updated_at AS s_updated_at, \
+     s.n_requested AS s_n_requested, s.n_active AS s_n_active, s.n_stopping AS s_n_stopping, \
+     s.n_completed AS s_n_completed, s.n_infeasible AS s_n_infeasible, s.n_failed AS s_n_failed, \
+     t.study_id, t.id, t.state, t.parameters, t.client_id, t.final_measurement, t.objective, \
+     t.infeasible_reason, t.fail_reason, t.early_stopped, t.excluded, t.lease_expires_at, \
+     t.created_at, t.started_at, t.completed_at, t.change_seq, t.attempts \
+     FROM studies s LEFT JOIN LATERAL (\
+     SELECT t.* FROM (SELECT s.id AS study_id, unnest(s.unfinished_ids) AS id OFFSET 0) AS u \
+     JOIN trials t ON t.study_id = u.study_id AND t.id = u.id \
+     WHERE t.state IN ('requested', 'active', 'stopping')) AS t ON TRUE \
+     WHERE s.id = ANY($1) ORDER BY s.id, t.id";
 
 /// All of a batch's writes: new trials, changed trials (every mutable column), measurements
 /// (replacing any at the same trial and step), and the study row (with its unfinished trials'
@@ -173,6 +190,15 @@ impl TrialColumns {
 pub struct PostgresStudiesTx {
     pool: PgPool,
     tx: Option<sqlx::Transaction<'static, sqlx::Postgres>>,
+    /// What `prefetch` locked and read, for the `lock_study` calls that follow.
+    prefetched: HashMap<i64, Prefetched>,
+}
+
+/// A study as `prefetch` found it.
+enum Prefetched {
+    Locked(StudyRecord, Vec<TrialRecord>),
+    Busy,
+    Missing,
 }
 
 impl PostgresStudiesTx {
@@ -180,6 +206,19 @@ impl PostgresStudiesTx {
         Box::new(PostgresStudiesTx {
             pool: store.pool.clone(),
             tx: None,
+            prefetched: HashMap::new(),
+        })
+    }
+
+    fn back(
+        pool: PgPool,
+        tx: sqlx::Transaction<'static, sqlx::Postgres>,
+        prefetched: HashMap<i64, Prefetched>,
+    ) -> Box<dyn StudiesTx> {
+        Box::new(PostgresStudiesTx {
+            pool,
+            tx: Some(tx),
+            prefetched,
         })
     }
 }
@@ -193,11 +232,61 @@ const BEGIN: &str = "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan";
 const LOCK: &str = "SELECT 1 FROM studies WHERE id = $1 FOR UPDATE";
 const TRY_LOCK: &str = "SELECT 1 FROM studies WHERE id = $1 FOR UPDATE SKIP LOCKED";
 const EXISTS: &str = "SELECT 1 FROM studies WHERE id = $1";
+const TRY_LOCK_MANY: &str =
+    "SELECT id FROM studies WHERE id = ANY($1) ORDER BY id FOR UPDATE SKIP LOCKED";
+const EXISTING: &str = "SELECT id FROM studies WHERE id = ANY($1)";
+
+/// The study row of a `STUDY_WITH_UNFINISHED` row (columns prefixed `s_`).
+fn study_of(row: &sqlx::postgres::PgRow) -> StoreResult<StudyRecord> {
+    StudyRow {
+        id: row.try_get("s_id")?,
+        name: row.try_get("s_name")?,
+        state: row.try_get("s_state")?,
+        state_reason: row.try_get("s_state_reason")?,
+        spec: row.try_get("s_spec")?,
+        next_trial_id: row.try_get("s_next_trial_id")?,
+        change_seq: row.try_get("s_change_seq")?,
+        designer_state: row.try_get("s_designer_state")?,
+        created_by: row.try_get("s_created_by")?,
+        created_at: row.try_get("s_created_at")?,
+        updated_at: row.try_get("s_updated_at")?,
+        n_requested: row.try_get("s_n_requested")?,
+        n_active: row.try_get("s_n_active")?,
+        n_stopping: row.try_get("s_n_stopping")?,
+        n_completed: row.try_get("s_n_completed")?,
+        n_infeasible: row.try_get("s_n_infeasible")?,
+        n_failed: row.try_get("s_n_failed")?,
+    }
+    .try_into()
+}
+
+/// The unfinished trial of a `STUDY_WITH_UNFINISHED` row, if it has one.
+fn unfinished_of(row: &sqlx::postgres::PgRow) -> StoreResult<Option<TrialRecord>> {
+    if row.try_get::<Option<i64>, _>("id")?.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(TrialRow::from_row(row)?.try_into()?))
+}
 
 #[async_trait::async_trait]
 impl StudiesTx for PostgresStudiesTx {
     async fn lock_study(self: Box<Self>, study_id: i64, wait: bool) -> StoreResult<StudyLock> {
-        let PostgresStudiesTx { pool, tx } = *self;
+        let PostgresStudiesTx {
+            pool,
+            tx,
+            mut prefetched,
+        } = *self;
+        if let Some(found) = prefetched.remove(&study_id)
+            && let Some(tx) = tx
+        {
+            return Ok(match found {
+                Prefetched::Locked(study, unfinished) => StudyLock::Locked(PostgresStudyTx::new(
+                    pool, tx, prefetched, study, unfinished,
+                )),
+                Prefetched::Busy => StudyLock::Busy(Self::back(pool, tx, prefetched)),
+                Prefetched::Missing => StudyLock::Missing(Self::back(pool, tx, prefetched)),
+            });
+        }
         let mut tx = match tx {
             Some(mut tx) => {
                 if wait {
@@ -213,11 +302,11 @@ impl StudiesTx for PostgresStudiesTx {
                         .fetch_optional(&mut *tx)
                         .await?
                         .is_some();
-                    let tx = Box::new(PostgresStudiesTx { pool, tx: Some(tx) });
+                    let back = Self::back(pool, tx, prefetched);
                     return Ok(if exists {
-                        StudyLock::Busy(tx)
+                        StudyLock::Busy(back)
                     } else {
-                        StudyLock::Missing(tx)
+                        StudyLock::Missing(back)
                     });
                 }
                 tx
@@ -231,7 +320,7 @@ impl StudiesTx for PostgresStudiesTx {
             }
             None => {
                 let tx = pool.begin_with(BEGIN).await?;
-                return Box::new(PostgresStudiesTx { pool, tx: Some(tx) })
+                return Self::back(pool, tx, prefetched)
                     .lock_study(study_id, false)
                     .await;
             }
@@ -241,50 +330,84 @@ impl StudiesTx for PostgresStudiesTx {
             .fetch_all(&mut *tx)
             .await?;
         let Some(first) = rows.first() else {
-            return Ok(StudyLock::Missing(Box::new(PostgresStudiesTx {
-                pool,
-                tx: Some(tx),
-            })));
+            return Ok(StudyLock::Missing(Self::back(pool, tx, prefetched)));
         };
-        let study = StudyRow {
-            id: first.try_get("s_id")?,
-            name: first.try_get("s_name")?,
-            state: first.try_get("s_state")?,
-            state_reason: first.try_get("s_state_reason")?,
-            spec: first.try_get("s_spec")?,
-            next_trial_id: first.try_get("s_next_trial_id")?,
-            change_seq: first.try_get("s_change_seq")?,
-            designer_state: first.try_get("s_designer_state")?,
-            created_by: first.try_get("s_created_by")?,
-            created_at: first.try_get("s_created_at")?,
-            updated_at: first.try_get("s_updated_at")?,
-            n_requested: first.try_get("s_n_requested")?,
-            n_active: first.try_get("s_n_active")?,
-            n_stopping: first.try_get("s_n_stopping")?,
-            n_completed: first.try_get("s_n_completed")?,
-            n_infeasible: first.try_get("s_n_infeasible")?,
-            n_failed: first.try_get("s_n_failed")?,
-        };
-        let mut unfinished: Vec<TrialRecord> = Vec::new();
+        let study = study_of(first)?;
+        let mut unfinished = Vec::new();
         for row in &rows {
-            if row.try_get::<Option<i64>, _>("id")?.is_some() {
-                unfinished.push(TrialRow::from_row(row)?.try_into()?);
+            unfinished.extend(unfinished_of(row)?);
+        }
+        Ok(StudyLock::Locked(PostgresStudyTx::new(
+            pool, tx, prefetched, study, unfinished,
+        )))
+    }
+
+    /// Two statements for all of them: lock those no other transaction holds, then read
+    /// them with their unfinished trials (and a third to tell busy from missing, when some
+    /// were skipped). Each study is read after its lock was granted, as in `lock_study`.
+    async fn prefetch(&mut self, study_ids: &[i64]) -> StoreResult<()> {
+        let wanted: Vec<i64> = study_ids
+            .iter()
+            .copied()
+            .filter(|id| !self.prefetched.contains_key(id))
+            .collect();
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        if self.tx.is_none() {
+            self.tx = Some(self.pool.begin_with(BEGIN).await?);
+        }
+        let Some(tx) = self.tx.as_mut() else {
+            return Ok(());
+        };
+        let locked: Vec<i64> = sqlx::query_scalar(TRY_LOCK_MANY)
+            .bind(&wanted)
+            .fetch_all(&mut **tx)
+            .await?;
+        let skipped: Vec<i64> = wanted
+            .iter()
+            .copied()
+            .filter(|id| !locked.contains(id))
+            .collect();
+        if !skipped.is_empty() {
+            let existing: Vec<i64> = sqlx::query_scalar(EXISTING)
+                .bind(&skipped)
+                .fetch_all(&mut **tx)
+                .await?;
+            for id in skipped {
+                let found = if existing.contains(&id) {
+                    Prefetched::Busy
+                } else {
+                    Prefetched::Missing
+                };
+                self.prefetched.insert(id, found);
             }
         }
-        let unfinished_ids = unfinished.iter().map(|t| t.id).collect();
-        Ok(StudyLock::Locked(Box::new(PostgresStudyTx {
-            pool,
-            tx,
-            study: study.try_into()?,
-            unfinished: Some(unfinished),
-            unfinished_ids,
-            new_trials: Vec::new(),
-            changed_trials: Vec::new(),
-            measurements: Vec::new(),
-            measured_at: None,
-            study_update: None,
-            revoked: Vec::new(),
-        })))
+        if locked.is_empty() {
+            return Ok(());
+        }
+        let rows = sqlx::query(STUDIES_WITH_UNFINISHED)
+            .bind(&locked)
+            .fetch_all(&mut **tx)
+            .await?;
+        let mut read: HashMap<i64, (StudyRecord, Vec<TrialRecord>)> = HashMap::new();
+        for row in &rows {
+            let id: i64 = row.try_get("s_id")?;
+            if !read.contains_key(&id) {
+                read.insert(id, (study_of(row)?, Vec::new()));
+            }
+            if let (Some(trial), Some(entry)) = (unfinished_of(row)?, read.get_mut(&id)) {
+                entry.1.push(trial);
+            }
+        }
+        for id in locked {
+            let found = match read.remove(&id) {
+                Some((study, unfinished)) => Prefetched::Locked(study, unfinished),
+                None => Prefetched::Missing,
+            };
+            self.prefetched.insert(id, found);
+        }
+        Ok(())
     }
 
     async fn commit(self: Box<Self>) -> StoreResult<()> {
@@ -298,6 +421,8 @@ impl StudiesTx for PostgresStudiesTx {
 pub struct PostgresStudyTx {
     pool: PgPool,
     tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    /// The transaction's other prefetched studies, handed back on `release`.
+    prefetched: HashMap<i64, Prefetched>,
     study: StudyRecord,
     /// Read with the study row; handed out by the first `unfinished_trials`.
     unfinished: Option<Vec<TrialRecord>>,
@@ -314,6 +439,30 @@ pub struct PostgresStudyTx {
 }
 
 impl PostgresStudyTx {
+    fn new(
+        pool: PgPool,
+        tx: sqlx::Transaction<'static, sqlx::Postgres>,
+        prefetched: HashMap<i64, Prefetched>,
+        study: StudyRecord,
+        unfinished: Vec<TrialRecord>,
+    ) -> Box<dyn StudyTx> {
+        let unfinished_ids = unfinished.iter().map(|t| t.id).collect();
+        Box::new(PostgresStudyTx {
+            pool,
+            tx,
+            prefetched,
+            study,
+            unfinished: Some(unfinished),
+            unfinished_ids,
+            new_trials: Vec::new(),
+            changed_trials: Vec::new(),
+            measurements: Vec::new(),
+            measured_at: None,
+            study_update: None,
+            revoked: Vec::new(),
+        })
+    }
+
     /// Sends the writes held so far, so that a read sees them (the service only reads before
     /// it writes, so this costs a round trip in the conformance suite, not in a batch).
     async fn flush(&mut self) -> StoreResult<()> {
@@ -557,8 +706,13 @@ impl StudyTx for PostgresStudyTx {
         if self.has_writes() {
             self.write_batch().await?;
         }
-        let PostgresStudyTx { pool, tx, .. } = *self;
-        Ok(Box::new(PostgresStudiesTx { pool, tx: Some(tx) }))
+        let PostgresStudyTx {
+            pool,
+            tx,
+            prefetched,
+            ..
+        } = *self;
+        Ok(PostgresStudiesTx::back(pool, tx, prefetched))
     }
 
     async fn commit(mut self: Box<Self>) -> StoreResult<()> {

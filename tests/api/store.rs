@@ -1016,6 +1016,29 @@ async fn one_transaction_changes_several_studies(store: Arc<dyn Store>) {
     assert_eq!(trial_ids(&*store, a.id).await, vec![1]);
     assert_eq!(trial_ids(&*store, b.id).await, vec![1]);
 
+    // Locked and read ahead (`prefetch`): the same answers, with the unfinished trials.
+    let tx = store.begin_studies().await.expect("begin");
+    let mut tx = locked(tx.lock_study(a.id, true).await.expect("lock a"))
+        .release()
+        .await
+        .expect("release a");
+    tx.prefetch(&[424242, b.id]).await.expect("prefetch");
+    let tx: Box<dyn StudiesTx> = match tx.lock_study(424242, false).await.expect("lock") {
+        StudyLock::Missing(tx) => tx,
+        _ => panic!("study 424242 should be missing"),
+    };
+    let mut on_b = locked(tx.lock_study(b.id, false).await.expect("lock b"));
+    assert_eq!(on_b.study().name, "b");
+    let unfinished = on_b.unfinished_trials().await.expect("unfinished");
+    assert_eq!(
+        unfinished
+            .iter()
+            .map(|t| (t.id, t.state))
+            .collect::<Vec<_>>(),
+        vec![(1, TrialState::Requested)]
+    );
+    on_b.commit().await.expect("commit");
+
     // An empty transaction commits.
     store
         .begin_studies()
@@ -1038,6 +1061,12 @@ async fn one_transaction_changes_several_studies(store: Arc<dyn Store>) {
         let other = match other.lock_study(a.id, false).await.expect("try a") {
             StudyLock::Busy(tx) => tx,
             _ => panic!("study a should be busy while another transaction holds it"),
+        };
+        let mut other = other;
+        other.prefetch(&[a.id]).await.expect("prefetch a");
+        let other = match other.lock_study(a.id, false).await.expect("try a again") {
+            StudyLock::Busy(tx) => tx,
+            _ => panic!("study a should be busy to a prefetch too"),
         };
         other.commit().await.expect("commit other");
         holder.commit().await.expect("commit holder");
