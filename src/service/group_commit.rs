@@ -185,6 +185,8 @@ async fn apply_jobs(store: &dyn Store, tokens: &TokenCache, jobs: Vec<Job>) -> V
             && !rest.is_empty()
             && let Err(error) = tx.prefetch(&std::mem::take(&mut rest)).await
         {
+            // Roll back first: the replay must not wait for this transaction's locks.
+            drop(tx);
             let rest = std::iter::once(group).chain(groups);
             replay_alone(store, tokens, applied, rest.collect(), error.into()).await;
             return deferred;

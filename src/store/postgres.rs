@@ -81,24 +81,27 @@ const STUDIES_WITH_UNFINISHED: &str = "SELECT s.id AS s_id, s.name AS s_name, s.
      WHERE t.state IN ('requested', 'active', 'stopping')) AS t ON TRUE \
      WHERE s.id = ANY($1) ORDER BY s.id, t.id";
 
-/// All of a batch's writes: new trials, changed trials (every mutable column), measurements
-/// (replacing any at the same trial and step), and the study row (with its unfinished trials'
-/// ids, `$42`; the trials' `attempts`, added later, are `$43` and `$44`; its trial counts
-/// `$46` to `$51`), and the tokens of trials that finished (`$45`). The parts touch different rows, as data-modifying CTEs must.
+/// All the writes of a transaction's studies, as one statement: new trials, changed trials
+/// (every mutable column), measurements (replacing any at the same trial and step), the
+/// tokens of trials that finished (deleted) or were launched (replaced), and each study row
+/// (with its unfinished trials' ids, as text, and its trial counts). Each column travels as an
+/// array that `UNNEST` zips back into rows, with the study id of each. The parts touch
+/// different rows, as data-modifying CTEs must.
 ///
 /// The changed trials are found by primary key, row by row, whatever the statistics say: the
-/// study id comes from behind an `OFFSET 0` fence, so there is no `study_id = $1` for the
-/// planner to scan the whole study with. (While a study grows faster than autovacuum
-/// analyzes the table, the statistics say the study has a handful of trials, and such a scan
-/// made each batch O(trials): throughput fell from ~3,600 to ~800 trials/s at 30,000.) Nor
-/// may a plan cached while the table was small (see `begin`).
-const WRITE_BATCH: &str = "WITH new_trials AS (\
+/// keys come from behind an `OFFSET 0` fence, so there is no `study_id = $1` for the planner
+/// to scan a whole study with. (While a study grows faster than autovacuum analyzes the
+/// table, the statistics say the study has a handful of trials, and such a scan made each
+/// batch O(trials): throughput fell from ~3,600 to ~800 trials/s at 30,000.) Nor may a plan
+/// cached while the table was small (see `BEGIN`).
+const WRITE_STUDIES: &str = "WITH new_trials AS (\
      INSERT INTO trials (study_id, id, state, parameters, client_id, final_measurement, \
      objective, infeasible_reason, fail_reason, early_stopped, excluded, lease_expires_at, \
      created_at, started_at, completed_at, change_seq, attempts) \
-     SELECT $1, * FROM UNNEST($2::bigint[], $3::text[], $4::jsonb[], $5::text[], $6::jsonb[], \
-     $7::float8[], $8::text[], $9::text[], $10::bool[], $11::bool[], $12::timestamptz[], \
-     $13::timestamptz[], $14::timestamptz[], $15::timestamptz[], $16::bigint[], $43::int[])\
+     SELECT * FROM UNNEST($1::bigint[], $2::bigint[], $3::text[], $4::jsonb[], $5::text[], \
+     $6::jsonb[], $7::float8[], $8::text[], $9::text[], $10::bool[], $11::bool[], \
+     $12::timestamptz[], $13::timestamptz[], $14::timestamptz[], $15::timestamptz[], \
+     $16::bigint[], $17::int[])\
      ), changed_trials AS (\
      UPDATE trials AS t SET state = u.state, parameters = u.parameters, \
      client_id = u.client_id, final_measurement = u.final_measurement, objective = u.objective, \
@@ -106,34 +109,43 @@ const WRITE_BATCH: &str = "WITH new_trials AS (\
      early_stopped = u.early_stopped, excluded = u.excluded, \
      lease_expires_at = u.lease_expires_at, started_at = u.started_at, \
      completed_at = u.completed_at, change_seq = u.change_seq, attempts = u.attempts \
-     FROM (SELECT $1::bigint AS study_id, * FROM UNNEST($17::bigint[], $18::text[], \
-     $19::jsonb[], $20::text[], $21::jsonb[], $22::float8[], $23::text[], $24::text[], \
-     $25::bool[], $26::bool[], $27::timestamptz[], $28::timestamptz[], $29::timestamptz[], \
-     $30::bigint[], $44::int[]) AS u(id, state, parameters, client_id, final_measurement, \
+     FROM (SELECT * FROM UNNEST($18::bigint[], $19::bigint[], $20::text[], $21::jsonb[], \
+     $22::text[], $23::jsonb[], $24::float8[], $25::text[], $26::text[], $27::bool[], \
+     $28::bool[], $29::timestamptz[], $30::timestamptz[], $31::timestamptz[], $32::bigint[], \
+     $33::int[]) AS u(study_id, id, state, parameters, client_id, final_measurement, \
      objective, infeasible_reason, fail_reason, early_stopped, excluded, lease_expires_at, \
      started_at, completed_at, change_seq, attempts) OFFSET 0) AS u \
      WHERE t.study_id = u.study_id AND t.id = u.id\
      ), measured AS (\
      INSERT INTO measurements (study_id, trial_id, step, elapsed_secs, metrics, created_at) \
-     SELECT $1, u.trial_id, u.step, u.elapsed_secs, u.metrics, $35 \
-     FROM UNNEST($31::bigint[], $32::bigint[], $33::float8[], $34::jsonb[]) \
-     AS u(trial_id, step, elapsed_secs, metrics) \
+     SELECT * FROM UNNEST($34::bigint[], $35::bigint[], $36::bigint[], $37::float8[], \
+     $38::jsonb[], $39::timestamptz[]) \
      ON CONFLICT (study_id, trial_id, step) DO UPDATE SET \
      elapsed_secs = excluded.elapsed_secs, metrics = excluded.metrics, \
      created_at = excluded.created_at\
      ), revoked AS (\
-     DELETE FROM api_tokens WHERE study_id = $1 AND trial_id = ANY($45::bigint[])\
+     DELETE FROM api_tokens AS a USING (SELECT * FROM UNNEST($40::bigint[], $41::bigint[]) \
+     AS r(study_id, trial_id) OFFSET 0) AS r \
+     WHERE a.study_id = r.study_id AND a.trial_id = r.trial_id\
+     ), issued AS (\
+     INSERT INTO api_tokens (name, token_hash, study_id, trial_id, created_at) \
+     SELECT * FROM UNNEST($42::text[], $43::text[], $44::bigint[], $45::bigint[], \
+     $46::timestamptz[]) \
+     ON CONFLICT (name) DO UPDATE SET token_hash = excluded.token_hash, \
+     study_id = excluded.study_id, trial_id = excluded.trial_id, \
+     created_at = excluded.created_at\
      ) \
-     UPDATE studies SET state = $36, state_reason = $37, spec = $38, next_trial_id = $39, \
-     updated_at = $40, change_seq = $41, unfinished_ids = $42, n_requested = $46, \
-     n_active = $47, n_stopping = $48, n_completed = $49, n_infeasible = $50, n_failed = $51 \
-     WHERE id = $1";
-
-/// `REPLACE_TOKEN` for many trials of one study at once.
-const REPLACE_TRIAL_TOKENS: &str = "INSERT INTO api_tokens (name, token_hash, study_id, trial_id, created_at) \
-     SELECT u.name, u.hash, $1, u.trial_id, $2 FROM UNNEST($3::text[], $4::text[], $5::bigint[]) \
-     AS u(name, hash, trial_id) ON CONFLICT (name) DO UPDATE SET token_hash = excluded.token_hash, \
-     study_id = excluded.study_id, trial_id = excluded.trial_id, created_at = excluded.created_at";
+     UPDATE studies AS s SET state = u.state, state_reason = u.state_reason, spec = u.spec, \
+     next_trial_id = u.next_trial_id, updated_at = u.updated_at, change_seq = u.change_seq, \
+     unfinished_ids = CAST(u.unfinished_ids AS bigint[]), n_requested = u.n_requested, \
+     n_active = u.n_active, n_stopping = u.n_stopping, n_completed = u.n_completed, \
+     n_infeasible = u.n_infeasible, n_failed = u.n_failed \
+     FROM UNNEST($47::bigint[], $48::text[], $49::text[], $50::jsonb[], $51::bigint[], \
+     $52::timestamptz[], $53::bigint[], $54::text[], $55::bigint[], $56::bigint[], \
+     $57::bigint[], $58::bigint[], $59::bigint[], $60::bigint[]) AS u(id, state, state_reason, \
+     spec, next_trial_id, updated_at, change_seq, unfinished_ids, n_requested, n_active, \
+     n_stopping, n_completed, n_infeasible, n_failed) \
+     WHERE s.id = u.id";
 
 type Jsonb = sqlx::types::Json<serde_json::Value>;
 type Time = chrono::DateTime<chrono::Utc>;
@@ -141,6 +153,7 @@ type Time = chrono::DateTime<chrono::Utc>;
 /// A batch of trials, column by column.
 #[derive(Default)]
 struct TrialColumns {
+    study_id: Vec<i64>,
     id: Vec<i64>,
     state: Vec<&'static str>,
     parameters: Vec<Jsonb>,
@@ -160,9 +173,10 @@ struct TrialColumns {
 }
 
 impl TrialColumns {
-    fn of(trials: &[TrialRecord]) -> StoreResult<Self> {
+    fn of<'a>(trials: impl IntoIterator<Item = &'a TrialRecord>) -> StoreResult<Self> {
         let mut c = TrialColumns::default();
         for t in trials {
+            c.study_id.push(t.study_id);
             c.id.push(t.id);
             c.state.push(t.state.as_str());
             c.parameters.push(to_json(&t.parameters)?);
@@ -192,11 +206,13 @@ pub struct PostgresStudiesTx {
     tx: Option<sqlx::Transaction<'static, sqlx::Postgres>>,
     /// What `prefetch` locked and read, for the `lock_study` calls that follow.
     prefetched: HashMap<i64, Prefetched>,
+    /// Writes of the studies released so far, sent as one statement at commit.
+    pending: Vec<StudyWrites>,
 }
 
 /// A study as `prefetch` found it.
 enum Prefetched {
-    Locked(StudyRecord, Vec<TrialRecord>),
+    Locked(Box<StudyRecord>, Vec<TrialRecord>),
     Busy,
     Missing,
 }
@@ -207,18 +223,21 @@ impl PostgresStudiesTx {
             pool: store.pool.clone(),
             tx: None,
             prefetched: HashMap::new(),
+            pending: Vec::new(),
         })
     }
 
     fn back(
         pool: PgPool,
         tx: sqlx::Transaction<'static, sqlx::Postgres>,
-        prefetched: HashMap<i64, Prefetched>,
+        outer: (HashMap<i64, Prefetched>, Vec<StudyWrites>),
     ) -> Box<dyn StudiesTx> {
+        let (prefetched, pending) = outer;
         Box::new(PostgresStudiesTx {
             pool,
             tx: Some(tx),
             prefetched,
+            pending,
         })
     }
 }
@@ -275,18 +294,21 @@ impl StudiesTx for PostgresStudiesTx {
             pool,
             tx,
             mut prefetched,
+            pending,
         } = *self;
         if let Some(found) = prefetched.remove(&study_id)
             && let Some(tx) = tx
         {
+            let outer = (prefetched, pending);
             return Ok(match found {
-                Prefetched::Locked(study, unfinished) => StudyLock::Locked(PostgresStudyTx::new(
-                    pool, tx, prefetched, study, unfinished,
-                )),
-                Prefetched::Busy => StudyLock::Busy(Self::back(pool, tx, prefetched)),
-                Prefetched::Missing => StudyLock::Missing(Self::back(pool, tx, prefetched)),
+                Prefetched::Locked(study, unfinished) => {
+                    StudyLock::Locked(PostgresStudyTx::locked(pool, tx, outer, *study, unfinished))
+                }
+                Prefetched::Busy => StudyLock::Busy(Self::back(pool, tx, outer)),
+                Prefetched::Missing => StudyLock::Missing(Self::back(pool, tx, outer)),
             });
         }
+        let outer = (prefetched, pending);
         let mut tx = match tx {
             Some(mut tx) => {
                 if wait {
@@ -302,7 +324,7 @@ impl StudiesTx for PostgresStudiesTx {
                         .fetch_optional(&mut *tx)
                         .await?
                         .is_some();
-                    let back = Self::back(pool, tx, prefetched);
+                    let back = Self::back(pool, tx, outer);
                     return Ok(if exists {
                         StudyLock::Busy(back)
                     } else {
@@ -320,7 +342,7 @@ impl StudiesTx for PostgresStudiesTx {
             }
             None => {
                 let tx = pool.begin_with(BEGIN).await?;
-                return Self::back(pool, tx, prefetched)
+                return Self::back(pool, tx, outer)
                     .lock_study(study_id, false)
                     .await;
             }
@@ -330,15 +352,15 @@ impl StudiesTx for PostgresStudiesTx {
             .fetch_all(&mut *tx)
             .await?;
         let Some(first) = rows.first() else {
-            return Ok(StudyLock::Missing(Self::back(pool, tx, prefetched)));
+            return Ok(StudyLock::Missing(Self::back(pool, tx, outer)));
         };
         let study = study_of(first)?;
         let mut unfinished = Vec::new();
         for row in &rows {
             unfinished.extend(unfinished_of(row)?);
         }
-        Ok(StudyLock::Locked(PostgresStudyTx::new(
-            pool, tx, prefetched, study, unfinished,
+        Ok(StudyLock::Locked(PostgresStudyTx::locked(
+            pool, tx, outer, study, unfinished,
         )))
     }
 
@@ -393,8 +415,8 @@ impl StudiesTx for PostgresStudiesTx {
         let mut read: HashMap<i64, (StudyRecord, Vec<TrialRecord>)> = HashMap::new();
         for row in &rows {
             let id: i64 = row.try_get("s_id")?;
-            if !read.contains_key(&id) {
-                read.insert(id, (study_of(row)?, Vec::new()));
+            if let std::collections::hash_map::Entry::Vacant(entry) = read.entry(id) {
+                entry.insert((study_of(row)?, Vec::new()));
             }
             if let (Some(trial), Some(entry)) = (unfinished_of(row)?, read.get_mut(&id)) {
                 entry.1.push(trial);
@@ -402,7 +424,7 @@ impl StudiesTx for PostgresStudiesTx {
         }
         for id in locked {
             let found = match read.remove(&id) {
-                Some((study, unfinished)) => Prefetched::Locked(study, unfinished),
+                Some((study, unfinished)) => Prefetched::Locked(Box::new(study), unfinished),
                 None => Prefetched::Missing,
             };
             self.prefetched.insert(id, found);
@@ -411,7 +433,8 @@ impl StudiesTx for PostgresStudiesTx {
     }
 
     async fn commit(self: Box<Self>) -> StoreResult<()> {
-        if let Some(tx) = self.tx {
+        if let Some(mut tx) = self.tx {
+            write_studies(&mut tx, &self.pending).await?;
             tx.commit().await?;
         }
         Ok(())
@@ -423,12 +446,14 @@ pub struct PostgresStudyTx {
     tx: sqlx::Transaction<'static, sqlx::Postgres>,
     /// The transaction's other prefetched studies, handed back on `release`.
     prefetched: HashMap<i64, Prefetched>,
+    /// Writes of the transaction's studies released before this one, sent at commit.
+    pending: Vec<StudyWrites>,
     study: StudyRecord,
     /// Read with the study row; handed out by the first `unfinished_trials`.
     unfinished: Option<Vec<TrialRecord>>,
     /// The ids of the unfinished trials, as of the writes held so far.
     unfinished_ids: std::collections::BTreeSet<i64>,
-    /// Writes held until `commit`, which sends them as one statement.
+    /// Writes held until `release` or `commit`.
     new_trials: Vec<TrialRecord>,
     changed_trials: Vec<TrialRecord>,
     measurements: Vec<(i64, Measurement)>,
@@ -436,21 +461,176 @@ pub struct PostgresStudyTx {
     study_update: Option<StudyRecord>,
     /// Trials whose tokens to delete.
     revoked: Vec<i64>,
+    /// Tokens to store (replace), and when.
+    tokens: Vec<TrialToken>,
+    tokens_at: Option<Time>,
+}
+
+/// One study's writes, ready to be sent with other studies' (`write_studies`).
+struct StudyWrites {
+    study: StudyRecord,
+    unfinished_ids: Vec<i64>,
+    new_trials: Vec<TrialRecord>,
+    changed_trials: Vec<TrialRecord>,
+    /// At most one per (trial, step): one statement may not touch a row twice.
+    measurements: Vec<(i64, Measurement)>,
+    measured_at: Time,
+    revoked: Vec<i64>,
+    /// At most one per name.
+    tokens: Vec<TrialToken>,
+    tokens_at: Time,
+}
+
+/// Send `writes` (of distinct studies) as one statement.
+async fn write_studies(
+    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+    writes: &[StudyWrites],
+) -> StoreResult<()> {
+    if writes.is_empty() {
+        return Ok(());
+    }
+    let new = TrialColumns::of(writes.iter().flat_map(|w| &w.new_trials))?;
+    let changed = TrialColumns::of(writes.iter().flat_map(|w| &w.changed_trials))?;
+    let (mut m_study, mut m_trial, mut m_step, mut m_elapsed, mut m_metrics, mut m_at) = (
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+    );
+    let (mut r_study, mut r_trial) = (Vec::new(), Vec::new());
+    let (mut k_name, mut k_hash, mut k_study, mut k_trial, mut k_at) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut studies: [Vec<i64>; 9] = Default::default();
+    let (mut s_state, mut s_reason, mut s_spec, mut s_updated, mut s_unfinished) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for w in writes {
+        let id = w.study.id;
+        for (trial_id, m) in &w.measurements {
+            m_study.push(id);
+            m_trial.push(*trial_id);
+            m_step.push(m.step);
+            m_elapsed.push(m.elapsed_secs);
+            m_metrics.push(to_json(&m.metrics)?);
+            m_at.push(w.measured_at);
+        }
+        for trial_id in &w.revoked {
+            r_study.push(id);
+            r_trial.push(*trial_id);
+        }
+        for t in &w.tokens {
+            k_name.push(t.name.as_str());
+            k_hash.push(t.hash.as_str());
+            k_study.push(id);
+            k_trial.push(t.trial_id);
+            k_at.push(w.tokens_at);
+        }
+        let counts = w.study.trial_counts.columns();
+        let numbers = [id, w.study.next_trial_id, w.study.change_seq];
+        for (column, value) in studies.iter_mut().zip(numbers.into_iter().chain(counts)) {
+            column.push(value);
+        }
+        s_state.push(w.study.state.as_str());
+        s_reason.push(w.study.state_reason.clone());
+        s_spec.push(to_json(&w.study.spec)?);
+        s_updated.push(w.study.updated_at);
+        let ids: Vec<String> = w.unfinished_ids.iter().map(i64::to_string).collect();
+        s_unfinished.push(format!("{{{}}}", ids.join(",")));
+    }
+    let [
+        s_id,
+        s_next,
+        s_seq,
+        n_req,
+        n_act,
+        n_stop,
+        n_comp,
+        n_inf,
+        n_fail,
+    ] = studies;
+    sqlx::query(WRITE_STUDIES)
+        .bind(new.study_id)
+        .bind(new.id)
+        .bind(new.state)
+        .bind(new.parameters)
+        .bind(new.client_id)
+        .bind(new.final_measurement)
+        .bind(new.objective)
+        .bind(new.infeasible_reason)
+        .bind(new.fail_reason)
+        .bind(new.early_stopped)
+        .bind(new.excluded)
+        .bind(new.lease_expires_at)
+        .bind(new.created_at)
+        .bind(new.started_at)
+        .bind(new.completed_at)
+        .bind(new.change_seq)
+        .bind(new.attempts)
+        .bind(changed.study_id)
+        .bind(changed.id)
+        .bind(changed.state)
+        .bind(changed.parameters)
+        .bind(changed.client_id)
+        .bind(changed.final_measurement)
+        .bind(changed.objective)
+        .bind(changed.infeasible_reason)
+        .bind(changed.fail_reason)
+        .bind(changed.early_stopped)
+        .bind(changed.excluded)
+        .bind(changed.lease_expires_at)
+        .bind(changed.started_at)
+        .bind(changed.completed_at)
+        .bind(changed.change_seq)
+        .bind(changed.attempts)
+        .bind(m_study)
+        .bind(m_trial)
+        .bind(m_step)
+        .bind(m_elapsed)
+        .bind(m_metrics)
+        .bind(m_at)
+        .bind(r_study)
+        .bind(r_trial)
+        .bind(k_name)
+        .bind(k_hash)
+        .bind(k_study)
+        .bind(k_trial)
+        .bind(k_at)
+        .bind(s_id)
+        .bind(s_state)
+        .bind(s_reason)
+        .bind(s_spec)
+        .bind(s_next)
+        .bind(s_updated)
+        .bind(s_seq)
+        .bind(s_unfinished)
+        .bind(n_req)
+        .bind(n_act)
+        .bind(n_stop)
+        .bind(n_comp)
+        .bind(n_inf)
+        .bind(n_fail)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }
 
 impl PostgresStudyTx {
-    fn new(
+    /// The transaction on a study just locked and read.
+    fn locked(
         pool: PgPool,
         tx: sqlx::Transaction<'static, sqlx::Postgres>,
-        prefetched: HashMap<i64, Prefetched>,
+        outer: (HashMap<i64, Prefetched>, Vec<StudyWrites>),
         study: StudyRecord,
         unfinished: Vec<TrialRecord>,
     ) -> Box<dyn StudyTx> {
         let unfinished_ids = unfinished.iter().map(|t| t.id).collect();
+        let (prefetched, pending) = outer;
         Box::new(PostgresStudyTx {
             pool,
             tx,
             prefetched,
+            pending,
             study,
             unfinished: Some(unfinished),
             unfinished_ids,
@@ -460,20 +640,16 @@ impl PostgresStudyTx {
             measured_at: None,
             study_update: None,
             revoked: Vec::new(),
+            tokens: Vec::new(),
+            tokens_at: None,
         })
     }
 
     /// Sends the writes held so far, so that a read sees them (the service only reads before
     /// it writes, so this costs a round trip in the conformance suite, not in a batch).
     async fn flush(&mut self) -> StoreResult<()> {
-        if self.has_writes() {
-            self.write_batch().await?;
-            self.new_trials.clear();
-            self.changed_trials.clear();
-            self.measurements.clear();
-            self.measured_at = None;
-            self.study_update = None;
-            self.revoked.clear();
+        if let Some(writes) = self.take_writes()? {
+            write_studies(&mut self.tx, std::slice::from_ref(&writes)).await?;
             self.unfinished = None;
         }
         Ok(())
@@ -485,27 +661,26 @@ impl PostgresStudyTx {
             || !self.measurements.is_empty()
             || self.study_update.is_some()
             || !self.revoked.is_empty()
+            || !self.tokens.is_empty()
     }
 
-    async fn write_batch(&mut self) -> StoreResult<()> {
-        let new = TrialColumns::of(&self.new_trials)?;
-        let changed = TrialColumns::of(&self.changed_trials)?;
+    /// The writes held so far, as one study's part of a statement; `None` without any.
+    fn take_writes(&mut self) -> StoreResult<Option<StudyWrites>> {
+        if !self.has_writes() {
+            return Ok(None);
+        }
         // One statement may not touch a row twice: of two measurements at one (trial, step)
-        // the later wins, as it would row by row.
-        let mut latest: std::collections::BTreeMap<(i64, i64), &Measurement> =
+        // the later wins, as it would row by row; of two tokens of one name, the later.
+        let mut latest: std::collections::BTreeMap<(i64, i64), Measurement> =
             std::collections::BTreeMap::new();
-        for (trial_id, m) in &self.measurements {
-            latest.insert((*trial_id, m.step), m);
+        for (trial_id, m) in self.measurements.drain(..) {
+            latest.insert((trial_id, m.step), m);
         }
-        let (mut m_trial, mut m_step, mut m_elapsed, mut m_metrics) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for ((trial_id, step), m) in latest {
-            m_trial.push(trial_id);
-            m_step.push(step);
-            m_elapsed.push(m.elapsed_secs);
-            m_metrics.push(to_json(&m.metrics)?);
+        let mut tokens: std::collections::BTreeMap<String, TrialToken> =
+            std::collections::BTreeMap::new();
+        for t in self.tokens.drain(..) {
+            tokens.insert(t.name.clone(), t);
         }
-        let measured_at = self.measured_at.unwrap_or(self.study.updated_at);
         for t in self.new_trials.iter().chain(&self.changed_trials) {
             if t.state.is_unfinished() {
                 self.unfinished_ids.insert(t.id);
@@ -513,70 +688,25 @@ impl PostgresStudyTx {
                 self.unfinished_ids.remove(&t.id);
             }
         }
-        let unfinished_ids: Vec<i64> = self.unfinished_ids.iter().copied().collect();
         // Without an update from the service the study row is written back as it is (the
         // lock has kept it so), with its new list of unfinished trials.
         if let Some(update) = self.study_update.take() {
             self.study = update;
         }
-        let study = &self.study;
-        let [requested, active, stopping, completed, infeasible, failed] =
-            study.trial_counts.columns();
-        sqlx::query(WRITE_BATCH)
-            .bind(self.study.id)
-            .bind(new.id)
-            .bind(new.state)
-            .bind(new.parameters)
-            .bind(new.client_id)
-            .bind(new.final_measurement)
-            .bind(new.objective)
-            .bind(new.infeasible_reason)
-            .bind(new.fail_reason)
-            .bind(new.early_stopped)
-            .bind(new.excluded)
-            .bind(new.lease_expires_at)
-            .bind(new.created_at)
-            .bind(new.started_at)
-            .bind(new.completed_at)
-            .bind(new.change_seq)
-            .bind(changed.id)
-            .bind(changed.state)
-            .bind(changed.parameters)
-            .bind(changed.client_id)
-            .bind(changed.final_measurement)
-            .bind(changed.objective)
-            .bind(changed.infeasible_reason)
-            .bind(changed.fail_reason)
-            .bind(changed.early_stopped)
-            .bind(changed.excluded)
-            .bind(changed.lease_expires_at)
-            .bind(changed.started_at)
-            .bind(changed.completed_at)
-            .bind(changed.change_seq)
-            .bind(m_trial)
-            .bind(m_step)
-            .bind(m_elapsed)
-            .bind(m_metrics)
-            .bind(measured_at)
-            .bind(study.state.as_str())
-            .bind(&study.state_reason)
-            .bind(to_json(&study.spec)?)
-            .bind(study.next_trial_id)
-            .bind(study.updated_at)
-            .bind(study.change_seq)
-            .bind(unfinished_ids)
-            .bind(new.attempts)
-            .bind(changed.attempts)
-            .bind(&self.revoked)
-            .bind(requested)
-            .bind(active)
-            .bind(stopping)
-            .bind(completed)
-            .bind(infeasible)
-            .bind(failed)
-            .execute(&mut *self.tx)
-            .await?;
-        Ok(())
+        Ok(Some(StudyWrites {
+            study: self.study.clone(),
+            unfinished_ids: self.unfinished_ids.iter().copied().collect(),
+            new_trials: std::mem::take(&mut self.new_trials),
+            changed_trials: std::mem::take(&mut self.changed_trials),
+            measurements: latest
+                .into_iter()
+                .map(|((trial_id, _), m)| (trial_id, m))
+                .collect(),
+            measured_at: self.measured_at.take().unwrap_or(self.study.updated_at),
+            revoked: std::mem::take(&mut self.revoked),
+            tokens: tokens.into_values().collect(),
+            tokens_at: self.tokens_at.take().unwrap_or(self.study.updated_at),
+        }))
     }
 }
 
@@ -676,49 +806,32 @@ impl StudyTx for PostgresStudyTx {
     }
 
     async fn replace_trial_tokens(&mut self, tokens: &[TrialToken], now: Time) -> StoreResult<()> {
-        if tokens.is_empty() {
-            return Ok(());
+        self.tokens.extend_from_slice(tokens);
+        if !tokens.is_empty() {
+            self.tokens_at = Some(now);
         }
-        // Their trials are among the writes held so far (a foreign key).
-        self.flush().await?;
-        // One statement may not touch a row twice: the last token of a name wins.
-        let mut latest: std::collections::BTreeMap<&str, &TrialToken> =
-            std::collections::BTreeMap::new();
-        for t in tokens {
-            latest.insert(&t.name, t);
-        }
-        let (names, hashes, trial_ids): (Vec<&str>, Vec<&str>, Vec<i64>) = latest
-            .values()
-            .map(|t| (t.name.as_str(), t.hash.as_str(), t.trial_id))
-            .collect();
-        sqlx::query(REPLACE_TRIAL_TOKENS)
-            .bind(self.study.id)
-            .bind(now)
-            .bind(names)
-            .bind(hashes)
-            .bind(trial_ids)
-            .execute(&mut *self.tx)
-            .await?;
         Ok(())
     }
 
     async fn release(mut self: Box<Self>) -> StoreResult<Box<dyn StudiesTx>> {
-        if self.has_writes() {
-            self.write_batch().await?;
+        if let Some(writes) = self.take_writes()? {
+            self.pending.push(writes);
         }
         let PostgresStudyTx {
             pool,
             tx,
             prefetched,
+            pending,
             ..
         } = *self;
-        Ok(PostgresStudiesTx::back(pool, tx, prefetched))
+        Ok(PostgresStudiesTx::back(pool, tx, (prefetched, pending)))
     }
 
     async fn commit(mut self: Box<Self>) -> StoreResult<()> {
-        if self.has_writes() {
-            self.write_batch().await?;
+        if let Some(writes) = self.take_writes()? {
+            self.pending.push(writes);
         }
+        write_studies(&mut self.tx, &self.pending).await?;
         self.tx.commit().await?;
         Ok(())
     }
