@@ -38,8 +38,9 @@ impl_sql_store!(PostgresStore, PostgresStudiesTx, sqlx::Postgres, "postgres");
 // 3. every write of the batch, as one statement (each column travels as an array that
 //    `UNNEST` zips back into rows), sent at commit: nothing reads in between;
 // 4. `COMMIT`.
-// A transaction over several studies shares 1 and 4: each further study costs its lock
-// (`SKIP LOCKED`), 2 and 3.
+// A transaction over several studies costs six, however many studies it holds: 1 and 2 for
+// the first study; the others locked together (`SKIP LOCKED`) and read together (`prefetch`);
+// every study's writes as one statement (`write_studies`); `COMMIT`.
 
 /// The study row (columns prefixed `s_`) with each of its unfinished trials, or alone (trial
 /// columns NULL) when it has none. The study row lists its unfinished trials' ids
