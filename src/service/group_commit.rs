@@ -271,7 +271,7 @@ fn announce(tokens: &TokenCache, group: StudyJobs, outcome: BatchOutcome) {
 
 /// A shared transaction failed before its commit (so nothing of it was written): apply each
 /// study's commands in a transaction of its own, so that one study's failure (`error`, of the
-/// last study tried, or the database's) is that study's alone.
+/// last study tried) is that study's alone; unless the database is out of reach.
 async fn replay_alone(
     store: &dyn Store,
     tokens: &TokenCache,
@@ -281,6 +281,14 @@ async fn replay_alone(
 ) {
     log_failure(&error);
     let groups = applied.into_iter().map(|(group, _)| group).chain(rest);
+    // The database is out of reach: a transaction per study would only wait for it once per
+    // study. Everyone hears it at once and asks again later.
+    if matches!(error, ServiceError::Unavailable(_)) {
+        for group in groups {
+            group.fail(&error);
+        }
+        return;
+    }
     for group in groups {
         let result = StudyBatch::run(store, group.study_id, group.commands.clone()).await;
         match result {
