@@ -158,6 +158,9 @@ impl ContainerEngine {
         if let Some(dir) = run.workdir {
             argv.extend(["--workdir".to_string(), dir.display().to_string()]);
         }
+        if let Some((uid, gid)) = run.user {
+            argv.extend(["--user".to_string(), format!("{uid}:{gid}")]);
+        }
         let resources = &run.replica.resources;
         if let Some(cpu) = resources.cpu {
             argv.extend(["--cpus".to_string(), cpu.to_string()]);
@@ -196,6 +199,8 @@ struct ContainerRun<'a> {
     trial_dir: &'a Path,
     workdir: Option<&'a Path>,
     gpus: &'a [String],
+    /// `--run-jobs-as`: the container's processes run as this uid and gid.
+    user: Option<(u32, u32)>,
 }
 
 /// A container's name: study, trial, attempt and replica, and this launch's `nonce` (two
@@ -343,6 +348,11 @@ impl ContainerExecutor {
             let visible: Vec<String> = (0..gpus.len()).map(|i| i.to_string()).collect();
             env.push(("CUDA_VISIBLE_DEVICES".to_string(), visible.join(",")));
         }
+        // The trial's directory is mounted at the same path: what the job writes is handed to
+        // `--run-jobs-as`'s user on the host, as for a local job.
+        if let Some(user) = &self.context.run_as {
+            user.give_outputs(&env)?;
+        }
         let env_file = request
             .trial_dir
             .join(".container-env")
@@ -360,6 +370,7 @@ impl ContainerExecutor {
             trial_dir: &request.trial_dir,
             workdir: request.workdir.as_deref(),
             gpus: &gpus,
+            user: self.context.run_as.as_ref().map(|u| (u.uid, u.gid)),
         };
         Ok(self.context.containers.run_argv(&run))
     }
@@ -405,6 +416,7 @@ mod tests {
             trial_dir: Path::new("/runs/7"),
             workdir: None,
             gpus: &gpus,
+            user: Some((1001, 1002)),
         };
         let argv = engine.run_argv(&run).join(" ");
         assert!(
@@ -418,6 +430,7 @@ mod tests {
             "--label augur.dev/trial-dir=/runs/7",
             "--env-file /runs/7/.container-env/x.env",
             "--volume /runs/7:/runs/7",
+            "--user 1001:1002",
             "--cpus 2",
             "--memory 1073741824b",
             "--device nvidia.com/gpu=2 --device nvidia.com/gpu=5",

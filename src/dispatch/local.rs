@@ -56,6 +56,20 @@ impl RunAs {
     /// Hand the user what a replica with environment `env` writes, and tell the replica who
     /// it is (its own home and name, not the server's).
     fn prepare(&self, env: &mut [(String, String)]) -> Result<(), ExecutorError> {
+        self.give_outputs(env)?;
+        for (name, value) in env.iter_mut() {
+            match name.as_str() {
+                "HOME" => *value = self.home.display().to_string(),
+                "USER" | "LOGNAME" => value.clone_from(&self.name),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Hand the user what a replica with environment `env` writes: the directories and the
+    /// hypertune file of the trial contract.
+    pub(super) fn give_outputs(&self, env: &[(String, String)]) -> Result<(), ExecutorError> {
         let give = |path: &std::path::Path| {
             std::os::unix::fs::chown(path, Some(self.uid), Some(self.gid)).map_err(|e| {
                 ExecutorError::Launch(format!(
@@ -65,7 +79,7 @@ impl RunAs {
                 ))
             })
         };
-        for (name, value) in env.iter_mut() {
+        for (name, value) in env {
             let path = std::path::Path::new(value.as_str());
             if JOB_WRITES_DIRS.contains(&name.as_str()) {
                 give(path)?;
@@ -75,11 +89,6 @@ impl RunAs {
                         .map_err(|e| ExecutorError::Launch(format!("{}: {e}", path.display())))?;
                 }
                 give(path)?;
-            }
-            match name.as_str() {
-                "HOME" => *value = self.home.display().to_string(),
-                "USER" | "LOGNAME" => value.clone_from(&self.name),
-                _ => {}
             }
         }
         Ok(())

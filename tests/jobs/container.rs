@@ -390,3 +390,63 @@ async fn a_crashed_container_retries_the_whole_cluster_and_a_stop_leaves_none_be
     })
     .await;
 }
+
+/// `--run-jobs-as` reaches containers too: the replica runs as that user (`--user`), writes
+/// the model directory handed to it on the host, and its metrics reach the study.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_job_runs_as_the_run_jobs_as_user() {
+    let uid = crate::run_as::test_user();
+    let (engine, base) = tokio::task::spawn_blocking(common::podman)
+        .await
+        .expect("podman");
+    let image = {
+        let engine = engine.clone();
+        tokio::task::spawn_blocking(move || trainer_image(&engine, &base))
+            .await
+            .expect("image")
+    };
+    let runs = tempfile::tempdir().expect("runs");
+    let app = {
+        let engine = engine.clone();
+        common::spawn_app_configured(common::sqlite_db(), move |c| {
+            c.containers = engine;
+            c.run_jobs_as = Some(crate::run_as::USER.into());
+        })
+        .await
+    };
+    let s = Setup {
+        app,
+        engine,
+        image,
+        runs,
+    };
+    let write_uid = "import os; \
+        open(os.environ['AIP_MODEL_DIR'] + 'uid', 'w').write(str(os.getuid())); \
+        print('loss=0.5', flush=True)";
+    let spec = study(
+        &s,
+        "run-as",
+        json!(["python3", "-c", write_uid]),
+        1,
+        1,
+        json!({"worker_pools": [{"replicas": 1}]}),
+    );
+    let id = s.app.create_study(spec).await;
+    let st = s
+        .app
+        .wait_for_state(id, "completed", Duration::from_secs(180))
+        .await;
+    assert_eq!(st["trial_counts"]["completed"], 1, "{st}");
+    let written = s.runs.path().join("run-as/1/model/uid");
+    let text =
+        std::fs::read_to_string(&written).unwrap_or_else(|e| panic!("{}: {e}", written.display()));
+    assert_eq!(text, uid.to_string(), "the job's uid");
+    use std::os::unix::fs::MetadataExt;
+    let owner = std::fs::metadata(&written).expect("metadata").uid();
+    assert_eq!(owner, uid, "the file belongs to the job's user on the host");
+    let trial = s.app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
+    assert_eq!(
+        trial["final_measurement"]["metrics"]["loss"], 0.5,
+        "{trial}"
+    );
+}

@@ -13,10 +13,10 @@ use std::time::Duration;
 use augur::{App, ServerConfig};
 use serde_json::json;
 
-const USER: &str = "augur-trial-test";
+pub(crate) const USER: &str = "augur-trial-test";
 
 /// The test user's uid, made if missing.
-fn test_user() -> u32 {
+pub(crate) fn test_user() -> u32 {
     if nix::unistd::User::from_name(USER).ok().flatten().is_none() {
         let status = Command::new("useradd")
             .args([
