@@ -42,8 +42,8 @@ impl_sql_store!(PostgresStore, PostgresStudiesTx, sqlx::Postgres, "postgres");
 // the first study; the others locked together (`SKIP LOCKED`) and read together (`prefetch`);
 // every study's writes as one statement (`write_studies`); `COMMIT`.
 
-/// The study row (columns prefixed `s_`) with each of its unfinished trials, or alone (trial
-/// columns NULL) when it has none. The study row lists its unfinished trials' ids
+/// Each study row of `$1` (columns prefixed `s_`) with each of its unfinished trials, or
+/// alone (trial columns NULL) when it has none; by study. The study row lists its unfinished trials' ids
 /// (`unfinished_ids`, kept by every batch), so they are fetched by primary key: the keys come
 /// from behind an `OFFSET 0` fence, so that stale statistics (a study growing faster than
 /// autovacuum analyzes) cannot make `study_id = $1` look like a one-row scan. Not through
@@ -51,22 +51,6 @@ impl_sql_store!(PostgresStore, PostgresStudiesTx, sqlx::Postgres, "postgres");
 /// the next batches cannot mark dead while new trials keep changing the same index page, so
 /// each batch read one more heap page per completed trial (1,500 pages per batch at 40,000
 /// trials, and a fall from ~3,600 to ~800 trials/s, until autovacuum came by).
-const STUDY_WITH_UNFINISHED: &str = "SELECT s.id AS s_id, s.name AS s_name, s.state AS s_state, \
-     s.state_reason AS s_state_reason, s.spec AS s_spec, s.next_trial_id AS s_next_trial_id, \
-     s.change_seq AS s_change_seq, s.designer_state AS s_designer_state, \
-     s.created_by AS s_created_by, s.created_at AS s_created_at, s.updated_at AS s_updated_at, \
-     s.n_requested AS s_n_requested, s.n_active AS s_n_active, s.n_stopping AS s_n_stopping, \
-     s.n_completed AS s_n_completed, s.n_infeasible AS s_n_infeasible, s.n_failed AS s_n_failed, \
-     t.study_id, t.id, t.state, t.parameters, t.client_id, t.final_measurement, t.objective, \
-     t.infeasible_reason, t.fail_reason, t.early_stopped, t.excluded, t.lease_expires_at, \
-     t.created_at, t.started_at, t.completed_at, t.change_seq, t.attempts \
-     FROM studies s LEFT JOIN LATERAL (\
-     SELECT t.* FROM (SELECT s.id AS study_id, unnest(s.unfinished_ids) AS id OFFSET 0) AS u \
-     JOIN trials t ON t.study_id = u.study_id AND t.id = u.id \
-     WHERE t.state IN ('requested', 'active', 'stopping')) AS t ON TRUE \
-     WHERE s.id = $1 ORDER BY t.id";
-
-/// `STUDY_WITH_UNFINISHED` for several studies at once, by study.
 const STUDIES_WITH_UNFINISHED: &str = "SELECT s.id AS s_id, s.name AS s_name, s.state AS s_state, \
      s.state_reason AS s_state_reason, s.spec AS s_spec, s.next_trial_id AS s_next_trial_id, \
      s.change_seq AS s_change_seq, s.designer_state AS s_designer_state, \
@@ -256,7 +240,7 @@ const TRY_LOCK_MANY: &str =
     "SELECT id FROM studies WHERE id = ANY($1) ORDER BY id FOR UPDATE SKIP LOCKED";
 const EXISTING: &str = "SELECT id FROM studies WHERE id = ANY($1)";
 
-/// The study row of a `STUDY_WITH_UNFINISHED` row (columns prefixed `s_`).
+/// The study row of a `STUDIES_WITH_UNFINISHED` row (columns prefixed `s_`).
 fn study_of(row: &sqlx::postgres::PgRow) -> StoreResult<StudyRecord> {
     StudyRow {
         id: row.try_get("s_id")?,
@@ -280,7 +264,7 @@ fn study_of(row: &sqlx::postgres::PgRow) -> StoreResult<StudyRecord> {
     .try_into()
 }
 
-/// The unfinished trial of a `STUDY_WITH_UNFINISHED` row, if it has one.
+/// The unfinished trial of a `STUDIES_WITH_UNFINISHED` row, if it has one.
 fn unfinished_of(row: &sqlx::postgres::PgRow) -> StoreResult<Option<TrialRecord>> {
     if row.try_get::<Option<i64>, _>("id")?.is_none() {
         return Ok(None);
@@ -348,8 +332,8 @@ impl StudiesTx for PostgresStudiesTx {
                     .await;
             }
         };
-        let rows = sqlx::query(STUDY_WITH_UNFINISHED)
-            .bind(study_id)
+        let rows = sqlx::query(STUDIES_WITH_UNFINISHED)
+            .bind(vec![study_id])
             .fetch_all(&mut *tx)
             .await?;
         let Some(first) = rows.first() else {

@@ -163,6 +163,12 @@ impl Drop for Setup {
 }
 
 async fn setup() -> Setup {
+    setup_with(|_| {}).await
+}
+
+/// The server, its engine and the trainer image, with the server's configuration changed by
+/// `configure`.
+async fn setup_with(configure: impl FnOnce(&mut augur::ServerConfig) + Send + 'static) -> Setup {
     let (engine, base) = tokio::task::spawn_blocking(common::podman)
         .await
         .expect("podman");
@@ -175,7 +181,11 @@ async fn setup() -> Setup {
     let runs = tempfile::tempdir().expect("runs");
     let app = {
         let engine = engine.clone();
-        common::spawn_app_configured(common::sqlite_db(), move |c| c.containers = engine).await
+        common::spawn_app_configured(common::sqlite_db(), move |c| {
+            c.containers = engine;
+            configure(c);
+        })
+        .await
     };
     Setup {
         app,
@@ -396,30 +406,7 @@ async fn a_crashed_container_retries_the_whole_cluster_and_a_stop_leaves_none_be
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_container_job_runs_as_the_run_jobs_as_user() {
     let uid = crate::run_as::test_user();
-    let (engine, base) = tokio::task::spawn_blocking(common::podman)
-        .await
-        .expect("podman");
-    let image = {
-        let engine = engine.clone();
-        tokio::task::spawn_blocking(move || trainer_image(&engine, &base))
-            .await
-            .expect("image")
-    };
-    let runs = tempfile::tempdir().expect("runs");
-    let app = {
-        let engine = engine.clone();
-        common::spawn_app_configured(common::sqlite_db(), move |c| {
-            c.containers = engine;
-            c.run_jobs_as = Some(crate::run_as::USER.into());
-        })
-        .await
-    };
-    let s = Setup {
-        app,
-        engine,
-        image,
-        runs,
-    };
+    let s = setup_with(|c| c.run_jobs_as = Some(crate::run_as::USER.into())).await;
     let write_uid = "import os; \
         open(os.environ['AIP_MODEL_DIR'] + 'uid', 'w').write(str(os.getuid())); \
         print('loss=0.5', flush=True)";
