@@ -551,6 +551,10 @@ async fn seed_browser_fixture() {
             .expect("measurements");
         study.next_trial_id = last + 1;
         study.updated_at = now;
+        // The study keeps its trials' counts (the service does, in every batch).
+        for t in &trials {
+            study.trial_counts.moved(None, t.state);
+        }
         tx.update_study(&study).await.expect("study");
         tx.commit().await.expect("commit");
         next = last + 1;

@@ -366,6 +366,9 @@ async fn should_stop_reads_a_bounded_number_of_curves() {
         tx.upsert_measurements(&curves, now).await.expect("curves");
         study.next_trial_id = first + 1_000;
         study.change_seq += 1;
+        for t in &trials {
+            study.trial_counts.moved(None, t.state);
+        }
         tx.update_study(&study).await.expect("study");
         tx.commit().await.expect("commit");
     }
