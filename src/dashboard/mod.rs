@@ -102,7 +102,7 @@ fn page(title: &str, kind: &str, data: &[(&str, i64)]) -> Html<String> {
 <script type="module" src="/dashboard/js/{ENTRY_MODULE}?v={VERSION}"></script>
 {preloads}</head>
 <body data-page="{kind}" data-version="{VERSION}"{attrs}>
-<header class="top"><a class="brand" href="/">Augur</a><nav><a href="/">Studies</a><a href="/compare">Compare</a></nav></header>
+<header class="top"><a class="brand" href="/">Augur</a><nav><a href="/">Studies</a><a href="/compare">Compare</a></nav><form class="signout" method="post" action="/logout"><button type="submit">Sign out</button></form></header>
 <main id="main"><p class="muted">Loading…</p></main>
 </body>
 </html>

@@ -174,6 +174,19 @@ async fn a_trial_token_cannot_sign_in() {
 #[tokio::test]
 async fn logout_clears_the_cookie() {
     let app = common::spawn_app_with(common::sqlite_db(), Some(TOKEN)).await;
+    // Every page offers the sign-out, a form that posts to /logout.
+    let page = browser()
+        .get(format!("{}/", app.base))
+        .header("cookie", "augur_token=s3cret-token")
+        .send()
+        .await
+        .expect("page");
+    assert_eq!(page.status(), StatusCode::OK);
+    let html = page.text().await.expect("html");
+    assert!(
+        html.contains(r#"<form class="signout" method="post" action="/logout">"#),
+        "{html}"
+    );
     let logout = |headers: Vec<(&'static str, &'static str)>| {
         let base = app.base.clone();
         async move {

@@ -211,6 +211,12 @@ await test('compare page puts studies side by side', async () => {
   await shot('compare.png');
 });
 
+await test('the header signs out: its form posts to /logout and lands on the login page (issue 10, finding 5)', async () => {
+  await page.goto(`${base}/`);
+  await Promise.all([page.waitForURL(/\/login/), page.click('header.top .signout button')]);
+  assert(await page.locator('form input[name="token"]').count() === 1, 'the login form');
+});
+
 await test('two-metric study shows its Pareto front', async () => {
   await page.goto(`${base}/studies/${MULTI}`);
   await page.waitForFunction(() => window.augur.marks.charts);
