@@ -234,6 +234,12 @@ async fn apply_jobs(store: &dyn Store, tokens: &TokenCache, jobs: Vec<Job>) -> V
             }
         }
     }
+    if let Err(error) = tx.send_writes().await {
+        // Refused before the commit, so nothing of it was written: replay study by study.
+        drop(tx);
+        replay_alone(store, tokens, applied, Vec::new(), error.into()).await;
+        return deferred;
+    }
     let studies = applied.len();
     let committed = tx.commit().await;
     // How long this lane's studies stayed locked, commit included: with the batch size, what

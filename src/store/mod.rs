@@ -228,6 +228,12 @@ pub trait StudiesTx: Send {
     async fn prefetch(&mut self, _study_ids: &[i64]) -> StoreResult<()> {
         Ok(())
     }
+    /// Send the writes still held (PostgreSQL holds every released study's until here, to
+    /// send them as one statement). An error here means nothing was committed; one from
+    /// `commit` leaves that unknown.
+    async fn send_writes(&mut self) -> StoreResult<()> {
+        Ok(())
+    }
     async fn commit(self: Box<Self>) -> StoreResult<()>;
 }
 

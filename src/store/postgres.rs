@@ -417,9 +417,17 @@ impl StudiesTx for PostgresStudiesTx {
         Ok(())
     }
 
-    async fn commit(self: Box<Self>) -> StoreResult<()> {
-        if let Some(mut tx) = self.tx {
-            write_studies(&mut tx, &self.pending).await?;
+    async fn send_writes(&mut self) -> StoreResult<()> {
+        if let Some(tx) = self.tx.as_mut() {
+            write_studies(tx, &self.pending).await?;
+            self.pending.clear();
+        }
+        Ok(())
+    }
+
+    async fn commit(mut self: Box<Self>) -> StoreResult<()> {
+        self.send_writes().await?;
+        if let Some(tx) = self.tx {
             tx.commit().await?;
         }
         Ok(())

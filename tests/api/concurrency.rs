@@ -493,3 +493,64 @@ async fn one_studys_failure_is_its_own_in_a_shared_transaction(backend: &str) {
         }
     }
 }
+
+/// The same when a study's writes fail at the database (here a trigger refuses its
+/// measurements): on PostgreSQL every study's writes go as one statement at the end, and a
+/// refusal there must still be the one study's alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_study_whose_writes_fail_fails_alone_on_postgres() {
+    let app = common::spawn_app(common::postgres_db().await).await;
+    let mut studies = Vec::new();
+    for _ in 0..16 {
+        let id = app.create_study(common::spec("random", 50, 50)).await;
+        let r = app
+            .post(&format!("/v1/studies/{id}/suggest"), json!({"count": 1}))
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+        studies.push(id);
+    }
+    let broken = studies[0];
+    let pool = sqlx::PgPool::connect(&app.db.url).await.expect("connect");
+    let refuse = format!(
+        "CREATE FUNCTION refuse_study() RETURNS trigger AS $$ BEGIN \
+         IF NEW.study_id = {broken} THEN RAISE EXCEPTION 'refused by the test'; END IF; \
+         RETURN NEW; END $$ LANGUAGE plpgsql"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(refuse))
+        .execute(&pool)
+        .await
+        .expect("function");
+    sqlx::raw_sql(
+        "CREATE TRIGGER refuse_study BEFORE INSERT ON measurements \
+         FOR EACH ROW EXECUTE FUNCTION refuse_study()",
+    )
+    .execute(&pool)
+    .await
+    .expect("trigger");
+    // Many reports in flight at once, so that the broken study's share transactions with
+    // the others'.
+    for round in 0..3 {
+        let reports = studies
+            .iter()
+            .flat_map(|&study| (0..5).map(move |k| (study, round * 10 + k)));
+        let reports = reports.map(|(study, step)| {
+            let app = &app;
+            async move {
+                let r = app
+                    .post(
+                        &format!("/v1/studies/{study}/trials/1/measurements"),
+                        json!({"step": step, "metrics": {"accuracy": 0.5}}),
+                    )
+                    .await;
+                (study, r)
+            }
+        });
+        for (study, r) in futures::future::join_all(reports).await {
+            if study == broken {
+                assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.body);
+            } else {
+                assert_eq!(r.status, StatusCode::OK, "study {study}: {}", r.body);
+            }
+        }
+    }
+}
