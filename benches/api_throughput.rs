@@ -32,7 +32,6 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -543,26 +542,8 @@ impl Servers {
         }));
         let mut children = Vec::new();
         for _ in 1..replicas {
-            let port = common::free_port();
-            let child = Command::new(common::augur_bin())
-                .args([
-                    "serve",
-                    "--database-url",
-                    &db.url,
-                    "--listen",
-                    &format!("127.0.0.1:{port}"),
-                    "--no-dispatch",
-                ])
-                .env("AUGUR_LOG", "warn")
-                .env_remove("AUGUR_TOKEN")
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("spawn augur serve");
-            let child = common::ServerProcess {
-                child,
-                base: format!("http://127.0.0.1:{port}"),
-            };
+            let child =
+                common::ServerProcess::start_with(&db.url, common::free_port(), &["--no-dispatch"]);
             child.wait_ready().await;
             bases.push(child.base.clone());
             children.push(child);

@@ -296,14 +296,7 @@ impl Executor for ContainerExecutor {
                 }
                 Err(e) => Err(e),
             };
-            match outcome {
-                Ok(started) => cluster.replicas.push(started),
-                Err(e) => {
-                    // No replica outlives a cluster that could not start whole.
-                    cluster.stop(Duration::ZERO).await;
-                    return Err(e);
-                }
-            }
+            cluster.keep(outcome).await?;
         }
         Ok(Box::new(cluster))
     }

@@ -147,14 +147,7 @@ impl Executor for LocalExecutor {
                 Ok(()) => spawn_replica(request, replica, launch, lines, i, &cluster.exits.0).await,
                 Err(e) => Err(e),
             };
-            match started {
-                Ok(started) => cluster.replicas.push(started),
-                Err(e) => {
-                    // No replica outlives a cluster that could not start whole.
-                    cluster.stop(Duration::ZERO).await;
-                    return Err(e);
-                }
-            }
+            cluster.keep(started).await?;
         }
         Ok(Box::new(cluster))
     }
@@ -391,6 +384,24 @@ impl LocalCluster {
             _ports: ports,
             containers,
             handle: None,
+        }
+    }
+
+    /// Keep a replica just started; if it could not start, stop those started before it: no
+    /// replica outlives a cluster that could not start whole.
+    pub(super) async fn keep(
+        &mut self,
+        started: Result<LocalReplica, ExecutorError>,
+    ) -> Result<(), ExecutorError> {
+        match started {
+            Ok(replica) => {
+                self.replicas.push(replica);
+                Ok(())
+            }
+            Err(e) => {
+                self.stop(Duration::ZERO).await;
+                Err(e)
+            }
         }
     }
 

@@ -181,58 +181,36 @@ async fn apply_jobs(store: &dyn Store, tokens: &TokenCache, jobs: Vec<Job>) -> V
     let mut groups = groups.into_iter();
     let mut first = true;
     while let Some(group) = groups.next() {
-        if !first
-            && !rest.is_empty()
-            && let Err(error) = tx.prefetch(&std::mem::take(&mut rest)).await
-        {
-            // Roll back first: the replay must not wait for this transaction's locks.
-            drop(tx);
-            let rest = std::iter::once(group).chain(groups);
-            replay_alone(store, tokens, applied, rest.collect(), error.into()).await;
-            return deferred;
-        }
-        // Only the first lock may wait: this transaction holds none yet.
-        let lock = tx.lock_study(group.study_id, first).await;
-        first = false;
-        let locked = match lock {
-            Ok(StudyLock::Locked(locked)) => locked,
-            Ok(StudyLock::Missing(back)) => {
-                tx = back;
-                let missing = ServiceError::NotFound(format!("study {}", group.study_id));
-                tracing::debug!(study_id = group.study_id, "no such study");
-                group.fail(&missing);
-                continue;
-            }
-            Ok(StudyLock::Busy(back)) => {
-                tx = back;
-                deferred.extend(group.into_jobs());
-                continue;
-            }
-            Err(error) => {
-                // The transaction is lost: replay every study alone.
-                let rest = std::iter::once(group).chain(groups);
-                replay_alone(store, tokens, applied, rest.collect(), error.into()).await;
-                return deferred;
-            }
+        let prefetch = if first {
+            Vec::new()
+        } else {
+            std::mem::take(&mut rest)
         };
-        match StudyBatch::apply_locked(locked, group.commands.clone()).await {
-            Ok((outcome, locked)) => match locked.release().await {
-                Ok(back) => {
-                    tx = back;
-                    applied.push((group, outcome));
-                }
-                Err(error) => {
-                    let rest = std::iter::once(group).chain(groups);
-                    replay_alone(store, tokens, applied, rest.collect(), error.into()).await;
-                    return deferred;
-                }
-            },
+        // Only the first lock may wait: this transaction holds none yet.
+        let step = apply_group(tx, &group, first, &prefetch).await;
+        first = false;
+        tx = match step {
+            Ok(GroupStep::Applied(back, outcome)) => {
+                applied.push((group, outcome));
+                back
+            }
+            Ok(GroupStep::Missing(back)) => {
+                tracing::debug!(study_id = group.study_id, "no such study");
+                let missing = ServiceError::NotFound(format!("study {}", group.study_id));
+                group.fail(&missing);
+                back
+            }
+            Ok(GroupStep::Busy(back)) => {
+                deferred.extend(group.into_jobs());
+                back
+            }
+            // The transaction is lost (and, dropped, rolled back): replay every study alone.
             Err(error) => {
                 let rest = std::iter::once(group).chain(groups);
                 replay_alone(store, tokens, applied, rest.collect(), error).await;
                 return deferred;
             }
-        }
+        };
     }
     if let Err(error) = tx.send_writes().await {
         // Refused before the commit, so nothing of it was written: replay study by study.
@@ -263,6 +241,34 @@ async fn apply_jobs(store: &dyn Store, tokens: &TokenCache, jobs: Vec<Job>) -> V
         }
     }
     deferred
+}
+
+/// What became of one study's share of a shared transaction; the transaction comes back.
+enum GroupStep {
+    Applied(Box<dyn StudiesTx>, BatchOutcome),
+    Missing(Box<dyn StudiesTx>),
+    /// Another transaction holds the study: its commands go into the next round.
+    Busy(Box<dyn StudiesTx>),
+}
+
+/// Lock `group`'s study in `tx` (waiting for it only when `wait`), after reading ahead the
+/// studies of `prefetch`, and apply its commands. An error loses the transaction.
+async fn apply_group(
+    mut tx: Box<dyn StudiesTx>,
+    group: &StudyJobs,
+    wait: bool,
+    prefetch: &[i64],
+) -> ServiceResult<GroupStep> {
+    if !prefetch.is_empty() {
+        tx.prefetch(prefetch).await?;
+    }
+    let locked = match tx.lock_study(group.study_id, wait).await? {
+        StudyLock::Locked(locked) => locked,
+        StudyLock::Missing(back) => return Ok(GroupStep::Missing(back)),
+        StudyLock::Busy(back) => return Ok(GroupStep::Busy(back)),
+    };
+    let (outcome, locked) = StudyBatch::apply_locked(locked, group.commands.clone()).await?;
+    Ok(GroupStep::Applied(locked.release().await?, outcome))
 }
 
 /// Answer each command of a committed study batch.

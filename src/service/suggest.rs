@@ -215,14 +215,7 @@ impl Service {
         trials: &[TrialRecord],
         count: usize,
     ) -> ServiceResult<Vec<Assignment>> {
-        let completed: Vec<CompletedTrial> = trials
-            .iter()
-            .filter(|t| !t.excluded && !t.state.is_unfinished())
-            .map(|t| CompletedTrial {
-                parameters: t.parameters.clone(),
-                outcome: outcome_of(t, config),
-            })
-            .collect();
+        let completed = completed_trials(trials, config);
         let pending: Vec<Assignment> = trials
             .iter()
             .filter(|t| t.state.is_unfinished())
@@ -285,15 +278,9 @@ impl Service {
         let mut priors = Vec::with_capacity(config.prior_studies.len());
         for prior in &config.prior_studies {
             let trials = self.store.all_trials(*prior).await?;
-            let completed = trials
-                .iter()
-                .filter(|t| !t.excluded && !t.state.is_unfinished())
-                .map(|t| CompletedTrial {
-                    parameters: t.parameters.clone(),
-                    outcome: outcome_of(t, config),
-                })
-                .collect();
-            priors.push(PriorStudy { completed });
+            priors.push(PriorStudy {
+                completed: completed_trials(&trials, config),
+            });
         }
         Ok(priors)
     }
@@ -343,6 +330,19 @@ fn suggestions_needed(
     let free = config.free_slots(unfinished.len() as u64) as usize;
     let budget = (config.trial_budget() as usize).saturating_sub(trials.len());
     count.saturating_sub(waiting).min(free).min(budget)
+}
+
+/// The finished, not excluded trials as the designer learns from them, their outcomes read
+/// with `config`'s metrics.
+fn completed_trials(trials: &[TrialRecord], config: &StudyConfig) -> Vec<CompletedTrial> {
+    trials
+        .iter()
+        .filter(|t| !t.excluded && !t.state.is_unfinished())
+        .map(|t| CompletedTrial {
+            parameters: t.parameters.clone(),
+            outcome: outcome_of(t, config),
+        })
+        .collect()
 }
 
 fn outcome_of(trial: &TrialRecord, config: &StudyConfig) -> Outcome {

@@ -334,6 +334,11 @@ pub struct ServerProcess {
 
 impl ServerProcess {
     pub fn start(database_url: &str, port: u16) -> ServerProcess {
+        Self::start_with(database_url, port, &[])
+    }
+
+    /// `augur serve` with more arguments (`--no-dispatch`, …).
+    pub fn start_with(database_url: &str, port: u16, more: &[&str]) -> ServerProcess {
         let child = Command::new(augur_bin())
             .args([
                 "serve",
@@ -342,6 +347,7 @@ impl ServerProcess {
                 "--listen",
                 &format!("127.0.0.1:{port}"),
             ])
+            .args(more)
             .env("AUGUR_LOG", "warn")
             .env_remove("AUGUR_TOKEN")
             .stdout(Stdio::null())
