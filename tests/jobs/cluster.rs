@@ -614,3 +614,40 @@ async fn gpus_go_one_replica_each_and_a_trial_waits_for_its_own() {
         "trials could not all overlap"
     );
 }
+
+/// A cluster that cannot start whole (a worker's program does not exist) stops the replicas
+/// started before it: none outlives the failed launch, and the trial fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_that_cannot_start_whole_leaves_no_replica() {
+    let f = fixture();
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let name = "half-started";
+    let spec = cluster_study(
+        name,
+        replica_command(&f, "hang"),
+        &[1, 1],
+        &f.runs(name),
+        1,
+        1,
+        json!({
+            "worker_pools": [
+                {"replicas": 1},
+                {"replicas": 1, "command": ["/nonexistent/augur-test-program"]}
+            ],
+            "max_retries": 0,
+        }),
+    );
+    let id = app.create_study(spec).await;
+    common::eventually("the trial failed", Duration::from_secs(30), || async {
+        let trial = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
+        if trial["state"] == "failed" {
+            Ok(())
+        } else {
+            Err(format!("{trial}"))
+        }
+    })
+    .await;
+    // Long enough for a primary left running to show up (it hangs for 1,000 s).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    f.none_left("no replica of the half-started cluster").await;
+}
