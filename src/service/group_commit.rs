@@ -10,8 +10,11 @@
 //! busy studies alike (each batch then holds one or two commands). Sharing the flush across
 //! studies spreads it over every waiting request.
 //!
-//! A study always goes to the same lane (its id modulo [`LANES`]), so its batches stay in
-//! order; several lanes let one build its transaction while another waits for its flush.
+//! A study always goes to the same lane (its id modulo the number of lanes), so its batches
+//! stay in order. One lane per core (at least 2, at most 8): more lanes commit more, smaller
+//! batches, and on a machine whose cores PostgreSQL shares that costs more than it overlaps
+//! (measured on 2 cores, 100 studies × 64 clients: 1, 2, 3, 4 lanes gave 1,870, 1,764,
+//! 1,647, 1,492 trials/s); two keep one study's lock wait from holding up every other study.
 //!
 //! Replicas on one PostgreSQL: a lane locks its first study waiting, as one study's batcher
 //! did, and every further study with `SKIP LOCKED`, so it never waits while holding locks
@@ -28,8 +31,13 @@ use super::tokens::TokenCache;
 use super::{ServiceError, ServiceResult};
 use crate::store::{Store, StudiesTx, StudyLock};
 
-/// Commit lanes per process: enough that one lane's flush overlaps another's work on 2 cores.
-const LANES: usize = 4;
+/// Commit lanes per process: one per core, at least 2 (a lane waiting for a study's lock
+/// holds up only its own studies), at most 8.
+fn lane_count() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, usize::from)
+        .clamp(2, 8)
+}
 /// How many commands one transaction applies at most.
 const MAX_BATCH: usize = 512;
 
@@ -60,7 +68,7 @@ impl GroupCommit {
     /// Apply `command` to `study_id` in the next batch; returns once that batch committed.
     pub async fn submit(&self, study_id: i64, command: Command) -> ServiceResult<Reply> {
         let lanes = self.lanes.get_or_init(|| {
-            (0..LANES)
+            (0..lane_count())
                 .map(|_| {
                     let (sender, receiver) = mpsc::unbounded_channel();
                     tokio::spawn(run_lane(self.store.clone(), self.tokens.clone(), receiver));
@@ -69,7 +77,7 @@ impl GroupCommit {
                 .collect()
         });
         let (reply, answer) = oneshot::channel();
-        let lane = &lanes[study_id.rem_euclid(LANES as i64) as usize];
+        let lane = &lanes[study_id.rem_euclid(lanes.len() as i64) as usize];
         lane.send(Job {
             study_id,
             command,
