@@ -6,7 +6,9 @@
 //! Then a team's server with many studies (issue 16): the same cycles with each client bound
 //! to one study (client `i` on study `i % studies`), on one replica (the server in this
 //! process) and on two (plus a real `augur serve --no-dispatch` process on the same
-//! database, even clients on one, odd on the other), each row on a fresh database; and 100
+//! database; as behind a balancer, a client's suggest reaches one replica and its complete
+//! the other; each replica sends a study's changes to the one that owns it unless
+//! `AUGUR_BENCH_FORWARD=0`), each row on a fresh database; and 100
 //! `gp_bandit` studies at once, timing each `suggest` alone and counting the suggestions
 //! that missed the study's time budget and fell back to quasi-random points.
 //!
@@ -20,6 +22,8 @@
 //!   their size;
 //! - `AUGUR_BENCH_MANY` (default `1x32x1,100x64x1,1x32x2,100x64x2`, empty skips): rows of the
 //!   many-studies table as `studies x clients x replicas`;
+//! - `AUGUR_BENCH_FORWARD` (default 1; 0: off): replicas of a row route each study's changes
+//!   to one of them (`--replica-url`);
 //! - `AUGUR_BENCH_GP_STUDIES` (default 100, 0 skips): studies of the GP row;
 //! - `AUGUR_BENCH_GP_CLIENTS_PER_STUDY` (default 4, the studies' `parallel_trials`);
 //! - `AUGUR_BENCH_GP_TRIALS` (default 30): `max_trials` of each GP study;
@@ -117,12 +121,13 @@ fn smooth_accuracy(_n: u64, parameters: &Value) -> Result<f64, String> {
     Ok(0.95 - 0.05 * (lr.log10() + 2.0).powi(2) - 0.01 * (layers - 4.0).powi(2))
 }
 
-/// One cycle: suggest one trial and complete it with `objective`. The trial's id (numbered
-/// per study from 1) and how long the suggest that handed it out took; `None` when the study
-/// is completed.
+/// One cycle: suggest one trial and complete it with `objective`, through the study's first
+/// URL and its last (two replicas behind a balancer: each request may reach either). The
+/// trial's id (numbered per study from 1) and how long the suggest that handed it out took;
+/// `None` when the study is completed.
 async fn cycle(
     http: &reqwest::Client,
-    study_url: &str,
+    study_urls: &[String],
     client: &str,
     n: u64,
     objective: Objective,
@@ -132,9 +137,12 @@ async fn cycle(
     // the answer is then "ask again", until they complete.
     let mut answer = Value::Null;
     let mut suggested_in = Duration::ZERO;
+    let (Some(suggest_url), Some(complete_url)) = (study_urls.first(), study_urls.last()) else {
+        return Err("a client without a study URL".into());
+    };
     for _ in 0..10_000 {
         let asked = Instant::now();
-        answer = post(http, &format!("{study_url}/suggest"), &request).await?;
+        answer = post(http, &format!("{suggest_url}/suggest"), &request).await?;
         suggested_in = asked.elapsed();
         let waiting = answer["trials"].as_array().is_some_and(|t| t.is_empty())
             && answer["study_state"] == "active";
@@ -156,7 +164,7 @@ async fn cycle(
     let accuracy = objective(n, &trial["parameters"])?;
     post(
         http,
-        &format!("{study_url}/trials/{id}/complete"),
+        &format!("{complete_url}/trials/{id}/complete"),
         &json!({"metrics": {"accuracy": accuracy}}),
     )
     .await?;
@@ -218,19 +226,20 @@ struct Run {
     errors: Mutex<Vec<String>>,
 }
 
-/// One client per URL in `study_urls` (client `c` works on `study_urls[c]`), each looping
-/// over cycles until `stop` is set or its study completes.
+/// One client per entry of `study_urls` (client `c` works on the study at `study_urls[c]`,
+/// through one or two replicas' URLs of it), each looping over cycles until `stop` is set
+/// or its study completes.
 async fn run_clients(
     http: &reqwest::Client,
-    study_urls: &[String],
+    study_urls: &[Vec<String>],
     objective: Objective,
     run: &Arc<Run>,
 ) {
     let tasks: Vec<_> = study_urls
         .iter()
         .enumerate()
-        .map(|(c, study_url)| {
-            let (http, study_url, run) = (http.clone(), study_url.clone(), run.clone());
+        .map(|(c, urls)| {
+            let (http, urls, run) = (http.clone(), urls.clone(), run.clone());
             tokio::spawn(async move {
                 let client = format!("bench-{c}");
                 let mut mine = Vec::new();
@@ -238,7 +247,7 @@ async fn run_clients(
                 while !run.stop.load(Ordering::Relaxed) {
                     let started = Instant::now();
                     let n = run.completed.load(Ordering::Relaxed);
-                    match cycle(&http, &study_url, &client, n, objective).await {
+                    match cycle(&http, &urls, &client, n, objective).await {
                         Ok(Some(suggested)) => {
                             let done = run.completed.fetch_add(1, Ordering::Relaxed) + 1;
                             mine.push((done, started.elapsed()));
@@ -388,7 +397,7 @@ async fn bench(database_url: &str, levels: &[usize], growth_trials: u64) {
         let stopper = stop_after(&run, secs);
         run_clients(
             &http,
-            &vec![study_url.clone(); clients],
+            &vec![vec![study_url.clone()]; clients],
             spread_accuracy,
             &run,
         )
@@ -467,7 +476,7 @@ async fn bench(database_url: &str, levels: &[usize], growth_trials: u64) {
     };
     run_clients(
         &http,
-        &vec![study_url; growth_clients],
+        &vec![vec![study_url]; growth_clients],
         spread_accuracy,
         &run,
     )
@@ -528,13 +537,19 @@ struct Servers {
 impl Servers {
     async fn start(replicas: usize) -> Servers {
         let db = common::postgres_db().await;
-        // Migrations run here, before any other replica opens the database.
-        let app = App::build(ServerConfig::new(
+        // Replicas route each study's changes to one of them (`--replica-url`) unless
+        // AUGUR_BENCH_FORWARD=0.
+        let forward = replicas > 1 && env_or("AUGUR_BENCH_FORWARD", 1u8) != 0;
+        let port = common::free_port();
+        let mut config = ServerConfig::new(
             db.url.clone(),
-            "127.0.0.1:0".parse().expect("addr"),
-        ))
-        .await
-        .expect("server starts");
+            format!("127.0.0.1:{port}").parse().expect("addr"),
+        );
+        if forward {
+            config.replica_url = Some(format!("http://127.0.0.1:{port}"));
+        }
+        // Migrations run here, before any other replica opens the database.
+        let app = App::build(config).await.expect("server starts");
         let mut bases = vec![format!("http://{}", app.addr())];
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let served = tokio::spawn(app.run_until(async {
@@ -542,8 +557,13 @@ impl Servers {
         }));
         let mut children = Vec::new();
         for _ in 1..replicas {
-            let child =
-                common::ServerProcess::start_with(&db.url, common::free_port(), &["--no-dispatch"]);
+            let port = common::free_port();
+            let url = format!("http://127.0.0.1:{port}");
+            let mut args = vec!["--no-dispatch"];
+            if forward {
+                args.extend(["--replica-url", &url]);
+            }
+            let child = common::ServerProcess::start_with(&db.url, port, &args);
             child.wait_ready().await;
             bases.push(child.base.clone());
             children.push(child);
@@ -645,9 +665,15 @@ async fn many_studies() {
         .timeout(Duration::from_secs(30))
         .build()
         .expect("HTTP client");
+    let routing = if env_or("AUGUR_BENCH_FORWARD", 1u8) != 0 {
+        "each replica sends a study's changes to the replica that owns it"
+    } else {
+        "no routing between replicas (AUGUR_BENCH_FORWARD=0)"
+    };
     println!("\nMany studies: random algorithm, suggest+complete cycles, client i on study");
-    println!("i % studies and on replica i % replicas (replica 0 in this process, the others");
-    println!("`augur serve --no-dispatch` processes on the same database); a fresh database per");
+    println!("i % studies, its suggests to replica i % replicas and its completes to the next");
+    println!("(replica 0 in this process, the others `augur serve --no-dispatch` processes on");
+    println!("the same database; {routing}); a fresh database per");
     println!("row, parallel_trials 64, {secs} s per row. Mean batch: requests (suggests and");
     println!("completes) per group commit, over all replicas. Cores: CPU used by this process");
     println!(
@@ -683,10 +709,16 @@ async fn many_studies() {
             let (seen, _) = studies_seen(&http, base).await;
             assert_eq!(seen, studies, "studies listed by the replica at {base}");
         }
-        let study_urls: Vec<String> = (0..clients)
+        // As through a balancer: a client's suggest reaches replica c % replicas and its
+        // complete the next one, so every study's commands reach every replica.
+        let study_urls: Vec<Vec<String>> = (0..clients)
             .map(|c| {
-                let base = &servers.bases[c % replicas];
-                format!("{base}/v1/studies/{}", ids[c % studies])
+                (0..replicas.min(2))
+                    .map(|k| {
+                        let base = &servers.bases[(c + k) % replicas];
+                        format!("{base}/v1/studies/{}", ids[c % studies])
+                    })
+                    .collect()
             })
             .collect();
         let batch_before = group_commit_batches(&http, &servers.bases).await;
@@ -773,8 +805,8 @@ async fn gp_studies() {
         budget = study["spec"]["suggestion_time_budget_secs"].clone();
         ids.push(study["id"].as_i64().expect("study id"));
     }
-    let study_urls: Vec<String> = (0..clients)
-        .map(|c| format!("{base}/v1/studies/{}", ids[c % studies]))
+    let study_urls: Vec<Vec<String>> = (0..clients)
+        .map(|c| vec![format!("{base}/v1/studies/{}", ids[c % studies])])
         .collect();
     // A study's first trials are the designer's quasi-random initial design; the GP takes
     // over once that many have completed (the service runs gp_bandit with the optimizer's

@@ -225,6 +225,9 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.yaml"))):
     env = {e["name"]: e for e in c.get("env", [])}
     need(env.get("AUGUR_PUBLIC_URL", {}).get("value", "").startswith("http://augur.$(AUGUR_NAMESPACE).svc.cluster.local:"),
          f"{name}: AUGUR_PUBLIC_URL is not the Service's cluster DNS name")
+    need(env.get("AUGUR_REPLICA_URL", {}).get("value", "") == "http://$(AUGUR_POD_IP):8080"
+         and env.get("AUGUR_POD_IP", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.podIP",
+         f"{name}: AUGUR_REPLICA_URL is not the pod's own address")
     need(env.get("AUGUR_NAMESPACE", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace",
          f"{name}: AUGUR_NAMESPACE")
     need("AUGUR_TOKEN" in env and "secretKeyRef" in env["AUGUR_TOKEN"].get("valueFrom", {}), f"{name}: token from a Secret")

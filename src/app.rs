@@ -70,6 +70,9 @@ pub struct ServerConfig {
     pub tls: Option<TlsFiles>,
     /// Run local jobs as this user (`--run-jobs-as`), not the server's.
     pub run_jobs_as: Option<String>,
+    /// The URL the other replicas on this database reach this one at (`--replica-url`):
+    /// with it, each study's changes go to one replica (`api/forward.rs`).
+    pub replica_url: Option<String>,
 }
 
 /// `--tls-cert` and `--tls-key`.
@@ -101,6 +104,7 @@ impl ServerConfig {
             rate_limit: None,
             tls: None,
             run_jobs_as: None,
+            replica_url: None,
         }
     }
 }
@@ -124,6 +128,8 @@ pub enum AppError {
     Tls(String),
     #[error("{0}")]
     RunAs(String),
+    #[error("--replica-url: {0}")]
+    ReplicaUrl(String),
     #[error("server error: {0}")]
     Serve(#[from] std::io::Error),
 }
@@ -137,6 +143,7 @@ pub struct App {
     tls: Option<tokio_rustls::TlsAcceptor>,
     service: Service,
     dispatcher: Option<Dispatcher>,
+    replicas: Option<std::sync::Arc<crate::service::Replicas>>,
     pub open: bool,
 }
 
@@ -188,19 +195,42 @@ impl App {
             let scheme = if tls.is_some() { "https" } else { "http" };
             format!("{scheme}://{host}:{}", addr.port())
         });
+        // One name for this process among the replicas and the dispatchers.
+        let replica_id = format!(
+            "{}-{}-{:08x}",
+            hostname(),
+            std::process::id(),
+            rand::random::<u32>()
+        );
+        let (replicas, forwarder) = match &config.replica_url {
+            Some(url) => {
+                let parsed =
+                    url::Url::parse(url).map_err(|e| AppError::ReplicaUrl(e.to_string()))?;
+                if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
+                    return Err(AppError::ReplicaUrl(format!(
+                        "{url} is not an http(s) URL with a host"
+                    )));
+                }
+                let replicas = service
+                    .join_replicas(replica_id.clone(), url.trim_end_matches('/').to_string())
+                    .await?;
+                let trust = config.tls.as_ref().map(|files| files.cert.as_path());
+                let forwarder =
+                    api::forward::Forwarder::new(replicas.clone(), config.body_limit, trust)
+                        .map_err(AppError::ReplicaUrl)?;
+                (Some(replicas), Some(forwarder))
+            }
+            None => (None, None),
+        };
         let state = AppState::new(service.clone(), open, public_url.clone(), openapi_yaml())
-            .with_rate_limit(config.rate_limit);
+            .with_rate_limit(config.rate_limit)
+            .with_forwarder(forwarder);
         let router = api::serve_layers(routes().split_for_parts().0, state, config.body_limit);
         let dispatcher = config.dispatch.then(|| {
             let dispatch_config = DispatchConfig {
                 augur_url: public_url,
                 base_dir,
-                owner: format!(
-                    "{}-{}-{:08x}",
-                    hostname(),
-                    std::process::id(),
-                    rand::random::<u32>()
-                ),
+                owner: replica_id,
                 job_env: config.job_env.clone(),
                 gpus: config.gpus.clone(),
                 containers: config.containers.clone(),
@@ -221,6 +251,7 @@ impl App {
             tls,
             service,
             dispatcher,
+            replicas,
             open,
         })
     }
@@ -245,6 +276,18 @@ impl App {
         stop: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), AppError> {
         let dispatching = self.dispatcher.as_ref().map(|d| (d.clone(), d.spawn()));
+        let renewal = self.replicas.as_ref().map(|r| r.spawn_renewal());
+        let replicas = self.replicas.clone();
+        // Leave the replicas before the last requests drain: the others stop routing here.
+        let stop = async move {
+            stop.await;
+            if let Some(renewal) = renewal {
+                renewal.abort();
+            }
+            if let Some(replicas) = replicas {
+                replicas.leave().await;
+            }
+        };
         let served =
             crate::serve::serve(self.listener, self.router, self.limits, self.tls, stop).await;
         if let Some((dispatcher, task)) = dispatching {

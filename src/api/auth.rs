@@ -77,7 +77,14 @@ pub async fn require_token(
             .is_some_and(|v| v.contains("text/html"));
     match check(&state, &method, &path, authorization.as_deref()).await {
         Ok(caller) => {
-            if let Err(e) = state.limits.admit(&caller.name) {
+            // A replica forwarding a request has already taken it from the caller's limit.
+            let from_peer = state
+                .forwarder
+                .as_ref()
+                .is_some_and(|f| f.is_from_peer(request.headers()));
+            if from_peer {
+                request.extensions_mut().insert(super::forward::FromPeer);
+            } else if let Err(e) = state.limits.admit(&caller.name) {
                 return e.into_response();
             }
             request.extensions_mut().insert(caller);

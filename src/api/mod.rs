@@ -7,6 +7,7 @@ pub mod auth;
 mod charts;
 pub mod error;
 mod extract;
+pub mod forward;
 mod guard;
 mod health;
 pub mod rate_limit;
@@ -44,6 +45,9 @@ pub struct AppState {
     pub public_url: Arc<str>,
     /// The per-token rate limit (`--rate-limit`; none by default).
     pub limits: rate_limit::RateLimit,
+    /// Where a study's changes go when several replicas share the database
+    /// (`--replica-url`); `None`: every request is served here.
+    pub forwarder: Option<forward::Forwarder>,
 }
 
 impl AppState {
@@ -55,7 +59,14 @@ impl AppState {
             openapi_yaml: openapi_yaml.into(),
             public_url: public_url.into(),
             limits: rate_limit::RateLimit::default(),
+            forwarder: None,
         }
+    }
+
+    /// The same state, sending each study's changes to the replica that takes them.
+    pub fn with_forwarder(mut self, forwarder: Option<forward::Forwarder>) -> Self {
+        self.forwarder = forwarder;
+        self
     }
 
     /// The same state, limiting each token to `per_second` requests a second.
@@ -132,6 +143,11 @@ pub fn serve_layers(router: Router<AppState>, state: AppState, body_limit: usize
         .route_layer(middleware::from_fn(record_request))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        // Inside auth: a request is checked where it arrived before it is sent on.
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            forward::to_study_owner,
+        ))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_token,

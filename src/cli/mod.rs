@@ -75,77 +75,87 @@ impl KubeArgs {
     }
 }
 
+/// `augur serve`'s options (boxed in [`Command`]: there are many).
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// sqlite://PATH (the default, created if missing) or postgres://USER:PASS@HOST/DB.
+    #[arg(long, env = "AUGUR_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
+    pub database_url: String,
+    #[arg(long, env = "AUGUR_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Accept this bearer token (stored hashed). Without any token the server only runs
+    /// on a loopback address, open.
+    #[arg(long, env = "AUGUR_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, default_value_t = crate::app::DEFAULT_BODY_LIMIT)]
+    pub body_limit: usize,
+    /// The URL dispatched jobs report to (AUGUR_URL in their environment).
+    #[arg(long, env = "AUGUR_PUBLIC_URL")]
+    pub public_url: Option<String>,
+    /// Do not run `trial_job` studies in this process (an API-only replica).
+    #[arg(long)]
+    pub no_dispatch: bool,
+    /// Pass this variable of the server's environment on to every dispatched job
+    /// (repeatable, or comma-separated). Jobs otherwise see only PATH, HOME, USER,
+    /// LOGNAME, SHELL, LANG, LANGUAGE, LC_*, TZ, TMPDIR, TERM of it.
+    #[arg(long = "job-env", env = "AUGUR_JOB_ENV", value_delimiter = ',')]
+    pub job_env: Vec<String>,
+    #[command(flatten)]
+    pub machine: MachineArgs,
+    #[command(flatten)]
+    pub kubernetes: KubeArgs,
+    /// Run only `trial_job` commands that start with one of these (repeatable, or
+    /// comma-separated): whole arguments (`/usr/bin/python3 /opt/t/train.py`) or a
+    /// directory ending in `/` (`/opt/trainers/`). Default: any command (of operators and
+    /// admins).
+    #[arg(
+        long = "job-commands",
+        env = "AUGUR_JOB_COMMANDS",
+        value_delimiter = ','
+    )]
+    pub job_commands: Vec<String>,
+    /// Run only container and kubernetes `trial_job`s whose image starts with one of
+    /// these (repeatable, or comma-separated), e.g. `registry.example.com/ml/`. With
+    /// either this or --job-commands set, a job of the other kind needs its own list.
+    #[arg(long = "job-images", env = "AUGUR_JOB_IMAGES", value_delimiter = ',')]
+    pub job_images: Vec<String>,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key).
+    #[arg(long, env = "AUGUR_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "AUGUR_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Requests a second each token may send (bursts of twice that); past it, 429 with
+    /// Retry-After. Default: no limit.
+    #[arg(long, env = "AUGUR_RATE_LIMIT")]
+    pub rate_limit: Option<f64>,
+    /// Seconds a client may take to send a request's head (and a connection may wait
+    /// for its next request).
+    #[arg(long, default_value_t = crate::app::DEFAULT_HEADER_READ_TIMEOUT.as_secs())]
+    pub header_read_timeout: u64,
+    /// Seconds a connection may go with no byte moving before it is closed.
+    #[arg(long, default_value_t = crate::app::DEFAULT_IDLE_TIMEOUT.as_secs())]
+    pub idle_timeout: u64,
+    /// Connections open at once; past this, new ones are answered 503.
+    #[arg(long, default_value_t = crate::app::DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+    /// Run local trial jobs as this user (the server must run as root to switch), so
+    /// that a trial cannot read the database file or the server's own files.
+    #[arg(long, env = "AUGUR_RUN_JOBS_AS")]
+    pub run_jobs_as: Option<String>,
+    /// The URL the other replicas on this database reach this one at (e.g.
+    /// http://10.0.0.7:8080). With it, the changes of a study whose requests overlap are
+    /// sent to one live replica, so that they share its commits; any replica still serves
+    /// any request.
+    #[arg(long, env = "AUGUR_REPLICA_URL")]
+    pub replica_url: Option<String>,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the API server.
-    Serve {
-        /// sqlite://PATH (the default, created if missing) or postgres://USER:PASS@HOST/DB.
-        #[arg(long, env = "AUGUR_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
-        database_url: String,
-        #[arg(long, env = "AUGUR_LISTEN", default_value = "127.0.0.1:8080")]
-        listen: SocketAddr,
-        /// Accept this bearer token (stored hashed). Without any token the server only runs
-        /// on a loopback address, open.
-        #[arg(long, env = "AUGUR_TOKEN", hide_env_values = true)]
-        token: Option<String>,
-        /// Largest request body accepted, in bytes.
-        #[arg(long, default_value_t = crate::app::DEFAULT_BODY_LIMIT)]
-        body_limit: usize,
-        /// The URL dispatched jobs report to (AUGUR_URL in their environment).
-        #[arg(long, env = "AUGUR_PUBLIC_URL")]
-        public_url: Option<String>,
-        /// Do not run `trial_job` studies in this process (an API-only replica).
-        #[arg(long)]
-        no_dispatch: bool,
-        /// Pass this variable of the server's environment on to every dispatched job
-        /// (repeatable, or comma-separated). Jobs otherwise see only PATH, HOME, USER,
-        /// LOGNAME, SHELL, LANG, LANGUAGE, LC_*, TZ, TMPDIR, TERM of it.
-        #[arg(long = "job-env", env = "AUGUR_JOB_ENV", value_delimiter = ',')]
-        job_env: Vec<String>,
-        #[command(flatten)]
-        machine: MachineArgs,
-        #[command(flatten)]
-        kubernetes: KubeArgs,
-        /// Run only `trial_job` commands that start with one of these (repeatable, or
-        /// comma-separated): whole arguments (`/usr/bin/python3 /opt/t/train.py`) or a
-        /// directory ending in `/` (`/opt/trainers/`). Default: any command (of operators and
-        /// admins).
-        #[arg(
-            long = "job-commands",
-            env = "AUGUR_JOB_COMMANDS",
-            value_delimiter = ','
-        )]
-        job_commands: Vec<String>,
-        /// Run only container and kubernetes `trial_job`s whose image starts with one of
-        /// these (repeatable, or comma-separated), e.g. `registry.example.com/ml/`. With
-        /// either this or --job-commands set, a job of the other kind needs its own list.
-        #[arg(long = "job-images", env = "AUGUR_JOB_IMAGES", value_delimiter = ',')]
-        job_images: Vec<String>,
-        /// Serve HTTPS with this PEM certificate chain (with --tls-key).
-        #[arg(long, env = "AUGUR_TLS_CERT", requires = "tls_key")]
-        tls_cert: Option<PathBuf>,
-        /// The PEM private key of --tls-cert.
-        #[arg(long, env = "AUGUR_TLS_KEY", requires = "tls_cert")]
-        tls_key: Option<PathBuf>,
-        /// Requests a second each token may send (bursts of twice that); past it, 429 with
-        /// Retry-After. Default: no limit.
-        #[arg(long, env = "AUGUR_RATE_LIMIT")]
-        rate_limit: Option<f64>,
-        /// Seconds a client may take to send a request's head (and a connection may wait
-        /// for its next request).
-        #[arg(long, default_value_t = crate::app::DEFAULT_HEADER_READ_TIMEOUT.as_secs())]
-        header_read_timeout: u64,
-        /// Seconds a connection may go with no byte moving before it is closed.
-        #[arg(long, default_value_t = crate::app::DEFAULT_IDLE_TIMEOUT.as_secs())]
-        idle_timeout: u64,
-        /// Connections open at once; past this, new ones are answered 503.
-        #[arg(long, default_value_t = crate::app::DEFAULT_MAX_CONNECTIONS)]
-        max_connections: usize,
-        /// Run local trial jobs as this user (the server must run as root to switch), so
-        /// that a trial cannot read the database file or the server's own files.
-        #[arg(long, env = "AUGUR_RUN_JOBS_AS")]
-        run_jobs_as: Option<String>,
-    },
+    Serve(Box<ServeArgs>),
     /// Apply database migrations and exit (`serve` also applies them on start).
     Migrate {
         #[arg(long, env = "AUGUR_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
@@ -358,26 +368,28 @@ impl From<CliError> for Failure {
 /// Run a parsed command; errors come back as one line for the user.
 pub async fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
-        Command::Serve {
-            database_url,
-            listen,
-            token,
-            body_limit,
-            public_url,
-            no_dispatch,
-            job_env,
-            machine,
-            kubernetes,
-            job_commands,
-            job_images,
-            tls_cert,
-            tls_key,
-            rate_limit,
-            header_read_timeout,
-            idle_timeout,
-            max_connections,
-            run_jobs_as,
-        } => {
+        Command::Serve(args) => {
+            let ServeArgs {
+                database_url,
+                listen,
+                token,
+                body_limit,
+                public_url,
+                no_dispatch,
+                job_env,
+                machine,
+                kubernetes,
+                job_commands,
+                job_images,
+                tls_cert,
+                tls_key,
+                rate_limit,
+                header_read_timeout,
+                idle_timeout,
+                max_connections,
+                run_jobs_as,
+                replica_url,
+            } = *args;
             let mut config = crate::app::ServerConfig::new(database_url, listen);
             config.gpus = machine.gpus;
             config.containers = machine.containers.engine();
@@ -397,6 +409,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             config.idle_timeout = std::time::Duration::from_secs(idle_timeout.max(1));
             config.max_connections = max_connections.max(1);
             config.run_jobs_as = run_jobs_as;
+            config.replica_url = replica_url;
             Ok(server::serve(config).await?)
         }
         Command::Migrate { database_url } => Ok(server::migrate(&database_url).await?),

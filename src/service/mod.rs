@@ -7,6 +7,7 @@
 //! - `suggest.rs`: hand out trials (designers run here, outside the study's lock);
 //! - `trials.rs`: add, read, measure, complete, fail, exclude a trial; changes since a cursor;
 //! - `stopping.rs`: the early-stopping verdict; `optimal.rs`: best trial or Pareto set;
+//! - `replicas.rs`: the replicas sharing the database and which one takes a study's changes;
 //! - `runners.rs`: what the dispatcher asks (its studies, leases, attempts, resumable trials);
 //! - `tokens.rs`: minting, hashing and checking API tokens (roles, the auth cache, trial
 //!   tokens for pulled trials); `audit.rs`: the audit trail; `logs.rs`: dispatched trials' logs;
@@ -26,6 +27,7 @@ mod operations;
 mod optimal;
 mod paging;
 mod pareto;
+mod replicas;
 mod runners;
 mod snapshots;
 mod state_machine;
@@ -42,6 +44,7 @@ use std::sync::{Arc, Mutex};
 pub use error::{ServiceError, ServiceResult};
 pub use job_policy::JobPolicy;
 pub use paging::{Changes, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Page, cursor_after_seq};
+pub use replicas::{Peer, REPLICA_LEASE_TTL, Replicas};
 pub use runners::{DispatchedTrial, RUNNER_LEASE_TTL, RunnerStudy};
 pub use snapshots::StudySnapshot;
 pub use state_machine::Completion;

@@ -11,7 +11,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 pub use postgres::PostgresStore;
-pub use records::{AuditEntry, AuditRecord, StudyRecord, TokenRecord, TrialRecord, TrialToken};
+pub use records::{
+    AuditEntry, AuditRecord, ReplicaRecord, StudyRecord, TokenRecord, TrialRecord, TrialToken,
+};
 pub use sqlite::SqliteStore;
 
 use crate::model::{Measurement, Role, StudySpec, StudyState, TrialCounts, TrialPoint, TrialState};
@@ -208,6 +210,18 @@ pub trait Store: Send + Sync + 'static {
         ttl: chrono::Duration,
     ) -> StoreResult<bool>;
     async fn release_runner(&self, study_id: i64, owner: &str) -> StoreResult<()>;
+    /// Take or renew `replica`'s lease until `now + ttl`; the replicas whose leases are
+    /// unexpired (this one among them), by id.
+    async fn renew_replica(
+        &self,
+        replica: &ReplicaRecord,
+        now: DateTime<Utc>,
+        ttl: chrono::Duration,
+    ) -> StoreResult<Vec<ReplicaRecord>>;
+    /// A replica leaving: the others stop routing to it at once.
+    async fn remove_replica(&self, id: &str) -> StoreResult<()>;
+    /// The secret replicas forward with: `candidate` if none was stored yet, else the stored one.
+    async fn replica_secret(&self, candidate: &str) -> StoreResult<String>;
     /// Tokens not scoped to a trial: with none, a loopback server is open.
     async fn count_tokens(&self) -> StoreResult<i64>;
 }

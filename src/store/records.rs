@@ -110,6 +110,13 @@ pub struct AuditRecord {
     pub entry: AuditEntry,
 }
 
+/// A server process sharing the database, and the URL the others reach it at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaRecord {
+    pub id: String,
+    pub url: String,
+}
+
 #[derive(sqlx::FromRow)]
 pub(super) struct StudyRow {
     pub id: i64,

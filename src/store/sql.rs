@@ -151,6 +151,17 @@ pub(super) const CLAIM_RUNNER: &str = "INSERT INTO study_runners (study_id, owne
      WHERE study_runners.owner = excluded.owner OR study_runners.expires_at < $4";
 pub(super) const RELEASE_RUNNER: &str =
     "DELETE FROM study_runners WHERE study_id = $1 AND owner = $2";
+/// A replica's lease: taken or renewed by the replica itself.
+pub(super) const RENEW_REPLICA: &str = "INSERT INTO replicas (id, url, expires_at) VALUES ($1, $2, $3) \
+     ON CONFLICT (id) DO UPDATE SET url = excluded.url, expires_at = excluded.expires_at";
+/// Replicas gone for a minute are forgotten (their leases are long expired).
+pub(super) const FORGET_REPLICAS: &str = "DELETE FROM replicas WHERE expires_at < $1";
+pub(super) const LIVE_REPLICAS: &str =
+    "SELECT id, url FROM replicas WHERE expires_at > $1 ORDER BY id";
+pub(super) const REMOVE_REPLICA: &str = "DELETE FROM replicas WHERE id = $1";
+pub(super) const OFFER_REPLICA_SECRET: &str =
+    "INSERT INTO replica_secret (id, secret) VALUES (1, $1) ON CONFLICT (id) DO NOTHING";
+pub(super) const REPLICA_SECRET: &str = "SELECT secret FROM replica_secret WHERE id = 1";
 pub(super) const REPLACE_TOKEN: &str = "INSERT INTO api_tokens (name, token_hash, study_id, trial_id, created_at) \
      VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE SET token_hash = excluded.token_hash, \
      study_id = excluded.study_id, trial_id = excluded.trial_id, created_at = excluded.created_at, \
@@ -173,8 +184,8 @@ macro_rules! impl_sql_store {
         };
         use $crate::store::sql::*;
         use $crate::store::{
-            AuditEntry, AuditRecord, StoreResult, StudiesTx, StudyLock, StudyRecord, StudyTx,
-            TokenRecord, TrialRecord, TrialToken,
+            AuditEntry, AuditRecord, ReplicaRecord, StoreResult, StudiesTx, StudyLock, StudyRecord,
+            StudyTx, TokenRecord, TrialRecord, TrialToken,
         };
 
         fn trials_from(rows: Vec<TrialRow>) -> StoreResult<Vec<TrialRecord>> {
@@ -545,6 +556,53 @@ macro_rules! impl_sql_store {
                     .execute(&self.pool)
                     .await?;
                 Ok(())
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn renew_replica(
+                &self,
+                replica: &ReplicaRecord,
+                now: chrono::DateTime<chrono::Utc>,
+                ttl: chrono::Duration,
+            ) -> StoreResult<Vec<ReplicaRecord>> {
+                sqlx::query(RENEW_REPLICA)
+                    .bind(&replica.id)
+                    .bind(&replica.url)
+                    .bind(now + ttl)
+                    .execute(&self.pool)
+                    .await?;
+                sqlx::query(FORGET_REPLICAS)
+                    .bind(now - chrono::Duration::minutes(1))
+                    .execute(&self.pool)
+                    .await?;
+                let live: Vec<(String, String)> = sqlx::query_as(LIVE_REPLICAS)
+                    .bind(now)
+                    .fetch_all(&self.pool)
+                    .await?;
+                Ok(live
+                    .into_iter()
+                    .map(|(id, url)| ReplicaRecord { id, url })
+                    .collect())
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn remove_replica(&self, id: &str) -> StoreResult<()> {
+                sqlx::query(REMOVE_REPLICA)
+                    .bind(id)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(())
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn replica_secret(&self, candidate: &str) -> StoreResult<String> {
+                sqlx::query(OFFER_REPLICA_SECRET)
+                    .bind(candidate)
+                    .execute(&self.pool)
+                    .await?;
+                let (secret,): (String,) =
+                    sqlx::query_as(REPLICA_SECRET).fetch_one(&self.pool).await?;
+                Ok(secret)
             }
 
             #[tracing::instrument(skip_all)]

@@ -39,10 +39,21 @@ const ONE_STUDY: Load = Load {
 };
 
 /// A team's server: 100 studies at once, three clients each, so that commands of many
-/// studies share transactions (and, on two replicas, meet studies the other one holds).
+/// studies share transactions.
 const MANY_STUDIES: Load = Load {
     studies: 100,
     clients: 300,
+    parallel: 2,
+    max_trials: 20,
+};
+
+/// The same through two routing replicas, two clients a study (both on one replica, so that
+/// the study's commands overlap and go to its owner): lighter, since each forwarded command
+/// is a second request in these unoptimized test builds, and the test is of the cap, not of
+/// speed.
+const MANY_ROUTED_STUDIES: Load = Load {
+    studies: 100,
+    clients: 200,
     parallel: 2,
     max_trials: 20,
 };
@@ -100,12 +111,16 @@ async fn post(
     url: String,
     body: Value,
 ) -> Result<(StatusCode, Value), String> {
-    let response = http
-        .post(&url)
-        .json(&body)
-        .send()
-        .await
-        .map_err(|e| format!("POST {url}: {e}"))?;
+    let response = http.post(&url).json(&body).send().await.map_err(|e| {
+        // The causes too: "error sending request" alone does not say what failed.
+        let mut why = format!("POST {url}: {e}");
+        let mut source = std::error::Error::source(&e);
+        while let Some(cause) = source {
+            why.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        why
+    })?;
     let status = response.status();
     let body = response.json::<Value>().await.unwrap_or(Value::Null);
     Ok((status, body))
@@ -360,11 +375,37 @@ async fn hammer(bases: &[String], monitor: Monitor, load: Load) {
 
 /// Two replicas on one PostgreSQL, started one after the other as a rolling deployment
 /// would (the second once the first has migrated), and a monitor's pool.
-async fn two_replicas(db: &common::TestDb) -> (ServerProcess, ServerProcess, Monitor) {
-    let first = ServerProcess::start(&db.url, free_port());
+/// With `routed`, each study's changes go to one of them (`--replica-url`).
+async fn two_replicas(
+    db: &common::TestDb,
+    routed: bool,
+) -> (ServerProcess, ServerProcess, Monitor) {
+    let start = || {
+        let port = free_port();
+        let url = format!("http://127.0.0.1:{port}");
+        let routing = ["--replica-url", url.as_str()];
+        ServerProcess::start_with(&db.url, port, if routed { &routing } else { &[] })
+    };
+    let first = start();
     first.wait_ready().await;
-    let second = ServerProcess::start(&db.url, free_port());
+    let second = start();
     second.wait_ready().await;
+    if routed {
+        // Both must know of each other, or nothing is routed.
+        common::eventually(
+            "replicas see each other",
+            Duration::from_secs(15),
+            || async {
+                for base in [&first.base, &second.base] {
+                    if metric(base, "augur_replicas_live").await != 2.0 {
+                        return Err(format!("{base} does not see two replicas yet"));
+                    }
+                }
+                Ok(())
+            },
+        )
+        .await;
+    }
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(2)
         .connect(&db.url)
@@ -378,7 +419,7 @@ async fn two_replicas(db: &common::TestDb) -> (ServerProcess, ServerProcess, Mon
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_postgres_replicas_keep_the_cap_and_the_budget_under_64_clients() {
     let db = common::postgres_db().await;
-    let (first, second, monitor) = two_replicas(&db).await;
+    let (first, second, monitor) = two_replicas(&db, false).await;
     hammer(
         &[first.base.clone(), second.base.clone()],
         monitor,
@@ -387,18 +428,60 @@ async fn two_postgres_replicas_keep_the_cap_and_the_budget_under_64_clients() {
     .await;
 }
 
-/// The same for 100 studies at once, whose commands share transactions on each replica and
-/// meet, on the other, studies it holds locked.
+/// The same through replicas that route the study's changes to one of them: half the
+/// clients' commands are forwarded, none is lost or served twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_postgres_replicas_keep_every_cap_of_100_studies() {
+async fn two_routed_replicas_keep_the_cap_and_the_budget_under_64_clients() {
     let db = common::postgres_db().await;
-    let (first, second, monitor) = two_replicas(&db).await;
-    hammer(
-        &[first.base.clone(), second.base.clone()],
-        monitor,
-        MANY_STUDIES,
-    )
-    .await;
+    let (first, second, monitor) = two_replicas(&db, true).await;
+    let bases = [first.base.clone(), second.base.clone()];
+    hammer(&bases, monitor, ONE_STUDY).await;
+    assert_routed(&bases).await;
+}
+
+/// The same for 100 studies at once through routing replicas, each owning about half of
+/// them: commands share transactions on each replica, and those of a study the other owns
+/// are sent there. (Unrouted, this load would meet no study on both replicas: a study's
+/// three clients share a replica.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_routed_replicas_keep_every_cap_of_100_studies() {
+    let db = common::postgres_db().await;
+    let (first, second, monitor) = two_replicas(&db, true).await;
+    let bases = [first.base.clone(), second.base.clone()];
+    hammer(&bases, monitor, MANY_ROUTED_STUDIES).await;
+    assert_routed(&bases).await;
+}
+
+/// Requests were forwarded, and every forward reached its owner.
+async fn assert_routed(bases: &[String]) {
+    let mut forwarded = 0.0;
+    for base in bases {
+        forwarded += metric(
+            base,
+            "augur_forwarded_requests_total{outcome=\"forwarded\"}",
+        )
+        .await;
+        for failed in ["served_here", "lost"] {
+            let series = format!("augur_forwarded_requests_total{{outcome=\"{failed}\"}}");
+            assert_eq!(metric(base, &series).await, 0.0, "{base}: {series}");
+        }
+    }
+    assert!(forwarded > 0.0, "no request was forwarded");
+}
+
+/// A sample of a server's `/metrics` (0 while the series is not there).
+async fn metric(base: &str, series: &str) -> f64 {
+    let text = common::http()
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("metrics answered")
+        .text()
+        .await
+        .expect("metrics read");
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// A SQLite file behind one server process, and a read-only monitor on it.

@@ -1,0 +1,337 @@
+//! Replicas on one PostgreSQL that route each study's changes to one of them
+//! (`--replica-url`, `src/api/forward.rs`): real `augur serve` processes. The cap under
+//! concurrent load through routed replicas is in `concurrency.rs`.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::common::{self, ServerProcess, free_port};
+
+const ADMIN: &str = "replicas-admin-token";
+
+/// A replica on `db` that routes, with an admin token and more arguments.
+fn routed(db: &common::TestDb, more: &[&str]) -> ServerProcess {
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut args = vec!["--no-dispatch", "--token", ADMIN, "--replica-url", &url];
+    args.extend_from_slice(more);
+    ServerProcess::start_with(&db.url, port, &args)
+}
+
+async fn call(base: &str, method: Method, path: &str, body: Option<Value>) -> common::Response {
+    common::call(&common::http(), base, Some(ADMIN), method, path, body).await
+}
+
+/// A sample of the server's `/metrics` (0 when the series is not there yet).
+async fn metric(base: &str, series: &str) -> f64 {
+    let text = common::http()
+        .get(format!("{base}/metrics"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .expect("metrics answered")
+        .text()
+        .await
+        .expect("metrics read");
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+const FORWARDED: &str = "augur_forwarded_requests_total{outcome=\"forwarded\"}";
+const SERVED_HERE: &str = "augur_forwarded_requests_total{outcome=\"served_here\"}";
+const LIVE: &str = "augur_replicas_live";
+
+/// Wait until every replica sees `n` live replicas.
+async fn until_live(bases: &[&str], n: f64) {
+    common::eventually(
+        "replicas see each other",
+        Duration::from_secs(15),
+        || async {
+            for base in bases {
+                let live = metric(base, LIVE).await;
+                if live != n {
+                    return Err(format!("{base} sees {live} live replicas"));
+                }
+            }
+            Ok(())
+        },
+    )
+    .await;
+}
+
+/// `n` studies through `base`, one every `pace` (a rate-limited server's refill).
+async fn create_studies_paced(base: &str, n: usize, pace: Duration) -> Vec<i64> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        tokio::time::sleep(pace).await;
+        let mut spec = common::spec("random", 1000, 100);
+        spec["name"] = json!(format!("routed-{i}"));
+        let created = call(base, Method::POST, "/v1/studies", Some(spec)).await;
+        assert_eq!(created.status, StatusCode::CREATED, "{:?}", created.body);
+        ids.push(created.body["id"].as_i64().expect("study id"));
+    }
+    ids
+}
+
+async fn create_studies(base: &str, n: usize) -> Vec<i64> {
+    create_studies_paced(base, n, Duration::ZERO).await
+}
+
+async fn suggest(base: &str, study: i64) -> common::Response {
+    call(
+        base,
+        Method::POST,
+        &format!("/v1/studies/{study}/suggest"),
+        Some(json!({"count": 1})),
+    )
+    .await
+}
+
+/// `n` suggests of `study` sent to `base` at once (from one client, its connections opened
+/// first so that the requests leave together), each answered with one trial.
+async fn overlapping_suggests(base: &str, study: i64, n: usize) {
+    let http = common::http();
+    let warmed =
+        (0..n).map(|_| common::call(&http, base, Some(ADMIN), Method::GET, "/healthz", None));
+    futures::future::join_all(warmed).await;
+    let path = format!("/v1/studies/{study}/suggest");
+    let answers = futures::future::join_all((0..n).map(|_| {
+        common::call(
+            &http,
+            base,
+            Some(ADMIN),
+            Method::POST,
+            &path,
+            Some(json!({"count": 1})),
+        )
+    }))
+    .await;
+    for answer in answers {
+        assert_eq!(answer.status, StatusCode::OK, "{base}: {:?}", answer.body);
+        assert_eq!(answer.body["trials"].as_array().map(Vec::len), Some(1));
+    }
+}
+
+async fn forwarded(bases: &[&str]) -> f64 {
+    let mut sum = 0.0;
+    for base in bases {
+        sum += metric(base, FORWARDED).await;
+    }
+    sum
+}
+
+/// Changes of a study that never overlap are served where they arrive (a hop would only
+/// add latency); once a study's changes overlap at a replica, that replica sends them to the
+/// study's owner, and keeps doing so for a while; reads stay where they arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_changes_of_a_study_go_to_one_replica() {
+    let db = common::postgres_db().await;
+    let a = routed(&db, &[]);
+    a.wait_ready().await;
+    let b = routed(&db, &[]);
+    b.wait_ready().await;
+    let bases = [a.base.as_str(), b.base.as_str()];
+    until_live(&bases, 2.0).await;
+    let studies = create_studies(&a.base, 20).await;
+    // One at a time, through both replicas: nothing is sent on.
+    for &study in &studies {
+        for base in bases {
+            assert_eq!(suggest(base, study).await.status, StatusCode::OK);
+        }
+    }
+    assert_eq!(forwarded(&bases).await, 0.0);
+    let mut sent_on_by = Vec::new();
+    for &study in &studies {
+        // Three at once to one replica, then the other, until one sends some on: that one
+        // does not own the study, and now routes it.
+        let mut router = None;
+        'bursts: for _ in 0..5 {
+            for base in bases {
+                let before = metric(base, FORWARDED).await;
+                overlapping_suggests(base, study, 3).await;
+                if metric(base, FORWARDED).await > before {
+                    router = Some(base);
+                    break 'bursts;
+                }
+            }
+        }
+        let router = router.unwrap_or_else(|| panic!("no replica routed study {study}"));
+        let owner = if router == a.base { &b.base } else { &a.base };
+        // One at a time now: the router sends it on, the owner serves its own.
+        let (router_before, owner_before) = (
+            metric(router, FORWARDED).await,
+            metric(owner, FORWARDED).await,
+        );
+        assert_eq!(suggest(router, study).await.status, StatusCode::OK);
+        assert_eq!(suggest(owner, study).await.status, StatusCode::OK);
+        assert_eq!(metric(router, FORWARDED).await, router_before + 1.0);
+        assert_eq!(metric(owner, FORWARDED).await, owner_before);
+        sent_on_by.push(router);
+    }
+    // Rendezvous hashing spreads 20 studies over both (each owns some).
+    assert!(sent_on_by.contains(&bases[0]) && sent_on_by.contains(&bases[1]));
+    // Reads are served where they arrive, and see what the owners wrote.
+    for &study in &studies {
+        let before = forwarded(&bases).await;
+        let trials = call(
+            &b.base,
+            Method::GET,
+            &format!("/v1/studies/{study}/trials"),
+            None,
+        )
+        .await;
+        let all = call(
+            &a.base,
+            Method::GET,
+            &format!("/v1/studies/{study}/trials"),
+            None,
+        )
+        .await;
+        assert_eq!(trials.body["trials"], all.body["trials"]);
+        assert!(trials.body["trials"].as_array().map_or(0, Vec::len) >= 7);
+        assert_eq!(forwarded(&bases).await, before);
+    }
+}
+
+/// A replica killed outright (its lease still unexpired) refuses connections: the other
+/// serves its studies' changes itself, at once, and every request is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replicas_studies_are_served_by_the_others() {
+    let db = common::postgres_db().await;
+    let a = routed(&db, &[]);
+    a.wait_ready().await;
+    let mut b = routed(&db, &[]);
+    b.wait_ready().await;
+    until_live(&[&a.base, &b.base], 2.0).await;
+    let studies = create_studies(&a.base, 20).await;
+    // Every study hot at a: its changes to b's studies go to b.
+    for &study in &studies {
+        overlapping_suggests(&a.base, study, 3).await;
+    }
+    let before = metric(&a.base, FORWARDED).await;
+    assert!(before > 0.0, "nothing was sent to b");
+    b.kill();
+    for &study in &studies {
+        let answer = suggest(&a.base, study).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::OK,
+            "study {study}: {:?}",
+            answer.body
+        );
+    }
+    // b owned some of the 20: the first of them found it gone, the rest were not tried.
+    assert_eq!(metric(&a.base, SERVED_HERE).await, 1.0);
+    assert_eq!(metric(&a.base, FORWARDED).await, before);
+}
+
+/// A replica that stops (SIGTERM) leaves at once: the others stop routing to it without
+/// waiting for its lease to expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_replica_leaves_at_once() {
+    let db = common::postgres_db().await;
+    let a = routed(&db, &[]);
+    a.wait_ready().await;
+    let b = routed(&db, &[]);
+    b.wait_ready().await;
+    until_live(&[&a.base, &b.base], 2.0).await;
+    let pid = nix::unistd::Pid::from_raw(b.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM sent");
+    // Well inside the 10 s lease: only leaving makes it this quick.
+    common::eventually("a sees b gone", Duration::from_secs(6), || async {
+        let live = metric(&a.base, LIVE).await;
+        if live == 1.0 {
+            Ok(())
+        } else {
+            Err(format!("{live} live"))
+        }
+    })
+    .await;
+    drop(b);
+}
+
+/// The rate limit is taken once, where a request arrives: a forwarded request does not
+/// count again at its owner, and a client cannot skip the limit with a made-up replica header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rate_limit_is_taken_once_and_a_forged_replica_header_does_not_skip_it() {
+    let db = common::postgres_db().await;
+    // Three requests a second, bursts of six.
+    let a = routed(&db, &["--rate-limit", "3"]);
+    a.wait_ready().await;
+    let b = routed(&db, &["--rate-limit", "3"]);
+    b.wait_ready().await;
+    until_live(&[&a.base, &b.base], 2.0).await;
+    let studies = create_studies_paced(&a.base, 8, Duration::from_millis(400)).await;
+    // A study b owns: two suggests at once to a, until a sends one on.
+    let mut owned_by_b = None;
+    for &study in &studies {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let before = metric(&a.base, FORWARDED).await;
+        overlapping_suggests(&a.base, study, 2).await;
+        if metric(&a.base, FORWARDED).await > before {
+            owned_by_b = Some(study);
+            break;
+        }
+    }
+    let study = owned_by_b.expect("b owns one of 8 studies");
+    // a's bucket refills; the study stays hot at a (10 s).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = metric(&a.base, FORWARDED).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // a's burst, all sent on to b.
+    for _ in 0..6 {
+        assert_eq!(suggest(&a.base, study).await.status, StatusCode::OK);
+    }
+    // b's own burst is whole: what a sent on did not count at b.
+    for _ in 0..6 {
+        let answer = suggest(&b.base, study).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::OK,
+            "b counted forwarded requests: {:?}",
+            answer.body
+        );
+    }
+    // b's burst is spent now; a made-up secret is a client's request like any other: sent
+    // faster than b's three a second, they are refused (were the header trusted, none would).
+    let http = common::http();
+    let mut refused = 0;
+    for _ in 0..12 {
+        let forged = http
+            .post(format!("{}/v1/studies/{study}/suggest", b.base))
+            .bearer_auth(ADMIN)
+            .header("x-augur-replica", "augur_not-the-secret")
+            .json(&json!({"count": 1}))
+            .send()
+            .await
+            .expect("sent");
+        if forged.status() == StatusCode::TOO_MANY_REQUESTS {
+            refused += 1;
+        }
+    }
+    assert!(
+        refused > 0,
+        "b admitted 12 requests at once with a made-up replica header"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        metric(&a.base, FORWARDED).await,
+        before + 6.0,
+        "a's burst went to b"
+    );
+}
+
+/// `--replica-url` must be a URL other replicas can reach.
+#[tokio::test]
+async fn a_replica_url_that_is_not_http_is_refused_at_start() {
+    let db = common::sqlite_db();
+    let mut config = augur::ServerConfig::new(db.url.clone(), "127.0.0.1:0".parse().expect("addr"));
+    config.replica_url = Some("ftp://example.com".into());
+    match augur::App::build(config).await {
+        Err(e) => assert!(e.to_string().contains("--replica-url"), "{e}"),
+        Ok(_) => panic!("an ftp replica URL was accepted"),
+    }
+}
