@@ -53,6 +53,8 @@ fn default_theta_with(dim: usize, categorical: &[bool], prior: &Prior) -> Vec<f6
 pub struct Prior {
     pub ln_length_scale: (f64, f64),
     pub ln_noise: (f64, f64),
+    /// Lower bound of the numeric `ln ℓ`.
+    pub min_ln_length_scale: f64,
 }
 
 impl Default for Prior {
@@ -60,6 +62,7 @@ impl Default for Prior {
         Prior {
             ln_length_scale: PRIOR_LN_LENGTH_SCALE,
             ln_noise: PRIOR_LN_NOISE,
+            min_ln_length_scale: BOUNDS_LENGTH_SCALE.0,
         }
     }
 }
@@ -74,7 +77,10 @@ impl Prior {
         } else if categorical.get(j - 1).copied().unwrap_or(false) {
             (PRIOR_LN_CATEGORICAL_LENGTH_SCALE, BOUNDS_LENGTH_SCALE)
         } else {
-            (self.ln_length_scale, BOUNDS_LENGTH_SCALE)
+            (
+                self.ln_length_scale,
+                (self.min_ln_length_scale, BOUNDS_LENGTH_SCALE.1),
+            )
         }
     }
 }
