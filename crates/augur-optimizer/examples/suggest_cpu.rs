@@ -3,7 +3,8 @@
 //! core). Wall clock on a shared machine counts other processes' time too; the suggesting
 //! thread's own CPU time (`/proc/thread-self/schedstat`, Linux) does not.
 //!
-//! `cargo run --release -p augur-optimizer --example suggest_cpu [-- REPEATS]`: the same
+//! `cargo run --release -p augur-optimizer --example suggest_cpu [-- REPEATS [KNOBS]]`
+//! (KNOBS: `GpBanditConfig::with_overrides`, e.g. `refine_starts=3`): the same
 //! Levy-scored quasi-random histories as `benches/suggest.rs` (d = 10; 100 and 1,000
 //! trials), each suggestion from a cold start (a different seed each time), and prints the
 //! median and maximum CPU ms.
@@ -13,8 +14,8 @@ use std::collections::BTreeMap;
 use augur_optimizer::quasi_random::quasi_random_assignment;
 use augur_optimizer::test_functions::levy;
 use augur_optimizer::{
-    Algorithm, CompletedTrial, DesignerInput, Goal, MetricSpec, Outcome, Parameter, ParameterKind,
-    Scale, SearchSpace, designer_for,
+    Algorithm, CompletedTrial, Designer, DesignerInput, Goal, GpBanditConfig, GpBanditDesigner,
+    MetricSpec, Outcome, Parameter, ParameterKind, Scale, SearchSpace, designer_for,
 };
 
 /// On-CPU nanoseconds of this thread so far (first field of schedstat).
@@ -51,7 +52,16 @@ fn main() {
         goal: Goal::Minimize,
         safety_threshold: None,
     }];
-    let designer = designer_for(Algorithm::GpBandit);
+    let designer: Box<dyn Designer> = match std::env::args().nth(2) {
+        Some(knobs) => match GpBanditConfig::default().with_overrides(&knobs) {
+            Ok(config) => Box::new(GpBanditDesigner { config }),
+            Err(e) => {
+                eprintln!("knobs: {e}");
+                std::process::exit(2);
+            }
+        },
+        None => designer_for(Algorithm::GpBandit),
+    };
     for n in [100u64, 1000] {
         let completed: Vec<CompletedTrial> = (0..n)
             .map(|k| {
