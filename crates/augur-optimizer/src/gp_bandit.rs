@@ -148,11 +148,12 @@ pub struct GpBanditConfig {
     /// Best distinct candidates of the population search refined by gradient ascent on the
     /// acquisition (0: none), and the most steps per refinement. Off by default: with 3
     /// starts × 20 steps, Hartmann6 with batches of 5 reached median regret 0.011 at 50
-    /// trials (0.093 without) and Branin polished 10× further, but Levy10 on both boxes
-    /// stayed within seed-to-seed noise, and the warm-start test (tests/warm_start.rs)
-    /// fails: the cold studies' 50-trial regret it must reach falls from 5e-6 to 6e-7,
+    /// trials (0.093 without), but Levy10 on both boxes stayed within seed-to-seed noise,
+    /// and the warm-start test (tests/warm_start.rs) fails: its cold Branin studies polish
+    /// further, so the 50-trial regret the warm ones must reach falls from 5e-6 to 6e-7,
     /// and the two-task model, exploiting the prior study's (shifted) optimum precisely
-    /// with β = 0.2, needs ~40 trials to get there. See benches/quality/RESULTS.md.
+    /// with β = 0.2, needs 50–51 trials to get there (the test allows 30). See
+    /// benches/quality/RESULTS.md.
     pub refine_starts: usize,
     pub refine_steps: usize,
     /// The numeric length scales' prior median is `0.5 (D/2)^e` for D numeric features.
