@@ -14,6 +14,11 @@
 /// Warp `values` (`None` = infeasible or failed; larger is better) into standardized GP
 /// targets. All-`None` or constant inputs give zeros.
 pub fn warp(values: &[Option<f64>]) -> Vec<f64> {
+    warp_with(values, true, true)
+}
+
+/// [`warp`], with step 2 only if `rank`, step 3 only if `log`.
+pub fn warp_with(values: &[Option<f64>], rank: bool, log: bool) -> Vec<f64> {
     let feasible: Vec<f64> = values
         .iter()
         .flatten()
@@ -37,8 +42,12 @@ pub fn warp(values: &[Option<f64>]) -> Vec<f64> {
             _ => penalty,
         })
         .collect();
-    half_rank(&mut y);
-    log_warp(&mut y);
+    if rank {
+        half_rank(&mut y);
+    }
+    if log {
+        log_warp(&mut y);
+    }
     standardize(&mut y);
     y
 }
