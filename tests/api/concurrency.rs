@@ -469,19 +469,8 @@ async fn assert_routed(bases: &[String]) {
     assert!(forwarded > 0.0, "no request was forwarded");
 }
 
-/// A sample of a server's `/metrics` (0 while the series is not there).
 async fn metric(base: &str, series: &str) -> f64 {
-    let text = common::http()
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .expect("metrics answered")
-        .text()
-        .await
-        .expect("metrics read");
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
+    common::metric_sample(base, None, series).await
 }
 
 /// A SQLite file behind one server process, and a read-only monitor on it.

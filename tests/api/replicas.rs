@@ -24,20 +24,8 @@ async fn call(base: &str, method: Method, path: &str, body: Option<Value>) -> co
     common::call(&common::http(), base, Some(ADMIN), method, path, body).await
 }
 
-/// A sample of the server's `/metrics` (0 when the series is not there yet).
 async fn metric(base: &str, series: &str) -> f64 {
-    let text = common::http()
-        .get(format!("{base}/metrics"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .expect("metrics answered")
-        .text()
-        .await
-        .expect("metrics read");
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
+    common::metric_sample(base, Some(ADMIN), series).await
 }
 
 const FORWARDED: &str = "augur_forwarded_requests_total{outcome=\"forwarded\"}";

@@ -302,6 +302,25 @@ pub async fn call(
     Response { status, body }
 }
 
+/// A sample of a server's `/metrics`: the value of the line that starts with `series`
+/// (name and labels), 0 while the server has no such line.
+pub async fn metric_sample(base: &str, token: Option<&str>, series: &str) -> f64 {
+    let mut request = http().get(format!("{base}/metrics"));
+    if let Some(t) = token {
+        request = request.bearer_auth(t);
+    }
+    let text = request
+        .send()
+        .await
+        .expect("metrics answered")
+        .text()
+        .await
+        .expect("metrics read");
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// A small spec with every parameter type and a conditional child.
 pub fn spec(algorithm: &str, max_trials: i64, parallel_trials: i64) -> Value {
     json!({
