@@ -47,17 +47,6 @@ const MANY_STUDIES: Load = Load {
     max_trials: 20,
 };
 
-/// The same through two routing replicas, 50 studies, two clients a study (both on one replica, so that
-/// the study's commands overlap and go to its owner): lighter, since each forwarded command
-/// is a second request in these unoptimized test builds, and the test is of the cap, not of
-/// speed.
-const MANY_ROUTED_STUDIES: Load = Load {
-    studies: 50,
-    clients: 100,
-    parallel: 2,
-    max_trials: 20,
-};
-
 /// The most unfinished trials of any one study, by study.
 const UNFINISHED_SQL: &str = "SELECT study_id, count(*) FROM trials \
      WHERE state IN ('requested','active','stopping') GROUP BY study_id";
@@ -439,19 +428,6 @@ async fn two_routed_replicas_keep_the_cap_and_the_budget_under_64_clients() {
     let (first, second, monitor) = two_replicas(&db, true).await;
     let bases = [first.base.clone(), second.base.clone()];
     hammer(&bases, monitor, ONE_STUDY).await;
-    assert_routed(&bases).await;
-}
-
-/// The same for 50 studies at once through routing replicas, each owning about half of
-/// them: commands share transactions on each replica, and those of a study the other owns
-/// are sent there. (Unrouted, this load would meet no study on both replicas: a study's
-/// three clients share a replica.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_routed_replicas_keep_every_cap_of_50_studies() {
-    let db = common::postgres_db().await;
-    let (first, second, monitor) = two_replicas(&db, true).await;
-    let bases = [first.base.clone(), second.base.clone()];
-    hammer(&bases, monitor, MANY_ROUTED_STUDIES).await;
     assert_routed(&bases).await;
 }
 
