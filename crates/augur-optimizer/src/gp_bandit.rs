@@ -63,7 +63,7 @@ use crate::designer::{
 use crate::gp::encoding::Encoder;
 use crate::gp::kernel::Hyper;
 use crate::gp::model::{FitOptions, Posterior, Prior, fit_theta};
-use crate::gp::warping::{normal_cdf, warp, warp_with};
+use crate::gp::warping::{Warping, normal_cdf, warp, warp_with};
 use crate::quasi_random::quasi_random_assignment;
 use crate::space::Assignment;
 
@@ -162,6 +162,9 @@ pub struct GpBanditConfig {
     /// Half-rank and log warping of the targets before standardizing (see [`warp`]).
     pub rank_warping: bool,
     pub log_warping: bool,
+    /// A Yeo-Johnson power transform of the targets with λ fitted per study by maximum
+    /// likelihood (see [`warp`]), after the half-rank and log warping if those are on.
+    pub power_warping: bool,
     /// With k pending points (running trials and the batch's earlier suggestions), UCB's
     /// β is multiplied by `1 + g min(k, 4)`.
     pub batch_beta_growth: f64,
@@ -221,6 +224,7 @@ impl Default for GpBanditConfig {
             min_ln_length_scale: Prior::default().min_ln_length_scale,
             rank_warping: true,
             log_warping: true,
+            power_warping: false,
             batch_beta_growth: 0.0,
             length_scale_prior_base: Prior::default().ln_length_scale.0,
             noise_prior: (-6.9, 2.0),
@@ -244,6 +248,15 @@ impl GpBanditConfig {
             ),
             ln_noise: self.noise_prior,
             min_ln_length_scale: self.min_ln_length_scale,
+        }
+    }
+
+    /// The output warping steps the GP's targets get.
+    pub fn warping(&self) -> Warping {
+        Warping {
+            rank: self.rank_warping,
+            log: self.log_warping,
+            power: self.power_warping,
         }
     }
 
@@ -277,6 +290,7 @@ impl GpBanditConfig {
                 }
                 "rank_warping" => self.rank_warping = num(v)? != 0.0,
                 "log_warping" => self.log_warping = num(v)? != 0.0,
+                "power_warping" => self.power_warping = num(v)? != 0.0,
                 "batch_beta_growth" => self.batch_beta_growth = num(v)?,
                 "length_scale_prior_base" => self.length_scale_prior_base = num(v)?,
                 "noise_prior_mean" => self.noise_prior.0 = num(v)?,
@@ -640,11 +654,11 @@ impl Model {
         for (k, v) in values.iter().enumerate() {
             let pick = |idx: &[usize]| -> DVector<f64> {
                 let sub: Vec<Option<f64>> = idx.iter().map(|&i| v[i]).collect();
-                DVector::from_vec(warp_with(&sub, config.rank_warping, config.log_warping))
+                DVector::from_vec(warp_with(&sub, config.warping()))
             };
             let starts: Vec<Vec<f64>> = warm.iter().map(|s| s.theta[k].clone()).collect();
             let prior = if n < config.warm_start_trials(encoder.num_parameters()) {
-                prior_data(encoder, input, objectives[k], v)
+                prior_data(encoder, input, objectives[k], v, config.warping())
             } else {
                 None
             };
@@ -1256,6 +1270,7 @@ fn prior_data(
     input: &DesignerInput<'_>,
     metric: &MetricSpec,
     new_values: &[Option<f64>],
+    warping: Warping,
 ) -> Option<PriorData> {
     let mut x = Vec::new();
     let mut values: Vec<Option<f64>> = Vec::new();
@@ -1281,7 +1296,7 @@ fn prior_data(
     }
     let n_prior = values.len();
     values.extend_from_slice(new_values);
-    let mut y = warp(&values);
+    let mut y = warp_with(&values, warping);
     let new_targets = y.split_off(n_prior);
     Some(PriorData { x, y, new_targets })
 }
