@@ -63,7 +63,7 @@ use crate::designer::{
 use crate::gp::encoding::Encoder;
 use crate::gp::kernel::Hyper;
 use crate::gp::model::{FitOptions, Posterior, Prior, fit_theta};
-use crate::gp::warping::{Warping, normal_cdf, warp, warp_with};
+use crate::gp::warping::{Power, Warping, fit_power, normal_cdf, warp, warp_with};
 use crate::quasi_random::quasi_random_assignment;
 use crate::space::Assignment;
 
@@ -164,7 +164,9 @@ pub struct GpBanditConfig {
     pub log_warping: bool,
     /// A Yeo-Johnson power transform of the targets with λ fitted per study by maximum
     /// likelihood (see [`warp`]), after the half-rank and log warping if those are on.
-    pub power_warping: bool,
+    pub power_warping: PowerWarping,
+    /// Least λ of [`PowerWarping::Initial`] (1: never stretch the bad tail).
+    pub power_min_lambda: f64,
     /// With k pending points (running trials and the batch's earlier suggestions), UCB's
     /// β is multiplied by `1 + g min(k, 4)`.
     pub batch_beta_growth: f64,
@@ -202,6 +204,20 @@ pub struct GpBanditConfig {
     pub max_initial_trials: usize,
 }
 
+/// Where the output warping's Yeo-Johnson λ comes from (see [`GpBanditConfig::warping`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PowerWarping {
+    /// No power transform.
+    Off,
+    /// λ fitted on the targets being warped (all trials the GP sees).
+    AllTrials,
+    /// λ and the standardization fitted on the study's first (quasi-random, space-filling)
+    /// trials, whose values are a sample of the objective over the space rather than of
+    /// where the GP has been sampling, and λ at least
+    /// [`GpBanditConfig::power_min_lambda`].
+    Initial,
+}
+
 impl Default for GpBanditConfig {
     fn default() -> Self {
         GpBanditConfig {
@@ -224,7 +240,8 @@ impl Default for GpBanditConfig {
             min_ln_length_scale: Prior::default().min_ln_length_scale,
             rank_warping: true,
             log_warping: true,
-            power_warping: false,
+            power_warping: PowerWarping::Off,
+            power_min_lambda: 1.0,
             batch_beta_growth: 0.0,
             length_scale_prior_base: Prior::default().ln_length_scale.0,
             noise_prior: (-6.9, 2.0),
@@ -251,12 +268,22 @@ impl GpBanditConfig {
         }
     }
 
-    /// The output warping steps the GP's targets get.
-    pub fn warping(&self) -> Warping {
+    /// The output warping steps the GP's targets get, for an objective with `values`
+    /// (per completed trial, in completion order, larger is better) in a space of
+    /// `num_parameters` parameters.
+    pub fn warping(&self, values: &[Option<f64>], num_parameters: usize) -> Warping {
+        let power = match self.power_warping {
+            PowerWarping::Off => Power::Off,
+            PowerWarping::AllTrials => Power::Fitted,
+            PowerWarping::Initial => {
+                let k = self.initial_trials(num_parameters).min(values.len());
+                fit_power(&values[..k], self.power_min_lambda)
+            }
+        };
         Warping {
             rank: self.rank_warping,
             log: self.log_warping,
-            power: self.power_warping,
+            power,
         }
     }
 
@@ -290,7 +317,15 @@ impl GpBanditConfig {
                 }
                 "rank_warping" => self.rank_warping = num(v)? != 0.0,
                 "log_warping" => self.log_warping = num(v)? != 0.0,
-                "power_warping" => self.power_warping = num(v)? != 0.0,
+                "power_warping" => {
+                    self.power_warping = match num(v)? {
+                        0.0 => PowerWarping::Off,
+                        1.0 => PowerWarping::AllTrials,
+                        2.0 => PowerWarping::Initial,
+                        _ => return Err(format!("{kv}: expected 0, 1 or 2")),
+                    }
+                }
+                "power_min_lambda" => self.power_min_lambda = num(v)?,
                 "batch_beta_growth" => self.batch_beta_growth = num(v)?,
                 "length_scale_prior_base" => self.length_scale_prior_base = num(v)?,
                 "noise_prior_mean" => self.noise_prior.0 = num(v)?,
@@ -652,13 +687,14 @@ impl Model {
         };
         let mut objective_models = Vec::new();
         for (k, v) in values.iter().enumerate() {
+            let warping = config.warping(v, encoder.num_parameters());
             let pick = |idx: &[usize]| -> DVector<f64> {
                 let sub: Vec<Option<f64>> = idx.iter().map(|&i| v[i]).collect();
-                DVector::from_vec(warp_with(&sub, config.warping()))
+                DVector::from_vec(warp_with(&sub, warping))
             };
             let starts: Vec<Vec<f64>> = warm.iter().map(|s| s.theta[k].clone()).collect();
             let prior = if n < config.warm_start_trials(encoder.num_parameters()) {
-                prior_data(encoder, input, objectives[k], v, config.warping())
+                prior_data(encoder, input, objectives[k], v, warping)
             } else {
                 None
             };

@@ -12,18 +12,63 @@
 //! 4. Optionally (off by default, [`Warping::power`]): a Yeo-Johnson power transform
 //!    (Yeo & Johnson 2000) of the standardized values whose λ maximizes the profile
 //!    likelihood of a normal model of the transformed values ([`fit_yeo_johnson`]), so a
-//!    heavy tail is compressed and a roughly symmetric sample is left nearly linear.
+//!    heavy tail is compressed and a roughly symmetric sample is left nearly linear. λ
+//!    and the standardization it applies to are fitted either on the values warped
+//!    ([`Power::Fitted`]) or beforehand on another sample ([`Power::Fixed`], see
+//!    [`fit_power`]).
 //! 5. Standardization to zero mean and unit variance.
 
 /// Which optional steps of the output warping run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Warping {
     /// Step 2, half-rank warping.
     pub rank: bool,
     /// Step 3, log warping near the best.
     pub log: bool,
-    /// Step 4, the Yeo-Johnson power transform with λ fitted to the values.
-    pub power: bool,
+    /// Step 4, the Yeo-Johnson power transform.
+    pub power: Power,
+}
+
+/// Step 4 of the output warping.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Power {
+    Off,
+    /// λ fitted on the (standardized) values being warped.
+    Fitted,
+    /// `yeo_johnson((y − mean)/sd, lambda)`, from [`fit_power`].
+    Fixed {
+        lambda: f64,
+        mean: f64,
+        sd: f64,
+    },
+}
+
+/// Fit step 4 on `values` (`None` = infeasible or failed; larger is better, as for
+/// [`warp`]): the mean and sd of the feasible values and the λ in `[min_lambda, 5]` that
+/// maximizes the profile likelihood of their standardized values. [`Power::Off`] with fewer
+/// than 3 distinct finite values.
+pub fn fit_power(values: &[Option<f64>], min_lambda: f64) -> Power {
+    let y: Vec<f64> = values
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|v| v.is_finite())
+        .collect();
+    if y.len() < 3 || y.iter().all(|v| *v == y[0]) {
+        return Power::Off;
+    }
+    let n = y.len() as f64;
+    let mean = y.iter().sum::<f64>() / n;
+    let sd = (y.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n).sqrt();
+    if !(sd > 0.0 && sd.is_finite()) {
+        return Power::Off;
+    }
+    let z: Vec<f64> = y.iter().map(|v| (v - mean) / sd).collect();
+    let lambda = fit_yeo_johnson(&z).clamp(
+        min_lambda.min(YEO_JOHNSON_LAMBDA_RANGE.1),
+        YEO_JOHNSON_LAMBDA_RANGE.1,
+    );
+    Power::Fixed { lambda, mean, sd }
 }
 
 impl Default for Warping {
@@ -31,7 +76,7 @@ impl Default for Warping {
         Warping {
             rank: true,
             log: true,
-            power: false,
+            power: Power::Off,
         }
     }
 }
@@ -73,11 +118,19 @@ pub fn warp_with(values: &[Option<f64>], steps: Warping) -> Vec<f64> {
     if steps.log {
         log_warp(&mut y);
     }
-    if steps.power {
-        standardize(&mut y);
-        let lambda = fit_yeo_johnson(&y);
-        for v in y.iter_mut() {
-            *v = yeo_johnson(*v, lambda);
+    match steps.power {
+        Power::Off => {}
+        Power::Fitted => {
+            standardize(&mut y);
+            let lambda = fit_yeo_johnson(&y);
+            for v in y.iter_mut() {
+                *v = yeo_johnson(*v, lambda);
+            }
+        }
+        Power::Fixed { lambda, mean, sd } => {
+            for v in y.iter_mut() {
+                *v = yeo_johnson((*v - mean) / sd, lambda);
+            }
         }
     }
     standardize(&mut y);
@@ -376,7 +429,19 @@ mod tests {
     #[test]
     fn yeo_johnson_is_strictly_increasing_and_invertible() {
         let xs: Vec<f64> = (-80..=80).map(|i| i as f64 * 0.125).collect();
-        for lambda in [-3.0, -1.0, -1e-12, 0.0, 0.5, 1.0, 1.7, 2.0, 2.0 + 1e-12, 3.0, 5.0] {
+        for lambda in [
+            -3.0,
+            -1.0,
+            -1e-12,
+            0.0,
+            0.5,
+            1.0,
+            1.7,
+            2.0,
+            2.0 + 1e-12,
+            3.0,
+            5.0,
+        ] {
             let zs: Vec<f64> = xs.iter().map(|&x| yeo_johnson(x, lambda)).collect();
             for w in zs.windows(2) {
                 assert!(w[1] > w[0], "λ = {lambda}: not increasing");
@@ -432,12 +497,12 @@ mod tests {
         let steps = Warping {
             rank: false,
             log: false,
-            power: true,
+            power: Power::Fitted,
         };
         let plain = warp_with(
             &heavy,
             Warping {
-                power: false,
+                power: Power::Off,
                 ..steps
             },
         );
@@ -456,7 +521,7 @@ mod tests {
         let steps = Warping {
             rank: false,
             log: false,
-            power: true,
+            power: Power::Fitted,
         };
         let y = warp_with(&values, steps);
         let mean = y.iter().sum::<f64>() / y.len() as f64;
@@ -473,12 +538,42 @@ mod tests {
         let all = Warping {
             rank: true,
             log: true,
-            power: true,
+            power: Power::Fitted,
         };
         let z = warp_with(&values, all);
         assert!(z[3] > z[5] && z[5] > z[4] && z[4] > z[0] && z[0] > z[1]);
         assert_eq!(warp_with(&[Some(2.0), Some(2.0)], all), vec![0.0, 0.0]);
         assert_eq!(warp_with(&[None, None], all), vec![0.0, 0.0]);
         assert_eq!(fit_yeo_johnson(&[1.0, f64::NAN]), 1.0);
+    }
+
+    #[test]
+    fn power_fitted_on_one_sample_applies_to_others() {
+        let heavy: Vec<Option<f64>> = normal_quantiles(30)
+            .iter()
+            .map(|z| Some(-(2.0 * z + 4.0).exp()))
+            .collect();
+        let Power::Fixed { lambda, mean, sd } = fit_power(&heavy, 1.0) else {
+            panic!("expected a fitted transform");
+        };
+        assert!(lambda > 1.5 && sd > 0.0 && mean < 0.0, "λ = {lambda}");
+        // A symmetric sample with the least λ set above its fit gets that least λ.
+        let sym: Vec<Option<f64>> = normal_quantiles(30).into_iter().map(Some).collect();
+        assert!(matches!(fit_power(&sym, 1.3), Power::Fixed { lambda, .. } if lambda == 1.3));
+        assert_eq!(fit_power(&[Some(1.0), None, Some(1.0)], 1.0), Power::Off);
+        assert_eq!(fit_power(&[Some(1.0), Some(f64::NAN)], 1.0), Power::Off);
+        // Applied to a larger history (values beyond the fitted sample included), the
+        // warping keeps the order.
+        let steps = Warping {
+            rank: false,
+            log: false,
+            power: fit_power(&heavy, 1.0),
+        };
+        let mut more = heavy.clone();
+        more.extend([Some(-1e9), Some(0.0), None, Some(-0.5)]);
+        let y = warp_with(&more, steps);
+        assert!(y.iter().all(|v| v.is_finite()));
+        let n = heavy.len();
+        assert!(y[n + 1] > y[n + 3] && y[n + 3] > y[0] && y[0] > y[n] && y[n] >= y[n + 2]);
     }
 }
