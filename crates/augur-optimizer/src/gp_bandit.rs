@@ -167,6 +167,9 @@ pub struct GpBanditConfig {
     pub power_warping: PowerWarping,
     /// Least λ of [`PowerWarping::Initial`] (1: never stretch the bad tail).
     pub power_min_lambda: f64,
+    /// [`PowerWarping::Choose`]: the fitted λ from which the half-rank and log warping
+    /// are used.
+    pub power_choose_lambda: f64,
     /// With k pending points (running trials and the batch's earlier suggestions), UCB's
     /// β is multiplied by `1 + g min(k, 4)`.
     pub batch_beta_growth: f64,
@@ -216,6 +219,10 @@ pub enum PowerWarping {
     /// where the GP has been sampling, and λ at least
     /// [`GpBanditConfig::power_min_lambda`].
     Initial,
+    /// No power transform; λ fitted on all trials only chooses between the half-rank and
+    /// log warping (heavy tail: λ ≥ [`GpBanditConfig::power_choose_lambda`]) and
+    /// standardization alone.
+    Choose,
 }
 
 impl Default for GpBanditConfig {
@@ -242,6 +249,7 @@ impl Default for GpBanditConfig {
             log_warping: true,
             power_warping: PowerWarping::Off,
             power_min_lambda: 1.0,
+            power_choose_lambda: 3.5,
             batch_beta_growth: 0.0,
             length_scale_prior_base: Prior::default().ln_length_scale.0,
             noise_prior: (-6.9, 2.0),
@@ -272,6 +280,7 @@ impl GpBanditConfig {
     /// (per completed trial, in completion order, larger is better) in a space of
     /// `num_parameters` parameters.
     pub fn warping(&self, values: &[Option<f64>], num_parameters: usize) -> Warping {
+        let (mut rank, mut log) = (self.rank_warping, self.log_warping);
         let power = match self.power_warping {
             PowerWarping::Off => Power::Off,
             PowerWarping::AllTrials => Power::Fitted,
@@ -279,12 +288,17 @@ impl GpBanditConfig {
                 let k = self.initial_trials(num_parameters).min(values.len());
                 fit_power(&values[..k], self.power_min_lambda)
             }
+            PowerWarping::Choose => {
+                let heavy = matches!(
+                    fit_power(values, f64::NEG_INFINITY),
+                    Power::Fixed { lambda, .. } if lambda >= self.power_choose_lambda
+                );
+                rank &= heavy;
+                log &= heavy;
+                Power::Off
+            }
         };
-        Warping {
-            rank: self.rank_warping,
-            log: self.log_warping,
-            power,
-        }
+        Warping { rank, log, power }
     }
 
     /// The new study's trials after which prior studies are no longer used.
@@ -322,10 +336,12 @@ impl GpBanditConfig {
                         0.0 => PowerWarping::Off,
                         1.0 => PowerWarping::AllTrials,
                         2.0 => PowerWarping::Initial,
-                        _ => return Err(format!("{kv}: expected 0, 1 or 2")),
+                        3.0 => PowerWarping::Choose,
+                        _ => return Err(format!("{kv}: expected 0, 1, 2 or 3")),
                     }
                 }
                 "power_min_lambda" => self.power_min_lambda = num(v)?,
+                "power_choose_lambda" => self.power_choose_lambda = num(v)?,
                 "batch_beta_growth" => self.batch_beta_growth = num(v)?,
                 "length_scale_prior_base" => self.length_scale_prior_base = num(v)?,
                 "noise_prior_mean" => self.noise_prior.0 = num(v)?,
