@@ -163,7 +163,12 @@ pub struct GpBanditConfig {
     pub rank_warping: bool,
     pub log_warping: bool,
     /// A Yeo-Johnson power transform of the targets with λ fitted per study by maximum
-    /// likelihood (see [`warp`]), after the half-rank and log warping if those are on.
+    /// likelihood (see [`warp`] and [`PowerWarping`]). Off: on the quality bench (seeds
+    /// 0–9, 44 cells, 32 met by default) replacing the half-rank and log warping with it
+    /// met 32 (Levy's bowl gets compressed too: its fitted λ rises to 2–3 as the GP samples
+    /// near good values), and the best variant, [`PowerWarping::Choose`] with λ ≥ 2,
+    /// met 34 but lost mixed_ackley6 with batches of 5 (median regret 2.68 against 2.23
+    /// at 50 trials; the reference's 2.46). See benches/quality/RESULTS.md.
     pub power_warping: PowerWarping,
     /// Least λ of [`PowerWarping::Initial`] (1: never stretch the bad tail).
     pub power_min_lambda: f64,
