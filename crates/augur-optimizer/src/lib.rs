@@ -19,7 +19,9 @@ pub use designer::{
     Algorithm, CompletedTrial, Designer, DesignerInput, DesignerOutput, Goal, MetricSpec, Outcome,
     PriorStudy, designer_for, is_safe, objective_metrics, outcome_is_safe,
 };
-pub use gp_bandit::{Acquisition, BatchAcquisition, GpBanditConfig, GpBanditDesigner};
+pub use gp_bandit::{
+    Acquisition, BatchAcquisition, GpBanditConfig, GpBanditDesigner, PowerWarping,
+};
 pub use grid::{DEFAULT_GRID_RESOLUTION, grid_size};
 pub use space::{Assignment, Child, Parameter, ParameterKind, Scale, SearchSpace, Value};
 pub use stopping::{StoppingRule, should_stop};

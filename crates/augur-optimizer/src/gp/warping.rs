@@ -9,16 +9,86 @@
 //! 3. Log warping near the best: with `t = (max − y)/(max − min)` in [0, 1],
 //!    `y ← ½ − ln(1 + (c−1)t)/ln c` (c = 1.5), which stretches differences among the best
 //!    values.
-//! 4. Standardization to zero mean and unit variance.
+//! 4. Optionally (off by default, [`Warping::power`]): a Yeo-Johnson power transform
+//!    (Yeo & Johnson 2000) of the standardized values whose λ maximizes the profile
+//!    likelihood of a normal model of the transformed values ([`fit_yeo_johnson`]), so a
+//!    heavy tail is compressed and a roughly symmetric sample is left nearly linear. λ
+//!    and the standardization it applies to are fitted either on the values warped
+//!    ([`Power::Fitted`]) or beforehand on another sample ([`Power::Fixed`], see
+//!    [`fit_power`]).
+//! 5. Standardization to zero mean and unit variance.
 
-/// Warp `values` (`None` = infeasible or failed; larger is better) into standardized GP
-/// targets. All-`None` or constant inputs give zeros.
-pub fn warp(values: &[Option<f64>]) -> Vec<f64> {
-    warp_with(values, true, true)
+/// Which optional steps of the output warping run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Warping {
+    /// Step 2, half-rank warping.
+    pub rank: bool,
+    /// Step 3, log warping near the best.
+    pub log: bool,
+    /// Step 4, the Yeo-Johnson power transform.
+    pub power: Power,
 }
 
-/// [`warp`], with step 2 only if `rank`, step 3 only if `log`.
-pub fn warp_with(values: &[Option<f64>], rank: bool, log: bool) -> Vec<f64> {
+/// Step 4 of the output warping.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Power {
+    Off,
+    /// λ fitted on the (standardized) values being warped.
+    Fitted,
+    /// `yeo_johnson((y − mean)/sd, lambda)`, from [`fit_power`].
+    Fixed {
+        lambda: f64,
+        mean: f64,
+        sd: f64,
+    },
+}
+
+/// Fit step 4 on `values` (`None` = infeasible or failed; larger is better, as for
+/// [`warp`]): the mean and sd of the feasible values and the λ in `[min_lambda, 5]` that
+/// maximizes the profile likelihood of their standardized values. [`Power::Off`] with fewer
+/// than 3 distinct finite values.
+pub fn fit_power(values: &[Option<f64>], min_lambda: f64) -> Power {
+    let y: Vec<f64> = values
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|v| v.is_finite())
+        .collect();
+    if y.len() < 3 || y.iter().all(|v| *v == y[0]) {
+        return Power::Off;
+    }
+    let n = y.len() as f64;
+    let mean = y.iter().sum::<f64>() / n;
+    let sd = (y.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n).sqrt();
+    if !(sd > 0.0 && sd.is_finite()) {
+        return Power::Off;
+    }
+    let z: Vec<f64> = y.iter().map(|v| (v - mean) / sd).collect();
+    let lambda = fit_yeo_johnson(&z).clamp(
+        min_lambda.min(YEO_JOHNSON_LAMBDA_RANGE.1),
+        YEO_JOHNSON_LAMBDA_RANGE.1,
+    );
+    Power::Fixed { lambda, mean, sd }
+}
+
+impl Default for Warping {
+    fn default() -> Self {
+        Warping {
+            rank: true,
+            log: true,
+            power: Power::Off,
+        }
+    }
+}
+
+/// Warp `values` (`None` = infeasible or failed; larger is better) into standardized GP
+/// targets with the default steps. All-`None` or constant inputs give zeros.
+pub fn warp(values: &[Option<f64>]) -> Vec<f64> {
+    warp_with(values, Warping::default())
+}
+
+/// [`warp`], with the steps `steps` selects.
+pub fn warp_with(values: &[Option<f64>], steps: Warping) -> Vec<f64> {
     let feasible: Vec<f64> = values
         .iter()
         .flatten()
@@ -42,14 +112,149 @@ pub fn warp_with(values: &[Option<f64>], rank: bool, log: bool) -> Vec<f64> {
             _ => penalty,
         })
         .collect();
-    if rank {
+    if steps.rank {
         half_rank(&mut y);
     }
-    if log {
+    if steps.log {
         log_warp(&mut y);
+    }
+    match steps.power {
+        Power::Off => {}
+        Power::Fitted => {
+            standardize(&mut y);
+            let lambda = fit_yeo_johnson(&y);
+            for v in y.iter_mut() {
+                *v = yeo_johnson(*v, lambda);
+            }
+        }
+        Power::Fixed { lambda, mean, sd } => {
+            for v in y.iter_mut() {
+                *v = yeo_johnson((*v - mean) / sd, lambda);
+            }
+        }
     }
     standardize(&mut y);
     y
+}
+
+/// Range searched for the Yeo-Johnson λ. λ = 1 is the identity; λ > 1 compresses the
+/// lower (bad) tail and stretches the upper one, λ < 1 the reverse; at λ ≥ 2 the lower
+/// tail is compressed at least logarithmically.
+pub const YEO_JOHNSON_LAMBDA_RANGE: (f64, f64) = (-3.0, 5.0);
+
+/// The Yeo-Johnson transform of `x` with power `lambda`: `((x+1)^λ − 1)/λ` for `x ≥ 0`,
+/// `−((1−x)^(2−λ) − 1)/(2−λ)` for `x < 0` (logarithms at λ = 0 and λ = 2). Strictly
+/// increasing in `x` for every λ.
+pub fn yeo_johnson(x: f64, lambda: f64) -> f64 {
+    const EPS: f64 = 1e-9;
+    if x >= 0.0 {
+        if lambda.abs() < EPS {
+            x.ln_1p()
+        } else {
+            ((lambda * x.ln_1p()).exp_m1()) / lambda
+        }
+    } else {
+        let mu = 2.0 - lambda;
+        if mu.abs() < EPS {
+            -(-x).ln_1p()
+        } else {
+            -((mu * (-x).ln_1p()).exp_m1()) / mu
+        }
+    }
+}
+
+/// The inverse of [`yeo_johnson`]: `x` with `yeo_johnson(x, lambda) == z`, for `z` in the
+/// transform's range (for λ < 0 the upper branch is bounded by `−1/λ`, for λ > 2 the lower
+/// one by `−1/(λ−2)`; values beyond map to ±∞).
+pub fn yeo_johnson_inverse(z: f64, lambda: f64) -> f64 {
+    const EPS: f64 = 1e-9;
+    if z >= 0.0 {
+        if lambda.abs() < EPS {
+            z.exp_m1()
+        } else {
+            let base = lambda * z + 1.0;
+            if base <= 0.0 {
+                return f64::INFINITY;
+            }
+            (base.ln() / lambda).exp_m1()
+        }
+    } else {
+        let mu = 2.0 - lambda;
+        if mu.abs() < EPS {
+            -(-z).exp_m1()
+        } else {
+            let base = 1.0 - mu * z;
+            if base <= 0.0 {
+                return f64::NEG_INFINITY;
+            }
+            -(base.ln() / mu).exp_m1()
+        }
+    }
+}
+
+/// Profile log-likelihood of λ: the transformed values modelled as i.i.d. normal with
+/// their own mean and variance, plus the log-Jacobian of the transform.
+fn yeo_johnson_log_likelihood(x: &[f64], lambda: f64) -> f64 {
+    let n = x.len() as f64;
+    let z: Vec<f64> = x.iter().map(|&v| yeo_johnson(v, lambda)).collect();
+    let mean = z.iter().sum::<f64>() / n;
+    let var = z.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
+    if !var.is_finite() || var <= 0.0 {
+        return f64::NEG_INFINITY;
+    }
+    let jacobian: f64 = x.iter().map(|&v| v.signum() * v.abs().ln_1p()).sum();
+    -0.5 * n * var.ln() + (lambda - 1.0) * jacobian
+}
+
+/// The Yeo-Johnson λ in [`YEO_JOHNSON_LAMBDA_RANGE`] maximizing the profile likelihood of
+/// `x` (a grid of 33 points, then golden-section search around the best). Deterministic;
+/// 1 (the identity) for fewer than 3 finite values or a constant sample.
+pub fn fit_yeo_johnson(x: &[f64]) -> f64 {
+    let x: Vec<f64> = x.iter().copied().filter(|v| v.is_finite()).collect();
+    if x.len() < 3 || x.iter().all(|v| *v == x[0]) {
+        return 1.0;
+    }
+    let (lo, hi) = YEO_JOHNSON_LAMBDA_RANGE;
+    const GRID: usize = 32;
+    let step = (hi - lo) / GRID as f64;
+    let ll = |l: f64| {
+        let v = yeo_johnson_log_likelihood(&x, l);
+        if v.is_nan() { f64::NEG_INFINITY } else { v }
+    };
+    let mut best = (1.0, ll(1.0));
+    for i in 0..=GRID {
+        let l = lo + step * i as f64;
+        let v = ll(l);
+        if v > best.1 {
+            best = (l, v);
+        }
+    }
+    if !best.1.is_finite() {
+        return 1.0;
+    }
+    // Golden-section search on the grid cell either side of the best grid point.
+    let (mut a, mut b) = ((best.0 - step).max(lo), (best.0 + step).min(hi));
+    let r = 0.5 * (5f64.sqrt() - 1.0);
+    let mut c = b - r * (b - a);
+    let mut d = a + r * (b - a);
+    let (mut fc, mut fd) = (ll(c), ll(d));
+    for _ in 0..40 {
+        if fc >= fd {
+            b = d;
+            d = c;
+            fd = fc;
+            c = b - r * (b - a);
+            fc = ll(c);
+        } else {
+            a = c;
+            c = d;
+            fc = fd;
+            d = a + r * (b - a);
+            fd = ll(d);
+        }
+    }
+    let (l, v) = if fc >= fd { (c, fc) } else { (d, fd) };
+    if v > best.1 { l } else { best.0 }
 }
 
 fn half_rank(y: &mut [f64]) {
@@ -212,5 +417,163 @@ mod tests {
         assert!(inverse_normal_cdf(0.5).abs() < 1e-9);
         assert!((inverse_normal_cdf(0.975) - 1.959_963_985).abs() < 1e-6);
         assert!((inverse_normal_cdf(0.001) + 3.090_232_306).abs() < 1e-6);
+    }
+
+    /// `n` exact standard normal quantiles, a deterministic "sample".
+    fn normal_quantiles(n: usize) -> Vec<f64> {
+        (0..n)
+            .map(|i| inverse_normal_cdf((i as f64 + 0.5) / n as f64))
+            .collect()
+    }
+
+    #[test]
+    fn yeo_johnson_is_strictly_increasing_and_invertible() {
+        let xs: Vec<f64> = (-80..=80).map(|i| i as f64 * 0.125).collect();
+        for lambda in [
+            -3.0,
+            -1.0,
+            -1e-12,
+            0.0,
+            0.5,
+            1.0,
+            1.7,
+            2.0,
+            2.0 + 1e-12,
+            3.0,
+            5.0,
+        ] {
+            let zs: Vec<f64> = xs.iter().map(|&x| yeo_johnson(x, lambda)).collect();
+            for w in zs.windows(2) {
+                assert!(w[1] > w[0], "λ = {lambda}: not increasing");
+            }
+            for (&x, &z) in xs.iter().zip(&zs) {
+                let back = yeo_johnson_inverse(z, lambda);
+                assert!(
+                    (back - x).abs() < 1e-9 * (1.0 + x.abs()),
+                    "λ = {lambda}: {x} → {z} → {back}"
+                );
+            }
+            assert_eq!(yeo_johnson(0.0, lambda), 0.0);
+        }
+        // λ = 1 is the identity.
+        for &x in &xs {
+            assert!((yeo_johnson(x, 1.0) - x).abs() < 1e-12);
+        }
+        // Outside a bounded branch's range the inverse is infinite, not NaN.
+        assert_eq!(yeo_johnson_inverse(2.0, -1.0), f64::INFINITY);
+        assert_eq!(yeo_johnson_inverse(-2.0, 3.0), f64::NEG_INFINITY);
+    }
+
+    #[test]
+    fn fitted_lambda_recovers_a_known_transform() {
+        let q = normal_quantiles(400);
+        for lambda in [-0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0] {
+            // x = T⁻¹(z) with z normal: T(x, λ) is normal, so the fit should find λ.
+            let x: Vec<f64> = q
+                .iter()
+                .map(|&z| yeo_johnson_inverse(0.3 + 0.3 * z, lambda))
+                .collect();
+            assert!(x.iter().all(|v| v.is_finite()));
+            let fitted = fit_yeo_johnson(&x);
+            assert!(
+                (fitted - lambda).abs() < 0.1,
+                "λ = {lambda}: fitted {fitted}"
+            );
+        }
+    }
+
+    #[test]
+    fn power_warping_compresses_a_heavy_tail_and_leaves_a_symmetric_sample_linear() {
+        // A symmetric sample: λ stays near 1 and the warped values stay affine in the input.
+        let sym = normal_quantiles(101);
+        let lambda = fit_yeo_johnson(&sym);
+        assert!((lambda - 1.0).abs() < 0.15, "symmetric: λ = {lambda}");
+        // A minimized metric spanning orders of magnitude (Rosenbrock-like), negated to
+        // "larger is better": the bad tail is compressed (λ > 1).
+        let heavy: Vec<Option<f64>> = normal_quantiles(60)
+            .iter()
+            .map(|z| Some(-(2.0 * z + 4.0).exp()))
+            .collect();
+        let steps = Warping {
+            rank: false,
+            log: false,
+            power: Power::Fitted,
+        };
+        let plain = warp_with(
+            &heavy,
+            Warping {
+                power: Power::Off,
+                ..steps
+            },
+        );
+        let warped = warp_with(&heavy, steps);
+        let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+        assert!(min(&plain) < -4.0, "the tail dominates unwarped");
+        assert!(min(&warped) > -3.5, "compressed: {}", min(&warped));
+        let mut standardized: Vec<f64> = heavy.iter().flatten().copied().collect();
+        standardize(&mut standardized);
+        assert!(fit_yeo_johnson(&standardized) > 1.5);
+    }
+
+    #[test]
+    fn power_warping_keeps_the_order_and_is_deterministic() {
+        let values = [Some(1.0), Some(-1e6), None, Some(3.0), Some(2.0), Some(2.5)];
+        let steps = Warping {
+            rank: false,
+            log: false,
+            power: Power::Fitted,
+        };
+        let y = warp_with(&values, steps);
+        let mean = y.iter().sum::<f64>() / y.len() as f64;
+        assert!(mean.abs() < 1e-9);
+        assert!(y[3] > y[5] && y[5] > y[4] && y[4] > y[0] && y[0] > y[1]);
+        assert!(y[2] <= y[1], "infeasible is worst");
+        assert!(y.iter().all(|v| v.is_finite()));
+        let again = warp_with(&values, steps);
+        assert_eq!(
+            y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            again.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        // With the other steps too, and degenerate inputs.
+        let all = Warping {
+            rank: true,
+            log: true,
+            power: Power::Fitted,
+        };
+        let z = warp_with(&values, all);
+        assert!(z[3] > z[5] && z[5] > z[4] && z[4] > z[0] && z[0] > z[1]);
+        assert_eq!(warp_with(&[Some(2.0), Some(2.0)], all), vec![0.0, 0.0]);
+        assert_eq!(warp_with(&[None, None], all), vec![0.0, 0.0]);
+        assert_eq!(fit_yeo_johnson(&[1.0, f64::NAN]), 1.0);
+    }
+
+    #[test]
+    fn power_fitted_on_one_sample_applies_to_others() {
+        let heavy: Vec<Option<f64>> = normal_quantiles(30)
+            .iter()
+            .map(|z| Some(-(2.0 * z + 4.0).exp()))
+            .collect();
+        let Power::Fixed { lambda, mean, sd } = fit_power(&heavy, 1.0) else {
+            panic!("expected a fitted transform");
+        };
+        assert!(lambda > 1.5 && sd > 0.0 && mean < 0.0, "λ = {lambda}");
+        // A symmetric sample with the least λ set above its fit gets that least λ.
+        let sym: Vec<Option<f64>> = normal_quantiles(30).into_iter().map(Some).collect();
+        assert!(matches!(fit_power(&sym, 1.3), Power::Fixed { lambda, .. } if lambda == 1.3));
+        assert_eq!(fit_power(&[Some(1.0), None, Some(1.0)], 1.0), Power::Off);
+        assert_eq!(fit_power(&[Some(1.0), Some(f64::NAN)], 1.0), Power::Off);
+        // Applied to a larger history (values beyond the fitted sample included), the
+        // warping keeps the order.
+        let steps = Warping {
+            rank: false,
+            log: false,
+            power: fit_power(&heavy, 1.0),
+        };
+        let mut more = heavy.clone();
+        more.extend([Some(-1e9), Some(0.0), None, Some(-0.5)]);
+        let y = warp_with(&more, steps);
+        assert!(y.iter().all(|v| v.is_finite()));
+        let n = heavy.len();
+        assert!(y[n + 1] > y[n + 3] && y[n + 3] > y[0] && y[0] > y[n] && y[n] >= y[n + 2]);
     }
 }

@@ -715,3 +715,32 @@ fn refinement_never_lowers_the_chosen_point_s_acquisition() {
         assert!(b >= a - 1e-12, "seed {seed}: refined UCB {b} < plain {a}");
     }
 }
+
+#[test]
+fn power_warping_knobs_select_the_warping_steps() {
+    let default = GpBanditConfig::default();
+    let heavy: Vec<Option<f64>> = (0..40).map(|i| Some(-((i as f64 * 0.3).exp()))).collect();
+    let even: Vec<Option<f64>> = (0..40).map(|i| Some(i as f64)).collect();
+    // Defaults: half-rank and log warping, no power transform.
+    assert_eq!(default.warping(&heavy, 4), Warping::default());
+    let choose = default.clone().with_overrides("power_warping=3").unwrap();
+    let w = choose.warping(&heavy, 4);
+    assert!(
+        w.rank && w.log && w.power == Power::Off,
+        "heavy tail: {w:?}"
+    );
+    let w = choose.warping(&even, 4);
+    assert!(!w.rank && !w.log && w.power == Power::Off, "no tail: {w:?}");
+    let all = default
+        .clone()
+        .with_overrides("shape_warping=0,power_warping=1")
+        .unwrap();
+    let w = all.warping(&heavy, 4);
+    assert!(!w.rank && !w.log && w.power == Power::Fitted);
+    let initial = default.clone().with_overrides("power_warping=2").unwrap();
+    assert!(matches!(
+        initial.warping(&heavy, 4).power,
+        Power::Fixed { lambda, .. } if lambda >= 1.0
+    ));
+    assert!(default.clone().with_overrides("power_warping=4").is_err());
+}
