@@ -723,7 +723,10 @@ fn power_warping_knobs_select_the_warping_steps() {
     let even: Vec<Option<f64>> = (0..40).map(|i| Some(i as f64)).collect();
     // Defaults: half-rank and log warping, no power transform.
     assert_eq!(default.warping(&heavy, 4), Warping::default());
-    let choose = default.clone().with_overrides("power_warping=3").unwrap();
+    let choose = default
+        .clone()
+        .with_overrides("power_warping=3")
+        .expect("valid knobs");
     let w = choose.warping(&heavy, 4);
     assert!(
         w.rank && w.log && w.power == Power::Off,
@@ -734,10 +737,13 @@ fn power_warping_knobs_select_the_warping_steps() {
     let all = default
         .clone()
         .with_overrides("shape_warping=0,power_warping=1")
-        .unwrap();
+        .expect("valid knobs");
     let w = all.warping(&heavy, 4);
     assert!(!w.rank && !w.log && w.power == Power::Fitted);
-    let initial = default.clone().with_overrides("power_warping=2").unwrap();
+    let initial = default
+        .clone()
+        .with_overrides("power_warping=2")
+        .expect("valid knobs");
     assert!(matches!(
         initial.warping(&heavy, 4).power,
         Power::Fixed { lambda, .. } if lambda >= 1.0
