@@ -5,48 +5,12 @@
 //!
 //! `cargo bench -p augur-optimizer --bench suggest` (release, one thread).
 
-use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::Duration;
 
-use augur_optimizer::test_functions::levy;
-use augur_optimizer::{
-    CompletedTrial, DesignerInput, Goal, MetricSpec, Outcome, Parameter, ParameterKind, Scale,
-    SearchSpace, designer_for,
-};
+use augur_optimizer::test_functions::levy_history;
+use augur_optimizer::{DesignerInput, Goal, MetricSpec, designer_for};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-
-fn space(d: usize) -> SearchSpace {
-    SearchSpace {
-        parameters: (0..d)
-            .map(|i| Parameter {
-                id: format!("x{i}"),
-                kind: ParameterKind::Double {
-                    min: -10.0,
-                    max: 10.0,
-                    scale: Scale::Linear,
-                },
-                children: vec![],
-            })
-            .collect(),
-    }
-}
-
-/// `n` completed trials at quasi-random points, scored by Levy.
-fn history(space: &SearchSpace, d: usize, n: usize) -> Vec<CompletedTrial> {
-    (0..n as u64)
-        .map(|k| {
-            let a = augur_optimizer::quasi_random::quasi_random_assignment(space, 7, k);
-            let x: Vec<f64> = (0..d)
-                .map(|i| a[&format!("x{i}")].as_f64().unwrap_or(0.0))
-                .collect();
-            CompletedTrial {
-                parameters: a,
-                outcome: Outcome::Measured(BTreeMap::from([("y".to_string(), levy(&x))])),
-            }
-        })
-        .collect()
-}
 
 fn bench(c: &mut Criterion) {
     let metrics = [MetricSpec {
@@ -60,9 +24,8 @@ fn bench(c: &mut Criterion) {
     group.warm_up_time(Duration::from_millis(500));
     group.measurement_time(Duration::from_secs(3));
     for d in [2usize, 10, 20] {
-        let space = space(d);
         for n in [10usize, 100, 1000] {
-            let completed = history(&space, d, n);
+            let (space, completed) = levy_history(d, n as u64);
             group.bench_with_input(BenchmarkId::new(format!("d{d}"), n), &n, |b, _| {
                 b.iter(|| {
                     let input = DesignerInput {
@@ -84,8 +47,7 @@ fn bench(c: &mut Criterion) {
     }
     // The service hands back the previous suggestion's fitted hyperparameters: the
     // common case once a study runs.
-    let space10 = space(10);
-    let completed = history(&space10, 10, 100);
+    let (space10, completed) = levy_history(10, 100);
     let first = |state: Option<&serde_json::Value>| {
         designer.suggest(&DesignerInput {
             space: &space10,

@@ -9,13 +9,10 @@
 //! trials), each suggestion from a cold start (a different seed each time), and prints the
 //! median and maximum CPU ms.
 
-use std::collections::BTreeMap;
-
-use augur_optimizer::quasi_random::quasi_random_assignment;
-use augur_optimizer::test_functions::levy;
+use augur_optimizer::test_functions::levy_history;
 use augur_optimizer::{
-    Algorithm, CompletedTrial, Designer, DesignerInput, Goal, GpBanditConfig, GpBanditDesigner,
-    MetricSpec, Outcome, Parameter, ParameterKind, Scale, SearchSpace, designer_for,
+    Algorithm, Designer, DesignerInput, Goal, GpBanditConfig, GpBanditDesigner, MetricSpec,
+    designer_for,
 };
 
 /// On-CPU nanoseconds of this thread so far (first field of schedstat).
@@ -34,19 +31,6 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(15);
     let d = 10;
-    let space = SearchSpace {
-        parameters: (0..d)
-            .map(|i| Parameter {
-                id: format!("x{i}"),
-                kind: ParameterKind::Double {
-                    min: -10.0,
-                    max: 10.0,
-                    scale: Scale::Linear,
-                },
-                children: vec![],
-            })
-            .collect(),
-    };
     let metrics = [MetricSpec {
         id: "y".into(),
         goal: Goal::Minimize,
@@ -63,18 +47,7 @@ fn main() {
         None => designer_for(Algorithm::GpBandit),
     };
     for n in [100u64, 1000] {
-        let completed: Vec<CompletedTrial> = (0..n)
-            .map(|k| {
-                let a = quasi_random_assignment(&space, 7, k);
-                let x: Vec<f64> = (0..d)
-                    .map(|i| a[&format!("x{i}")].as_f64().unwrap_or(0.0))
-                    .collect();
-                CompletedTrial {
-                    parameters: a,
-                    outcome: Outcome::Measured(BTreeMap::from([("y".to_string(), levy(&x))])),
-                }
-            })
-            .collect();
+        let (space, completed) = levy_history(d, n);
         let mut ms: Vec<f64> = Vec::new();
         for seed in 0..repeats {
             let input = DesignerInput {

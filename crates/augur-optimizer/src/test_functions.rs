@@ -419,6 +419,41 @@ pub fn ackley(x: &[f64]) -> f64 {
 
 /// Levy: `sin²(πw_1) + Σ (w_i − 1)²(1 + 10 sin²(πw_i + 1)) + (w_d − 1)²(1 + sin²(2πw_d))`,
 /// `w_i = 1 + (x_i − 1)/4`.
+/// The latency benches' fixture (`benches/suggest.rs`, `examples/suggest_cpu.rs`): `d`
+/// doubles `x0..` on Levy's box [−10, 10], and `n` completed trials at quasi-random points
+/// (seed 7) scored by Levy as metric `y`.
+pub fn levy_history(d: usize, n: u64) -> (SearchSpace, Vec<crate::designer::CompletedTrial>) {
+    let space = SearchSpace {
+        parameters: (0..d)
+            .map(|i| Parameter {
+                id: format!("x{i}"),
+                kind: ParameterKind::Double {
+                    min: -10.0,
+                    max: 10.0,
+                    scale: Scale::Linear,
+                },
+                children: vec![],
+            })
+            .collect(),
+    };
+    let completed = (0..n)
+        .map(|k| {
+            let a = crate::quasi_random::quasi_random_assignment(&space, 7, k);
+            let x: Vec<f64> = (0..d)
+                .map(|i| a[&format!("x{i}")].as_f64().unwrap_or(0.0))
+                .collect();
+            crate::designer::CompletedTrial {
+                parameters: a,
+                outcome: crate::designer::Outcome::Measured(std::collections::BTreeMap::from([(
+                    "y".to_string(),
+                    levy(&x),
+                )])),
+            }
+        })
+        .collect();
+    (space, completed)
+}
+
 pub fn levy(x: &[f64]) -> f64 {
     use std::f64::consts::PI;
     let w: Vec<f64> = x.iter().map(|v| 1.0 + (v - 1.0) / 4.0).collect();
