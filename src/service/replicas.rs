@@ -24,9 +24,9 @@ use crate::store::ReplicaRecord;
 
 /// A replica's lease lasts this long unless renewed: a replica killed outright is routed
 /// to for at most this long (and each forwarder stops at its first refused connection).
-pub const REPLICA_LEASE_TTL: Duration = Duration::from_secs(10);
+const REPLICA_LEASE_TTL: Duration = Duration::from_secs(10);
 /// How often a replica renews its lease and reads the others'.
-pub const REPLICA_RENEW_EVERY: Duration = Duration::from_secs(2);
+const REPLICA_RENEW_EVERY: Duration = Duration::from_secs(2);
 /// A replica that refused a connection is not routed to for this long.
 const DOWN_FOR: Duration = Duration::from_secs(10);
 
@@ -147,10 +147,6 @@ impl Replicas {
     pub fn is_secret(&self, presented: &str) -> bool {
         let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
         digest == self.secret_digest
-    }
-
-    pub fn id(&self) -> &str {
-        &self.me.id
     }
 }
 
