@@ -42,8 +42,13 @@ pub enum ApiError {
     /// 429 with `Retry-After`: the caller sent more than its rate limit allows.
     TooManyRequests { retry_after_secs: u64 },
     /// 503 with `Retry-After`: the database cannot be reached right now (it restarts, or
-    /// fails over); nothing was changed, or the change is unknown and safe to send again.
-    Unavailable { retry_after_secs: u64 },
+    /// fails over), or the replica a study's change was forwarded to failed before it
+    /// answered; nothing was changed, or the change is unknown and safe to send again.
+    Unavailable {
+        retry_after_secs: u64,
+        /// What cannot be reached: "the database", or "the replica serving this study".
+        what: &'static str,
+    },
     /// 500: logged with its cause; the client sees only that it happened.
     Internal(String),
 }
@@ -105,6 +110,7 @@ impl From<ServiceError> for ApiError {
                 tracing::warn!(%why, "answering 503: the database is unavailable");
                 ApiError::Unavailable {
                     retry_after_secs: RETRY_AFTER_OUTAGE_SECS,
+                    what: "the database",
                 }
             }
             ServiceError::Store(s) => ApiError::Internal(s.to_string()),
@@ -162,14 +168,15 @@ impl IntoResponse for ApiError {
                     None,
                 )
             }
-            ApiError::Unavailable { retry_after_secs } => {
+            ApiError::Unavailable {
+                retry_after_secs,
+                what,
+            } => {
                 retry_after = Some(retry_after_secs);
                 (
                     StatusCode::SERVICE_UNAVAILABLE,
                     "unavailable",
-                    format!(
-                        "the database cannot be reached right now; retry after {retry_after_secs} s"
-                    ),
+                    format!("{what} cannot be reached right now; retry after {retry_after_secs} s"),
                     None,
                 )
             }

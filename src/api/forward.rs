@@ -192,6 +192,7 @@ pub async fn to_study_owner(
             metrics::counter!("augur_forwarded_requests_total", "outcome" => "lost").increment(1);
             ApiError::Unavailable {
                 retry_after_secs: 1,
+                what: "the replica serving this study",
             }
             .into_response()
         }

@@ -80,7 +80,7 @@ impl AppState {
 #[openapi(
     info(
         title = "Augur",
-        description = "Self-hosted hyperparameter tuning: studies, trials, suggestions (ask/tell), measurements.\n\nTokens carry a role: reader (every GET), writer (also ask/tell: create studies, suggest, report; change, stop, delete its own studies), operator (also studies with a trial_job), admin (also tokens, the audit trail, every study); a trial token reads and reports to its own trial only. Any route may also answer 429 with Retry-After (a token past its rate limit, when one is configured) and 503 with Retry-After and code `unavailable` (the database cannot be reached right now): send the same request again after the wait.",
+        description = "Self-hosted hyperparameter tuning: studies, trials, suggestions (ask/tell), measurements.\n\nTokens carry a role: reader (every GET), writer (also ask/tell: create studies, suggest, report; change, stop, delete its own studies), operator (also studies with a trial_job), admin (also tokens, the audit trail, every study); a trial token reads and reports to its own trial only. Any route may also answer 429 with Retry-After (a token past its rate limit, when one is configured) and 503 with Retry-After and code `unavailable` (the database, or the replica serving a study's changes, cannot be reached right now): send the same request again after the wait.",
         license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
     // Recursive schemas are referenced, not inlined: they must be listed here.

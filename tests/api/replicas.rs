@@ -216,6 +216,75 @@ async fn a_killed_replicas_studies_are_served_by_the_others() {
     assert_eq!(metric(&a.base, FORWARDED).await, before);
 }
 
+/// An owner that takes a forwarded change and fails before answering: the change may or may
+/// not have been applied, so it is not served again here; the client gets 503 `unavailable`
+/// naming the replica, to send it again. (The owner here is a stand-in registered in the
+/// `replicas` table: it reads each request and closes the connection.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_lost_by_its_owner_is_answered_503_not_served_twice() {
+    let db = common::postgres_db().await;
+    let a = routed(&db, &[]);
+    a.wait_ready().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf).await;
+        }
+    });
+    let pool = sqlx::PgPool::connect(&db.url).await.expect("connect");
+    sqlx::query(
+        "INSERT INTO replicas (id, url, expires_at) VALUES ('stand-in', $1, now() + interval '1 hour')",
+    )
+    .bind(format!("http://127.0.0.1:{port}"))
+    .execute(&pool)
+    .await
+    .expect("stand-in registered");
+    until_live(&[&a.base], 2.0).await;
+    let studies = create_studies(&a.base, 20).await;
+    let http = common::http();
+    let mut lost = Vec::new();
+    for &study in &studies {
+        let path = format!("/v1/studies/{study}/suggest");
+        let answers = futures::future::join_all((0..3).map(|_| {
+            common::call(
+                &http,
+                &a.base,
+                Some(ADMIN),
+                Method::POST,
+                &path,
+                Some(json!({"count": 1})),
+            )
+        }))
+        .await;
+        for answer in answers {
+            match answer.status {
+                StatusCode::OK => {}
+                StatusCode::SERVICE_UNAVAILABLE => lost.push(answer.body),
+                other => panic!("study {study}: {other} {:?}", answer.body),
+            }
+        }
+    }
+    // The stand-in owns about half of the 20 studies.
+    assert!(!lost.is_empty(), "no change reached the stand-in");
+    for body in &lost {
+        assert_eq!(body["error"]["code"], "unavailable", "{body}");
+        let message = body["error"]["message"].as_str().unwrap_or("");
+        assert!(message.contains("replica serving this study"), "{body}");
+    }
+    let lost_here = metric(&a.base, "augur_forwarded_requests_total{outcome=\"lost\"}").await;
+    assert_eq!(lost_here, lost.len() as f64);
+    assert_eq!(
+        metric(&a.base, SERVED_HERE).await,
+        0.0,
+        "a lost change was served again"
+    );
+}
+
 /// A replica that stops (SIGTERM) leaves at once: the others stop routing to it without
 /// waiting for its lease to expire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
