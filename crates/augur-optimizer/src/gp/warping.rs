@@ -71,6 +71,33 @@ pub fn fit_power(values: &[Option<f64>], min_lambda: f64) -> Power {
     Power::Fixed { lambda, mean, sd }
 }
 
+/// How strongly `values` (as for [`fit_power`]) favour their fitted Yeo-Johnson λ̂ over
+/// `lambda0`: `(λ̂, ℓ(λ̂) − ℓ(λ0))` with ℓ the profile log-likelihood of the standardized
+/// feasible values. Twice the difference is asymptotically χ²₁ when λ0 is the true λ (Wilks
+/// 1938), so a difference above 1.92 rejects λ0 at the 5 % level. `None` with fewer than 3
+/// distinct finite values.
+pub fn power_evidence(values: &[Option<f64>], lambda0: f64) -> Option<(f64, f64)> {
+    let y: Vec<f64> = values
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|v| v.is_finite())
+        .collect();
+    if y.len() < 3 || y.iter().all(|v| *v == y[0]) {
+        return None;
+    }
+    let n = y.len() as f64;
+    let mean = y.iter().sum::<f64>() / n;
+    let sd = (y.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n).sqrt();
+    if !(sd > 0.0 && sd.is_finite()) {
+        return None;
+    }
+    let z: Vec<f64> = y.iter().map(|v| (v - mean) / sd).collect();
+    let lambda = fit_yeo_johnson(&z);
+    let gain = yeo_johnson_log_likelihood(&z, lambda) - yeo_johnson_log_likelihood(&z, lambda0);
+    gain.is_finite().then_some((lambda, gain.max(0.0)))
+}
+
 impl Default for Warping {
     fn default() -> Self {
         Warping {
@@ -513,6 +540,25 @@ mod tests {
         let mut standardized: Vec<f64> = heavy.iter().flatten().copied().collect();
         standardize(&mut standardized);
         assert!(fit_yeo_johnson(&standardized) > 1.5);
+    }
+
+    #[test]
+    fn power_evidence_rejects_a_far_lambda_only_with_enough_values() {
+        // Symmetric values (λ ≈ 1): λ0 = 2 is clearly worse with 101 values (a χ²₁
+        // statistic far above 3.84), much less so with 7, and λ0 = λ̂ costs nothing.
+        let many: Vec<Option<f64>> = normal_quantiles(101).into_iter().map(Some).collect();
+        let few: Vec<Option<f64>> = normal_quantiles(7).into_iter().map(Some).collect();
+        let (lambda, gain) = power_evidence(&many, 2.0).expect("enough values");
+        assert!((lambda - 1.0).abs() < 0.15 && gain > 5.0, "{lambda} {gain}");
+        let (_, small) = power_evidence(&few, 2.0).expect("enough values");
+        assert!(small < gain / 5.0, "7 values: {small}, 101: {gain}");
+        let (_, none) = power_evidence(&many, lambda).expect("enough values");
+        assert!(none.abs() < 1e-9);
+        // Infeasible trials are ignored; too few distinct values give no evidence.
+        assert_eq!(
+            power_evidence(&[Some(1.0), None, Some(1.0), Some(1.0)], 2.0),
+            None
+        );
     }
 
     #[test]

@@ -734,6 +734,27 @@ fn power_warping_knobs_select_the_warping_steps() {
     );
     let w = choose.warping(&even, 4);
     assert!(!w.rank && !w.log && w.power == Power::Off, "no tail: {w:?}");
+    // With a margin, a short history's λ below the threshold is not evidence enough.
+    let cautious = default
+        .clone()
+        .with_overrides("power_warping=3,power_choose_lambda=2,power_choose_margin=1.92")
+        .expect("valid knobs");
+    let short: Vec<Option<f64>> = even[..6].to_vec();
+    assert!(
+        choose
+            .clone()
+            .with_overrides("power_choose_lambda=2")
+            .expect("valid knobs")
+            .warping(&short, 4)
+            != Warping::default()
+    );
+    assert_eq!(
+        cautious.warping(&short, 4),
+        Warping::default(),
+        "short history"
+    );
+    let w = cautious.warping(&even, 4);
+    assert!(!w.rank && !w.log, "40 evenly spread values: {w:?}");
     let all = default
         .clone()
         .with_overrides("shape_warping=0,power_warping=1")
