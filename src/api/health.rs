@@ -61,8 +61,8 @@ pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     }
 }
 
-/// Prometheus metrics: requests and latencies by route, group-commit batch sizes, and
-/// trials by state.
+/// Prometheus metrics: requests and latencies by route, group-commit batch sizes, trials by
+/// state, and this process's database connections by pool.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses(
         (status = 200, description = "Prometheus text format", content_type = "text/plain", body = String),
@@ -85,6 +85,14 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             }
         }
         Err(error) => tracing::warn!(%error, "could not count trials for /metrics"),
+    }
+    // This process's pools: requests waiting long for a connection show here first.
+    for pool in state.service.store_connections() {
+        let busy = (pool.open as usize).saturating_sub(pool.idle);
+        metrics::gauge!("augur_db_connections", "pool" => pool.pool, "state" => "idle")
+            .set(pool.idle as f64);
+        metrics::gauge!("augur_db_connections", "pool" => pool.pool, "state" => "busy")
+            .set(busy as f64);
     }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],

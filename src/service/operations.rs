@@ -26,6 +26,11 @@ impl Service {
         Ok(self.store.count_all_trials().await?)
     }
 
+    /// The database connection pools' use right now.
+    pub fn store_connections(&self) -> Vec<crate::store::PoolUse> {
+        self.store.connections()
+    }
+
     /// `postgres` or `sqlite`.
     pub fn backend(&self) -> &'static str {
         self.store.backend()

@@ -103,6 +103,9 @@ pub enum Reply {
     /// may come back are still running).
     Suggested {
         trials: Vec<TrialRecord>,
+        /// How many of `trials`, at their end, this batch created: those have no
+        /// measurements yet, so nobody need read them.
+        created: usize,
         study_state: StudyState,
         retry_later: bool,
     },
@@ -355,7 +358,7 @@ impl StudyBatch {
         dispatched: bool,
     ) -> ServiceResult<Reply> {
         if self.study.state != StudyState::Active {
-            return Ok(self.suggested(Vec::new(), false));
+            return Ok(self.suggested(Vec::new(), 0, false));
         }
         // A worker that asks again gets back the trials it already holds.
         if let Some(client) = client_id.as_ref().filter(|_| !dispatched) {
@@ -376,7 +379,7 @@ impl StudyBatch {
                     }
                     self.changed.insert(t.id);
                 }
-                return Ok(self.suggested(held, false));
+                return Ok(self.suggested(held, 0, false));
             }
         }
         let mut handed = Vec::new();
@@ -399,6 +402,7 @@ impl StudyBatch {
                 self.changed.insert(id);
             }
         }
+        let resumed = handed.len();
         let wanted = (count - handed.len()) as u64;
         let new_count = wanted.min(self.free_slots()).min(self.budget_left()) as usize;
         if new_count > 0 {
@@ -416,7 +420,8 @@ impl StudyBatch {
             }
         }
         let retry_later = handed.is_empty();
-        Ok(self.suggested(handed, retry_later))
+        let created = handed.len() - resumed;
+        Ok(self.suggested(handed, created, retry_later))
     }
 
     /// The dispatcher's trials just handed out: count each one's first launch, with its
@@ -425,6 +430,7 @@ impl StudyBatch {
     fn count_first_launches(&mut self, reply: Reply, launch_tokens: Vec<String>) -> Reply {
         let Reply::Suggested {
             mut trials,
+            created,
             study_state,
             retry_later,
         } = reply
@@ -441,6 +447,7 @@ impl StudyBatch {
         }
         Reply::Suggested {
             trials,
+            created,
             study_state,
             retry_later,
         }
@@ -480,10 +487,11 @@ impl StudyBatch {
         designer.suggest(&input).suggestions
     }
 
-    fn suggested(&self, trials: Vec<TrialRecord>, retry_later: bool) -> Reply {
+    fn suggested(&self, trials: Vec<TrialRecord>, created: usize, retry_later: bool) -> Reply {
         let active = self.study.state == StudyState::Active;
         Reply::Suggested {
             trials,
+            created,
             study_state: self.study.state,
             retry_later: retry_later && active,
         }

@@ -71,13 +71,15 @@ impl Service {
                 ),
             ));
         }
-        let (trials, study_state, retry_later) = self
+        let handed = self
             .suggest_as(study_id, count.get(), Asker::Worker(client_id))
             .await?;
         Ok(Suggestions {
-            trials: self.trial_views(study_id, trials).await?,
-            study_state,
-            retry_after_secs: retry_later.then_some(RETRY_AFTER_SECS),
+            trials: self
+                .handed_trial_views(study_id, handed.trials, handed.created)
+                .await?,
+            study_state: handed.study_state,
+            retry_after_secs: handed.retry_later.then_some(RETRY_AFTER_SECS),
         })
     }
 
@@ -94,23 +96,19 @@ impl Service {
             client_id,
             launch_tokens,
         };
-        let (trials, study_state, _) = self.suggest_as(study_id, count, asker).await?;
+        let handed = self.suggest_as(study_id, count, asker).await?;
         Ok(DispatchedSuggestions {
-            trials: trials
+            trials: handed
+                .trials
                 .into_iter()
                 .map(super::DispatchedTrial::from)
                 .collect(),
-            study_state,
+            study_state: handed.study_state,
         })
     }
 
     /// The trials handed out, the study's state, and whether to ask again later.
-    async fn suggest_as(
-        &self,
-        study_id: i64,
-        count: usize,
-        asker: Asker,
-    ) -> ServiceResult<(Vec<TrialRecord>, StudyState, bool)> {
+    async fn suggest_as(&self, study_id: i64, count: usize, asker: Asker) -> ServiceResult<Handed> {
         let fixed = self.fixed_config(study_id).await?;
         let (client_id, dispatched, launch_tokens) = match asker {
             Asker::Worker(client) => (client, false, Vec::new()),
@@ -157,9 +155,15 @@ impl Service {
         match self.commits.submit(study_id, command).await? {
             Reply::Suggested {
                 trials,
+                created,
                 study_state,
                 retry_later,
-            } => Ok((trials, study_state, retry_later)),
+            } => Ok(Handed {
+                trials,
+                created,
+                study_state,
+                retry_later,
+            }),
             other => Err(unexpected(other)),
         }
     }
@@ -284,6 +288,15 @@ impl Service {
         }
         Ok(priors)
     }
+}
+
+/// What one suggest handed out: the trials (the last `created` of them new), the study's
+/// state, and whether to ask again later.
+struct Handed {
+    trials: Vec<TrialRecord>,
+    created: usize,
+    study_state: StudyState,
+    retry_later: bool,
 }
 
 /// Sets its flag when dropped: when the designer's future is abandoned, or done.

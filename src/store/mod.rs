@@ -79,10 +79,31 @@ pub async fn connect(url: &str) -> StoreResult<std::sync::Arc<dyn Store>> {
     }
 }
 
+/// One connection pool's use: connections open, and of those idle (not lent out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolUse {
+    /// `reads` (request handlers) or `commits` (study transactions).
+    pub pool: &'static str,
+    pub open: u32,
+    pub idle: usize,
+}
+
+impl PoolUse {
+    pub fn of<DB: sqlx::Database>(pool: &'static str, of: &sqlx::Pool<DB>) -> Self {
+        Self {
+            pool,
+            open: of.size(),
+            idle: of.num_idle(),
+        }
+    }
+}
+
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// `postgres` or `sqlite`.
     fn backend(&self) -> &'static str;
+    /// The connection pools' use right now, for `/metrics`.
+    fn connections(&self) -> Vec<PoolUse>;
     async fn ping(&self) -> StoreResult<()>;
 
     /// A new active study; `created_by` names the token that created it.

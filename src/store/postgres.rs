@@ -11,19 +11,44 @@ use sqlx::{FromRow, Row};
 use super::sql::{impl_sql_store, trial_cols};
 
 pub struct PostgresStore {
+    /// Reads and single statements: the request handlers' pool.
     pool: PgPool,
+    /// Study transactions (the commit lanes, one connection each): their own pool, so that a
+    /// lane never queues for a connection behind requests' reads. A lane that times out
+    /// waiting fails every command of its batch with 503; a read, only its own request.
+    commits: PgPool,
 }
+
+/// Connections for reads per process.
+const READ_CONNECTIONS: u32 = 32;
+/// Connections for study transactions per process: one per commit lane (at most 8), opened
+/// as the lanes first need them.
+const COMMIT_CONNECTIONS: u32 = 8;
+/// How long a request waits for a connection before it is answered 503.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl PostgresStore {
     pub async fn connect(url: &str) -> Result<Self, super::StoreError> {
         let pool = PgPoolOptions::new()
-            .max_connections(32)
-            .acquire_timeout(Duration::from_secs(10))
+            .max_connections(READ_CONNECTIONS)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect(url)
             .await?;
         // Migrations take an advisory lock, so replicas starting together apply them once.
         sqlx::migrate!("migrations/postgres").run(&pool).await?;
-        Ok(Self { pool })
+        let commits = PgPoolOptions::new()
+            .max_connections(COMMIT_CONNECTIONS)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect(url)
+            .await?;
+        Ok(Self { pool, commits })
+    }
+
+    fn pool_use(&self) -> Vec<super::PoolUse> {
+        vec![
+            super::PoolUse::of("reads", &self.pool),
+            super::PoolUse::of("commits", &self.commits),
+        ]
     }
 }
 
@@ -205,7 +230,7 @@ enum Prefetched {
 impl PostgresStudiesTx {
     fn begin(store: &PostgresStore) -> Box<dyn StudiesTx> {
         Box::new(PostgresStudiesTx {
-            pool: store.pool.clone(),
+            pool: store.commits.clone(),
             tx: None,
             prefetched: HashMap::new(),
             pending: Vec::new(),

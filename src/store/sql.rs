@@ -214,6 +214,10 @@ macro_rules! impl_sql_store {
                 $backend
             }
 
+            fn connections(&self) -> Vec<$crate::store::PoolUse> {
+                self.pool_use()
+            }
+
             #[tracing::instrument(skip_all)]
             async fn ping(&self) -> StoreResult<()> {
                 sqlx::query("SELECT 1").execute(&self.pool).await?;

@@ -37,6 +37,11 @@ impl SqliteStore {
         }
         Ok(Self { pool })
     }
+
+    /// One pool: SQLite's one writer needs no lane of its own.
+    fn pool_use(&self) -> Vec<super::PoolUse> {
+        vec![super::PoolUse::of("reads", &self.pool)]
+    }
 }
 
 /// The database file (and its WAL and shared-memory files) readable and writable by the

@@ -261,7 +261,8 @@ async fn hammer(bases: &[String], monitor: Monitor, load: Load) {
     let started = Instant::now();
     let clients: Vec<_> = (0..load.clients)
         .map(|n| {
-            let base = bases[n % bases.len()].clone();
+            // A study's clients take turns over the servers: every study meets both.
+            let base = bases[(n / study_ids.len()) % bases.len()].clone();
             let study_id = study_ids[n % study_ids.len()];
             tokio::spawn(client(n, base, study_id, ledger.clone(), done.clone()))
         })
@@ -428,6 +429,18 @@ async fn two_routed_replicas_keep_the_cap_and_the_budget_under_64_clients() {
     let (first, second, monitor) = two_replicas(&db, true).await;
     let bases = [first.base.clone(), second.base.clone()];
     hammer(&bases, monitor, ONE_STUDY).await;
+    assert_routed(&bases).await;
+}
+
+/// The same for 100 studies at once through two routing replicas: commands of many studies
+/// share transactions on each replica, a study's clients are spread over both, and the
+/// changes of a study whose commands overlap go to its owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_routed_replicas_keep_every_cap_of_100_studies() {
+    let db = common::postgres_db().await;
+    let (first, second, monitor) = two_replicas(&db, true).await;
+    let bases = [first.base.clone(), second.base.clone()];
+    hammer(&bases, monitor, MANY_STUDIES).await;
     assert_routed(&bases).await;
 }
 

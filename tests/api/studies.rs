@@ -309,6 +309,29 @@ async fn metrics_endpoint_reports_requests_and_trials(backend: &str) {
         text.contains("augur_http_request_duration_seconds"),
         "{text}"
     );
+    // This process's connection pools: PostgreSQL's commit lanes have their own; the suggest
+    // above opened one of its connections, and the scrape's count a read connection.
+    let pools: &[&str] = if backend == "postgres" {
+        &["reads", "commits"]
+    } else {
+        &["reads"]
+    };
+    for pool in ["reads", "commits"] {
+        let open: f64 = ["idle", "busy"]
+            .iter()
+            .map(|state| {
+                let series = format!("augur_db_connections{{pool=\"{pool}\",state=\"{state}\"}} ");
+                text.lines()
+                    .find_map(|l| l.strip_prefix(series.as_str())?.trim().parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            })
+            .sum();
+        if pools.contains(&pool) {
+            assert!(open >= 1.0, "{pool}: {open} connections open\n{text}");
+        } else {
+            assert!(!text.contains(&format!("pool=\"{pool}\"")), "{text}");
+        }
+    }
     let health = app.get("/healthz").await;
     assert_eq!(health.body["status"], "ok");
     assert_eq!(app.get("/readyz").await.status, StatusCode::OK);

@@ -14,6 +14,7 @@ on_both_backends!(
     suggest_never_exceeds_cap_or_budget_and_completes_study,
     client_id_gets_its_unfinished_trials_back,
     expired_lease_returns_trial_to_requested_with_same_parameters,
+    trials_handed_back_keep_their_measurements_beside_new_ones,
     added_trials_prior_results_and_requested_first,
     conditional_parameters_only_when_parent_matches,
 );
@@ -105,6 +106,39 @@ async fn expired_lease_returns_trial_to_requested_with_same_parameters(backend: 
     // The first worker lost it: its late report still lands on the trial (same parameters),
     // but asking again gives it nothing new while the cap is full.
     assert_eq!(suggest(&app, id, 1, Some("a")).await["trials"], json!([]));
+}
+
+/// A suggest reads the measurements of the trials it hands back (resumed by `client_id`, or
+/// back from an expired lease), and not of those it creates: in one answer, both.
+async fn trials_handed_back_keep_their_measurements_beside_new_ones(backend: &str) {
+    let app = app(backend).await;
+    let mut s = spec("random", 10, 2);
+    s["trial_lease_secs"] = json!(1);
+    let id = app.create_study(s).await;
+    let a = suggest(&app, id, 1, Some("a")).await;
+    assert_eq!(ids(&a["trials"]), vec![1]);
+    assert_eq!(a["trials"][0]["measurements"], json!([]));
+    let report = app
+        .post(
+            &format!("/v1/studies/{id}/trials/1/measurements"),
+            json!({"step": 3, "metrics": {"accuracy": 0.25}}),
+        )
+        .await;
+    assert_eq!(report.status, StatusCode::OK, "{}", report.body);
+    let resumed = suggest(&app, id, 1, Some("a")).await;
+    assert_eq!(ids(&resumed["trials"]), vec![1]);
+    assert_eq!(resumed["trials"][0]["measurements"][0]["step"], 3);
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    // Trial 1's lease expired: it goes first, with its measurement, then a new trial.
+    let b = suggest(&app, id, 2, Some("b")).await;
+    assert_eq!(ids(&b["trials"]), vec![1, 2]);
+    let measured = b["trials"][0]["measurements"]
+        .as_array()
+        .expect("measurements");
+    assert_eq!(measured.len(), 1, "{b}");
+    assert_eq!(measured[0]["step"], 3);
+    assert_eq!(measured[0]["metrics"]["accuracy"], 0.25);
+    assert_eq!(b["trials"][1]["measurements"], json!([]));
 }
 
 async fn added_trials_prior_results_and_requested_first(backend: &str) {
