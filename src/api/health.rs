@@ -11,6 +11,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::error::ErrorBody;
 use crate::model::TrialState;
+use crate::service::PoolConnections;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -86,18 +87,26 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         }
         Err(error) => tracing::warn!(%error, "could not count trials for /metrics"),
     }
-    // This process's pools: requests waiting long for a connection show here first.
-    for pool in state.service.store_connections() {
-        let busy = (pool.open as usize).saturating_sub(pool.idle);
-        metrics::gauge!("augur_db_connections", "pool" => pool.pool, "state" => "idle")
-            .set(pool.idle as f64);
-        metrics::gauge!("augur_db_connections", "pool" => pool.pool, "state" => "busy")
-            .set(busy as f64);
+    // This app's pools, written beside the process-wide recorder's text rather than through
+    // it: the recorder is shared by every app in the process (tests run several), a pool is not.
+    let mut text = state.metrics.render();
+    text.push_str(&connection_gauges(&state.service.store_connections()));
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+}
+
+/// `augur_db_connections{pool,state}` in Prometheus text format: idle and busy connections
+/// per pool; requests waiting long for a connection show here first.
+fn connection_gauges(pools: &[PoolConnections]) -> String {
+    let mut text = String::from("# TYPE augur_db_connections gauge\n");
+    for pool in pools {
+        for (state, n) in [("idle", pool.idle), ("busy", pool.busy)] {
+            text.push_str(&format!(
+                "augur_db_connections{{pool=\"{}\",state=\"{state}\"}} {n}\n",
+                pool.pool
+            ));
+        }
     }
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
-    )
+    text
 }
 
 /// This API's OpenAPI 3.1 document.

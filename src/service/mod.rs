@@ -43,6 +43,7 @@ use std::sync::{Arc, Mutex};
 
 pub use error::{ServiceError, ServiceResult};
 pub use job_policy::JobPolicy;
+pub use operations::PoolConnections;
 pub use paging::{Changes, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Page, cursor_after_seq};
 pub use replicas::{Peer, Replicas};
 pub use runners::{DispatchedTrial, RUNNER_LEASE_TTL, RunnerStudy};

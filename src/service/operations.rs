@@ -10,6 +10,15 @@ use crate::model::TrialCounts;
 /// connect for up to its acquire timeout (10 s), and a probe must not wait that long.
 const PING_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// One connection pool's connections: `reads` (request handlers) or `commits` (study
+/// transactions, PostgreSQL only).
+#[derive(Debug, Clone, Copy)]
+pub struct PoolConnections {
+    pub pool: &'static str,
+    pub idle: usize,
+    pub busy: usize,
+}
+
 impl Service {
     /// Ok when the database answers, within a second.
     pub async fn ping(&self) -> ServiceResult<()> {
@@ -26,9 +35,17 @@ impl Service {
         Ok(self.store.count_all_trials().await?)
     }
 
-    /// The database connection pools' use right now.
-    pub fn store_connections(&self) -> Vec<crate::store::PoolUse> {
-        self.store.connections()
+    /// This process's database connection pools, right now.
+    pub fn store_connections(&self) -> Vec<PoolConnections> {
+        self.store
+            .connections()
+            .into_iter()
+            .map(|pool| PoolConnections {
+                pool: pool.pool,
+                idle: pool.idle,
+                busy: (pool.open as usize).saturating_sub(pool.idle),
+            })
+            .collect()
     }
 
     /// `postgres` or `sqlite`.
