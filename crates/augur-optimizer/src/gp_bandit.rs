@@ -182,7 +182,7 @@ pub struct GpBanditConfig {
     /// [`PowerWarping::Choose`]: standardization alone only if the fitted λ's profile
     /// log-likelihood beats that of λ = `power_choose_lambda` by at least this much (see
     /// [`power_evidence`]; 0: whenever λ is below it). The half-rank and log warping stay
-    /// unless the trials clearly show no heavy bad tail. 0: with 1 or 1.92 (5 % level)
+    /// unless the trials clearly show no heavy bad tail. Measured: with 1 or 1.92 (5 % level)
     /// mixed_train5 and Branin get the default's results back, but Levy10 loses most of
     /// the chooser's gains (its λ < 2 is not yet significant by 50 trials): 31 and 30 of
     /// 44 cells met on seeds 0–9.
