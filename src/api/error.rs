@@ -43,12 +43,17 @@ pub enum ApiError {
     TooManyRequests { retry_after_secs: u64 },
     /// 503 with `Retry-After`: the database cannot be reached right now (it restarts, or
     /// fails over), or the replica a study's change was forwarded to failed before it
-    /// answered; nothing was changed, or the change is unknown and safe to send again.
+    /// answered; nothing was changed, or the change is unknown and safe to send again
+    /// (a forwarded change is applied once: the owner's own answer is never lost this way).
     Unavailable {
         retry_after_secs: u64,
         /// What cannot be reached: "the database", or "the replica serving this study".
         what: &'static str,
     },
+    /// 500, code `unanswered`: the database went out of reach while or just after the
+    /// change was committed; the message says which. Read the study or trial before
+    /// sending the request again (it may have been applied).
+    Unanswered(String),
     /// 500: logged with its cause; the client sees only that it happened.
     Internal(String),
 }
@@ -63,7 +68,7 @@ pub struct ErrorBody {
 pub struct ErrorDetail {
     /// invalid_argument, unauthenticated, permission_denied, not_found, method_not_allowed,
     /// failed_precondition, payload_too_large, unsupported_media_type, too_many_requests,
-    /// unavailable, internal
+    /// unavailable, unanswered, internal
     pub code: String,
     pub message: String,
     /// The offending field, e.g. `parameters[2].min`.
@@ -112,6 +117,10 @@ impl From<ServiceError> for ApiError {
                     retry_after_secs: RETRY_AFTER_OUTAGE_SECS,
                     what: "the database",
                 }
+            }
+            ServiceError::Unanswered(why) => {
+                tracing::warn!(%why, "answering 500: a change's outcome could not be told");
+                ApiError::Unanswered(why)
             }
             ServiceError::Store(s) => ApiError::Internal(s.to_string()),
             ServiceError::Internal(s) => ApiError::Internal(s),
@@ -180,6 +189,15 @@ impl IntoResponse for ApiError {
                     None,
                 )
             }
+            ApiError::Unanswered(why) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "unanswered",
+                format!(
+                    "{why}: read the study or trial to see whether it was, before sending \
+                     the request again"
+                ),
+                None,
+            ),
             ApiError::Internal(cause) => {
                 tracing::error!(%cause, "internal error");
                 (

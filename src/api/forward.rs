@@ -12,9 +12,9 @@
 //! replicas' secret in `x-augur-replica` and relays the answer. The owner checks the token
 //! again (handlers need the caller), skips the rate limit (already taken) and never sends a
 //! forwarded request further. If the owner refuses the connection, the request is served
-//! here (the study's row lock keeps that correct); if it fails after it was sent, the
-//! client gets `503` and may send it again, as after any outage: whether it was applied is
-//! unknown, and most changes are not safe to apply twice.
+//! here (the study's row lock keeps that correct); if it fails after it was sent, whether
+//! the change was applied is unknown, and most changes are not safe to apply twice: the
+//! client gets `500` with code `unanswered` (not `503`, which says nothing was done).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -190,10 +190,10 @@ pub async fn to_study_owner(
         Err(Failure::Lost(error)) => {
             tracing::warn!(owner = %owner.url, %error, "forwarded request lost");
             metrics::counter!("augur_forwarded_requests_total", "outcome" => "lost").increment(1);
-            ApiError::Unavailable {
-                retry_after_secs: 1,
-                what: "the replica serving this study",
-            }
+            ApiError::Unanswered(format!(
+                "the replica serving this study took the change and its answer was lost \
+                 ({error}); whether it was applied is unknown"
+            ))
             .into_response()
         }
     }

@@ -13,9 +13,11 @@ pub struct Client {
     http: reqwest::Client,
     base: String,
     token: Option<String>,
-    /// Ride out an outage: a 503 or 429 (after its `Retry-After`) and a dropped connection
-    /// are tried again, backing off, for up to `OUTAGE_PATIENCE`. For `augur worker`, whose
-    /// every call is safe to repeat; `study create` is not.
+    /// Ride out an outage: a 503 or 429 (after its `Retry-After`), a 500 `unanswered` (a
+    /// change caught in its commit) and a dropped connection are tried again, backing off,
+    /// for up to `OUTAGE_PATIENCE`. For `augur worker`, whose every call is safe to repeat
+    /// (a completion sent twice is refused the second time, which it takes as done);
+    /// `study create` is not.
     patient: bool,
 }
 
@@ -85,6 +87,12 @@ impl Client {
                         || *status == StatusCode::TOO_MANY_REQUESTS =>
                 {
                     Some(retry_after.unwrap_or(wait))
+                }
+                Ok((status, body, _))
+                    if *status == StatusCode::INTERNAL_SERVER_ERROR
+                        && body["error"]["code"] == "unanswered" =>
+                {
+                    Some(wait)
                 }
                 Err(CliError::Connection(_)) => Some(wait),
                 _ => None,

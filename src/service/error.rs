@@ -29,6 +29,12 @@ pub enum ServiceError {
     /// may succeed in a moment.
     #[error("{0}")]
     Unavailable(String),
+    /// A change the caller cannot be told the outcome of (500, code `unanswered`): the
+    /// database went out of reach during its commit (whether it was applied is unknown) or
+    /// just after it (it was applied; its answer could not be read). Not 503, which tells
+    /// a client that sending the request again is safe: here it may apply it twice.
+    #[error("{0}")]
+    Unanswered(String),
     /// Storage failed (500; the cause is logged, not shown).
     #[error(transparent)]
     Store(StoreError),
@@ -54,6 +60,30 @@ impl ServiceError {
 
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
         ServiceError::Invalid(ValidationError::new(field, message))
+    }
+}
+
+impl ServiceError {
+    /// This error, met while reading the answer to a change that is already committed:
+    /// an outage here must not say "nothing was done".
+    pub fn after_commit(self) -> Self {
+        match self {
+            ServiceError::Unavailable(why) => ServiceError::Unanswered(format!(
+                "the change was applied, but its answer could not be read ({why})"
+            )),
+            other => other,
+        }
+    }
+
+    /// This error, met while committing a change: the commit may have reached the disk.
+    pub fn during_commit(self) -> Self {
+        match self {
+            ServiceError::Unavailable(why) => ServiceError::Unanswered(format!(
+                "the database went out of reach during the commit ({why}); whether the \
+                 change was applied is unknown"
+            )),
+            other => other,
+        }
     }
 }
 

@@ -240,8 +240,8 @@ async fn apply_jobs(store: &dyn Store, tokens: &TokenCache, jobs: Vec<Job>) -> V
         }
         Err(error) => {
             // Whether the commit reached the disk is unknown: nothing may be replayed, and
-            // every caller hears that the database is out of reach (or failed).
-            let error = ServiceError::from(error);
+            // no caller may hear that nothing was done.
+            let error = ServiceError::from(error).during_commit();
             log_failure(&error);
             for (group, _) in applied {
                 group.fail(&error);
@@ -324,7 +324,7 @@ async fn replay_alone(
 fn log_failure(error: &ServiceError) {
     match error {
         ServiceError::NotFound(_) => tracing::debug!(%error, "no such study"),
-        ServiceError::Unavailable(_) => {
+        ServiceError::Unavailable(_) | ServiceError::Unanswered(_) => {
             tracing::warn!(%error, "study transaction failed: database unavailable")
         }
         _ => tracing::error!(%error, "study transaction failed"),
@@ -338,6 +338,7 @@ fn batch_error(error: &ServiceError) -> ServiceError {
         ServiceError::NotFound(what) => ServiceError::NotFound(what.clone()),
         // Nothing of the batch is known to be written: ask again later.
         ServiceError::Unavailable(why) => ServiceError::Unavailable(why.clone()),
+        ServiceError::Unanswered(why) => ServiceError::Unanswered(why.clone()),
         other => ServiceError::Internal(other.to_string()),
     }
 }

@@ -174,7 +174,15 @@ impl Service {
 
     async fn change_trial(&self, study_id: i64, command: Command) -> ServiceResult<Trial> {
         let record = self.change_trial_record(study_id, command).await?;
-        self.trial_view(study_id, record).await
+        self.answer_view(study_id, record).await
+    }
+
+    /// The view of a trial a committed change returned: its measurements are read after
+    /// the commit, so an outage now is no longer "nothing was done".
+    async fn answer_view(&self, study_id: i64, record: TrialRecord) -> ServiceResult<Trial> {
+        self.trial_view(study_id, record)
+            .await
+            .map_err(ServiceError::after_commit)
     }
 
     async fn trial_view(&self, study_id: i64, record: TrialRecord) -> ServiceResult<Trial> {
@@ -226,18 +234,23 @@ impl Service {
             Some(t) => Some(self.trial_view(record.id, t).await?),
             None => None,
         };
-        Ok(Study {
-            id: record.id,
-            name: record.name,
-            state: record.state,
-            state_reason: record.state_reason,
-            spec: record.spec,
-            trial_counts: record.trial_counts,
-            best_trial,
-            created_by: record.created_by,
-            created_at: record.created_at,
-            updated_at: record.updated_at,
-        })
+        Ok(study_of(record, best_trial))
+    }
+}
+
+/// A study as the API shows it.
+fn study_of(record: StudyRecord, best_trial: Option<Trial>) -> Study {
+    Study {
+        id: record.id,
+        name: record.name,
+        state: record.state,
+        state_reason: record.state_reason,
+        spec: record.spec,
+        trial_counts: record.trial_counts,
+        best_trial,
+        created_by: record.created_by,
+        created_at: record.created_at,
+        updated_at: record.updated_at,
     }
 }
 

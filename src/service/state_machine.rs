@@ -158,7 +158,9 @@ impl StudyBatch {
             return Err(ServiceError::NotFound(format!("study {study_id}")));
         };
         let (outcome, tx) = Self::apply_locked(tx, commands).await?;
-        tx.commit().await?;
+        tx.commit()
+            .await
+            .map_err(|e| ServiceError::from(e).during_commit())?;
         Ok(outcome)
     }
 

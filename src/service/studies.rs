@@ -48,7 +48,9 @@ impl Service {
             Some(record.name.clone()),
         )
         .await;
-        self.study_view(record).await
+        // A new study has no best trial: nothing to read after the insert (an outage now
+        // would answer 503, "nothing was done", for a study that exists).
+        Ok(super::study_of(record, None))
     }
 
     /// The study an earlier run of the same spec made (same name and spec, active or
@@ -166,7 +168,9 @@ impl Service {
         match self.commits.submit(study_id, command).await? {
             Reply::Study(record) => {
                 self.notify(study_id);
-                self.study_view(*record).await
+                self.study_view(*record)
+                    .await
+                    .map_err(ServiceError::after_commit)
             }
             other => Err(unexpected(other)),
         }

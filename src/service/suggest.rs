@@ -77,7 +77,8 @@ impl Service {
         Ok(Suggestions {
             trials: self
                 .handed_trial_views(study_id, handed.trials, handed.created)
-                .await?,
+                .await
+                .map_err(ServiceError::after_commit)?,
             study_state: handed.study_state,
             retry_after_secs: handed.retry_later.then_some(RETRY_AFTER_SECS),
         })

@@ -120,7 +120,7 @@ impl Service {
         let record = self
             .measurement_command(study_id, trial_id, measurement)
             .await?;
-        self.trial_view(study_id, record).await
+        self.answer_view(study_id, record).await
     }
 
     /// `add_measurement` without the trial's view (a read of all its measurements): for the
@@ -158,7 +158,7 @@ impl Service {
         outcome: Completion,
     ) -> ServiceResult<Trial> {
         let record = self.completion_command(study_id, trial_id, outcome).await?;
-        self.trial_view(study_id, record).await
+        self.answer_view(study_id, record).await
     }
 
     /// `complete_trial` without the trial's view (see `record_measurement`).

@@ -1,7 +1,8 @@
 //! A database outage under load: PostgreSQL stopped and started again (down 12 s) while 16
 //! ask/tell clients, a dispatched study and an `augur worker` keep a real `augur serve`
 //! busy. Requests meanwhile
-//! are answered `503` with `Retry-After` and code `unavailable`, never `500`; `/readyz` turns
+//! are answered `503` with `Retry-After` and code `unavailable` (or, for a change caught in
+//! its commit, `500` with code `unanswered`), never another `5xx`; `/readyz` turns
 //! not-ready and back; no acknowledged completion is lost; every study completes, the
 //! dispatched one without a failed trial.
 //!
@@ -152,6 +153,8 @@ struct Seen {
     bad_503: Vec<String>,
     completed: BTreeSet<i64>,
     connection_errors: usize,
+    /// 500s with code `unanswered` (counted in `statuses` too).
+    unanswered: usize,
 }
 
 /// `POST path body`, again after a 503 (waiting `Retry-After`) or a dropped connection,
@@ -175,6 +178,16 @@ async fn post_until_answered(
                 let body: Value = response.json().await.unwrap_or(Value::Null);
                 let mut s = seen.lock().await;
                 *s.statuses.entry(status.as_u16()).or_default() += 1;
+                // A change caught in its commit: sent again, as a client would these
+                // (suggest with a client id hands out the same trials; complete answers 409).
+                if status == StatusCode::INTERNAL_SERVER_ERROR
+                    && body["error"]["code"] == "unanswered"
+                {
+                    s.unanswered += 1;
+                    drop(s);
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
                 if status == StatusCode::SERVICE_UNAVAILABLE {
                     if retry_after.is_none() || body["error"]["code"] != "unavailable" {
                         s.bad_503.push(body.to_string());
@@ -398,7 +411,10 @@ async fn a_postgres_restart_under_load_answers_503_and_loses_nothing() {
 
     let statuses = format!("{:?}", seen.statuses);
     assert!(
-        !seen.statuses.keys().any(|s| *s >= 500 && *s != 503),
+        !seen
+            .statuses
+            .iter()
+            .any(|(s, n)| *s >= 500 && *s != 503 && !(*s == 500 && *n == seen.unanswered)),
         "answers by status {statuses} (restart after {restarted_at} completions)"
     );
     assert!(seen.bad_503.is_empty(), "{:?}", seen.bad_503);
@@ -459,4 +475,153 @@ async fn a_postgres_restart_under_load_answers_503_and_loses_nothing() {
     );
     drop(server);
     drop(cluster);
+}
+
+/// A change committed just before the database went out of reach is answered `500` with
+/// code `unanswered`, never `503`: a client sends a request answered 503 again (it says
+/// nothing was done), and a completion sent again is refused (409), a trial added again is
+/// added twice. The outage is made on the shared server: the app connects as a role of its
+/// own, whose connections are cut and then limited to one, which the completion's commit
+/// takes; reading the trial back after the commit finds no connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_committed_before_an_outage_is_not_answered_503() {
+    use sqlx::Connection;
+    let db = common::postgres_db().await;
+    let mut admin = sqlx::PgConnection::connect(&db.url).await.expect("admin");
+    let role = format!("{}_app", db.url.rsplit('/').next().expect("database name"));
+    let run = |sql: String| sqlx::query(sqlx::AssertSqlSafe(sql));
+    run(format!("CREATE ROLE {role} LOGIN PASSWORD 'app'"))
+        .execute(&mut admin)
+        .await
+        .expect("create role");
+    run(format!("GRANT ALL ON SCHEMA public TO {role}"))
+        .execute(&mut admin)
+        .await
+        .expect("grant");
+    let _drop_role = DropRole(role.clone());
+    let (_, host_and_db) = db.url.split_once('@').expect("user@host in the URL");
+    let app_url = format!("postgres://{role}:app@{host_and_db}");
+    // No dispatcher: nothing but this test's requests may take the one connection.
+    let app = common::spawn_app_configured(db, |c| {
+        c.database_url = app_url;
+        c.dispatch = false;
+    })
+    .await;
+
+    let study = app.create_study(common::spec("random", 10, 1)).await;
+    let suggested = app
+        .post(&format!("/v1/studies/{study}/suggest"), json!({"count": 1}))
+        .await;
+    assert_eq!(suggested.status, StatusCode::OK, "{:?}", suggested.body);
+    let trial = suggested.body["trials"][0]["id"]
+        .as_i64()
+        .expect("trial id");
+
+    // Cut the app's connections; from now on it may hold one.
+    run(format!("ALTER ROLE {role} CONNECTION LIMIT 1"))
+        .execute(&mut admin)
+        .await
+        .expect("limit");
+    let cut =
+        format!("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'");
+    run(cut).execute(&mut admin).await.expect("terminate");
+    common::eventually(
+        "the app's connections are gone",
+        Duration::from_secs(10),
+        || {
+            let count = format!("SELECT count(*) FROM pg_stat_activity WHERE usename = '{role}'");
+            let url = app.db.url.clone();
+            async move {
+                let mut c = sqlx::PgConnection::connect(&url)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(count))
+                    .fetch_one(&mut c)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if n == 0 {
+                    Ok(())
+                } else {
+                    Err(format!("{n} connections left"))
+                }
+            }
+        },
+    )
+    .await;
+
+    let answer = app
+        .post(
+            &format!("/v1/studies/{study}/trials/{trial}/complete"),
+            json!({"metrics": {"accuracy": 0.9}}),
+        )
+        .await;
+    let state: String =
+        sqlx::query_scalar("SELECT state FROM trials WHERE study_id = $1 AND id = $2")
+            .bind(study)
+            .bind(trial)
+            .fetch_one(&mut admin)
+            .await
+            .expect("trial row");
+    assert_eq!(state, "completed", "the commit went through");
+    assert_eq!(
+        answer.status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "a committed completion answered as if nothing was done: {:?}",
+        answer.body
+    );
+    assert_eq!(
+        answer.body["error"]["code"], "unanswered",
+        "{:?}",
+        answer.body
+    );
+    let message = answer.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("was applied"), "{message}");
+
+    // Connections back: the trial reads as completed, and sending the completion again is
+    // refused, as a client reading the 500 is told to expect.
+    run(format!("ALTER ROLE {role} CONNECTION LIMIT -1"))
+        .execute(&mut admin)
+        .await
+        .expect("unlimit");
+    let read = app
+        .get(&format!("/v1/studies/{study}/trials/{trial}"))
+        .await;
+    assert_eq!(read.body["state"], "completed", "{:?}", read.body);
+    let again = app
+        .post(
+            &format!("/v1/studies/{study}/trials/{trial}/complete"),
+            json!({"metrics": {"accuracy": 0.9}}),
+        )
+        .await;
+    assert_eq!(again.status, StatusCode::CONFLICT, "{:?}", again.body);
+}
+
+/// Drops a test's role once its database is gone (declared before the app, so dropped
+/// after it, pass or fail).
+struct DropRole(String);
+
+impl Drop for DropRole {
+    fn drop(&mut self) {
+        let role = self.0.clone();
+        let _ = std::thread::spawn(move || {
+            use sqlx::Connection;
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async {
+                if let Ok(mut conn) =
+                    sqlx::PgConnection::connect(&common::postgres_admin_url()).await
+                {
+                    let sql = format!("DROP ROLE IF EXISTS {role}");
+                    let _ = sqlx::query(sqlx::AssertSqlSafe(sql))
+                        .execute(&mut conn)
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
 }
