@@ -602,26 +602,6 @@ struct DropRole(String);
 
 impl Drop for DropRole {
     fn drop(&mut self) {
-        let role = self.0.clone();
-        let _ = std::thread::spawn(move || {
-            use sqlx::Connection;
-            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            runtime.block_on(async {
-                if let Ok(mut conn) =
-                    sqlx::PgConnection::connect(&common::postgres_admin_url()).await
-                {
-                    let sql = format!("DROP ROLE IF EXISTS {role}");
-                    let _ = sqlx::query(sqlx::AssertSqlSafe(sql))
-                        .execute(&mut conn)
-                        .await;
-                }
-            });
-        })
-        .join();
+        common::admin_sql_from_drop(format!("DROP ROLE IF EXISTS {}", self.0));
     }
 }

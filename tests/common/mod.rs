@@ -75,29 +75,32 @@ pub struct TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        let Some(name) = self.pg_name.take() else {
+        if let Some(name) = self.pg_name.take() {
+            admin_sql_from_drop(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+        }
+    }
+}
+
+/// Run `sql` on the PostgreSQL admin connection, best effort, from a `Drop` (synchronous,
+/// and maybe inside a runtime: on a thread with its own).
+pub fn admin_sql_from_drop(sql: String) {
+    let _ = std::thread::spawn(move || {
+        use sqlx::Connection;
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
             return;
         };
-        // Drop is synchronous and may run inside a runtime: use a thread with its own.
-        let _ = std::thread::spawn(move || {
-            use sqlx::Connection;
-            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            runtime.block_on(async {
-                if let Ok(mut conn) = sqlx::PgConnection::connect(&postgres_admin_url()).await {
-                    let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
-                    let _ = sqlx::query(sqlx::AssertSqlSafe(sql))
-                        .execute(&mut conn)
-                        .await;
-                }
-            });
-        })
-        .join();
-    }
+        runtime.block_on(async {
+            if let Ok(mut conn) = sqlx::PgConnection::connect(&postgres_admin_url()).await {
+                let _ = sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .execute(&mut conn)
+                    .await;
+            }
+        });
+    })
+    .join();
 }
 
 pub fn sqlite_db() -> TestDb {
