@@ -97,3 +97,30 @@ impl From<StoreError> for ServiceError {
 }
 
 pub type ServiceResult<T> = Result<T, ServiceError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_outage_once_a_change_may_be_committed_is_unanswered_not_unavailable() {
+        let outage = || ServiceError::Unavailable("connection reset".into());
+        let ServiceError::Unanswered(after) = outage().after_commit() else {
+            panic!("after the commit: still unavailable");
+        };
+        assert!(after.contains("was applied") && after.contains("connection reset"));
+        let ServiceError::Unanswered(during) = outage().during_commit() else {
+            panic!("during the commit: still unavailable");
+        };
+        assert!(during.contains("unknown") && during.contains("connection reset"));
+        // Other errors say what they said.
+        assert!(matches!(
+            ServiceError::NotFound("trial 3".into()).after_commit(),
+            ServiceError::NotFound(_)
+        ));
+        assert!(matches!(
+            ServiceError::conflict("finished").during_commit(),
+            ServiceError::Conflict { .. }
+        ));
+    }
+}
