@@ -432,6 +432,16 @@ impl Posterior {
         })
     }
 
+    /// Log marginal likelihood of the outputs conditioned on (Rasmussen & Williams 2006,
+    /// eq. 5.8): `−½ yᵀα − ½ ln|K| − n/2 ln 2π`, with `ln|K| = −2 Σ ln (L⁻¹)ᵢᵢ`. `None`
+    /// for a covariance-only posterior.
+    pub fn log_marginal_likelihood(&self) -> Option<f64> {
+        let (alpha, y) = (self.alpha.as_ref()?, self.y.as_ref()?);
+        let n = y.len() as f64;
+        let half_log_det: f64 = -(0..y.len()).map(|i| self.l_inv[(i, i)].ln()).sum::<f64>();
+        Some(-0.5 * y.dot(alpha) - half_log_det - 0.5 * n * (2.0 * std::f64::consts::PI).ln())
+    }
+
     /// Leave-one-out predictive means of the outputs conditioned on, without refits
     /// (Rasmussen & Williams 2006, §5.4.2, eq. 5.12): with `α = K⁻¹y`,
     /// `μ₋ᵢ = yᵢ − αᵢ/[K⁻¹]ᵢᵢ`, the mean at `xᵢ` of the same GP (same hyperparameters, noise
@@ -596,8 +606,23 @@ mod tests {
                 mean[0]
             );
         }
-        let covariance_only = Posterior::new(h, x, None).expect("factorizes");
+        let covariance_only = Posterior::new(h.clone(), x.clone(), None).expect("factorizes");
         assert!(covariance_only.loo_means().is_none());
+        // The log marginal likelihood is the negative log posterior without its prior
+        // terms: compare with a dense computation.
+        let k = kernel_matrix(&h, &x) + DMatrix::identity(x.len(), x.len()) * h.noise;
+        let kinv = k.clone().try_inverse().expect("invertible");
+        let dense = -0.5 * y.dot(&(&kinv * &y))
+            - 0.5 * k.determinant().ln()
+            - 0.5 * x.len() as f64 * (2.0 * std::f64::consts::PI).ln();
+        let lml = Posterior::new(h, x, Some(&y))
+            .expect("factorizes")
+            .log_marginal_likelihood()
+            .expect("has outputs");
+        assert!(
+            (lml - dense).abs() < 1e-6 * dense.abs().max(1.0),
+            "{lml} against {dense}"
+        );
     }
 
     #[test]
