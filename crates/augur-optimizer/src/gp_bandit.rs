@@ -200,14 +200,18 @@ pub struct GpBanditConfig {
     /// the chooser's Levy gains. [`WarpingChoice::Likelihood`] keeps every heavy-tailed
     /// problem warped (Branin, Rosenbrock, mixed_train5: the default's figures) but
     /// standardizes Levy only now and then: 32 met, as with a margin of −3 nats (more
-    /// standardization: Levy10 off-centre's batches gain, mixed_ackley6's batches lose).
-    /// See benches/quality/RESULTS.md (opt-16).
+    /// standardization: Levy10 off-centre's batches gain, mixed_ackley6's batches lose) and
+    /// as the λ chooser's guard with −5 nats; [`WarpingChoice::LooLikelihood`] met 30. The
+    /// second fit costs ~18 ms of CPU at 100 trials (d = 10: ~40 ms a suggestion instead of
+    /// 22). See benches/quality/RESULTS.md (opt-16).
     pub warping_choice: WarpingChoice,
     /// [`WarpingChoice::LooRank`]: the share of the training points, best first by
     /// observed value, whose leave-one-out ranking is scored (1: all of them).
     pub warping_choice_top: f64,
-    /// [`WarpingChoice::LooRank`]: standardization alone is used only if its model's score
-    /// beats the warped model's by more than this (ties keep the warping).
+    /// [`WarpingChoice::LooRank`] and [`WarpingChoice::Likelihood`]: standardization alone
+    /// is used only if its model's score beats the warped model's by more than this (in
+    /// Spearman's correlation or in nats; ties keep the warping, a negative margin favours
+    /// standardization).
     pub warping_choice_margin: f64,
     /// With k pending points (running trials and the batch's earlier suggestions), UCB's
     /// β is multiplied by `1 + g min(k, 4)`.
@@ -287,6 +291,12 @@ pub enum WarpingChoice {
     /// training points ([`Posterior::log_marginal_likelihood`], [`log_jacobian`], whose
     /// half-rank derivative comes from a smooth surrogate); the margin is in nats.
     Likelihood,
+    /// As [`WarpingChoice::Likelihood`] with the leave-one-out log predictive probability
+    /// ([`Posterior::loo_log_predictive`]) in place of the marginal likelihood: each
+    /// point's density given the others, on the values' own scale (a cross-validation
+    /// score, less tied to the model being right than the marginal likelihood; Rasmussen &
+    /// Williams 2006, §5.4.2).
+    LooLikelihood,
 }
 
 impl Default for GpBanditConfig {
@@ -418,7 +428,8 @@ impl GpBanditConfig {
                         0.0 => WarpingChoice::Fixed,
                         1.0 => WarpingChoice::LooRank,
                         2.0 => WarpingChoice::Likelihood,
-                        _ => return Err(format!("{kv}: expected 0, 1 or 2")),
+                        3.0 => WarpingChoice::LooLikelihood,
+                        _ => return Err(format!("{kv}: expected 0, 1, 2 or 3")),
                     }
                 }
                 "warping_choice_top" => self.warping_choice_top = num(v)?,
@@ -474,7 +485,7 @@ struct GpState {
     /// `θ` per modelled metric (objectives: fitted to the configured warping's targets).
     theta: Vec<Vec<f64>>,
     /// Per objective, `θ` fitted to the standardized targets when the warping was chosen
-    /// per fit ([`WarpingChoice::LooRank`]), so each of the two fits starts from its own.
+    /// per fit (see [`WarpingChoice`]), so each of the two fits starts from its own.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     standardized_theta: Vec<Option<Vec<f64>>>,
     /// Per objective, whether that choice standardized the targets this time (a record of
@@ -808,7 +819,8 @@ impl Model {
             };
             let proposed = config.warping(v, encoder.num_parameters());
             // With the per-fit choice and the λ chooser, λ proposes standardization and the
-            // leave-one-out ranking must confirm it; otherwise the ranking alone decides.
+            // score (leave-one-out ranking or likelihood) must confirm it; otherwise the
+            // score alone decides.
             let (warping, compare) = match (config.warping_choice, config.power_warping) {
                 (WarpingChoice::Fixed, _) => (proposed, false),
                 (_, PowerWarping::Choose) => (
@@ -895,6 +907,10 @@ impl Model {
                             ),
                             WarpingChoice::Likelihood => Some(
                                 posterior.log_marginal_likelihood()?
+                                    + log_jacobian(&train_values, steps)?,
+                            ),
+                            WarpingChoice::LooLikelihood => Some(
+                                posterior.loo_log_predictive()?
                                     + log_jacobian(&train_values, steps)?,
                             ),
                             WarpingChoice::Fixed => None,

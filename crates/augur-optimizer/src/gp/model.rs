@@ -442,6 +442,27 @@ impl Posterior {
         Some(-0.5 * y.dot(alpha) - half_log_det - 0.5 * n * (2.0 * std::f64::consts::PI).ln())
     }
 
+    /// Leave-one-out log predictive probability of the outputs conditioned on
+    /// (Rasmussen & Williams 2006, §5.4.2, eqs. 5.10–5.12): `Σᵢ ln p(yᵢ | y₋ᵢ)` with
+    /// `p(yᵢ | y₋ᵢ) = N(μ₋ᵢ, σ²₋ᵢ)`, `σ²₋ᵢ = 1/[K⁻¹]ᵢᵢ` (noise included) and `μ₋ᵢ` as in
+    /// [`Posterior::loo_means`]. `None` for a covariance-only posterior.
+    pub fn loo_log_predictive(&self) -> Option<f64> {
+        let alpha = self.alpha.as_ref()?;
+        let n = alpha.len();
+        Some(
+            (0..n)
+                .map(|i| {
+                    let kinv_ii = self.l_inv.column(i).rows(i, n - i).norm_squared();
+                    // yᵢ − μ₋ᵢ = αᵢ/[K⁻¹]ᵢᵢ.
+                    let residual = alpha[i] / kinv_ii;
+                    0.5 * kinv_ii.ln()
+                        - 0.5 * residual * residual * kinv_ii
+                        - 0.5 * (2.0 * std::f64::consts::PI).ln()
+                })
+                .sum(),
+        )
+    }
+
     /// Leave-one-out predictive means of the outputs conditioned on, without refits
     /// (Rasmussen & Williams 2006, §5.4.2, eq. 5.12): with `α = K⁻¹y`,
     /// `μ₋ᵢ = yᵢ − αᵢ/[K⁻¹]ᵢᵢ`, the mean at `xᵢ` of the same GP (same hyperparameters, noise
@@ -582,23 +603,26 @@ mod tests {
     }
 
     #[test]
-    fn leave_one_out_means_equal_explicit_refits_without_the_point() {
+    fn leave_one_out_means_and_densities_equal_explicit_refits_without_the_point() {
         let mut rng = StdRng::seed_from_u64(3);
         let x: Vec<Vec<f64>> = (0..15)
             .map(|_| (0..2).map(|_| rng.random::<f64>()).collect())
             .collect();
         let y = DVector::from_iterator(x.len(), x.iter().map(|p| (4.0 * p[0]).sin() + p[1] * p[1]));
         let h = Hyper::from_theta_with(&[0.2, -1.0, -0.5, -4.0], &[false, false]);
-        let loo = Posterior::new(h.clone(), x.clone(), Some(&y))
-            .expect("factorizes")
-            .loo_means()
-            .expect("has outputs");
+        let full = Posterior::new(h.clone(), x.clone(), Some(&y)).expect("factorizes");
+        let loo = full.loo_means().expect("has outputs");
+        let mut explicit_log_predictive = 0.0;
         for i in 0..x.len() {
             let keep: Vec<usize> = (0..x.len()).filter(|&j| j != i).collect();
             let xs: Vec<Vec<f64>> = keep.iter().map(|&j| x[j].clone()).collect();
             let ys = DVector::from_iterator(keep.len(), keep.iter().map(|&j| y[j]));
             let refit = Posterior::new(h.clone(), xs, Some(&ys)).expect("factorizes");
-            let (mean, _) = refit.predict(std::slice::from_ref(&x[i]));
+            let (mean, var) = refit.predict(std::slice::from_ref(&x[i]));
+            // The predictive density of yᵢ (noise included) from the refit.
+            let v = var[0] + h.noise;
+            explicit_log_predictive +=
+                -0.5 * (2.0 * std::f64::consts::PI * v).ln() - 0.5 * (y[i] - mean[0]).powi(2) / v;
             assert!(
                 (loo[i] - mean[0]).abs() < 1e-8,
                 "point {i}: closed form {} against refit {}",
@@ -606,8 +630,14 @@ mod tests {
                 mean[0]
             );
         }
+        let closed_form = full.loo_log_predictive().expect("has outputs");
+        assert!(
+            (closed_form - explicit_log_predictive).abs() < 1e-6,
+            "{closed_form} against {explicit_log_predictive}"
+        );
         let covariance_only = Posterior::new(h.clone(), x.clone(), None).expect("factorizes");
         assert!(covariance_only.loo_means().is_none());
+        assert!(covariance_only.loo_log_predictive().is_none());
         // The log marginal likelihood is the negative log posterior without its prior
         // terms: compare with a dense computation.
         let k = kernel_matrix(&h, &x) + DMatrix::identity(x.len(), x.len()) * h.noise;

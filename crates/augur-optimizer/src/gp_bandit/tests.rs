@@ -871,22 +871,32 @@ fn with_the_lambda_chooser_loo_only_confirms_its_standardization() {
 }
 
 #[test]
-fn likelihood_choice_standardizes_a_dense_smooth_bowl_and_warps_a_heavy_tail() {
-    let choose = GpBanditConfig::default()
-        .with_overrides("warping_choice=2")
-        .expect("valid knobs");
+fn likelihood_choices_standardize_a_dense_smooth_bowl_and_warp_a_heavy_tail() {
     let bowl = |a: f64, b: f64| (a - 0.3).powi(2) + (b - 0.6).powi(2);
     let heavy = |a: f64, b: f64| (25.0 * bowl(a, b)).exp();
-    for n in [30, 60] {
-        let smooth = chosen_model(&choose, n, bowl);
-        assert!(smooth.objectives[0].standardized, "bowl, {n} trials");
-        let tail = chosen_model(&choose, n, heavy);
-        assert!(!tail.objectives[0].standardized, "heavy tail, {n} trials");
+    // The marginal likelihood and the leave-one-out predictive probability, both on the
+    // values' own scale.
+    for knobs in ["warping_choice=2", "warping_choice=3"] {
+        let choose = GpBanditConfig::default()
+            .with_overrides(knobs)
+            .expect("valid knobs");
+        for n in [30, 60] {
+            let smooth = chosen_model(&choose, n, bowl);
+            assert!(
+                smooth.objectives[0].standardized,
+                "{knobs}: bowl, {n} trials"
+            );
+            let tail = chosen_model(&choose, n, heavy);
+            assert!(
+                !tail.objectives[0].standardized,
+                "{knobs}: heavy tail, {n} trials"
+            );
+        }
+        // Deterministic: the same fit twice gives the same θ and choice.
+        let a = chosen_model(&choose, 40, bowl);
+        let b = chosen_model(&choose, 40, bowl);
+        assert_eq!(a.thetas(), b.thetas());
+        assert_eq!(a.standardized_thetas(), b.standardized_thetas());
+        assert_eq!(a.standardized(), b.standardized());
     }
-    // Deterministic: the same fit twice gives the same θ and choice.
-    let a = chosen_model(&choose, 40, bowl);
-    let b = chosen_model(&choose, 40, bowl);
-    assert_eq!(a.thetas(), b.thetas());
-    assert_eq!(a.standardized_thetas(), b.standardized_thetas());
-    assert_eq!(a.standardized(), b.standardized());
 }
