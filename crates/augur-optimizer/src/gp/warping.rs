@@ -17,6 +17,9 @@
 //!    ([`Power::Fitted`]) or beforehand on another sample ([`Power::Fixed`], see
 //!    [`fit_power`]).
 //! 5. Standardization to zero mean and unit variance.
+//!
+//! [`log_jacobian`] gives `Σ ln w′(yᵢ)` of steps 2, 3 and 5, so that GPs fitted to
+//! differently warped targets can be compared by likelihood on the values' own scale.
 
 /// Which optional steps of the output warping run.
 #[derive(Debug, Clone, Copy, PartialEq)]
