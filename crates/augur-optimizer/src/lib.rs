@@ -20,7 +20,7 @@ pub use designer::{
     PriorStudy, designer_for, is_safe, objective_metrics, outcome_is_safe,
 };
 pub use gp_bandit::{
-    Acquisition, BatchAcquisition, GpBanditConfig, GpBanditDesigner, PowerWarping,
+    Acquisition, BatchAcquisition, GpBanditConfig, GpBanditDesigner, PowerWarping, WarpingChoice,
 };
 pub use grid::{DEFAULT_GRID_RESOLUTION, grid_size};
 pub use space::{Assignment, Child, Parameter, ParameterKind, Scale, SearchSpace, Value};

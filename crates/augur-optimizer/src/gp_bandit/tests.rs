@@ -771,3 +771,132 @@ fn power_warping_knobs_select_the_warping_steps() {
     ));
     assert!(default.clone().with_overrides("power_warping=4").is_err());
 }
+
+/// The objective model `config` fits to `n` Sobol trials of `f` on the unit square.
+fn chosen_model(config: &GpBanditConfig, n: u64, f: impl Fn(f64, f64) -> f64) -> Model {
+    let space = unit_square();
+    let metrics = [minimize("y")];
+    let completed = trials_on_square(n, 3, f, |_, _| 0.0);
+    let inp = input(&space, &metrics, &completed, &[], 1, 3);
+    let encoder = Encoder::new(&space);
+    let mut rng = StdRng::seed_from_u64(5);
+    Model::fit(config, &encoder, &inp, &mut rng).expect("a model")
+}
+
+#[test]
+fn loo_choice_standardizes_a_dense_smooth_bowl_and_warps_a_heavy_tail() {
+    let choose = GpBanditConfig::default()
+        .with_overrides("warping_choice=1")
+        .expect("valid knobs");
+    let bowl = |a: f64, b: f64| (a - 0.3).powi(2) + (b - 0.6).powi(2);
+    // The same bowl seen through an exponential: values over several orders of magnitude.
+    let heavy = |a: f64, b: f64| (25.0 * bowl(a, b)).exp();
+    let smooth = chosen_model(&choose, 60, bowl);
+    assert!(smooth.objectives[0].standardized, "bowl kept the warping");
+    let tail = chosen_model(&choose, 60, heavy);
+    assert!(!tail.objectives[0].standardized, "heavy tail standardized");
+    // Both fits leave their θ for the next call; the configured warping's θ is the default
+    // model's either way.
+    let default = chosen_model(&GpBanditConfig::default(), 60, bowl);
+    assert_eq!(smooth.thetas(), default.thetas());
+    assert_eq!(smooth.standardized_thetas().len(), 1);
+    assert!(default.standardized_thetas().is_empty());
+    assert!(!default.objectives[0].standardized);
+}
+
+#[test]
+fn loo_choice_reruns_bit_identically_and_keeps_the_default_run_when_it_warps() {
+    let choose = GpBanditDesigner {
+        config: GpBanditConfig::default()
+            .with_overrides("warping_choice=1")
+            .expect("valid knobs"),
+    };
+    let heavy = |a: f64, b: f64| ((a - 0.3).powi(2) * 60.0 + (b - 0.6).powi(2) * 30.0).exp();
+    let space = unit_square();
+    let metrics = [minimize("y")];
+    let completed = trials_on_square(30, 4, heavy, |_, _| 0.0);
+    let inp = input(&space, &metrics, &completed, &[], 3, 4);
+    let a = choose.suggest(&inp);
+    let b = choose.suggest(&inp);
+    assert_eq!(a.suggestions, b.suggestions);
+    assert_eq!(a.state, b.state);
+    // On this heavy tail the choice keeps the warping, and then suggests what the default
+    // designer suggests (the second fit has a generator of its own).
+    let default = GpBanditDesigner::default().suggest(&inp);
+    assert_eq!(a.suggestions, default.suggestions);
+    // The state carries both fits' θ and is accepted as the next call's warm start.
+    let state = a.state.expect("a state");
+    assert!(state.get("standardized_theta").is_some(), "{state}");
+    let mut next = input(&space, &metrics, &completed, &[], 3, 4);
+    next.previous_state = Some(&state);
+    assert_eq!(choose.suggest(&next).suggestions.len(), 3);
+}
+
+#[test]
+fn with_the_lambda_chooser_loo_only_confirms_its_standardization() {
+    let knobs = |k: &str| {
+        GpBanditConfig::default()
+            .with_overrides(k)
+            .expect("valid knobs")
+    };
+    let lambda = knobs("power_warping=3,power_choose_lambda=2");
+    let loo = knobs("warping_choice=1");
+    let both = knobs("power_warping=3,power_choose_lambda=2,warping_choice=1");
+    let bowl = |a: f64, b: f64| (a - 0.3).powi(2) + (b - 0.6).powi(2);
+    let heavy = |a: f64, b: f64| (25.0 * bowl(a, b)).exp();
+    let ripples = |a: f64, b: f64| bowl(a, b) + 0.05 * (20.0 * a).sin() * (20.0 * b).cos();
+    let mut seen = Vec::new();
+    for (name, f) in [
+        ("bowl", &bowl as &dyn Fn(f64, f64) -> f64),
+        ("heavy", &heavy),
+        ("ripples", &ripples),
+    ] {
+        for n in [20, 40, 60] {
+            let values: Vec<Option<f64>> = trials_on_square(n, 3, f, |_, _| 0.0)
+                .iter()
+                .map(|t| oriented(&minimize("y"), &t.outcome))
+                .collect();
+            let proposes = lambda.warping(&values, 2) != Warping::default();
+            let confirms = chosen_model(&loo, n, f).objectives[0].standardized;
+            let chosen = chosen_model(&both, n, f).objectives[0].standardized;
+            assert_eq!(chosen, proposes && confirms, "{name}, {n} trials");
+            seen.push((proposes, confirms));
+        }
+    }
+    // The cases include proposals the ranking confirms (the bowl) and overrules (the
+    // rippled bowl's first 20 trials), and a heavy tail λ keeps warped.
+    assert!(seen.contains(&(true, true)), "{seen:?}");
+    assert!(seen.contains(&(true, false)), "{seen:?}");
+    assert!(seen.contains(&(false, false)), "{seen:?}");
+}
+
+#[test]
+fn likelihood_choices_standardize_a_dense_smooth_bowl_and_warp_a_heavy_tail() {
+    let bowl = |a: f64, b: f64| (a - 0.3).powi(2) + (b - 0.6).powi(2);
+    let heavy = |a: f64, b: f64| (25.0 * bowl(a, b)).exp();
+    // The marginal likelihood and the leave-one-out predictive probability, both on the
+    // values' own scale.
+    for knobs in ["warping_choice=2", "warping_choice=3"] {
+        let choose = GpBanditConfig::default()
+            .with_overrides(knobs)
+            .expect("valid knobs");
+        for n in [30, 60] {
+            let smooth = chosen_model(&choose, n, bowl);
+            assert!(
+                smooth.objectives[0].standardized,
+                "{knobs}: bowl, {n} trials"
+            );
+            let tail = chosen_model(&choose, n, heavy);
+            assert!(
+                !tail.objectives[0].standardized,
+                "{knobs}: heavy tail, {n} trials"
+            );
+        }
+        // Deterministic: the same fit twice gives the same θ and choice.
+        let a = chosen_model(&choose, 40, bowl);
+        let b = chosen_model(&choose, 40, bowl);
+        assert_eq!(a.thetas(), b.thetas());
+        assert_eq!(a.standardized_thetas(), b.standardized_thetas());
+        assert_eq!(a.standardized(), b.standardized());
+    }
+}
