@@ -51,22 +51,9 @@ pub enum Power {
 /// maximizes the profile likelihood of their standardized values. [`Power::Off`] with fewer
 /// than 3 distinct finite values.
 pub fn fit_power(values: &[Option<f64>], min_lambda: f64) -> Power {
-    let y: Vec<f64> = values
-        .iter()
-        .flatten()
-        .copied()
-        .filter(|v| v.is_finite())
-        .collect();
-    if y.len() < 3 || y.iter().all(|v| *v == y[0]) {
+    let Some((z, mean, sd)) = standardized_feasible(values) else {
         return Power::Off;
-    }
-    let n = y.len() as f64;
-    let mean = y.iter().sum::<f64>() / n;
-    let sd = (y.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n).sqrt();
-    if !(sd > 0.0 && sd.is_finite()) {
-        return Power::Off;
-    }
-    let z: Vec<f64> = y.iter().map(|v| (v - mean) / sd).collect();
+    };
     let lambda = fit_yeo_johnson(&z).clamp(
         min_lambda.min(YEO_JOHNSON_LAMBDA_RANGE.1),
         YEO_JOHNSON_LAMBDA_RANGE.1,
@@ -80,6 +67,15 @@ pub fn fit_power(values: &[Option<f64>], min_lambda: f64) -> Power {
 /// 1938), so a difference above 1.92 rejects λ0 at the 5 % level. `None` with fewer than 3
 /// distinct finite values.
 pub fn power_evidence(values: &[Option<f64>], lambda0: f64) -> Option<(f64, f64)> {
+    let (z, _, _) = standardized_feasible(values)?;
+    let lambda = fit_yeo_johnson(&z);
+    let gain = yeo_johnson_log_likelihood(&z, lambda) - yeo_johnson_log_likelihood(&z, lambda0);
+    gain.is_finite().then_some((lambda, gain.max(0.0)))
+}
+
+/// The feasible finite `values` standardized, with their mean and sd (population); `None`
+/// with fewer than 3 distinct values.
+fn standardized_feasible(values: &[Option<f64>]) -> Option<(Vec<f64>, f64, f64)> {
     let y: Vec<f64> = values
         .iter()
         .flatten()
@@ -95,10 +91,7 @@ pub fn power_evidence(values: &[Option<f64>], lambda0: f64) -> Option<(f64, f64)
     if !(sd > 0.0 && sd.is_finite()) {
         return None;
     }
-    let z: Vec<f64> = y.iter().map(|v| (v - mean) / sd).collect();
-    let lambda = fit_yeo_johnson(&z);
-    let gain = yeo_johnson_log_likelihood(&z, lambda) - yeo_johnson_log_likelihood(&z, lambda0);
-    gain.is_finite().then_some((lambda, gain.max(0.0)))
+    Some((y.iter().map(|v| (v - mean) / sd).collect(), mean, sd))
 }
 
 impl Default for Warping {
