@@ -73,6 +73,36 @@ pub fn power_evidence(values: &[Option<f64>], lambda0: f64) -> Option<(f64, f64)
     gain.is_finite().then_some((lambda, gain.max(0.0)))
 }
 
+/// `values` with each infeasible one (`None` or not finite) put half the feasible range
+/// below the worst feasible one, how many were feasible and their range; `None` when none
+/// was.
+fn penalized(values: &[Option<f64>]) -> Option<(Vec<f64>, usize, f64)> {
+    let feasible: Vec<f64> = values
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|v| v.is_finite())
+        .collect();
+    if feasible.is_empty() {
+        return None;
+    }
+    let (lo, hi) = feasible
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
+            (a.min(*v), b.max(*v))
+        });
+    let range = (hi - lo).max(1e-12 * hi.abs().max(1.0));
+    let penalty = lo - 0.5 * range;
+    let all = values
+        .iter()
+        .map(|v| match v {
+            Some(v) if v.is_finite() => *v,
+            _ => penalty,
+        })
+        .collect();
+    Some((all, feasible.len(), range))
+}
+
 /// The feasible finite `values` standardized, with their mean and sd (population); `None`
 /// with fewer than 3 distinct values.
 fn standardized_feasible(values: &[Option<f64>]) -> Option<(Vec<f64>, f64, f64)> {
@@ -112,29 +142,9 @@ pub fn warp(values: &[Option<f64>]) -> Vec<f64> {
 
 /// [`warp`], with the steps `steps` selects.
 pub fn warp_with(values: &[Option<f64>], steps: Warping) -> Vec<f64> {
-    let feasible: Vec<f64> = values
-        .iter()
-        .flatten()
-        .copied()
-        .filter(|v| v.is_finite())
-        .collect();
-    if feasible.is_empty() {
+    let Some((mut y, _, _)) = penalized(values) else {
         return vec![0.0; values.len()];
-    }
-    let (lo, hi) = feasible
-        .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
-            (a.min(*v), b.max(*v))
-        });
-    let range = (hi - lo).max(1e-12 * hi.abs().max(1.0));
-    let penalty = lo - 0.5 * range;
-    let mut y: Vec<f64> = values
-        .iter()
-        .map(|v| match v {
-            Some(v) if v.is_finite() => *v,
-            _ => penalty,
-        })
-        .collect();
+    };
     if steps.rank {
         half_rank(&mut y);
     }
@@ -305,29 +315,10 @@ fn log_derivatives(values: &[Option<f64>], steps: Warping) -> Option<Vec<f64>> {
     if steps.power != Power::Off {
         return None;
     }
-    let feasible: Vec<f64> = values
-        .iter()
-        .flatten()
-        .copied()
-        .filter(|v| v.is_finite())
-        .collect();
-    if feasible.len() < 3 {
+    let (raw, feasible, range) = penalized(values)?;
+    if feasible < 3 {
         return None;
     }
-    let (lo, hi) = feasible
-        .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
-            (a.min(*v), b.max(*v))
-        });
-    let range = (hi - lo).max(1e-12 * hi.abs().max(1.0));
-    let penalty = lo - 0.5 * range;
-    let raw: Vec<f64> = values
-        .iter()
-        .map(|v| match v {
-            Some(v) if v.is_finite() => *v,
-            _ => penalty,
-        })
-        .collect();
     // ln w′ per value, accumulated step by step (the chain rule), on the same values the
     // warping itself transforms.
     let mut log_d = vec![0.0; raw.len()];
