@@ -7,6 +7,7 @@ check: gp_bandit's median regret against the best reference's at 30, 50 and 100 
 (references: every optimizer whose name is not gp_bandit*, random or quasi_random).
 """
 import collections
+import gzip
 import json
 import os
 import statistics as st
@@ -18,7 +19,8 @@ NOT_REFERENCES = ("gp_bandit", "random", "quasi_random", "py_random")
 
 rows = collections.defaultdict(list)
 for path in sys.argv[1:]:
-    for line in open(path):
+    # The committed runs (data/) are gzipped JSON lines.
+    for line in (gzip.open(path, "rt") if path.endswith(".gz") else open(path)):
         if line.strip():
             d = json.loads(line)
             rows[(d["function"], d["parallel"], d["optimizer"])].append(d)
