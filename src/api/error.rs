@@ -42,14 +42,9 @@ pub enum ApiError {
     /// 429 with `Retry-After`: the caller sent more than its rate limit allows.
     TooManyRequests { retry_after_secs: u64 },
     /// 503 with `Retry-After`: the database cannot be reached right now (it restarts, or
-    /// fails over), or the replica a study's change was forwarded to failed before it
-    /// answered; nothing was changed, or the change is unknown and safe to send again
-    /// (a forwarded change is applied once: the owner's own answer is never lost this way).
-    Unavailable {
-        retry_after_secs: u64,
-        /// What cannot be reached: "the database", or "the replica serving this study".
-        what: &'static str,
-    },
+    /// fails over); nothing was changed, and the same request may be sent again. (A change
+    /// that may have been applied is [`ApiError::Unanswered`].)
+    Unavailable,
     /// 500, code `unanswered`: the database went out of reach while or just after the
     /// change was committed; the message says which. Read the study or trial before
     /// sending the request again (it may have been applied).
@@ -113,10 +108,7 @@ impl From<ServiceError> for ApiError {
             }
             ServiceError::Unavailable(why) => {
                 tracing::warn!(%why, "answering 503: the database is unavailable");
-                ApiError::Unavailable {
-                    retry_after_secs: RETRY_AFTER_OUTAGE_SECS,
-                    what: "the database",
-                }
+                ApiError::Unavailable
             }
             ServiceError::Unanswered(why) => {
                 tracing::warn!(%why, "answering 500: a change's outcome could not be told");
@@ -177,15 +169,15 @@ impl IntoResponse for ApiError {
                     None,
                 )
             }
-            ApiError::Unavailable {
-                retry_after_secs,
-                what,
-            } => {
-                retry_after = Some(retry_after_secs);
+            ApiError::Unavailable => {
+                retry_after = Some(RETRY_AFTER_OUTAGE_SECS);
                 (
                     StatusCode::SERVICE_UNAVAILABLE,
                     "unavailable",
-                    format!("{what} cannot be reached right now; retry after {retry_after_secs} s"),
+                    format!(
+                        "the database cannot be reached right now; retry after \
+                         {RETRY_AFTER_OUTAGE_SECS} s"
+                    ),
                     None,
                 )
             }

@@ -96,19 +96,23 @@ pub enum Completion {
     Selected(Vec<Measurement>),
 }
 
+/// What one suggest handed out.
+#[derive(Debug)]
+pub struct Handed {
+    pub trials: Vec<TrialRecord>,
+    /// How many of `trials`, at their end, this batch created: those have no measurements
+    /// yet, so nobody need read them.
+    pub created: usize,
+    /// The study's state after the batch.
+    pub study_state: StudyState,
+    /// Whether the caller should ask again later (the cap was full, or the budget is spent
+    /// while trials that may come back are still running).
+    pub retry_later: bool,
+}
+
 #[derive(Debug)]
 pub enum Reply {
-    /// The trials handed out, the study's state after the batch, and whether the caller
-    /// should ask again later (the cap was full, or the budget is spent while trials that
-    /// may come back are still running).
-    Suggested {
-        trials: Vec<TrialRecord>,
-        /// How many of `trials`, at their end, this batch created: those have no
-        /// measurements yet, so nobody need read them.
-        created: usize,
-        study_state: StudyState,
-        retry_later: bool,
-    },
+    Suggested(Handed),
     Trial(Box<TrialRecord>),
     Study(Box<StudyRecord>),
     /// The launch's number, or `None`: no launch left.
@@ -430,16 +434,10 @@ impl StudyBatch {
     /// token. (A trial the dispatcher takes has never been launched: a requested trial was
     /// added by a user, and dispatched trials have no lease to lose.)
     fn count_first_launches(&mut self, reply: Reply, launch_tokens: Vec<String>) -> Reply {
-        let Reply::Suggested {
-            mut trials,
-            created,
-            study_state,
-            retry_later,
-        } = reply
-        else {
+        let Reply::Suggested(mut suggested) = reply else {
             return reply;
         };
-        for (handed, token_hash) in trials.iter_mut().zip(launch_tokens) {
+        for (handed, token_hash) in suggested.trials.iter_mut().zip(launch_tokens) {
             if let Some(trial) = self.trials.get_mut(&handed.id) {
                 trial.attempts += 1;
                 handed.attempts = trial.attempts;
@@ -447,12 +445,7 @@ impl StudyBatch {
                 self.tokens.push(self.trial_token(handed.id, token_hash));
             }
         }
-        Reply::Suggested {
-            trials,
-            created,
-            study_state,
-            retry_later,
-        }
+        Reply::Suggested(suggested)
     }
 
     fn trial_token(&self, trial_id: i64, hash: String) -> TrialToken {
@@ -491,12 +484,12 @@ impl StudyBatch {
 
     fn suggested(&self, trials: Vec<TrialRecord>, created: usize, retry_later: bool) -> Reply {
         let active = self.study.state == StudyState::Active;
-        Reply::Suggested {
+        Reply::Suggested(Handed {
             trials,
             created,
             study_state: self.study.state,
             retry_later: retry_later && active,
-        }
+        })
     }
 
     fn new_trial(

@@ -18,7 +18,7 @@ use augur_optimizer::{
     Assignment, CompletedTrial, DesignerInput, Outcome, PriorStudy, designer_for,
 };
 
-use super::state_machine::{Command, Reply};
+use super::state_machine::{Command, Handed, Reply};
 use super::{Service, ServiceError, ServiceResult, stored_config, unexpected};
 use crate::model::spec::MAX_SUGGEST_VALUES;
 use crate::model::{ClientId, StudyConfig, StudyState, SuggestCount, Trial, TrialState};
@@ -154,17 +154,7 @@ impl Service {
             launch_tokens,
         };
         match self.commits.submit(study_id, command).await? {
-            Reply::Suggested {
-                trials,
-                created,
-                study_state,
-                retry_later,
-            } => Ok(Handed {
-                trials,
-                created,
-                study_state,
-                retry_later,
-            }),
+            Reply::Suggested(handed) => Ok(handed),
             other => Err(unexpected(other)),
         }
     }
@@ -289,15 +279,6 @@ impl Service {
         }
         Ok(priors)
     }
-}
-
-/// What one suggest handed out: the trials (the last `created` of them new), the study's
-/// state, and whether to ask again later.
-struct Handed {
-    trials: Vec<TrialRecord>,
-    created: usize,
-    study_state: StudyState,
-    retry_later: bool,
 }
 
 /// Sets its flag when dropped: when the designer's future is abandoned, or done.

@@ -73,16 +73,21 @@ pub fn power_evidence(values: &[Option<f64>], lambda0: f64) -> Option<(f64, f64)
     gain.is_finite().then_some((lambda, gain.max(0.0)))
 }
 
-/// `values` with each infeasible one (`None` or not finite) put half the feasible range
-/// below the worst feasible one, how many were feasible and their range; `None` when none
-/// was.
-fn penalized(values: &[Option<f64>]) -> Option<(Vec<f64>, usize, f64)> {
-    let feasible: Vec<f64> = values
+/// The feasible values: present and finite.
+fn feasible_values(values: &[Option<f64>]) -> Vec<f64> {
+    values
         .iter()
         .flatten()
         .copied()
         .filter(|v| v.is_finite())
-        .collect();
+        .collect()
+}
+
+/// `values` with each infeasible one (`None` or not finite) put half the feasible range
+/// below the worst feasible one, how many were feasible and their range; `None` when none
+/// was.
+fn penalized(values: &[Option<f64>]) -> Option<(Vec<f64>, usize, f64)> {
+    let feasible = feasible_values(values);
     if feasible.is_empty() {
         return None;
     }
@@ -106,12 +111,7 @@ fn penalized(values: &[Option<f64>]) -> Option<(Vec<f64>, usize, f64)> {
 /// The feasible finite `values` standardized, with their mean and sd (population); `None`
 /// with fewer than 3 distinct values.
 fn standardized_feasible(values: &[Option<f64>]) -> Option<(Vec<f64>, f64, f64)> {
-    let y: Vec<f64> = values
-        .iter()
-        .flatten()
-        .copied()
-        .filter(|v| v.is_finite())
-        .collect();
+    let y = feasible_values(values);
     if y.len() < 3 || y.iter().all(|v| *v == y[0]) {
         return None;
     }
