@@ -327,17 +327,7 @@ fn log_derivatives(values: &[Option<f64>], steps: Warping) -> Option<Vec<f64>> {
         let n = y.len();
         let mut sorted = y.clone();
         sorted.sort_by(f64::total_cmp);
-        let median = if n % 2 == 1 {
-            sorted[n / 2]
-        } else {
-            0.5 * (sorted[n / 2 - 1] + sorted[n / 2])
-        };
-        let good: Vec<f64> = y
-            .iter()
-            .filter(|v| **v >= median)
-            .map(|v| v - median)
-            .collect();
-        let spread = (good.iter().map(|d| d * d).sum::<f64>() / good.len().max(1) as f64).sqrt();
+        let (median, spread) = median_and_good_spread(&y, |k| sorted[k]);
         let mean = y.iter().sum::<f64>() / n as f64;
         let sd = (y.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n as f64).sqrt();
         let iqr = sorted[(3 * n) / 4] - sorted[n / 4];
@@ -392,17 +382,7 @@ fn half_rank(y: &mut [f64]) {
     }
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_by(|&a, &b| y[a].total_cmp(&y[b]));
-    let median = if n % 2 == 1 {
-        y[order[n / 2]]
-    } else {
-        0.5 * (y[order[n / 2 - 1]] + y[order[n / 2]])
-    };
-    let good: Vec<f64> = y
-        .iter()
-        .filter(|v| **v >= median)
-        .map(|v| v - median)
-        .collect();
-    let spread = (good.iter().map(|d| d * d).sum::<f64>() / good.len().max(1) as f64).sqrt();
+    let (median, spread) = median_and_good_spread(y, |k| y[order[k]]);
     if spread <= 0.0 {
         return;
     }
@@ -510,6 +490,24 @@ pub fn inverse_normal_cdf(p: f64) -> f64 {
         (((((A[0] * r + A[1]) * r + A[2]) * r + A[3]) * r + A[4]) * r + A[5]) * q
             / (((((B[0] * r + B[1]) * r + B[2]) * r + B[3]) * r + B[4]) * r + 1.0)
     }
+}
+
+/// The half-rank step's centre and scale: the median of `y` (`sorted(k)` is its k-th
+/// smallest value) and the root mean square distance above it of the values at or above it.
+fn median_and_good_spread(y: &[f64], sorted: impl Fn(usize) -> f64) -> (f64, f64) {
+    let n = y.len();
+    let median = if n % 2 == 1 {
+        sorted(n / 2)
+    } else {
+        0.5 * (sorted(n / 2 - 1) + sorted(n / 2))
+    };
+    let good: Vec<f64> = y
+        .iter()
+        .filter(|v| **v >= median)
+        .map(|v| v - median)
+        .collect();
+    let spread = (good.iter().map(|d| d * d).sum::<f64>() / good.len().max(1) as f64).sqrt();
+    (median, spread)
 }
 
 #[cfg(test)]
