@@ -46,7 +46,8 @@ pub enum ApiError {
     /// that may have been applied is [`ApiError::Unanswered`].)
     Unavailable,
     /// 500, code `unanswered`: the database went out of reach while or just after the
-    /// change was committed; the message says which. Read the study or trial before
+    /// change was committed, or its connection broke once the change was sent; the message
+    /// says which. Read the study or trial before
     /// sending the request again (it may have been applied).
     Unanswered(String),
     /// 500: logged with its cause; the client sees only that it happened.

@@ -91,6 +91,10 @@ impl From<StoreError> for ServiceError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::Unavailable(why) => ServiceError::Unavailable(why),
+            StoreError::Lost(why) => ServiceError::Unanswered(format!(
+                "the database connection broke after the change was sent ({why}); whether \
+                 it was applied is unknown"
+            )),
             other => ServiceError::Store(other),
         }
     }
@@ -121,6 +125,22 @@ mod tests {
         assert!(matches!(
             ServiceError::conflict("finished").during_commit(),
             ServiceError::Conflict { .. }
+        ));
+    }
+
+    #[test]
+    fn a_change_whose_connection_broke_after_sending_is_unanswered() {
+        let broke = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "relay closed");
+        let lost = StoreError::after_sending(sqlx::Error::Io(broke));
+        let ServiceError::Unanswered(message) = ServiceError::from(lost) else {
+            panic!("a change lost in flight answered as if nothing was done");
+        };
+        assert!(message.contains("unknown") && message.contains("relay closed"));
+        // No connection to send it on: nothing was done, and 503 says so.
+        let unsent = StoreError::after_sending(sqlx::Error::PoolTimedOut);
+        assert!(matches!(
+            ServiceError::from(unsent),
+            ServiceError::Unavailable(_)
         ));
     }
 }

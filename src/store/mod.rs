@@ -25,6 +25,13 @@ pub enum StoreError {
     /// flight was committed is unknown.
     #[error("database unavailable: {0}")]
     Unavailable(String),
+    /// The connection broke after a change was sent: the database may have applied it (or
+    /// may yet: a statement waiting for a lock runs on without its client), so whether it
+    /// was is unknown. Only the single-statement changes that clients ask for directly say
+    /// this ([`StoreError::after_sending`]); a transaction's statements before its commit
+    /// are rolled back with it and stay `Unavailable`.
+    #[error("connection lost after a change was sent: {0}")]
+    Lost(String),
     #[error("database error: {0}")]
     Database(sqlx::Error),
     #[error("migration failed: {0}")]
@@ -44,6 +51,20 @@ impl From<sqlx::Error> for StoreError {
             StoreError::Unavailable(e.to_string())
         } else {
             StoreError::Database(e)
+        }
+    }
+}
+
+impl StoreError {
+    /// An error of a change that was handed to a connection: a connection that broke
+    /// (rather than a database that answered with an error) leaves its outcome unknown.
+    pub fn after_sending(e: sqlx::Error) -> Self {
+        match e {
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::WorkerCrashed => StoreError::Lost(e.to_string()),
+            other => other.into(),
         }
     }
 }

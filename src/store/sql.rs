@@ -231,13 +231,16 @@ macro_rules! impl_sql_store {
                 created_by: Option<&str>,
                 now: chrono::DateTime<chrono::Utc>,
             ) -> StoreResult<StudyRecord> {
+                let spec_json = to_json(spec)?;
+                let mut conn = self.pool.acquire().await?;
                 let row: StudyRow = sqlx::query_as(INSERT_STUDY)
                     .bind(&spec.name)
-                    .bind(to_json(spec)?)
+                    .bind(spec_json)
                     .bind(now)
                     .bind(created_by)
-                    .fetch_one(&self.pool)
-                    .await?;
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err($crate::store::StoreError::after_sending)?;
                 row.try_into()
             }
 
@@ -278,10 +281,12 @@ macro_rules! impl_sql_store {
 
             #[tracing::instrument(skip_all)]
             async fn delete_study(&self, study_id: i64) -> StoreResult<bool> {
+                let mut conn = self.pool.acquire().await?;
                 let done = sqlx::query(DELETE_STUDY)
                     .bind(study_id)
-                    .execute(&self.pool)
-                    .await?;
+                    .execute(&mut *conn)
+                    .await
+                    .map_err($crate::store::StoreError::after_sending)?;
                 Ok(done.rows_affected() > 0)
             }
 
@@ -470,18 +475,19 @@ macro_rules! impl_sql_store {
                 expires_at: Option<chrono::DateTime<chrono::Utc>>,
                 now: chrono::DateTime<chrono::Utc>,
             ) -> StoreResult<bool> {
+                let mut conn = self.pool.acquire().await?;
                 let done = sqlx::query(INSERT_ROLE_TOKEN)
                     .bind(name)
                     .bind(token_hash)
                     .bind(role.as_str())
                     .bind(expires_at)
                     .bind(now)
-                    .execute(&self.pool)
+                    .execute(&mut *conn)
                     .await;
                 match done {
                     Ok(_) => Ok(true),
                     Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(false),
-                    Err(e) => Err(e.into()),
+                    Err(e) => Err($crate::store::StoreError::after_sending(e)),
                 }
             }
 
@@ -625,10 +631,12 @@ macro_rules! impl_sql_store {
 
             #[tracing::instrument(skip_all)]
             async fn delete_token(&self, name: &str) -> StoreResult<bool> {
+                let mut conn = self.pool.acquire().await?;
                 let done = sqlx::query(DELETE_TOKEN)
                     .bind(name)
-                    .execute(&self.pool)
-                    .await?;
+                    .execute(&mut *conn)
+                    .await
+                    .map_err($crate::store::StoreError::after_sending)?;
                 Ok(done.rows_affected() > 0)
             }
 

@@ -605,3 +605,240 @@ impl Drop for DropRole {
         common::admin_sql_from_drop(format!("DROP ROLE IF EXISTS {}", self.0));
     }
 }
+
+/// A study whose insert was sent when the database connection broke is answered `500`
+/// with code `unanswered`, not `503`: PostgreSQL may still run the statement (here it
+/// does), and a client told 503 sends the creation again and gets a second study. The
+/// insert waits in a trigger (which runs once the whole statement and its commit were sent;
+/// a table lock would stop it at parsing, before anything is sent) while the relay is cut;
+/// the server's backend then takes the lock, inserts and commits without its client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_study_sent_as_the_connection_breaks_is_answered_unanswered() {
+    let mut relayed = Relayed::start().await;
+    relayed
+        .admin_sql(
+            "CREATE TRIGGER wait_for_test BEFORE INSERT ON studies \
+             FOR EACH ROW EXECUTE FUNCTION wait_for_test()",
+        )
+        .await;
+    relayed.hold_lock().await;
+    let name = "sent-as-the-connection-breaks";
+    let mut spec = common::spec("random", 5, 1);
+    spec["name"] = json!(name);
+    let create = relayed.send("/v1/studies", spec);
+    relayed.wait_for_lock("INSERT INTO studies%").await;
+    relayed.relay.cut();
+    let answer = create.await.expect("request task");
+    relayed.release_lock().await;
+    relayed
+        .eventually_one(format!(
+            "SELECT count(*) FROM studies WHERE name = '{name}'"
+        ))
+        .await;
+    assert_unknown_outcome(&answer);
+}
+
+/// A completion whose `COMMIT` was sent when the database connection broke is answered
+/// `500` `unanswered` (its outcome unknown), and PostgreSQL commits it without its client:
+/// the trial reads as completed and the completion sent again is refused. The commit waits
+/// in a deferred trigger (run by `COMMIT`) while the relay is cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_whose_commit_is_cut_is_answered_unanswered() {
+    let mut relayed = Relayed::start().await;
+    let study = relayed.app.create_study(common::spec("random", 5, 1)).await;
+    let suggested = relayed
+        .app
+        .post(&format!("/v1/studies/{study}/suggest"), json!({"count": 1}))
+        .await;
+    assert_eq!(suggested.status, StatusCode::OK, "{:?}", suggested.body);
+    let trial = suggested.body["trials"][0]["id"]
+        .as_i64()
+        .expect("trial id");
+    relayed
+        .admin_sql(
+            "CREATE CONSTRAINT TRIGGER wait_for_test AFTER INSERT OR UPDATE ON trials \
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION wait_for_test()",
+        )
+        .await;
+    relayed.hold_lock().await;
+    let path = format!("/v1/studies/{study}/trials/{trial}/complete");
+    let complete = relayed.send(&path, json!({"metrics": {"accuracy": 0.9}}));
+    relayed.wait_for_lock("COMMIT%").await;
+    relayed.relay.cut();
+    let answer = complete.await.expect("request task");
+    relayed.release_lock().await;
+    relayed
+        .eventually_one(format!(
+            "SELECT count(*) FROM trials WHERE study_id = {study} AND id = {trial} \
+             AND state = 'completed'"
+        ))
+        .await;
+    assert_unknown_outcome(&answer);
+    let again = relayed
+        .app
+        .post(&path, json!({"metrics": {"accuracy": 0.9}}))
+        .await;
+    assert_eq!(again.status, StatusCode::CONFLICT, "{:?}", again.body);
+}
+
+fn assert_unknown_outcome(answer: &common::Response) {
+    assert_eq!(
+        answer.status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "a change that was applied answered as if nothing was done: {:?}",
+        answer.body
+    );
+    assert_eq!(
+        answer.body["error"]["code"], "unanswered",
+        "{:?}",
+        answer.body
+    );
+    let message = answer.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("unknown"), "{message}");
+}
+
+/// An app (no dispatcher) whose database connections go through a [`Relay`], an admin
+/// connection beside it, and a trigger function `wait_for_test()` that waits for the
+/// advisory lock the admin connection takes with [`Relayed::hold_lock`].
+struct Relayed {
+    app: common::TestApp,
+    relay: Relay,
+    admin: sqlx::PgConnection,
+}
+
+impl Relayed {
+    const LOCK: i64 = 4242;
+
+    async fn start() -> Relayed {
+        use sqlx::Connection;
+        let db = common::postgres_db().await;
+        let (credentials, rest) = db.url.split_once('@').expect("user@host in the URL");
+        let (upstream, database) = rest.split_once('/').expect("host/database in the URL");
+        let relay = Relay::start(upstream.to_string()).await;
+        let app_url = format!("{credentials}@127.0.0.1:{}/{database}", relay.port);
+        let admin = sqlx::PgConnection::connect(&db.url).await.expect("admin");
+        let app = common::spawn_app_configured(db, |c| {
+            c.database_url = app_url;
+            c.dispatch = false;
+        })
+        .await;
+        let mut relayed = Relayed { app, relay, admin };
+        relayed
+            .admin_sql(&format!(
+                "CREATE FUNCTION wait_for_test() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN PERFORM pg_advisory_xact_lock({}); RETURN NEW; END $$",
+                Self::LOCK
+            ))
+            .await;
+        relayed
+    }
+
+    async fn admin_sql(&mut self, sql: &str) {
+        sqlx::query(sqlx::AssertSqlSafe(sql.to_string()))
+            .execute(&mut self.admin)
+            .await
+            .expect(sql);
+    }
+
+    async fn hold_lock(&mut self) {
+        self.admin_sql("BEGIN").await;
+        self.admin_sql(&format!("SELECT pg_advisory_xact_lock({})", Self::LOCK))
+            .await;
+    }
+
+    async fn release_lock(&mut self) {
+        self.admin_sql("COMMIT").await;
+    }
+
+    /// `POST path body` as the app's admin, answered in the task.
+    fn send(&self, path: &str, body: Value) -> tokio::task::JoinHandle<common::Response> {
+        let (http, base, token) = (
+            common::http(),
+            self.app.base.clone(),
+            self.app.token.clone(),
+        );
+        let path = path.to_string();
+        tokio::spawn(async move {
+            common::call(
+                &http,
+                &base,
+                token.as_deref(),
+                reqwest::Method::POST,
+                &path,
+                Some(body),
+            )
+            .await
+        })
+    }
+
+    /// Until one statement like `query` waits for the test's lock in the test's database
+    /// (other tests share the server).
+    async fn wait_for_lock(&self, query: &str) {
+        self.eventually_one(format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event = 'advisory' AND query ILIKE '{query}'"
+        ))
+        .await;
+    }
+
+    /// Until the count `sql` selects (on a connection of its own) is 1.
+    async fn eventually_one(&self, sql: String) {
+        use sqlx::Connection;
+        let url = self.app.db.url.clone();
+        common::eventually(&sql.clone(), Duration::from_secs(10), || {
+            let (url, sql) = (url.clone(), sql.clone());
+            async move {
+                let mut c = sqlx::PgConnection::connect(&url)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                    .fetch_one(&mut c)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if n == 1 { Ok(()) } else { Err(format!("{n}")) }
+            }
+        })
+        .await;
+    }
+}
+
+/// A TCP relay to PostgreSQL whose open connections the test can cut (each side sees its
+/// socket closed, with no error message from the server).
+struct Relay {
+    port: u16,
+    open: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl Relay {
+    async fn start(upstream: String) -> Relay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let open = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let connections = open.clone();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let upstream = upstream.clone();
+                let task = tokio::spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+                if let Ok(mut open) = connections.lock() {
+                    open.push(task.abort_handle());
+                }
+            }
+        });
+        Relay { port, open }
+    }
+
+    /// Close every connection open now (new ones are still relayed).
+    fn cut(&self) {
+        if let Ok(mut open) = self.open.lock() {
+            for task in open.drain(..) {
+                task.abort();
+            }
+        }
+    }
+}
