@@ -86,20 +86,20 @@ impl Client {
                     if *status == StatusCode::SERVICE_UNAVAILABLE
                         || *status == StatusCode::TOO_MANY_REQUESTS =>
                 {
-                    Some(retry_after.unwrap_or(wait))
+                    Some((retry_after.unwrap_or(wait), status.as_str()))
                 }
                 Ok((status, body, _))
                     if *status == StatusCode::INTERNAL_SERVER_ERROR
                         && body["error"]["code"] == "unanswered" =>
                 {
-                    Some(wait)
+                    Some((wait, "500 unanswered"))
                 }
-                Err(CliError::Connection(_)) => Some(wait),
+                Err(CliError::Connection(_)) => Some((wait, "no connection")),
                 _ => None,
             };
             match retry_after {
-                Some(pause) if self.patient && started.elapsed() < OUTAGE_PATIENCE => {
-                    tracing::warn!(%path, ?pause, "the server is unavailable; trying again");
+                Some((pause, why)) if self.patient && started.elapsed() < OUTAGE_PATIENCE => {
+                    tracing::warn!(%path, why, ?pause, "no answer to act on; trying again");
                     tokio::time::sleep(pause).await;
                     wait = (wait * 2).min(std::time::Duration::from_secs(5));
                 }

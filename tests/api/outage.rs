@@ -681,6 +681,69 @@ async fn a_completion_whose_commit_is_cut_is_answered_unanswered() {
     assert_eq!(again.status, StatusCode::CONFLICT, "{:?}", again.body);
 }
 
+/// `augur worker` rides out a `500` `unanswered` deterministically: its trial's completion
+/// is caught in its `COMMIT` (a deferred trigger waits while the relay is cut), PostgreSQL
+/// commits it without the server, the worker sends it again, is told it is done (409), and
+/// exits with its one-trial study complete: one trial, completed, no second one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn augur_worker_sends_a_completion_again_after_unanswered_and_finishes() {
+    let mut relayed = Relayed::start().await;
+    let study = relayed.app.create_study(common::spec("random", 1, 1)).await;
+    relayed
+        .admin_sql(
+            "CREATE CONSTRAINT TRIGGER wait_for_test AFTER UPDATE ON trials \
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW \
+             WHEN (NEW.state = 'completed') EXECUTE FUNCTION wait_for_test()",
+        )
+        .await;
+    relayed.hold_lock().await;
+    let work = tempfile::tempdir().expect("dir");
+    let script = work.path().join("trial.sh");
+    std::fs::write(&script, "echo accuracy=0.7\n").expect("script");
+    let worker = Command::new(common::augur_bin())
+        .args([
+            "worker",
+            "--url",
+            &relayed.app.base,
+            "--study",
+            &study.to_string(),
+        ])
+        .args(["--slots", "1", "--client-id", "relayed", "--output-dir"])
+        .arg(work.path().join("out"))
+        .args(["--", "/bin/sh"])
+        .arg(&script)
+        .env_remove("AUGUR_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("worker");
+    relayed.wait_for_lock("COMMIT%").await;
+    relayed.relay.cut();
+    relayed.release_lock().await;
+    let out = tokio::task::spawn_blocking(move || worker.wait_with_output())
+        .await
+        .expect("join")
+        .expect("worker");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "worker: {:?}\n{log}", out.status);
+    assert!(
+        log.contains("500 unanswered") && log.contains("trying again"),
+        "the worker never met the 500 it was made to meet:\n{log}"
+    );
+    relayed
+        .eventually_one(format!(
+            "SELECT count(*) FROM trials WHERE study_id = {study} AND state = 'completed'"
+        ))
+        .await;
+    relayed
+        .eventually_one(format!(
+            "SELECT count(*) FROM trials WHERE study_id = {study}"
+        ))
+        .await;
+    let state = relayed.app.get(&format!("/v1/studies/{study}")).await;
+    assert_eq!(state.body["state"], "completed", "{:?}", state.body);
+}
+
 fn assert_unknown_outcome(answer: &common::Response) {
     assert_eq!(
         answer.status,
