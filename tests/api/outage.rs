@@ -319,14 +319,7 @@ async fn a_postgres_restart_under_load_answers_503_and_loses_nothing() {
     let pulled = create(spec("pulled", PULLED_TRIALS, 2)).await;
     let script = work.path().join("trial.sh");
     std::fs::write(&script, "sleep 0.3\necho accuracy=0.7\n").expect("script");
-    let mut worker = Command::new(common::augur_bin())
-        .args(["worker", "--url", &base, "--study", &pulled.to_string()])
-        .args(["--slots", "2", "--client-id", "outage", "--output-dir"])
-        .arg(work.path().join("pulled"))
-        .args(["--", "/bin/sh"])
-        .arg(&script)
-        .env_remove("AUGUR_TOKEN")
-        .stdout(Stdio::null())
+    let mut worker = worker_command(&base, pulled, 2, &work.path().join("pulled"), &script)
         .stderr(Stdio::inherit())
         .spawn()
         .expect("worker");
@@ -508,14 +501,9 @@ async fn a_change_committed_before_an_outage_is_not_answered_503() {
     })
     .await;
 
-    let study = app.create_study(common::spec("random", 10, 1)).await;
-    let suggested = app
-        .post(&format!("/v1/studies/{study}/suggest"), json!({"count": 1}))
+    let (study, trial) = app
+        .study_with_active_trial(common::spec("random", 10, 1))
         .await;
-    assert_eq!(suggested.status, StatusCode::OK, "{:?}", suggested.body);
-    let trial = suggested.body["trials"][0]["id"]
-        .as_i64()
-        .expect("trial id");
 
     // Cut the app's connections; from now on it may hold one.
     run(format!("ALTER ROLE {role} CONNECTION LIMIT 1"))
@@ -525,29 +513,8 @@ async fn a_change_committed_before_an_outage_is_not_answered_503() {
     let cut =
         format!("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'");
     run(cut).execute(&mut admin).await.expect("terminate");
-    common::eventually(
-        "the app's connections are gone",
-        Duration::from_secs(10),
-        || {
-            let count = format!("SELECT count(*) FROM pg_stat_activity WHERE usename = '{role}'");
-            let url = app.db.url.clone();
-            async move {
-                let mut c = sqlx::PgConnection::connect(&url)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(count))
-                    .fetch_one(&mut c)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if n == 0 {
-                    Ok(())
-                } else {
-                    Err(format!("{n} connections left"))
-                }
-            }
-        },
-    )
-    .await;
+    let count = format!("SELECT count(*) FROM pg_stat_activity WHERE usename = '{role}'");
+    eventually_count(&app.db.url, count, 0).await;
 
     let answer = app
         .post(
@@ -563,19 +530,7 @@ async fn a_change_committed_before_an_outage_is_not_answered_503() {
             .await
             .expect("trial row");
     assert_eq!(state, "completed", "the commit went through");
-    assert_eq!(
-        answer.status,
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "a committed completion answered as if nothing was done: {:?}",
-        answer.body
-    );
-    assert_eq!(
-        answer.body["error"]["code"], "unanswered",
-        "{:?}",
-        answer.body
-    );
-    let message = answer.body["error"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("was applied"), "{message}");
+    assert_unanswered(&answer, "was applied");
 
     // Connections back: the trial reads as completed, and sending the completion again is
     // refused, as a client reading the 500 is told to expect.
@@ -625,17 +580,15 @@ async fn a_study_sent_as_the_connection_breaks_is_answered_unanswered() {
     let name = "sent-as-the-connection-breaks";
     let mut spec = common::spec("random", 5, 1);
     spec["name"] = json!(name);
-    let create = relayed.send("/v1/studies", spec);
-    relayed.wait_for_lock("INSERT INTO studies%").await;
-    relayed.relay.cut();
-    let answer = create.await.expect("request task");
-    relayed.release_lock().await;
+    let answer = relayed
+        .cut_during("INSERT INTO studies%", "/v1/studies", spec)
+        .await;
     relayed
         .eventually_one(format!(
             "SELECT count(*) FROM studies WHERE name = '{name}'"
         ))
         .await;
-    assert_unknown_outcome(&answer);
+    assert_unanswered(&answer, "unknown");
 }
 
 /// A completion whose `COMMIT` was sent when the database connection broke is answered
@@ -645,15 +598,10 @@ async fn a_study_sent_as_the_connection_breaks_is_answered_unanswered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_whose_commit_is_cut_is_answered_unanswered() {
     let mut relayed = Relayed::start().await;
-    let study = relayed.app.create_study(common::spec("random", 5, 1)).await;
-    let suggested = relayed
+    let (study, trial) = relayed
         .app
-        .post(&format!("/v1/studies/{study}/suggest"), json!({"count": 1}))
+        .study_with_active_trial(common::spec("random", 5, 1))
         .await;
-    assert_eq!(suggested.status, StatusCode::OK, "{:?}", suggested.body);
-    let trial = suggested.body["trials"][0]["id"]
-        .as_i64()
-        .expect("trial id");
     relayed
         .admin_sql(
             "CREATE CONSTRAINT TRIGGER wait_for_test AFTER INSERT OR UPDATE ON trials \
@@ -662,18 +610,16 @@ async fn a_completion_whose_commit_is_cut_is_answered_unanswered() {
         .await;
     relayed.hold_lock().await;
     let path = format!("/v1/studies/{study}/trials/{trial}/complete");
-    let complete = relayed.send(&path, json!({"metrics": {"accuracy": 0.9}}));
-    relayed.wait_for_lock("COMMIT%").await;
-    relayed.relay.cut();
-    let answer = complete.await.expect("request task");
-    relayed.release_lock().await;
+    let answer = relayed
+        .cut_during("COMMIT%", &path, json!({"metrics": {"accuracy": 0.9}}))
+        .await;
     relayed
         .eventually_one(format!(
             "SELECT count(*) FROM trials WHERE study_id = {study} AND id = {trial} \
              AND state = 'completed'"
         ))
         .await;
-    assert_unknown_outcome(&answer);
+    assert_unanswered(&answer, "unknown");
     let again = relayed
         .app
         .post(&path, json!({"metrics": {"accuracy": 0.9}}))
@@ -700,23 +646,16 @@ async fn augur_worker_sends_a_completion_again_after_unanswered_and_finishes() {
     let work = tempfile::tempdir().expect("dir");
     let script = work.path().join("trial.sh");
     std::fs::write(&script, "echo accuracy=0.7\n").expect("script");
-    let worker = Command::new(common::augur_bin())
-        .args([
-            "worker",
-            "--url",
-            &relayed.app.base,
-            "--study",
-            &study.to_string(),
-        ])
-        .args(["--slots", "1", "--client-id", "relayed", "--output-dir"])
-        .arg(work.path().join("out"))
-        .args(["--", "/bin/sh"])
-        .arg(&script)
-        .env_remove("AUGUR_TOKEN")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("worker");
+    let worker = worker_command(
+        &relayed.app.base,
+        study,
+        1,
+        &work.path().join("out"),
+        &script,
+    )
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("worker");
     relayed.wait_for_lock("COMMIT%").await;
     relayed.relay.cut();
     relayed.release_lock().await;
@@ -744,7 +683,30 @@ async fn augur_worker_sends_a_completion_again_after_unanswered_and_finishes() {
     assert_eq!(state.body["state"], "completed", "{:?}", state.body);
 }
 
-fn assert_unknown_outcome(answer: &common::Response) {
+/// `augur worker` on `study` of the open server at `base`, running `script` in `slots`
+/// slots; stdout discarded, stderr left to the caller.
+fn worker_command(
+    base: &str,
+    study: i64,
+    slots: usize,
+    output_dir: &std::path::Path,
+    script: &std::path::Path,
+) -> Command {
+    let mut command = Command::new(common::augur_bin());
+    command
+        .args(["worker", "--url", base, "--study", &study.to_string()])
+        .args(["--slots", &slots.to_string(), "--client-id", "outage"])
+        .arg("--output-dir")
+        .arg(output_dir)
+        .args(["--", "/bin/sh"])
+        .arg(script)
+        .env_remove("AUGUR_TOKEN")
+        .stdout(Stdio::null());
+    command
+}
+
+/// A 500 `unanswered` whose message `says` whether the change was applied or is unknown.
+fn assert_unanswered(answer: &common::Response, says: &str) {
     assert_eq!(
         answer.status,
         StatusCode::INTERNAL_SERVER_ERROR,
@@ -757,7 +719,7 @@ fn assert_unknown_outcome(answer: &common::Response) {
         answer.body
     );
     let message = answer.body["error"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("unknown"), "{message}");
+    assert!(message.contains(says), "{message}");
 }
 
 /// An app (no dispatcher) whose database connections go through a [`Relay`], an admin
@@ -813,15 +775,16 @@ impl Relayed {
         self.admin_sql("COMMIT").await;
     }
 
-    /// `POST path body` as the app's admin, answered in the task.
-    fn send(&self, path: &str, body: Value) -> tokio::task::JoinHandle<common::Response> {
+    /// `POST path body` (with the lock held) until a statement like `statement` waits for
+    /// the lock; then cut the connections, release the lock and give the answer.
+    async fn cut_during(&mut self, statement: &str, path: &str, body: Value) -> common::Response {
         let (http, base, token) = (
             common::http(),
             self.app.base.clone(),
             self.app.token.clone(),
         );
         let path = path.to_string();
-        tokio::spawn(async move {
+        let request = tokio::spawn(async move {
             common::call(
                 &http,
                 &base,
@@ -831,7 +794,12 @@ impl Relayed {
                 Some(body),
             )
             .await
-        })
+        });
+        self.wait_for_lock(statement).await;
+        self.relay.cut();
+        let answer = request.await.expect("request task");
+        self.release_lock().await;
+        answer
     }
 
     /// Until one statement like `query` waits for the test's lock in the test's database
@@ -844,25 +812,33 @@ impl Relayed {
         .await;
     }
 
-    /// Until the count `sql` selects (on a connection of its own) is 1.
+    /// Until the count `sql` selects is 1.
     async fn eventually_one(&self, sql: String) {
-        use sqlx::Connection;
-        let url = self.app.db.url.clone();
-        common::eventually(&sql.clone(), Duration::from_secs(10), || {
-            let (url, sql) = (url.clone(), sql.clone());
-            async move {
-                let mut c = sqlx::PgConnection::connect(&url)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-                    .fetch_one(&mut c)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if n == 1 { Ok(()) } else { Err(format!("{n}")) }
-            }
-        })
-        .await;
+        eventually_count(&self.app.db.url, sql, 1).await;
     }
+}
+
+/// Until the count `sql` selects (on a connection of its own to `url`) is `want`.
+async fn eventually_count(url: &str, sql: String, want: i64) {
+    use sqlx::Connection;
+    common::eventually(&sql.clone(), Duration::from_secs(10), || {
+        let (url, sql) = (url.to_string(), sql.clone());
+        async move {
+            let mut c = sqlx::PgConnection::connect(&url)
+                .await
+                .map_err(|e| e.to_string())?;
+            let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                .fetch_one(&mut c)
+                .await
+                .map_err(|e| e.to_string())?;
+            if n == want {
+                Ok(())
+            } else {
+                Err(format!("{n}"))
+            }
+        }
+    })
+    .await;
 }
 
 /// A TCP relay to PostgreSQL whose open connections the test can cut (each side sees its

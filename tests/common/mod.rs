@@ -222,6 +222,19 @@ impl TestApp {
         assert_eq!(r.status, StatusCode::CREATED, "create study: {}", r.body);
         r.body["id"].as_i64().expect("study id")
     }
+
+    /// Create a study and suggest one trial of it: (study id, trial id).
+    pub async fn study_with_active_trial(&self, spec: Value) -> (i64, i64) {
+        let study = self.create_study(spec).await;
+        let suggested = self
+            .post(&format!("/v1/studies/{study}/suggest"), json!({"count": 1}))
+            .await;
+        assert_eq!(suggested.status, StatusCode::OK, "{:?}", suggested.body);
+        let trial = suggested.body["trials"][0]["id"]
+            .as_i64()
+            .expect("trial id");
+        (study, trial)
+    }
 }
 
 /// Poll `check` every 50 ms until it gives `Ok`, failing after `limit` with `what` and the
