@@ -24,6 +24,8 @@
 //!   many-studies table as `studies x clients x replicas`;
 //! - `AUGUR_BENCH_FORWARD` (default 1; 0: off): replicas of a row route each study's changes
 //!   to one of them (`--replica-url`);
+//! - `AUGUR_BENCH_REPLICA_LANES` (default unset: one per core, at least 2): `--commit-lanes`
+//!   of each replica in rows with more than one;
 //! - `AUGUR_BENCH_GP_STUDIES` (default 100, 0 skips): studies of the GP row;
 //! - `AUGUR_BENCH_GP_CLIENTS_PER_STUDY` (default 4, the studies' `parallel_trials`);
 //! - `AUGUR_BENCH_GP_TRIALS` (default 30): `max_trials` of each GP study;
@@ -548,6 +550,16 @@ impl Servers {
         if forward {
             config.replica_url = Some(format!("http://127.0.0.1:{port}"));
         }
+        let lanes = (replicas > 1)
+            .then(|| std::env::var("AUGUR_BENCH_REPLICA_LANES").ok())
+            .flatten();
+        if let Some(lanes) = &lanes {
+            config.commit_lanes = Some(
+                lanes
+                    .parse()
+                    .unwrap_or_else(|_| panic!("AUGUR_BENCH_REPLICA_LANES={lanes:?}")),
+            );
+        }
         // Migrations run here, before any other replica opens the database.
         let app = App::build(config).await.expect("server starts");
         let mut bases = vec![format!("http://{}", app.addr())];
@@ -562,6 +574,9 @@ impl Servers {
             let mut args = vec!["--no-dispatch"];
             if forward {
                 args.extend(["--replica-url", &url]);
+            }
+            if let Some(lanes) = &lanes {
+                args.extend(["--commit-lanes", lanes]);
             }
             let child = common::ServerProcess::start_with(&db.url, port, &args);
             child.wait_ready().await;
@@ -673,7 +688,11 @@ async fn many_studies() {
     println!("\nMany studies: random algorithm, suggest+complete cycles, client i on study");
     println!("i % studies, its suggests to replica i % replicas and its completes to the next");
     println!("(replica 0 in this process, the others `augur serve --no-dispatch` processes on");
-    println!("the same database; {routing}); a fresh database per");
+    let lanes = std::env::var("AUGUR_BENCH_REPLICA_LANES").map_or_else(
+        |_| "commit lanes: one per core, at least 2".to_string(),
+        |n| format!("{n} commit lane(s) per replica where there are several"),
+    );
+    println!("the same database; {routing}; {lanes}); a fresh database per");
     println!("row, parallel_trials 64, {secs} s per row. Mean batch: requests (suggests and");
     println!("completes) per group commit, over all replicas. Cores: CPU used by this process");
     println!(

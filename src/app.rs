@@ -73,6 +73,9 @@ pub struct ServerConfig {
     /// The URL the other replicas on this database reach this one at (`--replica-url`):
     /// with it, each study's changes go to one replica (`api/forward.rs`).
     pub replica_url: Option<String>,
+    /// Commit lanes (`--commit-lanes`, 1 to 8): transactions this process commits at once.
+    /// `None`: one per core, at least 2.
+    pub commit_lanes: Option<usize>,
 }
 
 /// `--tls-cert` and `--tls-key`.
@@ -105,6 +108,7 @@ impl ServerConfig {
             tls: None,
             run_jobs_as: None,
             replica_url: None,
+            commit_lanes: None,
         }
     }
 }
@@ -154,12 +158,14 @@ impl App {
             Some(dir) => dir,
             None => std::env::current_dir()?,
         };
-        let service = open_service(&config.database_url, base_dir.clone())
-            .await?
-            .with_job_policy(crate::service::JobPolicy::new(
-                config.job_commands.clone(),
-                config.job_images.clone(),
-            ));
+        let mut service = open_service(&config.database_url, base_dir.clone()).await?;
+        if let Some(lanes) = config.commit_lanes {
+            service = service.with_commit_lanes(lanes);
+        }
+        let service = service.with_job_policy(crate::service::JobPolicy::new(
+            config.job_commands.clone(),
+            config.job_images.clone(),
+        ));
         if let Some(token) = &config.token {
             service.register_configured_token(token).await?;
         }

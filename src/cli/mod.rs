@@ -150,6 +150,12 @@ pub struct ServeArgs {
     /// any request.
     #[arg(long, env = "AUGUR_REPLICA_URL")]
     pub replica_url: Option<String>,
+    /// Transactions this process commits at once (1 to 8; default one per core, at least
+    /// 2). Each commits every change queued meanwhile, of any study. Replicas sharing one
+    /// machine (or a small PostgreSQL) commit fewer, larger batches with their cores'
+    /// worth split between them (docs/scaling.md).
+    #[arg(long, env = "AUGUR_COMMIT_LANES", value_parser = clap::value_parser!(u8).range(1..=8))]
+    pub commit_lanes: Option<u8>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -389,6 +395,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 max_connections,
                 run_jobs_as,
                 replica_url,
+                commit_lanes,
             } = *args;
             let mut config = crate::app::ServerConfig::new(database_url, listen);
             config.gpus = machine.gpus;
@@ -410,6 +417,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             config.max_connections = max_connections.max(1);
             config.run_jobs_as = run_jobs_as;
             config.replica_url = replica_url;
+            config.commit_lanes = commit_lanes.map(usize::from);
             Ok(server::serve(config).await?)
         }
         Command::Migrate { database_url } => Ok(server::migrate(&database_url).await?),
@@ -519,6 +527,30 @@ async fn trial_command(http: &Client, command: TrialCommand) -> CliResult<()> {
             let text = http.call(reqwest::Method::GET, &path, None).await?;
             print!("{}", text.as_str().unwrap_or_default());
             Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serve_with(lanes: &str) -> Result<Option<u8>, String> {
+        let cli = Cli::try_parse_from(["augur", "serve", "--commit-lanes", lanes])
+            .map_err(|e| e.to_string())?;
+        match cli.command {
+            Command::Serve(args) => Ok(args.commit_lanes),
+            other => Err(format!("parsed as {other:?}")),
+        }
+    }
+
+    #[test]
+    fn commit_lanes_take_one_to_eight_and_name_the_flag_otherwise() {
+        assert_eq!(serve_with("1"), Ok(Some(1)));
+        assert_eq!(serve_with("8"), Ok(Some(8)));
+        for bad in ["0", "9", "two"] {
+            let error = serve_with(bad).expect_err(bad);
+            assert!(error.contains("--commit-lanes"), "{bad}: {error}");
         }
     }
 }

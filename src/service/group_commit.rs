@@ -31,13 +31,16 @@ use super::tokens::TokenCache;
 use super::{ServiceError, ServiceResult};
 use crate::store::{Store, StudiesTx, StudyLock};
 
-/// Commit lanes per process: one per core, at least 2 (a lane waiting for a study's lock
-/// holds up only its own studies), at most 8.
+/// Commit lanes per process by default: one per core, at least 2 (a lane waiting for a
+/// study's lock holds up only its own studies), at most [`MAX_LANES`].
 fn lane_count() -> usize {
     std::thread::available_parallelism()
         .map_or(2, usize::from)
-        .clamp(2, 8)
+        .clamp(2, MAX_LANES)
 }
+/// The most commit lanes a process may have: the PostgreSQL store's commit pool holds this
+/// many connections.
+pub const MAX_LANES: usize = 8;
 /// How many commands one transaction applies at most.
 const MAX_BATCH: usize = 512;
 
@@ -50,6 +53,8 @@ struct Job {
 #[derive(Clone)]
 pub(super) struct GroupCommit {
     store: Arc<dyn Store>,
+    /// How many lanes to start.
+    lane_count: usize,
     /// Started with the first command (a lane is a task: it needs the runtime).
     lanes: Arc<OnceLock<Vec<mpsc::UnboundedSender<Job>>>>,
     /// Told of the trial tokens each batch revoked or replaced.
@@ -60,15 +65,23 @@ impl GroupCommit {
     pub fn new(store: Arc<dyn Store>, tokens: TokenCache) -> Self {
         Self {
             store,
+            lane_count: lane_count(),
             lanes: Arc::default(),
             tokens,
         }
     }
 
+    /// The same, with `count` lanes (1 to [`MAX_LANES`]) instead of one per core; before the
+    /// first command only (the lanes start with it).
+    pub fn with_lanes(mut self, count: usize) -> Self {
+        self.lane_count = count.clamp(1, MAX_LANES);
+        self
+    }
+
     /// Apply `command` to `study_id` in the next batch; returns once that batch committed.
     pub async fn submit(&self, study_id: i64, command: Command) -> ServiceResult<Reply> {
         let lanes = self.lanes.get_or_init(|| {
-            (0..lane_count())
+            (0..self.lane_count)
                 .map(|_| {
                     let (sender, receiver) = mpsc::unbounded_channel();
                     tokio::spawn(run_lane(self.store.clone(), self.tokens.clone(), receiver));

@@ -103,6 +103,13 @@ impl Service {
         }
     }
 
+    /// The same service with `count` commit lanes (1 to 8) instead of one per core
+    /// (`--commit-lanes`).
+    pub fn with_commit_lanes(mut self, count: usize) -> Self {
+        self.commits = self.commits.with_lanes(count);
+        self
+    }
+
     /// The same service, allowing `trial_job` commands by `policy`.
     pub fn with_job_policy(mut self, policy: JobPolicy) -> Self {
         self.job_policy = Arc::new(policy);

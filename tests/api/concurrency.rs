@@ -368,16 +368,21 @@ async fn hammer(bases: &[String], monitor: Monitor, load: Load) {
 
 /// Two replicas on one PostgreSQL, started one after the other as a rolling deployment
 /// would (the second once the first has migrated), and a monitor's pool.
-/// With `routed`, each study's changes go to one of them (`--replica-url`).
+/// With `routed`, each study's changes go to one of them (`--replica-url`); `more`: further
+/// flags of both.
 async fn two_replicas(
     db: &common::TestDb,
     routed: bool,
+    more: &[&str],
 ) -> (ServerProcess, ServerProcess, Monitor) {
     let start = || {
         let port = free_port();
         let url = format!("http://127.0.0.1:{port}");
-        let routing = ["--replica-url", url.as_str()];
-        ServerProcess::start_with(&db.url, port, if routed { &routing } else { &[] })
+        let mut args = more.to_vec();
+        if routed {
+            args.extend(["--replica-url", url.as_str()]);
+        }
+        ServerProcess::start_with(&db.url, port, &args)
     };
     let first = start();
     first.wait_ready().await;
@@ -412,7 +417,7 @@ async fn two_replicas(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_postgres_replicas_keep_the_cap_and_the_budget_under_64_clients() {
     let db = common::postgres_db().await;
-    let (first, second, monitor) = two_replicas(&db, false).await;
+    let (first, second, monitor) = two_replicas(&db, false, &[]).await;
     hammer(
         &[first.base.clone(), second.base.clone()],
         monitor,
@@ -426,7 +431,7 @@ async fn two_postgres_replicas_keep_the_cap_and_the_budget_under_64_clients() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_routed_replicas_keep_the_cap_and_the_budget_under_64_clients() {
     let db = common::postgres_db().await;
-    let (first, second, monitor) = two_replicas(&db, true).await;
+    let (first, second, monitor) = two_replicas(&db, true, &[]).await;
     let bases = [first.base.clone(), second.base.clone()];
     hammer(&bases, monitor, ONE_STUDY).await;
     assert_routed(&bases).await;
@@ -434,11 +439,13 @@ async fn two_routed_replicas_keep_the_cap_and_the_budget_under_64_clients() {
 
 /// The same for 100 studies at once through two routing replicas: commands of many studies
 /// share transactions on each replica, a study's clients are spread over both, and the
-/// changes of a study whose commands overlap go to its owner.
+/// changes of a study whose commands overlap go to its owner. Each replica has one commit
+/// lane (`--commit-lanes 1`, as for replicas sharing a machine), so a lane waiting for a
+/// study the other replica holds has no second lane to go on with.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_routed_replicas_keep_every_cap_of_100_studies() {
     let db = common::postgres_db().await;
-    let (first, second, monitor) = two_replicas(&db, true).await;
+    let (first, second, monitor) = two_replicas(&db, true, &["--commit-lanes", "1"]).await;
     let bases = [first.base.clone(), second.base.clone()];
     hammer(&bases, monitor, MANY_STUDIES).await;
     assert_routed(&bases).await;
