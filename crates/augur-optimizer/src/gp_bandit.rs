@@ -227,8 +227,15 @@ pub struct GpBanditConfig {
     /// [`PathwiseSample`]) instead of UCB, so that a batch whose UCB members crowd one basin
     /// still sends one member wherever the posterior says the optimum may be. Single
     /// objective, spaces of doubles, no safety metrics, no warm start; otherwise UCB.
+    /// 5: on the quality bench with batches of 5 (one drawn member per batch) it met 31 of
+    /// 44 cells on seeds 0–9 (the default before, 29) and 18 of the 22 batch cells on seeds
+    /// 10–19 (16), losing none: Levy10 at 100 trials 6.88 → 4.39 and 8.29 → 3.86, Levy10
+    /// off-centre 10.4 → 8.67 and 11.6 → 7.8; Hartmann6's batches did not change (4–5 of
+    /// 10 still end in its local minimum). Every 2nd or every trial drawn was worse. See
+    /// benches/quality/RESULTS.md (opt-18).
     pub batch_thompson_every: u64,
-    /// Random Fourier features of a Thompson draw.
+    /// Random Fourier features of a Thompson draw (its cost: ~70 ms of CPU per drawn
+    /// suggestion with 1024, d = 10).
     pub thompson_features: usize,
     /// Prior mean of the numeric `ln ℓ` for 2 numeric features.
     pub length_scale_prior_base: f64,
@@ -343,7 +350,7 @@ impl Default for GpBanditConfig {
             warping_choice_top: 1.0,
             warping_choice_margin: 0.0,
             batch_beta_growth: 0.0,
-            batch_thompson_every: 0,
+            batch_thompson_every: 5,
             thompson_features: 1024,
             length_scale_prior_base: Prior::default().ln_length_scale.0,
             noise_prior: (-6.9, 2.0),
@@ -1233,20 +1240,25 @@ impl Model {
         let this = &*self;
         let pending_posts = this.pending_posteriors.as_deref();
         let score = |cands: &[Vec<f64>]| -> Vec<f64> {
-            let preds: Vec<(Vec<f64>, Vec<f64>)> =
-                this.objectives.iter().map(|o| o.predict(cands)).collect();
-            let pvars: Option<Vec<Vec<f64>>> = pending_posts.map(|pp| {
-                pp.iter()
-                    .zip(&this.objectives)
-                    .map(|(p, o)| p.predict(&o.candidates(cands)).1)
-                    .collect()
-            });
+            let drawn = sample.as_ref().map(|s| s.values(cands));
+            // A Thompson draw needs no posterior means or variances (a third of its cost).
+            let preds: Vec<(Vec<f64>, Vec<f64>)> = if drawn.is_some() {
+                Vec::new()
+            } else {
+                this.objectives.iter().map(|o| o.predict(cands)).collect()
+            };
+            let pvars: Option<Vec<Vec<f64>>> =
+                pending_posts.filter(|_| drawn.is_none()).map(|pp| {
+                    pp.iter()
+                        .zip(&this.objectives)
+                        .map(|(p, o)| p.predict(&o.candidates(cands)).1)
+                        .collect()
+                });
             let psafe = if with_safety {
                 this.prob_safe(cands)
             } else {
                 Vec::new()
             };
-            let drawn = sample.as_ref().map(|s| s.values(cands));
             (0..cands.len())
                 .map(|c| {
                     let var_p = |k: usize| match &pvars {
