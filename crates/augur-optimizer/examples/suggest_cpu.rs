@@ -3,8 +3,10 @@
 //! core). Wall clock on a shared machine counts other processes' time too; the suggesting
 //! thread's own CPU time (`/proc/thread-self/schedstat`, Linux) does not.
 //!
-//! `cargo run --release -p augur-optimizer --example suggest_cpu [-- REPEATS [KNOBS]]`
-//! (KNOBS: `GpBanditConfig::with_overrides`, e.g. `refine_starts=3`): the same
+//! `cargo run --release -p augur-optimizer --example suggest_cpu [-- REPEATS [KNOBS
+//! [PENDING]]]` (KNOBS: `GpBanditConfig::with_overrides`, e.g. `refine_starts=3`, may be
+//! empty; PENDING: that many of the history's points also running, 0 by default, e.g. 4
+//! for the last member of a batch of 5, a Thompson draw with `batch_thompson_every=5`): the same
 //! Levy-scored quasi-random histories as `benches/suggest.rs` (d = 10; 100 and 1,000
 //! trials), each suggestion from a cold start (a different seed each time), and prints the
 //! median and maximum CPU ms.
@@ -46,17 +48,26 @@ fn main() {
         },
         None => designer_for(Algorithm::GpBandit),
     };
+    let running: usize = std::env::args()
+        .nth(3)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     for n in [100u64, 1000] {
         let (space, completed) = levy_history(d, n);
+        let pending: Vec<_> = completed
+            .iter()
+            .take(running)
+            .map(|t| t.parameters.clone())
+            .collect();
         let mut ms: Vec<f64> = Vec::new();
         for seed in 0..repeats {
             let input = DesignerInput {
                 space: &space,
                 metrics: &metrics,
                 completed: &completed,
-                pending: &[],
+                pending: &pending,
                 count: 1,
-                first_trial_number: n + 1,
+                first_trial_number: n + running as u64 + 1,
                 seed,
                 previous_state: None,
                 prior_studies: &[],

@@ -1,9 +1,10 @@
 //! Gaussian-process building blocks for the GP bandit: feature encoding, the Matérn-5/2
-//! kernel, MAP fitting and the posterior, output warping, and the rank statistics that
-//! choose between warpings.
+//! kernel, MAP fitting and the posterior, posterior function draws (Thompson sampling),
+//! output warping, and the rank statistics that choose between warpings.
 
 pub mod encoding;
 pub mod kernel;
 pub mod model;
+pub mod pathwise;
 pub mod rank;
 pub mod warping;

@@ -552,6 +552,49 @@ impl Posterior {
     }
 }
 
+impl Posterior {
+    /// The points conditioned on.
+    pub fn points(&self) -> &[Vec<f64>] {
+        &self.x
+    }
+
+    /// The outputs conditioned on (`None` for a covariance-only posterior).
+    pub fn outputs(&self) -> Option<&DVector<f64>> {
+        self.y.as_ref()
+    }
+
+    /// The same points and kernel conditioned on other outputs, reusing the factorization:
+    /// `α = K⁻¹y = L⁻ᵀ(L⁻¹y)`, O(n²).
+    pub fn with_outputs(&self, y: &DVector<f64>) -> Posterior {
+        let alpha = self.l_inv.tr_mul(&(&self.l_inv * y));
+        Posterior {
+            hyper: self.hyper.clone(),
+            x: self.x.clone(),
+            l_inv: self.l_inv.clone(),
+            alpha: Some(alpha),
+            y: Some(y.clone()),
+        }
+    }
+
+    /// Posterior means only (zeros for a covariance-only posterior): `μ = k*ᵀα`, O(n) per
+    /// point instead of the variance's O(n²).
+    pub fn predict_mean(&self, points: &[Vec<f64>]) -> Vec<f64> {
+        let Some(alpha) = &self.alpha else {
+            return vec![0.0; points.len()];
+        };
+        points
+            .iter()
+            .map(|p| {
+                self.x
+                    .iter()
+                    .zip(alpha.iter())
+                    .map(|(xi, a)| a * matern52(self.hyper.amplitude, self.hyper.r2(xi, p).sqrt()))
+                    .sum()
+            })
+            .collect()
+    }
+}
+
 /// [`Posterior::predict_with_gradient`]'s answer.
 #[derive(Debug, Clone)]
 pub struct MeanVarianceGradient {

@@ -335,7 +335,8 @@ fn ucb_pe_batches_beat_random_search() {
     assert!(gp < 0.5 * random, "gp {gp} vs random {random}");
 }
 
-/// Batches of 5: still far better than random.
+/// Batches of 5 (with the default one Thompson-drawn member each): still far better than
+/// random.
 #[test]
 fn branin_batches_of_five_beat_random_search() {
     let gp: Vec<f64> = (0..10)
@@ -706,7 +707,7 @@ fn refinement_never_lowers_the_chosen_point_s_acquisition() {
             let mut model = Model::fit(config, &encoder, &inp, &mut rng).expect("model");
             let mut rng = StdRng::seed_from_u64(10);
             let x = model
-                .next_point(config, &encoder, true, &mut rng)
+                .next_point(config, &encoder, true, false, &mut rng)
                 .expect("a point");
             let (mu, var) = model.objectives[0].predict(std::slice::from_ref(&x));
             mu[0] + config.continuous_ucb_beta * var[0].sqrt()
@@ -899,4 +900,79 @@ fn likelihood_choices_standardize_a_dense_smooth_bowl_and_warp_a_heavy_tail() {
         assert_eq!(a.standardized_thetas(), b.standardized_thetas());
         assert_eq!(a.standardized(), b.standardized());
     }
+}
+
+/// Branin after `n` quasi-random trials, for the Thompson-sampling tests.
+fn branin_history(seed: u64, n: u64) -> (SearchSpace, Vec<CompletedTrial>) {
+    let space = BRANIN.space();
+    let completed = (0..n)
+        .map(|i| {
+            let a = quasi_random_assignment(&space, seed, i);
+            let y = BRANIN.evaluate(&a);
+            CompletedTrial {
+                parameters: a,
+                outcome: measured(&[("y", y)]),
+            }
+        })
+        .collect();
+    (space, completed)
+}
+
+fn thompson_every(every: u64) -> GpBanditDesigner {
+    GpBanditDesigner {
+        config: GpBanditConfig {
+            batch_thompson_every: every,
+            ..GpBanditConfig::default()
+        },
+    }
+}
+
+/// In a batch of trials 13–17 with every 5th trial drawn by Thompson sampling (the
+/// default), only trial 15 and those after it can differ from the UCB-only batch (the generator is shared, so the
+/// members before the draw are the default's), trial 15 does differ, and the batch is
+/// deterministic, valid and has no repeated member.
+#[test]
+fn a_thompson_member_replaces_only_its_own_trial_of_a_batch() {
+    let (space, completed) = branin_history(3, 12);
+    let metrics = [minimize("y")];
+    let inp = input(&space, &metrics, &completed, &[], 5, 3);
+    assert_eq!(inp.first_trial_number, 13);
+    let drawn = thompson_every(5).suggest(&inp).suggestions;
+    assert_eq!(drawn, thompson_every(5).suggest(&inp).suggestions);
+    let ucb = thompson_every(0).suggest(&inp).suggestions;
+    assert_eq!(drawn[..2], ucb[..2], "members before the draw");
+    assert_ne!(drawn[2], ucb[2], "the drawn member");
+    let encoder = Encoder::new(&space);
+    let x: Vec<Vec<f64>> = drawn.iter().map(|s| encoder.encode(s)).collect();
+    for (i, p) in x.iter().enumerate() {
+        assert!(p.iter().all(|v| (0.0..=1.0).contains(v)), "{p:?}");
+        for q in &x[..i] {
+            assert!(linf(p, q) > 1e-6, "batch members {p:?} and {q:?} coincide");
+        }
+    }
+}
+
+/// Thompson sampling only replaces members while trials are pending: one suggestion at a
+/// time with nothing running is UCB's, bit for bit, even at a trial number the rule picks;
+/// with a trial running, that suggestion is drawn.
+#[test]
+fn thompson_sampling_needs_a_pending_trial() {
+    let metrics = [minimize("y")];
+    for n in [14, 19] {
+        let (space, completed) = branin_history(5, n);
+        let inp = input(&space, &metrics, &completed, &[], 1, 5);
+        assert!(inp.first_trial_number.is_multiple_of(5));
+        assert_eq!(
+            thompson_every(5).suggest(&inp).suggestions,
+            thompson_every(0).suggest(&inp).suggestions
+        );
+    }
+    let (space, completed) = branin_history(5, 13);
+    let running = [quasi_random_assignment(&space, 5, 40)];
+    let inp = input(&space, &metrics, &completed, &running, 1, 5);
+    assert_eq!(inp.first_trial_number, 15);
+    assert_ne!(
+        thompson_every(5).suggest(&inp).suggestions,
+        thompson_every(0).suggest(&inp).suggestions
+    );
 }
