@@ -665,14 +665,7 @@ fn refined_batches_are_distinct_valid_and_deterministic() {
     let b = designer.suggest(&inp).suggestions;
     assert_eq!(a, b, "deterministic");
     assert_eq!(a.len(), 5);
-    let encoder = Encoder::new(&space);
-    let x: Vec<Vec<f64>> = a.iter().map(|s| encoder.encode(s)).collect();
-    for (i, p) in x.iter().enumerate() {
-        assert!(p.iter().all(|v| (0.0..=1.0).contains(v)), "{p:?}");
-        for q in &x[..i] {
-            assert!(linf(p, q) > 1e-6, "batch members {p:?} and {q:?} coincide");
-        }
-    }
+    assert_valid_and_distinct(&space, &a);
 }
 
 /// Refinement only moves a candidate uphill on the acquisition the search maximizes: the
@@ -942,14 +935,7 @@ fn a_thompson_member_replaces_only_its_own_trial_of_a_batch() {
     let ucb = thompson_every(0).suggest(&inp).suggestions;
     assert_eq!(drawn[..2], ucb[..2], "members before the draw");
     assert_ne!(drawn[2], ucb[2], "the drawn member");
-    let encoder = Encoder::new(&space);
-    let x: Vec<Vec<f64>> = drawn.iter().map(|s| encoder.encode(s)).collect();
-    for (i, p) in x.iter().enumerate() {
-        assert!(p.iter().all(|v| (0.0..=1.0).contains(v)), "{p:?}");
-        for q in &x[..i] {
-            assert!(linf(p, q) > 1e-6, "batch members {p:?} and {q:?} coincide");
-        }
-    }
+    assert_valid_and_distinct(&space, &drawn);
 }
 
 /// Thompson sampling only replaces members while trials are pending: one suggestion at a
@@ -1047,4 +1033,16 @@ fn a_study_stuck_on_the_box_edge_steps_inside_with_the_revisit_rule() {
     let freed = run_study(&GpBanditDesigner::default(), &BRANIN, 8, 50, 1)[49];
     assert!(stuck > 1.0, "without the rule: regret {stuck}");
     assert!(freed < 1e-2, "with the rule: regret {freed}");
+}
+
+/// Every suggestion inside the unit cube once encoded, and no two the same point.
+fn assert_valid_and_distinct(space: &SearchSpace, suggestions: &[Assignment]) {
+    let encoder = Encoder::new(space);
+    let x: Vec<Vec<f64>> = suggestions.iter().map(|s| encoder.encode(s)).collect();
+    for (i, p) in x.iter().enumerate() {
+        assert!(p.iter().all(|v| (0.0..=1.0).contains(v)), "{p:?}");
+        for q in &x[..i] {
+            assert!(linf(p, q) > 1e-6, "batch members {p:?} and {q:?} coincide");
+        }
+    }
 }
