@@ -648,18 +648,8 @@ fn refined_batches_are_distinct_valid_and_deterministic() {
             ..GpBanditConfig::default()
         },
     };
-    let space = BRANIN.space();
+    let (space, completed) = branin_history(3, 12);
     let metrics = [minimize("y")];
-    let completed: Vec<CompletedTrial> = (0..12)
-        .map(|i| {
-            let a = quasi_random_assignment(&space, 3, i);
-            let y = BRANIN.evaluate(&a);
-            CompletedTrial {
-                parameters: a,
-                outcome: measured(&[("y", y)]),
-            }
-        })
-        .collect();
     let inp = input(&space, &metrics, &completed, &[], 5, 3);
     let a = designer.suggest(&inp).suggestions;
     let b = designer.suggest(&inp).suggestions;
@@ -675,16 +665,7 @@ fn refinement_never_lowers_the_chosen_point_s_acquisition() {
     let space = BRANIN.space();
     let metrics = [minimize("y")];
     for seed in 0..4 {
-        let completed: Vec<CompletedTrial> = (0..15)
-            .map(|i| {
-                let a = quasi_random_assignment(&space, seed, i);
-                let y = BRANIN.evaluate(&a);
-                CompletedTrial {
-                    parameters: a,
-                    outcome: measured(&[("y", y)]),
-                }
-            })
-            .collect();
+        let completed = branin_history(seed, 15).1;
         let inp = input(&space, &metrics, &completed, &[], 1, seed);
         let plain = GpBanditConfig {
             trust_region: false,
@@ -895,7 +876,7 @@ fn likelihood_choices_standardize_a_dense_smooth_bowl_and_warp_a_heavy_tail() {
     }
 }
 
-/// Branin after `n` quasi-random trials, for the Thompson-sampling tests.
+/// Branin after `n` quasi-random trials.
 fn branin_history(seed: u64, n: u64) -> (SearchSpace, Vec<CompletedTrial>) {
     let space = BRANIN.space();
     let completed = (0..n)
