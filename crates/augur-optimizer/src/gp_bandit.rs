@@ -243,6 +243,12 @@ pub struct GpBanditConfig {
     /// 10 still end in its local minimum). Every 2nd or every trial drawn was worse. See
     /// benches/quality/RESULTS.md (opt-18).
     pub batch_thompson_every: u64,
+    /// With nothing pending (suggestions one at a time, or a batch's first member), every
+    /// trial whose number is a multiple of this (0: never) maximizes a Thompson draw
+    /// instead of UCB, under the same restrictions as
+    /// [`GpBanditConfig::batch_thompson_every`]: a chance for a study that UCB keeps in
+    /// one basin to leave it.
+    pub sequential_thompson_every: u64,
     /// Random Fourier features of a Thompson draw (its cost: ~70 ms of CPU per drawn
     /// suggestion with 1024, d = 10).
     pub thompson_features: usize,
@@ -360,6 +366,7 @@ impl Default for GpBanditConfig {
             warping_choice_margin: 0.0,
             batch_beta_growth: 0.0,
             batch_thompson_every: 5,
+            sequential_thompson_every: 0,
             thompson_features: 1024,
             boundary_revisit_radius: 0.01,
             length_scale_prior_base: Prior::default().ln_length_scale.0,
@@ -469,6 +476,7 @@ impl GpBanditConfig {
                 "warping_choice_margin" => self.warping_choice_margin = num(v)?,
                 "batch_beta_growth" => self.batch_beta_growth = num(v)?,
                 "batch_thompson_every" => self.batch_thompson_every = num(v)? as u64,
+                "sequential_thompson_every" => self.sequential_thompson_every = num(v)? as u64,
                 "thompson_features" => self.thompson_features = num(v)? as usize,
                 "boundary_revisit_radius" => self.boundary_revisit_radius = num(v)?,
                 "length_scale_prior_base" => self.length_scale_prior_base = num(v)?,
@@ -579,9 +587,15 @@ impl Designer for GpBanditDesigner {
         while suggestions.len() < input.count && !crate::cancel::requested() {
             // By trial number, so that a batch and one-at-a-time suggestions with trials
             // running get the same share of Thompson draws.
-            let every = self.config.batch_thompson_every;
+            // With nothing pending (one at a time, or a batch's first member) the draw has
+            // its own, opt-in, period.
+            let every = if model.pending.is_empty() {
+                self.config.sequential_thompson_every
+            } else {
+                self.config.batch_thompson_every
+            };
             let trial = input.first_trial_number + suggestions.len() as u64;
-            let thompson = every > 0 && !model.pending.is_empty() && trial.is_multiple_of(every);
+            let thompson = every > 0 && trial.is_multiple_of(every);
             let a = match model.next_point(&self.config, &encoder, first, thompson, &mut rng) {
                 Some(x) => {
                     let a = encoder.decode(&x);
