@@ -31,7 +31,9 @@
 //!    maximize the pending-aware σ among points whose UCB reaches the best lower confidence
 //!    bound of the observed points (pure exploration within the promising region). With
 //!    [`GpBanditConfig::batch_thompson_every`], some of those members instead maximize a
-//!    function drawn from the posterior (Thompson sampling, [`PathwiseSample`]).
+//!    function drawn from the posterior (Thompson sampling, [`PathwiseSample`]);
+//!    [`GpBanditConfig::sequential_thompson_every`] does the same with nothing pending
+//!    (opt-in: it did not help one at a time).
 //! 5. Safety metrics (a `safety_threshold`): one GP per safety metric on its margin to the
 //!    threshold gives the probability `p(x)` that a point is safe; the acquisition value
 //!    `a` becomes `a₀ + (a − a₀) p(x)` above a floor `a₀` (probability-weighted, as in
@@ -246,8 +248,15 @@ pub struct GpBanditConfig {
     /// With nothing pending (suggestions one at a time, or a batch's first member), every
     /// trial whose number is a multiple of this (0: never) maximizes a Thompson draw
     /// instead of UCB, under the same restrictions as
-    /// [`GpBanditConfig::batch_thompson_every`]: a chance for a study that UCB keeps in
-    /// one basin to leave it.
+    /// [`GpBanditConfig::batch_thompson_every`]: meant as a chance for a study that UCB
+    /// keeps in one basin to leave it. Off: on the quality bench one at a time (22 cells
+    /// per seed set; the default meets 13 on seeds 0–9 and 12 on 10–19) every 3rd, 5th or
+    /// 10th trial drawn met 11/10, 11/9 and 12/10 (one cell gained, Ackley5 @30 with 5 on
+    /// seeds 0–9; two or three lost per set, mostly Ackley5 and Rosenbrock6 off-centre
+    /// @30); the Hartmann6 studies in its local minimum at 100 trials are the same seeds
+    /// whatever k, even with every trial drawn (their basin is decided by the Sobol
+    /// design), and Levy10 off-centre at 100 trials got worse (9.1 → 17.9 with 5). See
+    /// benches/quality/RESULTS.md (opt-19).
     pub sequential_thompson_every: u64,
     /// Random Fourier features of a Thompson draw (its cost: ~70 ms of CPU per drawn
     /// suggestion with 1024, d = 10).
