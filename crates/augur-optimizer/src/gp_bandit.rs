@@ -31,7 +31,9 @@
 //!    maximize the pending-aware σ among points whose UCB reaches the best lower confidence
 //!    bound of the observed points (pure exploration within the promising region). With
 //!    [`GpBanditConfig::batch_thompson_every`], some of those members instead maximize a
-//!    function drawn from the posterior (Thompson sampling, [`PathwiseSample`]).
+//!    function drawn from the posterior (Thompson sampling, [`PathwiseSample`]);
+//!    [`GpBanditConfig::sequential_thompson_every`] does the same with nothing pending
+//!    (opt-in: it did not help one at a time).
 //! 5. Safety metrics (a `safety_threshold`): one GP per safety metric on its margin to the
 //!    threshold gives the probability `p(x)` that a point is safe; the acquisition value
 //!    `a` becomes `a₀ + (a − a₀) p(x)` above a floor `a₀` (probability-weighted, as in
@@ -243,6 +245,19 @@ pub struct GpBanditConfig {
     /// 10 still end in its local minimum). Every 2nd or every trial drawn was worse. See
     /// benches/quality/RESULTS.md (opt-18).
     pub batch_thompson_every: u64,
+    /// With nothing pending (suggestions one at a time, or a batch's first member), every
+    /// trial whose number is a multiple of this (0: never) maximizes a Thompson draw
+    /// instead of UCB, under the same restrictions as
+    /// [`GpBanditConfig::batch_thompson_every`]: meant as a chance for a study that UCB
+    /// keeps in one basin to leave it. Off: on the quality bench one at a time (22 cells
+    /// per seed set; the default meets 13 on seeds 0–9 and 12 on 10–19) every 3rd, 5th or
+    /// 10th trial drawn met 11/10, 11/9 and 12/10 (one cell gained, Ackley5 @30 with 5 on
+    /// seeds 0–9; two or three lost per set, mostly Ackley5 and Rosenbrock6 off-centre
+    /// @30); the Hartmann6 studies in its local minimum at 100 trials are the same seeds
+    /// whatever k, even with every trial drawn (their basin is decided by the Sobol
+    /// design), and Levy10 off-centre at 100 trials got worse (9.1 → 17.9 with 5). See
+    /// benches/quality/RESULTS.md (opt-19).
+    pub sequential_thompson_every: u64,
     /// Random Fourier features of a Thompson draw (its cost: ~70 ms of CPU per drawn
     /// suggestion with 1024, d = 10).
     pub thompson_features: usize,
@@ -360,6 +375,7 @@ impl Default for GpBanditConfig {
             warping_choice_margin: 0.0,
             batch_beta_growth: 0.0,
             batch_thompson_every: 5,
+            sequential_thompson_every: 0,
             thompson_features: 1024,
             boundary_revisit_radius: 0.01,
             length_scale_prior_base: Prior::default().ln_length_scale.0,
@@ -469,6 +485,7 @@ impl GpBanditConfig {
                 "warping_choice_margin" => self.warping_choice_margin = num(v)?,
                 "batch_beta_growth" => self.batch_beta_growth = num(v)?,
                 "batch_thompson_every" => self.batch_thompson_every = num(v)? as u64,
+                "sequential_thompson_every" => self.sequential_thompson_every = num(v)? as u64,
                 "thompson_features" => self.thompson_features = num(v)? as usize,
                 "boundary_revisit_radius" => self.boundary_revisit_radius = num(v)?,
                 "length_scale_prior_base" => self.length_scale_prior_base = num(v)?,
@@ -579,9 +596,15 @@ impl Designer for GpBanditDesigner {
         while suggestions.len() < input.count && !crate::cancel::requested() {
             // By trial number, so that a batch and one-at-a-time suggestions with trials
             // running get the same share of Thompson draws.
-            let every = self.config.batch_thompson_every;
+            // With nothing pending (one at a time, or a batch's first member) the draw has
+            // its own, opt-in, period.
+            let every = if model.pending.is_empty() {
+                self.config.sequential_thompson_every
+            } else {
+                self.config.batch_thompson_every
+            };
             let trial = input.first_trial_number + suggestions.len() as u64;
-            let thompson = every > 0 && !model.pending.is_empty() && trial.is_multiple_of(every);
+            let thompson = every > 0 && trial.is_multiple_of(every);
             let a = match model.next_point(&self.config, &encoder, first, thompson, &mut rng) {
                 Some(x) => {
                     let a = encoder.decode(&x);

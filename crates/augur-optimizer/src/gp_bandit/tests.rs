@@ -944,6 +944,34 @@ fn thompson_sampling_needs_a_pending_trial() {
     );
 }
 
+/// With `sequential_thompson_every = 5`, a one-at-a-time suggestion (nothing running) is
+/// drawn at trial 15 and 20 and is UCB's, bit for bit, at the trial numbers around them;
+/// 0 (the default) is UCB's everywhere.
+#[test]
+fn sequential_thompson_draws_only_at_its_trial_numbers() {
+    let metrics = [minimize("y")];
+    let designer = |every: u64| GpBanditDesigner {
+        config: GpBanditConfig {
+            sequential_thompson_every: every,
+            ..GpBanditConfig::default()
+        },
+    };
+    assert_eq!(GpBanditConfig::default().sequential_thompson_every, 0);
+    for n in 13..20 {
+        let (space, completed) = branin_history(5, n);
+        let inp = input(&space, &metrics, &completed, &[], 1, 5);
+        let ucb = designer(0).suggest(&inp).suggestions;
+        assert_eq!(ucb, GpBanditDesigner::default().suggest(&inp).suggestions);
+        let drawn = designer(5).suggest(&inp).suggestions;
+        assert_eq!(drawn, designer(5).suggest(&inp).suggestions);
+        if inp.first_trial_number.is_multiple_of(5) {
+            assert_ne!(drawn, ucb, "trial {}", inp.first_trial_number);
+        } else {
+            assert_eq!(drawn, ucb, "trial {}", inp.first_trial_number);
+        }
+    }
+}
+
 /// The revisit rule: a candidate on a face of the box, near a known point and with no
 /// predicted gain gives way to the best candidate far from every known point; interior
 /// candidates (polishing), candidates with a predicted gain and radius 0 are kept.
