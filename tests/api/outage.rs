@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
@@ -561,34 +561,75 @@ impl Drop for DropRole {
     }
 }
 
-/// A study whose insert was sent when the database connection broke is answered `500`
-/// with code `unanswered`, not `503`: PostgreSQL may still run the statement (here it
-/// does), and a client told 503 sends the creation again and gets a second study. The
-/// insert waits in a trigger (which runs once the whole statement and its commit were sent;
-/// a table lock would stop it at parsing, before anything is sent) while the relay is cut;
-/// the server's backend then takes the lock, inserts and commits without its client.
+/// A single-statement change (creating or deleting a study, creating or revoking a token)
+/// sent when the database connection broke is answered `500` with code `unanswered`, not
+/// `503`: PostgreSQL may still run the statement (here it does), and a client told 503
+/// sends it again (a second study, a token name "taken" whose secret it never saw). Each
+/// statement waits in a trigger (which runs once the whole statement and its commit were
+/// sent; a table lock would stop it at parsing, before anything is sent) while the relay is
+/// cut; the server's backend then takes the lock and commits without its client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_study_sent_as_the_connection_breaks_is_answered_unanswered() {
-    let mut relayed = Relayed::start().await;
-    relayed
-        .admin_sql(
-            "CREATE TRIGGER wait_for_test BEFORE INSERT ON studies \
-             FOR EACH ROW EXECUTE FUNCTION wait_for_test()",
-        )
-        .await;
-    relayed.hold_lock().await;
-    let name = "sent-as-the-connection-breaks";
+async fn a_change_sent_as_the_connection_breaks_is_answered_unanswered() {
     let mut spec = common::spec("random", 5, 1);
-    spec["name"] = json!(name);
-    let answer = relayed
-        .cut_during("INSERT INTO studies%", "/v1/studies", spec)
-        .await;
-    relayed
-        .eventually_one(format!(
-            "SELECT count(*) FROM studies WHERE name = '{name}'"
-        ))
-        .await;
-    assert_unanswered(&answer, "unknown");
+    spec["name"] = json!("sent-as-the-connection-breaks");
+    let cases = [
+        (
+            "BEFORE INSERT ON studies",
+            Method::POST,
+            "/v1/studies",
+            Some(spec),
+            "SELECT count(*) FROM studies WHERE name = 'sent-as-the-connection-breaks'",
+        ),
+        (
+            "BEFORE DELETE ON studies",
+            Method::DELETE,
+            "/v1/studies/{study}",
+            None,
+            "SELECT 1 - count(*) FROM studies WHERE id = {study}",
+        ),
+        (
+            "BEFORE INSERT ON api_tokens",
+            Method::POST,
+            "/v1/tokens",
+            Some(json!({"name": "cut", "role": "reader"})),
+            "SELECT count(*) FROM api_tokens WHERE name = 'cut'",
+        ),
+        (
+            "BEFORE DELETE ON api_tokens",
+            Method::DELETE,
+            "/v1/tokens/kept",
+            None,
+            "SELECT 1 - count(*) FROM api_tokens WHERE name = 'kept'",
+        ),
+    ];
+    for (trigger, method, path, body, applied) in cases {
+        let mut relayed = Relayed::start().await;
+        let study = relayed.app.create_study(common::spec("random", 5, 1)).await;
+        relayed
+            .admin_sql(
+                "INSERT INTO api_tokens (name, token_hash, role, created_at) \
+                 VALUES ('kept', 'not-a-real-hash', 'reader', now())",
+            )
+            .await;
+        relayed
+            .admin_sql(&format!(
+                "CREATE TRIGGER wait_for_test {trigger} \
+                 FOR EACH ROW EXECUTE FUNCTION wait_for_test()"
+            ))
+            .await;
+        relayed.hold_lock().await;
+        let path = path.replace("{study}", &study.to_string());
+        let statement = if method == Method::POST {
+            "INSERT INTO%"
+        } else {
+            "DELETE FROM%"
+        };
+        let answer = relayed.cut_during(statement, method, &path, body).await;
+        relayed
+            .eventually_one(applied.replace("{study}", &study.to_string()))
+            .await;
+        assert_unanswered(&answer, "unknown");
+    }
 }
 
 /// A completion whose `COMMIT` was sent when the database connection broke is answered
@@ -611,7 +652,12 @@ async fn a_completion_whose_commit_is_cut_is_answered_unanswered() {
     relayed.hold_lock().await;
     let path = format!("/v1/studies/{study}/trials/{trial}/complete");
     let answer = relayed
-        .cut_during("COMMIT%", &path, json!({"metrics": {"accuracy": 0.9}}))
+        .cut_during(
+            "COMMIT%",
+            Method::POST,
+            &path,
+            Some(json!({"metrics": {"accuracy": 0.9}})),
+        )
         .await;
     relayed
         .eventually_one(format!(
@@ -653,6 +699,7 @@ async fn augur_worker_sends_a_completion_again_after_unanswered_and_finishes() {
         &work.path().join("out"),
         &script,
     )
+    .env("AUGUR_TOKEN", Relayed::TOKEN)
     .stderr(Stdio::piped())
     .spawn()
     .expect("worker");
@@ -733,6 +780,7 @@ struct Relayed {
 
 impl Relayed {
     const LOCK: i64 = 4242;
+    const TOKEN: &'static str = "relayed-admin-token";
 
     async fn start() -> Relayed {
         use sqlx::Connection;
@@ -742,16 +790,18 @@ impl Relayed {
         let relay = Relay::start(upstream.to_string()).await;
         let app_url = format!("{credentials}@127.0.0.1:{}/{database}", relay.port);
         let admin = sqlx::PgConnection::connect(&db.url).await.expect("admin");
+        // With a token: a test may add tokens, which closes an open server.
         let app = common::spawn_app_configured(db, |c| {
             c.database_url = app_url;
             c.dispatch = false;
+            c.token = Some(Self::TOKEN.to_string());
         })
         .await;
         let mut relayed = Relayed { app, relay, admin };
         relayed
             .admin_sql(&format!(
                 "CREATE FUNCTION wait_for_test() RETURNS trigger LANGUAGE plpgsql AS \
-                 $$ BEGIN PERFORM pg_advisory_xact_lock({}); RETURN NEW; END $$",
+                 $$ BEGIN PERFORM pg_advisory_xact_lock({}); RETURN COALESCE(NEW, OLD); END $$",
                 Self::LOCK
             ))
             .await;
@@ -775,9 +825,15 @@ impl Relayed {
         self.admin_sql("COMMIT").await;
     }
 
-    /// `POST path body` (with the lock held) until a statement like `statement` waits for
+    /// `method path body` (with the lock held) until a statement like `statement` waits for
     /// the lock; then cut the connections, release the lock and give the answer.
-    async fn cut_during(&mut self, statement: &str, path: &str, body: Value) -> common::Response {
+    async fn cut_during(
+        &mut self,
+        statement: &str,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> common::Response {
         let (http, base, token) = (
             common::http(),
             self.app.base.clone(),
@@ -785,15 +841,7 @@ impl Relayed {
         );
         let path = path.to_string();
         let request = tokio::spawn(async move {
-            common::call(
-                &http,
-                &base,
-                token.as_deref(),
-                reqwest::Method::POST,
-                &path,
-                Some(body),
-            )
-            .await
+            common::call(&http, &base, token.as_deref(), method, &path, body).await
         });
         self.wait_for_lock(statement).await;
         self.relay.cut();
