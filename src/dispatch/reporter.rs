@@ -15,10 +15,11 @@ use crate::service::{Completion, Service, ServiceError, ServiceResult, hash_toke
 /// back.
 pub const OUTAGE_PATIENCE: Duration = Duration::from_secs(120);
 
-/// `call` again, backing off from 0.2 s to 5 s, while the database is unavailable, for up to
-/// [`OUTAGE_PATIENCE`]. Every report is safe to repeat: a measurement replaces itself, a
-/// second completion or failure is a conflict taken as done. (A launch counted just before
-/// the connection broke may be counted twice: one retry less for that trial.)
+/// `call` again, backing off from 0.2 s to 5 s, while the database is unavailable or a
+/// report's outcome is unknown (caught in its commit), for up to [`OUTAGE_PATIENCE`]. Every
+/// report is safe to repeat: a measurement replaces itself, a second completion or failure
+/// is a conflict taken as done. (A launch counted just before the connection broke may be
+/// counted twice: one retry less for that trial.)
 pub async fn patiently<T, F, Fut>(what: &str, mut call: F) -> ServiceResult<T>
 where
     F: FnMut() -> Fut,
@@ -28,7 +29,9 @@ where
     let mut wait = Duration::from_millis(200);
     loop {
         match call().await {
-            Err(ServiceError::Unavailable(why)) if started.elapsed() < OUTAGE_PATIENCE => {
+            Err(ServiceError::Unavailable(why) | ServiceError::Unanswered(why))
+                if started.elapsed() < OUTAGE_PATIENCE =>
+            {
                 tracing::warn!(%why, ?wait, "{what}: the database is unavailable; trying again");
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(Duration::from_secs(5));
@@ -149,5 +152,37 @@ impl TrialReporter for ServiceReporter {
             self.service.refund_attempt(self.study_id, trial_id)
         })
         .await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A report caught in its commit (outcome unknown) is sent again, as after an outage:
+    /// every report is safe to repeat, and giving up leaves the trial active until its
+    /// lease runs out.
+    #[tokio::test]
+    async fn a_report_answered_unanswered_or_unavailable_is_sent_again() {
+        let calls = AtomicU32::new(0);
+        let outcome = patiently("complete", || {
+            let n = calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                match n {
+                    0 => Err(ServiceError::Unavailable("restarting".into())),
+                    1 => Err(ServiceError::Unanswered("commit cut".into())),
+                    _ => Ok(n),
+                }
+            }
+        })
+        .await;
+        assert!(matches!(outcome, Ok(2)), "{outcome:?}");
+        // Any other error is the caller's at once.
+        let refused = patiently("complete", || async {
+            Err::<(), _>(ServiceError::conflict("finished"))
+        })
+        .await;
+        assert!(matches!(refused, Err(ServiceError::Conflict { .. })));
     }
 }
