@@ -72,7 +72,9 @@ ensure_venv() {
 # ensure_packages PKG...: install the Debian packages that are missing
 ensure_packages() {
   local p missing=()
-  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  for p in "$@"; do
+    [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == "install ok installed" ]] || missing+=("$p")
+  done
   ((${#missing[@]})) || return 0
   echo "installing ${missing[*]}"
   apt-get update -qq

@@ -14,14 +14,22 @@ cd "$(dirname "$0")/.."
 base="${AUGUR_PODMAN_DIR:-$PWD/target/podman}"
 image="localhost/augur-base:bookworm"
 mkdir -p "$base"
+# Tests call this concurrently (one per container test): one at a time, or two installs race
+# for apt's lock and two imports for the root filesystem, and every trial fails.
+exec 9>"$base/setup.lock"
+flock 9
 
 pkgs=(podman runc catatonit mmdebstrap)
 missing=()
-for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+# installed, not merely known (a removed package keeps a status: "deinstall ok config-files")
+for p in "${pkgs[@]}"; do
+  [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == "install ok installed" ]] || missing+=("$p")
+done
 if ((${#missing[@]})); then
   echo "podman-setup: installing ${missing[*]}" >&2
-  apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  # another script of the test run may hold apt's lock: wait for it rather than fail
+  apt-get -o DPkg::Lock::Timeout=600 update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
 
 # This host lacks CAP_SYS_RESOURCE: Podman's default rlimits fail; ask for the hard limits.

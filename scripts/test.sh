@@ -18,6 +18,9 @@ step "Slurm (scripts/start-slurm.sh)"
 scripts/start-slurm.sh
 export AUGUR_TEST_SLURM=1
 
+step "Podman and its base image (scripts/podman-setup.sh; cached under target/podman)"
+scripts/podman-setup.sh >/dev/null
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

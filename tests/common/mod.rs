@@ -582,8 +582,11 @@ pub fn processes_with(marker: &str) -> usize {
     groups.len()
 }
 
-/// A Python with the real `cloudml-hypertune` from PyPI, in a venv made once per checkout.
+/// A Python with the real `cloudml-hypertune` from PyPI, in a venv made once per checkout (by
+/// one test at a time: two making the venv at once break it).
 pub fn python_with_hypertune() -> PathBuf {
+    static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = MAKING.lock().unwrap_or_else(|e| e.into_inner());
     let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv");
     let python = venv.join("bin/python3");
     let ready = Command::new(&python)

@@ -44,8 +44,11 @@ time.sleep(1000)
 
 /// The trainer image: the base image, the all-reduce example, this file's replica script and
 /// the real `cloudml-hypertune` package (pure Python, copied from the test venv). Built once
-/// per content (its tag is a hash of what goes in).
+/// per content (its tag is a hash of what goes in), by one test at a time: the tests start
+/// together, and two builds of one tag race.
 fn trainer_image(engine: &ContainerEngine, base: &str) -> String {
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let example = std::fs::read_to_string(root.join("examples/distributed/allreduce_train.py"))
         .expect("example");
@@ -109,18 +112,29 @@ fn trainer_image(engine: &ContainerEngine, base: &str) -> String {
     tag
 }
 
-/// Containers of study `study` (any state), from their labels.
-fn containers_of(engine: &ContainerEngine, study: i64) -> Vec<String> {
+/// Containers of study `study` of the test whose trials run under `runs` (any state): the
+/// tests run at once on one Podman, and each has a study 1.
+fn containers_of(engine: &ContainerEngine, runs: &Path, study: i64) -> Vec<String> {
+    containers_labelled(engine, runs, &format!("augur.dev/study={study}"))
+}
+
+/// Containers carrying `label` (`key=value`) whose trial directory is under `runs`.
+fn containers_labelled(engine: &ContainerEngine, runs: &Path, label: &str) -> Vec<String> {
     let out = Command::new(&engine.program)
         .args(&engine.global_args)
-        .args(["ps", "--all", "--format", "{{.Names}}"])
-        .args(["--filter", &format!("label=augur.dev/study={study}")])
+        .args(["ps", "--all", "--filter", &format!("label={label}")])
+        .args([
+            "--format",
+            "{{.Names}}\t{{index .Labels \"augur.dev/trial-dir\"}}",
+        ])
         .output()
         .expect("podman ps");
+    let mine = runs.display().to_string();
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .map(str::to_string)
-        .filter(|l| !l.is_empty())
+        .filter_map(|l| l.split_once('\t'))
+        .filter(|(_, dir)| dir.starts_with(&mine))
+        .map(|(name, _)| name.to_string())
         .collect()
 }
 
@@ -134,30 +148,12 @@ struct Setup {
 /// A failed test's containers go with it: every Augur container of this test's directory.
 impl Drop for Setup {
     fn drop(&mut self) {
-        let out = Command::new(&self.engine.program)
-            .args(&self.engine.global_args)
-            .args([
-                "ps",
-                "--all",
-                "--filter",
-                "label=app.kubernetes.io/managed-by=augur",
-            ])
-            .args([
-                "--format",
-                "{{.Names}}\t{{index .Labels \"augur.dev/trial-dir\"}}",
-            ])
-            .output();
-        let Ok(out) = out else { return };
-        let mine = self.runs.path().display().to_string();
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            if let Some((name, dir)) = line.split_once('\t')
-                && dir.starts_with(&mine)
-            {
-                let _ = Command::new(&self.engine.program)
-                    .args(&self.engine.global_args)
-                    .args(["rm", "--force", "--time", "0", name])
-                    .output();
-            }
+        let label = "app.kubernetes.io/managed-by=augur";
+        for name in containers_labelled(&self.engine, self.runs.path(), label) {
+            let _ = Command::new(&self.engine.program)
+                .args(&self.engine.global_args)
+                .args(["rm", "--force", "--time", "0", &name])
+                .output();
         }
     }
 }
@@ -345,9 +341,9 @@ async fn a_cluster_trial_runs_as_containers_that_find_each_other_and_report_thro
         }
     }
     assert!(
-        containers_of(&s.engine, id).is_empty(),
+        containers_of(&s.engine, s.runs.path(), id).is_empty(),
         "{:?}",
-        containers_of(&s.engine, id)
+        containers_of(&s.engine, s.runs.path(), id)
     );
 }
 
@@ -370,14 +366,14 @@ async fn a_crashed_container_retries_the_whole_cluster_and_a_stop_leaves_none_be
     let trial = s.app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
     assert_eq!(trial["state"], "completed", "{trial}");
     assert_eq!(trial["attempts"], 2, "{trial}");
-    assert!(containers_of(&s.engine, id).is_empty());
+    assert!(containers_of(&s.engine, s.runs.path(), id).is_empty());
 
     let spec = study(&s, "stopped", command("hang"), 4, 2, json!({}));
     let id = s.app.create_study(spec).await;
     common::eventually("six containers running", Duration::from_secs(120), || {
-        let engine = s.engine.clone();
+        let (engine, runs) = (s.engine.clone(), s.runs.path().to_path_buf());
         async move {
-            let n = containers_of(&engine, id).len();
+            let n = containers_of(&engine, &runs, id).len();
             if n >= 6 { Ok(()) } else { Err(format!("{n}")) }
         }
     })
@@ -388,9 +384,9 @@ async fn a_crashed_container_retries_the_whole_cluster_and_a_stop_leaves_none_be
         .await;
     assert_eq!(stopped.body["state"], "stopped", "{}", stopped.body);
     common::eventually("no container left", Duration::from_secs(60), || {
-        let engine = s.engine.clone();
+        let (engine, runs) = (s.engine.clone(), s.runs.path().to_path_buf());
         async move {
-            let left = containers_of(&engine, id);
+            let left = containers_of(&engine, &runs, id);
             if left.is_empty() {
                 Ok(())
             } else {
