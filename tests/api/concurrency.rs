@@ -95,24 +95,34 @@ struct Ledger {
     errors: Vec<String>,
 }
 
+/// POST `body` to `url`; an answer of 503 (the server overloaded: no database connection
+/// within its timeout, so nothing was done) is sent again after the Retry-After it asks
+/// for, as a real client does, up to a minute.
 async fn post(
     http: &reqwest::Client,
     url: String,
     body: Value,
 ) -> Result<(StatusCode, Value), String> {
-    let response = http.post(&url).json(&body).send().await.map_err(|e| {
-        // The causes too: "error sending request" alone does not say what failed.
-        let mut why = format!("POST {url}: {e}");
-        let mut source = std::error::Error::source(&e);
-        while let Some(cause) = source {
-            why.push_str(&format!(": {cause}"));
-            source = cause.source();
+    for _ in 0..60 {
+        let response = http.post(&url).json(&body).send().await.map_err(|e| {
+            // The causes too: "error sending request" alone does not say what failed.
+            let mut why = format!("POST {url}: {e}");
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                why.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
+            why
+        })?;
+        let status = response.status();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
         }
-        why
-    })?;
-    let status = response.status();
-    let body = response.json::<Value>().await.unwrap_or(Value::Null);
-    Ok((status, body))
+        let body = response.json::<Value>().await.unwrap_or(Value::Null);
+        return Ok((status, body));
+    }
+    Err(format!("POST {url}: 503 for a minute"))
 }
 
 /// One worker: suggest one trial, complete it, repeat until the study is completed.
