@@ -67,6 +67,7 @@ use crate::designer::{
 };
 use crate::gp::encoding::Encoder;
 use crate::gp::kernel::Hyper;
+use crate::gp::mean::{Trend, TrendBasis, TrendSpec};
 use crate::gp::model::{FitOptions, Posterior, Prior, fit_theta};
 use crate::gp::pathwise::PathwiseSample;
 use crate::gp::rank::loo_rank_quality;
@@ -117,6 +118,14 @@ pub fn log_h(z: f64) -> f64 {
         -0.5 * z2 - LN_SQRT_2PI - z2.ln() + (1.0 - 3.0 / z2 + 15.0 / (z2 * z2)).ln()
     }
 }
+
+/// The trend a `trend=…` override gets unless `trend_prior_sd` or `trend_concave` follow:
+/// quadratic, each coefficient's prior sd 1 on standardized targets, a bowl or nothing.
+const DEFAULT_TREND: TrendSpec = TrendSpec {
+    basis: TrendBasis::Quadratic,
+    prior_sd: 1.0,
+    concave: true,
+};
 
 /// Most pending points (running trials and the batch's earlier suggestions) that enter the
 /// pending-aware covariance.
@@ -293,6 +302,12 @@ pub struct GpBanditConfig {
     pub initial_per_parameter: f64,
     /// Most quasi-random trials before the GP takes over.
     pub max_initial_trials: usize,
+    /// A fitted trend as the GP's prior mean (see [`crate::gp::mean`]; `None`: zero mean,
+    /// i.e. the standardized targets' average). Cold fits of an objective only (not with a
+    /// warm start, nor for safety metrics): a ridge fit of the trend on the fit points
+    /// first, the hyperparameters on its residuals, then the posterior's generalized
+    /// least-squares trend under the fitted kernel.
+    pub trend: Option<TrendSpec>,
 }
 
 /// Where the output warping's Yeo-Johnson λ comes from (see [`GpBanditConfig::warping`]).
@@ -385,6 +400,7 @@ impl Default for GpBanditConfig {
             warm_start_ucb_beta: 0.2,
             initial_per_parameter: 2.0,
             max_initial_trials: 20,
+            trend: None,
         }
     }
 }
@@ -495,6 +511,31 @@ impl GpBanditConfig {
                 "incumbent_region" => self.incumbent_region = num(v)? != 0.0,
                 "initial_per_parameter" => self.initial_per_parameter = num(v)?,
                 "max_initial_trials" => self.max_initial_trials = num(v)? as usize,
+                "trend" => {
+                    let basis = match num(v)? {
+                        0.0 => None,
+                        1.0 => Some(TrendBasis::Constant),
+                        2.0 => Some(TrendBasis::Linear),
+                        3.0 => Some(TrendBasis::Quadratic),
+                        _ => return Err(format!("{kv}: expected 0, 1, 2 or 3")),
+                    };
+                    let old = self.trend.unwrap_or(DEFAULT_TREND);
+                    self.trend = basis.map(|basis| TrendSpec { basis, ..old });
+                }
+                "trend_prior_sd" => {
+                    let sd = num(v)?;
+                    self.trend = self.trend.map(|t| TrendSpec { prior_sd: sd, ..t });
+                    if self.trend.is_none() {
+                        return Err(format!("{kv}: set trend first"));
+                    }
+                }
+                "trend_concave" => {
+                    let concave = num(v)? != 0.0;
+                    self.trend = self.trend.map(|t| TrendSpec { concave, ..t });
+                    if self.trend.is_none() {
+                        return Err(format!("{kv}: set trend first"));
+                    }
+                }
                 "log_ei" => {
                     self.acquisition = if num(v)? != 0.0 {
                         Acquisition::LogEi
@@ -1690,9 +1731,26 @@ fn fit_objective(
     rng: &mut StdRng,
 ) -> Option<ObjectiveModel> {
     let cold = |rng: &mut StdRng| -> Option<ObjectiveModel> {
-        let theta = fit_theta(fit_x, &fit_y, categorical, starts, options, rng);
-        let hyper = Hyper::from_theta_with(&theta, categorical);
-        let posterior = Posterior::new(hyper.clone(), train_x.to_vec(), Some(&train_y))?;
+        let (theta, posterior) = match config.trend {
+            None => {
+                let theta = fit_theta(fit_x, &fit_y, categorical, starts, options, rng);
+                let hyper = Hyper::from_theta_with(&theta, categorical);
+                let posterior = Posterior::new(hyper, train_x.to_vec(), Some(&train_y))?;
+                (theta, posterior)
+            }
+            Some(spec) => {
+                // The kernel is fitted to what the ridge trend leaves, so its amplitude
+                // and length scales describe the residual (Levy's ripples), not the bowl.
+                let ridge = Trend::fit(spec, fit_x, &fit_y, categorical, None);
+                let residual = &fit_y - ridge.values(fit_x);
+                let theta = fit_theta(fit_x, &residual, categorical, starts, options, rng);
+                let hyper = Hyper::from_theta_with(&theta, categorical);
+                let posterior =
+                    Posterior::with_trend(hyper, train_x.to_vec(), &train_y, spec, categorical)?;
+                (theta, posterior)
+            }
+        };
+        let hyper = posterior.hyper.clone();
         Some(ObjectiveModel {
             posterior: Some(posterior),
             hyper,

@@ -1055,3 +1055,72 @@ fn assert_valid_and_distinct(space: &SearchSpace, suggestions: &[Assignment]) {
         }
     }
 }
+
+/// The `trend` knobs build the trend spec (`trend` first, then its options), and bad
+/// values are errors.
+#[test]
+fn trend_knobs_select_the_prior_mean() {
+    use crate::gp::mean::{TrendBasis, TrendSpec};
+    let default = GpBanditConfig::default();
+    assert_eq!(default.trend, None);
+    let c = default
+        .clone()
+        .with_overrides("trend=3,trend_prior_sd=0.5,trend_concave=0")
+        .expect("knobs");
+    assert_eq!(
+        c.trend,
+        Some(TrendSpec {
+            basis: TrendBasis::Quadratic,
+            prior_sd: 0.5,
+            concave: false,
+        })
+    );
+    let c = c.with_overrides("trend=1").expect("knob");
+    assert_eq!(
+        c.trend.map(|t| (t.basis, t.prior_sd)),
+        Some((TrendBasis::Constant, 0.5))
+    );
+    assert_eq!(c.with_overrides("trend=0").expect("knob").trend, None);
+    assert!(default.clone().with_overrides("trend=4").is_err());
+    assert!(default.with_overrides("trend_prior_sd=1").is_err());
+}
+
+/// With a quadratic trend the fitted model's mean carries the trend (Branin after its
+/// Sobol design), and a batch of 5 is valid, distinct and deterministic.
+#[test]
+fn trended_batches_are_distinct_valid_and_deterministic() {
+    let designer = GpBanditDesigner {
+        config: GpBanditConfig::default()
+            .with_overrides("trend=3")
+            .expect("knob"),
+    };
+    let (space, completed) = branin_history(3, 12);
+    let metrics = [minimize("y")];
+    let inp = input(&space, &metrics, &completed, &[], 5, 3);
+    let encoder = Encoder::new(inp.space);
+    let model = Model::fit(
+        &designer.config,
+        &encoder,
+        &inp,
+        &mut StdRng::seed_from_u64(5),
+    )
+    .expect("a model");
+    let posterior = model.objectives[0].posterior.as_ref().expect("posterior");
+    let trend = posterior.trend().expect("a trend");
+    assert!(trend.coefficients().iter().any(|c| *c != 0.0));
+    let a = designer.suggest(&inp).suggestions;
+    let b = designer.suggest(&inp).suggestions;
+    assert_eq!(a, b, "deterministic");
+    assert_eq!(a.len(), 5);
+    assert_valid_and_distinct(&space, &a);
+    // The default designer's model has no trend.
+    let plain = fitted(&inp);
+    assert!(
+        plain.objectives[0]
+            .posterior
+            .as_ref()
+            .expect("posterior")
+            .trend()
+            .is_none()
+    );
+}
