@@ -302,11 +302,10 @@ pub struct GpBanditConfig {
     pub initial_per_parameter: f64,
     /// Most quasi-random trials before the GP takes over.
     pub max_initial_trials: usize,
-    /// A fitted trend as the GP's prior mean (see [`crate::gp::mean`]; `None`: zero mean,
-    /// i.e. the standardized targets' average). Cold fits of an objective only (not with a
-    /// warm start, nor for safety metrics): a ridge fit of the trend on the fit points
-    /// first, the hyperparameters on its residuals, then the posterior's generalized
-    /// least-squares trend under the fitted kernel.
+    /// A fitted trend as the GP's prior mean (see [`crate::gp::mean`] and
+    /// [`fit_posterior`]; `None`: zero mean, i.e. the standardized targets' average), for
+    /// every objective; with a warm start one trend for both studies. Safety metrics keep
+    /// the zero mean.
     pub trend: Option<TrendSpec>,
 }
 
@@ -1731,25 +1730,15 @@ fn fit_objective(
     rng: &mut StdRng,
 ) -> Option<ObjectiveModel> {
     let cold = |rng: &mut StdRng| -> Option<ObjectiveModel> {
-        let (theta, posterior) = match config.trend {
-            None => {
-                let theta = fit_theta(fit_x, &fit_y, categorical, starts, options, rng);
-                let hyper = Hyper::from_theta_with(&theta, categorical);
-                let posterior = Posterior::new(hyper, train_x.to_vec(), Some(&train_y))?;
-                (theta, posterior)
-            }
-            Some(spec) => {
-                // The kernel is fitted to what the ridge trend leaves, so its amplitude
-                // and length scales describe the residual (Levy's ripples), not the bowl.
-                let ridge = Trend::fit(spec, fit_x, &fit_y, categorical, None);
-                let residual = &fit_y - ridge.values(fit_x);
-                let theta = fit_theta(fit_x, &residual, categorical, starts, options, rng);
-                let hyper = Hyper::from_theta_with(&theta, categorical);
-                let posterior =
-                    Posterior::with_trend(hyper, train_x.to_vec(), &train_y, spec, categorical)?;
-                (theta, posterior)
-            }
-        };
+        let (theta, posterior) = fit_posterior(
+            config.trend,
+            (fit_x, &fit_y),
+            (train_x.to_vec(), &train_y),
+            categorical,
+            starts,
+            options,
+            rng,
+        )?;
         let hyper = posterior.hyper.clone();
         Some(ObjectiveModel {
             posterior: Some(posterior),
@@ -1783,20 +1772,22 @@ fn fit_objective(
         .copied()
         .chain(pick_y(&fit_keep))
         .collect();
-    let theta = fit_theta(
-        &x_fit,
-        &DVector::from_vec(y_fit),
-        &mask,
-        starts,
-        options,
-        rng,
-    );
-    let hyper = Hyper::from_theta_with(&theta, &mask);
     let prior_x = pick_x(&keep);
     let mut x = lift(train_x, 0.0);
     x.extend(prior_x.iter().cloned());
     let y: Vec<f64> = joint_train_y.iter().copied().chain(pick_y(&keep)).collect();
-    let posterior = Posterior::new(hyper.clone(), x, Some(&DVector::from_vec(y)))?;
+    // With a trend, one trend for both studies (the study feature, categorical, has none):
+    // a warm study then polishes as a cold one does.
+    let (theta, posterior) = fit_posterior(
+        config.trend,
+        (&x_fit, &DVector::from_vec(y_fit)),
+        (x, &DVector::from_vec(y)),
+        &mask,
+        starts,
+        options,
+        rng,
+    )?;
+    let hyper = posterior.hyper.clone();
     let mut order: Vec<usize> = (0..prior.y.len()).collect();
     order.sort_by(|&a, &b| prior.y[b].total_cmp(&prior.y[a]));
     let best = order.iter().take(5).map(|&i| prior.x[i].clone()).collect();
@@ -1820,6 +1811,34 @@ fn fit_objective(
     } else {
         cold(rng)
     }
+}
+
+/// MAP hyperparameters on the fit points and the posterior on the training points, with
+/// `trend` as the prior mean if given: then a ridge fit of the trend on the fit points
+/// first and the hyperparameters on its residuals, so the kernel's amplitude and length
+/// scales describe what the trend leaves (Levy's ripples), not the bowl; the posterior
+/// refits the trend by generalized least squares under that kernel.
+#[expect(clippy::type_complexity, reason = "points and targets, paired")]
+fn fit_posterior(
+    trend: Option<TrendSpec>,
+    (fit_x, fit_y): (&[Vec<f64>], &DVector<f64>),
+    (train_x, train_y): (Vec<Vec<f64>>, &DVector<f64>),
+    categorical: &[bool],
+    starts: &[Vec<f64>],
+    options: FitOptions,
+    rng: &mut StdRng,
+) -> Option<(Vec<f64>, Posterior)> {
+    let Some(spec) = trend else {
+        let theta = fit_theta(fit_x, fit_y, categorical, starts, options, rng);
+        let hyper = Hyper::from_theta_with(&theta, categorical);
+        return Some((theta, Posterior::new(hyper, train_x, Some(train_y))?));
+    };
+    let ridge = Trend::fit(spec, fit_x, fit_y, categorical, None);
+    let residual = fit_y - ridge.values(fit_x);
+    let theta = fit_theta(fit_x, &residual, categorical, starts, options, rng);
+    let hyper = Hyper::from_theta_with(&theta, categorical);
+    let posterior = Posterior::with_trend(hyper, train_x, train_y, spec, categorical)?;
+    Some((theta, posterior))
 }
 
 /// What makes a candidate a revisit (see [`pick_candidate`]).
