@@ -119,11 +119,13 @@ pub fn log_h(z: f64) -> f64 {
     }
 }
 
-/// The trend a `trend=…` override gets unless `trend_prior_sd` or `trend_concave` follow:
-/// quadratic, each coefficient's prior sd 1 on standardized targets, a bowl or nothing.
+/// The default trend (see [`GpBanditConfig::trend`]), also what a `trend=…` override starts
+/// from when the config has none: quadratic, each coefficient's prior sd 0.3 on
+/// standardized targets (the basis columns have unit variance over the box), a bowl or
+/// nothing per feature.
 const DEFAULT_TREND: TrendSpec = TrendSpec {
     basis: TrendBasis::Quadratic,
-    prior_sd: 1.0,
+    prior_sd: 0.3,
     concave: true,
 };
 
@@ -305,7 +307,17 @@ pub struct GpBanditConfig {
     /// A fitted trend as the GP's prior mean (see [`crate::gp::mean`] and
     /// [`fit_posterior`]; `None`: zero mean, i.e. the standardized targets' average), for
     /// every objective; with a warm start one trend for both studies. Safety metrics keep
-    /// the zero mean.
+    /// the zero mean. Default: a per-feature quadratic bowl with prior sd 0.3
+    /// ([`DEFAULT_TREND`]). Why: with a zero mean the GP fits Levy's ripples (length
+    /// scales 0.05–0.1) and its mean away from the data reverts to the average, so UCB
+    /// stays in one ripple valley; the bowl's mean points to the better valleys. On the
+    /// quality bench (44 cells per seed set) it met 35 on seeds 0–9 and 36 on 10–19 (zero
+    /// mean: 31 and 30), Levy10 at 100 trials one at a time 5.31 → 0.56 and 6.06 → 0.57;
+    /// lost three cells on seeds 0–9 by at most 10 % (Ackley5 @50, p1 and p5, met on seeds
+    /// 10–19; Levy10 off-centre p5 @30) and none on 10–19. Prior sd 1 met 34 and 36 but
+    /// failed tests/warm_start.rs (median 31 trials, allowed 30); 0.5 met 34 and 31; a
+    /// learned constant mean or a linear trend did not help Levy. See
+    /// benches/quality/RESULTS.md (opt-20).
     pub trend: Option<TrendSpec>,
 }
 
@@ -399,7 +411,7 @@ impl Default for GpBanditConfig {
             warm_start_ucb_beta: 0.2,
             initial_per_parameter: 2.0,
             max_initial_trials: 20,
-            trend: None,
+            trend: Some(DEFAULT_TREND),
         }
     }
 }
