@@ -11,8 +11,12 @@
 //! 2. Completed trials are encoded ([`Encoder`]: numbers in `[0, 1]`, categoricals as level
 //!    indices compared by the kernel's Hamming term), each objective metric's values warped
 //!    ([`warp`]), and one GP per objective fitted (MAP hyperparameters, warm-started from
-//!    the state returned last time). Large histories are subsampled (the best third plus
-//!    the most recent) so the cost of a suggestion is bounded without a clock.
+//!    the state returned last time), whose prior mean is a fitted quadratic bowl rather
+//!    than the targets' average ([`GpBanditConfig::trend`], [`crate::gp::mean`]): away
+//!    from the data the mean then points to the bowl's floor, which a GP that models
+//!    ripples with short length scales (Levy) does not see otherwise. Large histories are
+//!    subsampled (the best third plus the most recent) so the cost of a suggestion is
+//!    bounded without a clock.
 //! 3. Warm start: the prior studies' trials (warped together with the new study's, so both
 //!    are on one scale) join the GP with a categorical *study* feature, whose Hamming term
 //!    learns how far the studies agree (a two-task GP, see [`fit_objective`]); while a
