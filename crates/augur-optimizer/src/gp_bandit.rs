@@ -1834,7 +1834,6 @@ fn fit_objective(
 /// first and the hyperparameters on its residuals, so the kernel's amplitude and length
 /// scales describe what the trend leaves (Levy's ripples), not the bowl; the posterior
 /// refits the trend by generalized least squares under that kernel.
-#[expect(clippy::type_complexity, reason = "points and targets, paired")]
 fn fit_posterior(
     trend: Option<TrendSpec>,
     (fit_x, fit_y): (&[Vec<f64>], &DVector<f64>),
