@@ -1,4 +1,5 @@
-//! A zero-mean GP regression model: MAP hyperparameters and the posterior.
+//! A GP regression model: MAP hyperparameters and the posterior, zero-mean or with a
+//! fitted trend as its prior mean ([`Posterior::with_trend`], see [`super::mean`]).
 //!
 //! The log marginal likelihood (Rasmussen & Williams 2006, eq. 5.8) on standardized outputs
 //! `y` with `K = K_f + σ_n² I`:
@@ -17,6 +18,7 @@ use nalgebra::{Cholesky, DMatrix, DVector, Dyn};
 use rand::{Rng, RngExt};
 
 use super::kernel::{Hyper, feature_distance, length_scale_factor, matern52};
+use super::mean::{Trend, TrendSpec};
 
 const SQRT5: f64 = 2.236_067_977_499_79;
 
@@ -415,6 +417,8 @@ pub struct Posterior {
     alpha: Option<DVector<f64>>,
     /// The outputs conditioned on (for the leave-one-out means).
     y: Option<DVector<f64>>,
+    /// The prior mean (`None`: zero) and its values at `x`; `alpha` is then `K⁻¹(y − m(X))`.
+    trend: Option<(Trend, DVector<f64>)>,
 }
 
 impl Posterior {
@@ -429,7 +433,49 @@ impl Posterior {
             l_inv,
             alpha,
             y: y.cloned(),
+            trend: None,
         })
+    }
+
+    /// Condition on `x` with outputs `y` under a prior mean fitted by `spec` (see
+    /// [`super::mean`]): `β̄ = (τ⁻² I + (L⁻¹H)ᵀ(L⁻¹H))⁻¹ (L⁻¹H)ᵀ(L⁻¹y)` with this kernel's
+    /// `L`, then `α = K⁻¹(y − Hβ̄)`. `categorical` marks the features without a trend.
+    pub fn with_trend(
+        hyper: Hyper,
+        x: Vec<Vec<f64>>,
+        y: &DVector<f64>,
+        spec: TrendSpec,
+        categorical: &[bool],
+    ) -> Option<Self> {
+        let plain = Posterior::new(hyper, x, None)?;
+        let trend = Trend::fit(spec, &plain.x, y, categorical, Some(&plain.l_inv));
+        let at_x = trend.values(&plain.x);
+        let mut post = Posterior {
+            trend: Some((trend, at_x)),
+            ..plain
+        };
+        post.alpha = Some(post.solve_residual(y));
+        post.y = Some(y.clone());
+        Some(post)
+    }
+
+    /// `K⁻¹(y − m(X))` (m = 0 without a trend).
+    fn solve_residual(&self, y: &DVector<f64>) -> DVector<f64> {
+        let r = match &self.trend {
+            Some((_, at_x)) => y - at_x,
+            None => y.clone(),
+        };
+        self.l_inv.tr_mul(&(&self.l_inv * r))
+    }
+
+    /// The prior mean's value at `point` (0 without a trend).
+    fn trend_value(&self, point: &[f64]) -> f64 {
+        self.trend.as_ref().map_or(0.0, |(t, _)| t.value(point))
+    }
+
+    /// The fitted prior mean, if any.
+    pub fn trend(&self) -> Option<&Trend> {
+        self.trend.as_ref().map(|(t, _)| t)
     }
 
     /// Log marginal likelihood of the outputs conditioned on (Rasmussen & Williams 2006,
@@ -439,7 +485,12 @@ impl Posterior {
         let (alpha, y) = (self.alpha.as_ref()?, self.y.as_ref()?);
         let n = y.len() as f64;
         let half_log_det: f64 = -(0..y.len()).map(|i| self.l_inv[(i, i)].ln()).sum::<f64>();
-        Some(-0.5 * y.dot(alpha) - half_log_det - 0.5 * n * (2.0 * std::f64::consts::PI).ln())
+        // With a trend, of the residual `y − m(X)` (the trend taken as known).
+        let r = match &self.trend {
+            Some((_, at_x)) => y - at_x,
+            None => y.clone(),
+        };
+        Some(-0.5 * r.dot(alpha) - half_log_det - 0.5 * n * (2.0 * std::f64::consts::PI).ln())
     }
 
     /// Leave-one-out log predictive probability of the outputs conditioned on
@@ -493,7 +544,11 @@ impl Posterior {
             }
         }
         let mean = match &self.alpha {
-            Some(a) => (ks.transpose() * a).iter().copied().collect(),
+            Some(a) => (ks.transpose() * a)
+                .iter()
+                .zip(points)
+                .map(|(v, p)| v + self.trend_value(p))
+                .collect(),
             None => vec![0.0; m],
         };
         let v = &self.l_inv * &ks;
@@ -528,10 +583,15 @@ impl Posterior {
             }
         }
         let (mean, mean_grad) = match &self.alpha {
-            Some(a) => (
-                ks.dot(a),
-                (dk.transpose() * a).iter().copied().collect::<Vec<f64>>(),
-            ),
+            Some(a) => {
+                let mut grad: Vec<f64> = (dk.transpose() * a).iter().copied().collect();
+                if let Some((t, _)) = &self.trend {
+                    for (g, tg) in grad.iter_mut().zip(t.gradient(point)) {
+                        *g += tg;
+                    }
+                }
+                (ks.dot(a) + self.trend_value(point), grad)
+            }
             None => (0.0, vec![0.0; dim]),
         };
         let v = &self.l_inv * &ks;
@@ -563,16 +623,16 @@ impl Posterior {
         self.y.as_ref()
     }
 
-    /// The same points and kernel conditioned on other outputs, reusing the factorization:
-    /// `α = K⁻¹y = L⁻ᵀ(L⁻¹y)`, O(n²).
+    /// The same points, kernel and trend (not refitted) conditioned on other outputs,
+    /// reusing the factorization: `α = K⁻¹(y − m(X)) = L⁻ᵀ(L⁻¹(y − m(X)))`, O(n²).
     pub fn with_outputs(&self, y: &DVector<f64>) -> Posterior {
-        let alpha = self.l_inv.tr_mul(&(&self.l_inv * y));
         Posterior {
             hyper: self.hyper.clone(),
             x: self.x.clone(),
             l_inv: self.l_inv.clone(),
-            alpha: Some(alpha),
+            alpha: Some(self.solve_residual(y)),
             y: Some(y.clone()),
+            trend: self.trend.clone(),
         }
     }
 
@@ -585,11 +645,15 @@ impl Posterior {
         points
             .iter()
             .map(|p| {
-                self.x
-                    .iter()
-                    .zip(alpha.iter())
-                    .map(|(xi, a)| a * matern52(self.hyper.amplitude, self.hyper.r2(xi, p).sqrt()))
-                    .sum()
+                self.trend_value(p)
+                    + self
+                        .x
+                        .iter()
+                        .zip(alpha.iter())
+                        .map(|(xi, a)| {
+                            a * matern52(self.hyper.amplitude, self.hyper.r2(xi, p).sqrt())
+                        })
+                        .sum::<f64>()
             })
             .collect()
     }
@@ -832,6 +896,119 @@ mod tests {
                 assert_eq!(g.mean_grad[1], 0.0);
                 assert_eq!(g.variance_grad[1], 0.0);
             }
+        }
+    }
+
+    fn quadratic_trend() -> TrendSpec {
+        TrendSpec {
+            basis: super::super::mean::TrendBasis::Quadratic,
+            prior_sd: 1.0,
+            concave: true,
+        }
+    }
+
+    #[test]
+    fn posterior_with_a_trend_reverts_to_the_bowl_away_from_the_data() {
+        // A bowl with its top at (0.3, 0.7), seen at scattered points by a GP with short
+        // length scales: between the points the zero-mean GP reverts to 0, the trend's GP
+        // to the bowl.
+        let mut rng = StdRng::seed_from_u64(11);
+        let f = |p: &[f64]| 1.0 - 4.0 * (p[0] - 0.3).powi(2) - 4.0 * (p[1] - 0.7).powi(2);
+        let x: Vec<Vec<f64>> = (0..25)
+            .map(|_| vec![rng.random::<f64>(), rng.random::<f64>()])
+            .collect();
+        let y = DVector::from_iterator(x.len(), x.iter().map(|p| f(p)));
+        let h = Hyper::from_theta_with(&[0.0, -3.0, -3.0, -8.0], &[]);
+        let plain = Posterior::new(h.clone(), x.clone(), Some(&y)).expect("pd");
+        let trended =
+            Posterior::with_trend(h.clone(), x.clone(), &y, quadratic_trend(), &[]).expect("pd");
+        // Both interpolate the data (short length scales, little noise).
+        let (m, _) = trended.predict(&x);
+        for (a, b) in m.iter().zip(y.iter()) {
+            assert!((a - b).abs() < 1e-3, "{a} vs {b}");
+        }
+        // Between the points (grid points at least 0.12 from every data point; length
+        // scale 0.05), the trend's GP predicts the bowl, the zero-mean GP about 0.
+        let probes: Vec<Vec<f64>> = (0..11)
+            .flat_map(|i| (0..11).map(move |j| vec![i as f64 / 10.0, j as f64 / 10.0]))
+            .filter(|p| x.iter().all(|q| (p[0] - q[0]).hypot(p[1] - q[1]) > 0.12))
+            .collect();
+        assert!(probes.len() >= 10, "{}", probes.len());
+        let (mt, vt) = trended.predict(&probes);
+        let (mp, vp) = plain.predict(&probes);
+        let (mut err_trend, mut err_plain) = (0.0, 0.0);
+        for (i, p) in probes.iter().enumerate() {
+            assert!((mt[i] - f(p)).abs() < 0.3, "{p:?}: {} vs {}", mt[i], f(p));
+            assert!(mp[i].abs() < 0.2, "{p:?}: {}", mp[i]);
+            assert_eq!(vt[i], vp[i], "the variance is the kernel's");
+            err_trend += (mt[i] - f(p)).abs();
+            err_plain += (mp[i] - f(p)).abs();
+        }
+        assert!(err_trend < 0.2 * err_plain, "{err_trend} vs {err_plain}");
+        // Deterministic: the same inputs give bit-identical predictions.
+        let again = Posterior::with_trend(h, x, &y, quadratic_trend(), &[]).expect("pd");
+        assert_eq!(again.predict(&probes), (mt, vt));
+    }
+
+    #[test]
+    fn posterior_with_a_trend_has_gradients_matching_finite_differences() {
+        let mut rng = StdRng::seed_from_u64(12);
+        let x: Vec<Vec<f64>> = (0..20)
+            .map(|i| vec![rng.random::<f64>(), (i % 3) as f64, rng.random::<f64>()])
+            .collect();
+        let y = DVector::from_iterator(20, x.iter().map(|p| -3.0 * (p[0] - 0.4).powi(2) + p[2]));
+        let cat = [false, true, false];
+        let hyper = Hyper::from_theta_with(&[0.2, -1.5, 0.0, -1.0, -6.0], &cat);
+        let post = Posterior::with_trend(hyper, x, &y, quadratic_trend(), &cat).expect("pd");
+        assert!(post.trend().is_some_and(|t| t.coefficients()[3] < 0.0));
+        for point in [[0.31, 1.0, 0.62], [0.9, 2.0, 0.05], [0.02, 0.0, 0.97]] {
+            let g = post.predict_with_gradient(&point);
+            let (m0, v0) = post.predict(&[point.to_vec()]);
+            assert!((g.mean - m0[0]).abs() < 1e-12 && (g.variance - v0[0]).abs() < 1e-12);
+            assert!((post.predict_mean(&[point.to_vec()])[0] - m0[0]).abs() < 1e-12);
+            for j in [0, 2] {
+                let eps = 1e-6;
+                let mut p = point.to_vec();
+                p[j] += eps;
+                let mp = post.predict_mean(std::slice::from_ref(&p))[0];
+                p[j] -= 2.0 * eps;
+                let mm = post.predict_mean(&[p])[0];
+                let dm = (mp - mm) / (2.0 * eps);
+                assert!(
+                    (g.mean_grad[j] - dm).abs() < 1e-5 * dm.abs().max(1.0),
+                    "μ {j}: {} vs {dm}",
+                    g.mean_grad[j]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn with_outputs_keeps_the_trend_and_conditions_on_the_new_outputs() {
+        // Conditioning the trended posterior on its own outputs changes nothing; on outputs
+        // shifted by the trend's values at X, the kernel part is that of the plain GP.
+        let mut rng = StdRng::seed_from_u64(13);
+        let x: Vec<Vec<f64>> = (0..12)
+            .map(|_| vec![rng.random::<f64>(), rng.random::<f64>()])
+            .collect();
+        let y = DVector::from_iterator(12, x.iter().map(|p| -(p[0] - 0.5).powi(2) + p[1]));
+        let h = Hyper::from_theta_with(&[0.0, -1.0, -1.0, -6.0], &[]);
+        let post =
+            Posterior::with_trend(h.clone(), x.clone(), &y, quadratic_trend(), &[]).expect("pd");
+        let probes = vec![vec![0.2, 0.2], vec![0.8, 0.6]];
+        let same = post.with_outputs(&y);
+        assert_eq!(same.predict_mean(&probes), post.predict_mean(&probes));
+        let z = DVector::from_iterator(12, (0..12).map(|i| (i as f64).sin()));
+        let trend = post.trend().expect("trend").clone();
+        let shifted = post.with_outputs(&(&z + trend.values(&x)));
+        let plain = Posterior::new(h, x, Some(&z)).expect("pd");
+        for (p, (a, b)) in probes.iter().zip(
+            shifted
+                .predict_mean(&probes)
+                .iter()
+                .zip(plain.predict_mean(&probes)),
+        ) {
+            assert!((a - trend.value(p) - b).abs() < 1e-9);
         }
     }
 }
