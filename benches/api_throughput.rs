@@ -38,6 +38,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -189,20 +190,33 @@ async fn metric_sum_count(http: &reqwest::Client, base: &str, name: &str) -> (f6
     (value("sum"), value("count"))
 }
 
-/// A counter in the server's `/metrics`, summed over its labels; 0 before it is first
-/// incremented (the exporter has no line for it then).
-async fn metric_counter(http: &reqwest::Client, base: &str, name: &str) -> f64 {
+/// A counter's samples summed by the value of `label`, from the server's `/metrics`.
+async fn metric_counter_by(
+    http: &reqwest::Client,
+    base: &str,
+    name: &str,
+    label: &str,
+) -> BTreeMap<String, f64> {
+    let mut by = BTreeMap::new();
     let Ok(response) = http.get(format!("{base}/metrics")).send().await else {
-        return 0.0;
+        return by;
     };
     let text = response.text().await.unwrap_or_default();
-    text.lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    let key = format!("{label}=\"");
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(name).and_then(|r| r.strip_prefix('{')) else {
+            continue;
+        };
+        let value = rest
+            .split_once(&key)
+            .and_then(|(_, v)| v.split_once('"'))
+            .map(|(v, _)| v.to_string());
+        let count = line.rsplit(' ').next().and_then(|c| c.parse::<f64>().ok());
+        if let (Some(value), Some(count)) = (value, count) {
+            *by.entry(value).or_default() += count;
+        }
+    }
+    by
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -832,8 +846,8 @@ async fn gp_studies() {
     // default config), so with trials running in parallel a few more may be quasi-random.
     let initial = augur_optimizer::GpBanditConfig::default()
         .initial_trials(spec(0)["parameters"].as_array().map_or(0, Vec::len));
-    let fallbacks_before =
-        metric_counter(&http, &base, "augur_suggestion_budget_exceeded_total").await;
+    const FALLBACKS: &str = "augur_suggestion_budget_exceeded_total";
+    let fallbacks_before = metric_counter_by(&http, &base, FALLBACKS, "stage").await;
     let run = new_run();
     let started = Instant::now();
     let cpu_before = cpu_ticks(&[]);
@@ -847,8 +861,13 @@ async fn gp_studies() {
         ..
     } = cores_between(cpu_before, cpu_ticks(&[]));
     stopper.abort();
-    let fallbacks = metric_counter(&http, &base, "augur_suggestion_budget_exceeded_total").await
-        - fallbacks_before;
+    let mut fallbacks_by_stage = metric_counter_by(&http, &base, FALLBACKS, "stage").await;
+    for (stage, before) in &fallbacks_before {
+        if let Some(n) = fallbacks_by_stage.get_mut(stage) {
+            *n -= before;
+        }
+    }
+    let fallbacks: f64 = fallbacks_by_stage.values().sum();
     report_errors(&run).await;
     let (_, completed) = studies_seen(&http, &base).await;
     servers.stop().await;
@@ -871,20 +890,32 @@ async fn gp_studies() {
     );
     println!("spec's default suggestion_time_budget_secs); it runs from the suggest's arrival and");
     println!(
-        "bounds the waits for the design lock and a core and the fit, not the commit. Fallbacks: suggestions"
+        "bounds the waits for the design lock and a core and the fit, less a reserve for the commit."
     );
-    println!("past the budget, answered with quasi-random points (the server's counter");
-    println!("augur_suggestion_budget_exceeded_total). Cores: CPU used by this process (clients");
-    println!("and server), by PostgreSQL and by anything else.\n");
+    println!("Fallbacks: suggestions past the budget, answered with quasi-random points (the");
+    println!("server's counter augur_suggestion_budget_exceeded_total). Cores: CPU used by this");
+    println!("process (clients and server), by PostgreSQL and by anything else.\n");
     println!(
         "{:>7} {:>7} {:>7} {:>7} {:>8} {:>9} {:>6} {:>6} {:>6}",
         "studies", "clients", "trials", "secs", "trials/s", "fallbacks", "ours", "pg", "other"
     );
     println!(
         "{studies:>7} {clients:>7} {done:>7} {:>7.1} {:>8.1} {fallbacks:>9.0} {ours:>6.2} \
-         {postgres:>6.2} {other:>6.2}\n",
+         {postgres:>6.2} {other:>6.2}",
         elapsed.as_secs_f64(),
         done as f64 / elapsed.as_secs_f64(),
+    );
+    let stages: Vec<String> = fallbacks_by_stage
+        .iter()
+        .map(|(stage, n)| format!("{stage} {n:.0}"))
+        .collect();
+    println!(
+        "fallbacks by where the budget ran out: {}\n",
+        if stages.is_empty() {
+            "none".to_string()
+        } else {
+            stages.join(", ")
+        }
     );
     println!(
         "Suggest latency (each suggest that handed out a trial, alone). The GP takes over once \

@@ -53,8 +53,10 @@ pub struct StudySpec {
     /// before it returns to `requested`.
     #[serde(default = "default_lease")]
     pub trial_lease_secs: i64,
-    /// Wall-clock budget of one model-based suggestion (gp_bandit). Past it the request is
-    /// answered with quasi-random points instead of failing or waiting.
+    /// Wall-clock budget of one model-based suggestion (gp_bandit), from its arrival to
+    /// its answer; the model gets it less a reserve for the commit (a tenth, at most 250 ms).
+    /// Past that the request is answered with quasi-random points instead of failing or
+    /// waiting.
     #[serde(default = "default_suggestion_budget")]
     pub suggestion_time_budget_secs: f64,
     /// Present: the service runs each trial itself as a job (see `dispatch`).

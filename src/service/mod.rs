@@ -63,8 +63,9 @@ pub struct Service {
     store: Arc<dyn Store>,
     commits: GroupCommit,
     /// Model-based suggestions for one study are computed one at a time in this process, so
-    /// that each sees the trials the previous one handed out as pending.
-    design_locks: Arc<Mutex<HashMap<i64, Arc<tokio::sync::Mutex<()>>>>>,
+    /// that each sees the trials the previous one handed out as pending. The lock holds how
+    /// long the study's last fit took (see `suggest::LastFit`).
+    design_locks: Arc<Mutex<HashMap<i64, Arc<tokio::sync::Mutex<suggest::LastFit>>>>>,
     /// Model fits running at once in this process: one per core. More would only share the
     /// cores and make every fit late; a fit waits here (first come, first served) on its
     /// suggestion's time budget.
