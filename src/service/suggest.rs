@@ -414,21 +414,14 @@ mod tests {
 
     #[test]
     fn the_design_leaves_a_tenth_of_the_budget_for_the_commit_at_most_250_ms() {
-        assert_eq!(
-            design_time(Duration::from_secs(2)),
-            Duration::from_millis(1_800)
-        );
-        assert_eq!(
-            design_time(Duration::from_millis(100)),
-            Duration::from_millis(90)
-        );
-        assert_eq!(
-            design_time(Duration::from_secs(60)),
-            Duration::from_millis(59_750)
-        );
-        assert_eq!(
-            design_time(Duration::from_millis(1)),
-            Duration::from_micros(900)
-        );
+        let ms = Duration::from_millis;
+        for (budget, design) in [
+            (ms(2_000), ms(1_800)),
+            (ms(100), ms(90)),
+            (ms(60_000), ms(59_750)),
+            (ms(1), Duration::from_micros(900)),
+        ] {
+            assert_eq!(design_time(budget), design, "budget {budget:?}");
+        }
     }
 }
