@@ -9,8 +9,9 @@
 //! does one that gets a core with less time left than the study's last fit took, and one
 //! whose fit runs late stops that fit (it is told to, and its answer is discarded): each
 //! gets quasi-random points, chosen inside the study's batch so that two of them never repeat
-//! a point. So under load the latency of a suggestion stays within its budget and a commit,
-//! and the cores run only fits whose answer someone waits for.
+//! a point. The design gets the budget less a reserve for the commit (`design_time`), so
+//! under load a suggestion is answered within its budget, and the cores run only fits whose
+//! answer someone waits for.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -115,11 +115,15 @@ fn trainer_image(engine: &ContainerEngine, base: &str) -> String {
 /// Containers of study `study` of the test whose trials run under `runs` (any state): the
 /// tests run at once on one Podman, and each has a study 1.
 fn containers_of(engine: &ContainerEngine, runs: &Path, study: i64) -> Vec<String> {
-    containers_labelled(engine, runs, &format!("augur.dev/study={study}"))
+    containers_labelled(engine, runs, &format!("augur.dev/study={study}")).expect("podman ps")
 }
 
 /// Containers carrying `label` (`key=value`) whose trial directory is under `runs`.
-fn containers_labelled(engine: &ContainerEngine, runs: &Path, label: &str) -> Vec<String> {
+fn containers_labelled(
+    engine: &ContainerEngine,
+    runs: &Path,
+    label: &str,
+) -> std::io::Result<Vec<String>> {
     let out = Command::new(&engine.program)
         .args(&engine.global_args)
         .args(["ps", "--all", "--filter", &format!("label={label}")])
@@ -127,15 +131,14 @@ fn containers_labelled(engine: &ContainerEngine, runs: &Path, label: &str) -> Ve
             "--format",
             "{{.Names}}\t{{index .Labels \"augur.dev/trial-dir\"}}",
         ])
-        .output()
-        .expect("podman ps");
+        .output()?;
     let mine = runs.display().to_string();
-    String::from_utf8_lossy(&out.stdout)
+    Ok(String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| l.split_once('\t'))
         .filter(|(_, dir)| dir.starts_with(&mine))
         .map(|(name, _)| name.to_string())
-        .collect()
+        .collect())
 }
 
 struct Setup {
@@ -148,8 +151,12 @@ struct Setup {
 /// A failed test's containers go with it: every Augur container of this test's directory.
 impl Drop for Setup {
     fn drop(&mut self) {
+        // No panic here: this runs while a failed test unwinds.
         let label = "app.kubernetes.io/managed-by=augur";
-        for name in containers_labelled(&self.engine, self.runs.path(), label) {
+        let Ok(names) = containers_labelled(&self.engine, self.runs.path(), label) else {
+            return;
+        };
+        for name in names {
             let _ = Command::new(&self.engine.program)
                 .args(&self.engine.global_args)
                 .args(["rm", "--force", "--time", "0", &name])

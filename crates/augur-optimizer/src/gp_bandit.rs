@@ -537,18 +537,14 @@ impl GpBanditConfig {
                     let old = self.trend.unwrap_or(DEFAULT_TREND);
                     self.trend = basis.map(|basis| TrendSpec { basis, ..old });
                 }
-                "trend_prior_sd" => {
-                    let sd = num(v)?;
-                    self.trend = self.trend.map(|t| TrendSpec { prior_sd: sd, ..t });
-                    if self.trend.is_none() {
+                "trend_prior_sd" | "trend_concave" => {
+                    let Some(trend) = self.trend.as_mut() else {
                         return Err(format!("{kv}: set trend first"));
-                    }
-                }
-                "trend_concave" => {
-                    let concave = num(v)? != 0.0;
-                    self.trend = self.trend.map(|t| TrendSpec { concave, ..t });
-                    if self.trend.is_none() {
-                        return Err(format!("{kv}: set trend first"));
+                    };
+                    if k.trim() == "trend_prior_sd" {
+                        trend.prior_sd = num(v)?;
+                    } else {
+                        trend.concave = num(v)? != 0.0;
                     }
                 }
                 "log_ei" => {

@@ -460,12 +460,16 @@ impl Posterior {
     }
 
     /// `K⁻¹(y − m(X))` (m = 0 without a trend).
-    fn solve_residual(&self, y: &DVector<f64>) -> DVector<f64> {
-        let r = match &self.trend {
+    /// `y` less the trend at the training points (`y` itself without a trend).
+    fn residual(&self, y: &DVector<f64>) -> DVector<f64> {
+        match &self.trend {
             Some((_, at_x)) => y - at_x,
             None => y.clone(),
-        };
-        self.l_inv.tr_mul(&(&self.l_inv * r))
+        }
+    }
+
+    fn solve_residual(&self, y: &DVector<f64>) -> DVector<f64> {
+        self.l_inv.tr_mul(&(&self.l_inv * self.residual(y)))
     }
 
     /// The prior mean's value at `point` (0 without a trend).
@@ -486,11 +490,11 @@ impl Posterior {
         let n = y.len() as f64;
         let half_log_det: f64 = -(0..y.len()).map(|i| self.l_inv[(i, i)].ln()).sum::<f64>();
         // With a trend, of the residual `y − m(X)` (the trend taken as known).
-        let r = match &self.trend {
-            Some((_, at_x)) => y - at_x,
-            None => y.clone(),
-        };
-        Some(-0.5 * r.dot(alpha) - half_log_det - 0.5 * n * (2.0 * std::f64::consts::PI).ln())
+        Some(
+            -0.5 * self.residual(y).dot(alpha)
+                - half_log_det
+                - 0.5 * n * (2.0 * std::f64::consts::PI).ln(),
+        )
     }
 
     /// Leave-one-out log predictive probability of the outputs conditioned on
