@@ -75,33 +75,47 @@ async fn gp_bandit_by_ask_tell_in_batches_of_five_converges_on_branin() {
     assert!(gp[1] < random[1], "GP {gp:?} vs random {random:?}");
 }
 
-/// A model that misses the study's suggestion time budget never fails or delays the
-/// request: it is answered with quasi-random points, and the fallback is counted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_suggestion_over_its_time_budget_falls_back_to_quasi_random() {
-    let app = common::spawn_app(common::sqlite_db()).await;
+/// A Branin study with `history` finished trials spread over the box (x1 on a grid, x2 on
+/// a permutation of it), the given suggestion budget and cap.
+async fn branin_study_with_history(
+    app: &TestApp,
+    name: &str,
+    budget_secs: f64,
+    parallel: i64,
+    history: u32,
+) -> i64 {
     let id = app
         .create_study(json!({
-            "name": "tight-budget",
+            "name": name,
             "metrics": [{"id": "value", "goal": "minimize"}],
             "parameters": [
                 {"id": "x1", "type": "double", "min": -5, "max": 10},
                 {"id": "x2", "type": "double", "min": 0, "max": 15}
             ],
-            "max_trials": 100, "parallel_trials": 5, "seed": 1,
-            "suggestion_time_budget_secs": 0.001
+            "max_trials": 1000, "parallel_trials": parallel, "seed": 5,
+            "suggestion_time_budget_secs": budget_secs
         }))
         .await;
-    // Enough history that the GP fit takes far longer than a millisecond.
-    for i in 0..40 {
+    let n = f64::from(history);
+    for i in 0..history {
         let (x1, x2) = (
-            -5.0 + 15.0 * f64::from(i) / 40.0,
-            15.0 * f64::from((i * 7) % 40) / 40.0,
+            -5.0 + 15.0 * f64::from(i) / n,
+            15.0 * f64::from((i * 37) % history) / n,
         );
         let body = json!({"parameters": {"x1": x1, "x2": x2}, "final_measurement": {"metrics": {"value": branin(x1, x2)}}});
         let r = app.post(&format!("/v1/studies/{id}/trials"), body).await;
         assert_eq!(r.status, reqwest::StatusCode::CREATED, "{}", r.body);
     }
+    id
+}
+
+/// A model that misses the study's suggestion time budget never fails or delays the
+/// request: it is answered with quasi-random points, and the fallback is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suggestion_over_its_time_budget_falls_back_to_quasi_random() {
+    let app = common::spawn_app(common::sqlite_db()).await;
+    // Enough history that the GP fit takes far longer than a millisecond.
+    let id = branin_study_with_history(&app, "tight-budget", 0.001, 5, 40).await;
     let s = app
         .post(&format!("/v1/studies/{id}/suggest"), json!({"count": 5}))
         .await;
@@ -142,27 +156,7 @@ async fn a_suggestion_over_its_time_budget_falls_back_to_quasi_random() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn suggestions_late_for_the_design_lock_get_distinct_points() {
     let app = common::spawn_app(common::sqlite_db()).await;
-    let id = app
-        .create_study(json!({
-            "name": "crowded",
-            "metrics": [{"id": "value", "goal": "minimize"}],
-            "parameters": [
-                {"id": "x1", "type": "double", "min": -5, "max": 10},
-                {"id": "x2", "type": "double", "min": 0, "max": 15}
-            ],
-            "max_trials": 100, "parallel_trials": 12, "seed": 3,
-            "suggestion_time_budget_secs": 0.02
-        }))
-        .await;
-    for i in 0..40 {
-        let (x1, x2) = (
-            -5.0 + 15.0 * f64::from(i) / 40.0,
-            15.0 * f64::from((i * 11) % 40) / 40.0,
-        );
-        let body = json!({"parameters": {"x1": x1, "x2": x2}, "final_measurement": {"metrics": {"value": branin(x1, x2)}}});
-        let r = app.post(&format!("/v1/studies/{id}/trials"), body).await;
-        assert_eq!(r.status, reqwest::StatusCode::CREATED, "{}", r.body);
-    }
+    let id = branin_study_with_history(&app, "crowded", 0.02, 12, 40).await;
     let asks = (0..12).map(|c| {
         let app = &app;
         async move {
@@ -181,40 +175,6 @@ async fn suggestions_late_for_the_design_lock_get_distinct_points() {
     }
     let distinct: std::collections::BTreeSet<_> = points.iter().collect();
     assert_eq!(distinct.len(), 12, "repeated points: {points:?}");
-}
-
-/// A Branin study with `history` finished trials spread over the box (the `stride`-th
-/// permutation of a grid's second coordinate), the given suggestion budget and cap.
-async fn branin_study_with_history(
-    app: &TestApp,
-    name: &str,
-    budget_secs: f64,
-    parallel: i64,
-    history: u32,
-) -> i64 {
-    let id = app
-        .create_study(json!({
-            "name": name,
-            "metrics": [{"id": "value", "goal": "minimize"}],
-            "parameters": [
-                {"id": "x1", "type": "double", "min": -5, "max": 10},
-                {"id": "x2", "type": "double", "min": 0, "max": 15}
-            ],
-            "max_trials": 1000, "parallel_trials": parallel, "seed": 5,
-            "suggestion_time_budget_secs": budget_secs
-        }))
-        .await;
-    let n = f64::from(history);
-    for i in 0..history {
-        let (x1, x2) = (
-            -5.0 + 15.0 * f64::from(i) / n,
-            15.0 * f64::from((i * 37) % history) / n,
-        );
-        let body = json!({"parameters": {"x1": x1, "x2": x2}, "final_measurement": {"metrics": {"value": branin(x1, x2)}}});
-        let r = app.post(&format!("/v1/studies/{id}/trials"), body).await;
-        assert_eq!(r.status, reqwest::StatusCode::CREATED, "{}", r.body);
-    }
-    id
 }
 
 /// A suggestion that gets its turn with less time left than its study's last fit took
