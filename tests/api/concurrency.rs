@@ -95,18 +95,22 @@ struct Ledger {
     errors: Vec<String>,
 }
 
-/// POST `body` to `url`; an answer of 503 (the server overloaded: no database connection
-/// within its timeout, so nothing was done) is sent again after the Retry-After it asks
-/// for, as a real client does, up to a minute.
-async fn post(
+/// POST `body` to `url` (`None`: GET it); an answer of 503 (the server overloaded: no
+/// database connection within its timeout, so nothing was done) is sent again after the
+/// Retry-After it asks for, as a real client does, up to a minute.
+async fn send(
     http: &reqwest::Client,
     url: String,
-    body: Value,
+    body: Option<&Value>,
 ) -> Result<(StatusCode, Value), String> {
     for _ in 0..60 {
-        let response = http.post(&url).json(&body).send().await.map_err(|e| {
+        let request = match body {
+            Some(body) => http.post(&url).json(body),
+            None => http.get(&url),
+        };
+        let response = request.send().await.map_err(|e| {
             // The causes too: "error sending request" alone does not say what failed.
-            let mut why = format!("POST {url}: {e}");
+            let mut why = format!("{url}: {e}");
             let mut source = std::error::Error::source(&e);
             while let Some(cause) = source {
                 why.push_str(&format!(": {cause}"));
@@ -122,7 +126,21 @@ async fn post(
         let body = response.json::<Value>().await.unwrap_or(Value::Null);
         return Ok((status, body));
     }
-    Err(format!("POST {url}: 503 for a minute"))
+    Err(format!("{url}: 503 for a minute"))
+}
+
+async fn post(
+    http: &reqwest::Client,
+    url: String,
+    body: Value,
+) -> Result<(StatusCode, Value), String> {
+    send(http, url, Some(&body)).await
+}
+
+/// Whether an answer says a change was committed but its answer could not be read (500,
+/// code `unanswered`: an overloaded server's read after the commit timed out).
+fn unanswered(status: StatusCode, body: &Value) -> bool {
+    status == StatusCode::INTERNAL_SERVER_ERROR && body["error"]["code"] == "unanswered"
 }
 
 /// One worker: suggest one trial, complete it, repeat until the study is completed.
@@ -190,7 +208,20 @@ async fn client(
                 .or_default() += 1;
             let accuracy = (id as f64 * 0.618).fract();
             let url = format!("{base}/v1/studies/{study_id}/trials/{id}/complete");
-            match post(&http, url, json!({"metrics": {"accuracy": accuracy}})).await {
+            let mut answer = post(&http, url, json!({"metrics": {"accuracy": accuracy}})).await;
+            if let Ok((status, body)) = &answer
+                && unanswered(*status, body)
+            {
+                // As the answer says: read the trial to see whether the completion was
+                // applied (the ledger then checks it as any other).
+                let trial = format!("{base}/v1/studies/{study_id}/trials/{id}");
+                answer = match send(&http, trial, None).await {
+                    Ok((StatusCode::OK, t)) if t["state"] == "completed" => Ok((StatusCode::OK, t)),
+                    Ok((status, t)) => Ok((status, json!({"read after unanswered": t}))),
+                    Err(e) => Err(e),
+                };
+            }
+            match answer {
                 Ok((StatusCode::OK, _)) => {
                     *ledger
                         .lock()
