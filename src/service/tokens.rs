@@ -205,10 +205,17 @@ impl Service {
             return Ok(());
         }
         // One upsert, not a delete and an insert: replicas starting together (a
-        // Deployment's pods) each register the same token without racing.
-        self.store
+        // Deployment's pods) each register the same token. The upsert's arbiter is the
+        // name; PostgreSQL checks the hash's own unique key without it, so a replica that
+        // lost that race is refused although its token is now stored: look again.
+        match self
+            .store
             .replace_token(ENV_TOKEN_NAME, &hash, None, Utc::now())
-            .await?;
+            .await
+        {
+            Err(e) if e.is_unique_violation() && self.store.find_token(&hash).await?.is_some() => {}
+            other => other?,
+        }
         self.tokens.forget_name(ENV_TOKEN_NAME);
         Ok(())
     }

@@ -67,6 +67,11 @@ impl StoreError {
             other => other.into(),
         }
     }
+
+    /// Whether the database refused a row because a unique key already holds its value.
+    pub fn is_unique_violation(&self) -> bool {
+        matches!(self, StoreError::Database(sqlx::Error::Database(e)) if e.is_unique_violation())
+    }
 }
 
 /// Whether an error says the database is out of reach for now, rather than that the request

@@ -303,10 +303,12 @@ async fn an_open_server_answers_only_loopback_host_names() {
 }
 
 /// Two replicas starting at once on a fresh database, both configured with the same admin
-/// token (a Deployment's pods), both start: registering the token is no race.
+/// token (a Deployment's pods), both start: registering the token is no race. (CI caught
+/// one: PostgreSQL refused the slower upsert on the token hash's unique key, which the
+/// upsert's arbiter, the name, does not cover; ~1 round in 50 under load, hence 30 rounds.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_starting_together_both_register_the_configured_token() {
-    for round in 0..6 {
+    for round in 0..30 {
         let db = common::postgres_db().await;
         let start = || {
             let mut config =
