@@ -188,9 +188,11 @@ impl Service {
     /// The view of a trial a committed change returned: its measurements are read after
     /// the commit, so an outage now is no longer "nothing was done".
     async fn answer_view(&self, study_id: i64, record: TrialRecord) -> ServiceResult<Trial> {
-        self.trial_view(study_id, record)
+        Ok(self
+            .read_trial_views(study_id, vec![record], Reads::Answer)
             .await
-            .map_err(ServiceError::after_commit)
+            .map_err(ServiceError::after_commit)?
+            .remove(0))
     }
 
     async fn trial_view(&self, study_id: i64, record: TrialRecord) -> ServiceResult<Trial> {
@@ -203,14 +205,32 @@ impl Service {
         study_id: i64,
         records: Vec<TrialRecord>,
     ) -> ServiceResult<Vec<Trial>> {
+        self.read_trial_views(study_id, records, Reads::Request)
+            .await
+    }
+
+    async fn read_trial_views(
+        &self,
+        study_id: i64,
+        records: Vec<TrialRecord>,
+        reads: Reads,
+    ) -> ServiceResult<Vec<Trial>> {
         let (Some(first), Some(last)) = (
             records.iter().map(|t| t.id).min(),
             records.iter().map(|t| t.id).max(),
         ) else {
             return Ok(Vec::new());
         };
+        let measurements = match reads {
+            Reads::Request => self.store.measurements(study_id, first, last).await?,
+            Reads::Answer => {
+                self.store
+                    .answer_measurements(study_id, first, last)
+                    .await?
+            }
+        };
         let mut by_trial: HashMap<i64, Vec<Measurement>> = HashMap::new();
-        for (trial_id, m) in self.store.measurements(study_id, first, last).await? {
+        for (trial_id, m) in measurements {
             by_trial.entry(trial_id).or_default().push(m);
         }
         Ok(records
@@ -225,6 +245,7 @@ impl Service {
     /// `trial_views` of trials whose last `created` were created by the batch that handed
     /// them out: their measurements are not read, there are none. (A new trial is most of
     /// what a busy server hands out, and this read was half of its requests' connections.)
+    /// The others' are read as an answer: the batch is committed.
     async fn handed_trial_views(
         &self,
         study_id: i64,
@@ -232,7 +253,9 @@ impl Service {
         created: usize,
     ) -> ServiceResult<Vec<Trial>> {
         let new = records.split_off(records.len().saturating_sub(created));
-        let mut views = self.trial_views(study_id, records).await?;
+        let mut views = self
+            .read_trial_views(study_id, records, Reads::Answer)
+            .await?;
         views.extend(new.into_iter().map(|t| trial_of(t, Vec::new())));
         Ok(views)
     }
@@ -244,6 +267,14 @@ impl Service {
         };
         Ok(study_of(record, best_trial))
     }
+}
+
+/// Which connections a read takes: a new request's, or those kept for the answer of a
+/// change already committed ([`Store::answer_measurements`]).
+#[derive(Clone, Copy)]
+enum Reads {
+    Request,
+    Answer,
 }
 
 /// A study as the API shows it.

@@ -10,8 +10,9 @@ use crate::model::TrialCounts;
 /// connect for up to its acquire timeout (10 s), and a probe must not wait that long.
 const PING_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// One connection pool's connections: `reads` (request handlers) or `commits` (study
-/// transactions, PostgreSQL only).
+/// One connection pool's connections: `reads` (request handlers), `commits` (study
+/// transactions) or `answers` (answers of committed changes); the last two PostgreSQL's
+/// only.
 #[derive(Debug, Clone, Copy)]
 pub struct PoolConnections {
     pub pool: &'static str,

@@ -108,7 +108,8 @@ pub async fn connect(url: &str) -> StoreResult<std::sync::Arc<dyn Store>> {
 /// One connection pool's use: connections open, and of those idle (not lent out).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolUse {
-    /// `reads` (request handlers) or `commits` (study transactions).
+    /// `reads` (request handlers), `commits` (study transactions) or `answers` (reads
+    /// for the answers of committed changes).
     pub pool: &'static str,
     pub open: u32,
     pub idle: usize,
@@ -185,6 +186,16 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreResult<Vec<TrialPoint>>;
     /// Measurements of trials `first..=last`, by trial then step.
     async fn measurements(
+        &self,
+        study_id: i64,
+        first_trial: i64,
+        last_trial: i64,
+    ) -> StoreResult<Vec<(i64, Measurement)>>;
+    /// [`Store::measurements`] for the answer to a change already committed, from
+    /// connections that new requests do not take: finishing work already done must not
+    /// queue behind new work when the read connections are all taken (the answer would
+    /// otherwise be lost, though the change was applied).
+    async fn answer_measurements(
         &self,
         study_id: i64,
         first_trial: i64,

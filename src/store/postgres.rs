@@ -17,6 +17,8 @@ pub struct PostgresStore {
     /// lane never queues for a connection behind requests' reads. A lane that times out
     /// waiting fails every command of its batch with 503; a read, only its own request.
     commits: PgPool,
+    /// Reads for the answers of committed changes ([`super::Store::answer_measurements`]).
+    answers: PgPool,
 }
 
 /// Connections for reads per process.
@@ -24,6 +26,10 @@ const READ_CONNECTIONS: u32 = 32;
 /// Connections for study transactions per process: one per commit lane (at most 8), opened
 /// as the lanes first need them.
 const COMMIT_CONNECTIONS: u32 = 8;
+/// Connections per process for reading the answers of committed changes (a completion's
+/// trial with its measurements), apart from the reads so that they never wait behind new
+/// requests; opened as needed.
+const ANSWER_CONNECTIONS: u32 = 4;
 /// How long a request waits for a connection before it is answered 503.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -41,13 +47,26 @@ impl PostgresStore {
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect(url)
             .await?;
-        Ok(Self { pool, commits })
+        let answers = PgPoolOptions::new()
+            .max_connections(ANSWER_CONNECTIONS)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_lazy(url)?;
+        Ok(Self {
+            pool,
+            commits,
+            answers,
+        })
+    }
+
+    fn answer_pool(&self) -> &PgPool {
+        &self.answers
     }
 
     fn pool_use(&self) -> Vec<super::PoolUse> {
         vec![
             super::PoolUse::of("reads", &self.pool),
             super::PoolUse::of("commits", &self.commits),
+            super::PoolUse::of("answers", &self.answers),
         ]
     }
 }

@@ -425,6 +425,22 @@ macro_rules! impl_sql_store {
             }
 
             #[tracing::instrument(skip_all)]
+            async fn answer_measurements(
+                &self,
+                study_id: i64,
+                first_trial: i64,
+                last_trial: i64,
+            ) -> StoreResult<Vec<(i64, Measurement)>> {
+                let rows: Vec<MeasurementRow> = sqlx::query_as(MEASUREMENTS_RANGE)
+                    .bind(study_id)
+                    .bind(first_trial)
+                    .bind(last_trial)
+                    .fetch_all(self.answer_pool())
+                    .await?;
+                Ok(rows.into_iter().map(Into::into).collect())
+            }
+
+            #[tracing::instrument(skip_all)]
             async fn set_designer_state(
                 &self,
                 study_id: i64,

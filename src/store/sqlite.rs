@@ -38,6 +38,12 @@ impl SqliteStore {
         Ok(Self { pool })
     }
 
+    /// Answers read from the one pool: in WAL mode no read waits on a lock, so a read
+    /// connection is soon free again.
+    fn answer_pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
     /// One pool: SQLite's one writer needs no lane of its own.
     fn pool_use(&self) -> Vec<super::PoolUse> {
         vec![super::PoolUse::of("reads", &self.pool)]

@@ -551,6 +551,75 @@ async fn a_change_committed_before_an_outage_is_not_answered_503() {
     assert_eq!(again.status, StatusCode::CONFLICT, "{:?}", again.body);
 }
 
+/// A completion whose commit went through is answered with the trial even while every
+/// read connection is taken by requests that wait: the answer's read is finishing work
+/// already done, and must not queue behind new work (an overloaded server answered such
+/// completions `500` `unanswered` after the read pool's 10 s wait, though they were
+/// applied; the client then had to read the trial back). Here the reads wait on a lock the
+/// test holds on the audit trail, which neither the commit nor the answer touches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_is_answered_while_every_read_connection_waits() {
+    use sqlx::Connection;
+    let db = common::postgres_db().await;
+    let app = common::spawn_app_configured(db, |c| c.dispatch = false).await;
+    let (study, trial) = app
+        .study_with_active_trial(common::spec("random", 10, 1))
+        .await;
+
+    let mut admin = sqlx::PgConnection::connect(&app.db.url)
+        .await
+        .expect("admin");
+    sqlx::query("BEGIN")
+        .execute(&mut admin)
+        .await
+        .expect("begin");
+    sqlx::query("LOCK TABLE audit_events IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut admin)
+        .await
+        .expect("lock");
+    // More waiting readers than the read pool has connections (32).
+    let readers: Vec<_> = (0..40)
+        .map(|_| {
+            let (http, base) = (app.http.clone(), app.base.clone());
+            tokio::spawn(async move {
+                common::call(&http, &base, None, Method::GET, "/v1/audit", None).await
+            })
+        })
+        .collect();
+    let waiting = "SELECT LEAST(count(*), 32) FROM pg_stat_activity \
+                   WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    eventually_count(&app.db.url, waiting.to_string(), 32).await;
+
+    let answer = app
+        .post(
+            &format!("/v1/studies/{study}/trials/{trial}/complete"),
+            json!({"metrics": {"accuracy": 0.9}}),
+        )
+        .await;
+    sqlx::query("COMMIT")
+        .execute(&mut admin)
+        .await
+        .expect("unlock");
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    assert_eq!(answer.body["state"], "completed", "{}", answer.body);
+    assert_eq!(
+        answer.body["final_measurement"]["metrics"]["accuracy"], 0.9,
+        "{}",
+        answer.body
+    );
+    // The readers were kept waiting, not failed: each is answered once the lock is gone,
+    // or told 503 (nothing was done) if it never got a connection.
+    for reader in readers {
+        let r = reader.await.expect("reader task");
+        assert!(
+            r.status == StatusCode::OK || r.status == StatusCode::SERVICE_UNAVAILABLE,
+            "{} {}",
+            r.status,
+            r.body
+        );
+    }
+}
+
 /// Drops a test's role once its database is gone (declared before the app, so dropped
 /// after it, pass or fail).
 struct DropRole(String);
