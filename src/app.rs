@@ -18,8 +18,10 @@ pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 /// next request): a slow-headers client is cut off, an idle keep-alive connection closed.
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection on which no byte moves for this long is closed: longer than any request
-/// may take (requests time out at 60 s).
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// may take (requests time out at 60 s), and than the 90 s for which common HTTP clients
+/// (reqwest, Go) keep an idle connection, so that the client lets it go first instead of
+/// sending on it as the server closes it.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// Connections open at once, all clients together.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 

@@ -1,10 +1,14 @@
 //! The accept loop (`app.rs` serves through it): HTTP/1.1 over TCP or TLS, with what
 //! `axum::serve` lacks against clients that hold connections (issue 10, finding 12):
-//! - a request's head must arrive within `header_read_timeout`, counted from when the
-//!   connection is ready for it (so it also closes a connection that never speaks, or sits
-//!   idle between requests);
+//! - a request's head must arrive within `header_read_timeout` of its first byte;
 //! - a connection on which no byte moves either way for `idle_timeout` is closed (a body
-//!   trickled in, an answer never read);
+//!   trickled in, an answer never read, a connection no request comes on). Not after the
+//!   header-read timeout (hyper's own clock, which runs from the opening or the last
+//!   answer): clients keep idle connections for up to 90 s (reqwest, Go), some of them
+//!   never used (hyper's pool keeps a connection it opened for a request that another one
+//!   then took), and a client that sends on a connection as the server closes it fails a
+//!   POST it cannot safely send again (seen under load: `connection closed before message
+//!   completed`);
 //! - at most `max_connections` are open at once; past that a new one is answered `503` with
 //!   `Retry-After` (plain HTTP) or closed (TLS), not queued;
 //! - a TLS handshake must finish within `header_read_timeout` too.
@@ -114,10 +118,13 @@ async fn connection<I>(
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (io, last_progress) = Watched::new(io);
+    let progress = last_progress.clone();
     let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
-        let router = router.clone();
+        let (router, progress) = (router.clone(), progress.clone());
+        progress.request_started();
         async move {
             let response = router.oneshot(request.map(axum::body::Body::new)).await;
+            progress.request_answered();
             Ok::<_, Infallible>(match response {
                 Ok(response) => response,
                 Err(never) => match never {},
@@ -126,7 +133,8 @@ async fn connection<I>(
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
+        // Our own head clock (above), which does not count the wait between requests.
+        .header_read_timeout(None)
         .keep_alive(true)
         .serve_connection(TokioIo::new(io), service)
         .with_upgrades();
@@ -136,13 +144,23 @@ async fn connection<I>(
     if draining {
         conn.as_mut().graceful_shutdown();
     }
+    let head_limit = limits.header_read_timeout;
     loop {
         let since = last_progress.since();
         if since >= idle {
-            // No byte either way for that long: a stalled body or an unread answer.
+            // No byte either way for that long: a stalled body, an unread answer, or no
+            // next request.
             tracing::debug!(?since, "closing an idle connection");
             return;
         }
+        let head_for = last_progress.head_for();
+        if let Some(head_for) = head_for
+            && head_for >= head_limit
+        {
+            tracing::debug!(?head_for, "closing a connection whose request head is late");
+            return;
+        }
+        let wake = head_for.map_or(idle - since, |h| (idle - since).min(head_limit - h));
         tokio::select! {
             done = conn.as_mut() => {
                 if let Err(error) = done {
@@ -157,7 +175,8 @@ async fn connection<I>(
                     conn.as_mut().graceful_shutdown();
                 }
             }
-            () = tokio::time::sleep(idle - since) => {}
+            // Also wake now and then: a head that begins while this sleeps has its own clock.
+            () = tokio::time::sleep(wake.min(head_limit)) => {}
         }
     }
 }
@@ -183,27 +202,71 @@ async fn refuse(mut stream: TcpStream, plain: bool) {
     }
 }
 
-/// An IO that records when a byte last moved either way.
+/// An IO that records when a byte last moved either way, and when the request head being
+/// waited for began.
 struct Watched<I> {
     inner: I,
     last: Arc<Progress>,
 }
 
-/// Milliseconds since `start` when a byte last moved.
+/// Milliseconds since `start` when a byte last moved; and the head clock: when the head
+/// awaited began (`HEAD_NOT_BEGUN` while the connection waits for a request, `IN_REQUEST`
+/// while one is served).
 struct Progress {
     start: Instant,
     at_ms: AtomicU64,
+    head_since_ms: AtomicU64,
 }
 
+const HEAD_NOT_BEGUN: u64 = u64::MAX;
+const IN_REQUEST: u64 = u64::MAX - 1;
+
 impl Progress {
+    fn now_ms(&self) -> u64 {
+        (self.start.elapsed().as_millis() as u64).min(IN_REQUEST - 1)
+    }
+
     fn touch(&self) {
-        let ms = self.start.elapsed().as_millis() as u64;
-        self.at_ms.store(ms, Ordering::Relaxed);
+        self.at_ms.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// Bytes came in: if the connection was waiting for a request, a head has begun.
+    fn touch_read(&self) {
+        let now = self.now_ms();
+        self.at_ms.store(now, Ordering::Relaxed);
+        let _ = self.head_since_ms.compare_exchange(
+            HEAD_NOT_BEGUN,
+            now,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// A head arrived: its request is being served.
+    fn request_started(&self) {
+        self.head_since_ms.store(IN_REQUEST, Ordering::Relaxed);
+    }
+
+    /// The request was answered: the connection waits for the next one.
+    fn request_answered(&self) {
+        self.head_since_ms.store(HEAD_NOT_BEGUN, Ordering::Relaxed);
     }
 
     fn since(&self) -> Duration {
         let now = self.start.elapsed();
         now.saturating_sub(Duration::from_millis(self.at_ms.load(Ordering::Relaxed)))
+    }
+
+    /// How long the head being waited for has taken so far, if one has begun.
+    fn head_for(&self) -> Option<Duration> {
+        match self.head_since_ms.load(Ordering::Relaxed) {
+            HEAD_NOT_BEGUN | IN_REQUEST => None,
+            since => Some(
+                self.start
+                    .elapsed()
+                    .saturating_sub(Duration::from_millis(since)),
+            ),
+        }
     }
 }
 
@@ -212,6 +275,7 @@ impl<I> Watched<I> {
         let last = Arc::new(Progress {
             start: Instant::now(),
             at_ms: AtomicU64::new(0),
+            head_since_ms: AtomicU64::new(HEAD_NOT_BEGUN),
         });
         (
             Watched {
@@ -232,7 +296,7 @@ impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         if buf.filled().len() > before {
-            self.last.touch();
+            self.last.touch_read();
         }
         polled
     }

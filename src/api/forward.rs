@@ -116,8 +116,8 @@ impl Forwarder {
         crate::serve::install_tls_provider();
         let mut builder = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
-            // Below the replicas' header-read timeout (10 s by default), which closes idle
-            // connections: a pooled connection is never picked just as the owner closes it.
+            // Well below the replicas' idle timeout (120 s by default), after which the owner
+            // closes a kept-alive connection: a pooled one is never picked just as it does.
             .pool_idle_timeout(Duration::from_secs(5))
             .redirect(reqwest::redirect::Policy::none());
         if let Some(path) = trust {

@@ -31,8 +31,8 @@ impl Client {
         crate::serve::install_tls_provider();
         let mut builder = reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(60))
-            // Below the server's header-read timeout (10 s), which closes idle connections:
-            // a pooled connection is never picked just as the server closes it.
+            // Well below the server's idle timeout (120 s by default), after which it closes a
+            // kept-alive connection: a pooled one is never picked just as the server does.
             .pool_idle_timeout(std::time::Duration::from_secs(5));
         if let Some(path) = ca_cert {
             let pem = std::fs::read(path).map_err(|e| CliError::file(path, e))?;

@@ -130,11 +130,11 @@ pub struct ServeArgs {
     /// Retry-After. Default: no limit.
     #[arg(long, env = "AUGUR_RATE_LIMIT")]
     pub rate_limit: Option<f64>,
-    /// Seconds a client may take to send a request's head (and a connection may wait
-    /// for its next request).
+    /// Seconds a client may take to send a request's head, from its first byte.
     #[arg(long, default_value_t = crate::app::DEFAULT_HEADER_READ_TIMEOUT.as_secs())]
     pub header_read_timeout: u64,
-    /// Seconds a connection may go with no byte moving before it is closed.
+    /// Seconds a connection may go with no byte moving before it is closed (also how long
+    /// a connection waits for a request).
     #[arg(long, default_value_t = crate::app::DEFAULT_IDLE_TIMEOUT.as_secs())]
     pub idle_timeout: u64,
     /// Connections open at once; past this, new ones are answered 503.
