@@ -191,10 +191,11 @@ pub trait Store: Send + Sync + 'static {
         first_trial: i64,
         last_trial: i64,
     ) -> StoreResult<Vec<(i64, Measurement)>>;
-    /// [`Store::measurements`] for the answer to a change already committed, from
-    /// connections that new requests do not take: finishing work already done must not
-    /// queue behind new work when the read connections are all taken (the answer would
-    /// otherwise be lost, though the change was applied).
+    /// [`Store::measurements`] for the answer to a change already committed: from a read
+    /// connection if one is free, else from connections that new requests do not take:
+    /// finishing work already done must not queue behind new work when the read
+    /// connections are all taken (the answer would otherwise be lost, though the change
+    /// was applied).
     async fn answer_measurements(
         &self,
         study_id: i64,
