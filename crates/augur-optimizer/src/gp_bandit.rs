@@ -131,6 +131,7 @@ const DEFAULT_TREND: TrendSpec = TrendSpec {
     basis: TrendBasis::Quadratic,
     prior_sd: 0.3,
     concave: true,
+    select: None,
 };
 
 /// Most pending points (running trials and the batch's earlier suggestions) that enter the
@@ -537,14 +538,21 @@ impl GpBanditConfig {
                     let old = self.trend.unwrap_or(DEFAULT_TREND);
                     self.trend = basis.map(|basis| TrendSpec { basis, ..old });
                 }
-                "trend_prior_sd" | "trend_concave" => {
+                "trend_prior_sd" | "trend_concave" | "trend_select_min" | "trend_select_max" => {
                     let Some(trend) = self.trend.as_mut() else {
                         return Err(format!("{kv}: set trend first"));
                     };
-                    if k.trim() == "trend_prior_sd" {
-                        trend.prior_sd = num(v)?;
-                    } else {
-                        trend.concave = num(v)? != 0.0;
+                    let value = num(v)?;
+                    // A bound of τ's range that is not given is the fixed prior sd; a
+                    // bound ≤ 0 turns the selection off.
+                    let (lo, hi) = trend.select.unwrap_or((trend.prior_sd, trend.prior_sd));
+                    match k.trim() {
+                        "trend_prior_sd" => trend.prior_sd = value,
+                        "trend_concave" => trend.concave = value != 0.0,
+                        "trend_select_min" => {
+                            trend.select = (value > 0.0).then_some((value, hi));
+                        }
+                        _ => trend.select = (value > 0.0).then_some((lo, value)),
                     }
                 }
                 "log_ei" => {

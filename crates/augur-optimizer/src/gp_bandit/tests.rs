@@ -1073,6 +1073,7 @@ fn trend_knobs_select_the_prior_mean() {
             basis: TrendBasis::Quadratic,
             prior_sd: 0.3,
             concave: true,
+            select: None,
         })
     );
     let off = default.clone().with_overrides("trend=0").expect("knob");
@@ -1087,6 +1088,7 @@ fn trend_knobs_select_the_prior_mean() {
             basis: TrendBasis::Quadratic,
             prior_sd: 0.5,
             concave: false,
+            select: None,
         })
     );
     let c = c.with_overrides("trend=1").expect("knob");
@@ -1095,6 +1097,20 @@ fn trend_knobs_select_the_prior_mean() {
         Some((TrendBasis::Constant, 0.5))
     );
     assert_eq!(c.with_overrides("trend=0").expect("knob").trend, None);
+    // τ chosen by evidence: a bound not given is the fixed prior sd; ≤ 0 turns it off.
+    let select = |o: &str| default.clone().with_overrides(o).expect("knobs").trend;
+    assert_eq!(
+        select("trend_select_max=1").and_then(|t| t.select),
+        Some((0.3, 1.0))
+    );
+    assert_eq!(
+        select("trend_select_min=0.03,trend_select_max=1").and_then(|t| t.select),
+        Some((0.03, 1.0))
+    );
+    assert_eq!(
+        select("trend_select_max=1,trend_select_max=0").and_then(|t| t.select),
+        None
+    );
     assert!(default.with_overrides("trend=4").is_err());
     assert!(off.with_overrides("trend_prior_sd=1").is_err());
 }
