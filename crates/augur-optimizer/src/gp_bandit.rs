@@ -131,6 +131,7 @@ const DEFAULT_TREND: TrendSpec = TrendSpec {
     basis: TrendBasis::Quadratic,
     prior_sd: 0.3,
     concave: true,
+    select: None,
 };
 
 /// Most pending points (running trials and the batch's earlier suggestions) that enter the
@@ -148,8 +149,19 @@ pub struct GpBanditConfig {
     /// β for spaces of doubles only. On the reference suite (10 seeds, parallel 1 and 5)
     /// 1.0 gave lower median regret than 1.8 on Ackley5 (1.24 vs 2.0 at 50 trials),
     /// Rosenbrock4 (2.17 vs 2.77), Levy10 (0.21 vs 0.55 at 100) and Hartmann6 in batches,
-    /// and equal on Branin.
+    /// and equal on Branin. Re-measured with the quadratic trend (opt-21, seeds 0–29): 2.0
+    /// met 38, 40 and 35 of 44 cells on seeds 0–9, 10–19 and 20–29 (1.0: 35, 36, 38; 1.8
+    /// on 0–9: 35), gaining Levy10 off-centre and Ackley5 @50 but polishing Branin 4–80×
+    /// worse (geometric mean regret over every cell and seed 1.35× that of 1.0).
     pub continuous_ucb_beta: f64,
+    /// On spaces of doubles, β is `continuous_ucb_beta · (D/2)^e` for D parameters (see
+    /// [`GpBanditConfig::continuous_beta`]). 0: off (the default). With e = ½ (β from 1.0
+    /// on Branin to 2.24 on Levy10) the quality bench met 36, 38 and 37 of 44 cells on
+    /// seeds 0–9, 10–19 and 20–29 (the default 35, 36, 38): Levy10 off-centre at 100
+    /// trials improved in 43 of 60 studies, but Hartmann6 and Rosenbrock6 off-centre
+    /// lost about as much (geometric mean regret over every cell and seed 1.03× the
+    /// default's). See benches/quality/RESULTS.md (opt-21).
+    pub ucb_beta_dim_exponent: f64,
     pub batch: BatchAcquisition,
     /// Most completed trials the GP conditions on.
     pub max_train_points: usize,
@@ -379,6 +391,7 @@ impl Default for GpBanditConfig {
         GpBanditConfig {
             ucb_beta: 1.8,
             continuous_ucb_beta: 1.0,
+            ucb_beta_dim_exponent: 0.0,
             batch: BatchAcquisition::PendingUcb,
             max_train_points: 300,
             max_fit_points: 80,
@@ -461,6 +474,14 @@ impl GpBanditConfig {
         Warping { rank, log, power }
     }
 
+    /// UCB's β on a space of `dim` doubles: `continuous_ucb_beta · (max(D, 2)/2)^e`, so that
+    /// exploration grows with the dimension as GP-UCB's confidence width does (its `β_t`
+    /// grows linearly in D, Srinivas et al. 2010, Theorem 2, and the coefficient of σ is
+    /// `√β_t`: e = ½).
+    pub fn continuous_beta(&self, dim: usize) -> f64 {
+        self.continuous_ucb_beta * (dim.max(2) as f64 / 2.0).powf(self.ucb_beta_dim_exponent)
+    }
+
     /// The new study's trials after which prior studies are no longer used.
     pub fn warm_start_trials(&self, num_parameters: usize) -> usize {
         self.warm_start_initial_multiple * self.initial_trials(num_parameters)
@@ -477,6 +498,7 @@ impl GpBanditConfig {
             match k.trim() {
                 "ucb_beta" => self.ucb_beta = num(v)?,
                 "continuous_ucb_beta" => self.continuous_ucb_beta = num(v)?,
+                "ucb_beta_dim_exponent" => self.ucb_beta_dim_exponent = num(v)?,
                 "population" => self.population = num(v)? as usize,
                 "raw_samples" => self.raw_samples = num(v)? as usize,
                 "generations" => self.generations = num(v)? as usize,
@@ -537,14 +559,21 @@ impl GpBanditConfig {
                     let old = self.trend.unwrap_or(DEFAULT_TREND);
                     self.trend = basis.map(|basis| TrendSpec { basis, ..old });
                 }
-                "trend_prior_sd" | "trend_concave" => {
+                "trend_prior_sd" | "trend_concave" | "trend_select_min" | "trend_select_max" => {
                     let Some(trend) = self.trend.as_mut() else {
                         return Err(format!("{kv}: set trend first"));
                     };
-                    if k.trim() == "trend_prior_sd" {
-                        trend.prior_sd = num(v)?;
-                    } else {
-                        trend.concave = num(v)? != 0.0;
+                    let value = num(v)?;
+                    // A bound of τ's range that is not given is the fixed prior sd; a
+                    // bound ≤ 0 turns the selection off.
+                    let (lo, hi) = trend.select.unwrap_or((trend.prior_sd, trend.prior_sd));
+                    match k.trim() {
+                        "trend_prior_sd" => trend.prior_sd = value,
+                        "trend_concave" => trend.concave = value != 0.0,
+                        "trend_select_min" => {
+                            trend.select = (value > 0.0).then_some((value, hi));
+                        }
+                        _ => trend.select = (value > 0.0).then_some((lo, value)),
                     }
                 }
                 "log_ei" => {
@@ -1223,7 +1252,7 @@ impl Model {
             // against 0.42 and 5e-4 cold).
             config.warm_start_ucb_beta
         } else if encoder.is_continuous() {
-            config.continuous_ucb_beta
+            config.continuous_beta(encoder.dim())
         } else {
             config.ucb_beta
         };

@@ -908,6 +908,7 @@ mod tests {
             basis: super::super::mean::TrendBasis::Quadratic,
             prior_sd: 1.0,
             concave: true,
+            select: None,
         }
     }
 

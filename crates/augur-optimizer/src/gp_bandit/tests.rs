@@ -684,11 +684,26 @@ fn refinement_never_lowers_the_chosen_point_s_acquisition() {
                 .next_point(config, &encoder, true, false, &mut rng)
                 .expect("a point");
             let (mu, var) = model.objectives[0].predict(std::slice::from_ref(&x));
-            mu[0] + config.continuous_ucb_beta * var[0].sqrt()
+            mu[0] + config.continuous_beta(2) * var[0].sqrt()
         };
         let (a, b) = (pick(&plain), pick(&refined));
         assert!(b >= a - 1e-12, "seed {seed}: refined UCB {b} < plain {a}");
     }
+}
+
+/// β on spaces of doubles grows as `(D/2)^e`: unchanged at D ≤ 2, doubled at D = 8 with
+/// e = ½, and constant with e = 0.
+#[test]
+fn continuous_beta_grows_with_the_dimension() {
+    let c = GpBanditConfig::default()
+        .with_overrides("continuous_ucb_beta=1.2,ucb_beta_dim_exponent=0.5")
+        .expect("knobs");
+    assert_eq!(c.continuous_beta(1), 1.2);
+    assert_eq!(c.continuous_beta(2), 1.2);
+    assert!((c.continuous_beta(8) - 2.4).abs() < 1e-12);
+    assert!(c.continuous_beta(10) > c.continuous_beta(6));
+    let flat = c.with_overrides("ucb_beta_dim_exponent=0").expect("knob");
+    assert_eq!(flat.continuous_beta(10), 1.2);
 }
 
 #[test]
@@ -1073,6 +1088,7 @@ fn trend_knobs_select_the_prior_mean() {
             basis: TrendBasis::Quadratic,
             prior_sd: 0.3,
             concave: true,
+            select: None,
         })
     );
     let off = default.clone().with_overrides("trend=0").expect("knob");
@@ -1087,6 +1103,7 @@ fn trend_knobs_select_the_prior_mean() {
             basis: TrendBasis::Quadratic,
             prior_sd: 0.5,
             concave: false,
+            select: None,
         })
     );
     let c = c.with_overrides("trend=1").expect("knob");
@@ -1095,6 +1112,20 @@ fn trend_knobs_select_the_prior_mean() {
         Some((TrendBasis::Constant, 0.5))
     );
     assert_eq!(c.with_overrides("trend=0").expect("knob").trend, None);
+    // τ chosen by evidence: a bound not given is the fixed prior sd; ≤ 0 turns it off.
+    let select = |o: &str| default.clone().with_overrides(o).expect("knobs").trend;
+    assert_eq!(
+        select("trend_select_max=1").and_then(|t| t.select),
+        Some((0.3, 1.0))
+    );
+    assert_eq!(
+        select("trend_select_min=0.03,trend_select_max=1").and_then(|t| t.select),
+        Some((0.03, 1.0))
+    );
+    assert_eq!(
+        select("trend_select_max=1,trend_select_max=0").and_then(|t| t.select),
+        None
+    );
     assert!(default.with_overrides("trend=4").is_err());
     assert!(off.with_overrides("trend_prior_sd=1").is_err());
 }
