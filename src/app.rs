@@ -14,8 +14,9 @@ use crate::store;
 
 /// Request bodies larger than this are refused with 413 unless configured otherwise.
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
-/// How long a client may take to send a request's head (and a connection may wait for its
-/// next request): a slow-headers client is cut off, an idle keep-alive connection closed.
+/// How long a client may take to send a request's head, from its first byte: a
+/// slow-headers client is cut off. (A connection waiting for a request is closed after
+/// [`DEFAULT_IDLE_TIMEOUT`].)
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection on which no byte moves for this long is closed: longer than any request
 /// may take (requests time out at 60 s), and than the 90 s for which common HTTP clients

@@ -160,7 +160,9 @@ async fn connection<I>(
             tracing::debug!(?head_for, "closing a connection whose request head is late");
             return;
         }
-        let wake = head_for.map_or(idle - since, |h| (idle - since).min(head_limit - h));
+        // Until the idle or the head deadline, and at most a head's time: a head that
+        // begins while this sleeps starts its own clock.
+        let wake = (idle - since).min(head_limit - head_for.unwrap_or_default());
         tokio::select! {
             done = conn.as_mut() => {
                 if let Err(error) = done {
@@ -175,8 +177,7 @@ async fn connection<I>(
                     conn.as_mut().graceful_shutdown();
                 }
             }
-            // Also wake now and then: a head that begins while this sleeps has its own clock.
-            () = tokio::time::sleep(wake.min(head_limit)) => {}
+            () = tokio::time::sleep(wake) => {}
         }
     }
 }

@@ -208,13 +208,15 @@ impl Service {
         // Deployment's pods) each register the same token. The upsert's arbiter is the
         // name; PostgreSQL checks the hash's own unique key without it, so a replica that
         // lost that race is refused although its token is now stored: look again.
-        match self
+        let stored = self
             .store
             .replace_token(ENV_TOKEN_NAME, &hash, None, Utc::now())
-            .await
-        {
-            Err(e) if e.is_unique_violation() && self.store.find_token(&hash).await?.is_some() => {}
-            other => other?,
+            .await;
+        if let Err(e) = stored {
+            let raced = e.is_unique_violation() && self.store.find_token(&hash).await?.is_some();
+            if !raced {
+                return Err(e.into());
+            }
         }
         self.tokens.forget_name(ENV_TOKEN_NAME);
         Ok(())
