@@ -2,6 +2,8 @@
 
 use crate::common;
 
+use std::time::Duration;
+
 use augur::{App, ServerConfig};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
@@ -325,6 +327,66 @@ async fn replicas_starting_together_both_register_the_configured_token() {
             b.err()
         );
     }
+}
+
+/// The race above, made certain: another transaction holds a row with the configured
+/// token's hash, uncommitted (as the other replica's upsert does, here under another name so
+/// that the order is the test's). This replica's upsert waits on the hash's unique key, and
+/// once that row commits PostgreSQL refuses it on that key, not on the upsert's arbiter;
+/// the replica finds the token stored and starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_token_upsert_is_refused_on_the_hash_still_starts() {
+    use sqlx::Connection;
+    let db = common::postgres_db().await;
+    augur::store::connect(&db.url).await.expect("migrated");
+    let mut other = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+    sqlx::query("BEGIN")
+        .execute(&mut other)
+        .await
+        .expect("begin");
+    sqlx::query(
+        "INSERT INTO api_tokens (name, token_hash, created_at) VALUES ('other', $1, now())",
+    )
+    .bind(augur::service::hash_token("team-admin"))
+    .execute(&mut other)
+    .await
+    .expect("insert");
+    let mut config = ServerConfig::new(db.url.clone(), "127.0.0.1:0".parse().expect("addr"));
+    config.token = Some("team-admin".into());
+    config.dispatch = false;
+    let starting = tokio::spawn(App::build(config));
+    let url = db.url.clone();
+    common::eventually(
+        "the upsert waits on the hash",
+        Duration::from_secs(10),
+        || {
+            let url = url.clone();
+            async move {
+                let mut c = sqlx::PgConnection::connect(&url)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                )
+                .fetch_one(&mut c)
+                .await
+                .map_err(|e| e.to_string())?;
+                if waiting > 0 {
+                    Ok(())
+                } else {
+                    Err("no waiter yet".into())
+                }
+            }
+        },
+    )
+    .await;
+    sqlx::query("COMMIT")
+        .execute(&mut other)
+        .await
+        .expect("commit");
+    let started = starting.await.expect("join");
+    assert!(started.is_ok(), "{:?}", started.err());
 }
 
 /// Issue 10, finding 7: a checked token was trusted for 30 s without asking the database,

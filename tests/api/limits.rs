@@ -173,6 +173,19 @@ async fn app_with(configure: impl FnOnce(&mut ServerConfig)) -> (String, common:
     (addr, db)
 }
 
+/// `GET /healthz` on `stream`: what the server answered within 5 s (empty if nothing).
+fn get_healthz(stream: &mut TcpStream) -> String {
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .expect("request");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut buf = [0u8; 1024];
+    let n = stream.read(&mut buf).unwrap_or(0);
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
 /// Whether the server closed `stream` within `limit`: a read returns end of file or a reset.
 fn closed_within(stream: &mut TcpStream, limit: Duration) -> bool {
     stream.set_read_timeout(Some(limit)).expect("read timeout");
@@ -233,17 +246,8 @@ async fn idle_connections_are_closed() {
     let seen = tokio::task::spawn_blocking(move || {
         let mut silent = TcpStream::connect(&addr).expect("connect");
         let mut kept = TcpStream::connect(&addr).expect("connect");
-        kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-            .expect("request");
-        let mut buf = [0u8; 1024];
-        kept.set_read_timeout(Some(Duration::from_secs(5)))
-            .expect("timeout");
-        let n = kept.read(&mut buf).expect("response");
-        assert!(
-            String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"),
-            "{}",
-            String::from_utf8_lossy(&buf[..n])
-        );
+        let answer = get_healthz(&mut kept);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         let started = Instant::now();
         let silent_closed = closed_within(&mut silent, Duration::from_secs(6));
         let kept_closed = closed_within(&mut kept, Duration::from_secs(6));
@@ -275,16 +279,9 @@ async fn a_waiting_connection_is_kept_for_the_idle_timeout_and_a_begun_head_is_n
         let mut stream = TcpStream::connect(&addr).expect("connect");
         // Opened and unused for twice the header-read timeout, as a pool may keep it.
         std::thread::sleep(Duration::from_secs(2));
-        let request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
         let mut answers = Vec::new();
         for _ in 0..2 {
-            stream.write_all(request).expect("request");
-            let mut buf = [0u8; 1024];
-            stream
-                .set_read_timeout(Some(Duration::from_secs(5)))
-                .expect("timeout");
-            let n = stream.read(&mut buf).unwrap_or(0);
-            answers.push(String::from_utf8_lossy(&buf[..n]).to_string());
+            answers.push(get_healthz(&mut stream));
             // Idle for twice the header-read timeout between requests.
             std::thread::sleep(Duration::from_secs(2));
         }

@@ -332,6 +332,12 @@ async fn metrics_endpoint_reports_requests_and_trials(backend: &str) {
             assert!(!text.contains(&format!("pool=\"{pool}\"")), "{text}");
         }
     }
+    // The answers' pool (PostgreSQL's only) is listed before it first opens a connection.
+    assert_eq!(
+        text.contains("augur_db_connections{pool=\"answers\",state=\"idle\"}"),
+        backend == "postgres",
+        "{text}"
+    );
     let health = app.get("/healthz").await;
     assert_eq!(health.body["status"], "ok");
     assert_eq!(app.get("/readyz").await.status, StatusCode::OK);
