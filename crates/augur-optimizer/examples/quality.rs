@@ -4,7 +4,14 @@
 //!  "ms": [wall ms per suggest call, divided by the suggestions it returned]}`.
 //!
 //! `cargo run --release --example quality -- [--seeds N] [--first-seed S] [--functions a,b]
-//! [--algorithms a,b] [--parallel 1,5] [--gp knob=value,… --label name]`. `benches/quality/run` aggregates these lines with the Python references.
+//! [--algorithms a,b] [--parallel 1,5] [--gp knob=value,… --label name] [--points]
+//! [--designs FILE]`.
+//! `--points` adds `"x"`: each trial's coordinates in order (box functions only), which
+//! `benches/quality/same_design.py` starts the Python references from. `--designs FILE`
+//! does the converse: a study whose function and seed have a line `{"function", "seed",
+//! "x": [[x0, x1, …], …]}` there starts with those points as its first trials (measured in
+//! one batch, counted in the budget; with `--gp max_initial_trials=k` for k of them
+//! gp_bandit adds no quasi-random points of its own). `benches/quality/run` aggregates these lines with the Python references.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -12,7 +19,7 @@ use std::time::Instant;
 use augur_optimizer::test_functions::{MIXED_SUITE, SUITE};
 use augur_optimizer::{
     Algorithm, Assignment, CompletedTrial, Designer, DesignerInput, Goal, GpBanditConfig,
-    GpBanditDesigner, MetricSpec, Outcome, SearchSpace, designer_for,
+    GpBanditDesigner, MetricSpec, Outcome, SearchSpace, Value, designer_for,
 };
 
 /// A box function or a mixed-space problem, as the bench sees it.
@@ -57,7 +64,39 @@ fn arg(args: &[String], name: &str) -> Option<String> {
         .and_then(|i| args.get(i + 1).cloned())
 }
 
-fn run(designer: &dyn Designer, f: &Problem, seed: u64, parallel: usize) -> (Vec<f64>, Vec<f64>) {
+/// A study's best-so-far regret and wall ms per trial, and each trial's parameters.
+struct Study {
+    regret: Vec<f64>,
+    ms: Vec<f64>,
+    points: Vec<Assignment>,
+}
+
+/// Initial points per (function, seed), from `--designs`.
+type Designs = BTreeMap<(String, u64), Vec<Vec<f64>>>;
+
+fn read_designs(path: &str) -> Result<Designs, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    let mut designs = Designs::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let row: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| format!("{path}: {e}"))?;
+        let (Some(function), Some(seed)) = (row["function"].as_str(), row["seed"].as_u64()) else {
+            return Err(format!("{path}: a line without function and seed"));
+        };
+        let points: Vec<Vec<f64>> = serde_json::from_value(row["x"].clone())
+            .map_err(|e| format!("{path}: x of {function} seed {seed}: {e}"))?;
+        designs.insert((function.to_string(), seed), points);
+    }
+    Ok(designs)
+}
+
+fn run(
+    designer: &dyn Designer,
+    f: &Problem,
+    seed: u64,
+    parallel: usize,
+    design: &[Vec<f64>],
+) -> Study {
     let space = &f.space;
     let metrics = [MetricSpec {
         id: "y".into(),
@@ -66,8 +105,24 @@ fn run(designer: &dyn Designer, f: &Problem, seed: u64, parallel: usize) -> (Vec
     }];
     let mut completed: Vec<CompletedTrial> = Vec::new();
     let mut state: Option<serde_json::Value> = None;
-    let (mut regrets, mut ms) = (Vec::new(), Vec::new());
+    let (mut regrets, mut ms, mut points) = (Vec::new(), Vec::new(), Vec::new());
     let mut best = f64::INFINITY;
+    for x in design.iter().take(f.budget) {
+        let a: Assignment = x
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (format!("x{i}"), Value::Float(*v)))
+            .collect();
+        let y = (f.f)(&a);
+        best = best.min(y);
+        regrets.push(best - f.optimum);
+        ms.push(0.0);
+        points.push(a.clone());
+        completed.push(CompletedTrial {
+            parameters: a,
+            outcome: Outcome::Measured(BTreeMap::from([("y".to_string(), y)])),
+        });
+    }
     while completed.len() < f.budget {
         let count = parallel.min(f.budget - completed.len());
         let input = DesignerInput {
@@ -95,13 +150,30 @@ fn run(designer: &dyn Designer, f: &Problem, seed: u64, parallel: usize) -> (Vec
             best = best.min(y);
             regrets.push(best - f.optimum);
             ms.push(per);
+            points.push(a.clone());
             completed.push(CompletedTrial {
                 parameters: a,
                 outcome: Outcome::Measured(BTreeMap::from([("y".to_string(), y)])),
             });
         }
     }
-    (regrets, ms)
+    Study {
+        regret: regrets,
+        ms,
+        points,
+    }
+}
+
+/// A box function's trials as coordinate vectors `x0, x1, …` (`None` for a mixed space).
+fn coordinates(points: &[Assignment]) -> Option<Vec<Vec<f64>>> {
+    points
+        .iter()
+        .map(|a| {
+            (0..a.len())
+                .map(|i| a.get(&format!("x{i}")).and_then(|v| v.as_f64()))
+                .collect()
+        })
+        .collect()
 }
 
 fn main() {
@@ -115,6 +187,17 @@ fn main() {
     // GP-bandit knob overrides (`GpBanditConfig::with_overrides`) and a name for the runs.
     let gp_overrides = arg(&args, "--gp");
     let label = arg(&args, "--label");
+    let with_points = args.iter().any(|a| a == "--points");
+    let designs = match arg(&args, "--designs")
+        .map(|p| read_designs(&p))
+        .transpose()
+    {
+        Ok(designs) => designs.unwrap_or_default(),
+        Err(e) => {
+            eprintln!("--designs: {e}");
+            std::process::exit(2);
+        }
+    };
     let functions = arg(&args, "--functions").unwrap_or_else(|| "all".into());
     let algorithms =
         arg(&args, "--algorithms").unwrap_or_else(|| "gp_bandit,quasi_random,random".into());
@@ -146,11 +229,17 @@ fn main() {
             };
             for &p in &parallel {
                 for seed in first_seed..first_seed + seeds {
-                    let (regret, ms) = run(designer.as_ref(), f, seed, p);
-                    let line = serde_json::json!({
+                    let design = designs
+                        .get(&(f.name.to_string(), seed))
+                        .map_or(&[][..], Vec::as_slice);
+                    let study = run(designer.as_ref(), f, seed, p, design);
+                    let mut line = serde_json::json!({
                         "optimizer": label.as_deref().unwrap_or(name), "function": f.name, "parallel": p, "seed": seed,
-                        "regret": regret, "ms": ms,
+                        "regret": study.regret, "ms": study.ms,
                     });
+                    if with_points && let Some(x) = coordinates(&study.points) {
+                        line["x"] = serde_json::json!(x);
+                    }
                     println!("{line}");
                 }
             }
