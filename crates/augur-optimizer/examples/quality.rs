@@ -19,7 +19,7 @@ use std::time::Instant;
 use augur_optimizer::test_functions::{MIXED_SUITE, SUITE};
 use augur_optimizer::{
     Algorithm, Assignment, CompletedTrial, Designer, DesignerInput, Goal, GpBanditConfig,
-    GpBanditDesigner, MetricSpec, Outcome, SearchSpace, Value, designer_for,
+    GpBanditDesigner, MetricSpec, Outcome, ParameterKind, SearchSpace, Value, designer_for,
 };
 
 /// A box function or a mixed-space problem, as the bench sees it.
@@ -88,6 +88,42 @@ fn read_designs(path: &str) -> Result<Designs, String> {
         designs.insert((function.to_string(), seed), points);
     }
     Ok(designs)
+}
+
+/// A design's points must be coordinates `x0, x1, …` of a box function, inside its box.
+fn check_design(f: &Problem, design: &[Vec<f64>]) -> Result<(), String> {
+    if design.is_empty() {
+        return Ok(());
+    }
+    let dim = f.space.parameters.len();
+    let is_box = f
+        .space
+        .parameters
+        .iter()
+        .enumerate()
+        .all(|(i, p)| p.id == format!("x{i}"));
+    if !is_box {
+        return Err("designs are for box functions (parameters x0, x1, …) only".into());
+    }
+    for x in design {
+        if x.len() != dim {
+            return Err(format!(
+                "a point has {} coordinates, the box {dim}",
+                x.len()
+            ));
+        }
+        let inside = x
+            .iter()
+            .zip(&f.space.parameters)
+            .all(|(v, p)| match p.kind {
+                ParameterKind::Double { min, max, .. } => (min..=max).contains(v),
+                _ => false,
+            });
+        if !inside {
+            return Err(format!("{x:?} is outside the box"));
+        }
+    }
+    Ok(())
 }
 
 fn run(
@@ -232,6 +268,10 @@ fn main() {
                     let design = designs
                         .get(&(f.name.to_string(), seed))
                         .map_or(&[][..], Vec::as_slice);
+                    if let Err(e) = check_design(f, design) {
+                        eprintln!("--designs: {} seed {seed}: {e}", f.name);
+                        std::process::exit(2);
+                    }
                     let study = run(designer.as_ref(), f, seed, p, design);
                     let mut line = serde_json::json!({
                         "optimizer": label.as_deref().unwrap_or(name), "function": f.name, "parallel": p, "seed": seed,
