@@ -176,28 +176,33 @@ def optuna_params(trial, space):
     return a
 
 
+def optuna_loop(study, space, f, budget, parallel):
+    """Ask and tell to the budget: values and ms per suggestion."""
+    ys, ms = [], []
+    while len(ys) < budget:
+        k = min(parallel, budget - len(ys))
+        trials = []
+        # A batch: k asks before any tell (the running trials are pending for the sampler).
+        for _ in range(k):
+            t0 = time.perf_counter()
+            trial = study.ask()
+            a = optuna_params(trial, space)
+            ms.append((time.perf_counter() - t0) * 1e3)
+            trials.append((trial, a))
+        for trial, a in trials:
+            y = f(a)
+            study.tell(trial, y)
+            ys.append(y)
+    return ys, ms
+
+
 def run_optuna_with(make_sampler):
     def run(space, f, budget, seed, parallel):
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.create_study(sampler=make_sampler(seed, parallel))
-        ys, ms = [], []
-        while len(ys) < budget:
-            k = min(parallel, budget - len(ys))
-            trials = []
-            # A batch: k asks before any tell (the running trials are pending for the sampler).
-            for _ in range(k):
-                t0 = time.perf_counter()
-                trial = study.ask()
-                a = optuna_params(trial, space)
-                ms.append((time.perf_counter() - t0) * 1e3)
-                trials.append((trial, a))
-            for trial, a in trials:
-                y = f(a)
-                study.tell(trial, y)
-                ys.append(y)
-        return ys, ms
+        return optuna_loop(study, space, f, budget, parallel)
 
     return run
 

@@ -24,10 +24,9 @@ import json
 import math
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference import SUITE, optuna_params  # noqa: E402
+from reference import SUITE, optuna_loop, optuna_params  # noqa: E402
 
 
 def initial_trials(dim, parallel):
@@ -49,20 +48,7 @@ def run(row):
     study = optuna.create_study(sampler=sampler)
     for x in row["x"][:k]:
         study.enqueue_trial({p["id"]: v for p, v in zip(space, x)})
-    ys, ms = [], []
-    while len(ys) < budget:
-        n = min(parallel, budget - len(ys))
-        trials = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            trial = study.ask()
-            a = optuna_params(trial, space)
-            ms.append((time.perf_counter() - t0) * 1e3)
-            trials.append((trial, a))
-        for trial, a in trials:
-            y = f(a)
-            study.tell(trial, y)
-            ys.append(y)
+    ys, ms = optuna_loop(study, space, f, budget, parallel)
     best, regret = math.inf, []
     for y in ys:
         best = min(best, y)
