@@ -196,6 +196,15 @@ def optuna_loop(study, space, f, budget, parallel):
     return ys, ms
 
 
+def regret_of(ys, fstar):
+    """Best-so-far simple regret after each value."""
+    best, regret = math.inf, []
+    for y in ys:
+        best = min(best, y)
+        regret.append(best - fstar)
+    return regret
+
+
 def run_optuna_with(make_sampler):
     def run(space, f, budget, seed, parallel):
         import optuna
@@ -406,12 +415,8 @@ def main():
             for p in [int(v) for v in a.parallel.split(",")]:
                 for seed in range(a.first_seed, a.first_seed + seeds):
                     ys, ms = RUNNERS[opt](space, f, budget, seed, p)
-                    best, regret = math.inf, []
-                    for y in ys:
-                        best = min(best, y)
-                        regret.append(best - fstar)
                     line = {"optimizer": opt, "function": name, "parallel": p, "seed": seed,
-                            "regret": regret, "ms": ms}
+                            "regret": regret_of(ys, fstar), "ms": ms}
                     print(json.dumps(line), flush=True)
 
 

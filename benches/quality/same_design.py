@@ -4,9 +4,8 @@ by its initial points or by what the model does after them?
 Reads the JSON lines of `examples/quality.rs --points` (box functions), and for each study
 enqueues its first k points in a GPSampler study (`n_startup_trials=k`), then lets GPSampler
 run to the budget with the same protocol as reference.py (a batch: k asks before any tell).
-k is gp_bandit's quasi-random design with the default knobs (`initial_trials`: 2 per
-parameter plus one, between 5 and 20), rounded up to whole batches. Prints reference.py's
-JSON lines with optimizer `optuna_gp_same_design`, for report.py.
+k is the size of gp_bandit's quasi-random design, which the quality driver records with
+the points (`"initial"`, in whole batches). Prints reference.py's JSON lines with optimizer `optuna_gp_same_design`, for report.py.
 
 The converse, gp_bandit started from GPSampler's own start-up design (its first 10 trials,
 random points from its seed): `--gp-designs FUNCTION FIRST_SEED SEEDS` prints them in the
@@ -21,17 +20,11 @@ form of `examples/quality.rs --designs`.
         --parallel 1 --gp max_initial_trials=10 --designs gp_designs.jsonl
 """
 import json
-import math
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference import SUITE, optuna_loop, optuna_params  # noqa: E402
-
-
-def initial_trials(dim, parallel):
-    k = min(max(2 * dim + 1, 5), 20)
-    return math.ceil(k / parallel) * parallel
+from reference import SUITE, optuna_loop, optuna_params, regret_of  # noqa: E402
 
 
 def run(row):
@@ -42,19 +35,15 @@ def run(row):
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space, f, fstar, budget = SUITE[row["function"]]
     parallel, seed = row["parallel"], row["seed"]
-    k = initial_trials(len(space), parallel)
+    k = row["initial"]
     # As reference.py's GPSampler, with gp_bandit's design as its start-up trials.
     sampler = optuna.samplers.GPSampler(seed=seed, n_startup_trials=k)
     study = optuna.create_study(sampler=sampler)
     for x in row["x"][:k]:
         study.enqueue_trial({p["id"]: v for p, v in zip(space, x)})
     ys, ms = optuna_loop(study, space, f, budget, parallel)
-    best, regret = math.inf, []
-    for y in ys:
-        best = min(best, y)
-        regret.append(best - fstar)
     return {"optimizer": "optuna_gp_same_design", "function": row["function"],
-            "parallel": parallel, "seed": seed, "regret": regret, "ms": ms}
+            "parallel": parallel, "seed": seed, "regret": regret_of(ys, fstar), "ms": ms}
 
 
 def gp_designs(name, first_seed, seeds):
@@ -82,7 +71,7 @@ def main():
         with open(path) as lines:
             for line in lines:
                 row = json.loads(line)
-                if "x" in row and row["function"] in SUITE:
+                if "x" in row and "initial" in row and row["function"] in SUITE:
                     print(json.dumps(run(row)), flush=True)
 
 

@@ -6,7 +6,8 @@
 //! `cargo run --release --example quality -- [--seeds N] [--first-seed S] [--functions a,b]
 //! [--algorithms a,b] [--parallel 1,5] [--gp knob=value,… --label name] [--points]
 //! [--designs FILE]`.
-//! `--points` adds `"x"`: each trial's coordinates in order (box functions only), which
+//! `--points` adds `"x"`: each trial's coordinates in order (box functions only), and for
+//! gp_bandit `"initial"`: how many of them were its quasi-random design, which
 //! `benches/quality/same_design.py` starts the Python references from. `--designs FILE`
 //! does the converse: a study whose function and seed have a line `{"function", "seed",
 //! "x": [[x0, x1, …], …]}` there starts with those points as its first trials (measured in
@@ -143,21 +144,25 @@ fn run(
     let mut state: Option<serde_json::Value> = None;
     let (mut regrets, mut ms, mut points) = (Vec::new(), Vec::new(), Vec::new());
     let mut best = f64::INFINITY;
+    // Measure a trial and record it; `ms` is the wall time its suggestion took.
+    let mut measure = |a: Assignment, ms_per: f64, completed: &mut Vec<CompletedTrial>| {
+        let y = (f.f)(&a);
+        best = best.min(y);
+        regrets.push(best - f.optimum);
+        ms.push(ms_per);
+        points.push(a.clone());
+        completed.push(CompletedTrial {
+            parameters: a,
+            outcome: Outcome::Measured(BTreeMap::from([("y".to_string(), y)])),
+        });
+    };
     for x in design.iter().take(f.budget) {
         let a: Assignment = x
             .iter()
             .enumerate()
             .map(|(i, v)| (format!("x{i}"), Value::Float(*v)))
             .collect();
-        let y = (f.f)(&a);
-        best = best.min(y);
-        regrets.push(best - f.optimum);
-        ms.push(0.0);
-        points.push(a.clone());
-        completed.push(CompletedTrial {
-            parameters: a,
-            outcome: Outcome::Measured(BTreeMap::from([("y".to_string(), y)])),
-        });
+        measure(a, 0.0, &mut completed);
     }
     while completed.len() < f.budget {
         let count = parallel.min(f.budget - completed.len());
@@ -182,15 +187,7 @@ fn run(
         }
         let per = elapsed / out.suggestions.len() as f64;
         for a in out.suggestions {
-            let y = (f.f)(&a);
-            best = best.min(y);
-            regrets.push(best - f.optimum);
-            ms.push(per);
-            points.push(a.clone());
-            completed.push(CompletedTrial {
-                parameters: a,
-                outcome: Outcome::Measured(BTreeMap::from([("y".to_string(), y)])),
-            });
+            measure(a, per, &mut completed);
         }
     }
     Study {
@@ -251,17 +248,23 @@ fn main() {
                 eprintln!("unknown algorithm {name}");
                 continue;
             };
-            let designer: Box<dyn Designer> = match (&gp_overrides, algorithm) {
-                (Some(o), Algorithm::GpBandit) => {
-                    match GpBanditConfig::default().with_overrides(o) {
-                        Ok(config) => Box::new(GpBanditDesigner { config }),
-                        Err(e) => {
-                            eprintln!("--gp: {e}");
-                            std::process::exit(2);
-                        }
+            // gp_bandit's config, also for the size of its quasi-random design.
+            let gp_config = match (&gp_overrides, algorithm) {
+                (_, a) if a != Algorithm::GpBandit => None,
+                (None, _) => Some(GpBanditConfig::default()),
+                (Some(o), _) => match GpBanditConfig::default().with_overrides(o) {
+                    Ok(config) => Some(config),
+                    Err(e) => {
+                        eprintln!("--gp: {e}");
+                        std::process::exit(2);
                     }
-                }
-                _ => designer_for(algorithm),
+                },
+            };
+            let designer: Box<dyn Designer> = match &gp_config {
+                Some(config) => Box::new(GpBanditDesigner {
+                    config: config.clone(),
+                }),
+                None => designer_for(algorithm),
             };
             for &p in &parallel {
                 for seed in first_seed..first_seed + seeds {
@@ -279,6 +282,12 @@ fn main() {
                     });
                     if with_points && let Some(x) = coordinates(&study.points) {
                         line["x"] = serde_json::json!(x);
+                        // Its quasi-random trials: a batch begun during the design is
+                        // all quasi-random, so whole batches.
+                        if let Some(config) = &gp_config {
+                            let k = config.initial_trials(f.space.parameters.len());
+                            line["initial"] = serde_json::json!(k.div_ceil(p) * p);
+                        }
                     }
                     println!("{line}");
                 }
