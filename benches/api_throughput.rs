@@ -4,11 +4,11 @@
 //! process (`App::build` on 127.0.0.1:0) on a fresh database with default, durable commits.
 //!
 //! Then a team's server with many studies (issue 16): the same cycles with each client bound
-//! to one study (client `i` on study `i % studies`), on one replica (the server in this
-//! process) and on two (plus a real `augur serve --no-dispatch` process on the same
-//! database; as behind a balancer, a client's suggest reaches one replica and its complete
+//! to one study (client `i` on study `i % studies`), on one replica and on two (real
+//! `augur serve --no-dispatch` processes on the same database; as behind a balancer, a client's suggest reaches one replica and its complete
 //! the other; each replica sends a study's changes to the one that owns it unless
-//! `AUGUR_BENCH_FORWARD=0`), each row on a fresh database; and 100
+//! `AUGUR_BENCH_FORWARD=0`, and names the owner in its answer, which the clients follow
+//! unless `AUGUR_BENCH_FOLLOW=0`), each row on a fresh database; and 100
 //! `gp_bandit` studies at once, timing each `suggest` alone and counting the suggestions
 //! that missed the study's time budget and fell back to quasi-random points.
 //!
@@ -24,8 +24,18 @@
 //!   many-studies table as `studies x clients x replicas`;
 //! - `AUGUR_BENCH_FORWARD` (default 1; 0: off): replicas of a row route each study's changes
 //!   to one of them (`--replica-url`);
-//! - `AUGUR_BENCH_REPLICA_LANES` (default unset: one per core, at least 2): `--commit-lanes`
-//!   of each replica in rows with more than one;
+//! - `AUGUR_BENCH_IN_PROCESS` (default 0; 1: on): replica 0 of the many-studies rows is the
+//!   server in this process, beside the clients (the GP row's always is); off, every replica
+//!   is a process of its own, as deployed, so one replica and two pay the same switches
+//!   between the clients' process and a server's;
+//! - `AUGUR_BENCH_FOLLOW` (default 1; 0: off): clients send a study's next changes to the
+//!   replica a forwarded answer names as its owner (`augur-study-replica`), as Augur's
+//!   clients do; off, they stay where the balancer sent them and every change of a busy study
+//!   that reaches the other replica is forwarded;
+//! - `AUGUR_BENCH_REPLICA_LANES`: `--commit-lanes` of each replica in rows with more than
+//!   one; by default the machine's cores split between them (at least 1 each), as the README
+//!   advises for replicas sharing a machine; `default`: the server's own default (one per
+//!   core, at least 2, each);
 //! - `AUGUR_BENCH_GP_STUDIES` (default 100, 0 skips): studies of the GP row;
 //! - `AUGUR_BENCH_GP_CLIENTS_PER_STUDY` (default 4, the studies' `parallel_trials`);
 //! - `AUGUR_BENCH_GP_TRIALS` (default 30): `max_trials` of each GP study;
@@ -85,6 +95,15 @@ fn spec(max_trials: u64) -> Value {
 }
 
 async fn post(http: &reqwest::Client, url: &str, body: &Value) -> Result<Value, String> {
+    Ok(post_named(http, url, body).await?.0)
+}
+
+/// POST, and the replica the answer names as the study's owner (`augur-study-replica`).
+async fn post_named(
+    http: &reqwest::Client,
+    url: &str,
+    body: &Value,
+) -> Result<(Value, Option<String>), String> {
     let response = http
         .post(url)
         .json(body)
@@ -92,12 +111,17 @@ async fn post(http: &reqwest::Client, url: &str, body: &Value) -> Result<Value, 
         .await
         .map_err(|e| format!("POST {url}: {e}"))?;
     let status = response.status();
+    let owner = response
+        .headers()
+        .get(augur::model::request::STUDY_REPLICA_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     let body: Value = response
         .json()
         .await
         .map_err(|e| format!("POST {url}: body: {e}"))?;
     if status.is_success() {
-        Ok(body)
+        Ok((body, owner))
     } else {
         Err(format!("POST {url}: {status}: {body}"))
     }
@@ -124,13 +148,32 @@ fn smooth_accuracy(_n: u64, parameters: &Value) -> Result<f64, String> {
     Ok(0.95 - 0.05 * (lr.log10() + 2.0).powi(2) - 0.01 * (layers - 4.0).powi(2))
 }
 
+/// Whether replica 0 of the many-studies rows is the server in this process (the clients'),
+/// not a process of its own.
+static IN_PROCESS: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| env_or("AUGUR_BENCH_IN_PROCESS", 0u8) != 0);
+
+/// Whether clients send a study's changes to the replica an answer names as its owner.
+static FOLLOW_OWNER: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| env_or("AUGUR_BENCH_FOLLOW", 1u8) != 0);
+
+/// A study's URLs at the replica `owner` (a base URL) instead.
+fn move_to(study_urls: &mut [String], owner: &str) {
+    for url in study_urls {
+        if let Some(at) = url.find("/v1/studies/") {
+            *url = format!("{}{}", owner.trim_end_matches('/'), &url[at..]);
+        }
+    }
+}
+
 /// One cycle: suggest one trial and complete it with `objective`, through the study's first
-/// URL and its last (two replicas behind a balancer: each request may reach either). The
-/// trial's id (numbered per study from 1) and how long the suggest that handed it out took;
-/// `None` when the study is completed.
+/// URL and its last (two replicas behind a balancer: each request may reach either); when
+/// an answer names the study's owner, both move there (as with Augur's clients) unless
+/// `AUGUR_BENCH_FOLLOW=0`. The trial's id (numbered per study from 1) and how long the suggest that
+/// handed it out took; `None` when the study is completed.
 async fn cycle(
     http: &reqwest::Client,
-    study_urls: &[String],
+    study_urls: &mut [String],
     client: &str,
     n: u64,
     objective: Objective,
@@ -140,13 +183,18 @@ async fn cycle(
     // the answer is then "ask again", until they complete.
     let mut answer = Value::Null;
     let mut suggested_in = Duration::ZERO;
-    let (Some(suggest_url), Some(complete_url)) = (study_urls.first(), study_urls.last()) else {
+    let follow = *FOLLOW_OWNER;
+    let Some(suggest_url) = study_urls.first().cloned() else {
         return Err("a client without a study URL".into());
     };
     for _ in 0..10_000 {
         let asked = Instant::now();
-        answer = post(http, &format!("{suggest_url}/suggest"), &request).await?;
+        let owner;
+        (answer, owner) = post_named(http, &format!("{suggest_url}/suggest"), &request).await?;
         suggested_in = asked.elapsed();
+        if let Some(owner) = owner.filter(|_| follow) {
+            move_to(study_urls, &owner);
+        }
         let waiting = answer["trials"].as_array().is_some_and(|t| t.is_empty())
             && answer["study_state"] == "active";
         if !waiting {
@@ -165,12 +213,16 @@ async fn cycle(
     };
     let id = trial["id"].as_i64().ok_or("trial without id")?;
     let accuracy = objective(n, &trial["parameters"])?;
-    post(
+    let complete_url = study_urls.last().cloned().unwrap_or(suggest_url);
+    let (_, owner) = post_named(
         http,
         &format!("{complete_url}/trials/{id}/complete"),
         &json!({"metrics": {"accuracy": accuracy}}),
     )
     .await?;
+    if let Some(owner) = owner.filter(|_| follow) {
+        move_to(study_urls, &owner);
+    }
     Ok(Some((id, suggested_in)))
 }
 
@@ -255,7 +307,7 @@ async fn run_clients(
         .iter()
         .enumerate()
         .map(|(c, urls)| {
-            let (http, urls, run) = (http.clone(), urls.clone(), run.clone());
+            let (http, mut urls, run) = (http.clone(), urls.clone(), run.clone());
             tokio::spawn(async move {
                 let client = format!("bench-{c}");
                 let mut mine = Vec::new();
@@ -263,7 +315,7 @@ async fn run_clients(
                 while !run.stop.load(Ordering::Relaxed) {
                     let started = Instant::now();
                     let n = run.completed.load(Ordering::Relaxed);
-                    match cycle(&http, &urls, &client, n, objective).await {
+                    match cycle(&http, &mut urls, &client, n, objective).await {
                         Ok(Some(suggested)) => {
                             let done = run.completed.fetch_add(1, Ordering::Relaxed) + 1;
                             mine.push((done, started.elapsed()));
@@ -535,54 +587,65 @@ async fn bench(database_url: &str, levels: &[usize], growth_trials: u64) {
     );
 }
 
-/// The replicas of one row, on a database of their own: the server in this process (built
-/// as the one-study table builds it), and `replicas - 1` real `augur serve --no-dispatch`
-/// processes (API-only replicas) on the same database.
+/// The replicas of one row, on a database of their own: real `augur serve --no-dispatch`
+/// processes (API-only replicas) on the same database, as deployed; with `in_process`,
+/// replica 0 is the server in this process instead (built as the one-study table builds it),
+/// which answers the clients beside it without a switch between processes.
 struct Servers {
-    /// Replica `r`'s base URL; 0 is the server in this process.
+    /// Replica `r`'s base URL.
     bases: Vec<String>,
     /// Killed when dropped, on a panic too.
     children: Vec<common::ServerProcess>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    served: tokio::task::JoinHandle<Result<(), augur::app::AppError>>,
+    /// The server in this process, if any.
+    in_process: Option<InProcess>,
     /// Dropped (`WITH (FORCE)`) when this is dropped; `stop` drops it first, and says so if
     /// it cannot.
     db: common::TestDb,
 }
 
+/// A server running in this process: its stop signal and its task.
+struct InProcess {
+    stop: tokio::sync::oneshot::Sender<()>,
+    served: tokio::task::JoinHandle<Result<(), augur::app::AppError>>,
+}
+
 impl Servers {
-    async fn start(replicas: usize) -> Servers {
+    async fn start(replicas: usize, in_process: bool) -> Servers {
         let db = common::postgres_db().await;
         // Replicas route each study's changes to one of them (`--replica-url`) unless
         // AUGUR_BENCH_FORWARD=0.
         let forward = replicas > 1 && env_or("AUGUR_BENCH_FORWARD", 1u8) != 0;
-        let port = common::free_port();
-        let mut config = ServerConfig::new(
-            db.url.clone(),
-            format!("127.0.0.1:{port}").parse().expect("addr"),
-        );
-        if forward {
-            config.replica_url = Some(format!("http://127.0.0.1:{port}"));
-        }
-        let lanes = (replicas > 1)
-            .then(|| std::env::var("AUGUR_BENCH_REPLICA_LANES").ok())
-            .flatten();
-        if let Some(lanes) = &lanes {
-            config.commit_lanes = Some(
-                lanes
-                    .parse()
-                    .unwrap_or_else(|_| panic!("AUGUR_BENCH_REPLICA_LANES={lanes:?}")),
+        let lanes = replica_lanes(replicas);
+        let mut bases = Vec::new();
+        let mut served = None;
+        if in_process {
+            let port = common::free_port();
+            let mut config = ServerConfig::new(
+                db.url.clone(),
+                format!("127.0.0.1:{port}").parse().expect("addr"),
             );
+            if forward {
+                config.replica_url = Some(format!("http://127.0.0.1:{port}"));
+            }
+            if let Some(lanes) = &lanes {
+                config.commit_lanes = Some(
+                    lanes
+                        .parse()
+                        .unwrap_or_else(|_| panic!("AUGUR_BENCH_REPLICA_LANES={lanes:?}")),
+                );
+            }
+            // Migrations run here, before any other replica opens the database.
+            let app = App::build(config).await.expect("server starts");
+            bases.push(format!("http://{}", app.addr()));
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let task = tokio::spawn(app.run_until(async {
+                let _ = stopped.await;
+            }));
+            served = Some(InProcess { stop, served: task });
         }
-        // Migrations run here, before any other replica opens the database.
-        let app = App::build(config).await.expect("server starts");
-        let mut bases = vec![format!("http://{}", app.addr())];
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let served = tokio::spawn(app.run_until(async {
-            let _ = stopped.await;
-        }));
         let mut children = Vec::new();
-        for _ in 1..replicas {
+        // One at a time: the first migrates the database before the next opens it.
+        while bases.len() < replicas {
             let port = common::free_port();
             let url = format!("http://127.0.0.1:{port}");
             let mut args = vec!["--no-dispatch"];
@@ -597,11 +660,13 @@ impl Servers {
             bases.push(child.base.clone());
             children.push(child);
         }
+        if forward {
+            until_all_live(&bases).await;
+        }
         Servers {
             bases,
             children,
-            stop: Some(stop),
-            served,
+            in_process: served,
             db,
         }
     }
@@ -615,16 +680,59 @@ impl Servers {
         for child in &mut self.children {
             child.kill();
         }
-        if let Some(stop) = self.stop.take() {
+        if let Some(InProcess { stop, mut served }) = self.in_process.take() {
             let _ = stop.send(());
-        }
-        match tokio::time::timeout(Duration::from_secs(10), &mut self.served).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => eprintln!("the server in this process failed: {e}"),
-            Ok(Err(e)) => eprintln!("the server in this process panicked: {e}"),
-            Err(_) => eprintln!("the server in this process did not stop within 10 s"),
+            match tokio::time::timeout(Duration::from_secs(10), &mut served).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(e))) => eprintln!("the server in this process failed: {e}"),
+                Ok(Err(e)) => eprintln!("the server in this process panicked: {e}"),
+                Err(_) => eprintln!("the server in this process did not stop within 10 s"),
+            }
         }
         drop_database(&self.db.url).await;
+    }
+}
+
+/// `--commit-lanes` of each replica of a row of `replicas` (`None`: the server's default).
+fn replica_lanes(replicas: usize) -> Option<String> {
+    if replicas < 2 {
+        return None;
+    }
+    match std::env::var("AUGUR_BENCH_REPLICA_LANES") {
+        Ok(lanes) if lanes == "default" => None,
+        Ok(lanes) => Some(lanes),
+        Err(_) => {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            Some((cores / replicas).max(1).to_string())
+        }
+    }
+}
+
+/// Wait until every replica sees all of them live (each renews every 2 s): before that, a
+/// replica that does not see the others yet serves every study itself and names no owner.
+async fn until_all_live(bases: &[String]) {
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for base in bases {
+        loop {
+            let text = match http.get(format!("{base}/metrics")).send().await {
+                Ok(response) => response.text().await.unwrap_or_default(),
+                Err(_) => String::new(),
+            };
+            let live = text
+                .lines()
+                .find_map(|l| l.strip_prefix("augur_replicas_live "))
+                .and_then(|v| v.trim().parse::<f64>().ok());
+            if live == Some(bases.len() as f64) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the replica at {base} sees {live:?} live replicas, not {}",
+                bases.len()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 }
 
@@ -694,24 +802,46 @@ async fn many_studies() {
         .timeout(Duration::from_secs(30))
         .build()
         .expect("HTTP client");
-    let routing = if env_or("AUGUR_BENCH_FORWARD", 1u8) != 0 {
-        "each replica sends a study's changes to the replica that owns it"
+    let routing = match (env_or("AUGUR_BENCH_FORWARD", 1u8) != 0, *FOLLOW_OWNER) {
+        (true, true) => {
+            "each replica sends a study's changes to the replica that owns it, and the clients \
+             follow the owner it names"
+        }
+        (true, false) => {
+            "each replica sends a study's changes to the replica that owns it; the clients \
+             stay where they are sent (AUGUR_BENCH_FOLLOW=0)"
+        }
+        (false, _) => "no routing between replicas (AUGUR_BENCH_FORWARD=0)",
+    };
+    let (servers, ours, others) = if *IN_PROCESS {
+        (
+            "replica 0 in this process, the others `augur serve --no-dispatch` processes",
+            "(clients and replica 0)",
+            "the other replicas",
+        )
     } else {
-        "no routing between replicas (AUGUR_BENCH_FORWARD=0)"
+        (
+            "each replica an `augur serve --no-dispatch` process",
+            "(the clients)",
+            "the replicas",
+        )
     };
     println!("\nMany studies: random algorithm, suggest+complete cycles, client i on study");
     println!("i % studies, its suggests to replica i % replicas and its completes to the next");
-    println!("(replica 0 in this process, the others `augur serve --no-dispatch` processes on");
-    let lanes = std::env::var("AUGUR_BENCH_REPLICA_LANES").map_or_else(
-        |_| "commit lanes: one per core, at least 2".to_string(),
-        |n| format!("{n} commit lane(s) per replica where there are several"),
-    );
+    println!("({servers} on");
+    let lanes = match std::env::var("AUGUR_BENCH_REPLICA_LANES") {
+        Ok(n) if n == "default" => {
+            "commit lanes: the server's default, one per core, at least 2".to_string()
+        }
+        Ok(n) => format!("{n} commit lane(s) per replica where there are several"),
+        Err(_) => "commit lanes: the server's default for one replica, the cores split between \
+                   several (--commit-lanes)"
+            .to_string(),
+    };
     println!("the same database; {routing}; {lanes}); a fresh database per");
     println!("row, parallel_trials 64, {secs} s per row. Mean batch: requests (suggests and");
     println!("completes) per group commit, over all replicas. Cores: CPU used by this process");
-    println!(
-        "(clients and replica 0), by the other replicas, by PostgreSQL and by anything else.\n"
-    );
+    println!("{ours}, by {others}, by PostgreSQL and by anything else.\n");
     println!(
         "{:>7} {:>7} {:>8} {:>8} {:>10} {:>9} {:>9} {:>11} {:>6} {:>7} {:>6} {:>6}",
         "studies",
@@ -728,7 +858,7 @@ async fn many_studies() {
         "other"
     );
     for (studies, clients, replicas) in rows {
-        let servers = Servers::start(replicas).await;
+        let servers = Servers::start(replicas, *IN_PROCESS).await;
         let mut ids = Vec::with_capacity(studies);
         for i in 0..studies {
             let mut spec = spec(100_000);
@@ -829,7 +959,7 @@ async fn gp_studies() {
         .timeout(Duration::from_secs(30))
         .build()
         .expect("HTTP client");
-    let servers = Servers::start(1).await;
+    let servers = Servers::start(1, true).await;
     let base = servers.bases[0].clone();
     let mut ids = Vec::with_capacity(studies);
     let mut budget = Value::Null;

@@ -15,6 +15,13 @@
 //! here (the study's row lock keeps that correct); if it fails after it was sent, whether
 //! the change was applied is unknown, and most changes are not safe to apply twice: the
 //! client gets `500` with code `unanswered` (not `503`, which says nothing was done).
+//!
+//! Every answer to a change of a study another replica owns, forwarded or served here,
+//! names the owner in `augur-study-replica`: a client that follows it (ours do) sends the
+//! study's next changes straight there and saves the hop, which is most of what a second
+//! replica costs one busy study on a small machine (docs/scaling.md), and a client that
+//! started while the study was quiet joins the others at its owner. The owner's URL is the
+//! one this replica already sends the client's token to.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -23,12 +30,13 @@ use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
 use super::error::ApiError;
+use crate::model::request::{STUDY_REPLICA_HEADER, study_changed_by};
 use crate::service::{Peer, Replicas};
 
 /// The header a replica forwards with: the replicas' secret.
@@ -158,26 +166,30 @@ pub async fn to_study_owner(
     if request.extensions().get::<FromPeer>().is_some() {
         return next.run(request).await;
     }
-    let Some(study) = changed_study(request.method(), request.uri().path()) else {
+    let Some(study) = study_changed_by(request.method().as_str(), request.uri().path()) else {
         return next.run(request).await;
     };
     // Counted while it is served, here or by the owner.
     let (_in_flight, overlapping) = forwarder.overlaps.enter(study, Instant::now());
-    let Some(owner) = overlapping
-        .then(|| forwarder.replicas.owner(study))
-        .flatten()
-    else {
+    let Some(owner) = forwarder.replicas.owner(study) else {
         return next.run(request).await;
     };
+    if !overlapping {
+        // Served here, without a hop; a client that follows the owner named goes there.
+        let mut response = next.run(request).await;
+        name_owner(&mut response, &owner);
+        return response;
+    }
     let (parts, body) = request.into_parts();
     let body = match axum::body::to_bytes(body, forwarder.body_limit).await {
         Ok(body) => body,
         Err(_) => return ApiError::PayloadTooLarge.into_response(),
     };
     match forward(forwarder, &owner, &parts, body.clone()).await {
-        Ok(response) => {
+        Ok(mut response) => {
             metrics::counter!("augur_forwarded_requests_total", "outcome" => "forwarded")
                 .increment(1);
+            name_owner(&mut response, &owner);
             response
         }
         Err(Failure::Unreachable(error)) => {
@@ -196,6 +208,15 @@ pub async fn to_study_owner(
             ))
             .into_response()
         }
+    }
+}
+
+/// Name the study's owner in an answer given by another replica: clients that follow it
+/// send the study's next changes there themselves, saving the hop (the owner checks them as
+/// it checks any client's).
+fn name_owner(response: &mut Response, owner: &Peer) {
+    if let Ok(url) = HeaderValue::from_str(&owner.url) {
+        response.headers_mut().insert(STUDY_REPLICA_HEADER, url);
     }
 }
 
@@ -264,17 +285,6 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove("keep-alive");
 }
 
-/// The study a request changes: any method but GET, HEAD, OPTIONS on `/v1/studies/{id}`
-/// or below it.
-fn changed_study(method: &Method, path: &str) -> Option<i64> {
-    if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
-        return None;
-    }
-    let rest = path.strip_prefix("/v1/studies/")?;
-    let id = rest.split('/').next()?;
-    id.parse().ok().filter(|id: &i64| *id > 0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,23 +307,5 @@ mod tests {
             !hot,
             "cold again once HOT_FOR has passed without an overlap"
         );
-    }
-
-    #[test]
-    fn only_changes_under_one_study_are_routed() {
-        let post = Method::POST;
-        assert_eq!(changed_study(&post, "/v1/studies/7/suggest"), Some(7));
-        assert_eq!(
-            changed_study(&post, "/v1/studies/7/trials/3/complete"),
-            Some(7)
-        );
-        assert_eq!(changed_study(&Method::PATCH, "/v1/studies/12"), Some(12));
-        assert_eq!(changed_study(&Method::DELETE, "/v1/studies/12"), Some(12));
-        assert_eq!(changed_study(&Method::GET, "/v1/studies/7/trials"), None);
-        assert_eq!(changed_study(&post, "/v1/studies"), None);
-        assert_eq!(changed_study(&post, "/v1/studies/"), None);
-        assert_eq!(changed_study(&post, "/v1/studies/abc/stop"), None);
-        assert_eq!(changed_study(&post, "/v1/studies/-1/stop"), None);
-        assert_eq!(changed_study(&post, "/v1/tokens"), None);
     }
 }

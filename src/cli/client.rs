@@ -1,13 +1,16 @@
 //! The CLI's HTTP client: the commands that talk to a server (`study`, `trial`, `worker`)
 //! go through it. API errors come back as `CliError::Api` with the server's code and field.
 
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
+use std::sync::Mutex;
 
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
 use super::error::{CliError, CliResult};
 use crate::dispatch::reporter::OUTAGE_PATIENCE;
+use crate::model::request::{STUDY_REPLICA_HEADER, study_changed_by};
 
 pub struct Client {
     http: reqwest::Client,
@@ -19,6 +22,12 @@ pub struct Client {
     /// (a completion sent twice is refused the second time, which it takes as done);
     /// `study create` is not.
     patient: bool,
+    /// Studies whose owner a replica named in its answer to a change (`augur-study-replica`):
+    /// their next changes go there, saving the hop. Reads stay on `base`.
+    owners: Mutex<HashMap<i64, String>>,
+    /// Owners that refused a connection (unreachable from here, e.g. pod addresses behind a
+    /// balancer): never followed again by this client.
+    unreachable: Mutex<HashSet<String>>,
 }
 
 impl Client {
@@ -33,7 +42,10 @@ impl Client {
             .timeout(std::time::Duration::from_secs(60))
             // Well below the server's idle timeout (120 s by default), after which it closes a
             // kept-alive connection: a pooled one is never picked just as the server does.
-            .pool_idle_timeout(std::time::Duration::from_secs(5));
+            .pool_idle_timeout(std::time::Duration::from_secs(5))
+            // A replica named as a study's owner may be unreachable from here: give up on it
+            // quickly (and use `base`).
+            .connect_timeout(std::time::Duration::from_secs(5));
         if let Some(path) = ca_cert {
             let pem = std::fs::read(path).map_err(|e| CliError::file(path, e))?;
             let cert = reqwest::Certificate::from_pem(&pem).map_err(|e| CliError::file(path, e))?;
@@ -47,6 +59,8 @@ impl Client {
             base,
             token: token.map(str::to_string),
             patient: false,
+            owners: Mutex::default(),
+            unreachable: Mutex::default(),
         })
     }
 
@@ -109,26 +123,42 @@ impl Client {
     }
 
     /// One request: the status, the JSON body and the `Retry-After` the server asked for.
+    /// A change of a study whose owner a replica named goes to the owner; if it refuses the
+    /// connection (nothing was sent), to `base` instead.
     async fn call_once(
         &self,
         method: Method,
         path: &str,
         body: Option<&Value>,
     ) -> CliResult<(StatusCode, Value, Option<std::time::Duration>)> {
-        let mut request = self.http.request(method, format!("{}{path}", self.base));
-        if let Some(token) = &self.token {
-            request = request.bearer_auth(token);
-        }
-        if let Some(body) = body {
-            request = request.json(body);
-        }
-        let response = request.send().await.map_err(|e| {
+        let study = study_changed_by(method.as_str(), path);
+        let owner = study.and_then(|s| self.owner_of(s));
+        let first = self
+            .send(owner.as_deref().unwrap_or(&self.base), &method, path, body)
+            .await;
+        let response = match (first, owner) {
+            (Err(e), Some(owner)) if e.is_connect() => {
+                tracing::debug!(%owner, error = %e, "study's replica unreachable; using --url");
+                if let Ok(mut unreachable) = self.unreachable.lock() {
+                    unreachable.insert(owner);
+                }
+                if let (Some(study), Ok(mut owners)) = (study, self.owners.lock()) {
+                    owners.remove(&study);
+                }
+                self.send(&self.base, &method, path, body).await
+            }
+            (first, _) => first,
+        };
+        let response = response.map_err(|e| {
             CliError::Connection(if e.is_connect() || e.is_timeout() {
                 format!("cannot reach the Augur server at {} (is `augur serve` running? set --url or AUGUR_URL)", self.base)
             } else {
                 format!("request to {} failed: {e}", self.base)
             })
         })?;
+        if let (Some(study), Some(owner)) = (study, response.headers().get(STUDY_REPLICA_HEADER)) {
+            self.follow(study, owner.to_str().unwrap_or_default());
+        }
         let status = response.status();
         let retry_after = response
             .headers()
@@ -153,6 +183,45 @@ impl Client {
         }
     }
 
+    async fn send(
+        &self,
+        base: &str,
+        method: &Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> reqwest::Result<reqwest::Response> {
+        let mut request = self.http.request(method.clone(), format!("{base}{path}"));
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        request.send().await
+    }
+
+    /// Where `study`'s changes go, when a replica named its owner.
+    fn owner_of(&self, study: i64) -> Option<String> {
+        self.owners.lock().ok()?.get(&study).cloned()
+    }
+
+    /// A replica named `study`'s owner: send its changes there from now on, unless the URL
+    /// is not one to send this client's token to (see [`follows`]) or refused us before.
+    fn follow(&self, study: i64, owner: &str) {
+        let owner = owner.trim_end_matches('/');
+        if !follows(&self.base, owner)
+            || self
+                .unreachable
+                .lock()
+                .map_or(true, |unreachable| unreachable.contains(owner))
+        {
+            return;
+        }
+        if let Ok(mut owners) = self.owners.lock() {
+            owners.insert(study, owner.to_string());
+        }
+    }
+
     pub fn base(&self) -> &str {
         &self.base
     }
@@ -174,6 +243,47 @@ impl Client {
                 Some(t) => token = Some(t.to_string()),
                 None => return Ok(out),
             }
+        }
+    }
+}
+
+/// Whether a client of `base` follows a replica that names `owner`: an http(s) URL with no
+/// credentials in it, and https if `base` is (a token sent over TLS is never sent in the
+/// clear to the replica a server named).
+fn follows(base: &str, owner: &str) -> bool {
+    let (Ok(base), Ok(owner)) = (url::Url::parse(base), url::Url::parse(owner)) else {
+        return false;
+    };
+    let scheme_ok = match base.scheme() {
+        "https" => owner.scheme() == "https",
+        _ => matches!(owner.scheme(), "http" | "https"),
+    };
+    scheme_ok
+        && owner.host().is_some()
+        && owner.username().is_empty()
+        && owner.password().is_none()
+        && owner.query().is_none()
+        && owner.fragment().is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::follows;
+
+    #[test]
+    fn a_named_owner_is_followed_only_without_a_downgrade() {
+        assert!(follows("http://balancer:8080", "http://10.0.0.7:8080"));
+        assert!(follows("http://balancer:8080", "https://10.0.0.7:8443"));
+        assert!(follows("https://augur.example", "https://10.0.0.7:8443"));
+        for bad in [
+            "http://10.0.0.7:8080",
+            "ftp://10.0.0.7",
+            "not a url",
+            "https://user:pw@10.0.0.7",
+            "https://10.0.0.7/?x=1",
+            "file:///etc/passwd",
+        ] {
+            assert!(!follows("https://augur.example", bad), "{bad}");
         }
     }
 }

@@ -76,6 +76,25 @@ impl TryFrom<i64> for Step {
     }
 }
 
+/// The answer header naming the replica that owns a study (its base URL), sent by a replica
+/// that forwarded a change of it: a client may send the study's next changes there itself.
+pub const STUDY_REPLICA_HEADER: &str = "augur-study-replica";
+
+/// The study a request changes: any method but GET, HEAD and OPTIONS on `/v1/studies/{id}`
+/// or below it. Replicas route such requests to the study's owner, and clients that follow
+/// [`STUDY_REPLICA_HEADER`] send them there.
+pub fn study_changed_by(method: &str, path: &str) -> Option<i64> {
+    if ["GET", "HEAD", "OPTIONS"]
+        .iter()
+        .any(|m| method.eq_ignore_ascii_case(m))
+    {
+        return None;
+    }
+    let rest = path.strip_prefix("/v1/studies/")?;
+    let id = rest.split(['/', '?']).next()?;
+    id.parse().ok().filter(|id: &i64| *id > 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,5 +133,24 @@ mod tests {
     fn steps_are_not_negative() {
         assert!(Step::try_from(0).is_ok());
         assert_eq!(Step::try_from(-1).map_err(|e| e.field), Err("step".into()));
+    }
+
+    #[test]
+    fn only_changes_under_one_study_name_it() {
+        assert_eq!(study_changed_by("POST", "/v1/studies/7/suggest"), Some(7));
+        assert_eq!(
+            study_changed_by("POST", "/v1/studies/7/trials/3/complete"),
+            Some(7)
+        );
+        assert_eq!(study_changed_by("PATCH", "/v1/studies/12"), Some(12));
+        assert_eq!(study_changed_by("DELETE", "/v1/studies/12"), Some(12));
+        assert_eq!(study_changed_by("POST", "/v1/studies/12?x=1"), Some(12));
+        assert_eq!(study_changed_by("GET", "/v1/studies/7/trials"), None);
+        assert_eq!(study_changed_by("head", "/v1/studies/7"), None);
+        assert_eq!(study_changed_by("POST", "/v1/studies"), None);
+        assert_eq!(study_changed_by("POST", "/v1/studies/"), None);
+        assert_eq!(study_changed_by("POST", "/v1/studies/abc/stop"), None);
+        assert_eq!(study_changed_by("POST", "/v1/studies/-1/stop"), None);
+        assert_eq!(study_changed_by("POST", "/v1/tokens"), None);
     }
 }

@@ -103,6 +103,38 @@ async fn overlapping_suggests(base: &str, study: i64, n: usize) {
     }
 }
 
+/// A suggest of `study` at `base`: its status, and the owner the answer names
+/// (`augur-study-replica`), if it names one.
+async fn suggest_naming_owner(base: &str, study: i64) -> (StatusCode, Option<String>) {
+    let answer = common::http()
+        .post(format!("{base}/v1/studies/{study}/suggest"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"count": 1}))
+        .send()
+        .await
+        .expect("sent");
+    let owner = answer
+        .headers()
+        .get(augur::model::request::STUDY_REPLICA_HEADER)
+        .map(|v| v.to_str().expect("ASCII").to_string());
+    (answer.status(), owner)
+}
+
+/// The replica of `bases` whose changes of `study` it sends on: three suggests at once to
+/// one replica, then the other, until one sends one on (that one does not own the study).
+async fn router_of(bases: [&str; 2], study: i64) -> &str {
+    for _ in 0..5 {
+        for base in bases {
+            let before = metric(base, FORWARDED).await;
+            overlapping_suggests(base, study, 3).await;
+            if metric(base, FORWARDED).await > before {
+                return base;
+            }
+        }
+    }
+    panic!("no replica routed study {study}");
+}
+
 async fn forwarded(bases: &[&str]) -> f64 {
     let mut sum = 0.0;
     for base in bases {
@@ -124,37 +156,44 @@ async fn overlapping_changes_of_a_study_go_to_one_replica() {
     let bases = [a.base.as_str(), b.base.as_str()];
     until_live(&bases, 2.0).await;
     let studies = create_studies(&a.base, 20).await;
-    // One at a time, through both replicas: nothing is sent on.
+    // One at a time, through both replicas: nothing is sent on, and the replica that does
+    // not own the study names the one that does.
+    let mut named_owners = Vec::new();
     for &study in &studies {
-        for base in bases {
-            assert_eq!(suggest(base, study).await.status, StatusCode::OK);
-        }
+        let at_a = suggest_naming_owner(&a.base, study).await;
+        let at_b = suggest_naming_owner(&b.base, study).await;
+        let named = match (at_a, at_b) {
+            ((StatusCode::OK, None), (StatusCode::OK, Some(named))) => named,
+            ((StatusCode::OK, Some(named)), (StatusCode::OK, None)) => named,
+            other => panic!("study {study}: one replica names the other: {other:?}"),
+        };
+        assert!(named == a.base || named == b.base, "{named}");
+        named_owners.push(named);
     }
     assert_eq!(forwarded(&bases).await, 0.0);
     let mut sent_on_by = Vec::new();
-    for &study in &studies {
-        // Three at once to one replica, then the other, until one sends some on: that one
-        // does not own the study, and now routes it.
-        let mut router = None;
-        'bursts: for _ in 0..5 {
-            for base in bases {
-                let before = metric(base, FORWARDED).await;
-                overlapping_suggests(base, study, 3).await;
-                if metric(base, FORWARDED).await > before {
-                    router = Some(base);
-                    break 'bursts;
-                }
-            }
-        }
-        let router = router.unwrap_or_else(|| panic!("no replica routed study {study}"));
+    for (&study, named) in studies.iter().zip(&named_owners) {
+        // The replica that sends some on does not own the study, and now routes it.
+        let router = router_of(bases, study).await;
         let owner = if router == a.base { &b.base } else { &a.base };
-        // One at a time now: the router sends it on, the owner serves its own.
+        assert_eq!(
+            owner, named,
+            "study {study}: routed to the owner named before"
+        );
+        // One at a time now: the router sends it on and names the owner in its answer; the
+        // owner serves its own, naming nobody.
         let (router_before, owner_before) = (
             metric(router, FORWARDED).await,
             metric(owner, FORWARDED).await,
         );
-        assert_eq!(suggest(router, study).await.status, StatusCode::OK);
-        assert_eq!(suggest(owner, study).await.status, StatusCode::OK);
+        assert_eq!(
+            suggest_naming_owner(router, study).await,
+            (StatusCode::OK, Some(owner.clone()))
+        );
+        assert_eq!(
+            suggest_naming_owner(owner, study).await,
+            (StatusCode::OK, None)
+        );
         assert_eq!(metric(router, FORWARDED).await, router_before + 1.0);
         assert_eq!(metric(owner, FORWARDED).await, owner_before);
         sent_on_by.push(router);
@@ -182,6 +221,106 @@ async fn overlapping_changes_of_a_study_go_to_one_replica() {
         assert!(trials.body["trials"].as_array().map_or(0, Vec::len) >= 7);
         assert_eq!(forwarded(&bases).await, before);
     }
+}
+
+/// `augur worker` sent to the replica that does not own its busy study follows the owner the
+/// first forwarded answer names: the worker's later changes go there, not through the hop.
+/// When the owner dies, the worker's next change is refused by it (nothing sent) and goes to
+/// `--url` again, which serves it: the worker finishes its trials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_follows_the_named_owner_and_comes_back_when_it_dies() {
+    const TRIALS: usize = 8;
+    let db = common::postgres_db().await;
+    let a = routed(&db, &[]);
+    a.wait_ready().await;
+    let b = routed(&db, &[]);
+    b.wait_ready().await;
+    let bases = [a.base.as_str(), b.base.as_str()];
+    until_live(&bases, 2.0).await;
+    let mut spec = common::spec("random", 1000, 100);
+    spec["name"] = json!("followed");
+    let created = call(&a.base, Method::POST, "/v1/studies", Some(spec)).await;
+    let study = created.body["id"].as_i64().expect("study id");
+    let router = router_of(bases, study).await.to_string();
+    let (owner, mut owner_process) = if router == a.base {
+        (b.base.clone(), b)
+    } else {
+        (a.base.clone(), a)
+    };
+    // The bursts' trials end, and the budget leaves the worker TRIALS more (sent to the owner:
+    // nothing here goes through the router).
+    let trials = call(
+        &owner,
+        Method::GET,
+        &format!("/v1/studies/{study}/trials"),
+        None,
+    )
+    .await;
+    let held = trials.body["trials"].as_array().expect("trials").clone();
+    for trial in &held {
+        let path = format!("/v1/studies/{study}/trials/{}/complete", trial["id"]);
+        let body = json!({"metrics": {"accuracy": 0.5}});
+        let done = call(&owner, Method::POST, &path, Some(body)).await;
+        assert_eq!(done.status, StatusCode::OK, "{:?}", done.body);
+    }
+    let all = held.len() + TRIALS;
+    let budget = json!({"max_trials": all});
+    let patched = call(
+        &owner,
+        Method::PATCH,
+        &format!("/v1/studies/{study}"),
+        Some(budget),
+    )
+    .await;
+    assert_eq!(patched.status, StatusCode::OK, "{:?}", patched.body);
+    let forwarded_before = metric(&router, FORWARDED).await;
+
+    let work = tempfile::tempdir().expect("dir");
+    let script = work.path().join("trial.sh");
+    std::fs::write(&script, "sleep 0.4\necho accuracy=0.7\n").expect("script");
+    let worker = std::process::Command::new(common::augur_bin())
+        .args(["worker", "--url", &router, "--study", &study.to_string()])
+        .args(["--slots", "1", "--client-id", "follower", "--output-dir"])
+        .arg(work.path().join("out"))
+        .args(["--", "/bin/sh"])
+        .arg(&script)
+        .env("AUGUR_TOKEN", ADMIN)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("worker");
+    // Half its trials through the owner; then the owner dies.
+    let completed = |base: String| async move {
+        let path = format!("/v1/studies/{study}");
+        let study = call(&base, Method::GET, &path, None).await;
+        study.body["trial_counts"]["completed"]
+            .as_u64()
+            .unwrap_or(0) as usize
+    };
+    common::eventually("the worker's first trials", Duration::from_secs(60), || {
+        let done = completed(router.clone());
+        async move {
+            let done = done.await;
+            (done >= all - TRIALS / 2)
+                .then_some(())
+                .ok_or(format!("{done} completed"))
+        }
+    })
+    .await;
+    assert_eq!(
+        metric(&router, FORWARDED).await,
+        forwarded_before + 1.0,
+        "only the worker's first change went through the router"
+    );
+    owner_process.kill();
+    let out = tokio::task::spawn_blocking(move || worker.wait_with_output())
+        .await
+        .expect("join")
+        .expect("worker");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "worker: {:?}\n{log}", out.status);
+    assert_eq!(completed(router.clone()).await, all, "{log}");
+    assert!(metric(&router, SERVED_HERE).await >= 1.0, "{log}");
 }
 
 /// A replica killed outright (its lease still unexpired) refuses connections: the other

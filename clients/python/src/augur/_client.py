@@ -59,6 +59,10 @@ class Client:
         retry: How failed calls are retried (:class:`augur.RetryPolicy`).
         http_client: An ``httpx.Client`` to send requests with, instead of a new one (it must
             not set a ``base_url``; the client is not closed by :meth:`close`).
+        follow_owners: Send a busy study's changes to the replica that owns it, once a
+            replica that forwarded one names it (``augur-study-replica``), saving the hop;
+            reads stay on ``url``. An owner that cannot be reached is dropped for good and
+            ``url`` used again. Off: every call goes to ``url``.
 
     The client is thread-safe: one instance may be shared by the threads of a process.
     Use it as a context manager, or call :meth:`close`, to release its connections.
@@ -72,13 +76,15 @@ class Client:
         timeout: float = 75.0,
         retry: Optional[RetryPolicy] = None,
         http_client: Optional[httpx.Client] = None,
+        follow_owners: bool = True,
     ) -> None:
         url = url or os.environ.get("AUGUR_URL") or "http://127.0.0.1:8080"
         if token is None:
             token = os.environ.get("AUGUR_TOKEN") or None
         self.url = url.rstrip("/")
         self._http = Transport(
-            self.url, token, timeout=timeout, retry=retry or RetryPolicy(), http_client=http_client
+            self.url, token, timeout=timeout, retry=retry or RetryPolicy(),
+            http_client=http_client, follow_owners=follow_owners,
         )
         self._should_stop_methods: tuple[str, ...] = SHOULD_STOP_METHODS
 

@@ -22,10 +22,13 @@ import enum
 import json as jsonlib
 import logging
 import random
+import re
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Set
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -94,6 +97,39 @@ def retry_after_seconds(value: Optional[str]) -> Optional[float]:
 
 _NO_BODY = object()
 
+#: The answer header in which a replica that forwarded a change of a study names the replica
+#: that owns the study (its base URL).
+STUDY_REPLICA_HEADER = "augur-study-replica"
+_STUDY_PATH = re.compile(r"/v1/studies/([0-9]+)(?:[/?]|$)")
+#: How long to wait for a named owner to accept a connection before using the client's URL.
+OWNER_CONNECT_TIMEOUT = 5.0
+
+
+def changed_study(method: str, path: str) -> Optional[int]:
+    """The study a request changes: any method but GET, HEAD and OPTIONS on
+    ``/v1/studies/{id}`` or below it (what the server's replicas route to a study's owner)."""
+    if method.upper() in ("GET", "HEAD", "OPTIONS"):
+        return None
+    match = _STUDY_PATH.match(path)
+    if match is None or int(match.group(1)) <= 0:
+        return None
+    return int(match.group(1))
+
+
+def follows(base: str, owner: str) -> bool:
+    """Whether a client of ``base`` sends a study's changes to the ``owner`` a replica named:
+    an http(s) URL with a host and no credentials, query or fragment, and https if ``base``
+    is (a token sent over TLS is never sent in the clear to a URL a server named)."""
+    try:
+        b, o = urlsplit(base), urlsplit(owner)
+        o.port  # raises ValueError for a port that is not a number
+    except ValueError:
+        return False
+    if o.scheme not in ("http", "https") or (b.scheme == "https" and o.scheme != "https"):
+        return False
+    extras = (o.username, o.password, o.query, o.fragment)
+    return bool(o.hostname) and not any(extras)
+
 
 class Transport:
     """Sends the API's requests with auth, turns error answers into exceptions, retries."""
@@ -106,9 +142,16 @@ class Transport:
         timeout: float,
         retry: RetryPolicy,
         http_client: Optional[httpx.Client] = None,
+        follow_owners: bool = True,
     ) -> None:
         self.url = url.rstrip("/")
         self.retry = retry
+        self.follow_owners = follow_owners
+        # Studies whose owner a replica named (their changes go there; reads stay on url),
+        # and owners that refused a connection (never followed again by this client).
+        self._owners: Dict[int, str] = {}
+        self._unreachable: Set[str] = set()
+        self._owners_lock = threading.Lock()
         headers = {"user-agent": f"augur-client/{__version__}", "accept": "application/json"}
         if token:
             headers["authorization"] = f"Bearer {token}"
@@ -144,17 +187,25 @@ class Transport:
             content = jsonlib.dumps(json).encode()
             headers["content-type"] = "application/json"
         query = {k: v for k, v in (params or {}).items() if v is not None}
-        url = self.url + path
+        study = changed_study(method, path) if self.follow_owners else None
         started = time.monotonic()
         retries = 0
         ambiguous = False
         while True:
             error: AugurError
+            owner = self._owner_of(study)
             try:
                 response = self.http.request(
-                    method, url, content=content, params=query or None, headers=headers
+                    method, (owner or self.url) + path, content=content, params=query or None,
+                    headers=headers, timeout=self._timeout(owner),
                 )
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as e:
+                if owner is not None and not isinstance(e, httpx.PoolTimeout):
+                    # The named owner is unreachable from here (or gone) and nothing was
+                    # sent: send it where the client points at once, not as a retry.
+                    log.info("replica %s unreachable (%s); using %s", owner, _describe(e), self.url)
+                    self._forget(study, owner)
+                    continue
                 # Nothing was sent: safe to try again whatever the call.
                 error = Unavailable(_describe(e), code="unavailable", method=method, path=path)
                 retryable = True
@@ -172,6 +223,9 @@ class Transport:
                     error.ambiguous = True
                 wait = None
             else:
+                named = response.headers.get(STUDY_REPLICA_HEADER)
+                if study is not None and named:
+                    self._follow(study, named)
                 if response.status_code < 400:
                     if not response.content:
                         return None
@@ -200,6 +254,36 @@ class Transport:
             retries += 1
             log.warning("%s; retry %d in %.2fs", error, retries, delay)
             time.sleep(delay)
+
+
+    def _owner_of(self, study: Optional[int]) -> Optional[str]:
+        if study is None:
+            return None
+        with self._owners_lock:
+            return self._owners.get(study)
+
+    def _follow(self, study: int, owner: str) -> None:
+        owner = owner.strip().rstrip("/")
+        if not follows(self.url, owner):
+            return
+        with self._owners_lock:
+            if owner not in self._unreachable:
+                self._owners[study] = owner
+
+    def _forget(self, study: Optional[int], owner: str) -> None:
+        with self._owners_lock:
+            self._unreachable.add(owner)
+            if study is not None:
+                self._owners.pop(study, None)
+
+    def _timeout(self, owner: Optional[str]) -> Any:
+        """The client's timeouts; for a named owner, a short connect timeout, since a replica
+        address may not be reachable from here (e.g. a pod's behind a balancer)."""
+        if owner is None:
+            return httpx.USE_CLIENT_DEFAULT
+        t = self.http.timeout
+        connect = min(t.connect or OWNER_CONNECT_TIMEOUT, OWNER_CONNECT_TIMEOUT)
+        return httpx.Timeout(connect=connect, read=t.read, write=t.write, pool=t.pool)
 
 
 def _body(response: httpx.Response) -> Any:
