@@ -10,6 +10,7 @@
 //! its own), so restarting it disturbs nobody else's tests on the shared server.
 
 use crate::common;
+use crate::support::{worker_command, worker_log};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -319,10 +320,17 @@ async fn a_postgres_restart_under_load_answers_503_and_loses_nothing() {
     let pulled = create(spec("pulled", PULLED_TRIALS, 2)).await;
     let script = work.path().join("trial.sh");
     std::fs::write(&script, "sleep 0.3\necho accuracy=0.7\n").expect("script");
-    let mut worker = worker_command(&base, pulled, 2, &work.path().join("pulled"), &script)
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("worker");
+    let mut worker = worker_command(
+        &base,
+        pulled,
+        2,
+        "outage",
+        &work.path().join("pulled"),
+        &script,
+    )
+    .stderr(Stdio::inherit())
+    .spawn()
+    .expect("worker");
 
     // Readiness, every 50 ms, until the end.
     let watching = Arc::new(AtomicBool::new(true));
@@ -765,6 +773,7 @@ async fn augur_worker_sends_a_completion_again_after_unanswered_and_finishes() {
         &relayed.app.base,
         study,
         1,
+        "outage",
         &work.path().join("out"),
         &script,
     )
@@ -775,12 +784,7 @@ async fn augur_worker_sends_a_completion_again_after_unanswered_and_finishes() {
     relayed.wait_for_lock("COMMIT%").await;
     relayed.relay.cut();
     relayed.release_lock().await;
-    let out = tokio::task::spawn_blocking(move || worker.wait_with_output())
-        .await
-        .expect("join")
-        .expect("worker");
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "worker: {:?}\n{log}", out.status);
+    let log = worker_log(worker).await;
     assert!(
         log.contains("500 unanswered") && log.contains("trying again"),
         "the worker never met the 500 it was made to meet:\n{log}"
@@ -797,28 +801,6 @@ async fn augur_worker_sends_a_completion_again_after_unanswered_and_finishes() {
         .await;
     let state = relayed.app.get(&format!("/v1/studies/{study}")).await;
     assert_eq!(state.body["state"], "completed", "{:?}", state.body);
-}
-
-/// `augur worker` on `study` of the open server at `base`, running `script` in `slots`
-/// slots; stdout discarded, stderr left to the caller.
-fn worker_command(
-    base: &str,
-    study: i64,
-    slots: usize,
-    output_dir: &std::path::Path,
-    script: &std::path::Path,
-) -> Command {
-    let mut command = Command::new(common::augur_bin());
-    command
-        .args(["worker", "--url", base, "--study", &study.to_string()])
-        .args(["--slots", &slots.to_string(), "--client-id", "outage"])
-        .arg("--output-dir")
-        .arg(output_dir)
-        .args(["--", "/bin/sh"])
-        .arg(script)
-        .env_remove("AUGUR_TOKEN")
-        .stdout(Stdio::null());
-    command
 }
 
 /// A 500 `unanswered` whose message `says` whether the change was applied or is unknown.

@@ -8,6 +8,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::common::{self, ServerProcess, free_port};
+use crate::support::{worker_command, worker_log};
 
 const ADMIN: &str = "replicas-admin-token";
 
@@ -18,6 +19,16 @@ fn routed(db: &common::TestDb, more: &[&str]) -> ServerProcess {
     let mut args = vec!["--no-dispatch", "--token", ADMIN, "--replica-url", &url];
     args.extend_from_slice(more);
     ServerProcess::start_with(&db.url, port, &args)
+}
+
+/// Two routing replicas on `db` that see each other live.
+async fn two_routed(db: &common::TestDb) -> (ServerProcess, ServerProcess) {
+    let a = routed(db, &[]);
+    a.wait_ready().await;
+    let b = routed(db, &[]);
+    b.wait_ready().await;
+    until_live(&[&a.base, &b.base], 2.0).await;
+    (a, b)
 }
 
 async fn call(base: &str, method: Method, path: &str, body: Option<Value>) -> common::Response {
@@ -149,12 +160,8 @@ async fn forwarded(bases: &[&str]) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overlapping_changes_of_a_study_go_to_one_replica() {
     let db = common::postgres_db().await;
-    let a = routed(&db, &[]);
-    a.wait_ready().await;
-    let b = routed(&db, &[]);
-    b.wait_ready().await;
+    let (a, b) = two_routed(&db).await;
     let bases = [a.base.as_str(), b.base.as_str()];
-    until_live(&bases, 2.0).await;
     let studies = create_studies(&a.base, 20).await;
     // One at a time, through both replicas: nothing is sent on, and the replica that does
     // not own the study names the one that does.
@@ -231,12 +238,8 @@ async fn overlapping_changes_of_a_study_go_to_one_replica() {
 async fn a_worker_follows_the_named_owner_and_comes_back_when_it_dies() {
     const TRIALS: usize = 8;
     let db = common::postgres_db().await;
-    let a = routed(&db, &[]);
-    a.wait_ready().await;
-    let b = routed(&db, &[]);
-    b.wait_ready().await;
+    let (a, b) = two_routed(&db).await;
     let bases = [a.base.as_str(), b.base.as_str()];
-    until_live(&bases, 2.0).await;
     let mut spec = common::spec("random", 1000, 100);
     spec["name"] = json!("followed");
     let created = call(&a.base, Method::POST, "/v1/studies", Some(spec)).await;
@@ -278,17 +281,18 @@ async fn a_worker_follows_the_named_owner_and_comes_back_when_it_dies() {
     let work = tempfile::tempdir().expect("dir");
     let script = work.path().join("trial.sh");
     std::fs::write(&script, "sleep 0.4\necho accuracy=0.7\n").expect("script");
-    let worker = std::process::Command::new(common::augur_bin())
-        .args(["worker", "--url", &router, "--study", &study.to_string()])
-        .args(["--slots", "1", "--client-id", "follower", "--output-dir"])
-        .arg(work.path().join("out"))
-        .args(["--", "/bin/sh"])
-        .arg(&script)
-        .env("AUGUR_TOKEN", ADMIN)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("worker");
+    let worker = worker_command(
+        &router,
+        study,
+        1,
+        "follower",
+        &work.path().join("out"),
+        &script,
+    )
+    .env("AUGUR_TOKEN", ADMIN)
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("worker");
     // Half its trials through the owner; then the owner dies.
     let completed = |base: String| async move {
         let path = format!("/v1/studies/{study}");
@@ -313,12 +317,7 @@ async fn a_worker_follows_the_named_owner_and_comes_back_when_it_dies() {
         "only the worker's first change went through the router"
     );
     owner_process.kill();
-    let out = tokio::task::spawn_blocking(move || worker.wait_with_output())
-        .await
-        .expect("join")
-        .expect("worker");
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "worker: {:?}\n{log}", out.status);
+    let log = worker_log(worker).await;
     assert_eq!(completed(router.clone()).await, all, "{log}");
     assert!(metric(&router, SERVED_HERE).await >= 1.0, "{log}");
 }
@@ -328,11 +327,7 @@ async fn a_worker_follows_the_named_owner_and_comes_back_when_it_dies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_replicas_studies_are_served_by_the_others() {
     let db = common::postgres_db().await;
-    let a = routed(&db, &[]);
-    a.wait_ready().await;
-    let mut b = routed(&db, &[]);
-    b.wait_ready().await;
-    until_live(&[&a.base, &b.base], 2.0).await;
+    let (a, mut b) = two_routed(&db).await;
     let studies = create_studies(&a.base, 20).await;
     // Every study hot at a: its changes to b's studies go to b.
     for &study in &studies {
@@ -429,11 +424,7 @@ async fn a_change_lost_by_its_owner_is_answered_unanswered_not_served_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopping_replica_leaves_at_once() {
     let db = common::postgres_db().await;
-    let a = routed(&db, &[]);
-    a.wait_ready().await;
-    let b = routed(&db, &[]);
-    b.wait_ready().await;
-    until_live(&[&a.base, &b.base], 2.0).await;
+    let (a, b) = two_routed(&db).await;
     let pid = nix::unistd::Pid::from_raw(b.child.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM sent");
     // Well inside the 10 s lease: only leaving makes it this quick.

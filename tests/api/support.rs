@@ -41,3 +41,38 @@ pub async fn complete(app: &TestApp, study: i64, trial: i64, accuracy: f64) -> V
     assert_eq!(r.status, StatusCode::OK, "complete: {}", r.body);
     r.body
 }
+
+/// `augur worker` on `study` of the server at `base` as `client_id`, running `script` in
+/// `slots` slots, without a token (set `AUGUR_TOKEN` on the command for one); stdout
+/// discarded, stderr left to the caller.
+pub fn worker_command(
+    base: &str,
+    study: i64,
+    slots: usize,
+    client_id: &str,
+    output_dir: &std::path::Path,
+    script: &std::path::Path,
+) -> std::process::Command {
+    let mut command = std::process::Command::new(crate::common::augur_bin());
+    command
+        .args(["worker", "--url", base, "--study", &study.to_string()])
+        .args(["--slots", &slots.to_string(), "--client-id", client_id])
+        .arg("--output-dir")
+        .arg(output_dir)
+        .args(["--", "/bin/sh"])
+        .arg(script)
+        .env_remove("AUGUR_TOKEN")
+        .stdout(std::process::Stdio::null());
+    command
+}
+
+/// Wait for a worker started with piped stderr to end; assert it succeeded and return its log.
+pub async fn worker_log(worker: std::process::Child) -> String {
+    let out = tokio::task::spawn_blocking(move || worker.wait_with_output())
+        .await
+        .expect("join")
+        .expect("worker");
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "worker: {:?}\n{log}", out.status);
+    log
+}
