@@ -249,7 +249,9 @@ impl Client {
 
 /// Whether a client of `base` follows a replica that names `owner`: an http(s) URL with no
 /// credentials in it, and https if `base` is (a token sent over TLS is never sent in the
-/// clear to the replica a server named).
+/// clear to the replica a server named). A loopback owner only from a loopback `base`:
+/// replicas on one host may name `http://127.0.0.1:…`, which from another machine is that
+/// machine's own port, perhaps another server with a study of the same id.
 fn follows(base: &str, owner: &str) -> bool {
     let (Ok(base), Ok(owner)) = (url::Url::parse(base), url::Url::parse(owner)) else {
         return false;
@@ -260,10 +262,24 @@ fn follows(base: &str, owner: &str) -> bool {
     };
     scheme_ok
         && owner.host().is_some()
+        && (!is_loopback(&owner) || is_loopback(&base))
         && owner.username().is_empty()
         && owner.password().is_none()
         && owner.query().is_none()
         && owner.fragment().is_none()
+}
+
+/// Whether a URL's host is this machine: `localhost` or a loopback address.
+fn is_loopback(url: &url::Url) -> bool {
+    match url.host() {
+        Some(url::Host::Domain(name)) => {
+            let name = name.trim_end_matches('.').to_ascii_lowercase();
+            name == "localhost" || name.ends_with(".localhost")
+        }
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    }
 }
 
 #[cfg(test)]
@@ -275,6 +291,21 @@ mod tests {
         assert!(follows("http://balancer:8080", "http://10.0.0.7:8080"));
         assert!(follows("http://balancer:8080", "https://10.0.0.7:8443"));
         assert!(follows("https://augur.example", "https://10.0.0.7:8443"));
+        // Replicas on one host: loopback owners, followed from that host only.
+        assert!(follows("http://127.0.0.1:8080", "http://127.0.0.1:8081"));
+        assert!(follows("http://localhost:8080", "http://[::1]:8081"));
+        for elsewhere in [
+            "http://127.0.0.1:8081",
+            "http://127.9.9.9:8081",
+            "http://localhost:8081",
+            "http://LocalHost.:8081",
+            "http://[::1]:8081",
+        ] {
+            assert!(
+                !follows("http://augur.example:8080", elsewhere),
+                "{elsewhere}"
+            );
+        }
         for bad in [
             "http://10.0.0.7:8080",
             "ftp://10.0.0.7",

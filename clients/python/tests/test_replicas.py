@@ -136,6 +136,12 @@ def test_a_named_owner_is_followed_only_without_a_downgrade():
     assert follows("http://balancer:8080", "http://10.0.0.7:8080")
     assert follows("http://balancer:8080", "https://10.0.0.7:8443")
     assert follows("https://augur.example", "https://10.0.0.7:8443")
+    # Replicas on one host: loopback owners, followed from that host only.
+    assert follows("http://127.0.0.1:8080", "http://127.0.0.1:8081")
+    assert follows("http://localhost:8080", "http://[::1]:8081")
+    for elsewhere in ["http://127.0.0.1:8081", "http://127.9.9.9:8081", "http://localhost:8081",
+                      "http://LocalHost.:8081", "http://[::1]:8081"]:
+        assert not follows("http://augur.example:8080", elsewhere), elsewhere
     for bad in ["http://10.0.0.7:8080", "ftp://10.0.0.7", "not a url",
                 "https://user:pw@10.0.0.7", "https://10.0.0.7/?x=1", "https://10.0.0.7:x",
                 "file:///etc/passwd", "https://"]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import email.utils
 import enum
+import ipaddress
 import json as jsonlib
 import logging
 import random
@@ -119,7 +120,10 @@ def changed_study(method: str, path: str) -> Optional[int]:
 def follows(base: str, owner: str) -> bool:
     """Whether a client of ``base`` sends a study's changes to the ``owner`` a replica named:
     an http(s) URL with a host and no credentials, query or fragment, and https if ``base``
-    is (a token sent over TLS is never sent in the clear to a URL a server named)."""
+    is (a token sent over TLS is never sent in the clear to a URL a server named). A loopback
+    owner only from a loopback ``base``: replicas on one host may name ``http://127.0.0.1:…``,
+    which from another machine is that machine's own port, perhaps another server with a
+    study of the same id."""
     try:
         b, o = urlsplit(base), urlsplit(owner)
         o.port  # raises ValueError for a port that is not a number
@@ -127,8 +131,23 @@ def follows(base: str, owner: str) -> bool:
         return False
     if o.scheme not in ("http", "https") or (b.scheme == "https" and o.scheme != "https"):
         return False
+    if _is_loopback(o.hostname) and not _is_loopback(b.hostname):
+        return False
     extras = (o.username, o.password, o.query, o.fragment)
     return bool(o.hostname) and not any(extras)
+
+
+def _is_loopback(host: Optional[str]) -> bool:
+    """Whether a URL's host is this machine: ``localhost`` or a loopback address."""
+    if not host:
+        return False
+    host = host.rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class Transport:
