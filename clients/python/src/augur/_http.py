@@ -98,8 +98,8 @@ def retry_after_seconds(value: Optional[str]) -> Optional[float]:
 
 _NO_BODY = object()
 
-#: The answer header in which a replica that forwarded a change of a study names the replica
-#: that owns the study (its base URL).
+#: The answer header in which a replica names the replica that owns a study (its base URL),
+#: answering a change of a study it does not own.
 STUDY_REPLICA_HEADER = "augur-study-replica"
 _STUDY_PATH = re.compile(r"/v1/studies/([0-9]+)(?:[/?]|$)")
 #: How long to wait for a named owner to accept a connection before using the client's URL.
@@ -273,7 +273,6 @@ class Transport:
             retries += 1
             log.warning("%s; retry %d in %.2fs", error, retries, delay)
             time.sleep(delay)
-
 
     def _owner_of(self, study: Optional[int]) -> Optional[str]:
         if study is None:
