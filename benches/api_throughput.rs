@@ -5,10 +5,11 @@
 //!
 //! Then a team's server with many studies (issue 16): the same cycles with each client bound
 //! to one study (client `i` on study `i % studies`), on one replica and on two (real
-//! `augur serve --no-dispatch` processes on the same database; as behind a balancer, a client's suggest reaches one replica and its complete
-//! the other; each replica sends a study's changes to the one that owns it unless
-//! `AUGUR_BENCH_FORWARD=0`, and names the owner in its answer, which the clients follow
-//! unless `AUGUR_BENCH_FOLLOW=0`), each row on a fresh database; and 100
+//! `augur serve --no-dispatch` processes on the same database; as behind a balancer, a
+//! client's suggest reaches one replica and its complete the other; each replica sends a
+//! busy study's changes to the one that owns it unless `AUGUR_BENCH_FORWARD=0`, and names
+//! the owner in its answers, which the clients follow unless `AUGUR_BENCH_FOLLOW=0`), each
+//! row on a fresh database; and 100
 //! `gp_bandit` studies at once, timing each `suggest` alone and counting the suggestions
 //! that missed the study's time budget and fell back to quasi-random points.
 //!
@@ -29,9 +30,9 @@
 //!   is a process of its own, as deployed, so one replica and two pay the same switches
 //!   between the clients' process and a server's;
 //! - `AUGUR_BENCH_FOLLOW` (default 1; 0: off): clients send a study's next changes to the
-//!   replica a forwarded answer names as its owner (`augur-study-replica`), as Augur's
-//!   clients do; off, they stay where the balancer sent them and every change of a busy study
-//!   that reaches the other replica is forwarded;
+//!   replica an answer names as its owner (`augur-study-replica`), as Augur's clients do;
+//!   off, they stay where the balancer sent them and every change of a busy study that
+//!   reaches the other replica is forwarded;
 //! - `AUGUR_BENCH_REPLICA_LANES`: `--commit-lanes` of each replica in rows with more than
 //!   one; by default the machine's cores split between them (at least 1 each), as the README
 //!   advises for replicas sharing a machine; `default`: the server's own default (one per
