@@ -662,7 +662,10 @@ impl Servers {
             children.push(child);
         }
         if forward {
-            until_all_live(&bases).await;
+            // Before every replica sees the others, one that does not yet serves every study
+            // itself and names no owner.
+            let bases: Vec<&str> = bases.iter().map(String::as_str).collect();
+            common::until_replicas_live(&bases, None, bases.len() as f64).await;
         }
         Servers {
             bases,
@@ -705,34 +708,6 @@ fn replica_lanes(replicas: usize) -> Option<String> {
         Err(_) => {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             Some((cores / replicas).max(1).to_string())
-        }
-    }
-}
-
-/// Wait until every replica sees all of them live (each renews every 2 s): before that, a
-/// replica that does not see the others yet serves every study itself and names no owner.
-async fn until_all_live(bases: &[String]) {
-    let http = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for base in bases {
-        loop {
-            let text = match http.get(format!("{base}/metrics")).send().await {
-                Ok(response) => response.text().await.unwrap_or_default(),
-                Err(_) => String::new(),
-            };
-            let live = text
-                .lines()
-                .find_map(|l| l.strip_prefix("augur_replicas_live "))
-                .and_then(|v| v.trim().parse::<f64>().ok());
-            if live == Some(bases.len() as f64) {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the replica at {base} sees {live:?} live replicas, not {}",
-                bases.len()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 }

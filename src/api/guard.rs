@@ -10,8 +10,6 @@
 //! JSON bodies must also say they are JSON (`ApiJson` answers 415), because a page can send
 //! `text/plain` or no Content-Type at all without asking the server first (no preflight).
 
-use std::net::IpAddr;
-
 use axum::extract::{Request, State};
 use axum::http::header::{HOST, ORIGIN};
 use axum::http::{HeaderMap, Method};
@@ -20,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::AppState;
 use super::error::ApiError;
+use crate::model::request::is_loopback_host;
 
 pub async fn refuse_foreign_requests(
     State(state): State<AppState>,
@@ -96,53 +95,9 @@ fn same_authority(origin: &str, host: &str) -> bool {
     origin.host() == asked.host() && origin.port_or_known_default() == asked.port_or_known_default()
 }
 
-/// `localhost`, a name under `.localhost` (RFC 6761: always loopback), or a loopback address,
-/// with or without a port.
-fn is_loopback_host(host: &str) -> bool {
-    let name = match host.strip_prefix('[') {
-        // [::1]:8080
-        Some(rest) => rest.split(']').next().unwrap_or(""),
-        None => match host.rsplit_once(':') {
-            Some((name, port)) if port.chars().all(|c| c.is_ascii_digit()) => name,
-            _ => host,
-        },
-    };
-    let name = name.trim_end_matches('.').to_ascii_lowercase();
-    name == "localhost"
-        || name.ends_with(".localhost")
-        || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn loopback_names_are_localhost_and_loopback_addresses_only() {
-        for host in [
-            "localhost",
-            "localhost:8080",
-            "LOCALHOST.",
-            "app.localhost:1",
-            "127.0.0.1",
-            "127.8.9.10:80",
-            "[::1]",
-            "[::1]:8080",
-        ] {
-            assert!(is_loopback_host(host), "{host}");
-        }
-        for host in [
-            "evil.example",
-            "localhost.evil.example",
-            "127.0.0.1.nip.io",
-            "10.0.0.1:8080",
-            "[::2]:80",
-            "0.0.0.0",
-            "",
-        ] {
-            assert!(!is_loopback_host(host), "{host}");
-        }
-    }
 
     #[test]
     fn an_origin_is_own_only_with_the_same_host_and_port() {

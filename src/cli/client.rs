@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::error::{CliError, CliResult};
 use crate::dispatch::reporter::OUTAGE_PATIENCE;
-use crate::model::request::{STUDY_REPLICA_HEADER, study_changed_by};
+use crate::model::request::{STUDY_REPLICA_HEADER, is_loopback_host, study_changed_by};
 
 pub struct Client {
     http: reqwest::Client,
@@ -22,12 +22,18 @@ pub struct Client {
     /// (a completion sent twice is refused the second time, which it takes as done);
     /// `study create` is not.
     patient: bool,
+    /// The study owners replicas named, and those that could not be reached.
+    owners: Mutex<Owners>,
+}
+
+#[derive(Default)]
+struct Owners {
     /// Studies whose owner a replica named in its answer to a change (`augur-study-replica`):
     /// their next changes go there, saving the hop. Reads stay on `base`.
-    owners: Mutex<HashMap<i64, String>>,
+    by_study: HashMap<i64, String>,
     /// Owners that refused a connection (unreachable from here, e.g. pod addresses behind a
     /// balancer): never followed again by this client.
-    unreachable: Mutex<HashSet<String>>,
+    unreachable: HashSet<String>,
 }
 
 impl Client {
@@ -60,7 +66,6 @@ impl Client {
             token: token.map(str::to_string),
             patient: false,
             owners: Mutex::default(),
-            unreachable: Mutex::default(),
         })
     }
 
@@ -133,27 +138,21 @@ impl Client {
     ) -> CliResult<(StatusCode, Value, Option<std::time::Duration>)> {
         let study = study_changed_by(method.as_str(), path);
         let owner = study.and_then(|s| self.owner_of(s));
-        let first = self
-            .send(owner.as_deref().unwrap_or(&self.base), &method, path, body)
-            .await;
-        let response = match (first, owner) {
-            (Err(e), Some(owner)) if e.is_connect() => {
-                tracing::debug!(%owner, error = %e, "study's replica unreachable; using --url");
-                if let Ok(mut unreachable) = self.unreachable.lock() {
-                    unreachable.insert(owner);
-                }
-                if let (Some(study), Ok(mut owners)) = (study, self.owners.lock()) {
-                    owners.remove(&study);
-                }
-                self.send(&self.base, &method, path, body).await
-            }
-            (first, _) => first,
-        };
-        let response = response.map_err(|e| {
+        let mut sent_to = owner.as_deref().unwrap_or(&self.base);
+        let mut sent = self.send(sent_to, &method, path, body).await;
+        if let (Err(e), Some(study), Some(owner)) = (&sent, study, &owner)
+            && e.is_connect()
+        {
+            tracing::debug!(%owner, error = %e, "study's replica unreachable; using --url");
+            self.unreachable(study, owner);
+            sent_to = &self.base;
+            sent = self.send(sent_to, &method, path, body).await;
+        }
+        let response = sent.map_err(|e| {
             CliError::Connection(if e.is_connect() || e.is_timeout() {
-                format!("cannot reach the Augur server at {} (is `augur serve` running? set --url or AUGUR_URL)", self.base)
+                format!("cannot reach the Augur server at {sent_to} (is `augur serve` running? set --url or AUGUR_URL)")
             } else {
-                format!("request to {} failed: {e}", self.base)
+                format!("request to {sent_to} failed: {e}")
             })
         })?;
         if let (Some(study), Some(owner)) = (study, response.headers().get(STUDY_REPLICA_HEADER)) {
@@ -202,23 +201,28 @@ impl Client {
 
     /// Where `study`'s changes go, when a replica named its owner.
     fn owner_of(&self, study: i64) -> Option<String> {
-        self.owners.lock().ok()?.get(&study).cloned()
+        self.owners.lock().ok()?.by_study.get(&study).cloned()
     }
 
     /// A replica named `study`'s owner: send its changes there from now on, unless the URL
     /// is not one to send this client's token to (see [`follows`]) or refused us before.
     fn follow(&self, study: i64, owner: &str) {
         let owner = owner.trim_end_matches('/');
-        if !follows(&self.base, owner)
-            || self
-                .unreachable
-                .lock()
-                .map_or(true, |unreachable| unreachable.contains(owner))
-        {
+        if !follows(&self.base, owner) {
             return;
         }
+        if let Ok(mut owners) = self.owners.lock()
+            && !owners.unreachable.contains(owner)
+        {
+            owners.by_study.insert(study, owner.to_string());
+        }
+    }
+
+    /// `owner`, named for `study`, refused a connection: back to `base`, for good.
+    fn unreachable(&self, study: i64, owner: &str) {
         if let Ok(mut owners) = self.owners.lock() {
-            owners.insert(study, owner.to_string());
+            owners.by_study.remove(&study);
+            owners.unreachable.insert(owner.to_string());
         }
     }
 
@@ -260,26 +264,14 @@ fn follows(base: &str, owner: &str) -> bool {
         "https" => owner.scheme() == "https",
         _ => matches!(owner.scheme(), "http" | "https"),
     };
+    let loopback = |url: &url::Url| url.host_str().is_some_and(is_loopback_host);
     scheme_ok
         && owner.host().is_some()
-        && (!is_loopback(&owner) || is_loopback(&base))
+        && (!loopback(&owner) || loopback(&base))
         && owner.username().is_empty()
         && owner.password().is_none()
         && owner.query().is_none()
         && owner.fragment().is_none()
-}
-
-/// Whether a URL's host is this machine: `localhost` or a loopback address.
-fn is_loopback(url: &url::Url) -> bool {
-    match url.host() {
-        Some(url::Host::Domain(name)) => {
-            let name = name.trim_end_matches('.').to_ascii_lowercase();
-            name == "localhost" || name.ends_with(".localhost")
-        }
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        None => false,
-    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! Request-level values, parsed once at the edge (the API's handlers, the CLI) into types
 //! the service takes as they are. Each rejection names the field as the client sent it.
 
+use std::net::IpAddr;
+
 use super::ValidationError;
 
 /// How many trials one `suggest` asks for: 1 to [`SuggestCount::MAX`].
@@ -76,8 +78,9 @@ impl TryFrom<i64> for Step {
     }
 }
 
-/// The answer header naming the replica that owns a study (its base URL), sent by a replica
-/// that forwarded a change of it: a client may send the study's next changes there itself.
+/// The answer header naming the replica that owns a study (its base URL), sent by another
+/// replica with its answer to a change of the study: a client may send the study's next
+/// changes there itself.
 pub const STUDY_REPLICA_HEADER: &str = "augur-study-replica";
 
 /// The study a request changes: any method but GET, HEAD and OPTIONS on `/v1/studies/{id}`
@@ -93,6 +96,23 @@ pub fn study_changed_by(method: &str, path: &str) -> Option<i64> {
     let rest = path.strip_prefix("/v1/studies/")?;
     let id = rest.split(['/', '?']).next()?;
     id.parse().ok().filter(|id: &i64| *id > 0)
+}
+
+/// `localhost`, a name under `.localhost` (RFC 6761: always loopback), or a loopback address,
+/// with or without a port.
+pub fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        // [::1]:8080
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => match host.rsplit_once(':') {
+            Some((name, port)) if port.chars().all(|c| c.is_ascii_digit()) => name,
+            _ => host,
+        },
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    name == "localhost"
+        || name.ends_with(".localhost")
+        || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 #[cfg(test)]
@@ -152,5 +172,32 @@ mod tests {
         assert_eq!(study_changed_by("POST", "/v1/studies/abc/stop"), None);
         assert_eq!(study_changed_by("POST", "/v1/studies/-1/stop"), None);
         assert_eq!(study_changed_by("POST", "/v1/tokens"), None);
+    }
+
+    #[test]
+    fn loopback_names_are_localhost_and_loopback_addresses_only() {
+        for host in [
+            "localhost",
+            "localhost:8080",
+            "LOCALHOST.",
+            "app.localhost:1",
+            "127.0.0.1",
+            "127.8.9.10:80",
+            "[::1]",
+            "[::1]:8080",
+        ] {
+            assert!(is_loopback_host(host), "{host}");
+        }
+        for host in [
+            "evil.example",
+            "localhost.evil.example",
+            "127.0.0.1.nip.io",
+            "10.0.0.1:8080",
+            "[::2]:80",
+            "0.0.0.0",
+            "",
+        ] {
+            assert!(!is_loopback_host(host), "{host}");
+        }
     }
 }

@@ -45,20 +45,7 @@ const LIVE: &str = "augur_replicas_live";
 
 /// Wait until every replica sees `n` live replicas.
 async fn until_live(bases: &[&str], n: f64) {
-    common::eventually(
-        "replicas see each other",
-        Duration::from_secs(15),
-        || async {
-            for base in bases {
-                let live = metric(base, LIVE).await;
-                if live != n {
-                    return Err(format!("{base} sees {live} live replicas"));
-                }
-            }
-            Ok(())
-        },
-    )
-    .await;
+    common::until_replicas_live(bases, Some(ADMIN), n).await;
 }
 
 /// `n` studies through `base`, one every `pace` (a rate-limited server's refill).
@@ -144,6 +131,18 @@ async fn router_of(bases: [&str; 2], study: i64) -> &str {
         }
     }
     panic!("no replica routed study {study}");
+}
+
+/// A replica row for `url` (a stand-in, not an `augur serve`), live for an hour.
+async fn register_stand_in(db: &common::TestDb, url: &str) {
+    let pool = sqlx::PgPool::connect(&db.url).await.expect("connect");
+    sqlx::query(
+        "INSERT INTO replicas (id, url, expires_at) VALUES ('stand-in', $1, now() + interval '1 hour')",
+    )
+    .bind(url)
+    .execute(&pool)
+    .await
+    .expect("stand-in registered");
 }
 
 async fn forwarded(bases: &[&str]) -> f64 {
@@ -322,6 +321,81 @@ async fn a_worker_follows_the_named_owner_and_comes_back_when_it_dies() {
     assert!(metric(&router, SERVED_HERE).await >= 1.0, "{log}");
 }
 
+/// A named owner that refuses connections is tried once: the worker's next changes go to
+/// `--url` although every answer there names that owner again. (The owner is a stand-in row
+/// in `replicas` whose port nothing listens on; its study's changes never overlap, so the
+/// replica serves them itself and keeps naming it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_does_not_follow_again_an_owner_it_could_not_reach() {
+    const TRIALS: usize = 4;
+    let db = common::postgres_db().await;
+    let a = routed(&db, &[]);
+    a.wait_ready().await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let dead = format!(
+        "http://127.0.0.1:{}",
+        closed.local_addr().expect("addr").port()
+    );
+    drop(closed);
+    register_stand_in(&db, &dead).await;
+    until_live(&[&a.base], 2.0).await;
+    // A study the stand-in owns: a's answer to a change of it names the stand-in.
+    let mut study = None;
+    for candidate in create_studies(&a.base, 20).await {
+        let (status, named) = suggest_naming_owner(&a.base, candidate).await;
+        assert_eq!(status, StatusCode::OK);
+        if named.as_deref() == Some(dead.as_str()) {
+            study = Some(candidate);
+            break;
+        }
+    }
+    let study = study.expect("the stand-in owns one of 20 studies");
+    // The probe's trial ends; the worker gets TRIALS more.
+    let path = format!("/v1/studies/{study}/trials/1/complete");
+    let done = call(
+        &a.base,
+        Method::POST,
+        &path,
+        Some(json!({"metrics": {"accuracy": 0.5}})),
+    )
+    .await;
+    assert_eq!(done.status, StatusCode::OK, "{:?}", done.body);
+    let budget = json!({"max_trials": 1 + TRIALS});
+    let patched = call(
+        &a.base,
+        Method::PATCH,
+        &format!("/v1/studies/{study}"),
+        Some(budget),
+    )
+    .await;
+    assert_eq!(patched.status, StatusCode::OK, "{:?}", patched.body);
+
+    let work = tempfile::tempdir().expect("dir");
+    let script = work.path().join("trial.sh");
+    std::fs::write(&script, "echo accuracy=0.7\n").expect("script");
+    let worker = worker_command(
+        &a.base,
+        study,
+        1,
+        "refused",
+        &work.path().join("out"),
+        &script,
+    )
+    .env("AUGUR_TOKEN", ADMIN)
+    .env("AUGUR_LOG", "warn,augur::cli::client=debug")
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("worker");
+    let log = worker_log(worker).await;
+    let tried = log.matches("study's replica unreachable").count();
+    assert_eq!(
+        tried, 1,
+        "the unreachable owner was tried {tried} times:\n{log}"
+    );
+    let state = call(&a.base, Method::GET, &format!("/v1/studies/{study}"), None).await;
+    assert_eq!(state.body["trial_counts"]["completed"], 1 + TRIALS, "{log}");
+}
+
 /// A replica killed outright (its lease still unexpired) refuses connections: the other
 /// serves its studies' changes itself, at once, and every request is answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -370,14 +444,7 @@ async fn a_change_lost_by_its_owner_is_answered_unanswered_not_served_twice() {
             let _ = stream.read(&mut buf).await;
         }
     });
-    let pool = sqlx::PgPool::connect(&db.url).await.expect("connect");
-    sqlx::query(
-        "INSERT INTO replicas (id, url, expires_at) VALUES ('stand-in', $1, now() + interval '1 hour')",
-    )
-    .bind(format!("http://127.0.0.1:{port}"))
-    .execute(&pool)
-    .await
-    .expect("stand-in registered");
+    register_stand_in(&db, &format!("http://127.0.0.1:{port}")).await;
     until_live(&[&a.base], 2.0).await;
     let studies = create_studies(&a.base, 20).await;
     let http = common::http();

@@ -337,6 +337,25 @@ pub async fn metric_sample(base: &str, token: Option<&str>, series: &str) -> f64
         .unwrap_or(0.0)
 }
 
+/// Wait until every replica at `bases` sees `n` live replicas (`augur_replicas_live`; each
+/// renews its lease and reads the others' every 2 s).
+pub async fn until_replicas_live(bases: &[&str], token: Option<&str>, n: f64) {
+    eventually(
+        "replicas see each other",
+        Duration::from_secs(15),
+        || async {
+            for base in bases {
+                let live = metric_sample(base, token, "augur_replicas_live").await;
+                if live != n {
+                    return Err(format!("{base} sees {live} live replicas"));
+                }
+            }
+            Ok(())
+        },
+    )
+    .await;
+}
+
 /// A small spec with every parameter type and a conditional child.
 pub fn spec(algorithm: &str, max_trials: i64, parallel_trials: i64) -> Value {
     json!({

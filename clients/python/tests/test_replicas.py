@@ -5,6 +5,7 @@ own, or the run's PostgreSQL database)."""
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -118,6 +119,29 @@ def test_a_busy_studys_changes_go_to_the_owner_a_replica_names(replicas, make_sp
         assert metric(router, FORWARDED) - before == 1
     with augur.Client(router.url) as reader:
         assert reader.study(study).data["trial_counts"]["completed"] >= 13
+
+
+def test_an_owner_that_refused_a_connection_is_not_followed_again(replicas, make_spec, caplog):
+    """The owner is killed outright, its lease still live: the replica serves its study's
+    changes itself (they never overlap) and keeps naming it, but the client tries it once."""
+    a, b = replicas
+    with augur.Client(a.url) as creator:
+        for _ in range(20):
+            study = creator.create_study(make_spec(max_trials=50)).id
+            answer = httpx.post(f"{a.url}/v1/studies/{study}/suggest", json={"count": 1},
+                                timeout=10)
+            assert answer.status_code == 200
+            if answer.headers.get("augur-study-replica") == b.url:
+                break
+        else:
+            raise AssertionError("b owns none of 20 studies")
+    b.process.kill()
+    b.process.wait()
+    caplog.set_level(logging.INFO, logger="augur")
+    with augur.Client(a.url) as client:
+        cycles(client, study, 3)
+    tried = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    assert len(tried) == 1, [r.getMessage() for r in tried]
 
 
 def test_only_changes_under_one_study_name_it():
