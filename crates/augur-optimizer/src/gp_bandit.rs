@@ -44,8 +44,9 @@
 //!    constrained EI, Gardner et al. 2014), and with `desired_min_safe_trials_fraction`
 //!    a point must also reach the probability that keeps the expected safe fraction at
 //!    the target.
-//! 6. Early on, candidates are confined to a trust region around observed points (in the
-//!    numeric features), growing with the number of trials.
+//! 6. Optionally ([`GpBanditConfig::trust_region`], off by default since the trend), early
+//!    candidates are confined to a trust region around observed points (in the numeric
+//!    features), growing with the number of trials.
 //! 7. Several metrics: a random hypervolume scalarization `min_k (v_k − r_k)/w_k` of the
 //!    per-metric acquisition values, with a fresh direction `w` per suggestion (Golovin &
 //!    Zhang 2020).
@@ -177,20 +178,27 @@ pub struct GpBanditConfig {
     pub generations: usize,
     /// L-BFGS iterations per hyperparameter fit.
     pub fit_iters: u64,
-    /// Confine early candidates to a trust region around observed points (see the module
-    /// header).
+    /// Confine early candidates to an L∞ region around observed points, of radius
+    /// `0.2 + 0.1 n/D` after n trials in D parameters (see the module header). Off since
+    /// opt-22: with the quadratic trend the GP's mean away from the data is no longer the
+    /// targets' average, which the region guarded against. Alone it changed little (quality
+    /// bench, seeds 0–29: 109 of 132 cells met, the default then 107; geometric mean regret
+    /// 1.00× the default's); without it, refinement ([`GpBanditConfig::refine_starts`]) no
+    /// longer loses cells (see there). See benches/quality/RESULTS.md (opt-22).
     pub trust_region: bool,
     pub acquisition: Acquisition,
     /// Best distinct candidates of the population search refined by gradient ascent on the
-    /// acquisition (0: none), and the most steps per refinement. Off by default: with 3
-    /// starts × 20 steps, Hartmann6 with batches of 5 reached median regret 0.011 at 50
-    /// trials (0.093 without) on seeds 0–9 but 0.121 (0.123) on seeds 10–19, Levy10 on both
-    /// boxes stayed within seed-to-seed noise,
-    /// and the warm-start test (tests/warm_start.rs) fails: its cold Branin studies polish
-    /// further, so the 50-trial regret the warm ones must reach falls from 5e-6 to 6e-7,
-    /// and the two-task model, exploiting the prior study's (shifted) optimum precisely
-    /// with β = 0.2, needs 50–51 trials to get there (the test allows 30). See
-    /// benches/quality/RESULTS.md.
+    /// acquisition (0: none), and the most steps per refinement. 3 × 20 since opt-22, with
+    /// the trust region off: on the quality bench (44 cells per seed set) it met 38, 36 and
+    /// 35 cells on seeds 0–9, 10–19 and 20–29 (before: 32, 36, 39) with a geometric mean
+    /// regret over every cell, checkpoint and seed of 0.83× the former default's (better in
+    /// 716 of 1,273 paired checkpoints, worse in 557): Branin 0.17× one at a time, Hartmann6
+    /// 0.43× one at a time, Levy10 off-centre 0.76–0.88×; Levy10 one at a time 1.22×, still
+    /// far below every reference. With the trust region kept it met 33, 34, 36 (0.82×).
+    /// Spaces of doubles only. It costs 5–18 % more CPU per suggestion (d = 10, 100
+    /// trials; `examples/suggest_cpu`, interleaved with the former default). Before the trend (opt-14) it helped only Hartmann6 in batches and failed
+    /// tests/warm_start.rs (its cold Branin studies polished further than the warm ones
+    /// could follow); with the trend that test passes. See benches/quality/RESULTS.md.
     pub refine_starts: usize,
     pub refine_steps: usize,
     /// The numeric length scales' prior median is `0.5 (D/2)^e` for D numeric features.
@@ -400,9 +408,9 @@ impl Default for GpBanditConfig {
             raw_samples: 512,
             generations: 30,
             fit_iters: 30,
-            trust_region: true,
+            trust_region: false,
             acquisition: Acquisition::Ucb,
-            refine_starts: 0,
+            refine_starts: 3,
             refine_steps: 20,
             length_scale_dim_exponent: 0.0,
             length_scale_prior_sd: 1.0,

@@ -668,7 +668,7 @@ fn refinement_never_lowers_the_chosen_point_s_acquisition() {
         let completed = branin_history(seed, 15).1;
         let inp = input(&space, &metrics, &completed, &[], 1, seed);
         let plain = GpBanditConfig {
-            trust_region: false,
+            refine_starts: 0,
             ..GpBanditConfig::default()
         };
         let refined = GpBanditConfig {
