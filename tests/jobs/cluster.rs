@@ -498,7 +498,7 @@ async fn sigkill_of_the_server_mid_trial_leaves_no_orphan_replica() {
     let port = common::free_port();
     let mut server = common::ServerProcess::start(&db.url, port);
     server.wait_ready().await;
-    let http = reqwest::Client::new();
+    let http = common::http();
     let base = server.base.clone();
     // The primary takes long enough for the kill to land mid-trial.
     let command = replica_command(&f, "slow");
@@ -575,7 +575,7 @@ async fn gpus_go_one_replica_each_and_a_trial_waits_for_its_own() {
     let app = TestApp {
         addr,
         base: format!("http://{addr}"),
-        http: reqwest::Client::new(),
+        http: common::http(),
         token: None,
         db,
     };
@@ -593,7 +593,8 @@ async fn gpus_go_one_replica_each_and_a_trial_waits_for_its_own() {
     let s = app
         .wait_for_state(id, "completed", Duration::from_secs(90))
         .await;
-    assert_eq!(s["trial_counts"]["completed"], 6, "{s}");
+    let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
+    assert_eq!(s["trial_counts"]["completed"], 6, "{s}\ntrials: {trials}");
     let mut devices = BTreeSet::new();
     for trial in 1..=6 {
         let model = f.runs("gpus").join(format!("{trial}/model"));

@@ -683,7 +683,7 @@ async fn server_on(standin: &StandIn) -> (TestApp, tempfile::TempDir) {
     let app = TestApp {
         addr,
         base: format!("http://{addr}"),
-        http: reqwest::Client::new(),
+        http: common::http(),
         token: None,
         db,
     };
@@ -899,7 +899,7 @@ async fn a_restarted_service_deletes_the_attempt_it_left_and_runs_the_trial_agai
     let port = common::free_port();
     let mut server = start(port);
     server.wait_ready().await;
-    let http = reqwest::Client::new();
+    let http = common::http();
     let created = common::call(
         &http,
         &server.base,
