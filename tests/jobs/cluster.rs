@@ -20,8 +20,9 @@ use crate::common::{self, TestApp};
 /// `ok` the primary reports `loss=` (after 3 s with `slow`), the others wait to be stopped;
 /// `crash_worker_once`
 /// workerpool1-0 dies on its first launch (the primary would wait 60 s); `hang` every
-/// replica hangs (a worker with a child process); `gpu` each replica holds its
-/// `CUDA_VISIBLE_DEVICES` as exclusive lock files for a moment (exit 7 if one is taken).
+/// replica hangs (a worker with a child process); `gpu` each replica holds an exclusive
+/// `flock` per device of its `CUDA_VISIBLE_DEVICES` for a moment (exit 7 if one is taken;
+/// the kernel releases it when a replica is stopped holding it, as a GPU is released).
 const REPLICA_PY: &str = r#"
 import argparse, json, os, subprocess, sys, time
 p = argparse.ArgumentParser()
@@ -59,18 +60,21 @@ if a.mode == "hang":
         open(os.path.join(model, "child.pid"), "w").write(str(child.pid))
     time.sleep(1000)
 if a.mode == "gpu":
+    import fcntl
     held = []
     for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(","):
-        path = os.path.join(os.environ["GPU_LOCKS"], "gpu" + d)
+        # flock, not a file that exists: a replica stopped while it holds the device (its
+        # trial ended) releases it, as a real GPU is released when its process dies.
+        lock = open(os.path.join(os.environ["GPU_LOCKS"], "gpu" + d), "w")
         try:
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL))
-        except FileExistsError:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
             print("GPU", d, "is in use by another replica", flush=True)
             sys.exit(7)
-        held.append(path)
+        held.append(lock)
     time.sleep(0.6)
-    for path in held:
-        os.remove(path)
+    for lock in held:
+        lock.close()
     if not primary:
         sys.exit(0)
 if primary:
@@ -560,7 +564,7 @@ async fn sigkill_of_the_server_mid_trial_leaves_no_orphan_replica() {
 
 /// With `--gpus 0,1,2`, each replica asking for one gets its own: two trials of two replicas
 /// cannot both run (four GPUs wanted, three there), so one waits, and no device is ever held
-/// by two replicas at once (the replicas' lock files would clash: exit 7).
+/// by two replicas at once (the replicas' device locks would clash: exit 7).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpus_go_one_replica_each_and_a_trial_waits_for_its_own() {
     let f = fixture();
