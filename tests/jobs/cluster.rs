@@ -24,7 +24,7 @@ use crate::common::{self, TestApp};
 /// `flock` per device of its `CUDA_VISIBLE_DEVICES` for a moment (exit 7 if one is taken;
 /// the kernel releases it when a replica is stopped holding it, as a GPU is released).
 const REPLICA_PY: &str = r#"
-import argparse, json, os, subprocess, sys, time
+import argparse, fcntl, json, os, subprocess, sys, time
 p = argparse.ArgumentParser()
 p.add_argument("--x", type=float, required=True)
 p.add_argument("--mode", default="ok")
@@ -60,7 +60,6 @@ if a.mode == "hang":
         open(os.path.join(model, "child.pid"), "w").write(str(child.pid))
     time.sleep(1000)
 if a.mode == "gpu":
-    import fcntl
     held = []
     for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(","):
         # flock, not a file that exists: a replica stopped while it holds the device (its

@@ -195,8 +195,8 @@ pub struct GpBanditConfig {
     /// 716 of 1,273 paired checkpoints, worse in 557): Branin 0.17× one at a time, Hartmann6
     /// 0.43× one at a time, Levy10 off-centre 0.76–0.88×; Levy10 one at a time 1.22×, still
     /// far below every reference. With the trust region kept it met 33, 34, 36 (0.82×).
-    /// Spaces of doubles only. It costs 5–18 % more CPU per suggestion (d = 10, 100
-    /// trials; `examples/suggest_cpu`, interleaved with the former default). Before the trend (opt-14) it helped only Hartmann6 in batches and failed
+    /// Spaces of doubles only. A suggestion takes 5–18 % longer (d = 10, 100 trials, wall
+    /// clock; `examples/suggest_cpu`, interleaved with the former default). Before the trend (opt-14) it helped only Hartmann6 in batches and failed
     /// tests/warm_start.rs (its cold Branin studies polished further than the warm ones
     /// could follow); with the trend that test passes. See benches/quality/RESULTS.md.
     pub refine_starts: usize,
