@@ -2,8 +2,11 @@
 
 use std::collections::BTreeMap;
 
+use super::acquisition::{Revisit, linf, pick_candidate};
+use super::model::{incumbent_box, oriented, safety_targets};
 use super::*;
-use crate::designer::{CompletedTrial, MetricSpec};
+use crate::designer::{CompletedTrial, Goal, MetricSpec, Outcome, outcome_is_safe};
+use crate::gp::warping::{Power, Warping};
 use crate::random::RandomDesigner;
 use crate::space::{Assignment, Child, Parameter, ParameterKind, Scale, SearchSpace, Value};
 use crate::test_functions::{BRANIN, TestFunction};
