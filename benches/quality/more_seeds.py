@@ -4,8 +4,10 @@
 Reads every run in benches/quality/data/*.jsonl.gz and data/diagnostics/*.jsonl.gz (but not
 the former defaults' gp_bandit runs, `*opt21*`, nor the same-design runs) with seeds below
 --seeds, and prints, per cell FUNCTION:PARALLEL:TRIALS, gp_bandit's median simple regret, each
-reference's with its seed count, the reference with the lowest median, the ratio, and on how
-many of the seeds both ran gp_bandit's regret is the lower:
+reference's with its seed count, the reference with the lowest median, the ratio, a 95% bootstrap interval of that ratio (the
+seeds of each side resampled with replacement, 10,000 times, fixed seed), and on how many
+of the seeds both ran gp_bandit's regret is the lower. An interval that holds 1 means the
+seeds cannot tell the two apart:
 
     python3 benches/quality/more_seeds.py ackley5:1:30 hartmann6:5:100
 """
@@ -15,6 +17,7 @@ import glob
 import gzip
 import json
 import os
+import random
 import statistics
 
 REFERENCES = ["optuna_gp", "botorch_qlognei", "optuna_tpe"]
@@ -37,6 +40,19 @@ def load(data, max_seed):
     return runs
 
 
+def ratio_interval(ours, theirs, draws=10_000, seed=0):
+    """The 2.5th and 97.5th percentiles of median(ours*) / median(theirs*) over bootstrap
+    resamples of each list; the two sides are independent studies, so they are resampled
+    independently."""
+    rng = random.Random(seed)
+    ratios = sorted(
+        statistics.median(rng.choices(ours, k=len(ours)))
+        / max(statistics.median(rng.choices(theirs, k=len(theirs))), 1e-300)
+        for _ in range(draws)
+    )
+    return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -45,8 +61,8 @@ def main():
     ap.add_argument("--data", default=os.path.join(here, "data"))
     a = ap.parse_args()
     runs = load(a.data, a.seeds)
-    print("| cell | gp_bandit (seeds) | " + " | ".join(REFERENCES) + " | best | ratio | gp_bandit lower |")
-    print("|---|---|" + "---|" * len(REFERENCES) + "---|---|---|")
+    print("| cell | gp_bandit (seeds) | " + " | ".join(REFERENCES) + " | best | ratio | 95% interval | gp_bandit lower |")
+    print("|---|---|" + "---|" * len(REFERENCES) + "---|---|---|---|")
     for cell in a.cells:
         function, parallel, trials = cell.split(":")
         parallel, trials = int(parallel), int(trials)
@@ -66,10 +82,13 @@ def main():
         name, r = best
         both = [s for s in r if s in ours]
         lower = sum(ours[s][trials - 1] < r[s][trials - 1] for s in both)
+        low, high = ratio_interval(
+            [v[trials - 1] for v in ours.values()], [v[trials - 1] for v in r.values()]
+        )
         print(
             f"| {function} p{parallel} @{trials} | {at(ours):.3g} ({len(ours)}) | "
             + " | ".join(columns)
-            + f" | {name} | {at(ours) / at(r):.2f} | {lower} of {len(both)} |"
+            + f" | {name} | {at(ours) / at(r):.2f} | {low:.3g}–{high:.3g} | {lower} of {len(both)} |"
         )
 
 
