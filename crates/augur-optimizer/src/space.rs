@@ -195,7 +195,7 @@ impl ParameterKind {
         }
     }
 
-    /// Map a value of this parameter to [0, 1] (inverse of [`from_unit`] for numeric kinds;
+    /// Map a value of this parameter to [0, 1] (inverse of [`Self::from_unit`] for numeric kinds;
     /// the bucket centre for categoricals). `None` if the value does not belong here.
     pub fn to_unit(&self, value: &Value) -> Option<f64> {
         match (self, value) {

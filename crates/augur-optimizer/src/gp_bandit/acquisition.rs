@@ -1,7 +1,9 @@
 //! The acquisition and its maximization: what a candidate scores (UCB, log-EI, UCB-PE,
-//! a Thompson draw; weighted by the probability of safety), the population search that
-//! maximizes it, gradient refinement ([`super::refine`]) and the discrete local search, and
-//! which of the best candidates is suggested ([`pick_candidate`]).
+//! a Thompson draw; weighted by the probability of safety), where the search for its
+//! maximum starts (the best observed points, their discrete neighbours, the prior studies'
+//! best, the best raw samples), the search itself ([`super::search`], then gradient
+//! refinement, [`super::refine`]), and which of the best candidates is suggested
+//! ([`pick_candidate`]).
 
 use rand::{RngExt, rngs::StdRng};
 use rand_distr::{Distribution, StandardNormal};
