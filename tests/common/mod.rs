@@ -441,6 +441,29 @@ impl Drop for ServerProcess {
     }
 }
 
+/// A child process that is killed and reaped when dropped, so that a test that panics
+/// leaves nothing running: a leftover process holding the test's inherited stderr would
+/// also keep `cargo test | tee` (the test command) waiting for it.
+pub struct KillOnDrop(pub Child);
+
+impl KillOnDrop {
+    /// Wait for the process to end, on a blocking thread.
+    pub async fn wait(mut self) -> std::process::ExitStatus {
+        tokio::task::spawn_blocking(move || self.0.wait())
+            .await
+            .expect("join")
+            .expect("wait")
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // Both fail harmlessly once the process has been waited for.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A free loopback port.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -3,7 +3,7 @@
 
 use crate::common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -15,7 +15,10 @@ p.add_argument("--x", type=float, required=True)
 a = p.parse_args()
 mark = os.path.join(os.environ["AIP_CHECKPOINT_DIR"], "started")
 if os.environ.get("HANG_FIRST_RUN") == os.environ["AUGUR_TRIAL_ID"] and not os.path.exists(mark):
-    open(mark, "w").write(str(os.getpid()))
+    # Whole or not at all: the test reads the pid as soon as the mark exists.
+    with open(mark + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(mark + ".tmp", mark)
     time.sleep(1000)
 time.sleep(0.1)
 print("step=1 loss=%f" % (a.x * 2))
@@ -29,7 +32,7 @@ fn worker(
     client: &str,
     dir: &std::path::Path,
     hang: bool,
-) -> Child {
+) -> common::KillOnDrop {
     let mut cmd = Command::new(common::augur_bin());
     cmd.args([
         "worker",
@@ -53,7 +56,7 @@ fn worker(
         // trial 1 hangs on its first run only
         cmd.env("HANG_FIRST_RUN", "1");
     }
-    cmd.spawn().expect("spawn worker")
+    common::KillOnDrop(cmd.spawn().expect("spawn worker"))
 }
 
 fn spec(max_trials: i64, parallel: i64) -> serde_json::Value {
@@ -71,11 +74,9 @@ async fn a_worker_runs_a_study_to_the_end_over_http() {
     std::fs::write(dir.path().join("trial.py"), SCRIPT).expect("script");
     let app = common::spawn_app(common::sqlite_db()).await;
     let id = app.create_study(spec(6, 2)).await;
-    let mut w = worker(&app.base, id, 2, "w", dir.path(), false);
-    let status = tokio::task::spawn_blocking(move || w.wait())
-        .await
-        .expect("join")
-        .expect("wait");
+    let status = worker(&app.base, id, 2, "w", dir.path(), false)
+        .wait()
+        .await;
     assert!(
         status.success(),
         "the worker exits 0 once the study has no more trials"
@@ -105,7 +106,7 @@ async fn a_restarted_worker_resumes_its_trial_and_kills_the_leftover_job() {
     std::fs::write(dir.path().join("trial.py"), SCRIPT).expect("script");
     let app = common::spawn_app(common::sqlite_db()).await;
     let id = app.create_study(spec(2, 1)).await;
-    let mut first = worker(&app.base, id, 1, "r", dir.path(), true);
+    let first = worker(&app.base, id, 1, "r", dir.path(), true);
     let mark = dir.path().join("runs/1/checkpoints/started");
     let start = Instant::now();
     while !mark.exists() {
@@ -120,18 +121,13 @@ async fn a_restarted_worker_resumes_its_trial_and_kills_the_leftover_job() {
         .trim()
         .parse()
         .expect("pid");
-    first.kill().expect("SIGKILL the worker");
-    let _ = first.wait();
+    drop(first); // SIGKILL, as a crash would
     assert!(
         std::path::Path::new(&format!("/proc/{hung}")).exists(),
         "the job outlived its worker"
     );
 
-    let mut second = worker(&app.base, id, 1, "r", dir.path(), true);
-    let status = tokio::task::spawn_blocking(move || second.wait())
-        .await
-        .expect("join")
-        .expect("wait");
+    let status = worker(&app.base, id, 1, "r", dir.path(), true).wait().await;
     assert!(status.success());
     let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
     assert_eq!(
@@ -186,7 +182,7 @@ async fn a_worker_hands_its_trials_trial_tokens_not_its_own() {
     let admin = "worker-admin-token";
     let app = common::spawn_app_with(common::sqlite_db(), Some(admin)).await;
     let id = app.create_study(spec(2, 2)).await;
-    let mut w = Command::new(common::augur_bin())
+    let w = Command::new(common::augur_bin())
         .args(["worker", "--url", &app.base, "--study", &id.to_string()])
         .args(["--slots", "2", "--client-id", "t", "--output-dir"])
         .arg(dir.path().join("runs"))
@@ -197,10 +193,7 @@ async fn a_worker_hands_its_trials_trial_tokens_not_its_own() {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn worker");
-    let status = tokio::task::spawn_blocking(move || w.wait())
-        .await
-        .expect("join")
-        .expect("wait");
+    let status = common::KillOnDrop(w).wait().await;
     assert!(status.success());
     let study = app.get(&format!("/v1/studies/{id}")).await.body;
     assert_eq!(study["trial_counts"]["completed"], 2, "{study}");
