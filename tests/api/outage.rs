@@ -320,17 +320,19 @@ async fn a_postgres_restart_under_load_answers_503_and_loses_nothing() {
     let pulled = create(spec("pulled", PULLED_TRIALS, 2)).await;
     let script = work.path().join("trial.sh");
     std::fs::write(&script, "sleep 0.3\necho accuracy=0.7\n").expect("script");
-    let mut worker = worker_command(
-        &base,
-        pulled,
-        2,
-        "outage",
-        &work.path().join("pulled"),
-        &script,
-    )
-    .stderr(Stdio::inherit())
-    .spawn()
-    .expect("worker");
+    let worker = common::KillOnDrop(
+        worker_command(
+            &base,
+            pulled,
+            2,
+            "outage",
+            &work.path().join("pulled"),
+            &script,
+        )
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("worker"),
+    );
 
     // Readiness, every 50 ms, until the end.
     let watching = Arc::new(AtomicBool::new(true));
@@ -390,10 +392,7 @@ async fn a_postgres_restart_under_load_answers_503_and_loses_nothing() {
     while let Some(joined) = clients.join_next().await {
         joined.expect("client");
     }
-    let worker_status = tokio::task::spawn_blocking(move || worker.wait())
-        .await
-        .expect("join")
-        .expect("worker");
+    let worker_status = worker.wait().await;
     let study = common::eventually("the dispatched study completes", DEADLINE, || {
         let (http, base) = (&http, &base);
         async move {
