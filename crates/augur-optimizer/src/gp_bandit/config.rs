@@ -428,25 +428,16 @@ impl GpBanditConfig {
                 "rank_warping" => self.rank_warping = num(v)? != 0.0,
                 "log_warping" => self.log_warping = num(v)? != 0.0,
                 "power_warping" => {
-                    self.power_warping = match num(v)? {
-                        0.0 => PowerWarping::Off,
-                        1.0 => PowerWarping::AllTrials,
-                        2.0 => PowerWarping::Initial,
-                        3.0 => PowerWarping::Choose,
-                        _ => return Err(format!("{kv}: expected 0, 1, 2 or 3")),
-                    }
+                    use PowerWarping::*;
+                    self.power_warping = nth(kv, num(v)?, [Off, AllTrials, Initial, Choose])?;
                 }
                 "power_min_lambda" => self.power_min_lambda = num(v)?,
                 "power_choose_lambda" => self.power_choose_lambda = num(v)?,
                 "power_choose_margin" => self.power_choose_margin = num(v)?,
                 "warping_choice" => {
-                    self.warping_choice = match num(v)? {
-                        0.0 => WarpingChoice::Fixed,
-                        1.0 => WarpingChoice::LooRank,
-                        2.0 => WarpingChoice::Likelihood,
-                        3.0 => WarpingChoice::LooLikelihood,
-                        _ => return Err(format!("{kv}: expected 0, 1, 2 or 3")),
-                    }
+                    use WarpingChoice::*;
+                    self.warping_choice =
+                        nth(kv, num(v)?, [Fixed, LooRank, Likelihood, LooLikelihood])?;
                 }
                 "warping_choice_top" => self.warping_choice_top = num(v)?,
                 "warping_choice_margin" => self.warping_choice_margin = num(v)?,
@@ -463,13 +454,12 @@ impl GpBanditConfig {
                 "initial_per_parameter" => self.initial_per_parameter = num(v)?,
                 "max_initial_trials" => self.max_initial_trials = num(v)? as usize,
                 "trend" => {
-                    let basis = match num(v)? {
-                        0.0 => None,
-                        1.0 => Some(TrendBasis::Constant),
-                        2.0 => Some(TrendBasis::Linear),
-                        3.0 => Some(TrendBasis::Quadratic),
-                        _ => return Err(format!("{kv}: expected 0, 1, 2 or 3")),
-                    };
+                    use TrendBasis::*;
+                    let basis = nth(
+                        kv,
+                        num(v)?,
+                        [None, Some(Constant), Some(Linear), Some(Quadratic)],
+                    )?;
                     let old = self.trend.unwrap_or(DEFAULT_TREND);
                     self.trend = basis.map(|basis| TrendSpec { basis, ..old });
                 }
@@ -517,4 +507,13 @@ impl GpBanditConfig {
         let k = (self.initial_per_parameter * num_parameters as f64).ceil() as usize + 1;
         k.max(5).min(self.max_initial_trials.max(1))
     }
+}
+
+/// The `v`-th of `choices` (`v` = 0, 1, …), for a knob that names one of a few variants.
+fn nth<T: Copy, const N: usize>(kv: &str, v: f64, choices: [T; N]) -> Result<T, String> {
+    let index = v as usize;
+    if v.fract() != 0.0 || v < 0.0 || index >= N {
+        return Err(format!("{kv}: expected an integer from 0 to {}", N - 1));
+    }
+    Ok(choices[index])
 }

@@ -6,6 +6,7 @@ use super::acquisition::{Revisit, linf, pick_candidate};
 use super::model::{incumbent_box, oriented, safety_targets};
 use super::*;
 use crate::designer::{CompletedTrial, Goal, MetricSpec, Outcome, outcome_is_safe};
+use crate::gp::mean::TrendBasis;
 use crate::gp::warping::{Power, Warping};
 use crate::random::RandomDesigner;
 use crate::space::{Assignment, Child, Parameter, ParameterKind, Scale, SearchSpace, Value};
@@ -763,6 +764,25 @@ fn power_warping_knobs_select_the_warping_steps() {
         Power::Fixed { lambda, .. } if lambda >= 1.0
     ));
     assert!(default.clone().with_overrides("power_warping=4").is_err());
+}
+
+#[test]
+fn variant_knobs_take_an_index_and_refuse_any_other_number() {
+    let config = |knobs: &str| GpBanditConfig::default().with_overrides(knobs);
+    let chosen = config("power_warping=2,warping_choice=3,trend=1").expect("valid knobs");
+    assert_eq!(chosen.power_warping, PowerWarping::Initial);
+    assert_eq!(chosen.warping_choice, WarpingChoice::LooLikelihood);
+    assert_eq!(chosen.trend.map(|t| t.basis), Some(TrendBasis::Constant));
+    assert!(config("trend=0").expect("no trend").trend.is_none());
+    for bad in [
+        "trend=4",
+        "trend=1.5",
+        "warping_choice=-1",
+        "power_warping=nan",
+    ] {
+        let err = config(bad).expect_err(bad);
+        assert!(err.starts_with(bad), "the error names the knob: {err}");
+    }
 }
 
 /// The objective model `config` fits to `n` Sobol trials of `f` on the unit square.
