@@ -51,6 +51,11 @@ impl Hyper {
         }
     }
 
+    /// Whether feature `j` is categorical (features past the mask are numeric).
+    pub fn is_categorical(&self, j: usize) -> bool {
+        self.categorical.get(j).copied().unwrap_or(false)
+    }
+
     /// `r² = Σ_j δ_j(x_j, y_j) / ℓ_j²`.
     pub fn r2(&self, x: &[f64], y: &[f64]) -> f64 {
         scaled_r2(&self.inv_ls2, &self.categorical, x, y)

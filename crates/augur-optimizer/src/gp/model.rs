@@ -239,10 +239,7 @@ fn neg_log_posterior_with(
     // features the per-pair update is branch-free, so it runs as vector instructions across
     // the features (each feature's sum still in pair order: the same result).
     let mut ls_grad = vec![0.0; dim];
-    let cat: Vec<bool> = (0..dim)
-        .map(|j| categorical.get(j).copied().unwrap_or(false))
-        .collect();
-    let numeric_only = !cat.contains(&true);
+    let numeric_only = !categorical.contains(&true);
     let inv_ls2 = &h.inv_ls2[..dim];
     for a in 0..n {
         // Diagonal: ∂K_aa/∂ln σ² = σ², ∂K_aa/∂ln σ_n² = σ_n² − floor, length scales: 0.
@@ -259,10 +256,10 @@ fn neg_log_posterior_with(
                     *g += c * ((p - q) * (p - q)) * inv;
                 }
             } else {
-                for ((((g, &p), &q), &inv), &cj) in
-                    ls_grad.iter_mut().zip(xa).zip(xb).zip(inv_ls2).zip(&cat)
+                for (j, (((g, &p), &q), &inv)) in
+                    ls_grad.iter_mut().zip(xa).zip(xb).zip(inv_ls2).enumerate()
                 {
-                    *g += c * feature_distance(cj, p, q) * inv;
+                    *g += c * feature_distance(h.is_categorical(j), p, q) * inv;
                 }
             }
         }
@@ -615,7 +612,7 @@ impl Posterior {
         let n = self.x.len();
         let dim = point.len();
         let h = &self.hyper;
-        let numeric = |j: usize| !h.categorical.get(j).copied().unwrap_or(false);
+        let numeric = |j: usize| !h.is_categorical(j);
         let mut ks = DVector::zeros(n);
         // Row i: ∇_x k(x, x_i).
         let mut dk = DMatrix::zeros(n, dim);
