@@ -53,6 +53,7 @@ pub struct LogsQuery {
         (status = 400, description = "A query parameter is wrong", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 404, description = "No such study or trial, or the study's trials are not dispatched", body = ErrorBody),
+        (status = 409, description = "Where the log should be is a link or a file the server did not make: refused, not followed", body = ErrorBody),
     ))]
 pub async fn trial_logs(
     State(state): State<AppState>,

@@ -11,8 +11,7 @@ use serde_json::Value;
 
 use super::error::{CliError, CliResult};
 use crate::app::{App, ServerConfig};
-use crate::model::trial_dirs::study_output_dir;
-use crate::model::{MetricGoal, Study, StudySpec, StudyState, TrialDirs};
+use crate::model::{MetricGoal, Study, StudyDir, StudySpec, StudyState, TrialDirs};
 use crate::service::Service;
 
 /// How `augur run` ended without an error.
@@ -60,19 +59,14 @@ pub async fn run_study_file(
     if resumed {
         eprintln!("resuming study {} from an earlier run", study.id);
     }
-    let job_output_dir = study
-        .spec
-        .trial_job
-        .as_ref()
-        .and_then(|j| j.output_dir.as_deref());
-    let output_dir = study_output_dir(&base_dir, study.id, job_output_dir);
+    let study_dir = StudyDir::of(&base_dir, study.id, study.spec.trial_job.as_ref());
     eprintln!(
         "study {} ({}): {} trials, {} at a time; trial directories in {}",
         study.id,
         study.name,
         study.spec.max_trials,
         study.spec.parallel_trials,
-        output_dir.display()
+        study_dir.dir.display()
     );
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -83,7 +77,7 @@ pub async fn run_study_file(
     let _ = stop_tx.send(());
     let _ = server.await;
     let study = service.get_study(study.id).await?;
-    print_outcome(&service, &study, &output_dir, interrupted).await?;
+    print_outcome(&service, &study, &study_dir, interrupted).await?;
     if study.state == StudyState::Failed {
         let reason = study
             .state_reason
@@ -127,7 +121,7 @@ async fn follow_progress(service: &Service, study: &Study) -> CliResult<bool> {
 async fn print_outcome(
     service: &Service,
     study: &Study,
-    output_dir: &Path,
+    study_dir: &StudyDir,
     interrupted: bool,
 ) -> CliResult<()> {
     let c = &study.trial_counts;
@@ -154,7 +148,7 @@ async fn print_outcome(
             trial.id,
             serde_json::to_string(&trial.parameters).unwrap_or_default()
         );
-        let dirs = TrialDirs::new(output_dir, trial.id);
+        let dirs = TrialDirs::new(study_dir, trial.id);
         println!("  model: {}", dirs.model.display());
     }
     Ok(())

@@ -22,7 +22,7 @@ use crate::dispatch::ports::PortRegistry;
 use crate::dispatch::reporter::{AttemptStart, TrialReporter};
 use crate::dispatch::trial::{Interrupt, TrialSetup, run_trial};
 use crate::dispatch::{DispatchError, DispatchResult};
-use crate::model::{ExecutorName, Measurement, Study, TrialJobSpec};
+use crate::model::{ExecutorName, Measurement, OutputLayout, Study, StudyDir, TrialJobSpec};
 
 pub struct WorkerOptions {
     pub study_id: i64,
@@ -110,12 +110,16 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> CliResult<()>
     let mut job = study.spec.trial_job.clone().unwrap_or_default();
     job.command = options.command.clone();
     job.workdir = None;
-    let output_dir = match &options.output_dir {
-        Some(d) => d.clone(),
-        None => std::env::current_dir()
-            .map_err(|e| CliError::Usage(format!("the current directory: {e}")))?
-            .join("augur-runs")
-            .join(format!("study-{}", study.id)),
+    // `--output-dir` (in the study's layout), or ./augur-runs/study-<id>.
+    let study_dir = match &options.output_dir {
+        Some(d) => StudyDir::below(d.clone(), study.id, job.output_layout),
+        None => StudyDir::below(
+            std::env::current_dir()
+                .map_err(|e| CliError::Usage(format!("the current directory: {e}")))?
+                .join("augur-runs"),
+            study.id,
+            OutputLayout::Study,
+        ),
     };
     let client = Arc::new(client);
     let metric_pattern = TrialSetup::metric_pattern(&job)?;
@@ -133,7 +137,7 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> CliResult<()>
         early_stopping: study.spec.early_stopping.is_some(),
         augur_url: client.base().to_string(),
         base_env: trial_base_env(&options.env)?,
-        output_dir,
+        study_dir,
         executor,
         reporter: reporter.clone(),
         metric_pattern,

@@ -13,6 +13,7 @@ use super::executor::{JobExit, JobRequest};
 use super::reporter::TrialReporter;
 use super::trial::{Interrupt, TrialSetup};
 use crate::model::{Measurement, TrialDirs};
+use crate::service::trial_files::{self, FileAccess};
 
 /// How long a job asked to stop gets before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(5);
@@ -45,10 +46,10 @@ pub(super) async fn run_attempt(
         Err(e) => return (Attempt::LaunchFailed(e.to_string()), Vec::new()),
     };
     // Remember the job so that a restarted service can kill a leftover (see trial.rs).
-    let _ = std::fs::write(dirs.root.join("job.handle"), job.handle());
+    let _ = super::trial::write_handle(dirs, &job.handle());
     let mut stdout_metrics =
         StdoutMetrics::with_pattern(setup.metric_pattern.clone(), setup.metric_ids.clone());
-    let mut hypertune = HypertuneTail::new(dirs.metric_file.clone(), setup.metric_ids.clone());
+    let mut hypertune = HypertuneTail::new(dirs, setup.metric_ids.clone());
     let trial_id = request.trial_id;
     let reporter = &setup.reporter;
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
@@ -112,6 +113,8 @@ pub(super) async fn report(reporter: &dyn TrialReporter, trial_id: i64, m: Measu
 /// Follows the hypertune file: it is rewritten whole on every report, so it is re-read
 /// when it changed and only measurements not yet reported (or changed) are returned.
 struct HypertuneTail {
+    /// Where walking without links starts (`TrialDirs::base`).
+    base: PathBuf,
     path: PathBuf,
     metric_ids: Vec<String>,
     last_text: String,
@@ -119,9 +122,10 @@ struct HypertuneTail {
 }
 
 impl HypertuneTail {
-    fn new(path: PathBuf, metric_ids: Vec<String>) -> Self {
+    fn new(dirs: &TrialDirs, metric_ids: Vec<String>) -> Self {
         Self {
-            path,
+            base: dirs.base.clone(),
+            path: dirs.metric_file.clone(),
             metric_ids,
             last_text: String::new(),
             reported: BTreeMap::new(),
@@ -129,7 +133,11 @@ impl HypertuneTail {
     }
 
     fn read_new(&mut self) -> Vec<Measurement> {
-        let Ok(text) = std::fs::read_to_string(&self.path) else {
+        // The job's file, in the server's directory: read, never followed as a link.
+        let opened = trial_files::open_file(&self.base, &self.path, FileAccess::ReadJobs);
+        let mut text = String::new();
+        let Ok(_) = opened.and_then(|mut f| std::io::Read::read_to_string(&mut f, &mut text))
+        else {
             return Vec::new();
         };
         if text == self.last_text {

@@ -344,13 +344,13 @@ impl ContainerExecutor {
         // The trial's directory is mounted at the same path: what the job writes is handed to
         // `--run-jobs-as`'s user on the host, as for a local job.
         if let Some(user) = &self.context.run_as {
-            user.give_outputs(&env)?;
+            user.give_outputs(&request.output_base, &env)?;
         }
         let env_file = request
             .trial_dir
             .join(".container-env")
             .join(format!("{name}.env"));
-        write_private(&env_file, &env_file_text(&env)?)
+        write_private(&request.output_base, &env_file, &env_file_text(&env)?)
             .await
             .map_err(|e| ExecutorError::Launch(format!("{}: {e}", env_file.display())))?;
         let run = ContainerRun {

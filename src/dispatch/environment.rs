@@ -63,7 +63,8 @@ mod tests {
 
     #[test]
     fn augurs_variables_win_over_the_specs_and_directories_end_with_a_slash() {
-        let dirs = TrialDirs::new(Path::new("/runs"), 4);
+        let study = crate::model::StudyDir::below("/runs".into(), 2, Default::default());
+        let dirs = TrialDirs::new(&study, 4);
         let trial = TrialIdentity {
             augur_url: "http://127.0.0.1:1",
             study_id: 2,

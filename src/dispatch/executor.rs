@@ -28,9 +28,13 @@ pub struct JobRequest {
     /// The trial's environment, the same for every replica (DESIGN §4).
     pub env: Vec<(String, String)>,
     pub workdir: Option<PathBuf>,
-    /// The trial's directory (`<output_dir>/<trial>`), where its `AIP_*` directories are:
-    /// containers mount it at the same path.
+    /// The trial's directory (`<output_dir>/study-<id>/<trial>`), where its `AIP_*`
+    /// directories are: containers mount it at the same path.
     pub trial_dir: PathBuf,
+    /// The study's output directory (`StudyDir::base`): the server's files below it (logs,
+    /// scripts, env files) are opened from it without following links
+    /// (`service::trial_files`).
+    pub output_base: PathBuf,
     pub replicas: Vec<ReplicaRequest>,
     /// Every replica's place in it, when the trial is a cluster (`worker_pools` given);
     /// `None` for a plain one-replica trial, which gets no cluster configuration.
@@ -196,24 +200,37 @@ pub trait RunningJob: Send {
     async fn stop(&mut self, grace: Duration);
 }
 
-/// Write `text` to `path` (making its directory) readable by its owner only: batch scripts
-/// and env files hold the trial's token.
-pub async fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    use tokio::io::AsyncWriteExt;
-    if let Some(dir) = path.parent() {
-        tokio::fs::create_dir_all(dir).await?;
-    }
-    let mut file = tokio::fs::OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .await?;
-    // `mode` applies only to a new file: an earlier attempt's may be wider.
-    file.set_permissions(std::fs::Permissions::from_mode(0o600))
-        .await?;
-    file.write_all(text.as_bytes()).await?;
-    file.flush().await
+/// Write `text` to `path` below `base` (making its directories), readable by its owner only
+/// and never through a link: batch scripts and env files hold the trial's token.
+pub async fn write_private(
+    base: &std::path::Path,
+    path: &std::path::Path,
+    text: &str,
+) -> std::io::Result<()> {
+    use crate::service::trial_files::{FileAccess, open_file};
+    use std::io::Write;
+    let (base, path, text) = (base.to_path_buf(), path.to_path_buf(), text.to_string());
+    tokio::task::spawn_blocking(move || {
+        let mut file = open_file(&base, &path, FileAccess::Rewrite(0o600))?;
+        file.write_all(text.as_bytes())?;
+        file.flush()
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
+/// Open the server's log `path` below `base` to append to (made when missing), never
+/// through a link (`service::trial_files`).
+pub async fn open_log(
+    base: &std::path::Path,
+    path: &std::path::Path,
+) -> Result<tokio::fs::File, ExecutorError> {
+    use crate::service::trial_files::{FileAccess, open_file};
+    let (base, path) = (base.to_path_buf(), path.to_path_buf());
+    let shown = path.display().to_string();
+    tokio::task::spawn_blocking(move || open_file(&base, &path, FileAccess::Append))
+        .await
+        .map_err(|e| ExecutorError::Launch(format!("log file {shown}: {e}")))?
+        .map(tokio::fs::File::from_std)
+        .map_err(|e| ExecutorError::Launch(format!("log file: {e}")))
 }

@@ -55,8 +55,12 @@ impl RunAs {
 
     /// Hand the user what a replica with environment `env` writes, and tell the replica who
     /// it is (its own home and name, not the server's).
-    fn prepare(&self, env: &mut [(String, String)]) -> Result<(), ExecutorError> {
-        self.give_outputs(env)?;
+    fn prepare(
+        &self,
+        base: &std::path::Path,
+        env: &mut [(String, String)],
+    ) -> Result<(), ExecutorError> {
+        self.give_outputs(base, env)?;
         for (name, value) in env.iter_mut() {
             match name.as_str() {
                 "HOME" => *value = self.home.display().to_string(),
@@ -68,27 +72,38 @@ impl RunAs {
     }
 
     /// Hand the user what a replica with environment `env` writes: the directories and the
-    /// hypertune file of the trial contract.
-    pub(super) fn give_outputs(&self, env: &[(String, String)]) -> Result<(), ExecutorError> {
-        let give = |path: &std::path::Path| {
-            std::os::unix::fs::chown(path, Some(self.uid), Some(self.gid)).map_err(|e| {
+    /// hypertune file of the trial contract, all below `base` (the study's output directory).
+    /// Each is opened without following links and changed through its descriptor
+    /// (`fchown`), so a link a job planted never hands it anything else.
+    pub(super) fn give_outputs(
+        &self,
+        base: &std::path::Path,
+        env: &[(String, String)],
+    ) -> Result<(), ExecutorError> {
+        use crate::service::trial_files::{DirOwner, FileAccess, open_dir, open_file};
+        let give = |path: &std::path::Path, fd: std::io::Result<std::os::fd::OwnedFd>| {
+            let failed = |e: String| {
                 ExecutorError::Launch(format!(
                     "cannot give {} to {}: {e}",
                     path.display(),
                     self.name
                 ))
-            })
+            };
+            let fd = fd.map_err(|e| failed(e.to_string()))?;
+            let (uid, gid) = (
+                nix::unistd::Uid::from_raw(self.uid),
+                nix::unistd::Gid::from_raw(self.gid),
+            );
+            nix::unistd::fchown(&fd, Some(uid), Some(gid)).map_err(|e| failed(e.to_string()))
         };
         for (name, value) in env {
             let path = std::path::Path::new(value.as_str());
             if JOB_WRITES_DIRS.contains(&name.as_str()) {
-                give(path)?;
+                give(path, open_dir(base, path, DirOwner::Jobs, true))?;
             } else if name == JOB_WRITES_FILE {
-                if !path.exists() {
-                    std::fs::File::create(path)
-                        .map_err(|e| ExecutorError::Launch(format!("{}: {e}", path.display())))?;
-                }
-                give(path)?;
+                let file =
+                    open_file(base, path, FileAccess::JobsFile).map(std::os::fd::OwnedFd::from);
+                give(path, file)?;
             }
         }
         Ok(())
@@ -132,7 +147,7 @@ impl Executor for LocalExecutor {
                 env.push(("CUDA_VISIBLE_DEVICES".to_string(), devices.join(",")));
             }
             let prepared = match &self.context.run_as {
-                Some(user) => user.prepare(&mut env),
+                Some(user) => user.prepare(&request.output_base, &mut env),
                 None => Ok(()),
             };
             // Only the primary's stdout carries the trial's metrics.
@@ -247,19 +262,7 @@ pub(super) async fn spawn_replica(
         .argv
         .split_first()
         .ok_or_else(|| ExecutorError::Launch("empty command".into()))?;
-    if let Some(dir) = replica.log_path.parent() {
-        tokio::fs::create_dir_all(dir)
-            .await
-            .map_err(|e| ExecutorError::Launch(format!("{}: {e}", dir.display())))?;
-    }
-    let mut log = tokio::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&replica.log_path)
-        .await
-        .map_err(|e| {
-            ExecutorError::Launch(format!("log file {}: {e}", replica.log_path.display()))
-        })?;
+    let mut log = super::executor::open_log(&request.output_base, &replica.log_path).await?;
     log.write_all(request.log_header(replica).as_bytes())
         .await
         .map_err(|e| ExecutorError::Launch(e.to_string()))?;

@@ -15,7 +15,7 @@ use super::error::DispatchResult;
 use super::executor::{ExecutorContext, executor_for};
 use super::reporter::{AttemptStart, ServiceReporter};
 use super::trial::{Interrupt, TrialEnd, TrialSetup, run_trial};
-use crate::model::trial_dirs::study_output_dir;
+use crate::model::StudyDir;
 use crate::model::{ClientId, StudyState, TrialJobSpec};
 use crate::service::{DispatchedTrial, RunnerStudy, Service, hash_token, new_token};
 
@@ -139,11 +139,7 @@ impl StudyRunner {
     fn new_setup(&self, study: &RunnerStudy, job: TrialJobSpec) -> DispatchResult<TrialSetup> {
         Ok(TrialSetup {
             study_id: self.study_id,
-            output_dir: study_output_dir(
-                &self.config.base_dir,
-                self.study_id,
-                job.output_dir.as_deref(),
-            ),
+            study_dir: StudyDir::of(&self.config.base_dir, self.study_id, Some(&job)),
             executor: executor_for(&job, &self.executors)?,
             metric_pattern: TrialSetup::metric_pattern(&job)?,
             job,

@@ -345,16 +345,12 @@ async fn squeue_state(job_id: &str) -> Result<String, ExecutorError> {
     .await
 }
 
-/// Append `text` to the job's log (which Slurm appends the job's output to).
-async fn append_log(path: &Path, text: &str) -> Result<u64, ExecutorError> {
+/// Append `text` to the job's log below `base` (which Slurm appends the job's output to),
+/// never through a link.
+async fn append_log(base: &Path, path: &Path, text: &str) -> Result<u64, ExecutorError> {
     let failed =
         |e: std::io::Error| ExecutorError::Launch(format!("log file {}: {e}", path.display()));
-    let mut file = tokio::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .await
-        .map_err(failed)?;
+    let mut file = super::executor::open_log(base, path).await?;
     file.write_all(text.as_bytes()).await.map_err(failed)?;
     file.flush().await.map_err(failed)?;
     Ok(file.metadata().await.map_err(failed)?.len())
@@ -373,7 +369,7 @@ impl Executor for SlurmExecutor {
             .ok_or_else(|| ExecutorError::Launch("empty command".into()))?;
         let files = AttemptFiles::of(request, primary);
         let private = |path: PathBuf, text: String| async move {
-            write_private(&path, &text)
+            write_private(&request.output_base, &path, &text)
                 .await
                 .map_err(|e| ExecutorError::Launch(format!("{}: {e}", path.display())))
         };
@@ -386,7 +382,12 @@ impl Executor for SlurmExecutor {
             .await?;
         }
         // The same header as a local job's log; the job's output is read from after it.
-        let offset = append_log(&primary.log_path, &request.log_header(primary)).await?;
+        let offset = append_log(
+            &request.output_base,
+            &primary.log_path,
+            &request.log_header(primary),
+        )
+        .await?;
         let args = sbatch_args(request, &self.options, &primary.log_path, &files.script);
         let out = run("sbatch", &args).await?;
         let job_id = out.trim().split(';').next().unwrap_or("").to_string();
@@ -669,6 +670,7 @@ mod tests {
             env: vec![("AUGUR_TRIAL_ID".into(), "2".into())],
             workdir: Some(PathBuf::from("/work dir")),
             trial_dir: PathBuf::from("/runs 100%/2"),
+            output_base: PathBuf::from("/runs 100%"),
             replicas: vec![replica(
                 ReplicaId::PRIMARY,
                 &["python3", "train.py", "--name=it's $HOME"],

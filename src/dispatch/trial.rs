@@ -3,7 +3,7 @@
 //! outcome reported. One attempt's life (metrics, timeout, early stopping) is `attempt.rs`.
 //! Used by the study runner (in-process) and `augur worker` (over HTTP).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +17,8 @@ use super::error::{DispatchError, DispatchResult};
 use super::executor::{Executor, JobRequest, ReplicaRequest};
 use super::reporter::{AttemptStart, TrialReporter};
 use crate::model::job::DEFAULT_METRIC_REGEX;
-use crate::model::{Measurement, TrialDirs, TrialJobSpec};
+use crate::model::{Measurement, StudyDir, TrialDirs, TrialJobSpec};
+use crate::service::trial_files::{self, DirOwner, FileAccess};
 
 /// What stops a running trial from outside.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,8 +39,8 @@ pub struct TrialSetup {
     pub augur_url: String,
     /// What every job's environment starts from (see `environment::job_base_env`).
     pub base_env: Vec<(String, String)>,
-    /// Base of the per-trial directories.
-    pub output_dir: PathBuf,
+    /// Where the per-trial directories are.
+    pub study_dir: StudyDir,
     pub executor: Arc<dyn Executor>,
     pub reporter: Arc<dyn TrialReporter>,
     /// `metric_regex` (or the default), compiled once for all trials.
@@ -65,10 +66,11 @@ pub enum TrialEnd {
     Abandoned,
 }
 
-/// `job.handle` in the trial's directory: what identifies its running job to the executor.
-/// Non-empty only while a launch's outcome is unrecorded.
-fn handle_file(dirs: &TrialDirs) -> PathBuf {
-    dirs.root.join("job.handle")
+/// Write the trial's `job.handle` (`TrialDirs::handle_file`), never through a link.
+pub(super) fn write_handle(dirs: &TrialDirs, handle: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    trial_files::open_file(&dirs.base, &dirs.handle_file(), FileAccess::Rewrite(0o644))?
+        .write_all(handle.as_bytes())
 }
 
 /// Run `trial_id` with `parameters` until it completes, fails for good, or is interrupted.
@@ -82,7 +84,7 @@ pub async fn run_trial(
     mut interrupt: watch::Receiver<Interrupt>,
 ) -> TrialEnd {
     let reporter = setup.reporter.clone();
-    let dirs = TrialDirs::new(&setup.output_dir, trial_id);
+    let dirs = TrialDirs::new(&setup.study_dir, trial_id);
     let interrupted = clean_up_leftover(&setup, trial_id, &dirs, first.is_none()).await;
     if interrupted && let Err(e) = reporter.refund_attempt(trial_id).await {
         tracing::warn!(trial_id, error = %e, "could not give back an interrupted launch");
@@ -134,6 +136,7 @@ pub async fn run_trial(
             env,
             workdir: setup.job.workdir.as_ref().map(PathBuf::from),
             trial_dir: dirs.root.clone(),
+            output_base: dirs.base.clone(),
             replicas: replicas.clone(),
             cluster: setup
                 .job
@@ -150,7 +153,7 @@ pub async fn run_trial(
         // trial keeps its handle: a finished trial is not resumed. Until its outcome is
         // recorded, a restart gives the launch back and runs it again.) Emptied, not
         // removed: an unlink now and a create next launch cost two inode updates.
-        let _ = std::fs::write(handle_file(&dirs), "");
+        let _ = write_handle(&dirs, "");
     }
     let reason = if last_failure.is_empty() {
         // Every attempt was used up before a restart of the service.
@@ -209,8 +212,13 @@ async fn clean_up_leftover(
     dirs: &TrialDirs,
     resumed: bool,
 ) -> bool {
-    let handle_file = handle_file(dirs);
-    match std::fs::read_to_string(&handle_file) {
+    let read = trial_files::open_file(&dirs.base, &dirs.handle_file(), FileAccess::Read).and_then(
+        |mut f| {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut f, &mut text).map(|_| text)
+        },
+    );
+    match read {
         Ok(handle) if !handle.trim().is_empty() => {
             setup
                 .executor
@@ -218,10 +226,10 @@ async fn clean_up_leftover(
                 .await;
             // Cleared before the refund: a crash between the two over-counts, never
             // under-counts.
-            let _ = std::fs::write(&handle_file, "");
+            let _ = write_handle(dirs, "");
             true
         }
-        Err(e) => resumed && e.kind() == std::io::ErrorKind::NotFound,
+        Err(e) => resumed && trial_files::is_missing(&e),
         Ok(_) => false,
     }
 }
@@ -244,23 +252,26 @@ fn prepare_dirs(
 }
 
 /// Create the trial's directories (a cluster's `replicas/` too), and its params file when
-/// given.
+/// given. Each is made from the one above it without following links; one that exists must
+/// be what the server made (`trial_files`): a trial directory planted by a job, or another
+/// user's, is refused, and the trial fails saying so.
 fn create_dirs(dirs: &TrialDirs, params_json: Option<String>, cluster: bool) -> DispatchResult<()> {
-    let with_path = |e: std::io::Error, p: &Path| {
-        DispatchError::Directories(std::io::Error::new(
-            e.kind(),
-            format!("{}: {e}", p.display()),
-        ))
-    };
+    let base = &dirs.base;
+    trial_files::open_dir(base, &dirs.root, DirOwner::Server, true)
+        .map_err(DispatchError::Directories)?;
     for dir in [&dirs.model, &dirs.checkpoints, &dirs.logs] {
-        std::fs::create_dir_all(dir).map_err(|e| with_path(e, dir))?;
+        trial_files::open_dir(base, dir, DirOwner::Jobs, true)
+            .map_err(DispatchError::Directories)?;
     }
     if cluster {
-        let dir = dirs.replicas_dir();
-        std::fs::create_dir_all(&dir).map_err(|e| with_path(e, &dir))?;
+        trial_files::open_dir(base, &dirs.replicas_dir(), DirOwner::Server, true)
+            .map_err(DispatchError::Directories)?;
     }
     if let Some(json) = params_json {
-        std::fs::write(&dirs.params_file, json).map_err(|e| with_path(e, &dirs.params_file))?;
+        use std::io::Write;
+        trial_files::open_file(base, &dirs.params_file, FileAccess::Rewrite(0o644))
+            .and_then(|mut f| f.write_all(json.as_bytes()))
+            .map_err(DispatchError::Directories)?;
     }
     Ok(())
 }

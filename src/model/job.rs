@@ -53,7 +53,7 @@ pub struct Toleration {
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub enum OutputVolume {
     /// A PersistentVolumeClaim mounted in every pod at `mount_path`; the trial directories are
-    /// `<mount_path>/<study output dir>/<trial>/…`.
+    /// `<mount_path>/<output_dir>/study-<id>/<trial>/…`.
     PersistentVolumeClaim {
         claim_name: String,
         mount_path: String,
@@ -88,6 +88,23 @@ pub struct KubernetesOptions {
     /// How long a pod may wait for its image before the attempt fails (default 300).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_timeout_secs: Option<u64>,
+}
+
+/// Where a study's trial directories are in its `output_dir`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputLayout {
+    /// `<output_dir>/study-<id>/<trial>`: studies that share an `output_dir` share nothing.
+    #[default]
+    Study,
+    /// `<output_dir>/<trial>`: one study per `output_dir`.
+    Trial,
+}
+
+impl OutputLayout {
+    fn is_default(&self) -> bool {
+        *self == OutputLayout::Study
+    }
 }
 
 /// How parameter values are written on the command line.
@@ -307,9 +324,15 @@ pub struct TrialJobSpec {
     /// Re-runs after a crash, timeout or lost node: same trial, same checkpoint directory.
     #[serde(default)]
     pub max_retries: u32,
-    /// Base of the per-trial directories `<output_dir>/<trial>/{model,checkpoints,logs}`.
+    /// Base of the per-trial directories
+    /// `<output_dir>/study-<study id>/<trial>/{model,checkpoints,logs}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_dir: Option<String>,
+    /// Where in `output_dir` the trials' directories are: `study` (the default,
+    /// `<output_dir>/study-<id>/<trial>`) or `trial` (`<output_dir>/<trial>`, Vertex AI's and
+    /// Augur's layout before 0.2: studies from then keep it, set by the upgrade).
+    #[serde(default, skip_serializing_if = "OutputLayout::is_default")]
+    pub output_layout: OutputLayout,
     /// Regex for metrics printed on stdout, with groups `name` and `value`
     /// (default: Katib's `name=value`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -374,6 +397,13 @@ impl TrialJobSpec {
     pub fn validate(&self) -> Result<(), ValidationError> {
         let field = |f: &str| format!("trial_job.{f}");
         self.validate_images()?;
+        if self.output_layout == OutputLayout::Trial && self.output_dir.is_none() {
+            return Err(ValidationError::new(
+                field("output_layout"),
+                "trial (<output_dir>/<trial>) needs an output_dir; without one each study has \
+                 augur-runs/study-<id>",
+            ));
+        }
         if self.kubernetes.is_some() && self.executor != ExecutorName::Kubernetes {
             return Err(ValidationError::new(
                 field("kubernetes"),
@@ -780,6 +810,7 @@ mod tests {
             timeout_secs: None,
             max_retries: 0,
             output_dir: None,
+            output_layout: OutputLayout::Study,
             metric_regex: None,
             slurm: None,
             resources: None,

@@ -11,7 +11,8 @@ pub mod trial_dirs;
 pub mod vertex;
 
 pub use job::{
-    ArgStyle, ExecutorName, ReplicaId, ReplicaPlan, Resources, TrialJobSpec, WorkerPoolSpec,
+    ArgStyle, ExecutorName, OutputLayout, ReplicaId, ReplicaPlan, Resources, TrialJobSpec,
+    WorkerPoolSpec,
 };
 pub use request::{ClientId, Step, SuggestCount};
 pub use role::{AuditEvent, Role, TokenInfo};
@@ -20,7 +21,7 @@ pub use spec::{
     ParameterInput, StudyConfig, StudySpec, StudyUpdate,
 };
 pub use trial::{Measurement, Study, StudyState, Trial, TrialCounts, TrialPoint, TrialState};
-pub use trial_dirs::TrialDirs;
+pub use trial_dirs::{StudyDir, TrialDirs};
 
 /// A bad input, with the path of the offending field (`parameters[2].min`).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -3,24 +3,47 @@
 
 use std::path::{Path, PathBuf};
 
-use super::ReplicaId;
+use super::{OutputLayout, ReplicaId, TrialJobSpec};
 
-/// The base of a study's per-trial directories: its `trial_job.output_dir` (relative ones
-/// under `runs_base`), or `<runs_base>/augur-runs/study-<id>`.
-pub fn study_output_dir(runs_base: &Path, study_id: i64, job_output_dir: Option<&str>) -> PathBuf {
-    match job_output_dir {
-        Some(dir) => runs_base.join(dir),
-        None => runs_base
-            .join("augur-runs")
-            .join(format!("study-{study_id}")),
+/// Where a study's trial directories are: below `base`, the directory the operator named
+/// (`trial_job.output_dir`, relative ones under the server's runs base) or
+/// `<runs base>/augur-runs`, in `dir`, the study's own (`<base>/study-<id>`; `<base>` itself
+/// for `output_layout: trial`). Everything below `base` is the server's to make, and is
+/// reached without following links (`service::trial_files`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StudyDir {
+    pub base: PathBuf,
+    pub dir: PathBuf,
+}
+
+impl StudyDir {
+    /// The directories of study `study_id`'s trials, for its `trial_job` (`None`: a job with
+    /// no `output_dir`, e.g. `augur worker`'s, under `runs_base`).
+    pub fn of(runs_base: &Path, study_id: i64, job: Option<&TrialJobSpec>) -> StudyDir {
+        match job.and_then(|j| j.output_dir.as_deref().map(|d| (d, j.output_layout))) {
+            Some((dir, layout)) => StudyDir::below(runs_base.join(dir), study_id, layout),
+            None => StudyDir::below(runs_base.join("augur-runs"), study_id, OutputLayout::Study),
+        }
+    }
+
+    /// The study's directory in `base` for `layout`.
+    pub fn below(base: PathBuf, study_id: i64, layout: OutputLayout) -> StudyDir {
+        let dir = match layout {
+            OutputLayout::Study => base.join(format!("study-{study_id}")),
+            OutputLayout::Trial => base.clone(),
+        };
+        StudyDir { base, dir }
     }
 }
 
-/// The per-trial paths: `<output_dir>/<trial>/{model,checkpoints,logs}/`, the hypertune
+/// The per-trial paths: `<study dir>/<trial>/{model,checkpoints,logs}/`, the hypertune
 /// metric file, the params file and the job's log. The same on every attempt, so a retried
-/// trial finds its checkpoints.
+/// trial finds its checkpoints. The trial's directory and `replicas/` are the server's (its
+/// logs, handle and scripts live there); the job writes only its own directories and files.
 #[derive(Debug, Clone)]
 pub struct TrialDirs {
+    /// Where walking without links starts (`StudyDir::base`).
+    pub base: PathBuf,
     pub root: PathBuf,
     pub model: PathBuf,
     pub checkpoints: PathBuf,
@@ -31,9 +54,10 @@ pub struct TrialDirs {
 }
 
 impl TrialDirs {
-    pub fn new(output_dir: &Path, trial_id: i64) -> TrialDirs {
-        let root = output_dir.join(trial_id.to_string());
+    pub fn new(study: &StudyDir, trial_id: i64) -> TrialDirs {
+        let root = study.dir.join(trial_id.to_string());
         TrialDirs {
+            base: study.base.clone(),
             model: root.join("model"),
             checkpoints: root.join("checkpoints"),
             logs: root.join("logs"),
@@ -44,6 +68,12 @@ impl TrialDirs {
             job_log: root.join("job.log"),
             root,
         }
+    }
+
+    /// `job.handle`: what identifies the trial's running job to the executor. Non-empty
+    /// only while a launch's outcome is unrecorded.
+    pub fn handle_file(&self) -> PathBuf {
+        self.root.join("job.handle")
     }
 
     /// Where a replica's stdout and stderr go: the trial's `job.log` for the primary, and
@@ -78,22 +108,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn relative_output_dirs_live_under_the_base_and_absent_ones_per_study() {
+    fn relative_output_dirs_live_under_the_base_and_each_study_has_its_own() {
         let base = Path::new("/srv/augur");
+        let job = |dir: Option<&str>, layout| TrialJobSpec {
+            output_dir: dir.map(str::to_string),
+            output_layout: layout,
+            ..TrialJobSpec::default()
+        };
+        let dirs = |dir, layout| StudyDir::of(base, 3, Some(&job(dir, layout)));
         assert_eq!(
-            study_output_dir(base, 3, Some("runs/svc")),
-            Path::new("/srv/augur/runs/svc")
+            dirs(Some("runs/svc"), OutputLayout::Study),
+            StudyDir {
+                base: "/srv/augur/runs/svc".into(),
+                dir: "/srv/augur/runs/svc/study-3".into()
+            }
         );
         assert_eq!(
-            study_output_dir(base, 3, Some("/data/runs")),
+            dirs(Some("/data/runs"), OutputLayout::Trial).dir,
             Path::new("/data/runs")
         );
+        let default = StudyDir {
+            base: "/srv/augur/augur-runs".into(),
+            dir: "/srv/augur/augur-runs/study-3".into(),
+        };
+        assert_eq!(dirs(None, OutputLayout::Study), default);
+        assert_eq!(dirs(None, OutputLayout::Trial), default);
+        assert_eq!(StudyDir::of(base, 3, None), default);
+        let trial = TrialDirs::new(&dirs(Some("/data/runs"), OutputLayout::Study), 7);
         assert_eq!(
-            study_output_dir(base, 3, None),
-            Path::new("/srv/augur/augur-runs/study-3")
+            trial.checkpoints,
+            Path::new("/data/runs/study-3/7/checkpoints")
         );
-        let dirs = TrialDirs::new(Path::new("/data/runs"), 7);
-        assert_eq!(dirs.checkpoints, Path::new("/data/runs/7/checkpoints"));
-        assert_eq!(dirs.job_log, Path::new("/data/runs/7/job.log"));
+        assert_eq!(trial.job_log, Path::new("/data/runs/study-3/7/job.log"));
+        assert_eq!(trial.base, Path::new("/data/runs"));
     }
 }

@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
+use super::trial_files::{self, FileAccess};
 use super::{Service, ServiceError, ServiceResult};
-use crate::model::trial_dirs::study_output_dir;
-use crate::model::{ReplicaId, TrialDirs};
+use crate::model::{ReplicaId, StudyDir, TrialDirs};
 
 /// The largest tail one request may ask for.
 pub const MAX_LOG_TAIL_BYTES: u64 = 16 * 1024 * 1024;
@@ -49,27 +49,37 @@ impl Service {
                     )
                 })?,
         };
-        let output_dir = study_output_dir(&self.runs_base, study_id, job.output_dir.as_deref());
-        let path = TrialDirs::new(&output_dir, trial_id).replica_log(replica);
-        read_tail(&path, tail_bytes)
+        let dirs = TrialDirs::new(
+            &StudyDir::of(&self.runs_base, study_id, Some(job)),
+            trial_id,
+        );
+        let path = dirs.replica_log(replica);
+        let (base, shown) = (dirs.base.clone(), path.clone());
+        tokio::task::spawn_blocking(move || read_tail(&base, &path, tail_bytes))
             .await
-            .map_err(|e| ServiceError::Internal(format!("{}: {e}", path.display())))
+            .map_err(|e| ServiceError::Internal(format!("log task: {e}")))?
+            .map_err(|e| match e.kind() {
+                // A link or a file the server did not make where its log should be.
+                std::io::ErrorKind::PermissionDenied => ServiceError::conflict(e.to_string()),
+                _ => ServiceError::Internal(format!("{}: {e}", shown.display())),
+            })
     }
 }
 
-/// The last `tail` bytes of a file, from a line start; empty if it does not exist yet.
-async fn read_tail(path: &Path, tail: u64) -> std::io::Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncSeekExt};
-    let mut file = match tokio::fs::File::open(path).await {
+/// The last `tail` bytes of the server's file `path` below `base`, from a line start; empty
+/// if it does not exist yet. Never through a link (`trial_files`).
+fn read_tail(base: &Path, path: &Path, tail: u64) -> std::io::Result<String> {
+    use std::io::{Read, Seek};
+    let mut file = match trial_files::open_file(base, path, FileAccess::Read) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(String::new()),
+        Err(e) if trial_files::is_missing(&e) => return Ok(String::new()),
         Err(e) => return Err(e),
     };
-    let len = file.metadata().await?.len();
+    let len = file.metadata()?.len();
     let start = len.saturating_sub(tail);
-    file.seek(std::io::SeekFrom::Start(start)).await?;
+    file.seek(std::io::SeekFrom::Start(start))?;
     let mut buf = Vec::new();
-    file.read_to_end(&mut buf).await?;
+    file.read_to_end(&mut buf)?;
     let text = String::from_utf8_lossy(&buf).into_owned();
     Ok(match (start > 0, text.find('\n')) {
         (true, Some(i)) => text[i + 1..].to_string(),

@@ -35,6 +35,7 @@ mod stopping;
 mod studies;
 mod suggest;
 mod tokens;
+pub mod trial_files;
 mod trials;
 
 use std::collections::HashMap;

@@ -27,3 +27,4 @@ mod suggest;
 mod tls;
 mod tokens;
 mod trials;
+mod upgrade;

@@ -199,7 +199,7 @@ async fn ctrl_c_stops_augur_run_cleanly_and_the_same_command_resumes_the_study()
          trial_job:\n  command: [python3, trial.py]\n  workdir: .\n  output_dir: runs\n",
     )
     .expect("spec");
-    let runs = dir.path().join("runs");
+    let runs = dir.path().join("runs/study-1");
     let db = format!("sqlite://{}", dir.path().join("augur.db").display());
 
     let first = augur_run(&file, &db);

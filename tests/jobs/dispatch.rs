@@ -147,7 +147,7 @@ async fn twenty_trials_four_at_a_time_never_more_than_four_processes() {
         .await
         .body;
     let trial = best["trials"][0]["id"].as_i64().expect("best");
-    let root = f.dir.path().join("runs").join(trial.to_string());
+    let root = f.dir.path().join(format!("runs/study-{id}/{trial}"));
     for sub in ["model", "checkpoints", "logs"] {
         assert!(root.join(sub).is_dir(), "{sub}");
     }
@@ -189,13 +189,13 @@ async fn a_crashed_trial_is_retried_and_finds_its_checkpoint() {
     let trial = first_trial_at_the_end(&app, spec).await;
     assert_eq!(trial["state"], "completed", "{trial}");
     assert_eq!(trial["attempts"], 2, "{trial}");
-    let log = std::fs::read_to_string(f.dir.path().join("runs/1/job.log")).expect("log");
+    let log = std::fs::read_to_string(f.dir.path().join("runs/study-1/1/job.log")).expect("log");
     assert_eq!(
         log.matches("=== augur: trial 1 attempt").count(),
         2,
         "{log}"
     );
-    let ckpt_dir = f.dir.path().join("runs/1/checkpoints/");
+    let ckpt_dir = f.dir.path().join("runs/study-1/1/checkpoints/");
     assert!(
         log.contains(&format!("resumed from {}", ckpt_dir.display())),
         "same checkpoint dir: {log}"
@@ -248,7 +248,7 @@ async fn a_hung_trial_is_killed_at_its_timeout_with_its_process_group() {
             .is_some_and(|r| r.starts_with("timed out after 1 s")),
         "{trial}"
     );
-    let child: i32 = std::fs::read_to_string(f.dir.path().join("runs/1/model/child.pid"))
+    let child: i32 = std::fs::read_to_string(f.dir.path().join("runs/study-1/1/model/child.pid"))
         .expect("child pid")
         .trim()
         .parse()
@@ -288,7 +288,10 @@ async fn stopping_the_study_kills_running_jobs() {
     }
     app.wait_for_cancelled_trials(id, 2, Duration::from_secs(10))
         .await;
-    for pid_file in ["runs/1/model/child.pid", "runs/2/model/child.pid"] {
+    for pid_file in [
+        "runs/study-1/1/model/child.pid",
+        "runs/study-1/2/model/child.pid",
+    ] {
         if let Ok(pid) = std::fs::read_to_string(f.dir.path().join(pid_file)) {
             assert!(
                 !common::alive(pid.trim().parse().expect("pid")),
@@ -495,9 +498,13 @@ async fn a_service_restart_does_not_renew_a_trials_retries(backend: &str) {
         "{trial}"
     );
     assert_eq!(trial["attempts"], 3, "{trial}");
-    let checkpoints = format!("{}/", f.dir.path().join("runs/1/checkpoints").display());
+    let checkpoints = format!(
+        "{}/",
+        f.dir.path().join("runs/study-1/1/checkpoints").display()
+    );
     assert!(seen.iter().all(|d| *d == checkpoints), "{seen:?}");
-    let job_log = std::fs::read_to_string(f.dir.path().join("runs/1/job.log")).expect("log");
+    let job_log =
+        std::fs::read_to_string(f.dir.path().join("runs/study-1/1/job.log")).expect("log");
     let headers: Vec<&str> = job_log
         .lines()
         .filter_map(|l| l.strip_prefix("=== augur: trial 1 attempt "))
@@ -576,7 +583,7 @@ async fn each_launch_reports_with_its_own_trial_scoped_token() {
         trial["final_measurement"]["metrics"]["loss"], 0.5,
         "{trial}"
     );
-    let log = std::fs::read_to_string(f.dir.path().join("runs/1/job.log")).expect("log");
+    let log = std::fs::read_to_string(f.dir.path().join("runs/study-1/1/job.log")).expect("log");
     for line in [
         "first launch's token: 401",
         "other trial: 403",
@@ -640,7 +647,7 @@ async fn a_vertex_style_trainer_reports_through_cloudml_hypertune_and_resumes_it
         assert_eq!(t["final_measurement"]["step"], 6);
         let n = t["id"].as_i64().expect("id");
         let model: Value = serde_json::from_str(
-            &std::fs::read_to_string(out.path().join(format!("{n}/model/model.json")))
+            &std::fs::read_to_string(out.path().join(format!("study-{id}/{n}/model/model.json")))
                 .expect("model saved"),
         )
         .expect("model json");
@@ -731,7 +738,7 @@ async fn a_dispatched_trial_starts_from_a_clean_environment() {
     let id = created.json::<Value>().await.expect("study")["id"]
         .as_i64()
         .expect("id");
-    let model_dir = f.dir.path().join("runs/1/model");
+    let model_dir = f.dir.path().join("runs/study-1/1/model");
     // `env -0 >` writes the file in one go once the shell runs: complete when it names the trial.
     let env = common::eventually("the job's environment", Duration::from_secs(30), || {
         let model_dir = model_dir.clone();

@@ -20,7 +20,7 @@ use augur::dispatch::executor::{Executor, JobExit, JobRequest, RunningJob};
 use augur::dispatch::kubernetes::manifests::{self, AttemptNames};
 use augur::dispatch::kubernetes::{KubeConnection, KubeSettings, KubernetesExecutor};
 use augur::dispatch::trial::replica_requests;
-use augur::model::{ReplicaId, TrialDirs, TrialJobSpec};
+use augur::model::{OutputLayout, ReplicaId, StudyDir, TrialDirs, TrialJobSpec};
 use augur_optimizer::Value as Param;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -60,7 +60,8 @@ fn job_spec(pools: &[u32], extra: Value) -> TrialJobSpec {
 /// would make it (with a server `PATH` that must not reach the pods).
 fn request(job: &TrialJobSpec, base: &Path, attempt: u32) -> JobRequest {
     let (study_id, trial_id) = (3, 7);
-    let dirs = TrialDirs::new(&base.join("runs"), trial_id);
+    let study = StudyDir::below(base.join("runs"), study_id, OutputLayout::Study);
+    let dirs = TrialDirs::new(&study, trial_id);
     let params = [("x".to_string(), Param::Float(0.25))].into();
     let replicas = replica_requests(job, &params, trial_id, &dirs);
     let identity = TrialIdentity {
@@ -90,6 +91,7 @@ fn request(job: &TrialJobSpec, base: &Path, attempt: u32) -> JobRequest {
         env,
         workdir: None,
         trial_dir: dirs.root.clone(),
+        output_base: dirs.base.clone(),
         replicas,
         cluster: job.is_cluster().then(|| ClusterLayout::of(job)),
     }

@@ -15,25 +15,23 @@ use serde_json::json;
 
 pub(crate) const USER: &str = "augur-trial-test";
 
-/// The test user's uid, made if missing.
+/// The test user's uid, made if missing. Made under a lock: test processes that start at
+/// once (and two `useradd`s racing on a fresh machine) once left the uid a test looked up
+/// different from the one its job then ran as.
 pub(crate) fn test_user() -> u32 {
-    if nix::unistd::User::from_name(USER).ok().flatten().is_none() {
-        let status = Command::new("useradd")
-            .args([
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-                USER,
-            ])
-            .status()
-            .expect("useradd (the tests run as root)");
-        // Another test process may have made it meanwhile.
-        assert!(
-            status.success() || nix::unistd::User::from_name(USER).ok().flatten().is_some(),
-            "useradd {USER}"
-        );
-    }
+    let status = Command::new("flock")
+        .args([
+            "/tmp/augur-trial-test-user.lock",
+            "sh",
+            "-c",
+            &format!(
+                "id -u {USER} >/dev/null 2>&1 || \
+                 useradd --system --no-create-home --shell /usr/sbin/nologin {USER}"
+            ),
+        ])
+        .status()
+        .expect("flock and useradd (the tests run as root)");
+    assert!(status.success(), "useradd {USER}");
     nix::unistd::User::from_name(USER)
         .expect("user database")
         .expect("the test user")
@@ -121,7 +119,7 @@ async fn jobs_run_as_another_user_cannot_read_the_database() {
         }
     })
     .await;
-    let model = runs.join("1/model");
+    let model = runs.join("study-1/1/model");
     let read = |name: &str| {
         std::fs::read_to_string(model.join(name))
             .unwrap_or_default()
@@ -142,7 +140,343 @@ async fn jobs_run_as_another_user_cannot_read_the_database() {
     );
     // The job's log stays the server's: the job cannot rewrite what the service serves.
     let log_owner = std::os::unix::fs::MetadataExt::uid(
-        &std::fs::metadata(runs.join("1/job.log")).expect("log"),
+        &std::fs::metadata(runs.join("study-1/1/job.log")).expect("log"),
     );
     assert_eq!(log_owner, nix::unistd::getuid().as_raw());
+}
+
+/// A server running jobs as the test user, with its database and trial directories in a
+/// directory anyone may enter; returns its URL and that directory.
+async fn run_as_server() -> (String, tempfile::TempDir) {
+    test_user();
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let mut config = ServerConfig::new(
+        format!("sqlite://{}", dir.path().join("augur.db").display()),
+        "127.0.0.1:0".parse().expect("addr"),
+    );
+    config.run_jobs_as = Some(USER.into());
+    config.base_dir = Some(dir.path().to_path_buf());
+    let app = App::build(config).await.expect("server");
+    let base = format!("http://{}", app.addr());
+    tokio::spawn(app.run());
+    (base, dir)
+}
+
+/// Create a study of one trial running `script` with `/bin/sh` in `output_dir`, wait for it
+/// to end, and return it.
+async fn run_one_trial(base: &str, script: &str, output_dir: &str) -> serde_json::Value {
+    let http = common::http();
+    let spec = json!({
+        "name": "one-trial", "algorithm": "random",
+        "metrics": [{"id": "loss", "goal": "minimize"}],
+        "parameters": [{"id": "x", "type": "double", "min": 0, "max": 1}],
+        "max_trials": 1, "max_failed_trials": 1, "seed": 1,
+        "trial_job": {"command": ["/bin/sh", "-c", script], "output_dir": output_dir}
+    });
+    let created = common::call(
+        &http,
+        base,
+        None,
+        reqwest::Method::POST,
+        "/v1/studies",
+        Some(spec),
+    )
+    .await;
+    assert_eq!(
+        created.status,
+        reqwest::StatusCode::CREATED,
+        "{}",
+        created.body
+    );
+    let id = created.body["id"].as_i64().expect("id");
+    common::eventually("the study ends", Duration::from_secs(60), || {
+        let http = &http;
+        async move {
+            let s = common::call(
+                http,
+                base,
+                None,
+                reqwest::Method::GET,
+                &format!("/v1/studies/{id}"),
+                None,
+            )
+            .await
+            .body;
+            if s["state"] == "active" {
+                Err(s.to_string())
+            } else {
+                Ok(s)
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_cannot_make_the_server_write_or_serve_a_file_through_a_planted_link() {
+    let (base, dir) = run_as_server().await;
+    // A file only root may read or write: what the job is after.
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "TOPSECRET\n").expect("secret");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+
+    // Study 1's job (the test user) plants, in the model directory it may write, the trial
+    // directories of a later study whose output_dir is that model directory: their job.log,
+    // job.handle and replica logs are links to the secret, in both the flat and the
+    // per-study layout.
+    let plant = format!(
+        "for d in \"$AIP_MODEL_DIR/1\" \"$AIP_MODEL_DIR/study-2/1\"; do \
+           mkdir -p \"$d/replicas\" && ln -s '{s}' \"$d/job.log\" && ln -s '{s}' \"$d/job.handle\" \
+           && ln -s '{s}' \"$d/output.metrics\" && ln -s '{s}' \"$d/params.json\"; \
+         done; echo loss=1",
+        s = secret.display()
+    );
+    let first = run_one_trial(&base, &plant, "runs/a").await;
+    assert_eq!(first["state"], "completed", "{first}");
+    let model_dir = std::fs::read_dir(dir.path().join("runs/a"))
+        .expect("study 1's directories")
+        .filter_map(Result::ok)
+        .flat_map(|e| [e.path().join("1/model"), e.path().join("model")])
+        .find(|p| p.join("1").exists() || p.join("study-2").exists())
+        .expect("the job's planted directories");
+
+    // Study 2 keeps its trials in study 1's model directory (an operator's mistake, or an
+    // operator who is the attacker).
+    let relative = model_dir.strip_prefix(dir.path()).expect("under the base");
+    let second = run_one_trial(&base, "echo loss=2", &relative.display().to_string()).await;
+
+    let after = std::fs::read_to_string(&secret).expect("secret");
+    assert_eq!(
+        after, "TOPSECRET\n",
+        "the server wrote through the job's link: {after:?}"
+    );
+    let http = common::http();
+    let logs = common::call(
+        &http,
+        &base,
+        None,
+        reqwest::Method::GET,
+        "/v1/studies/2/trials/1/logs",
+        None,
+    )
+    .await;
+    assert!(
+        !logs.body.to_string().contains("TOPSECRET"),
+        "the server served the secret as a log: {}",
+        logs.body
+    );
+    // The trial is refused with a reason that says why, not run through the links.
+    let trial = common::call(
+        &http,
+        &base,
+        None,
+        reqwest::Method::GET,
+        "/v1/studies/2/trials/1",
+        None,
+    )
+    .await
+    .body;
+    assert_eq!(trial["state"], "failed", "{trial}");
+    let reason = trial["infeasible_reason"]
+        .as_str()
+        .or(trial["fail_reason"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        second.to_string().contains("not the server's") || reason.contains("not the server's"),
+        "the refusal names the directory: {trial} {second}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn studies_that_share_an_output_dir_do_not_share_trial_directories() {
+    let (base, _dir) = run_as_server().await;
+    // Study 1's trial 1 leaves a checkpoint; study 2's trial 1, in the same output_dir,
+    // must start from none.
+    let first = run_one_trial(
+        &base,
+        "echo A > \"$AIP_CHECKPOINT_DIR/ckpt\"; echo loss=1",
+        "runs/shared",
+    )
+    .await;
+    assert_eq!(first["state"], "completed", "{first}");
+    let second = run_one_trial(
+        &base,
+        "if [ -e \"$AIP_CHECKPOINT_DIR/ckpt\" ]; then echo loss=9; else echo loss=0; fi",
+        "runs/shared",
+    )
+    .await;
+    assert_eq!(second["state"], "completed", "{second}");
+    assert_eq!(
+        second["best_trial"]["final_measurement"]["metrics"]["loss"], 0.0,
+        "study 2's trial 1 found study 1's checkpoint: {second}"
+    );
+}
+
+/// The job's metric `leaked`: 1 when its parent's environment, read from /proc, holds an
+/// `AUGUR_TOKEN`, 0 when it holds none or cannot be read.
+const READ_PARENTS_TOKEN: &str = "if tr '\\0' '\\n' < /proc/$PPID/environ 2>/dev/null \
+     | grep -q '^AUGUR_TOKEN='; then echo leaked=1; else echo leaked=0; fi";
+
+/// A directory the test user owns (for a server or worker running as it).
+fn users_dir() -> tempfile::TempDir {
+    let uid = test_user();
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::os::unix::fs::chown(dir.path(), Some(uid), Some(uid_gid(uid))).expect("chown");
+    dir
+}
+
+fn uid_gid(uid: u32) -> u32 {
+    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+        .expect("user database")
+        .expect("the test user")
+        .gid
+        .as_raw()
+}
+
+/// Run a one-trial study whose job reads its parent's environment, and return its `leaked`.
+async fn leaked(
+    base: &str,
+    token: &str,
+    job: Option<serde_json::Value>,
+) -> (i64, serde_json::Value) {
+    let http = common::http();
+    let mut spec = json!({
+        "name": "parents-env", "algorithm": "random",
+        "metrics": [{"id": "leaked", "goal": "minimize"}],
+        "parameters": [{"id": "x", "type": "double", "min": 0, "max": 1}],
+        "max_trials": 1, "max_failed_trials": 1, "seed": 1,
+    });
+    if let Some(job) = job {
+        spec["trial_job"] = job;
+    }
+    let created = common::call(
+        &http,
+        base,
+        Some(token),
+        reqwest::Method::POST,
+        "/v1/studies",
+        Some(spec),
+    )
+    .await;
+    assert_eq!(
+        created.status,
+        reqwest::StatusCode::CREATED,
+        "{}",
+        created.body
+    );
+    (
+        created.body["id"].as_i64().expect("id"),
+        created.body.clone(),
+    )
+}
+
+async fn wait_ended(base: &str, token: &str, id: i64) -> serde_json::Value {
+    let http = common::http();
+    common::eventually("the study ends", Duration::from_secs(60), || {
+        let http = &http;
+        async move {
+            let s = common::call(
+                http,
+                base,
+                Some(token),
+                reqwest::Method::GET,
+                &format!("/v1/studies/{id}"),
+                None,
+            )
+            .await
+            .body;
+            if s["state"] == "active" {
+                Err(s.to_string())
+            } else {
+                Ok(s)
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_cannot_read_the_token_from_its_servers_or_workers_environment() {
+    use std::os::unix::process::CommandExt;
+    let uid = test_user();
+    let gid = uid_gid(uid);
+    let token = "a-token-the-jobs-must-never-see-0123456789";
+    // The server runs as the test user (no --run-jobs-as: its jobs run as that user too), its
+    // token in its environment, as the README's team setup has it.
+    let dir = users_dir();
+    let port = common::free_port();
+    let server = Command::new(common::augur_bin())
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--database-url",
+        ])
+        .arg(format!(
+            "sqlite://{}",
+            dir.path().join("augur.db").display()
+        ))
+        .current_dir(dir.path())
+        .env("AUGUR_TOKEN", token)
+        .env("AUGUR_LOG", "warn")
+        .uid(uid)
+        .gid(gid)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("augur serve as the test user");
+    let _server = common::KillOnDrop(server);
+    let base = format!("http://127.0.0.1:{port}");
+    common::eventually("the server is ready", Duration::from_secs(30), || {
+        let base = &base;
+        async move {
+            match common::http().get(format!("{base}/readyz")).send().await {
+                Ok(r) if r.status().is_success() => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    let job = json!({"command": ["/bin/sh", "-c", READ_PARENTS_TOKEN], "output_dir": "runs"});
+    let (id, _) = leaked(&base, token, Some(job)).await;
+    let study = wait_ended(&base, token, id).await;
+    assert_eq!(study["state"], "completed", "{study}");
+    assert_eq!(
+        study["best_trial"]["final_measurement"]["metrics"]["leaked"], 0.0,
+        "a dispatched job read AUGUR_TOKEN from its server's /proc/PID/environ: {study}"
+    );
+
+    // `augur worker` as the test user, its token in its environment: the same.
+    let (id, _) = leaked(&base, token, None).await;
+    let work = users_dir();
+    let worker = Command::new(common::augur_bin())
+        .args([
+            "worker",
+            "--url",
+            &base,
+            "--study",
+            &id.to_string(),
+            "--output-dir",
+        ])
+        .arg(work.path().join("runs"))
+        .args(["--", "/bin/sh", "-c", READ_PARENTS_TOKEN])
+        .current_dir(work.path())
+        .env("AUGUR_TOKEN", token)
+        .env("AUGUR_LOG", "warn")
+        .uid(uid)
+        .gid(gid)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("augur worker as the test user");
+    let _worker = common::KillOnDrop(worker);
+    let study = wait_ended(&base, token, id).await;
+    assert_eq!(study["state"], "completed", "{study}");
+    assert_eq!(
+        study["best_trial"]["final_measurement"]["metrics"]["leaked"], 0.0,
+        "a worker's job read AUGUR_TOKEN from the worker's /proc/PID/environ: {study}"
+    );
 }

@@ -159,8 +159,14 @@ async fn trials(app: &TestApp, id: i64) -> Vec<Value> {
 }
 
 fn job_log(f: &Fixture, study: &str, trial: i64) -> String {
-    std::fs::read_to_string(f.runs().join(study).join(trial.to_string()).join("job.log"))
-        .unwrap_or_default()
+    std::fs::read_to_string(
+        f.runs()
+            .join(study)
+            .join("study-1")
+            .join(trial.to_string())
+            .join("job.log"),
+    )
+    .unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -246,7 +252,7 @@ async fn eight_trials_two_at_a_time_run_through_sbatch() {
         assert!(log.contains("loss="), "{log}");
         let script = f
             .runs()
-            .join("eight")
+            .join("eight/study-1")
             .join(n.to_string())
             .join("slurm-attempt-1.sh");
         assert!(script.is_file(), "the batch script of trial {n} is kept");
@@ -285,7 +291,7 @@ async fn a_job_exiting_non_zero_is_retried_then_fails_for_good() {
         2,
         "{log}"
     );
-    let ckpt = f.runs().join("crash-once/1/checkpoints/");
+    let ckpt = f.runs().join("crash-once/study-1/1/checkpoints/");
     assert!(
         log.contains(&format!("resumed from {}", ckpt.display())),
         "same checkpoint dir: {log}"
@@ -308,7 +314,7 @@ async fn a_job_cancelled_from_outside_is_retried() {
         .create_study(study(&f, "lost", 1, 1, "hang_once", 1))
         .await;
     // The first attempt leaves its checkpoint and hangs: cancel it behind Augur's back.
-    let marker = f.runs().join("lost/1/checkpoints/ckpt");
+    let marker = f.runs().join("lost/study-1/1/checkpoints/ckpt");
     let start = Instant::now();
     let job = loop {
         let jobs = jobs_under(f.dir.path());
@@ -321,7 +327,8 @@ async fn a_job_cancelled_from_outside_is_retried() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let handle = std::fs::read_to_string(f.runs().join("lost/1/job.handle")).expect("job handle");
+    let handle =
+        std::fs::read_to_string(f.runs().join("lost/study-1/1/job.handle")).expect("job handle");
     assert_eq!(handle.trim(), format!("slurm:{job}"));
     let cancelled = Command::new("scancel").arg(&job).status().expect("scancel");
     assert!(cancelled.success());
@@ -339,7 +346,8 @@ async fn a_job_cancelled_from_outside_is_retried() {
         2,
         "{log}"
     );
-    let handle = std::fs::read_to_string(f.runs().join("lost/1/job.handle")).expect("job handle");
+    let handle =
+        std::fs::read_to_string(f.runs().join("lost/study-1/1/job.handle")).expect("job handle");
     assert_ne!(
         handle.trim(),
         format!("slurm:{job}"),
@@ -401,7 +409,11 @@ async fn stopping_the_study_cancels_its_slurm_jobs() {
         .create_study(study(&f, "stop", 6, 2, "hang_once", 0))
         .await;
     let start = Instant::now();
-    while !(1..=2).all(|n| f.runs().join(format!("stop/{n}/checkpoints/ckpt")).exists()) {
+    while !(1..=2).all(|n| {
+        f.runs()
+            .join(format!("stop/study-1/{n}/checkpoints/ckpt"))
+            .exists()
+    }) {
         assert!(
             start.elapsed() < Duration::from_secs(60),
             "jobs did not start: {:?}",
@@ -438,7 +450,7 @@ async fn a_slurm_job_starts_from_a_clean_environment_and_its_script_is_private()
         .wait_for_state(id, "completed", Duration::from_secs(90))
         .await;
     assert_eq!(done["trial_counts"]["completed"], 1, "{done}");
-    let trial_dir = f.runs().join("clean-env/1");
+    let trial_dir = f.runs().join("clean-env/study-1/1");
     let env = &common::read_job_env(&trial_dir.join("model")).expect("the job's environment");
     // The in-process server's environment is this test's (CARGO_*, AUGUR_TEST_*: cargo and
     // scripts/test.sh set them). A batch job also gets the user's login environment on the

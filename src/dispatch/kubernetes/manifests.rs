@@ -21,7 +21,7 @@
 //! unchanged, and every replica sees exactly the variables the local executor would give it.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
@@ -38,7 +38,7 @@ use super::super::cluster::Address;
 use super::super::executor::{ExecutorError, JobRequest, ReplicaRequest};
 use crate::model::job::is_inherited_env;
 use crate::model::job::{CLUSTER_ENV, OutputVolume, Toleration};
-use crate::model::{ReplicaId, Resources, TrialDirs, TrialJobSpec};
+use crate::model::{OutputLayout, ReplicaId, Resources, StudyDir, TrialDirs, TrialJobSpec};
 
 /// Every replica listens on this port (each pod has its own address, so one port serves all).
 pub const CLUSTER_PORT: u16 = 2222;
@@ -166,7 +166,7 @@ pub fn attempt_manifests(
     let names = AttemptNames::new(request.study_id, request.trial_id, request.attempt);
     let labels = attempt_labels(request.study_id, request.trial_id, request.attempt);
     let options = job.kubernetes.clone().unwrap_or_default();
-    let output = PodOutput::of(job, request.study_id);
+    let output = PodOutput::of(job);
     // The token and what the server passes on by name go in the Secret, not in the Jobs.
     let spec_names: Vec<String> = (0..job.worker_pools.len().max(1))
         .flat_map(|pool| pool_spec_env(job, pool))
@@ -356,19 +356,26 @@ pub fn attempt_manifests(
 struct PodOutput {
     /// The study's base: a path in the pod, or an object-store URI.
     base: String,
+    /// Where the study's trials are in `base` (a scratch directory is the pod's alone).
+    layout: OutputLayout,
     volume: Option<Volume>,
     mount: Option<VolumeMount>,
 }
 
 impl PodOutput {
-    fn of(job: &TrialJobSpec, study_id: i64) -> PodOutput {
+    fn of(job: &TrialJobSpec) -> PodOutput {
         let options = job.kubernetes.as_ref();
-        // The same layout as on the server: the job's `output_dir`, or one per study.
+        // The same layout as on the server: the job's `output_dir` (`study-<id>` in it, unless
+        // `output_layout: trial`), or `augur-runs/study-<id>`.
         let relative = job
             .output_dir
             .as_deref()
             .map(|d| d.trim_start_matches('/').trim_end_matches('/').to_string())
-            .unwrap_or_else(|| format!("augur-runs/study-{study_id}"));
+            .unwrap_or_else(|| "augur-runs".to_string());
+        let layout = match job.output_dir {
+            Some(_) => job.output_layout,
+            None => OutputLayout::Study,
+        };
         let mount = |path: &str| VolumeMount {
             name: OUTPUT_VOLUME.to_string(),
             mount_path: path.to_string(),
@@ -380,6 +387,7 @@ impl PodOutput {
                 mount_path,
             }) => PodOutput {
                 base: format!("{}/{relative}", mount_path.trim_end_matches('/')),
+                layout,
                 volume: Some(Volume {
                     name: OUTPUT_VOLUME.to_string(),
                     persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
@@ -397,11 +405,13 @@ impl PodOutput {
                     .unwrap_or_default()
                     .trim_end_matches('/')
                     .to_string(),
+                layout,
                 volume: None,
                 mount: None,
             },
             None => PodOutput {
                 base: SCRATCH_OUTPUT_DIR.to_string(),
+                layout: OutputLayout::Trial,
                 volume: Some(Volume {
                     name: OUTPUT_VOLUME.to_string(),
                     empty_dir: Some(EmptyDirVolumeSource::default()),
@@ -446,7 +456,8 @@ fn pod_env(
     for key in secret_keys.iter().filter(|k| !spec_env.contains(k)) {
         env.remove(key);
     }
-    let dirs = TrialDirs::new(Path::new(&output.base), request.trial_id);
+    let study = StudyDir::below(PathBuf::from(&output.base), request.study_id, output.layout);
+    let dirs = TrialDirs::new(&study, request.trial_id);
     let dir = |p: &Path| format!("{}/", p.display());
     env.insert(
         "CLOUD_ML_HP_METRIC_FILE".to_string(),

@@ -34,7 +34,8 @@ use tokio::sync::{OnceCell, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use self::watch::{Driver, Followers, open_log};
+use self::watch::{Driver, Followers};
+use super::executor::open_log;
 use super::executor::{Executor, ExecutorError, JobExit, JobRequest, RunningJob};
 use crate::model::{ReplicaId, TrialJobSpec};
 use manifests::{
@@ -315,7 +316,7 @@ impl Executor for KubernetesExecutor {
         let logs = request
             .replicas
             .iter()
-            .map(|r| (r.id, r.log_path.clone()))
+            .map(|r| (r.id, (request.output_base.clone(), r.log_path.clone())))
             .collect();
         let driver = Driver::new(
             apis.clone(),
@@ -409,12 +410,7 @@ fn warn_if_unreachable(request: &JobRequest) {
 /// Each replica's log starts each attempt with a header, as with the local executor.
 async fn write_log_headers(request: &JobRequest) -> Result<(), ExecutorError> {
     for replica in &request.replicas {
-        if let Some(dir) = replica.log_path.parent() {
-            tokio::fs::create_dir_all(dir)
-                .await
-                .map_err(|e| ExecutorError::Launch(format!("{}: {e}", dir.display())))?;
-        }
-        let mut log = open_log(&replica.log_path).await?;
+        let mut log = open_log(&request.output_base, &replica.log_path).await?;
         log.write_all(request.log_header(replica).as_bytes())
             .await
             .map_err(|e| ExecutorError::Launch(e.to_string()))?;

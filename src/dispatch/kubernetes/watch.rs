@@ -4,7 +4,7 @@
 //! to the metric parser), and the tracker (`outcome.rs`) fed until it decides the attempt.
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::super::executor::{ExecutorError, JobExit};
+use super::super::executor::{JobExit, open_log};
 use super::Apis;
 use super::manifests::{AttemptManifests, CONTAINER, ENV_GATE};
 use super::outcome::{PodView, Tracker, pod_view};
@@ -43,7 +43,8 @@ pub(super) struct Driver {
     tracker: Tracker,
     /// This attempt's Jobs: uid → pool.
     uids: BTreeMap<String, usize>,
-    logs: BTreeMap<ReplicaId, PathBuf>,
+    /// Each replica's log: the study's output directory and the log's path below it.
+    logs: BTreeMap<ReplicaId, (PathBuf, PathBuf)>,
     followers: Arc<Mutex<Followers>>,
     /// The primary's stdout lines go here; moved into its log follower.
     stdout: Option<mpsc::UnboundedSender<String>>,
@@ -58,7 +59,7 @@ impl Driver {
         selector: String,
         manifests: Arc<AttemptManifests>,
         pull_timeout: Duration,
-        logs: BTreeMap<ReplicaId, PathBuf>,
+        logs: BTreeMap<ReplicaId, (PathBuf, PathBuf)>,
         followers: Arc<Mutex<Followers>>,
         stdout: mpsc::UnboundedSender<String>,
     ) -> Self {
@@ -304,7 +305,7 @@ impl Driver {
         if !started || followers.tasks.contains_key(&name) {
             return;
         }
-        let Some(path) = self.logs.get(&replica).cloned() else {
+        let Some((base, path)) = self.logs.get(&replica).cloned() else {
             return;
         };
         let stdout = if replica.is_primary() {
@@ -315,7 +316,7 @@ impl Driver {
         let task = tokio::spawn(follow_log(
             self.apis.pods.clone(),
             name.clone(),
-            path,
+            (base, path),
             stdout,
         ));
         followers.tasks.insert(name, (replica, task));
@@ -335,10 +336,10 @@ async fn sleep_until(deadline: Option<Instant>) {
 async fn follow_log(
     pods: Api<Pod>,
     name: String,
-    path: PathBuf,
+    (base, path): (PathBuf, PathBuf),
     stdout: Option<mpsc::UnboundedSender<String>>,
 ) {
-    let Ok(mut file) = open_log(&path).await else {
+    let Ok(mut file) = open_log(&base, &path).await else {
         return;
     };
     let mut written = 0usize;
@@ -380,13 +381,4 @@ async fn follow_log(
         }
     }
     let _ = file.flush().await;
-}
-
-pub(super) async fn open_log(path: &Path) -> Result<tokio::fs::File, ExecutorError> {
-    tokio::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .await
-        .map_err(|e| ExecutorError::Launch(format!("log file {}: {e}", path.display())))
 }

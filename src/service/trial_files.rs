@@ -1,0 +1,327 @@
+//! The server's files in trial directories, reached without following links.
+//!
+//! A job may write its own directories (model, checkpoints, TensorBoard logs, the hypertune
+//! file), perhaps as another user (`--run-jobs-as`), and a study's `output_dir` may lie in a
+//! directory some job can write. So below a study's output directory nothing is trusted by
+//! its path: each directory is opened from the one above it with `O_NOFOLLOW` (`openat`), and
+//! the server's own (a study's directory, a trial's, `replicas/`) must belong to the server's
+//! user and be writable by nobody else, or it is refused; the server's files there (logs,
+//! the job handle, batch scripts, env files) are opened the same way and must be its own. A
+//! job can then neither plant a link nor a file where the server writes or reads, and a
+//! directory that already exists but is not what the server made is refused with an error
+//! that names it.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::{Component, Path};
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, openat};
+use nix::sys::stat::{FileStat, Mode, SFlag, fstat, mkdirat};
+
+/// How a file below a trial's directory is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileAccess {
+    /// The server's log: appended to, made when missing (`0644`).
+    Append,
+    /// The server's file, rewritten whole (made with this mode when missing; the mode is
+    /// set again on an existing one).
+    Rewrite(u32),
+    /// The server's file, read.
+    Read,
+    /// A file the job writes (its hypertune file), read: it may be the job's user's, but it
+    /// is never a link.
+    ReadJobs,
+    /// A file the job writes, made (empty) when missing and opened to be handed to it.
+    JobsFile,
+}
+
+/// Whose a directory below the output directory must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirOwner {
+    /// The server's: owned by its user, writable by nobody else.
+    Server,
+    /// A directory the job writes (model, checkpoints, logs): any owner, never a link.
+    Jobs,
+}
+
+fn refused(path: &Path, why: impl std::fmt::Display) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!("{}: {why}: refused", path.display()),
+    )
+}
+
+fn os(path: &Path, e: Errno) -> io::Error {
+    match e {
+        // O_NOFOLLOW on a link.
+        Errno::ELOOP => refused(path, "a symbolic link, not the server's"),
+        Errno::ENOTDIR => refused(path, "not a directory, not the server's"),
+        e => io::Error::new(
+            io::Error::from(e).kind(),
+            format!("{}: {e}", path.display()),
+        ),
+    }
+}
+
+/// Whether `stat` is what the server made: its user's, and no other user may write it
+/// (world-writable never; group-writable only for the server's own group).
+fn check_servers(path: &Path, stat: &FileStat) -> io::Result<()> {
+    let uid = nix::unistd::geteuid().as_raw();
+    if stat.st_uid != uid {
+        return Err(refused(
+            path,
+            format!(
+                "belongs to uid {}, not the server's (uid {uid}): not a directory or file the \
+                 server made",
+                stat.st_uid
+            ),
+        ));
+    }
+    let mode = stat.st_mode;
+    let group_writable = mode & 0o020 != 0 && stat.st_gid != nix::unistd::getegid().as_raw();
+    if mode & 0o002 != 0 || group_writable {
+        return Err(refused(
+            path,
+            format!(
+                "writable by other users (mode {:o}), not the server's alone",
+                mode & 0o777
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `name` in `parent` is a symbolic link (not followed).
+fn is_link(parent: &OwnedFd, name: &std::ffi::OsStr) -> bool {
+    nix::sys::stat::fstatat(parent, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+        .is_ok_and(|stat| is_kind(&stat, SFlag::S_IFLNK))
+}
+
+fn is_kind(stat: &FileStat, kind: SFlag) -> bool {
+    SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT == kind
+}
+
+/// `path` relative to `base`, as plain names: `path` must lie below `base`.
+fn below<'a>(base: &Path, path: &'a Path) -> io::Result<Vec<&'a std::ffi::OsStr>> {
+    let rel = path.strip_prefix(base).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not below {}", path.display(), base.display()),
+        )
+    })?;
+    rel.components()
+        .map(|c| match c {
+            Component::Normal(name) => Ok(name),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: only plain names below {}",
+                    path.display(),
+                    base.display()
+                ),
+            )),
+        })
+        .collect()
+}
+
+/// Open the output directory `base` itself: the operator's path, as given (links in it are
+/// the spec's choice), made when `create`.
+fn open_base(base: &Path, create: bool) -> io::Result<OwnedFd> {
+    if create {
+        std::fs::create_dir_all(base)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", base.display())))?;
+    }
+    nix::fcntl::open(
+        base,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| os(base, e))
+}
+
+/// Open (and, when `create`, make) one directory `name` in `parent`, without following a
+/// link, and check it is `owner`'s.
+fn open_child_dir(
+    parent: &OwnedFd,
+    name: &std::ffi::OsStr,
+    shown: &Path,
+    owner: DirOwner,
+    create: bool,
+) -> io::Result<OwnedFd> {
+    if create {
+        match mkdirat(parent, name, Mode::from_bits_truncate(0o755)) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(os(shown, e)),
+        }
+    }
+    let fd = openat(
+        parent,
+        name,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        // O_DIRECTORY answers ENOTDIR for a link too: say which it is.
+        Errno::ENOTDIR if is_link(parent, name) => os(shown, Errno::ELOOP),
+        e => os(shown, e),
+    })?;
+    if owner == DirOwner::Server {
+        let stat = fstat(&fd).map_err(|e| os(shown, e))?;
+        check_servers(shown, &stat)?;
+    }
+    Ok(fd)
+}
+
+/// Open the directory `dir` below `base`: every directory from `base` down is the server's,
+/// the last one `last`'s; made when missing if `create`.
+pub fn open_dir(base: &Path, dir: &Path, last: DirOwner, create: bool) -> io::Result<OwnedFd> {
+    let names = below(base, dir)?;
+    let mut fd = open_base(base, create)?;
+    let mut shown = base.to_path_buf();
+    for (i, name) in names.iter().enumerate() {
+        shown.push(name);
+        let owner = if i + 1 == names.len() {
+            last
+        } else {
+            DirOwner::Server
+        };
+        fd = open_child_dir(&fd, name, &shown, owner, create)?;
+    }
+    Ok(fd)
+}
+
+/// Open the file `path` below `base` as `access` says. Every directory from `base` down to
+/// the file's must be the server's (made when missing, except to read); the file is never a
+/// link, and the server's own files must be its own.
+pub fn open_file(base: &Path, path: &Path, access: FileAccess) -> io::Result<File> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{}: not a file path", path.display()),
+        ));
+    };
+    let reading = matches!(access, FileAccess::Read | FileAccess::ReadJobs);
+    let dir_fd = open_dir(base, dir, DirOwner::Server, !reading)?;
+    let nofollow = OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+    let (flags, mode) = match access {
+        FileAccess::Append => (OFlag::O_WRONLY | OFlag::O_APPEND | OFlag::O_CREAT, 0o644),
+        FileAccess::Rewrite(mode) => (OFlag::O_WRONLY | OFlag::O_CREAT, mode),
+        FileAccess::Read | FileAccess::ReadJobs => (OFlag::O_RDONLY, 0),
+        FileAccess::JobsFile => (OFlag::O_RDONLY | OFlag::O_CREAT, 0o644),
+    };
+    let fd = openat(
+        &dir_fd,
+        name,
+        flags | nofollow,
+        Mode::from_bits_truncate(mode),
+    )
+    .map_err(|e| os(path, e))?;
+    let stat = fstat(&fd).map_err(|e| os(path, e))?;
+    if !is_kind(&stat, SFlag::S_IFREG) {
+        return Err(refused(path, "not a regular file"));
+    }
+    if !matches!(access, FileAccess::ReadJobs | FileAccess::JobsFile) {
+        check_servers(path, &stat)?;
+        // A hard link to another of the server's files is no file the server made here.
+        if stat.st_nlink > 1 {
+            return Err(refused(path, "has other names (hard links)"));
+        }
+    }
+    // O_NONBLOCK only kept a FIFO from blocking the open; regular files ignore it.
+    let file = File::from(fd);
+    if let FileAccess::Rewrite(mode) = access {
+        use std::os::unix::fs::PermissionsExt;
+        file.set_len(0)?;
+        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+    }
+    Ok(file)
+}
+
+/// Whether `e` is a file or directory that is not there (yet).
+pub fn is_missing(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn directories_are_made_and_files_opened_below_the_base() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let base = tmp.path().join("runs");
+        let log = base.join("study-1/4/job.log");
+        let mut f = open_file(&base, &log, FileAccess::Append).expect("log");
+        f.write_all(b"one\n").expect("write");
+        let mut f = open_file(&base, &log, FileAccess::Append).expect("log again");
+        f.write_all(b"two\n").expect("write");
+        let mut text = String::new();
+        open_file(&base, &log, FileAccess::Read)
+            .expect("read")
+            .read_to_string(&mut text)
+            .expect("read");
+        assert_eq!(text, "one\ntwo\n");
+        let mode = std::fs::metadata(base.join("study-1/4"))
+            .expect("dir")
+            .permissions()
+            .mode();
+        assert_eq!(
+            mode & 0o022,
+            0,
+            "the trial directory is writable by the server only"
+        );
+    }
+
+    #[test]
+    fn links_are_refused_not_followed() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let base = tmp.path().join("runs");
+        let target = tmp.path().join("target");
+        std::fs::write(&target, "secret").expect("target");
+        std::fs::create_dir_all(base.join("study-1/4")).expect("dirs");
+        std::os::unix::fs::symlink(&target, base.join("study-1/4/job.log")).expect("link");
+        let e = open_file(&base, &base.join("study-1/4/job.log"), FileAccess::Append)
+            .expect_err("a link");
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        assert!(open_file(&base, &base.join("study-1/4/job.log"), FileAccess::Read).is_err());
+        assert_eq!(std::fs::read_to_string(&target).expect("target"), "secret");
+        // A linked directory on the way is refused too.
+        std::os::unix::fs::symlink(tmp.path(), base.join("study-2")).expect("dir link");
+        let e = open_file(&base, &base.join("study-2/target"), FileAccess::Read)
+            .expect_err("a linked directory");
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+    }
+
+    #[test]
+    fn a_directory_others_may_write_is_refused() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let base = tmp.path().join("runs");
+        std::fs::create_dir_all(base.join("study-1/4")).expect("dirs");
+        std::fs::set_permissions(
+            base.join("study-1/4"),
+            std::fs::Permissions::from_mode(0o777),
+        )
+        .expect("chmod");
+        let e = open_file(&base, &base.join("study-1/4/job.log"), FileAccess::Append)
+            .expect_err("world-writable");
+        assert!(e.to_string().contains("writable by other users"), "{e}");
+        // The job's own directories may be anyone's; the base itself is the operator's.
+        open_dir(&base, &base.join("study-1/4"), DirOwner::Jobs, false).expect("a jobs dir");
+    }
+
+    #[test]
+    fn hard_links_and_paths_outside_the_base_are_refused() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let base = tmp.path().join("runs");
+        let handle = base.join("study-1/4/job.handle");
+        open_file(&base, &handle, FileAccess::Rewrite(0o600)).expect("handle");
+        std::fs::hard_link(&handle, base.join("study-1/4/other")).expect("hard link");
+        assert!(open_file(&base, &handle, FileAccess::Append).is_err());
+        assert!(open_file(&base, &tmp.path().join("elsewhere"), FileAccess::Read).is_err());
+        assert!(open_file(&base, &base.join("study-1/../x"), FileAccess::Read).is_err());
+    }
+}

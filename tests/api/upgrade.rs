@@ -1,0 +1,131 @@
+//! Upgrades: what a newer `augur` makes of what an older one stored, on both backends.
+
+use crate::common;
+
+use augur::{App, ServerConfig};
+use serde_json::{Value, json};
+
+/// The migration that keeps older studies' trial directories where they are.
+const OUTPUT_LAYOUT_MIGRATION: i64 = 20261203000001;
+
+on_both_backends!(studies_from_before_the_per_study_layout_keep_their_trial_directories);
+
+/// Undo the record of one migration, as if the database came from a binary older than it,
+/// so that the next server to start applies it to what is stored.
+async fn forget_migration(backend: &str, url: &str, version: i64) {
+    let sql = "DELETE FROM _sqlx_migrations WHERE version = $1";
+    let deleted = match backend {
+        "sqlite" => {
+            let pool = sqlx::SqlitePool::connect(url).await.expect("sqlite");
+            sqlx::query(sql)
+                .bind(version)
+                .execute(&pool)
+                .await
+                .expect(sql)
+                .rows_affected()
+        }
+        _ => {
+            let pool = sqlx::PgPool::connect(url).await.expect("postgres");
+            sqlx::query(sql)
+                .bind(version)
+                .execute(&pool)
+                .await
+                .expect(sql)
+                .rows_affected()
+        }
+    };
+    assert_eq!(deleted, 1, "migration {version} was applied");
+}
+
+async fn studies_from_before_the_per_study_layout_keep_their_trial_directories(backend: &str) {
+    let db = common::db(backend).await;
+    let url = db.url.clone();
+    let app = common::spawn_app_configured(db, |c| c.dispatch = false).await;
+    let with_job = |job: Value| {
+        let mut spec = common::spec("random", 2, 1);
+        spec["trial_job"] = job;
+        spec
+    };
+    let old = app
+        .create_study(with_job(
+            json!({"command": ["true"], "output_dir": "runs/old"}),
+        ))
+        .await;
+    let no_dir = app
+        .create_study(with_job(json!({"command": ["true"]})))
+        .await;
+    forget_migration(backend, &url, OUTPUT_LAYOUT_MIGRATION).await;
+
+    // The upgrade: a server of this version starts on the older database.
+    let mut config = ServerConfig::new(url, "127.0.0.1:0".parse().expect("addr"));
+    config.dispatch = false;
+    let upgraded = App::build(config)
+        .await
+        .expect("the upgraded server starts");
+    let base = format!("http://{}", upgraded.addr());
+    tokio::spawn(upgraded.run());
+    let http = common::http();
+    let job_of = |id: i64| {
+        let (http, base) = (&http, &base);
+        async move {
+            let path = format!("/v1/studies/{id}");
+            let study = common::call(http, base, None, reqwest::Method::GET, &path, None).await;
+            study.body["spec"]["trial_job"].clone()
+        }
+    };
+    assert_eq!(
+        job_of(old).await["output_layout"],
+        "trial",
+        "a study with an output_dir keeps <output_dir>/<trial>"
+    );
+    assert!(
+        job_of(no_dir).await.get("output_layout").is_none(),
+        "augur-runs/study-<id>/<trial> never changed"
+    );
+    // New studies get the per-study layout, and may ask for the flat one.
+    let new = common::call(
+        &http,
+        &base,
+        None,
+        reqwest::Method::POST,
+        "/v1/studies",
+        Some(with_job(
+            json!({"command": ["true"], "output_dir": "runs/old"}),
+        )),
+    )
+    .await;
+    assert_eq!(new.status, reqwest::StatusCode::CREATED, "{}", new.body);
+    assert!(
+        new.body["spec"]["trial_job"].get("output_layout").is_none(),
+        "{}",
+        new.body
+    );
+    let flat = common::call(
+        &http,
+        &base,
+        None,
+        reqwest::Method::POST,
+        "/v1/studies",
+        Some(with_job(
+            json!({"command": ["true"], "output_dir": "runs/flat", "output_layout": "trial"}),
+        )),
+    )
+    .await;
+    assert_eq!(
+        flat.body["spec"]["trial_job"]["output_layout"], "trial",
+        "{}",
+        flat.body
+    );
+    let bad = common::call(
+        &http,
+        &base,
+        None,
+        reqwest::Method::POST,
+        "/v1/studies",
+        Some(with_job(
+            json!({"command": ["true"], "output_layout": "nested"}),
+        )),
+    )
+    .await;
+    assert_eq!(bad.status, reqwest::StatusCode::BAD_REQUEST, "{}", bad.body);
+}
