@@ -232,6 +232,8 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.yaml"))):
          f"{name}: AUGUR_REPLICA_URL is not the pod's own address")
     need(env.get("AUGUR_NAMESPACE", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace",
          f"{name}: AUGUR_NAMESPACE")
+    need(env.get("AUGUR_KUBERNETES_OWN_SERVICE_ACCOUNT", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+         == "spec.serviceAccountName", f"{name}: the server's own service account, which no trial may use")
     need("AUGUR_TOKEN" in env and "secretKeyRef" in env["AUGUR_TOKEN"].get("valueFrom", {}), f"{name}: token from a Secret")
     db = env.get("AUGUR_DATABASE_URL", {})
     need("sqlite" not in str(db) and db, f"{name}: the database must be PostgreSQL")

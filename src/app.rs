@@ -60,6 +60,13 @@ pub struct ServerConfig {
     /// Images a container or kubernetes `trial_job` may run (`--job-images`); empty: any
     /// while `job_commands` is empty too, none otherwise.
     pub job_images: Vec<String>,
+    /// Variables (or `PREFIX*`) a spec's `env` may set while `job_commands` is in force,
+    /// besides those that load no code (`--job-env-allow`).
+    pub job_env_allow: Vec<String>,
+    /// Where on Kubernetes a spec may place its pods (`--kubernetes-service-accounts`, …).
+    pub kubernetes_policy: crate::service::KubernetesPolicy,
+    /// The operator's `sbatch` options for every Slurm job (`--slurm-arg`).
+    pub slurm_args: Vec<String>,
     /// A request's head must arrive within this (also how long a connection may wait for
     /// its next request).
     pub header_read_timeout: std::time::Duration,
@@ -104,6 +111,9 @@ impl ServerConfig {
             kubernetes: Default::default(),
             job_commands: Vec::new(),
             job_images: Vec::new(),
+            job_env_allow: Vec::new(),
+            kubernetes_policy: Default::default(),
+            slurm_args: Vec::new(),
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
@@ -137,6 +147,8 @@ pub enum AppError {
     RunAs(String),
     #[error("--replica-url: {0}")]
     ReplicaUrl(String),
+    #[error("{0}")]
+    JobPolicy(String),
     #[error("server error: {0}")]
     Serve(#[from] std::io::Error),
 }
@@ -165,10 +177,17 @@ impl App {
         if let Some(lanes) = config.commit_lanes {
             service = service.with_commit_lanes(lanes);
         }
-        let service = service.with_job_policy(crate::service::JobPolicy::new(
-            config.job_commands.clone(),
-            config.job_images.clone(),
-        ));
+        let policy =
+            crate::service::JobPolicy::new(config.job_commands.clone(), config.job_images.clone())
+                .and_then(|p| {
+                    p.with_env_allow(config.job_env_allow.clone())
+                        .with_kubernetes(config.kubernetes_policy.clone())
+                })
+                .map_err(AppError::JobPolicy)?;
+        for warning in policy.warnings() {
+            tracing::warn!("{warning}");
+        }
+        let service = service.with_job_policy(policy);
         if let Some(token) = &config.token {
             service.register_configured_token(token).await?;
         }
@@ -245,6 +264,7 @@ impl App {
                 containers: config.containers.clone(),
                 kubernetes: config.kubernetes.clone(),
                 run_as,
+                slurm_args: config.slurm_args.clone(),
             };
             Dispatcher::new(service.clone(), dispatch_config)
         });

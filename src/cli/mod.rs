@@ -65,6 +65,52 @@ pub struct KubeArgs {
     pub kube_context: Option<String>,
 }
 
+/// Where on Kubernetes a spec may place its pods: without these, only an admin's token may
+/// name a service account, a namespace or a volume claim.
+#[derive(Debug, clap::Args)]
+pub struct KubePolicyArgs {
+    /// Service accounts a spec may give its pods (repeatable, or comma-separated).
+    #[arg(
+        long = "kubernetes-service-accounts",
+        env = "AUGUR_KUBERNETES_SERVICE_ACCOUNTS",
+        value_delimiter = ','
+    )]
+    pub service_accounts: Vec<String>,
+    /// Namespaces a spec may run its pods in (repeatable, or comma-separated).
+    #[arg(
+        long = "kubernetes-namespaces",
+        env = "AUGUR_KUBERNETES_NAMESPACES",
+        value_delimiter = ','
+    )]
+    pub namespaces: Vec<String>,
+    /// PersistentVolumeClaims a spec may mount as its output volume (repeatable, or
+    /// comma-separated).
+    #[arg(
+        long = "kubernetes-claims",
+        env = "AUGUR_KUBERNETES_CLAIMS",
+        value_delimiter = ','
+    )]
+    pub claims: Vec<String>,
+    /// The server's own service account, which no trial may use (deploy/ sets it from the
+    /// pod's spec.serviceAccountName).
+    #[arg(
+        long = "kubernetes-own-service-account",
+        env = "AUGUR_KUBERNETES_OWN_SERVICE_ACCOUNT"
+    )]
+    pub own_service_account: Option<String>,
+}
+
+impl KubePolicyArgs {
+    fn policy(self) -> crate::service::KubernetesPolicy {
+        crate::service::KubernetesPolicy {
+            service_accounts: self.service_accounts,
+            namespaces: self.namespaces,
+            claims: self.claims,
+            own_service_account: self.own_service_account,
+        }
+    }
+}
+
 impl KubeArgs {
     fn settings(self) -> crate::dispatch::kubernetes::KubeSettings {
         crate::dispatch::kubernetes::KubeSettings {
@@ -120,6 +166,21 @@ pub struct ServeArgs {
     /// either this or --job-commands set, a job of the other kind needs its own list.
     #[arg(long = "job-images", env = "AUGUR_JOB_IMAGES", value_delimiter = ',')]
     pub job_images: Vec<String>,
+    /// While --job-commands is set, a spec's `env` may set only variables known to load no
+    /// code (PYTHONUNBUFFERED, OMP_NUM_THREADS, …) and these (repeatable, or
+    /// comma-separated; `PREFIX*` for a family, e.g. `WANDB_*`).
+    #[arg(
+        long = "job-env-allow",
+        env = "AUGUR_JOB_ENV_ALLOW",
+        value_delimiter = ','
+    )]
+    pub job_env_allow: Vec<String>,
+    /// An `sbatch` option for every Slurm job (repeatable), e.g. `--account=ml`: options a
+    /// spec may not pass itself (files, users, environment) are the operator's.
+    #[arg(long = "slurm-arg", allow_hyphen_values = true)]
+    pub slurm_args: Vec<String>,
+    #[command(flatten)]
+    pub kubernetes_policy: KubePolicyArgs,
     /// Serve HTTPS with this PEM certificate chain (with --tls-key).
     #[arg(long, env = "AUGUR_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -387,6 +448,9 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 kubernetes,
                 job_commands,
                 job_images,
+                job_env_allow,
+                slurm_args,
+                kubernetes_policy,
                 tls_cert,
                 tls_key,
                 rate_limit,
@@ -408,6 +472,9 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             config.job_env = job_env;
             config.job_commands = job_commands;
             config.job_images = job_images;
+            config.job_env_allow = job_env_allow;
+            config.slurm_args = slurm_args;
+            config.kubernetes_policy = kubernetes_policy.policy();
             config.tls = tls_cert
                 .zip(tls_key)
                 .map(|(cert, key)| crate::app::TlsFiles { cert, key });

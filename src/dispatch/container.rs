@@ -182,6 +182,8 @@ impl ContainerEngine {
             }
         }
         argv.extend(self.run_args.iter().cloned());
+        // The engine's options end here: whatever the image's text, it is not one.
+        argv.push("--".to_string());
         argv.push(run.image.to_string());
         argv.extend(run.replica.argv.iter().cloned());
         argv
@@ -427,7 +429,8 @@ mod tests {
             "--cpus 2",
             "--memory 1073741824b",
             "--device nvidia.com/gpu=2 --device nvidia.com/gpu=5",
-            "--ulimit nofile=1024:1024 localhost/trainer:1 python3 train.py --lr=0.1",
+            // The engine's options end before the image, whatever its text.
+            "--ulimit nofile=1024:1024 -- localhost/trainer:1 python3 train.py --lr=0.1",
         ] {
             assert!(argv.contains(part), "{part} in {argv}");
         }

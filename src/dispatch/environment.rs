@@ -81,6 +81,9 @@ mod tests {
         };
         assert_eq!(last("AUGUR_TRIAL_ID"), Some("4"));
         assert_eq!(last("PATH"), Some("/bin"));
-        assert_eq!(last("AIP_CHECKPOINT_DIR"), Some("/runs/4/checkpoints/"));
+        assert_eq!(
+            last("AIP_CHECKPOINT_DIR"),
+            Some("/runs/study-2/4/checkpoints/")
+        );
     }
 }

@@ -102,6 +102,8 @@ pub struct ExecutorContext {
     pub kubernetes: KubeConnection,
     /// Local replicas run as this user (`--run-jobs-as`), not the server's.
     pub run_as: Option<RunAs>,
+    /// The operator's `sbatch` options for every Slurm job (`--slurm-arg`).
+    pub slurm_args: Arc<Vec<String>>,
 }
 
 /// How an attempt ended: as its primary replica did, or as a replica that failed first.
@@ -162,6 +164,7 @@ pub fn executor_for(
         ExecutorName::Local => Ok(Arc::new(LocalExecutor::new(context.clone()))),
         ExecutorName::Slurm => Ok(Arc::new(SlurmExecutor::new(
             job.slurm.clone().unwrap_or_default(),
+            context.slurm_args.clone(),
         ))),
         ExecutorName::Kubernetes => Ok(Arc::new(KubernetesExecutor::new(
             context.kubernetes.clone(),

@@ -62,6 +62,8 @@ pub struct DispatchConfig {
     pub kubernetes: kubernetes::KubeSettings,
     /// Local jobs run as this user (`--run-jobs-as`), not the server's.
     pub run_as: Option<local::RunAs>,
+    /// The operator's `sbatch` options for every Slurm job (`--slurm-arg`).
+    pub slurm_args: Vec<String>,
 }
 
 /// Starts and stops study runners in this process.
@@ -89,6 +91,7 @@ impl Dispatcher {
                 containers: Arc::new(config.containers.clone()),
                 kubernetes: kubernetes::KubeConnection::new(config.kubernetes.clone()),
                 run_as: config.run_as.clone(),
+                slurm_args: Arc::new(config.slurm_args.clone()),
             },
             config: Arc::new(config),
             runners: Arc::default(),

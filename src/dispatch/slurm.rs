@@ -46,11 +46,16 @@ const ACTIVE_STATES: [&str; 10] = [
 
 pub struct SlurmExecutor {
     options: SlurmOptions,
+    /// The operator's options (`augur serve --slurm-arg`), before the spec's.
+    operator_args: std::sync::Arc<Vec<String>>,
 }
 
 impl SlurmExecutor {
-    pub fn new(options: SlurmOptions) -> Self {
-        Self { options }
+    pub fn new(options: SlurmOptions, operator_args: std::sync::Arc<Vec<String>>) -> Self {
+        Self {
+            options,
+            operator_args,
+        }
     }
 }
 
@@ -257,6 +262,7 @@ exec "${{argv[@]}}"
 fn sbatch_args(
     request: &JobRequest,
     options: &SlurmOptions,
+    operator_args: &[String],
     log: &Path,
     script: &Path,
 ) -> Vec<String> {
@@ -282,7 +288,8 @@ fn sbatch_args(
     if let Some(p) = &options.partition {
         args.push(format!("--partition={p}"));
     }
-    // The user's options come last: they override ours.
+    // The operator's, then the spec's (only those `model::job` allows): they override ours.
+    args.extend(operator_args.iter().cloned());
     args.extend(options.sbatch_args.iter().cloned());
     args.push(script.display().to_string());
     args
@@ -388,7 +395,13 @@ impl Executor for SlurmExecutor {
             &request.log_header(primary),
         )
         .await?;
-        let args = sbatch_args(request, &self.options, &primary.log_path, &files.script);
+        let args = sbatch_args(
+            request,
+            &self.options,
+            &self.operator_args,
+            &primary.log_path,
+            &files.script,
+        );
         let out = run("sbatch", &args).await?;
         let job_id = out.trim().split(';').next().unwrap_or("").to_string();
         if job_id.is_empty() || !job_id.chars().all(|c| c.is_ascii_digit()) {
@@ -761,6 +774,7 @@ mod tests {
         let args = sbatch_args(
             &r,
             &SlurmOptions::default(),
+            &[],
             Path::new("/l"),
             Path::new("/s"),
         );
@@ -782,7 +796,7 @@ mod tests {
     }
 
     #[test]
-    fn sbatch_options_on_the_command_line_user_options_last() {
+    fn sbatch_options_on_the_command_line_the_operators_then_the_specs_last() {
         let options = SlurmOptions {
             partition: Some("debug".into()),
             sbatch_args: vec!["--mem=1G".into()],
@@ -791,6 +805,7 @@ mod tests {
         let args = sbatch_args(
             &request(),
             &options,
+            &["--account=ml".to_string()],
             Path::new("/runs 100%/2/job.log"),
             Path::new("/runs/2/slurm-attempt-1.sh"),
         );
@@ -803,6 +818,7 @@ mod tests {
                 "--open-mode=append",
                 "--export=NONE",
                 "--partition=debug",
+                "--account=ml",
                 "--mem=1G",
                 "/runs/2/slurm-attempt-1.sh"
             ]

@@ -52,7 +52,8 @@ pub struct Toleration {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub enum OutputVolume {
-    /// A PersistentVolumeClaim mounted in every pod at `mount_path`; the trial directories are
+    /// A PersistentVolumeClaim (one of the server's `--kubernetes-claims`, unless an admin's)
+    /// mounted in every pod at `mount_path`; the trial directories are
     /// `<mount_path>/<output_dir>/study-<id>/<trial>/…`.
     PersistentVolumeClaim {
         claim_name: String,
@@ -67,18 +68,23 @@ pub enum OutputVolume {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KubernetesOptions {
-    /// Namespace of the trial's Jobs and Service (default: the server's `--kubernetes-namespace`).
+    /// Namespace of the trial's Jobs and Service (default: the server's
+    /// `--kubernetes-namespace`); one of the server's `--kubernetes-namespaces`, unless an
+    /// admin's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tolerations: Vec<Toleration>,
+    /// The pods' service account: one of the server's `--kubernetes-service-accounts`,
+    /// unless an admin's; never the server's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub image_pull_secrets: Vec<String>,
-    /// Extra labels and annotations of the pods (e.g. `sidecar.istio.io/inject: "false"`).
+    /// Extra labels and annotations of the pods (e.g. `sidecar.istio.io/inject: "false"`);
+    /// keys under `kubernetes.io`, `k8s.io` and `augur.dev` are refused.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -129,7 +135,11 @@ pub struct SlurmOptions {
     /// `--partition`
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partition: Option<String>,
-    /// Further `sbatch` options, e.g. `["--gres=gpu:1", "--mem=8G"]`.
+    /// Further `sbatch` options, e.g. `["--gres=gpu:1", "--mem=8G"]`: `--name=value` of
+    /// those that say where and with what a job runs (partition, time, gres, gpus, mem,
+    /// cpus-per-task, constraint, account, qos, reservation, nodelist, exclude, exclusive,
+    /// …). Files, users, the environment and the task layout are Augur's and the operator's
+    /// (`augur serve --slurm-arg`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sbatch_args: Vec<String>,
     /// `--nodes` for a cluster's allocation (by default Slurm places its tasks as it likes).
@@ -342,7 +352,8 @@ pub struct TrialJobSpec {
     /// Per replica, unless its pool says otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Resources>,
-    /// The container image every replica runs (container and kubernetes executors); the
+    /// The container image every replica runs (container and kubernetes executors), a
+    /// reference by the registries' grammar (`[registry[:port]/]path[:tag][@digest]`); the
     /// command and arguments run in it as given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
@@ -427,6 +438,9 @@ impl TrialJobSpec {
         {
             self.validate_output_volume(volume)?;
         }
+        if let Some(options) = &self.kubernetes {
+            validate_pod_metadata(options)?;
+        }
         // An image's entrypoint may be the program: then the command holds only arguments.
         let needs_program = !self.executor.runs_images();
         if needs_program && self.command.first().is_none_or(|c| c.trim().is_empty()) {
@@ -473,14 +487,15 @@ impl TrialJobSpec {
             resources.validate(&field("resources"))?;
         }
         self.validate_worker_pools()?;
-        let sbatch_args = self.slurm.iter().flat_map(|s| s.sbatch_args.iter());
-        if let Some(i) = sbatch_args.clone().position(|a| a.starts_with("--export")) {
-            // `--export=ALL` would hand the server's environment (its token) to every job.
-            return Err(ValidationError::new(
-                field(&format!("slurm.sbatch_args[{i}]")),
-                "--export is Augur's: jobs start from a clean environment; set variables in \
-                 trial_job.env",
-            ));
+        for (i, arg) in self
+            .slurm
+            .iter()
+            .flat_map(|s| s.sbatch_args.iter())
+            .enumerate()
+        {
+            check_sbatch_arg(arg).map_err(|why| {
+                ValidationError::new(field(&format!("slurm.sbatch_args[{i}]")), why)
+            })?;
         }
         Ok(())
     }
@@ -556,9 +571,13 @@ impl TrialJobSpec {
                     "applies to executors that run images: container, kubernetes",
                 ));
             }
-            if image.trim().is_empty() || image.chars().any(|c| c.is_whitespace() || c.is_control())
-            {
-                return Err(ValidationError::new(field, "must be an image reference"));
+            // The engine is given it as an argument: only a reference by the grammar
+            // (never an option such as `--privileged`).
+            if let Err(why) = super::image::ImageRef::parse(image) {
+                return Err(ValidationError::new(
+                    field,
+                    format!("must be an image reference ([registry/]path[:tag][@digest]): {why}"),
+                ));
             }
         }
         if self.executor.runs_images() {
@@ -743,6 +762,107 @@ impl TrialJobSpec {
         }
         out
     }
+}
+
+/// `sbatch` options a spec may pass: where and with what a job runs. Everything else is
+/// the server's: options that name files slurmd (root) opens (`--output`, `--error`,
+/// `--input`, `--chdir`), whose user the job runs as (`--uid`, `--gid`, `--get-user-env`),
+/// its environment (`--export`), or the layout Augur writes (`--ntasks`, `--nodes`, …).
+/// An operator adds options of its own to every job with `augur serve --slurm-arg`.
+const SBATCH_OPTIONS: [&str; 40] = [
+    "partition",
+    "time",
+    "time-min",
+    "gres",
+    "gres-flags",
+    "gpus",
+    "gpus-per-node",
+    "gpus-per-task",
+    "gpus-per-socket",
+    "cpus-per-gpu",
+    "mem",
+    "mem-per-cpu",
+    "mem-per-gpu",
+    "cpus-per-task",
+    "mincpus",
+    "tmp",
+    "constraint",
+    "cluster-constraint",
+    "account",
+    "qos",
+    "reservation",
+    "nodelist",
+    "exclude",
+    "exclusive",
+    "oversubscribe",
+    "contiguous",
+    "switches",
+    "licenses",
+    "hint",
+    "sockets-per-node",
+    "cores-per-socket",
+    "threads-per-core",
+    "comment",
+    "nice",
+    "requeue",
+    "no-requeue",
+    "signal",
+    "begin",
+    "deadline",
+    "wckey",
+];
+
+/// Whether a spec may pass `arg` to `sbatch`: `--option=value` (or a flag) of
+/// [`SBATCH_OPTIONS`], spelled out in full.
+fn check_sbatch_arg(arg: &str) -> Result<(), String> {
+    let Some(option) = arg.strip_prefix("--") else {
+        return Err(format!(
+            "{arg:?}: give sbatch options as --name=value, in full (short options and \
+             separate values are not accepted)"
+        ));
+    };
+    let name = option.split_once('=').map_or(option, |(name, _)| name);
+    if arg.chars().any(char::is_control) {
+        return Err(format!("{arg:?}: control characters"));
+    }
+    if SBATCH_OPTIONS.contains(&name) {
+        return Ok(());
+    }
+    Err(format!(
+        "--{name} is not an option a study may pass to sbatch (files, users, environment and \
+         the task layout are Augur's and the operator's: augur serve --slurm-arg); allowed: {}",
+        SBATCH_OPTIONS.join(", ")
+    ))
+}
+
+/// Label and annotation keys in these domains (`app.kubernetes.io/name`, `augur.dev/trial`)
+/// are Kubernetes', the deployment's and Augur's own: with them a trial's pod could pass for
+/// the server (be an endpoint of its Service, pass its NetworkPolicy) or for another trial.
+fn is_reserved_key(key: &str) -> bool {
+    let Some((domain, _)) = key.split_once('/') else {
+        return false;
+    };
+    let domain = domain.to_ascii_lowercase();
+    ["kubernetes.io", "k8s.io", "augur.dev"]
+        .iter()
+        .any(|reserved| domain == *reserved || domain.ends_with(&format!(".{reserved}")))
+}
+
+/// Refuse pod labels and annotations in reserved domains ([`is_reserved_key`]).
+fn validate_pod_metadata(options: &KubernetesOptions) -> Result<(), ValidationError> {
+    for (kind, map) in [
+        ("labels", &options.labels),
+        ("annotations", &options.annotations),
+    ] {
+        if let Some(key) = map.keys().find(|k| is_reserved_key(k)) {
+            return Err(ValidationError::new(
+                format!("trial_job.kubernetes.{kind}.{key}"),
+                "keys under kubernetes.io, k8s.io and augur.dev are Kubernetes', the \
+                 deployment's and Augur's own (a trial's pod could pass for the server)",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A value as a command-line word: integers without a point, floats in shortest form,

@@ -1,6 +1,7 @@
 //! Plain domain types and their validation: the study spec as users write it, the validated
 //! configuration the service works with, trials and measurements. No IO.
 
+pub mod image;
 pub mod job;
 mod parameters;
 pub mod request;

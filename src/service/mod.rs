@@ -43,7 +43,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 pub use error::{ServiceError, ServiceResult};
-pub use job_policy::JobPolicy;
+pub use job_policy::{JobPolicy, KubernetesPolicy};
 pub use operations::PoolConnections;
 pub use paging::{Changes, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Page, cursor_after_seq};
 pub use replicas::{Peer, Replicas};

@@ -33,7 +33,7 @@ impl Service {
                     field: Some("trial_job".into()),
                 });
             }
-            self.job_policy.check(job)?;
+            self.job_policy.check(job, actor.role)?;
         }
         let record = self
             .store

@@ -11,6 +11,7 @@ mod cli;
 mod cluster;
 mod container;
 mod dispatch;
+mod job_env;
 mod kube_standin;
 mod kubernetes;
 mod run_as;

@@ -622,3 +622,40 @@ async fn a_failing_task_fails_the_cluster_attempt() {
         jobs_under(f.dir.path())
     );
 }
+
+/// The operator's `--slurm-arg` options reach every job's `sbatch`, before the spec's own
+/// (which may only be the options a spec is allowed: `tests/api/job_policy.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operators_sbatch_options_reach_every_job_with_the_specs() {
+    let f = fixture();
+    let marker = format!("augur-operator-{}", std::process::id());
+    let app = common::spawn_app_configured(common::sqlite_db(), |c| {
+        c.slurm_args = vec![format!("--comment={marker}")];
+    })
+    .await;
+    let mut spec = study(&f, "operator", 1, 1, "hang_once", 0);
+    spec["trial_job"]["slurm"] = json!({"sbatch_args": ["--time=7"]});
+    let id = app.create_study(spec).await;
+    let under = f.dir.path().display().to_string();
+    let seen = common::eventually("the job queued", Duration::from_secs(60), || {
+        let (under, marker) = (under.clone(), marker.clone());
+        async move {
+            let out = Command::new("squeue")
+                .args(["-h", "-o", "%k|%l|%o"])
+                .output()
+                .map_err(|e| e.to_string())?;
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            text.lines()
+                .find(|l| l.contains(&under))
+                .filter(|l| l.starts_with(&format!("{marker}|")))
+                .map(str::to_string)
+                .ok_or(text)
+        }
+    })
+    .await;
+    assert!(seen.contains("|7:00|"), "the spec's --time=7: {seen}");
+    let stopped = app.post(&format!("/v1/studies/{id}/stop"), json!({})).await;
+    assert_eq!(stopped.body["state"], "stopped", "{}", stopped.body);
+    app.wait_for_cancelled_trials(id, 1, Duration::from_secs(20))
+        .await;
+}
