@@ -3,8 +3,8 @@
 //! every request but `/healthz` and `/readyz` needs a token, and what it may do follows
 //! its role (`model::Role`): here, by route (a reader GETs, a writer also changes; tokens and
 //! the audit trail are an admin's), and in the service, by what is asked (a `trial_job`
-//! needs an operator; changing a study needs its creator or an admin). A trial token may
-//! only read and report to its own trial.
+//! needs an operator; changing a study, asking it for trials or reporting to them needs its
+//! creator or an admin). A trial token may only read and report to its own trial.
 //!
 //! The caller rides along in the request's extensions, for handlers to take as [`Actor`].
 
@@ -168,7 +168,8 @@ async fn check(
 
 /// The least role a route takes, whatever its study: tokens and the audit trail are an
 /// admin's; every other read a reader's; every other change a writer's (the service asks
-/// more of some: an operator for a `trial_job`, the creator or an admin to change a study).
+/// more of some: an operator for a `trial_job`, the creator or an admin to change a study,
+/// ask it for trials or report to them).
 pub fn required_role(method: &Method, path: &str) -> Role {
     let admin_only = ["/v1/tokens", "/v1/audit"]
         .iter()

@@ -206,7 +206,7 @@ fn ids(study: &str, trial: &str) -> ApiResult<(i64, i64)> {
         (status = 201, description = "The new trial", body = Trial),
         (status = 400, description = "A parameter or metric is wrong", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
-        (status = 403, description = "A reader's token", body = ErrorBody),
+        (status = 403, description = "Neither the study's creator nor an admin", body = ErrorBody),
         (status = 404, description = "No such study", body = ErrorBody),
         (status = 409, description = "The study is not active, its budget is spent, or its cap is full", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
@@ -305,7 +305,7 @@ pub async fn update_trial(
         (status = 200, description = "The trial with the new measurement", body = Trial),
         (status = 400, description = "A field is wrong", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
-        (status = 403, description = "A trial token for another trial", body = ErrorBody),
+        (status = 403, description = "Neither the study's creator, an admin, nor this trial's own token", body = ErrorBody),
         (status = 404, description = "No such study or trial", body = ErrorBody),
         (status = 409, description = "The trial is not running", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
@@ -313,6 +313,7 @@ pub async fn update_trial(
     ))]
 pub async fn add_measurement(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path((study, trial)): Path<(String, String)>,
     ApiJson(req): ApiJson<MeasurementRequest>,
 ) -> ApiResult<Json<Trial>> {
@@ -325,7 +326,7 @@ pub async fn add_measurement(
     Ok(Json(
         state
             .service
-            .add_measurement(study, trial, measurement)
+            .add_measurement(&actor, study, trial, measurement)
             .await?,
     ))
 }
@@ -338,7 +339,7 @@ pub async fn add_measurement(
         (status = 200, description = "The finished trial", body = Trial),
         (status = 400, description = "A field is wrong, or no measurement to select", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
-        (status = 403, description = "A trial token for another trial", body = ErrorBody),
+        (status = 403, description = "Neither the study's creator, an admin, nor this trial's own token", body = ErrorBody),
         (status = 404, description = "No such study or trial", body = ErrorBody),
         (status = 409, description = "The trial already finished", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
@@ -346,6 +347,7 @@ pub async fn add_measurement(
     ))]
 pub async fn complete_trial(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path((study, trial)): Path<(String, String)>,
     ApiJson(req): ApiJson<CompleteRequest>,
 ) -> ApiResult<Json<Trial>> {
@@ -365,7 +367,10 @@ pub async fn complete_trial(
         (None, None) => Completion::Selected(Vec::new()),
     };
     Ok(Json(
-        state.service.complete_trial(study, trial, outcome).await?,
+        state
+            .service
+            .complete_trial(&actor, study, trial, outcome)
+            .await?,
     ))
 }
 
@@ -377,7 +382,7 @@ pub async fn complete_trial(
         (status = 200, description = "The failed trial", body = Trial),
         (status = 400, description = "A field is wrong", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
-        (status = 403, description = "A trial token for another trial", body = ErrorBody),
+        (status = 403, description = "Neither the study's creator, an admin, nor this trial's own token", body = ErrorBody),
         (status = 404, description = "No such study or trial", body = ErrorBody),
         (status = 409, description = "The trial already finished", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
@@ -385,6 +390,7 @@ pub async fn complete_trial(
     ))]
 pub async fn fail_trial(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path((study, trial)): Path<(String, String)>,
     ApiJson(req): ApiJson<FailRequest>,
 ) -> ApiResult<Json<Trial>> {
@@ -392,7 +398,12 @@ pub async fn fail_trial(
     let reason = req
         .reason
         .unwrap_or_else(|| "failed (no reason given)".to_string());
-    Ok(Json(state.service.fail_trial(study, trial, reason).await?))
+    Ok(Json(
+        state
+            .service
+            .fail_trial(&actor, study, trial, reason)
+            .await?,
+    ))
 }
 
 /// Extend a running trial's lease.
@@ -401,16 +412,17 @@ pub async fn fail_trial(
     responses(
         (status = 200, description = "The trial with its new lease", body = Trial),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
-        (status = 403, description = "A trial token for another trial", body = ErrorBody),
+        (status = 403, description = "Neither the study's creator, an admin, nor this trial's own token", body = ErrorBody),
         (status = 404, description = "No such study or trial", body = ErrorBody),
         (status = 409, description = "The trial is not running", body = ErrorBody),
     ))]
 pub async fn heartbeat_trial(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path((study, trial)): Path<(String, String)>,
 ) -> ApiResult<Json<Trial>> {
     let (study, trial) = ids(&study, &trial)?;
-    Ok(Json(state.service.heartbeat(study, trial).await?))
+    Ok(Json(state.service.heartbeat(&actor, study, trial).await?))
 }
 
 /// The early-stopping rule's verdict on this trial, changing nothing (true for a trial
@@ -440,16 +452,17 @@ pub async fn stop_verdict(
     responses(
         (status = 200, description = "The verdict; a stopped trial moves to `stopping`", body = ShouldStopResponse),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
-        (status = 403, description = "A trial token for another trial", body = ErrorBody),
+        (status = 403, description = "Neither the study's creator, an admin, nor this trial's own token", body = ErrorBody),
         (status = 404, description = "No such study or trial", body = ErrorBody),
     ))]
 pub async fn should_stop(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path((study, trial)): Path<(String, String)>,
 ) -> ApiResult<Json<ShouldStopResponse>> {
     let (study, trial) = ids(&study, &trial)?;
     Ok(Json(ShouldStopResponse {
-        should_stop: state.service.should_stop(study, trial).await?,
+        should_stop: state.service.ask_should_stop(&actor, study, trial).await?,
     }))
 }
 
@@ -478,7 +491,7 @@ pub struct TrialTokenResponse {
         (status = 201, description = "The trial's new token", body = TrialTokenResponse),
         (status = 400, description = "A field is wrong", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
-        (status = 403, description = "A reader's token, or the trial is not held by this client_id", body = ErrorBody),
+        (status = 403, description = "Neither the study's creator nor an admin, or the trial is not held by this client_id", body = ErrorBody),
         (status = 404, description = "No such study or trial", body = ErrorBody),
         (status = 409, description = "The trial is not running", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
@@ -486,6 +499,7 @@ pub struct TrialTokenResponse {
     ))]
 pub async fn issue_trial_token(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path((study, trial)): Path<(String, String)>,
     ApiJson(req): ApiJson<TrialTokenRequest>,
 ) -> ApiResult<(StatusCode, Json<TrialTokenResponse>)> {
@@ -493,7 +507,7 @@ pub async fn issue_trial_token(
     let client_id = crate::model::ClientId::try_from(req.client_id)?;
     let token = state
         .service
-        .issue_trial_token(study, trial, client_id.as_str())
+        .issue_trial_token(&actor, study, trial, client_id.as_str())
         .await?;
     Ok((StatusCode::CREATED, Json(TrialTokenResponse { token })))
 }

@@ -307,13 +307,17 @@ impl Service {
     /// A token for a pulled trial that `client_id` holds (active or stopping), which may only
     /// report to that trial; it replaces the trial's earlier token and goes when the trial
     /// finishes or its lease runs out. `augur worker` hands it to the trial's process
-    /// instead of its own.
+    /// instead of its own. Only the trial's holder may ask: a trial is handed out only to the
+    /// study's creator or an admin (`check_reporter`), and the `client_id` it was handed to,
+    /// which every reader sees, proves nothing alone.
     pub async fn issue_trial_token(
         &self,
+        actor: &Caller,
         study_id: i64,
         trial_id: i64,
         client_id: &str,
     ) -> ServiceResult<String> {
+        self.check_reporter(actor, study_id, None).await?;
         let token = new_token();
         let command = Command::IssueToken {
             trial_id,
@@ -321,7 +325,12 @@ impl Service {
             token_hash: hash_token(&token),
         };
         match self.commits.submit(study_id, command).await? {
-            Reply::Issued => Ok(token),
+            Reply::Issued => {
+                let detail = Some(format!("for client {client_id}"));
+                self.audit_trial(actor, "trial.token", study_id, trial_id, detail)
+                    .await;
+                Ok(token)
+            }
             other => Err(unexpected(other)),
         }
     }

@@ -19,6 +19,7 @@ mod limits;
 mod login;
 mod openapi;
 mod outage;
+mod ownership;
 mod replicas;
 mod roles;
 mod store;
