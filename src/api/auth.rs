@@ -6,6 +6,7 @@
 //! needs an operator; changing a study, asking it for trials or reporting to them needs its
 //! creator or an admin). A trial token may only read and report to its own trial.
 //!
+//! An address that keeps sending wrong tokens is slowed down (`rate_limit::FailureLimit`).
 //! The caller rides along in the request's extensions, for handlers to take as [`Actor`].
 
 use axum::extract::{FromRequestParts, Request, State};
@@ -75,7 +76,19 @@ pub async fn require_token(
             .get(axum::http::header::ACCEPT)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.contains("text/html"));
-    match check(&state, &method, &path, authorization.as_deref()).await {
+    // A token from an address that has sent too many wrong ones is not even looked at.
+    let source = super::rate_limit::source_address(request.extensions());
+    if authorization.is_some()
+        && !state.auth.open
+        && let Err(e) = state.failures.check(source)
+    {
+        return e.into_response();
+    }
+    let checked = check(&state, &method, &path, authorization.as_deref()).await;
+    if authorization.is_some() && matches!(checked, Err(ApiError::Unauthenticated)) {
+        state.failures.record_failure(source);
+    }
+    match checked {
         Ok(caller) => {
             // A replica forwarding a request has already taken it from the caller's limit.
             let from_peer = state

@@ -50,7 +50,10 @@ pub use runners::{DispatchedTrial, RUNNER_LEASE_TTL, RunnerStudy};
 pub use snapshots::StudySnapshot;
 pub use state_machine::Completion;
 pub use suggest::{DispatchedSuggestions, Suggestions};
-pub use tokens::{Caller, NewToken, OPEN_CALLER, TOKEN_CACHE_TTL, hash_token, new_token};
+pub use tokens::{
+    Caller, MIN_CONFIGURED_TOKEN_LEN, NewToken, OPEN_CALLER, TOKEN_CACHE_TTL,
+    check_configured_token, hash_token, new_token,
+};
 
 use group_commit::GroupCommit;
 use state_machine::{Command, Reply};

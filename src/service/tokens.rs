@@ -32,6 +32,24 @@ const ENV_TOKEN_NAME: &str = "env";
 /// The caller's name on an open server (loopback, no tokens).
 pub const OPEN_CALLER: &str = "open";
 
+/// The shortest token a server may be configured with (`--token`, `AUGUR_TOKEN`): it is an
+/// admin's, and a short one can be guessed (the limit on failures only slows guessing).
+pub const MIN_CONFIGURED_TOKEN_LEN: usize = 16;
+
+/// Refuse a configured token too short to be a secret.
+pub fn check_configured_token(token: &str) -> ServiceResult<()> {
+    if token.trim().chars().count() < MIN_CONFIGURED_TOKEN_LEN {
+        return Err(ServiceError::invalid(
+            "--token",
+            format!(
+                "the server's token (--token or AUGUR_TOKEN) must be at least \
+                 {MIN_CONFIGURED_TOKEN_LEN} characters, e.g. `openssl rand -hex 32`"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Hex SHA-256 of a token: what the store keeps.
 pub fn hash_token(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
@@ -366,6 +384,13 @@ fn check_token_name(name: &str) -> ServiceResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_configured_token_must_be_long_enough() {
+        assert!(check_configured_token("x").is_err());
+        assert!(check_configured_token("  fifteen-chars-x  ").is_err());
+        assert!(check_configured_token("sixteen-chars-xy").is_ok());
+    }
 
     #[test]
     fn token_hash_is_sha256_hex() {

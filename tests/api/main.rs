@@ -15,6 +15,7 @@ mod concurrency;
 mod dashboard;
 mod durability;
 mod gp;
+mod guessing;
 mod limits;
 mod login;
 mod openapi;
