@@ -180,13 +180,15 @@ pub struct CompleteRequest {
     pub metrics: Option<BTreeMap<String, f64>>,
     /// Step of the final measurement (default 0).
     pub step: Option<i64>,
-    /// The trial ran but its point is infeasible.
+    /// The trial ran but its point is infeasible: why, at most 4096 bytes (longer: 400
+    /// naming `infeasible_reason`).
     pub infeasible_reason: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FailRequest {
+    /// Why, at most 4096 bytes (longer: 400 naming `reason`).
     pub reason: Option<String>,
 }
 
@@ -337,7 +339,7 @@ pub async fn add_measurement(
     params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID)),
     responses(
         (status = 200, description = "The finished trial", body = Trial),
-        (status = 400, description = "A field is wrong, or no measurement to select", body = ErrorBody),
+        (status = 400, description = "A field is wrong (an infeasible_reason over 4096 bytes), or no measurement to select", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 403, description = "Neither the study's creator, an admin, nor this trial's own token", body = ErrorBody),
         (status = 404, description = "No such study or trial", body = ErrorBody),
@@ -380,7 +382,7 @@ pub async fn complete_trial(
     params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID)),
     responses(
         (status = 200, description = "The failed trial", body = Trial),
-        (status = 400, description = "A field is wrong", body = ErrorBody),
+        (status = 400, description = "A field is wrong (a reason over 4096 bytes)", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 403, description = "Neither the study's creator, an admin, nor this trial's own token", body = ErrorBody),
         (status = 404, description = "No such study or trial", body = ErrorBody),

@@ -2,6 +2,7 @@
 //! everything else is a thin client of the HTTP API.
 
 mod client;
+mod csv;
 mod duration;
 mod error;
 mod run;

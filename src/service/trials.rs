@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use augur_optimizer::Assignment;
 
-use super::checks::{check_measurement, check_metrics};
+use super::checks::{check_measurement, check_metrics, check_reason};
 use super::paging::{format_cursor, page_bounds, parse_cursor, split_page};
 use super::state_machine::Command;
 use super::{Caller, Changes, Completion, Page, Service, ServiceError, ServiceResult};
@@ -166,6 +166,9 @@ impl Service {
         outcome: Completion,
     ) -> ServiceResult<Trial> {
         self.check_reporter(actor, study_id, Some(trial_id)).await?;
+        if let Completion::Infeasible(reason) = &outcome {
+            check_reason("infeasible_reason", reason)?;
+        }
         let detail = match &outcome {
             Completion::Metrics { metrics, .. } => serde_json::to_string(metrics).ok(),
             Completion::Infeasible(reason) => Some(format!("infeasible: {reason}")),
@@ -226,6 +229,7 @@ impl Service {
         reason: String,
     ) -> ServiceResult<Trial> {
         self.check_reporter(actor, study_id, Some(trial_id)).await?;
+        check_reason("reason", &reason)?;
         let detail = Some(reason.clone());
         let record = self
             .change_trial_record(study_id, Command::Fail { trial_id, reason })

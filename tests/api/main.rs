@@ -29,3 +29,4 @@ mod suggest;
 mod tls;
 mod tokens;
 mod trials;
+mod untrusted_text;
