@@ -252,6 +252,7 @@ impl App {
         };
         let state = AppState::new(service.clone(), open, public_url.clone(), openapi_yaml())
             .with_rate_limit(config.rate_limit)
+            .with_tls(tls.is_some())
             .with_forwarder(forwarder);
         let router = api::serve_layers(routes().split_for_parts().0, state, config.body_limit);
         let dispatcher = config.dispatch.then(|| {

@@ -18,6 +18,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,7 +61,7 @@ pub async fn serve(
     let (stopping, stopped) = watch::channel(false);
     tokio::pin!(stop);
     loop {
-        let (stream, _peer) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(error) => {
@@ -87,12 +88,12 @@ pub async fn serve(
         let (router, tls, stopped) = (router.clone(), tls.clone(), stopped.clone());
         tokio::spawn(async move {
             match tls {
-                None => connection(stream, router, limits, stopped).await,
+                None => connection(stream, peer, router, limits, stopped).await,
                 Some(acceptor) => {
                     match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream))
                         .await
                     {
-                        Ok(Ok(stream)) => connection(stream, router, limits, stopped).await,
+                        Ok(Ok(stream)) => connection(stream, peer, router, limits, stopped).await,
                         Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
                         Err(_) => tracing::debug!("TLS handshake timed out"),
                     }
@@ -111,6 +112,7 @@ pub async fn serve(
 /// One connection: HTTP/1.1 with keep-alive and the head timeout, closed when idle.
 async fn connection<I>(
     io: I,
+    peer: SocketAddr,
     router: Router,
     limits: ConnectionLimits,
     mut stopped: watch::Receiver<bool>,
@@ -122,8 +124,13 @@ async fn connection<I>(
     let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
         let (router, progress) = (router.clone(), progress.clone());
         progress.request_started();
+        let mut request = request.map(axum::body::Body::new);
+        // Who sent it, for the limit on failed sign-ins (`api::rate_limit::FailureLimit`).
+        request
+            .extensions_mut()
+            .insert(axum::extract::ConnectInfo(peer));
         async move {
-            let response = router.oneshot(request.map(axum::body::Body::new)).await;
+            let response = router.oneshot(request).await;
             progress.request_answered();
             Ok::<_, Infallible>(match response {
                 Ok(response) => response,

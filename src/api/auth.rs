@@ -3,9 +3,10 @@
 //! every request but `/healthz` and `/readyz` needs a token, and what it may do follows
 //! its role (`model::Role`): here, by route (a reader GETs, a writer also changes; tokens and
 //! the audit trail are an admin's), and in the service, by what is asked (a `trial_job`
-//! needs an operator; changing a study needs its creator or an admin). A trial token may
-//! only read and report to its own trial.
+//! needs an operator; changing a study, asking it for trials or reporting to them needs its
+//! creator or an admin). A trial token may only read and report to its own trial.
 //!
+//! An address that keeps sending wrong tokens is slowed down (`rate_limit::FailureLimit`).
 //! The caller rides along in the request's extensions, for handlers to take as [`Actor`].
 
 use axum::extract::{FromRequestParts, Request, State};
@@ -75,7 +76,19 @@ pub async fn require_token(
             .get(axum::http::header::ACCEPT)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.contains("text/html"));
-    match check(&state, &method, &path, authorization.as_deref()).await {
+    // A token from an address that has sent too many wrong ones is not even looked at.
+    let source = super::rate_limit::source_address(request.extensions());
+    if authorization.is_some()
+        && !state.auth.open
+        && let Err(e) = state.failures.check(source)
+    {
+        return e.into_response();
+    }
+    let checked = check(&state, &method, &path, authorization.as_deref()).await;
+    if authorization.is_some() && matches!(checked, Err(ApiError::Unauthenticated)) {
+        state.failures.record_failure(source);
+    }
+    match checked {
         Ok(caller) => {
             // A replica forwarding a request has already taken it from the caller's limit.
             let from_peer = state
@@ -168,7 +181,8 @@ async fn check(
 
 /// The least role a route takes, whatever its study: tokens and the audit trail are an
 /// admin's; every other read a reader's; every other change a writer's (the service asks
-/// more of some: an operator for a `trial_job`, the creator or an admin to change a study).
+/// more of some: an operator for a `trial_job`, the creator or an admin to change a study,
+/// ask it for trials or report to them).
 pub fn required_role(method: &Method, path: &str) -> Role {
     let admin_only = ["/v1/tokens", "/v1/audit"]
         .iter()

@@ -1,8 +1,10 @@
 //! What a web browser may ask of this server. A page from any site can make the user's
 //! browser send requests here, so two rules hold before auth is even asked:
 //! - a request that changes something (any method but GET, HEAD, OPTIONS) coming from a page
-//!   of another origin (its `Origin` header) is refused: without it, a drive-by page could
-//!   stop or delete studies, or create one whose `trial_job` runs a command;
+//!   of another origin (its `Origin` header), or that the browser says comes from another
+//!   site (`Sec-Fetch-Site: cross-site` or `same-site`, with or without `Origin`), is
+//!   refused: without it, a drive-by page could stop or delete studies, create one whose
+//!   `trial_job` runs a command, or sign the user in or out of the dashboard;
 //! - a server that runs open (loopback, no token) answers only loopback host names: a page
 //!   whose own name an attacker re-points at 127.0.0.1 (DNS rebinding) reaches this server
 //!   as its "same origin", with `Host: evil.example`.
@@ -68,6 +70,11 @@ fn check(
         )));
     }
     let changes_state = !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
+    if changes_state && let Some(site) = foreign_site(headers) {
+        return Err(ApiError::denied(format!(
+            "a page of another site (Sec-Fetch-Site: {site}) may not change anything here"
+        )));
+    }
     if changes_state && let Some(origin) = headers.get(ORIGIN) {
         let origin = origin.to_str().unwrap_or("");
         let own = host.is_some_and(|h| same_authority(origin, h))
@@ -81,6 +88,18 @@ fn check(
         }
     }
     Ok(())
+}
+
+/// `Sec-Fetch-Site` when a browser says the request comes from a page of another site or
+/// of a sibling subdomain or port (`same-site`, another origin all the same); `None` for
+/// this server's own pages (`same-origin`), a request the user made (`none`), and clients
+/// that send no such header.
+fn foreign_site(headers: &HeaderMap) -> Option<String> {
+    let site = headers.get("sec-fetch-site")?.to_str().unwrap_or("invalid");
+    match site {
+        "same-origin" | "none" => None,
+        other => Some(other.to_string()),
+    }
 }
 
 /// Whether `origin` (`scheme://host[:port]`) names the authority `host` (`host[:port]`), the

@@ -45,6 +45,10 @@ pub struct AppState {
     pub public_url: Arc<str>,
     /// The per-token rate limit (`--rate-limit`; none by default).
     pub limits: rate_limit::RateLimit,
+    /// The limit on failed token checks per source address (always on).
+    pub failures: rate_limit::FailureLimit,
+    /// This server speaks HTTPS itself (`--tls-cert`): its answers carry HSTS.
+    pub tls: bool,
     /// Where a study's changes go when several replicas share the database
     /// (`--replica-url`); `None`: every request is served here.
     pub forwarder: Option<forward::Forwarder>,
@@ -59,6 +63,8 @@ impl AppState {
             openapi_yaml: openapi_yaml.into(),
             public_url: public_url.into(),
             limits: rate_limit::RateLimit::default(),
+            failures: rate_limit::FailureLimit::default(),
+            tls: false,
             forwarder: None,
         }
     }
@@ -67,6 +73,18 @@ impl AppState {
     pub fn with_forwarder(mut self, forwarder: Option<forward::Forwarder>) -> Self {
         self.forwarder = forwarder;
         self
+    }
+
+    /// The same state, for a server that speaks HTTPS itself.
+    pub fn with_tls(mut self, tls: bool) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// Whether browsers reach this server over HTTPS (its own TLS, or a proxy's named by
+    /// `--public-url`): then the login cookie is `Secure`, never sent over plain HTTP.
+    pub fn https(&self) -> bool {
+        self.tls || self.public_url.starts_with("https://")
     }
 
     /// The same state, limiting each token to `per_second` requests a second.
@@ -80,7 +98,7 @@ impl AppState {
 #[openapi(
     info(
         title = "Augur",
-        description = "Self-hosted hyperparameter tuning: studies, trials, suggestions (ask/tell), measurements.\n\nTokens carry a role: reader (every GET), writer (also ask/tell: create studies, suggest, report; change, stop, delete its own studies), operator (also studies with a trial_job), admin (also tokens, the audit trail, every study); a trial token reads and reports to its own trial only. Any route may also answer 429 with Retry-After (a token past its rate limit, when one is configured) and 503 with Retry-After and code `unavailable` (the database cannot be reached right now): nothing was done, send the same request again after the wait. A change caught by such an outage during or just after its commit (or sent when the database connection broke), or lost by the replica it was forwarded to, is answered 500 with code `unanswered` instead (it may have been applied): read the study or trial before sending it again. Replicas started with `--replica-url` may forward a change of a busy study (any method but GET under `/v1/studies/{study}`) to the replica that owns it; an answer to a change of a study another replica owns, forwarded or not, names that replica's base URL in the `augur-study-replica` header, and a client may send the study's next changes there directly (the URL is one the replica already sends the caller's token to; a client of an https URL should not follow an http one, nor a client of another host a loopback one).",
+        description = "Self-hosted hyperparameter tuning: studies, trials, suggestions (ask/tell), measurements.\n\nTokens carry a role: reader (every GET), writer (also create studies; on its own studies, ask/tell: suggest, add trials, report, and change, stop, delete them), operator (also studies with a trial_job), admin (also tokens, the audit trail, every study); a trial token reads and reports to its own trial only. Any route may also answer 429 with Retry-After (a token past its rate limit, when one is configured, or an address that sent too many unknown tokens: after 10, one try every 6 s) and 503 with Retry-After and code `unavailable` (the database cannot be reached right now): nothing was done, send the same request again after the wait. A change caught by such an outage during or just after its commit (or sent when the database connection broke), or lost by the replica it was forwarded to, is answered 500 with code `unanswered` instead (it may have been applied): read the study or trial before sending it again. Replicas started with `--replica-url` may forward a change of a busy study (any method but GET under `/v1/studies/{study}`) to the replica that owns it; an answer to a change of a study another replica owns, forwarded or not, names that replica's base URL in the `augur-study-replica` header, and a client may send the study's next changes there directly (the URL is one the replica already sends the caller's token to; a client of an https URL should not follow an http one, nor a client of another host a loopback one).",
         license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
     // Recursive schemas are referenced, not inlined: they must be listed here.
@@ -136,7 +154,7 @@ pub fn metrics_handle() -> PrometheusHandle {
 }
 
 /// Wrap every route (the API's and the dashboard's) in what each request goes through:
-/// metrics, the browser guard, auth, the body limit and a timeout; unknown routes and
+/// metrics, the browser guard, auth, the body limit, a timeout and HSTS; unknown routes and
 /// methods answer with the API's JSON errors.
 pub fn serve_layers(router: Router<AppState>, state: AppState, body_limit: usize) -> Router {
     router
@@ -162,7 +180,32 @@ pub fn serve_layers(router: Router<AppState>, state: AppState, body_limit: usize
             axum::http::StatusCode::GATEWAY_TIMEOUT,
             Duration::from_secs(60),
         ))
+        // Outermost: every answer of a TLS server, refusals and timeouts too.
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            strict_transport_security,
+        ))
         .with_state(state)
+}
+
+/// How long a browser that saw this server over HTTPS keeps to HTTPS for it: a year, as
+/// browsers' preload lists ask. Sent only by a server that speaks TLS itself (over plain
+/// HTTP browsers ignore it; behind a TLS proxy, the proxy sets its own).
+const HSTS: &str = "max-age=31536000";
+
+async fn strict_transport_security(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let mut response = next.run(request).await;
+    if state.tls {
+        response.headers_mut().insert(
+            axum::http::header::STRICT_TRANSPORT_SECURITY,
+            axum::http::HeaderValue::from_static(HSTS),
+        );
+    }
+    response
 }
 
 async fn not_found() -> ApiError {

@@ -229,20 +229,21 @@ pub async fn stop_study(
         (status = 200, description = "Trials to run (possibly none: see retry_after_secs and study_state)", body = SuggestResponse),
         (status = 400, description = "A field is wrong", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
-        (status = 403, description = "A reader's token", body = ErrorBody),
+        (status = 403, description = "Neither the study's creator nor an admin", body = ErrorBody),
         (status = 404, description = "No such study", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
         (status = 415, description = "Body is not JSON", body = ErrorBody),
     ))]
 pub async fn suggest_trials(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path(study): Path<String>,
     ApiJson(req): ApiJson<SuggestRequest>,
 ) -> ApiResult<Json<SuggestResponse>> {
     let id = parse_id(&study, "study")?;
     let count = SuggestCount::try_from(req.count)?;
     let client_id = req.client_id.map(ClientId::try_from).transpose()?;
-    let out = state.service.suggest(id, count, client_id).await?;
+    let out = state.service.suggest(&actor, id, count, client_id).await?;
     Ok(Json(SuggestResponse {
         trials: out.trials,
         study_state: out.study_state,

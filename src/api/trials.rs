@@ -181,13 +181,15 @@ pub struct CompleteRequest {
     pub metrics: Option<BTreeMap<String, f64>>,
     /// Step of the final measurement (default 0).
     pub step: Option<i64>,
-    /// The trial ran but its point is infeasible.
+    /// The trial ran but its point is infeasible: why, at most 4096 bytes (longer: 400
+    /// naming `infeasible_reason`).
     pub infeasible_reason: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FailRequest {
+    /// Why, at most 4096 bytes (longer: 400 naming `reason`).
     pub reason: Option<String>,
 }
 
@@ -207,7 +209,7 @@ fn ids(study: &str, trial: &str) -> ApiResult<(i64, i64)> {
         (status = 201, description = "The new trial", body = Trial),
         (status = 400, description = "A parameter or metric is wrong", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
-        (status = 403, description = "A reader's token", body = ErrorBody),
+        (status = 403, description = "Neither the study's creator nor an admin", body = ErrorBody),
         (status = 404, description = "No such study", body = ErrorBody),
         (status = 409, description = "The study is not active, its budget is spent, or its cap is full", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
@@ -306,7 +308,7 @@ pub async fn update_trial(
         (status = 200, description = "The trial with the new measurement", body = Trial),
         (status = 400, description = "A field is wrong", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
-        (status = 403, description = "A trial token for another trial", body = ErrorBody),
+        (status = 403, description = "Neither the study's creator, an admin, nor this trial's own token", body = ErrorBody),
         (status = 404, description = "No such study or trial", body = ErrorBody),
         (status = 409, description = "The trial is not running", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
@@ -314,6 +316,7 @@ pub async fn update_trial(
     ))]
 pub async fn add_measurement(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path((study, trial)): Path<(String, String)>,
     ApiJson(req): ApiJson<MeasurementRequest>,
 ) -> ApiResult<Json<Trial>> {
@@ -326,7 +329,7 @@ pub async fn add_measurement(
     Ok(Json(
         state
             .service
-            .add_measurement(study, trial, measurement)
+            .add_measurement(&actor, study, trial, measurement)
             .await?,
     ))
 }
@@ -337,9 +340,9 @@ pub async fn add_measurement(
     params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID)),
     responses(
         (status = 200, description = "The finished trial", body = Trial),
-        (status = 400, description = "A field is wrong, or no measurement to select", body = ErrorBody),
+        (status = 400, description = "A field is wrong (an infeasible_reason over 4096 bytes), or no measurement to select", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
-        (status = 403, description = "A trial token for another trial", body = ErrorBody),
+        (status = 403, description = "Neither the study's creator, an admin, nor this trial's own token", body = ErrorBody),
         (status = 404, description = "No such study or trial", body = ErrorBody),
         (status = 409, description = "The trial already finished", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
@@ -347,6 +350,7 @@ pub async fn add_measurement(
     ))]
 pub async fn complete_trial(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path((study, trial)): Path<(String, String)>,
     ApiJson(req): ApiJson<CompleteRequest>,
 ) -> ApiResult<Json<Trial>> {
@@ -366,7 +370,10 @@ pub async fn complete_trial(
         (None, None) => Completion::Selected(Vec::new()),
     };
     Ok(Json(
-        state.service.complete_trial(study, trial, outcome).await?,
+        state
+            .service
+            .complete_trial(&actor, study, trial, outcome)
+            .await?,
     ))
 }
 
@@ -376,9 +383,9 @@ pub async fn complete_trial(
     params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID)),
     responses(
         (status = 200, description = "The failed trial", body = Trial),
-        (status = 400, description = "A field is wrong", body = ErrorBody),
+        (status = 400, description = "A field is wrong (a reason over 4096 bytes)", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
-        (status = 403, description = "A trial token for another trial", body = ErrorBody),
+        (status = 403, description = "Neither the study's creator, an admin, nor this trial's own token", body = ErrorBody),
         (status = 404, description = "No such study or trial", body = ErrorBody),
         (status = 409, description = "The trial already finished", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
@@ -386,6 +393,7 @@ pub async fn complete_trial(
     ))]
 pub async fn fail_trial(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path((study, trial)): Path<(String, String)>,
     ApiJson(req): ApiJson<FailRequest>,
 ) -> ApiResult<Json<Trial>> {
@@ -393,7 +401,12 @@ pub async fn fail_trial(
     let reason = req
         .reason
         .unwrap_or_else(|| "failed (no reason given)".to_string());
-    Ok(Json(state.service.fail_trial(study, trial, reason).await?))
+    Ok(Json(
+        state
+            .service
+            .fail_trial(&actor, study, trial, reason)
+            .await?,
+    ))
 }
 
 /// Extend a running trial's lease.
@@ -402,16 +415,17 @@ pub async fn fail_trial(
     responses(
         (status = 200, description = "The trial with its new lease", body = Trial),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
-        (status = 403, description = "A trial token for another trial", body = ErrorBody),
+        (status = 403, description = "Neither the study's creator, an admin, nor this trial's own token", body = ErrorBody),
         (status = 404, description = "No such study or trial", body = ErrorBody),
         (status = 409, description = "The trial is not running", body = ErrorBody),
     ))]
 pub async fn heartbeat_trial(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path((study, trial)): Path<(String, String)>,
 ) -> ApiResult<Json<Trial>> {
     let (study, trial) = ids(&study, &trial)?;
-    Ok(Json(state.service.heartbeat(study, trial).await?))
+    Ok(Json(state.service.heartbeat(&actor, study, trial).await?))
 }
 
 /// The early-stopping rule's verdict on this trial, changing nothing (true for a trial
@@ -441,16 +455,17 @@ pub async fn stop_verdict(
     responses(
         (status = 200, description = "The verdict; a stopped trial moves to `stopping`", body = ShouldStopResponse),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
-        (status = 403, description = "A trial token for another trial", body = ErrorBody),
+        (status = 403, description = "Neither the study's creator, an admin, nor this trial's own token", body = ErrorBody),
         (status = 404, description = "No such study or trial", body = ErrorBody),
     ))]
 pub async fn should_stop(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path((study, trial)): Path<(String, String)>,
 ) -> ApiResult<Json<ShouldStopResponse>> {
     let (study, trial) = ids(&study, &trial)?;
     Ok(Json(ShouldStopResponse {
-        should_stop: state.service.should_stop(study, trial).await?,
+        should_stop: state.service.ask_should_stop(&actor, study, trial).await?,
     }))
 }
 
@@ -479,7 +494,7 @@ pub struct TrialTokenResponse {
         (status = 201, description = "The trial's new token", body = TrialTokenResponse),
         (status = 400, description = "A field is wrong", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
-        (status = 403, description = "A reader's token, or the trial is not held by this client_id", body = ErrorBody),
+        (status = 403, description = "Neither the study's creator nor an admin, or the trial is not held by this client_id", body = ErrorBody),
         (status = 404, description = "No such study or trial", body = ErrorBody),
         (status = 409, description = "The trial is not running", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
@@ -487,6 +502,7 @@ pub struct TrialTokenResponse {
     ))]
 pub async fn issue_trial_token(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path((study, trial)): Path<(String, String)>,
     ApiJson(req): ApiJson<TrialTokenRequest>,
 ) -> ApiResult<(StatusCode, Json<TrialTokenResponse>)> {
@@ -494,7 +510,7 @@ pub async fn issue_trial_token(
     let client_id = crate::model::ClientId::try_from(req.client_id)?;
     let token = state
         .service
-        .issue_trial_token(study, trial, client_id.as_str())
+        .issue_trial_token(&actor, study, trial, client_id.as_str())
         .await?;
     Ok((StatusCode::CREATED, Json(TrialTokenResponse { token })))
 }

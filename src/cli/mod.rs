@@ -2,6 +2,7 @@
 //! everything else is a thin client of the HTTP API.
 
 mod client;
+mod csv;
 mod duration;
 mod error;
 mod run;
@@ -129,8 +130,8 @@ pub struct ServeArgs {
     pub database_url: String,
     #[arg(long, env = "AUGUR_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// Accept this bearer token (stored hashed). Without any token the server only runs
-    /// on a loopback address, open.
+    /// Accept this bearer token (stored hashed), an admin's: at least 16 characters.
+    /// Without any token the server only runs on a loopback address, open.
     #[arg(long, env = "AUGUR_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// Largest request body accepted, in bytes.
@@ -461,6 +462,9 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 replica_url,
                 commit_lanes,
             } = *args;
+            if let Some(token) = &token {
+                crate::service::check_configured_token(token).map_err(CliError::from)?;
+            }
             let mut config = crate::app::ServerConfig::new(database_url, listen);
             config.gpus = machine.gpus;
             config.containers = machine.containers.engine();

@@ -186,20 +186,7 @@ fn trials_csv(trials: &[Value]) -> String {
     };
     let params = keys("parameters");
     let metrics = keys("metrics");
-    let cell = |v: &Value| -> String {
-        let s = match v {
-            Value::Null => String::new(),
-            // Numbers stay numbers (a negative metric is no formula).
-            Value::Number(n) => n.to_string(),
-            Value::String(s) => neutralise_formula(s),
-            other => neutralise_formula(&other.to_string()),
-        };
-        if s.contains([',', '"', '\n', '\r']) {
-            format!("\"{}\"", s.replace('"', "\"\""))
-        } else {
-            s
-        }
-    };
+    let cell = super::csv::csv_cell;
     let mut out = String::from("id,state");
     for p in &params {
         out.push_str(&format!(",{}", cell(&Value::String(p.clone()))));
@@ -221,25 +208,19 @@ fn trials_csv(trials: &[Value]) -> String {
     out
 }
 
-/// A text cell a spreadsheet would run as a formula (`=`, `+`, `-`, `@`, or a tab or CR
-/// before one) gets a leading `'`, which spreadsheets show as text (OWASP's advice for CSV
-/// injection). Only text cells: numbers are written as numbers.
-fn neutralise_formula(s: &str) -> String {
-    if s.starts_with(['=', '+', '-', '@', '\t', '\r']) {
-        format!("'{s}")
-    } else {
-        s.to_string()
-    }
-}
-
 /// A value for a terminal: control characters (escape sequences, NUL, line breaks, C1
 /// controls) escaped as `\u{1b}`, `\n`, …, so a stored name cannot forge rows or drive the
-/// terminal. Names are refused with them at validation now; older versions stored them.
+/// terminal (names are refused with them at validation now; older versions stored them);
+/// and the invisible characters that reorder or hide text (bidirectional overrides and
+/// isolates, zero-width ones) escaped as `\u{202e}`, so a line shows what is stored:
+/// `report\u{202e}fdp.exe` rather than a name that reads as another (Trojan Source).
 fn printable(s: &str) -> String {
     s.chars()
         .map(|c| {
             if c.is_control() {
                 c.escape_default().to_string()
+            } else if is_invisible_format(c) {
+                c.escape_unicode().to_string()
             } else {
                 c.to_string()
             }
@@ -247,15 +228,30 @@ fn printable(s: &str) -> String {
         .collect()
 }
 
+/// Unicode format characters a terminal draws as nothing while they change what is shown:
+/// bidirectional marks, embeddings, overrides and isolates, zero-width (non-)joiners and
+/// spaces, invisible operators, the byte-order mark, the soft hyphen, interlinear
+/// annotations.
+fn is_invisible_format(c: char) -> bool {
+    matches!(
+        c,
+        '\u{ad}'
+            | '\u{61c}'
+            | '\u{180e}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{202a}'..='\u{202e}'
+            | '\u{2060}'..='\u{206f}'
+            | '\u{feff}'
+            | '\u{fff9}'..='\u{fffb}'
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn formulas_are_neutralised_and_numbers_kept() {
-        assert_eq!(neutralise_formula("=1+1"), "'=1+1");
-        assert_eq!(neutralise_formula("\t=1"), "'\t=1");
-        assert_eq!(neutralise_formula("adam"), "adam");
+    fn an_export_has_a_row_per_trial_with_every_parameter_and_metric() {
         let csv = trials_csv(&[serde_json::json!({
             "id": 1, "state": "completed",
             "parameters": {"opt": "@SUM(A1)", "x": -2.5},
@@ -263,7 +259,7 @@ mod tests {
         })]);
         assert_eq!(
             csv,
-            "id,state,opt,x,loss\n1,completed,'@SUM(A1),-2.5,-0.5\n"
+            "id,state,opt,x,loss\n1,completed,\"'@SUM(A1)\",-2.5,-0.5\n"
         );
     }
 
@@ -271,5 +267,9 @@ mod tests {
     fn control_characters_print_escaped() {
         assert_eq!(printable("a\u{1b}[31mb\nc\0"), "a\\u{1b}[31mb\\nc\\u{0}");
         assert_eq!(printable("svc-digits é"), "svc-digits é");
+        assert_eq!(
+            printable("a\u{202e}b\u{200b}c\u{2066}d\u{feff}"),
+            "a\\u{202e}b\\u{200b}c\\u{2066}d\\u{feff}"
+        );
     }
 }

@@ -10,7 +10,7 @@ use std::sync::LazyLock;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use serde::Deserialize;
 use utoipa::IntoParams;
@@ -20,6 +20,7 @@ use utoipa_axum::routes;
 use crate::api::AppState;
 use crate::api::auth::TOKEN_COOKIE;
 use crate::api::error::ApiError;
+use crate::api::rate_limit::SourceAddress;
 
 /// The dashboard's JavaScript modules by file name, each embedded at build time and served at
 /// `/dashboard/js/{module}`; they import each other by these names. A unit test keeps this
@@ -235,9 +236,12 @@ fn login_form(next: &str, error: Option<&str>) -> Html<String> {
 }
 
 /// Check the token (through the service, as every request is), keep it in an HTTP-only
-/// cookie and go on to the page asked for. The cookie is accepted for reading only (GET),
-/// so a forged cross-site form cannot change anything; a login posted from another site is
-/// refused too (login CSRF: the victim would be signed in as the attacker).
+/// cookie (`Secure` when browsers reach this server over HTTPS) and go on to the page asked
+/// for. The cookie is accepted for reading only (GET), so a forged cross-site form cannot
+/// change anything; a login posted from another site is refused by the guard
+/// (`api/guard.rs`: login CSRF, the victim would be signed in as the attacker). Failed
+/// sign-ins count against the source address's limit (`api/rate_limit.rs`), like wrong
+/// bearer tokens.
 #[utoipa::path(post, path = "/login", tag = "dashboard",
     request_body(content = String, content_type = "application/x-www-form-urlencoded",
         description = "`token=<api token>&next=<path>`"),
@@ -246,8 +250,9 @@ fn login_form(next: &str, error: Option<&str>) -> Html<String> {
         (status = 400, description = "No token in the form, or one no cookie can hold", content_type = "text/html", body = String),
         (status = 401, description = "No such token (or it expired): the form again", content_type = "text/html", body = String),
         (status = 403, description = "Posted from another site, or a trial's token", content_type = "text/html", body = String),
+        (status = 429, description = "Too many failed sign-ins or wrong tokens from this address: try again after Retry-After seconds", content_type = "text/html", body = String),
     ))]
-pub async fn login(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+pub async fn login(State(state): State<AppState>, source: SourceAddress, body: Bytes) -> Response {
     let mut token = None;
     let mut next = None;
     for (k, v) in form_urlencoded::parse(&body) {
@@ -258,23 +263,33 @@ pub async fn login(State(state): State<AppState>, headers: HeaderMap, body: Byte
         }
     }
     let next = safe_next(next.as_deref());
-    if let Some(site) = foreign_site(&headers) {
-        let why = format!("a sign-in posted from another site ({site}) is refused");
-        return (StatusCode::FORBIDDEN, login_form(&next, Some(&why))).into_response();
-    }
     let Some(token) = token.filter(|t| !t.is_empty()) else {
         let form = login_form(&next, Some("No token given."));
         return (StatusCode::BAD_REQUEST, form).into_response();
     };
+    if let Err(ApiError::TooManyRequests { retry_after_secs }) = state.failures.check(source.0) {
+        let why =
+            format!("Too many wrong tokens from this address: try again in {retry_after_secs} s.");
+        let retry = [(header::RETRY_AFTER, retry_after_secs.to_string())];
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            retry,
+            login_form(&next, Some(&why)),
+        )
+            .into_response();
+    }
     // Only what a cookie value may hold (RFC 6265 cookie-octet): no `;`, `,`, spaces or
     // control characters that would end the value and add attributes of the sender's.
     if !token.bytes().all(is_cookie_octet) {
+        state.failures.record_failure(source.0);
         let form = login_form(&next, Some("That is not a token this server issues."));
         return (StatusCode::BAD_REQUEST, form).into_response();
     }
     match state.service.authenticate(&token).await {
         Ok(Some(caller)) if caller.trial_scope.is_none() => {
-            let cookie = format!("{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict");
+            let secure = if state.https() { "; Secure" } else { "" };
+            let cookie =
+                format!("{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict{secure}");
             with_cookie(Redirect::to(&next).into_response(), &cookie)
         }
         Ok(Some(_)) => {
@@ -282,6 +297,7 @@ pub async fn login(State(state): State<AppState>, headers: HeaderMap, body: Byte
             (StatusCode::FORBIDDEN, login_form(&next, Some(why))).into_response()
         }
         Ok(None) => {
+            state.failures.record_failure(source.0);
             let why = "Unknown or expired token.";
             (StatusCode::UNAUTHORIZED, login_form(&next, Some(why))).into_response()
         }
@@ -295,12 +311,10 @@ pub async fn login(State(state): State<AppState>, headers: HeaderMap, body: Byte
         (status = 303, description = "Signed out: the cookie is cleared, on to the login form"),
         (status = 403, description = "Posted from another site", content_type = "text/html", body = String),
     ))]
-pub async fn logout(headers: HeaderMap) -> Response {
-    if let Some(site) = foreign_site(&headers) {
-        let why = format!("a sign-out posted from another site ({site}) is refused");
-        return (StatusCode::FORBIDDEN, login_form("/", Some(&why))).into_response();
-    }
-    let cookie = format!("{TOKEN_COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
+pub async fn logout(State(state): State<AppState>) -> Response {
+    // Refused from another site by the guard (`api/guard.rs`).
+    let secure = if state.https() { "; Secure" } else { "" };
+    let cookie = format!("{TOKEN_COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{secure}");
     with_cookie(Redirect::to("/login").into_response(), &cookie)
 }
 
@@ -309,18 +323,6 @@ fn with_cookie(mut response: Response, cookie: &str) -> Response {
         response.headers_mut().insert(header::SET_COOKIE, v);
     }
     response
-}
-
-/// `Sec-Fetch-Site` when a browser says the request comes from a page of another site or
-/// of a sibling subdomain (`same-site`); `None` for this server's own pages (`same-origin`),
-/// a request the user made (`none`), and clients that send no such header. Foreign `Origin`s
-/// are refused before this, by the guard (`api/guard.rs`).
-fn foreign_site(headers: &HeaderMap) -> Option<String> {
-    let site = headers.get("sec-fetch-site")?.to_str().unwrap_or("invalid");
-    match site {
-        "same-origin" | "none" => None,
-        other => Some(other.to_string()),
-    }
 }
 
 /// RFC 6265 `cookie-octet`: visible ASCII but `"`, `,`, `;` and `\`.

@@ -1,5 +1,8 @@
 //! The audit trail: who (a token's name; `open` on an open server) created, changed, stopped
-//! or deleted each study, added or excluded trials, created or revoked tokens.
+//! or deleted each study, added, excluded, completed, failed or stopped trials, asked for a
+//! trial's token, created or revoked tokens. Measurements and heartbeats, which change no
+//! trial's state and come by the thousand, are not recorded; suggestions neither (the trial
+//! names its `client_id`), nor what the server's own dispatcher reports.
 //!
 //! An entry is written right after the change it records commits, not in the same
 //! transaction: a crash (or a lost database) between the two loses the entry, never the
@@ -36,6 +39,21 @@ impl Service {
         }
     }
 
+    /// Record that `actor` changed a trial's state. The detail is cut to
+    /// [`MAX_TRIAL_DETAIL`] bytes: the trail says who did what, the trial keeps the rest.
+    pub(super) async fn audit_trial(
+        &self,
+        actor: &Caller,
+        action: &str,
+        study_id: i64,
+        trial_id: i64,
+        detail: Option<String>,
+    ) {
+        let detail = detail.map(|d| truncated(d, MAX_TRIAL_DETAIL));
+        self.audit(actor, action, Some(study_id), Some(trial_id), detail)
+            .await;
+    }
+
     /// The audit trail, oldest first, a page at a time.
     pub async fn audit_events(
         &self,
@@ -52,6 +70,23 @@ impl Service {
     }
 }
 
+/// The most of a trial change's detail (metrics, a reason) the trail keeps.
+const MAX_TRIAL_DETAIL: usize = 512;
+
+/// `s` cut to at most `max` bytes on a character boundary, marked with `…` when cut.
+fn truncated(mut s: String, max: usize) -> String {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    s.push('…');
+    s
+}
+
 fn audit_event(r: AuditRecord) -> AuditEvent {
     AuditEvent {
         id: r.id,
@@ -61,5 +96,17 @@ fn audit_event(r: AuditRecord) -> AuditEvent {
         study_id: r.entry.study_id,
         trial_id: r.entry.trial_id,
         detail: r.entry.detail,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_details_are_cut_on_a_character_boundary_and_marked() {
+        assert_eq!(truncated("short".into(), 8), "short");
+        assert_eq!(truncated("ééé".into(), 3), "é…");
+        assert_eq!(truncated("x".repeat(600), MAX_TRIAL_DETAIL).len(), 515);
     }
 }

@@ -6,6 +6,27 @@ use std::collections::BTreeMap;
 use super::{ServiceError, ServiceResult};
 use crate::model::{Measurement, Step, StudyConfig};
 
+/// The most bytes a trial's fail or infeasible reason may hold when a caller reports it: a
+/// reason rides along with every read of its trial (pages of 1,000), so an unbounded one
+/// (900 KB each in a probe) made pages of a gigabyte. Refused past it (400 naming the
+/// field), not cut: the caller learns its reason was not kept whole. The server's own
+/// dispatcher writes its reasons itself and keeps them short.
+pub const MAX_REASON_BYTES: usize = 4096;
+
+/// A reported reason no longer than [`MAX_REASON_BYTES`].
+pub(super) fn check_reason(field: &str, reason: &str) -> ServiceResult<()> {
+    if reason.len() > MAX_REASON_BYTES {
+        return Err(ServiceError::invalid(
+            field,
+            format!(
+                "is {} bytes long; at most {MAX_REASON_BYTES} are kept",
+                reason.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// An intermediate measurement: a step >= 0, a sane elapsed time, the study's metrics.
 pub(super) fn check_measurement(
     config: &StudyConfig,

@@ -51,7 +51,10 @@ pub use runners::{DispatchedTrial, RUNNER_LEASE_TTL, RunnerStudy};
 pub use snapshots::StudySnapshot;
 pub use state_machine::Completion;
 pub use suggest::{DispatchedSuggestions, Suggestions};
-pub use tokens::{Caller, NewToken, OPEN_CALLER, TOKEN_CACHE_TTL, hash_token, new_token};
+pub use tokens::{
+    Caller, MIN_CONFIGURED_TOKEN_LEN, NewToken, OPEN_CALLER, TOKEN_CACHE_TTL,
+    check_configured_token, hash_token, new_token,
+};
 
 use group_commit::GroupCommit;
 use state_machine::{Command, Reply};
@@ -74,8 +77,8 @@ pub struct Service {
     /// Ids of studies that were created, changed, stopped or deleted in this process: the
     /// dispatcher reacts at once instead of at its next poll.
     events: tokio::sync::broadcast::Sender<i64>,
-    /// See `fixed_config`. Study ids are never reused, so entries never go stale.
-    fixed_configs: Arc<Mutex<HashMap<i64, Arc<StudyConfig>>>>,
+    /// See `fixed_study`. Study ids are never reused, so entries never go stale.
+    fixed_studies: Arc<Mutex<HashMap<i64, FixedStudy>>>,
     snapshots: snapshots::Snapshots,
     tokens: tokens::TokenCache,
     /// Where relative `output_dir`s of dispatched studies resolve (their logs are served).
@@ -97,7 +100,7 @@ impl Service {
                 std::thread::available_parallelism().map_or(1, usize::from),
             )),
             events: tokio::sync::broadcast::channel(1024).0,
-            fixed_configs: Arc::default(),
+            fixed_studies: Arc::default(),
             snapshots: snapshots::Snapshots::default(),
             tokens,
             runs_base: Arc::new(runs_base),
@@ -153,20 +156,28 @@ impl Service {
     /// any replica. Saves a read and a validation on every suggest, measurement and
     /// completion.
     async fn fixed_config(&self, study_id: i64) -> ServiceResult<Arc<StudyConfig>> {
-        if let Some(config) = self
-            .fixed_configs
+        Ok(self.fixed_study(study_id).await?.config)
+    }
+
+    /// What never changes of a study once created: its validated config and its creator.
+    async fn fixed_study(&self, study_id: i64) -> ServiceResult<FixedStudy> {
+        if let Some(fixed) = self
+            .fixed_studies
             .lock()
             .ok()
             .and_then(|c| c.get(&study_id).cloned())
         {
-            return Ok(config);
+            return Ok(fixed);
         }
         let study = self.study_record(study_id).await?;
-        let config = Arc::new(stored_config(&study)?);
-        if let Ok(mut cache) = self.fixed_configs.lock() {
-            cache.insert(study_id, config.clone());
+        let fixed = FixedStudy {
+            config: Arc::new(stored_config(&study)?),
+            created_by: study.created_by.map(Arc::from),
+        };
+        if let Ok(mut cache) = self.fixed_studies.lock() {
+            cache.insert(study_id, fixed.clone());
         }
-        Ok(config)
+        Ok(fixed)
     }
 
     /// Apply a trial command in the study's next batch; the trial as it is after it.
@@ -268,6 +279,14 @@ impl Service {
         };
         Ok(study_of(record, best_trial))
     }
+}
+
+/// The parts of a study that never change after it is created (see `fixed_study`).
+#[derive(Clone)]
+struct FixedStudy {
+    config: Arc<StudyConfig>,
+    /// The token that created it; `None` for studies from before roles (admins' alone).
+    created_by: Option<Arc<str>>,
 }
 
 /// Which connections a read takes: a new request's, or those kept for the answer of a

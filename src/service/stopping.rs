@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use super::state_machine::Command;
-use super::{Service, ServiceError, ServiceResult, stored_config};
+use super::{Caller, Service, ServiceError, ServiceResult, stored_config};
 use crate::model::{Measurement, TrialState};
 
 /// Completed trials whose curves the early-stopping rule compares a running trial with: the
@@ -12,6 +12,23 @@ use crate::model::{Measurement, TrialState};
 const STOPPING_PEERS: i64 = 1_000;
 
 impl Service {
+    /// `should_stop` asked by `actor` through the API: it may move the trial to `stopping`,
+    /// so it is a report (see `check_reporter` for who may), audited when it stops the trial.
+    pub async fn ask_should_stop(
+        &self,
+        actor: &Caller,
+        study_id: i64,
+        trial_id: i64,
+    ) -> ServiceResult<bool> {
+        self.check_reporter(actor, study_id, Some(trial_id)).await?;
+        let stopped = self.should_stop(study_id, trial_id).await?;
+        if stopped {
+            self.audit_trial(actor, "trial.stop", study_id, trial_id, None)
+                .await;
+        }
+        Ok(stopped)
+    }
+
     /// Whether the study's early-stopping rule says this trial should stop; if so an active
     /// trial moves to `stopping`.
     pub async fn should_stop(&self, study_id: i64, trial_id: i64) -> ServiceResult<bool> {

@@ -154,13 +154,35 @@ impl Service {
         if actor.may_manage(study.created_by.as_deref()) {
             Ok(())
         } else {
-            Err(ServiceError::denied(format!(
-                "study {study_id} was created by {}; only its creator or an admin may change it",
-                study
-                    .created_by
-                    .as_deref()
-                    .unwrap_or("an earlier version (admins only)")
-            )))
+            Err(not_its_manager(study_id, study.created_by.as_deref()))
+        }
+    }
+
+    /// Who may ask a study for trials, add trials to it, or report to (and so end) one of
+    /// its trials: the study's creator or an admin, as for any change of the study, and for
+    /// `trial` also that trial's own token. Any other writer would otherwise fail the study
+    /// (suggest, then fail its trials) or poison it (complete a trial with a made-up value).
+    /// The creator is read once per process (`fixed_study`): a report pays no extra read.
+    pub(super) async fn check_reporter(
+        &self,
+        actor: &Caller,
+        study_id: i64,
+        trial: Option<i64>,
+    ) -> ServiceResult<()> {
+        if let Some(scope) = actor.trial_scope {
+            return if trial.is_some_and(|t| scope == (study_id, t)) {
+                Ok(())
+            } else {
+                Err(ServiceError::denied(
+                    "this token may only report to its own trial",
+                ))
+            };
+        }
+        let fixed = self.fixed_study(study_id).await?;
+        if actor.may_manage(fixed.created_by.as_deref()) {
+            Ok(())
+        } else {
+            Err(not_its_manager(study_id, fixed.created_by.as_deref()))
         }
     }
 
@@ -175,4 +197,13 @@ impl Service {
             other => Err(unexpected(other)),
         }
     }
+}
+
+/// The refusal of a caller who neither created the study nor is an admin.
+fn not_its_manager(study_id: i64, created_by: Option<&str>) -> ServiceError {
+    ServiceError::denied(format!(
+        "study {study_id} was created by {}; only its creator or an admin may change it, ask \
+         it for trials or report to them (a trial also with its own token)",
+        created_by.unwrap_or("an earlier version (admins only)")
+    ))
 }

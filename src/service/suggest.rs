@@ -21,7 +21,7 @@ use augur_optimizer::{
 };
 
 use super::state_machine::{Command, Handed, Reply};
-use super::{Service, ServiceError, ServiceResult, stored_config, unexpected};
+use super::{Caller, Service, ServiceError, ServiceResult, stored_config, unexpected};
 use crate::model::spec::MAX_SUGGEST_VALUES;
 use crate::model::{ClientId, StudyConfig, StudyState, SuggestCount, Trial, TrialState};
 use crate::store::{StudyRecord, TrialRecord};
@@ -80,13 +80,16 @@ enum Asker {
 
 impl Service {
     /// Hand out up to `count` trials, never exceeding `parallel_trials` unfinished nor
-    /// `max_trials` in all (enforced in `state_machine.rs`).
+    /// `max_trials` in all (enforced in `state_machine.rs`), for `actor` to run: only the
+    /// study's creator or an admin may ask (`check_reporter`), as only they may change it.
     pub async fn suggest(
         &self,
+        actor: &Caller,
         study_id: i64,
         count: SuggestCount,
         client_id: Option<ClientId>,
     ) -> ServiceResult<Suggestions> {
+        self.check_reporter(actor, study_id, None).await?;
         let parameters = self.fixed_config(study_id).await?.parameter_count;
         if count.get().saturating_mul(parameters) > MAX_SUGGEST_VALUES {
             return Err(ServiceError::invalid(

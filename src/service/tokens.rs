@@ -32,6 +32,24 @@ const ENV_TOKEN_NAME: &str = "env";
 /// The caller's name on an open server (loopback, no tokens).
 pub const OPEN_CALLER: &str = "open";
 
+/// The shortest token a server may be configured with (`--token`, `AUGUR_TOKEN`): it is an
+/// admin's, and a short one can be guessed (the limit on failures only slows guessing).
+pub const MIN_CONFIGURED_TOKEN_LEN: usize = 16;
+
+/// Refuse a configured token too short to be a secret.
+pub fn check_configured_token(token: &str) -> ServiceResult<()> {
+    if token.trim().chars().count() < MIN_CONFIGURED_TOKEN_LEN {
+        return Err(ServiceError::invalid(
+            "--token",
+            format!(
+                "the server's token (--token or AUGUR_TOKEN) must be at least \
+                 {MIN_CONFIGURED_TOKEN_LEN} characters, e.g. `openssl rand -hex 32`"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Hex SHA-256 of a token: what the store keeps.
 pub fn hash_token(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
@@ -307,13 +325,17 @@ impl Service {
     /// A token for a pulled trial that `client_id` holds (active or stopping), which may only
     /// report to that trial; it replaces the trial's earlier token and goes when the trial
     /// finishes or its lease runs out. `augur worker` hands it to the trial's process
-    /// instead of its own.
+    /// instead of its own. Only the trial's holder may ask: a trial is handed out only to the
+    /// study's creator or an admin (`check_reporter`), and the `client_id` it was handed to,
+    /// which every reader sees, proves nothing alone.
     pub async fn issue_trial_token(
         &self,
+        actor: &Caller,
         study_id: i64,
         trial_id: i64,
         client_id: &str,
     ) -> ServiceResult<String> {
+        self.check_reporter(actor, study_id, None).await?;
         let token = new_token();
         let command = Command::IssueToken {
             trial_id,
@@ -321,7 +343,12 @@ impl Service {
             token_hash: hash_token(&token),
         };
         match self.commits.submit(study_id, command).await? {
-            Reply::Issued => Ok(token),
+            Reply::Issued => {
+                let detail = Some(format!("for client {client_id}"));
+                self.audit_trial(actor, "trial.token", study_id, trial_id, detail)
+                    .await;
+                Ok(token)
+            }
             other => Err(unexpected(other)),
         }
     }
@@ -357,6 +384,13 @@ fn check_token_name(name: &str) -> ServiceResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_configured_token_must_be_long_enough() {
+        assert!(check_configured_token("x").is_err());
+        assert!(check_configured_token("  fifteen-chars-x  ").is_err());
+        assert!(check_configured_token("sixteen-chars-xy").is_ok());
+    }
 
     #[test]
     fn token_hash_is_sha256_hex() {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use augur_optimizer::Assignment;
 
-use super::checks::{check_measurement, check_metrics};
+use super::checks::{check_measurement, check_metrics, check_reason};
 use super::paging::{format_cursor, page_bounds, parse_cursor, split_page};
 use super::state_machine::Command;
 use super::{Caller, Changes, Completion, Page, Service, ServiceError, ServiceResult};
@@ -20,6 +20,7 @@ impl Service {
         parameters: Assignment,
         final_metrics: Option<BTreeMap<String, f64>>,
     ) -> ServiceResult<Trial> {
+        self.check_reporter(actor, study_id, None).await?;
         let config = self.fixed_config(study_id).await?;
         config
             .space
@@ -111,12 +112,16 @@ impl Service {
         Ok(record.state.is_unfinished())
     }
 
+    /// Record `actor`'s measurement of a running trial (see `check_reporter` for who may).
+    /// Not audited: a trial reports many, and a measurement ends nothing.
     pub async fn add_measurement(
         &self,
+        actor: &Caller,
         study_id: i64,
         trial_id: i64,
         measurement: Measurement,
     ) -> ServiceResult<Trial> {
+        self.check_reporter(actor, study_id, Some(trial_id)).await?;
         let record = self
             .measurement_command(study_id, trial_id, measurement)
             .await?;
@@ -151,13 +156,27 @@ impl Service {
         self.change_trial_record(study_id, command).await
     }
 
+    /// `actor` completes a trial (see `check_reporter` for who may); audited with what it
+    /// reported, since a completion decides the best trial.
     pub async fn complete_trial(
         &self,
+        actor: &Caller,
         study_id: i64,
         trial_id: i64,
         outcome: Completion,
     ) -> ServiceResult<Trial> {
+        self.check_reporter(actor, study_id, Some(trial_id)).await?;
+        if let Completion::Infeasible(reason) = &outcome {
+            check_reason("infeasible_reason", reason)?;
+        }
+        let detail = match &outcome {
+            Completion::Metrics { metrics, .. } => serde_json::to_string(metrics).ok(),
+            Completion::Infeasible(reason) => Some(format!("infeasible: {reason}")),
+            Completion::Selected(_) => Some("by measurement selection".into()),
+        };
         let record = self.completion_command(study_id, trial_id, outcome).await?;
+        self.audit_trial(actor, "trial.complete", study_id, trial_id, detail)
+            .await;
         self.answer_view(study_id, record).await
     }
 
@@ -201,14 +220,23 @@ impl Service {
             .await
     }
 
+    /// `actor` fails a trial (see `check_reporter` for who may); audited with the reason.
     pub async fn fail_trial(
         &self,
+        actor: &Caller,
         study_id: i64,
         trial_id: i64,
         reason: String,
     ) -> ServiceResult<Trial> {
-        self.change_trial(study_id, Command::Fail { trial_id, reason })
-            .await
+        self.check_reporter(actor, study_id, Some(trial_id)).await?;
+        check_reason("reason", &reason)?;
+        let detail = Some(reason.clone());
+        let record = self
+            .change_trial_record(study_id, Command::Fail { trial_id, reason })
+            .await?;
+        self.audit_trial(actor, "trial.fail", study_id, trial_id, detail)
+            .await;
+        self.answer_view(study_id, record).await
     }
 
     /// `fail_trial` without the trial's view (see `record_measurement`).
@@ -223,7 +251,15 @@ impl Service {
             .map(drop)
     }
 
-    pub async fn heartbeat(&self, study_id: i64, trial_id: i64) -> ServiceResult<Trial> {
+    /// Extend a running trial's lease (see `check_reporter` for who may). Not audited: it
+    /// changes no state, and comes every few seconds.
+    pub async fn heartbeat(
+        &self,
+        actor: &Caller,
+        study_id: i64,
+        trial_id: i64,
+    ) -> ServiceResult<Trial> {
+        self.check_reporter(actor, study_id, Some(trial_id)).await?;
         self.change_trial(study_id, Command::Heartbeat { trial_id })
             .await
     }

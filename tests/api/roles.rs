@@ -8,9 +8,13 @@
 //! | every GET (API, dashboard, /metrics, openapi)    | yes    | yes              | yes      | yes   | its trial only |
 //! | GET /v1/tokens, GET /v1/audit                    | 403    | 403              | 403      | yes   | 403         |
 //! | POST/DELETE /v1/tokens…                          | 403    | 403              | 403      | yes   | 403         |
-//! | POST /v1/studies, suggest, trials, reports       | 403    | yes              | yes      | yes   | its trial's reports only |
+//! | POST /v1/studies                                 | 403    | yes              | yes      | yes   | 403         |
+//! | suggest, add a trial, a trial's reports          | 403    | yes (its own)    | 403      | yes   | its trial's reports only |
 //! | PATCH/DELETE a study, stop it, PATCH a trial     | 403    | yes (its own)    | 403      | yes   | 403         |
-//! | POST …/trials/{trial}/token                      | 403    | yes              | yes      | yes   | 403         |
+//! | POST …/trials/{trial}/token                      | 403    | yes (its own)    | 403      | yes   | 403         |
+//!
+//! The study is the writer's: the operator stands for every other writer, whose asks and
+//! tells to another's study are refused (issue 26, finding 8).
 //! | /login, /logout, /dashboard/*, /healthz, /readyz | yes    | yes              | yes      | yes   | yes         |
 //!
 //! (A `trial_job` needs an operator: `tokens.rs` checks that; here every body is `{}`.)
@@ -76,15 +80,10 @@ fn allowed(who: Who, method: &Method, path: &str) -> bool {
     if who == Who::Reader {
         return false;
     }
-    // Changing a study is its creator's (the writer here) or an admin's.
-    let manages = matches!(
-        (method.as_str(), path),
-        ("PATCH", "/v1/studies/{study}")
-            | ("DELETE", "/v1/studies/{study}")
-            | ("POST", "/v1/studies/{study}/stop")
-            | ("PATCH", "/v1/studies/{study}/trials/{trial}")
-    );
-    !manages || who != Who::Operator
+    // Creating a study is any writer's; every other change under it (asking it for trials,
+    // reporting to them) its creator's (the writer here) or an admin's.
+    let creates = *method == Method::POST && path == "/v1/studies";
+    creates || who != Who::Operator
 }
 
 /// Every (method, path) of the OpenAPI document, DELETE last and the study's own deletion
@@ -203,6 +202,13 @@ async fn every_route_answers_each_role_as_the_table_says(backend: &str) {
             // the one change that needs a field.
             let body = match method {
                 Method::PATCH if path.ends_with("{trial}") => Some(json!({"excluded": false})),
+                Method::POST if path.ends_with("/measurements") => {
+                    Some(json!({"step": 0, "metrics": {}}))
+                }
+                Method::POST if path.ends_with("/token") => {
+                    Some(json!({"client_id": "owner-client"}))
+                }
+                Method::POST if path.ends_with("{study}/trials") => Some(json!({"parameters": {}})),
                 Method::POST | Method::PATCH | Method::PUT => Some(json!({})),
                 _ => None,
             };

@@ -91,3 +91,62 @@ async fn the_api_is_served_over_tls_and_the_cli_trusts_a_given_certificate() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("name"));
 }
+
+/// On a TLS server the login cookie is `Secure` (a browser never sends the token over plain
+/// HTTP, e.g. to a look-alike `http://` link) and every answer carries HSTS, so the browser
+/// keeps to HTTPS; a plain server sends neither (there, HSTS would be ignored and `Secure`
+/// would lose the cookie).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_server_sets_a_secure_cookie_and_hsts() {
+    let dir = tempfile::tempdir().expect("dir");
+    let made =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("certificate");
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, made.cert.pem()).expect("cert");
+    std::fs::write(&key, made.signing_key.serialize_pem()).expect("key");
+    let db = common::sqlite_db();
+    let mut config = ServerConfig::new(db.url.clone(), "127.0.0.1:0".parse().expect("addr"));
+    config.token = Some("tls-admin-token".into());
+    config.dispatch = false;
+    config.tls = Some(TlsFiles { cert, key });
+    let app = App::build(config).await.expect("server");
+    let port = app.addr().port();
+    tokio::spawn(app.run());
+    let client = common::http_builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(made.cert.pem().as_bytes()).expect("pem")])
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let login = client
+        .post(format!("https://localhost:{port}/login"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("token=tls-admin-token&next=/")
+        .send()
+        .await
+        .expect("login");
+    assert_eq!(login.status(), StatusCode::SEE_OTHER);
+    let cookie = login.headers()["set-cookie"].to_str().expect("cookie");
+    assert!(cookie.contains("; Secure"), "{cookie}");
+    for path in ["/healthz", "/v1/studies", "/login"] {
+        let r = client
+            .get(format!("https://localhost:{port}{path}"))
+            .send()
+            .await
+            .expect("get");
+        let hsts = r
+            .headers()
+            .get("strict-transport-security")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        assert!(hsts.starts_with("max-age="), "{path}: {hsts:?}");
+    }
+
+    let plain = common::spawn_app_with(common::sqlite_db(), Some("plain-admin-token")).await;
+    let r = plain
+        .http
+        .get(format!("{}/healthz", plain.base))
+        .send()
+        .await
+        .expect("get");
+    assert!(r.headers().get("strict-transport-security").is_none());
+}

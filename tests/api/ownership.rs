@@ -1,0 +1,284 @@
+//! Who may act on a study's trials (issue 26, findings 8 and 11), as an attacker with a
+//! writer's token of their own would try it: a writer who did not create a study may not
+//! pull its trials, add results, report to (or end) its trials, nor mint a token for a trial
+//! another client holds; the trial's own token, the study's creator and an admin may, and
+//! each trial-level change they make enters the audit trail. On SQLite and PostgreSQL.
+
+use crate::common;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+on_both_backends!(
+    a_writer_cannot_end_or_poison_a_study_it_does_not_own,
+    only_a_trials_holder_may_mint_its_token,
+    trial_changes_enter_the_audit_trail,
+);
+
+const ADMIN: &str = "ownership-admin-token";
+
+async fn team_app(backend: &str) -> common::TestApp {
+    common::spawn_app_with(common::db(backend).await, Some(ADMIN)).await
+}
+
+/// A new token of `role` named `name`; its secret.
+async fn token(app: &common::TestApp, name: &str, role: &str) -> String {
+    let r = app
+        .post("/v1/tokens", json!({"name": name, "role": role}))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    r.body["token"].as_str().expect("token").to_string()
+}
+
+async fn call_as(
+    app: &common::TestApp,
+    token: &str,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> common::Response {
+    common::call(&app.http, &app.base, Some(token), method, path, body).await
+}
+
+/// A study `owner` created (at most 3 failed trials) and one trial of it that `owner`
+/// pulled as `client`: (study, trial).
+async fn owned_study_with_trial(app: &common::TestApp, owner: &str, client: &str) -> (i64, i64) {
+    let mut spec = common::spec("random", 20, 5);
+    spec["max_failed_trials"] = json!(3);
+    let r = call_as(app, owner, Method::POST, "/v1/studies", Some(spec)).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let study = r.body["id"].as_i64().expect("id");
+    let s = call_as(
+        app,
+        owner,
+        Method::POST,
+        &format!("/v1/studies/{study}/suggest"),
+        Some(json!({"count": 1, "client_id": client})),
+    )
+    .await;
+    assert_eq!(s.status, StatusCode::OK, "{}", s.body);
+    (study, s.body["trials"][0]["id"].as_i64().expect("trial"))
+}
+
+/// The probe's attack: suggest + fail ×3 failed another's study, and completing its trial
+/// with 1e300 made that the best trial. Every way in is refused with 403, for a writer and
+/// for an operator (neither created the study), and the study is untouched.
+async fn a_writer_cannot_end_or_poison_a_study_it_does_not_own(backend: &str) {
+    let app = team_app(backend).await;
+    let alice = token(&app, "alice", "writer").await;
+    let bob = token(&app, "bob", "writer").await;
+    let ops = token(&app, "ops", "operator").await;
+    let (study, trial) = owned_study_with_trial(&app, &alice, "alice-worker").await;
+
+    let poison = json!({"metrics": {"accuracy": 1e300}});
+    let params = json!({"lr": 0.01, "layers": 2, "batch": 16, "kernel": "rbf"});
+    let attacks = [
+        (
+            format!("/v1/studies/{study}/suggest"),
+            json!({"count": 3, "client_id": "bob"}),
+        ),
+        (
+            format!("/v1/studies/{study}/trials"),
+            json!({"parameters": params, "final_measurement": poison}),
+        ),
+        (
+            format!("/v1/studies/{study}/trials/{trial}/complete"),
+            poison,
+        ),
+        (
+            format!("/v1/studies/{study}/trials/{trial}/fail"),
+            json!({"reason": "bob says so"}),
+        ),
+        (
+            format!("/v1/studies/{study}/trials/{trial}/measurements"),
+            json!({"step": 1, "metrics": {"accuracy": 1e300}}),
+        ),
+        (
+            format!("/v1/studies/{study}/trials/{trial}/heartbeat"),
+            json!({}),
+        ),
+        (
+            format!("/v1/studies/{study}/trials/{trial}/should_stop"),
+            json!({}),
+        ),
+    ];
+    for other in [&bob, &ops] {
+        for (path, body) in &attacks {
+            let r = call_as(&app, other, Method::POST, path, Some(body.clone())).await;
+            assert_eq!(r.status, StatusCode::FORBIDDEN, "POST {path}: {}", r.body);
+            assert!(
+                r.body["error"]["message"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("alice"),
+                "the refusal names the study's creator: {}",
+                r.body
+            );
+        }
+    }
+    let s = app.get(&format!("/v1/studies/{study}")).await.body;
+    assert_eq!(s["state"], "active", "{s}");
+    assert!(s["best_trial"].is_null(), "{s}");
+    assert_eq!(s["trial_counts"]["failed"], 0, "{s}");
+    let t = app
+        .get(&format!("/v1/studies/{study}/trials/{trial}"))
+        .await
+        .body;
+    assert_eq!(t["state"], "active", "{t}");
+    assert_eq!(t["measurements"], json!([]), "{t}");
+
+    // The creator reports to its own study's trials; an admin to any.
+    let r = call_as(
+        &app,
+        &alice,
+        Method::POST,
+        &format!("/v1/studies/{study}/trials/{trial}/heartbeat"),
+        None,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let r = app
+        .post(
+            &format!("/v1/studies/{study}/trials/{trial}/complete"),
+            json!({"metrics": {"accuracy": 0.5}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "an admin's: {}", r.body);
+}
+
+/// Finding 11: the `client_id` a trial was handed to is shown to every reader, so it proves
+/// nothing: a writer who is not the trial's holder asking for its token with it would cut
+/// the holder's trial off (its token replaced). Refused; the holder's token keeps working.
+async fn only_a_trials_holder_may_mint_its_token(backend: &str) {
+    let app = team_app(backend).await;
+    let alice = token(&app, "alice", "writer").await;
+    let bob = token(&app, "bob", "writer").await;
+    let (study, trial) = owned_study_with_trial(&app, &alice, "alice-worker").await;
+    let path = format!("/v1/studies/{study}/trials/{trial}/token");
+    let minted = call_as(
+        &app,
+        &alice,
+        Method::POST,
+        &path,
+        Some(json!({"client_id": "alice-worker"})),
+    )
+    .await;
+    assert_eq!(minted.status, StatusCode::CREATED, "{}", minted.body);
+    let trial_token = minted.body["token"].as_str().expect("token").to_string();
+
+    let seen = call_as(
+        &app,
+        &bob,
+        Method::GET,
+        &format!("/v1/studies/{study}/trials/{trial}"),
+        None,
+    )
+    .await;
+    let client = seen.body["client_id"].as_str().expect("client id");
+    let r = call_as(
+        &app,
+        &bob,
+        Method::POST,
+        &path,
+        Some(json!({"client_id": client})),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
+
+    let beat = call_as(
+        &app,
+        &trial_token,
+        Method::POST,
+        &format!("/v1/studies/{study}/trials/{trial}/heartbeat"),
+        None,
+    )
+    .await;
+    assert_eq!(
+        beat.status,
+        StatusCode::OK,
+        "the holder is not cut off: {}",
+        beat.body
+    );
+}
+
+/// Trial-level changes name who made them: the creator's completion, an admin's failure, a
+/// trial token's own completion, a token minted, a trial told to stop.
+async fn trial_changes_enter_the_audit_trail(backend: &str) {
+    let app = team_app(backend).await;
+    let alice = token(&app, "alice", "writer").await;
+    let (study, first) = owned_study_with_trial(&app, &alice, "w1").await;
+    let path = |trial: i64, action: &str| format!("/v1/studies/{study}/trials/{trial}/{action}");
+    let r = call_as(
+        &app,
+        &alice,
+        Method::POST,
+        &path(first, "complete"),
+        Some(json!({"metrics": {"accuracy": 0.5}})),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let s = call_as(
+        &app,
+        &alice,
+        Method::POST,
+        &format!("/v1/studies/{study}/suggest"),
+        Some(json!({"count": 2, "client_id": "w2"})),
+    )
+    .await;
+    let (second, third) = (
+        s.body["trials"][0]["id"].as_i64().expect("trial"),
+        s.body["trials"][1]["id"].as_i64().expect("trial"),
+    );
+    let r = app
+        .post(&path(second, "fail"), json!({"reason": "oom"}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let minted = call_as(
+        &app,
+        &alice,
+        Method::POST,
+        &path(third, "token"),
+        Some(json!({"client_id": "w2"})),
+    )
+    .await;
+    let trial_token = minted.body["token"].as_str().expect("token").to_string();
+    let r = call_as(
+        &app,
+        &trial_token,
+        Method::POST,
+        &path(third, "complete"),
+        Some(json!({"infeasible_reason": "diverged"})),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+
+    let trail = app.get("/v1/audit?page_size=1000").await.body;
+    let seen: Vec<(String, String, Option<i64>)> = trail["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["action"].as_str().unwrap_or("").starts_with("trial."))
+        .map(|e| {
+            (
+                e["actor"].as_str().unwrap_or("").to_string(),
+                e["action"].as_str().unwrap_or("").to_string(),
+                e["trial_id"].as_i64(),
+            )
+        })
+        .collect();
+    let trial_actor = format!("trial:{study}:{third}");
+    assert_eq!(
+        seen,
+        vec![
+            (
+                "alice".to_string(),
+                "trial.complete".to_string(),
+                Some(first)
+            ),
+            ("env".into(), "trial.fail".into(), Some(second)),
+            ("alice".into(), "trial.token".into(), Some(third)),
+            (trial_actor, "trial.complete".into(), Some(third)),
+        ],
+        "{trail}"
+    );
+}
