@@ -769,7 +769,7 @@ impl TrialJobSpec {
 /// `--input`, `--chdir`), whose user the job runs as (`--uid`, `--gid`, `--get-user-env`),
 /// its environment (`--export`), or the layout Augur writes (`--ntasks`, `--nodes`, …).
 /// An operator adds options of its own to every job with `augur serve --slurm-arg`.
-const SBATCH_OPTIONS: [&str; 40] = [
+const SBATCH_OPTIONS: [&str; 44] = [
     "partition",
     "time",
     "time-min",
@@ -795,7 +795,11 @@ const SBATCH_OPTIONS: [&str; 40] = [
     "exclude",
     "exclusive",
     "oversubscribe",
+    "overcommit",
     "contiguous",
+    "distribution",
+    "spread-job",
+    "ntasks-per-node",
     "switches",
     "licenses",
     "hint",

@@ -14,6 +14,14 @@ use crate::model::{
 };
 use crate::store::{Store, StudyRecord, StudyTx, TrialRecord, TrialToken};
 
+/// A model-based designer's points, designed outside the study's lock from the history as
+/// it was when the study's next trial number was `next_trial_id`.
+#[derive(Debug, Clone)]
+pub struct Precomputed {
+    pub points: Vec<Assignment>,
+    pub next_trial_id: i64,
+}
+
 /// A change to one study. Cloned so that a shared transaction that failed can be replayed
 /// study by study (`group_commit.rs`).
 #[derive(Debug, Clone)]
@@ -23,7 +31,7 @@ pub enum Command {
     Suggest {
         count: usize,
         client_id: Option<String>,
-        precomputed: Option<Vec<Assignment>>,
+        precomputed: Option<Precomputed>,
         /// For the study's own dispatcher: no resume by client id (it knows its jobs) and
         /// no lease (it watches its jobs itself).
         dispatched: bool,
@@ -113,6 +121,9 @@ pub struct Handed {
 #[derive(Debug)]
 pub enum Reply {
     Suggested(Handed),
+    /// The precomputed points were designed before trials that exist now (handed out by
+    /// another process meanwhile): nothing was done; design again, seeing them as pending.
+    Stale,
     Trial(Box<TrialRecord>),
     Study(Box<StudyRecord>),
     /// The launch's number, or `None`: no launch left.
@@ -360,7 +371,7 @@ impl StudyBatch {
         &mut self,
         count: usize,
         client_id: Option<String>,
-        precomputed: Option<Vec<Assignment>>,
+        precomputed: Option<Precomputed>,
         dispatched: bool,
     ) -> ServiceResult<Reply> {
         if self.study.state != StudyState::Active {
@@ -388,6 +399,14 @@ impl StudyBatch {
                 return Ok(self.suggested(held, 0, false));
             }
         }
+        // Points designed without a trial created since (by another replica, or added) would
+        // not see it as pending: two workers would get the same point. Before any change.
+        if precomputed
+            .as_ref()
+            .is_some_and(|p| p.next_trial_id != self.study.next_trial_id)
+        {
+            return Ok(Reply::Stale);
+        }
         let mut handed = Vec::new();
         // Requested trials (added by a user, or back from an expired lease) go first.
         let waiting: Vec<i64> = self
@@ -413,7 +432,7 @@ impl StudyBatch {
         let new_count = wanted.min(self.free_slots()).min(self.budget_left()) as usize;
         if new_count > 0 {
             let suggestions = match precomputed {
-                Some(points) => points,
+                Some(precomputed) => precomputed.points,
                 None => self.design(new_count),
             };
             for parameters in suggestions.into_iter().take(new_count) {

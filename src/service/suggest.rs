@@ -20,7 +20,7 @@ use augur_optimizer::{
     Assignment, CompletedTrial, DesignerInput, Outcome, PriorStudy, designer_for,
 };
 
-use super::state_machine::{Command, Handed, Reply};
+use super::state_machine::{Command, Handed, Precomputed, Reply};
 use super::{Caller, Service, ServiceError, ServiceResult, stored_config, unexpected};
 use crate::model::spec::MAX_SUGGEST_VALUES;
 use crate::model::{ClientId, StudyConfig, StudyState, SuggestCount, Trial, TrialState};
@@ -28,6 +28,10 @@ use crate::store::{StudyRecord, TrialRecord};
 
 /// What a worker is told to wait when the cap is full.
 const RETRY_AFTER_SECS: u64 = 1;
+
+/// How often a suggestion's points may be designed again because another process handed
+/// out trials meanwhile; then the batch picks quasi-random points, which never repeat.
+const MAX_REDESIGNS: usize = 2;
 
 /// How long a study's last model fit in this process took (wall clock, core held), if it
 /// had one: a fit that would not end before its suggestion's deadline is not started.
@@ -149,15 +153,17 @@ impl Service {
             } => (Some(client_id), true, launch_tokens),
         };
         // Model-based designers read a snapshot and think outside the study's lock; the
-        // design lock keeps this process's suggestions for the study one at a time, so each
-        // sees the trials the one before handed out.
+        // design lock keeps this process's suggestions for the study one at a time, from
+        // the snapshot to the commit, so each sees the trials the one before handed out.
+        // Another process's (a replica's) is caught in the batch: points designed before a
+        // trial that exists now come back `Stale` and are designed again.
         let deadline = tokio::time::Instant::now() + design_time(fixed.suggestion_time_budget);
         let lock = if designer_for(fixed.algorithm).uses_history() {
             Some(self.design_lock(study_id)?)
         } else {
             None
         };
-        let one_at_a_time = match &lock {
+        let mut one_at_a_time = match &lock {
             Some(lock) => match tokio::time::timeout_at(deadline, lock.lock()).await {
                 Ok(guard) => Some(guard),
                 Err(_late) => {
@@ -167,26 +173,37 @@ impl Service {
             },
             None => None,
         };
-        // Without the design lock (none needed, or the budget ran out waiting for it) the
-        // batch chooses the points: quasi-random ones for a model-based designer.
-        let precomputed = if let Some(mut last_fit) = one_at_a_time {
-            let resume_client = client_id.as_ref().filter(|_| !dispatched);
-            self.precompute(study_id, count, resume_client, deadline, &mut last_fit)
-                .await?
-        } else {
-            None
-        };
-        let command = Command::Suggest {
-            count,
-            client_id: client_id.map(ClientId::into_string),
-            precomputed,
-            dispatched,
-            launch_tokens,
-        };
-        match self.commits.submit(study_id, command).await? {
-            Reply::Suggested(handed) => Ok(handed),
-            other => Err(unexpected(other)),
+        let resume_client = client_id.clone().filter(|_| !dispatched);
+        let client_id = client_id.map(ClientId::into_string);
+        for designs_left in (0..=MAX_REDESIGNS).rev() {
+            // Without the design lock (none needed, or the budget ran out waiting for it),
+            // or once the points came back stale too often, the batch chooses the points:
+            // quasi-random ones for a model-based designer, numbered so as never to repeat.
+            let precomputed = match one_at_a_time.as_mut() {
+                Some(last_fit) if designs_left > 0 => {
+                    self.precompute(study_id, count, resume_client.as_ref(), deadline, last_fit)
+                        .await?
+                }
+                _ => None,
+            };
+            let command = Command::Suggest {
+                count,
+                client_id: client_id.clone(),
+                precomputed,
+                dispatched,
+                launch_tokens: launch_tokens.clone(),
+            };
+            match self.commits.submit(study_id, command).await? {
+                Reply::Suggested(handed) => return Ok(handed),
+                Reply::Stale => {
+                    metrics::counter!("augur_suggestion_redesigns_total").increment(1);
+                }
+                other => return Err(unexpected(other)),
+            }
         }
+        Err(ServiceError::Internal(
+            "a suggestion without precomputed points came back stale".into(),
+        ))
     }
 
     /// A model-based designer's points for this call, by `deadline` (past it: `None`, and the
@@ -199,13 +216,21 @@ impl Service {
         resume_client: Option<&ClientId>,
         deadline: tokio::time::Instant,
         last_fit: &mut LastFit,
-    ) -> ServiceResult<Option<Vec<Assignment>>> {
+    ) -> ServiceResult<Option<Precomputed>> {
         let study = self.study_record(study_id).await?;
         if study.state != StudyState::Active {
             return Ok(None);
         }
         let config = stored_config(&study)?;
         let trials = self.store.all_trials(study_id).await?;
+        // The history the design sees: trials numbered below this (read after the study,
+        // so a trial made between the two reads makes the points stale, never missed).
+        let next_trial_id = trials
+            .iter()
+            .map(|t| t.id + 1)
+            .max()
+            .unwrap_or(1)
+            .max(study.next_trial_id);
         let wanted = suggestions_needed(&trials, &config, count, resume_client);
         if wanted == 0 {
             return Ok(None);
@@ -221,7 +246,10 @@ impl Service {
         )
         .await;
         match designed {
-            Ok(Ok(Some(points))) => Ok(Some(points)),
+            Ok(Ok(Some(points))) => Ok(Some(Precomputed {
+                points,
+                next_trial_id,
+            })),
             // A core came free too late for a fit as long as the last one: a fit that would
             // be stopped at the deadline would only keep a core from one that can finish.
             Ok(Ok(None)) => {

@@ -513,9 +513,10 @@ async fn csv_export_neutralises_formulas_and_keeps_numbers() {
         lines[1],
         r#"1,completed,"'=HYPERLINK(""http://evil.example"",""x"")",-1.5,-0.25"#
     );
-    assert_eq!(lines[2], "2,completed,'+1+1,-1.5,-1.25");
-    assert_eq!(lines[3], "3,completed,'-2+3,-1.5,-2.25");
-    assert_eq!(lines[4], "4,completed,'@SUM(A1),-1.5,-3.25");
+    // Neutralised cells are quoted too, as the dashboard's export quotes them (`cli/csv.rs`).
+    assert_eq!(lines[2], r#"2,completed,"'+1+1",-1.5,-1.25"#);
+    assert_eq!(lines[3], r#"3,completed,"'-2+3",-1.5,-2.25"#);
+    assert_eq!(lines[4], r#"4,completed,"'@SUM(A1)",-1.5,-3.25"#);
     assert_eq!(lines[5], "5,completed,plain,-1.5,-4.25");
 }
 

@@ -5,7 +5,11 @@
 //!
 //! `cargo run --release --example quality -- [--seeds N] [--first-seed S] [--functions a,b]
 //! [--algorithms a,b] [--parallel 1,5] [--gp knob=value,… --label name] [--points]
-//! [--designs FILE]`.
+//! [--designs FILE] [--workers]`.
+//! `--workers` runs each study as `parallel` workers that each ask for one trial when theirs
+//! ends, the others' trials pending (as `augur worker`s or ask/tell clients do, the oldest
+//! finishing first), instead of batches of `parallel` suggested together; its lines are
+//! labelled `<algorithm>_workers` unless `--label` names them.
 //! `--points` adds `"x"`: each trial's coordinates in order (box functions only), and for
 //! gp_bandit `"initial"`: how many of them were its quasi-random design, which
 //! `benches/quality/same_design.py` starts the Python references from. `--designs FILE`
@@ -14,7 +18,7 @@
 //! one batch, counted in the budget; with `--gp max_initial_trials=k` for k of them
 //! gp_bandit adds no quasi-random points of its own). `benches/quality/run` aggregates these lines with the Python references.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
 use augur_optimizer::test_functions::{MIXED_SUITE, SUITE};
@@ -197,6 +201,65 @@ fn run(
     }
 }
 
+/// Like [`run`], but as `workers` workers that each ask for one trial when theirs ends: every
+/// suggestion sees the other workers' trials as pending, and the oldest trial ends first.
+fn run_workers(designer: &dyn Designer, f: &Problem, seed: u64, workers: usize) -> Study {
+    let metrics = [MetricSpec {
+        id: "y".into(),
+        goal: Goal::Minimize,
+        safety_threshold: None,
+    }];
+    let mut completed: Vec<CompletedTrial> = Vec::new();
+    let mut pending: VecDeque<(Assignment, f64)> = VecDeque::new();
+    let mut state: Option<serde_json::Value> = None;
+    let (mut regrets, mut ms, mut points) = (Vec::new(), Vec::new(), Vec::new());
+    let mut best = f64::INFINITY;
+    let mut asked = 0;
+    while completed.len() < f.budget {
+        while pending.len() < workers.max(1) && asked < f.budget {
+            let others: Vec<Assignment> = pending.iter().map(|(a, _)| a.clone()).collect();
+            let input = DesignerInput {
+                space: &f.space,
+                metrics: &metrics,
+                completed: &completed,
+                pending: &others,
+                count: 1,
+                first_trial_number: asked as u64 + 1,
+                seed,
+                previous_state: state.as_ref(),
+                prior_studies: &[],
+                desired_min_safe_trials_fraction: None,
+            };
+            let start = Instant::now();
+            let out = designer.suggest(&input);
+            let elapsed = start.elapsed().as_secs_f64() * 1e3;
+            state = out.state.or(state);
+            let Some(a) = out.suggestions.into_iter().next() else {
+                break;
+            };
+            pending.push_back((a, elapsed));
+            asked += 1;
+        }
+        let Some((a, elapsed)) = pending.pop_front() else {
+            break;
+        };
+        let y = (f.f)(&a);
+        best = best.min(y);
+        regrets.push(best - f.optimum);
+        ms.push(elapsed);
+        points.push(a.clone());
+        completed.push(CompletedTrial {
+            parameters: a,
+            outcome: Outcome::Measured(BTreeMap::from([("y".to_string(), y)])),
+        });
+    }
+    Study {
+        regret: regrets,
+        ms,
+        points,
+    }
+}
+
 /// A box function's trials as coordinate vectors `x0, x1, …` (`None` for a mixed space).
 fn coordinates(points: &[Assignment]) -> Option<Vec<Vec<f64>>> {
     points
@@ -221,6 +284,7 @@ fn main() {
     let gp_overrides = arg(&args, "--gp");
     let label = arg(&args, "--label");
     let with_points = args.iter().any(|a| a == "--points");
+    let workers = args.iter().any(|a| a == "--workers");
     let designs = match arg(&args, "--designs")
         .map(|p| read_designs(&p))
         .transpose()
@@ -275,9 +339,15 @@ fn main() {
                         eprintln!("--designs: {} seed {seed}: {e}", f.name);
                         std::process::exit(2);
                     }
-                    let study = run(designer.as_ref(), f, seed, p, design);
+                    let (study, optimizer) = if workers {
+                        let label = label.clone().unwrap_or_else(|| format!("{name}_workers"));
+                        (run_workers(designer.as_ref(), f, seed, p), label)
+                    } else {
+                        let label = label.clone().unwrap_or_else(|| name.to_string());
+                        (run(designer.as_ref(), f, seed, p, design), label)
+                    };
                     let mut line = serde_json::json!({
-                        "optimizer": label.as_deref().unwrap_or(name), "function": f.name, "parallel": p, "seed": seed,
+                        "optimizer": optimizer, "function": f.name, "parallel": p, "seed": seed,
                         "regret": study.regret, "ms": study.ms,
                     });
                     if with_points && let Some(x) = coordinates(&study.points) {
