@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::error::{CliError, CliResult};
 use crate::app::{App, ServerConfig};
-use crate::model::{MetricGoal, Study, StudyDir, StudySpec, StudyState, TrialDirs};
+use crate::model::{MetricGoal, Study, StudyDir, StudyKey, StudySpec, StudyState, TrialDirs};
 use crate::service::Service;
 
 /// How `augur run` ended without an error.
@@ -59,7 +59,11 @@ pub async fn run_study_file(
     if resumed {
         eprintln!("resuming study {} from an earlier run", study.id);
     }
-    let study_dir = StudyDir::of(&base_dir, study.id, study.spec.trial_job.as_ref());
+    let key = StudyKey {
+        id: study.id,
+        created_at: study.created_at,
+    };
+    let study_dir = StudyDir::of(&base_dir, key, study.spec.trial_job.as_ref());
     eprintln!(
         "study {} ({}): {} trials, {} at a time; trial directories in {}",
         study.id,

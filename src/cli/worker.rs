@@ -22,7 +22,9 @@ use crate::dispatch::ports::PortRegistry;
 use crate::dispatch::reporter::{AttemptStart, TrialReporter};
 use crate::dispatch::trial::{Interrupt, TrialSetup, run_trial};
 use crate::dispatch::{DispatchError, DispatchResult};
-use crate::model::{ExecutorName, Measurement, OutputLayout, Study, StudyDir, TrialJobSpec};
+use crate::model::{
+    ExecutorName, Measurement, OutputLayout, Study, StudyDir, StudyKey, TrialJobSpec,
+};
 
 pub struct WorkerOptions {
     pub study_id: i64,
@@ -111,13 +113,17 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> CliResult<()>
     job.command = options.command.clone();
     job.workdir = None;
     // `--output-dir` (in the study's layout), or ./augur-runs/study-<id>.
+    let key = StudyKey {
+        id: study.id,
+        created_at: study.created_at,
+    };
     let study_dir = match &options.output_dir {
-        Some(d) => StudyDir::below(d.clone(), study.id, job.output_layout),
+        Some(d) => StudyDir::below(d.clone(), key, job.output_layout),
         None => StudyDir::below(
             std::env::current_dir()
                 .map_err(|e| CliError::Usage(format!("the current directory: {e}")))?
                 .join("augur-runs"),
-            study.id,
+            key,
             OutputLayout::Study,
         ),
     };
@@ -132,6 +138,7 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> CliResult<()>
     });
     let setup = Arc::new(TrialSetup {
         study_id: study.id,
+        study_created_at: study.created_at,
         job,
         metric_ids: study.spec.metrics.iter().map(|m| m.id.clone()).collect(),
         early_stopping: study.spec.early_stopping.is_some(),

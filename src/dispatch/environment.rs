@@ -63,7 +63,11 @@ mod tests {
 
     #[test]
     fn augurs_variables_win_over_the_specs_and_directories_end_with_a_slash() {
-        let study = crate::model::StudyDir::below("/runs".into(), 2, Default::default());
+        let key = crate::model::StudyKey {
+            id: 2,
+            created_at: "2026-12-04T10:00:00Z".parse().expect("time"),
+        };
+        let study = crate::model::StudyDir::below("/runs".into(), key, Default::default());
         let dirs = TrialDirs::new(&study, 4);
         let trial = TrialIdentity {
             augur_url: "http://127.0.0.1:1",
@@ -83,7 +87,7 @@ mod tests {
         assert_eq!(last("PATH"), Some("/bin"));
         assert_eq!(
             last("AIP_CHECKPOINT_DIR"),
-            Some("/runs/study-2/4/checkpoints/")
+            Some("/runs/study-2-20261204T100000/4/checkpoints/")
         );
     }
 }

@@ -23,6 +23,9 @@ use crate::model::{ExecutorName, ReplicaId, Resources, TrialJobSpec};
 #[derive(Debug, Clone)]
 pub struct JobRequest {
     pub study_id: i64,
+    /// When the study was made: with its id, it names the study's directory
+    /// (`model::StudyKey`), which pods compute for themselves.
+    pub study_created_at: chrono::DateTime<chrono::Utc>,
     pub trial_id: i64,
     pub attempt: u32,
     /// The trial's environment, the same for every replica (DESIGN §4).

@@ -15,8 +15,8 @@ use super::error::DispatchResult;
 use super::executor::{ExecutorContext, executor_for};
 use super::reporter::{AttemptStart, ServiceReporter};
 use super::trial::{Interrupt, TrialEnd, TrialSetup, run_trial};
-use crate::model::StudyDir;
 use crate::model::{ClientId, StudyState, TrialJobSpec};
+use crate::model::{StudyDir, StudyKey};
 use crate::service::{DispatchedTrial, RunnerStudy, Service, hash_token, new_token};
 
 /// How often the runner renews its lease (`service::RUNNER_LEASE_TTL`).
@@ -139,7 +139,15 @@ impl StudyRunner {
     fn new_setup(&self, study: &RunnerStudy, job: TrialJobSpec) -> DispatchResult<TrialSetup> {
         Ok(TrialSetup {
             study_id: self.study_id,
-            study_dir: StudyDir::of(&self.config.base_dir, self.study_id, Some(&job)),
+            study_created_at: study.created_at,
+            study_dir: StudyDir::of(
+                &self.config.base_dir,
+                StudyKey {
+                    id: self.study_id,
+                    created_at: study.created_at,
+                },
+                Some(&job),
+            ),
             executor: executor_for(&job, &self.executors)?,
             metric_pattern: TrialSetup::metric_pattern(&job)?,
             job,

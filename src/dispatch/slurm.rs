@@ -678,6 +678,7 @@ mod tests {
     fn request() -> JobRequest {
         JobRequest {
             study_id: 1,
+            study_created_at: chrono::DateTime::UNIX_EPOCH,
             trial_id: 2,
             attempt: 1,
             env: vec![("AUGUR_TRIAL_ID".into(), "2".into())],

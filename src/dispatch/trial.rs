@@ -33,6 +33,8 @@ pub enum Interrupt {
 /// Everything fixed for a study's trials.
 pub struct TrialSetup {
     pub study_id: i64,
+    /// When the study was made (`model::StudyKey`).
+    pub study_created_at: chrono::DateTime<chrono::Utc>,
     pub job: TrialJobSpec,
     pub metric_ids: Vec<String>,
     pub early_stopping: bool,
@@ -131,6 +133,7 @@ pub async fn run_trial(
         }
         let request = JobRequest {
             study_id: setup.study_id,
+            study_created_at: setup.study_created_at,
             trial_id,
             attempt: start.number,
             env,

@@ -54,7 +54,7 @@ pub struct Toleration {
 pub enum OutputVolume {
     /// A PersistentVolumeClaim (one of the server's `--kubernetes-claims`, unless an admin's)
     /// mounted in every pod at `mount_path`; the trial directories are
-    /// `<mount_path>/<output_dir>/study-<id>/<trial>/…`.
+    /// `<mount_path>/<output_dir>/study-<id>-<created>/<trial>/…`.
     PersistentVolumeClaim {
         claim_name: String,
         mount_path: String,
@@ -100,10 +100,15 @@ pub struct KubernetesOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OutputLayout {
-    /// `<output_dir>/study-<id>/<trial>`: studies that share an `output_dir` share nothing.
+    /// `<output_dir>/study-<id>-<created, YYYYMMDDTHHMMSS>/<trial>`: studies that share an
+    /// `output_dir` share nothing, nor does a study of another database with the same id.
     #[default]
     Study,
-    /// `<output_dir>/<trial>`: one study per `output_dir`.
+    /// `<output_dir>/study-<id>/<trial>`: the layout of studies without an `output_dir`
+    /// before the created time joined the name (set on them by the upgrade).
+    StudyId,
+    /// `<output_dir>/<trial>`: one study per `output_dir` (Vertex AI's layout; set by the
+    /// upgrade on studies from before the per-study layout that had an `output_dir`).
     Trial,
 }
 
@@ -335,12 +340,13 @@ pub struct TrialJobSpec {
     #[serde(default)]
     pub max_retries: u32,
     /// Base of the per-trial directories
-    /// `<output_dir>/study-<study id>/<trial>/{model,checkpoints,logs}`.
+    /// `<output_dir>/study-<id>-<created>/<trial>/{model,checkpoints,logs}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_dir: Option<String>,
     /// Where in `output_dir` the trials' directories are: `study` (the default,
-    /// `<output_dir>/study-<id>/<trial>`) or `trial` (`<output_dir>/<trial>`, Vertex AI's and
-    /// Augur's layout before 0.2: studies from then keep it, set by the upgrade).
+    /// `<output_dir>/study-<id>-<created>/<trial>`), `trial` (`<output_dir>/<trial>`, Vertex
+    /// AI's), or `study_id` (`<output_dir>/study-<id>/<trial>`); the upgrade sets the last two
+    /// on studies from before, so their trials keep their directories.
     #[serde(default, skip_serializing_if = "OutputLayout::is_default")]
     pub output_layout: OutputLayout,
     /// Regex for metrics printed on stdout, with groups `name` and `value`

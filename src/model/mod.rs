@@ -22,7 +22,7 @@ pub use spec::{
     ParameterInput, StudyConfig, StudySpec, StudyUpdate,
 };
 pub use trial::{Measurement, Study, StudyState, Trial, TrialCounts, TrialPoint, TrialState};
-pub use trial_dirs::{StudyDir, TrialDirs};
+pub use trial_dirs::{StudyDir, StudyKey, TrialDirs};
 
 /// A bad input, with the path of the offending field (`parameters[2].min`).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -3,13 +3,36 @@
 
 use std::path::{Path, PathBuf};
 
+use chrono::{DateTime, Utc};
+
 use super::{OutputLayout, ReplicaId, TrialJobSpec};
+
+/// What tells a study's directory from every other study's, of this database or another:
+/// its id and when it was made (`study-<id>-<YYYYMMDDTHHMMSS>`). Ids alone restart at 1 in
+/// a new database, and a study run again against a fresh one found the first's checkpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StudyKey {
+    pub id: i64,
+    pub created_at: DateTime<Utc>,
+}
+
+impl StudyKey {
+    /// The study's directory name (`output_layout: study`).
+    pub fn dir_name(&self) -> String {
+        format!(
+            "study-{}-{}",
+            self.id,
+            self.created_at.format("%Y%m%dT%H%M%S")
+        )
+    }
+}
 
 /// Where a study's trial directories are: below `base`, the directory the operator named
 /// (`trial_job.output_dir`, relative ones under the server's runs base) or
-/// `<runs base>/augur-runs`, in `dir`, the study's own (`<base>/study-<id>`; `<base>` itself
-/// for `output_layout: trial`). Everything below `base` is the server's to make, and is
-/// reached without following links (`service::trial_files`).
+/// `<runs base>/augur-runs`, in `dir`, the study's own (`<base>/study-<id>-<created>`;
+/// `<base>/study-<id>` for studies from before it, `<base>` itself for `output_layout:
+/// trial`). Everything below `base` is the server's to make, and is reached without
+/// following links (`service::trial_files`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StudyDir {
     pub base: PathBuf,
@@ -17,19 +40,29 @@ pub struct StudyDir {
 }
 
 impl StudyDir {
-    /// The directories of study `study_id`'s trials, for its `trial_job` (`None`: a job with
-    /// no `output_dir`, e.g. `augur worker`'s, under `runs_base`).
-    pub fn of(runs_base: &Path, study_id: i64, job: Option<&TrialJobSpec>) -> StudyDir {
-        match job.and_then(|j| j.output_dir.as_deref().map(|d| (d, j.output_layout))) {
-            Some((dir, layout)) => StudyDir::below(runs_base.join(dir), study_id, layout),
-            None => StudyDir::below(runs_base.join("augur-runs"), study_id, OutputLayout::Study),
+    /// The directories of `study`'s trials, for its `trial_job` (`None`: a job with no
+    /// `output_dir`, e.g. `augur worker`'s, under `runs_base`).
+    pub fn of(runs_base: &Path, study: StudyKey, job: Option<&TrialJobSpec>) -> StudyDir {
+        let layout = job.map(|j| j.output_layout).unwrap_or_default();
+        match job.and_then(|j| j.output_dir.as_deref()) {
+            Some(dir) => StudyDir::below(runs_base.join(dir), study, layout),
+            // `trial` needs an output_dir of the study's own.
+            None => StudyDir::below(
+                runs_base.join("augur-runs"),
+                study,
+                match layout {
+                    OutputLayout::StudyId => OutputLayout::StudyId,
+                    _ => OutputLayout::Study,
+                },
+            ),
         }
     }
 
     /// The study's directory in `base` for `layout`.
-    pub fn below(base: PathBuf, study_id: i64, layout: OutputLayout) -> StudyDir {
+    pub fn below(base: PathBuf, study: StudyKey, layout: OutputLayout) -> StudyDir {
         let dir = match layout {
-            OutputLayout::Study => base.join(format!("study-{study_id}")),
+            OutputLayout::Study => base.join(study.dir_name()),
+            OutputLayout::StudyId => base.join(format!("study-{}", study.id)),
             OutputLayout::Trial => base.clone(),
         };
         StudyDir { base, dir }
@@ -107,39 +140,65 @@ impl TrialDirs {
 mod tests {
     use super::*;
 
+    fn key(id: i64, created: &str) -> StudyKey {
+        StudyKey {
+            id,
+            created_at: created.parse().expect("time"),
+        }
+    }
+
     #[test]
     fn relative_output_dirs_live_under_the_base_and_each_study_has_its_own() {
         let base = Path::new("/srv/augur");
+        let study = key(3, "2026-12-04T15:54:07.123456Z");
         let job = |dir: Option<&str>, layout| TrialJobSpec {
             output_dir: dir.map(str::to_string),
             output_layout: layout,
             ..TrialJobSpec::default()
         };
-        let dirs = |dir, layout| StudyDir::of(base, 3, Some(&job(dir, layout)));
+        let dirs = |dir, layout| StudyDir::of(base, study, Some(&job(dir, layout)));
         assert_eq!(
             dirs(Some("runs/svc"), OutputLayout::Study),
             StudyDir {
                 base: "/srv/augur/runs/svc".into(),
-                dir: "/srv/augur/runs/svc/study-3".into()
+                dir: "/srv/augur/runs/svc/study-3-20261204T155407".into()
             }
         );
         assert_eq!(
             dirs(Some("/data/runs"), OutputLayout::Trial).dir,
             Path::new("/data/runs")
         );
+        assert_eq!(
+            dirs(Some("/data/runs"), OutputLayout::StudyId).dir,
+            Path::new("/data/runs/study-3")
+        );
         let default = StudyDir {
             base: "/srv/augur/augur-runs".into(),
-            dir: "/srv/augur/augur-runs/study-3".into(),
+            dir: "/srv/augur/augur-runs/study-3-20261204T155407".into(),
         };
         assert_eq!(dirs(None, OutputLayout::Study), default);
         assert_eq!(dirs(None, OutputLayout::Trial), default);
-        assert_eq!(StudyDir::of(base, 3, None), default);
+        assert_eq!(StudyDir::of(base, study, None), default);
+        assert_eq!(
+            dirs(None, OutputLayout::StudyId).dir,
+            Path::new("/srv/augur/augur-runs/study-3")
+        );
         let trial = TrialDirs::new(&dirs(Some("/data/runs"), OutputLayout::Study), 7);
         assert_eq!(
             trial.checkpoints,
-            Path::new("/data/runs/study-3/7/checkpoints")
+            Path::new("/data/runs/study-3-20261204T155407/7/checkpoints")
         );
-        assert_eq!(trial.job_log, Path::new("/data/runs/study-3/7/job.log"));
         assert_eq!(trial.base, Path::new("/data/runs"));
+    }
+
+    #[test]
+    fn the_same_study_id_in_another_database_has_another_directory() {
+        let first = key(1, "2026-12-01T09:00:00Z");
+        let again = key(1, "2026-12-04T10:30:15Z");
+        let base = PathBuf::from("/runs");
+        assert_ne!(
+            StudyDir::below(base.clone(), first, OutputLayout::Study).dir,
+            StudyDir::below(base, again, OutputLayout::Study).dir
+        );
     }
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use super::trial_files::{self, FileAccess};
 use super::{Service, ServiceError, ServiceResult};
-use crate::model::{ReplicaId, StudyDir, TrialDirs};
+use crate::model::{ReplicaId, StudyDir, StudyKey, TrialDirs};
 
 /// The largest tail one request may ask for.
 pub const MAX_LOG_TAIL_BYTES: u64 = 16 * 1024 * 1024;
@@ -50,7 +50,14 @@ impl Service {
                 })?,
         };
         let dirs = TrialDirs::new(
-            &StudyDir::of(&self.runs_base, study_id, Some(job)),
+            &StudyDir::of(
+                &self.runs_base,
+                StudyKey {
+                    id: study_id,
+                    created_at: study.created_at,
+                },
+                Some(job),
+            ),
             trial_id,
         );
         let path = dirs.replica_log(replica);

@@ -18,6 +18,7 @@ pub const RUNNER_LEASE_TTL: chrono::Duration = chrono::Duration::seconds(15);
 #[derive(Debug, Clone)]
 pub struct RunnerStudy {
     pub id: i64,
+    pub created_at: chrono::DateTime<chrono::Utc>,
     pub state: StudyState,
     pub config: StudyConfig,
 }
@@ -49,6 +50,7 @@ impl Service {
         };
         Ok(Some(RunnerStudy {
             id: record.id,
+            created_at: record.created_at,
             state: record.state,
             config: stored_config(&record)?,
         }))

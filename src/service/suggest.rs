@@ -223,8 +223,10 @@ impl Service {
         }
         let config = stored_config(&study)?;
         let trials = self.store.all_trials(study_id).await?;
-        // The history the design sees: trials numbered below this (read after the study,
-        // so a trial made between the two reads makes the points stale, never missed).
+        // The history the design sees: trials numbered below this (read after the study, so a
+        // trial made between the two reads is seen, and numbers the points after it). The
+        // points are for trials numbered from it: the batch takes them only if it is still
+        // the study's next number (else another process made trials meanwhile).
         let next_trial_id = trials
             .iter()
             .map(|t| t.id + 1)
@@ -242,7 +244,7 @@ impl Service {
         };
         let designed = tokio::time::timeout_at(
             deadline,
-            self.run_designer(&study, &config, &trials, wanted, &mut clock),
+            self.run_designer(&study, &config, &trials, wanted, next_trial_id, &mut clock),
         )
         .await;
         match designed {
@@ -281,6 +283,7 @@ impl Service {
         config: &StudyConfig,
         trials: &[TrialRecord],
         count: usize,
+        first_trial_number: i64,
         clock: &mut FitClock<'_>,
     ) -> ServiceResult<Option<Vec<Assignment>>> {
         let completed = completed_trials(trials, config);
@@ -294,7 +297,7 @@ impl Service {
         let space = config.space.clone();
         let metrics = config.metrics.clone();
         let seed = config.seed;
-        let first_trial_number = study.next_trial_id.max(1) as u64;
+        let first_trial_number = first_trial_number.max(1) as u64;
         let previous_state = study.designer_state.clone();
         let algorithm = config.algorithm;
         // The optimizer is CPU-bound: keep it off the async workers. If this future is

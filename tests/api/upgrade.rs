@@ -78,9 +78,10 @@ async fn studies_from_before_the_per_study_layout_keep_their_trial_directories(b
         "trial",
         "a study with an output_dir keeps <output_dir>/<trial>"
     );
-    assert!(
-        job_of(no_dir).await.get("output_layout").is_none(),
-        "augur-runs/study-<id>/<trial> never changed"
+    assert_eq!(
+        job_of(no_dir).await["output_layout"],
+        "study_id",
+        "a study without one keeps augur-runs/study-<id>/<trial>"
     );
     // New studies get the per-study layout, and may ask for the flat one.
     let new = common::call(

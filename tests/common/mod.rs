@@ -7,7 +7,7 @@
 )]
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -686,4 +686,20 @@ pub fn podman() -> (augur::dispatch::container::ContainerEngine, String) {
         run_args: words("AUGUR_PODMAN_RUN_ARGS"),
     };
     (engine, value("AUGUR_BASE_IMAGE"))
+}
+
+/// Study `id`'s directory in `runs` (`study-<id>-<created>`: `model::StudyKey`), found by
+/// its prefix; a path that does not exist while the study has made none.
+pub fn study_dir(runs: &Path, id: i64) -> PathBuf {
+    let prefix = format!("study-{id}-");
+    std::fs::read_dir(runs)
+        .ok()
+        .and_then(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .find(|name| name.starts_with(&prefix))
+        })
+        .map(|name| runs.join(name))
+        .unwrap_or_else(|| runs.join(format!("study-{id}-not-made-yet")))
 }

@@ -199,14 +199,14 @@ async fn ctrl_c_stops_augur_run_cleanly_and_the_same_command_resumes_the_study()
          trial_job:\n  command: [python3, trial.py]\n  workdir: .\n  output_dir: runs\n",
     )
     .expect("spec");
-    let runs = dir.path().join("runs/study-1");
+    let runs = dir.path().join("runs");
     let db = format!("sqlite://{}", dir.path().join("augur.db").display());
 
     let first = augur_run(&file, &db);
     // Interrupt once a trial has finished and two jobs are running.
     let start = Instant::now();
     loop {
-        let trials = started_trials(&runs);
+        let trials = started_trials(&common::study_dir(&runs, 1));
         let done = trials.iter().filter(|t| t.3).count();
         let running = trials
             .iter()
@@ -236,7 +236,7 @@ async fn ctrl_c_stops_augur_run_cleanly_and_the_same_command_resumes_the_study()
         stdout.contains("stopped; run the same command again to resume"),
         "{stdout}"
     );
-    let after_first = started_trials(&runs);
+    let after_first = started_trials(&common::study_dir(&runs, 1));
     let interrupted: Vec<i64> = after_first.iter().filter(|t| !t.3).map(|t| t.0).collect();
     // Two were running a moment before the signal (one may have finished since).
     assert!(!interrupted.is_empty(), "{after_first:?}");
@@ -285,14 +285,20 @@ async fn ctrl_c_stops_augur_run_cleanly_and_the_same_command_resumes_the_study()
     assert_eq!(stored.len(), 6, "the study's counts agree with its trials");
     // The interrupted trials were resumed, not replaced: launched again, same directories.
     for trial in interrupted {
-        let log = std::fs::read_to_string(runs.join(format!("{trial}/job.log"))).expect("log");
+        let log =
+            std::fs::read_to_string(common::study_dir(&runs, 1).join(format!("{trial}/job.log")))
+                .expect("log");
         assert_eq!(
             log.matches(&format!("=== augur: trial {trial} attempt 1:"))
                 .count(),
             2,
             "{log}"
         );
-        assert!(runs.join(format!("{trial}/model/done")).exists());
+        assert!(
+            common::study_dir(&runs, 1)
+                .join(format!("{trial}/model/done"))
+                .exists()
+        );
     }
 }
 

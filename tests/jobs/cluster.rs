@@ -297,7 +297,7 @@ async fn each_replica_is_told_its_place_in_every_convention() {
     let id = app.create_study(spec).await;
     app.wait_for_state(id, "completed", Duration::from_secs(60))
         .await;
-    let model = f.runs("env").join("study-1/1/model");
+    let model = common::study_dir(&f.runs("env"), 1).join("1/model");
     let primary = read_env(&model, "workerpool0-0");
     let worker = read_env(&model, "workerpool1-1");
     let ps = read_env(&model, "workerpool2-0");
@@ -386,7 +386,7 @@ async fn a_crashed_worker_stops_the_cluster_which_is_retried_from_its_checkpoint
         "{primary}"
     );
     // Every replica ran twice: the first cluster was stopped whole.
-    let model = f.runs("crash").join("study-1/1/model");
+    let model = common::study_dir(&f.runs("crash"), 1).join("1/model");
     for replica in ["workerpool0-0", "workerpool1-0", "workerpool1-1"] {
         let pids = std::fs::read_to_string(model.join(format!("{replica}.pid"))).expect("pids");
         assert_eq!(pids.lines().count(), 2, "{replica}: {pids}");
@@ -429,7 +429,8 @@ async fn a_hung_cluster_is_killed_at_its_timeout_with_every_replica_and_child() 
         "{trial}\n{s}"
     );
     let child =
-        std::fs::read_to_string(f.runs("hang").join("study-1/1/model/child.pid")).expect("child");
+        std::fs::read_to_string(common::study_dir(&f.runs("hang"), 1).join("1/model/child.pid"))
+            .expect("child");
     assert!(
         !common::alive(child.trim().parse().expect("pid")),
         "the worker's child was killed"
@@ -482,7 +483,7 @@ async fn stop_and_delete_kill_every_replica() {
 fn count_pid_files(runs: &Path, study_id: i64) -> usize {
     (1..=8)
         .map(|t| {
-            std::fs::read_dir(runs.join(format!("study-{study_id}/{t}/model")))
+            std::fs::read_dir(common::study_dir(runs, study_id).join(format!("{t}/model")))
                 .map(|d| {
                     d.filter_map(Result::ok)
                         .filter(|e| e.file_name().to_string_lossy().ends_with(".pid"))
@@ -601,7 +602,7 @@ async fn gpus_go_one_replica_each_and_a_trial_waits_for_its_own() {
     assert_eq!(s["trial_counts"]["completed"], 6, "{s}\ntrials: {trials}");
     let mut devices = BTreeSet::new();
     for trial in 1..=6 {
-        let model = f.runs("gpus").join(format!("study-1/{trial}/model"));
+        let model = common::study_dir(&f.runs("gpus"), 1).join(format!("{trial}/model"));
         let a = read_env(&model, "workerpool0-0")["CUDA_VISIBLE_DEVICES"].clone();
         let b = read_env(&model, "workerpool1-0")["CUDA_VISIBLE_DEVICES"].clone();
         assert_ne!(a, b, "trial {trial}: two replicas, two devices");

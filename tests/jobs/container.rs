@@ -337,10 +337,8 @@ async fn a_cluster_trial_runs_as_containers_that_find_each_other_and_report_thro
                 "{replica}: {log}"
             );
         }
-        let env_dir = s
-            .runs
-            .path()
-            .join(format!("allreduce/study-{id}/{trial}/.container-env"));
+        let env_dir = common::study_dir(&s.runs.path().join("allreduce"), id)
+            .join(format!("{trial}/.container-env"));
         for entry in std::fs::read_dir(&env_dir).expect("env files").flatten() {
             use std::os::unix::fs::PermissionsExt;
             let mode = entry.metadata().expect("meta").permissions().mode() & 0o777;
@@ -427,7 +425,7 @@ async fn a_container_job_runs_as_the_run_jobs_as_user() {
         .wait_for_state(id, "completed", Duration::from_secs(180))
         .await;
     assert_eq!(st["trial_counts"]["completed"], 1, "{st}");
-    let written = s.runs.path().join(format!("run-as/study-{id}/1/model/uid"));
+    let written = common::study_dir(&s.runs.path().join("run-as"), id).join("1/model/uid");
     let text =
         std::fs::read_to_string(&written).unwrap_or_else(|e| panic!("{}: {e}", written.display()));
     assert_eq!(text, uid.to_string(), "the job's uid");

@@ -147,7 +147,7 @@ async fn twenty_trials_four_at_a_time_never_more_than_four_processes() {
         .await
         .body;
     let trial = best["trials"][0]["id"].as_i64().expect("best");
-    let root = f.dir.path().join(format!("runs/study-{id}/{trial}"));
+    let root = common::study_dir(&f.dir.path().join("runs"), id).join(trial.to_string());
     for sub in ["model", "checkpoints", "logs"] {
         assert!(root.join(sub).is_dir(), "{sub}");
     }
@@ -189,13 +189,15 @@ async fn a_crashed_trial_is_retried_and_finds_its_checkpoint() {
     let trial = first_trial_at_the_end(&app, spec).await;
     assert_eq!(trial["state"], "completed", "{trial}");
     assert_eq!(trial["attempts"], 2, "{trial}");
-    let log = std::fs::read_to_string(f.dir.path().join("runs/study-1/1/job.log")).expect("log");
+    let log =
+        std::fs::read_to_string(common::study_dir(&f.dir.path().join("runs"), 1).join("1/job.log"))
+            .expect("log");
     assert_eq!(
         log.matches("=== augur: trial 1 attempt").count(),
         2,
         "{log}"
     );
-    let ckpt_dir = f.dir.path().join("runs/study-1/1/checkpoints/");
+    let ckpt_dir = common::study_dir(&f.dir.path().join("runs"), 1).join("1/checkpoints/");
     assert!(
         log.contains(&format!("resumed from {}", ckpt_dir.display())),
         "same checkpoint dir: {log}"
@@ -248,11 +250,13 @@ async fn a_hung_trial_is_killed_at_its_timeout_with_its_process_group() {
             .is_some_and(|r| r.starts_with("timed out after 1 s")),
         "{trial}"
     );
-    let child: i32 = std::fs::read_to_string(f.dir.path().join("runs/study-1/1/model/child.pid"))
-        .expect("child pid")
-        .trim()
-        .parse()
-        .expect("pid");
+    let child: i32 = std::fs::read_to_string(
+        common::study_dir(&f.dir.path().join("runs"), 1).join("1/model/child.pid"),
+    )
+    .expect("child pid")
+    .trim()
+    .parse()
+    .expect("pid");
     assert!(
         !common::alive(child),
         "the trial's child process {child} survived"
@@ -288,11 +292,9 @@ async fn stopping_the_study_kills_running_jobs() {
     }
     app.wait_for_cancelled_trials(id, 2, Duration::from_secs(10))
         .await;
-    for pid_file in [
-        "runs/study-1/1/model/child.pid",
-        "runs/study-1/2/model/child.pid",
-    ] {
-        if let Ok(pid) = std::fs::read_to_string(f.dir.path().join(pid_file)) {
+    let study_dir = common::study_dir(&f.dir.path().join("runs"), 1);
+    for pid_file in ["1/model/child.pid", "2/model/child.pid"] {
+        if let Ok(pid) = std::fs::read_to_string(study_dir.join(pid_file)) {
             assert!(
                 !common::alive(pid.trim().parse().expect("pid")),
                 "{pid_file}"
@@ -500,11 +502,14 @@ async fn a_service_restart_does_not_renew_a_trials_retries(backend: &str) {
     assert_eq!(trial["attempts"], 3, "{trial}");
     let checkpoints = format!(
         "{}/",
-        f.dir.path().join("runs/study-1/1/checkpoints").display()
+        common::study_dir(&f.dir.path().join("runs"), 1)
+            .join("1/checkpoints")
+            .display()
     );
     assert!(seen.iter().all(|d| *d == checkpoints), "{seen:?}");
     let job_log =
-        std::fs::read_to_string(f.dir.path().join("runs/study-1/1/job.log")).expect("log");
+        std::fs::read_to_string(common::study_dir(&f.dir.path().join("runs"), 1).join("1/job.log"))
+            .expect("log");
     let headers: Vec<&str> = job_log
         .lines()
         .filter_map(|l| l.strip_prefix("=== augur: trial 1 attempt "))
@@ -583,7 +588,9 @@ async fn each_launch_reports_with_its_own_trial_scoped_token() {
         trial["final_measurement"]["metrics"]["loss"], 0.5,
         "{trial}"
     );
-    let log = std::fs::read_to_string(f.dir.path().join("runs/study-1/1/job.log")).expect("log");
+    let log =
+        std::fs::read_to_string(common::study_dir(&f.dir.path().join("runs"), 1).join("1/job.log"))
+            .expect("log");
     for line in [
         "first launch's token: 401",
         "other trial: 403",
@@ -647,8 +654,10 @@ async fn a_vertex_style_trainer_reports_through_cloudml_hypertune_and_resumes_it
         assert_eq!(t["final_measurement"]["step"], 6);
         let n = t["id"].as_i64().expect("id");
         let model: Value = serde_json::from_str(
-            &std::fs::read_to_string(out.path().join(format!("study-{id}/{n}/model/model.json")))
-                .expect("model saved"),
+            &std::fs::read_to_string(
+                common::study_dir(out.path(), id).join(format!("{n}/model/model.json")),
+            )
+            .expect("model saved"),
         )
         .expect("model json");
         assert_eq!(
@@ -738,10 +747,10 @@ async fn a_dispatched_trial_starts_from_a_clean_environment() {
     let id = created.json::<Value>().await.expect("study")["id"]
         .as_i64()
         .expect("id");
-    let model_dir = f.dir.path().join("runs/study-1/1/model");
+    let runs = f.dir.path().join("runs");
     // `env -0 >` writes the file in one go once the shell runs: complete when it names the trial.
     let env = common::eventually("the job's environment", Duration::from_secs(30), || {
-        let model_dir = model_dir.clone();
+        let model_dir = common::study_dir(&runs, 1).join("1/model");
         async move {
             let env = common::read_job_env(&model_dir)?;
             if env.contains_key("AUGUR_TRIAL_ID") {
@@ -758,4 +767,50 @@ async fn a_dispatched_trial_starts_from_a_clean_environment() {
     assert_eq!(env["PYTHONUNBUFFERED"], "1");
     assert_ne!(env["AUGUR_TRIAL_TOKEN"], "server-admin-secret");
     assert_eq!(env["AUGUR_STUDY_ID"], id.to_string());
+}
+
+/// The same study file run again against a fresh database (its study is number 1 again, in
+/// the same `output_dir`) finds none of the first run's checkpoints, and leaves its models
+/// alone: each study's directory is named by its id and when it was made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_study_in_a_fresh_database_finds_none_of_an_earlier_ones_checkpoints() {
+    let dir = tempfile::tempdir().expect("dir");
+    let runs = dir.path().join("runs");
+    // Loss 0 for a trial that starts from nothing, 9 for one that found a checkpoint.
+    let script = "if [ -e \"$AIP_CHECKPOINT_DIR/ckpt\" ]; then echo loss=9; else echo loss=0; \
+                  fi; echo run > \"$AIP_CHECKPOINT_DIR/ckpt\"; echo mine > \"$AIP_MODEL_DIR/model\"";
+    let spec = json!({
+        "name": "same-file", "algorithm": "random",
+        "metrics": [{"id": "loss", "goal": "minimize"}],
+        "parameters": [{"id": "x", "type": "double", "min": 0, "max": 1}],
+        "max_trials": 2, "parallel_trials": 1, "seed": 3,
+        "trial_job": {"command": ["/bin/sh", "-c", script], "output_dir": runs.display().to_string()}
+    });
+    let mut ended = Vec::new();
+    for run in 0..2 {
+        if run == 1 {
+            // Names count whole seconds: a rerun comes later than that.
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+        }
+        let app = common::spawn_app(common::sqlite_db()).await;
+        let id = app.create_study(spec.clone()).await;
+        assert_eq!(id, 1, "a fresh database numbers its studies from 1");
+        ended.push(
+            app.wait_for_state(id, "completed", Duration::from_secs(60))
+                .await,
+        );
+    }
+    for study in &ended {
+        assert_eq!(
+            study["best_trial"]["final_measurement"]["metrics"]["loss"], 0.0,
+            "a trial found another study's checkpoint: {study}"
+        );
+    }
+    let dirs: Vec<String> = std::fs::read_dir(&runs)
+        .expect("runs")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(dirs.len(), 2, "one directory per study: {dirs:?}");
+    assert!(dirs.iter().all(|d| d.starts_with("study-1-")), "{dirs:?}");
 }

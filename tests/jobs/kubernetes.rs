@@ -20,7 +20,7 @@ use augur::dispatch::executor::{Executor, JobExit, JobRequest, RunningJob};
 use augur::dispatch::kubernetes::manifests::{self, AttemptNames};
 use augur::dispatch::kubernetes::{KubeConnection, KubeSettings, KubernetesExecutor};
 use augur::dispatch::trial::replica_requests;
-use augur::model::{OutputLayout, ReplicaId, StudyDir, TrialDirs, TrialJobSpec};
+use augur::model::{OutputLayout, ReplicaId, StudyDir, StudyKey, TrialDirs, TrialJobSpec};
 use augur_optimizer::Value as Param;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -56,11 +56,18 @@ fn job_spec(pools: &[u32], extra: Value) -> TrialJobSpec {
     job
 }
 
+/// When study 3 was made: its directory is `study-3-20261204T093000`.
+const STUDY_CREATED: &str = "2026-12-04T09:30:00Z";
+
 /// Attempt `attempt` of trial 7 of study 3, its directories under `base`, as `trial.rs`
 /// would make it (with a server `PATH` that must not reach the pods).
 fn request(job: &TrialJobSpec, base: &Path, attempt: u32) -> JobRequest {
     let (study_id, trial_id) = (3, 7);
-    let study = StudyDir::below(base.join("runs"), study_id, OutputLayout::Study);
+    let key = StudyKey {
+        id: study_id,
+        created_at: STUDY_CREATED.parse().expect("time"),
+    };
+    let study = StudyDir::below(base.join("runs"), key, OutputLayout::Study);
     let dirs = TrialDirs::new(&study, trial_id);
     let params = [("x".to_string(), Param::Float(0.25))].into();
     let replicas = replica_requests(job, &params, trial_id, &dirs);
@@ -86,6 +93,7 @@ fn request(job: &TrialJobSpec, base: &Path, attempt: u32) -> JobRequest {
     ));
     JobRequest {
         study_id,
+        study_created_at: key.created_at,
         trial_id,
         attempt,
         env,
@@ -922,7 +930,7 @@ async fn a_restarted_service_deletes_the_attempt_it_left_and_runs_the_trial_agai
     standin.wait_pod(&names.job(1), 0).await;
     standin.run(&first);
     // Killed once the attempt is recorded (its handle written after the launch).
-    let handle = dir.path().join("augur-runs/study-1/1/job.handle");
+    let handle = common::study_dir(&dir.path().join("augur-runs"), 1).join("1/job.handle");
     common::eventually("the attempt's handle", Duration::from_secs(10), || {
         let handle = handle.clone();
         async move {

@@ -119,7 +119,7 @@ async fn jobs_run_as_another_user_cannot_read_the_database() {
         }
     })
     .await;
-    let model = runs.join("study-1/1/model");
+    let model = common::study_dir(&runs, 1).join("1/model");
     let read = |name: &str| {
         std::fs::read_to_string(model.join(name))
             .unwrap_or_default()
@@ -140,7 +140,7 @@ async fn jobs_run_as_another_user_cannot_read_the_database() {
     );
     // The job's log stays the server's: the job cannot rewrite what the service serves.
     let log_owner = std::os::unix::fs::MetadataExt::uid(
-        &std::fs::metadata(runs.join("study-1/1/job.log")).expect("log"),
+        &std::fs::metadata(common::study_dir(&runs, 1).join("1/job.log")).expect("log"),
     );
     assert_eq!(log_owner, nix::unistd::getuid().as_raw());
 }
@@ -166,14 +166,25 @@ async fn run_as_server() -> (String, tempfile::TempDir) {
 /// Create a study of one trial running `script` with `/bin/sh` in `output_dir`, wait for it
 /// to end, and return it.
 async fn run_one_trial(base: &str, script: &str, output_dir: &str) -> serde_json::Value {
+    run_one_trial_laid_out(base, script, output_dir, "study").await
+}
+
+/// [`run_one_trial`] with the study's `output_layout`.
+async fn run_one_trial_laid_out(
+    base: &str,
+    script: &str,
+    output_dir: &str,
+    layout: &str,
+) -> serde_json::Value {
     let http = common::http();
-    let spec = json!({
+    let mut spec = json!({
         "name": "one-trial", "algorithm": "random",
         "metrics": [{"id": "loss", "goal": "minimize"}],
         "parameters": [{"id": "x", "type": "double", "min": 0, "max": 1}],
         "max_trials": 1, "max_failed_trials": 1, "seed": 1,
         "trial_job": {"command": ["/bin/sh", "-c", script], "output_dir": output_dir}
     });
+    spec["trial_job"]["output_layout"] = json!(layout);
     let created = common::call(
         &http,
         base,
@@ -222,29 +233,33 @@ async fn a_job_cannot_make_the_server_write_or_serve_a_file_through_a_planted_li
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
 
     // Study 1's job (the test user) plants, in the model directory it may write, the trial
-    // directories of a later study whose output_dir is that model directory: their job.log,
-    // job.handle and replica logs are links to the secret, in both the flat and the
-    // per-study layout.
+    // directory of a later study whose output_dir is that model directory (in Vertex's
+    // layout, `<output_dir>/<trial>`, whose names a job can tell): its job.log, job.handle
+    // and replica logs are links to the secret.
     let plant = format!(
-        "for d in \"$AIP_MODEL_DIR/1\" \"$AIP_MODEL_DIR/study-2/1\"; do \
-           mkdir -p \"$d/replicas\" && ln -s '{s}' \"$d/job.log\" && ln -s '{s}' \"$d/job.handle\" \
-           && ln -s '{s}' \"$d/output.metrics\" && ln -s '{s}' \"$d/params.json\"; \
-         done; echo loss=1",
+        "d=\"$AIP_MODEL_DIR/1\"; \
+         mkdir -p \"$d/replicas\" && ln -s '{s}' \"$d/job.log\" && ln -s '{s}' \"$d/job.handle\" \
+         && ln -s '{s}' \"$d/output.metrics\" && ln -s '{s}' \"$d/params.json\"; echo loss=1",
         s = secret.display()
     );
     let first = run_one_trial(&base, &plant, "runs/a").await;
     assert_eq!(first["state"], "completed", "{first}");
-    let model_dir = std::fs::read_dir(dir.path().join("runs/a"))
-        .expect("study 1's directories")
-        .filter_map(Result::ok)
-        .flat_map(|e| [e.path().join("1/model"), e.path().join("model")])
-        .find(|p| p.join("1").exists() || p.join("study-2").exists())
-        .expect("the job's planted directories");
+    let model_dir = common::study_dir(&dir.path().join("runs/a"), 1).join("1/model");
+    assert!(
+        model_dir.join("1/job.log").is_symlink(),
+        "the job planted its link"
+    );
 
     // Study 2 keeps its trials in study 1's model directory (an operator's mistake, or an
     // operator who is the attacker).
     let relative = model_dir.strip_prefix(dir.path()).expect("under the base");
-    let second = run_one_trial(&base, "echo loss=2", &relative.display().to_string()).await;
+    let second = run_one_trial_laid_out(
+        &base,
+        "echo loss=2",
+        &relative.display().to_string(),
+        "trial",
+    )
+    .await;
 
     let after = std::fs::read_to_string(&secret).expect("secret");
     assert_eq!(

@@ -160,9 +160,7 @@ async fn trials(app: &TestApp, id: i64) -> Vec<Value> {
 
 fn job_log(f: &Fixture, study: &str, trial: i64) -> String {
     std::fs::read_to_string(
-        f.runs()
-            .join(study)
-            .join("study-1")
+        common::study_dir(&f.runs().join(study), 1)
             .join(trial.to_string())
             .join("job.log"),
     )
@@ -250,9 +248,7 @@ async fn eight_trials_two_at_a_time_run_through_sbatch() {
             "one attempt: {log}"
         );
         assert!(log.contains("loss="), "{log}");
-        let script = f
-            .runs()
-            .join("eight/study-1")
+        let script = common::study_dir(&f.runs().join("eight"), 1)
             .join(n.to_string())
             .join("slurm-attempt-1.sh");
         assert!(script.is_file(), "the batch script of trial {n} is kept");
@@ -291,7 +287,7 @@ async fn a_job_exiting_non_zero_is_retried_then_fails_for_good() {
         2,
         "{log}"
     );
-    let ckpt = f.runs().join("crash-once/study-1/1/checkpoints/");
+    let ckpt = common::study_dir(&f.runs().join("crash-once"), 1).join("1/checkpoints/");
     assert!(
         log.contains(&format!("resumed from {}", ckpt.display())),
         "same checkpoint dir: {log}"
@@ -314,11 +310,11 @@ async fn a_job_cancelled_from_outside_is_retried() {
         .create_study(study(&f, "lost", 1, 1, "hang_once", 1))
         .await;
     // The first attempt leaves its checkpoint and hangs: cancel it behind Augur's back.
-    let marker = f.runs().join("lost/study-1/1/checkpoints/ckpt");
+    let marker = || common::study_dir(&f.runs().join("lost"), 1).join("1/checkpoints/ckpt");
     let start = Instant::now();
     let job = loop {
         let jobs = jobs_under(f.dir.path());
-        if marker.exists() && jobs.len() == 1 {
+        if marker().exists() && jobs.len() == 1 {
             break jobs[0].0.clone();
         }
         assert!(
@@ -328,7 +324,8 @@ async fn a_job_cancelled_from_outside_is_retried() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let handle =
-        std::fs::read_to_string(f.runs().join("lost/study-1/1/job.handle")).expect("job handle");
+        std::fs::read_to_string(common::study_dir(&f.runs().join("lost"), 1).join("1/job.handle"))
+            .expect("job handle");
     assert_eq!(handle.trim(), format!("slurm:{job}"));
     let cancelled = Command::new("scancel").arg(&job).status().expect("scancel");
     assert!(cancelled.success());
@@ -347,7 +344,8 @@ async fn a_job_cancelled_from_outside_is_retried() {
         "{log}"
     );
     let handle =
-        std::fs::read_to_string(f.runs().join("lost/study-1/1/job.handle")).expect("job handle");
+        std::fs::read_to_string(common::study_dir(&f.runs().join("lost"), 1).join("1/job.handle"))
+            .expect("job handle");
     assert_ne!(
         handle.trim(),
         format!("slurm:{job}"),
@@ -410,8 +408,8 @@ async fn stopping_the_study_cancels_its_slurm_jobs() {
         .await;
     let start = Instant::now();
     while !(1..=2).all(|n| {
-        f.runs()
-            .join(format!("stop/study-1/{n}/checkpoints/ckpt"))
+        common::study_dir(&f.runs().join("stop"), 1)
+            .join(format!("{n}/checkpoints/ckpt"))
             .exists()
     }) {
         assert!(
@@ -450,7 +448,7 @@ async fn a_slurm_job_starts_from_a_clean_environment_and_its_script_is_private()
         .wait_for_state(id, "completed", Duration::from_secs(90))
         .await;
     assert_eq!(done["trial_counts"]["completed"], 1, "{done}");
-    let trial_dir = f.runs().join("clean-env/study-1/1");
+    let trial_dir = common::study_dir(&f.runs().join("clean-env"), 1).join("1");
     let env = &common::read_job_env(&trial_dir.join("model")).expect("the job's environment");
     // The in-process server's environment is this test's (CARGO_*, AUGUR_TEST_*: cargo and
     // scripts/test.sh set them). A batch job also gets the user's login environment on the

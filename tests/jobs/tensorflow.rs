@@ -106,8 +106,8 @@ async fn a_tensorflow_cluster_trains_together_from_the_tf_config_augur_writes() 
             );
         }
         assert!(
-            runs.path()
-                .join(format!("study-{id}/{trial}/model/model.keras"))
+            common::study_dir(runs.path(), id)
+                .join(format!("{trial}/model/model.keras"))
                 .exists(),
             "the chief saved the model into AIP_MODEL_DIR"
         );

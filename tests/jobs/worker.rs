@@ -107,16 +107,16 @@ async fn a_restarted_worker_resumes_its_trial_and_kills_the_leftover_job() {
     let app = common::spawn_app(common::sqlite_db()).await;
     let id = app.create_study(spec(2, 1)).await;
     let first = worker(&app.base, id, 1, "r", dir.path(), true);
-    let mark = dir.path().join("runs/study-1/1/checkpoints/started");
+    let mark = || common::study_dir(&dir.path().join("runs"), 1).join("1/checkpoints/started");
     let start = Instant::now();
-    while !mark.exists() {
+    while !mark().exists() {
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "first trial did not start"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let hung: i32 = std::fs::read_to_string(&mark)
+    let hung: i32 = std::fs::read_to_string(mark())
         .expect("pid")
         .trim()
         .parse()
@@ -198,9 +198,8 @@ async fn a_worker_hands_its_trials_trial_tokens_not_its_own() {
     let study = app.get(&format!("/v1/studies/{id}")).await.body;
     assert_eq!(study["trial_counts"]["completed"], 2, "{study}");
     for trial in 1..=2 {
-        let path = dir
-            .path()
-            .join(format!("runs/study-{id}/{trial}/model/token.json"));
+        let path = common::study_dir(&dir.path().join("runs"), id)
+            .join(format!("{trial}/model/token.json"));
         let seen: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&path).expect("token.json"))
                 .expect("json");

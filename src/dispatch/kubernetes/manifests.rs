@@ -38,7 +38,9 @@ use super::super::cluster::Address;
 use super::super::executor::{ExecutorError, JobRequest, ReplicaRequest};
 use crate::model::job::is_inherited_env;
 use crate::model::job::{CLUSTER_ENV, OutputVolume, Toleration};
-use crate::model::{OutputLayout, ReplicaId, Resources, StudyDir, TrialDirs, TrialJobSpec};
+use crate::model::{
+    OutputLayout, ReplicaId, Resources, StudyDir, StudyKey, TrialDirs, TrialJobSpec,
+};
 
 /// Every replica listens on this port (each pod has its own address, so one port serves all).
 pub const CLUSTER_PORT: u16 = 2222;
@@ -372,9 +374,10 @@ impl PodOutput {
             .as_deref()
             .map(|d| d.trim_start_matches('/').trim_end_matches('/').to_string())
             .unwrap_or_else(|| "augur-runs".to_string());
-        let layout = match job.output_dir {
-            Some(_) => job.output_layout,
-            None => OutputLayout::Study,
+        // `trial` needs an output_dir of the study's own (as in `StudyDir::of`).
+        let layout = match (&job.output_dir, job.output_layout) {
+            (Some(_), layout) | (None, layout @ OutputLayout::StudyId) => layout,
+            (None, _) => OutputLayout::Study,
         };
         let mount = |path: &str| VolumeMount {
             name: OUTPUT_VOLUME.to_string(),
@@ -456,7 +459,11 @@ fn pod_env(
     for key in secret_keys.iter().filter(|k| !spec_env.contains(k)) {
         env.remove(key);
     }
-    let study = StudyDir::below(PathBuf::from(&output.base), request.study_id, output.layout);
+    let key = StudyKey {
+        id: request.study_id,
+        created_at: request.study_created_at,
+    };
+    let study = StudyDir::below(PathBuf::from(&output.base), key, output.layout);
     let dirs = TrialDirs::new(&study, request.trial_id);
     let dir = |p: &Path| format!("{}/", p.display());
     env.insert(

@@ -15,7 +15,7 @@ export async function trialPage() {
   const [info, trial] = await Promise.all([api(`/v1/studies/${study}`), api(`/v1/studies/${study}/trials/${trialId}`)]);
   document.title = `Trial ${trialId} · ${info.name} · Augur`;
   const job = info.spec.trial_job;
-  const dir = job && job.output_dir ? `${studyDir(job, study)}/${trialId}` : null;
+  const dir = job && job.output_dir ? `${studyDir(job, info)}/${trialId}` : null;
   const metrics = info.spec.metrics.map((m) => m.id);
   $('#main').replaceChildren(
     h('h1', {}, h('a', { href: `/studies/${study}` }, info.name), ` › trial ${trialId} `, stateBadge(trial.state),
@@ -35,9 +35,13 @@ export async function trialPage() {
   await drawLearningCurve(trial, metrics);
 }
 
-/** Where a study's trial directories are in its output_dir (`model/trial_dirs.rs`). */
-function studyDir(job, study) {
-  return job.output_layout === 'trial' ? job.output_dir : `${job.output_dir}/study-${study}`;
+/** Where a study's trial directories are in its output_dir (`model/trial_dirs.rs`): named by
+ * the study's id and when it was made (UTC, to the second). */
+function studyDir(job, info) {
+  if (job.output_layout === 'trial') return job.output_dir;
+  if (job.output_layout === 'study_id') return `${job.output_dir}/study-${info.id}`;
+  const created = info.created_at.slice(0, 19).replace(/[-:]/g, '');
+  return `${job.output_dir}/study-${info.id}-${created}`;
 }
 
 /** The outcome's rows: final metrics, state, client, times and any reason. */
