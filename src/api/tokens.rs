@@ -138,8 +138,9 @@ pub async fn revoke_token(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// The audit trail: who created, changed, stopped or deleted each study, added or excluded
-/// trials, created or revoked tokens; oldest first.
+/// The audit trail: who created, changed, stopped or deleted each study, added, excluded,
+/// failed or stopped trials (or completed another's), minted trial tokens, created or revoked
+/// tokens; oldest first.
 #[utoipa::path(get, path = "/v1/audit", tag = "tokens", params(AuditQuery),
     responses(
         (status = 200, description = "A page of the audit trail", body = AuditList),

@@ -1,8 +1,10 @@
 //! The audit trail: who (a token's name; `open` on an open server) created, changed, stopped
-//! or deleted each study, added, excluded, completed, failed or stopped trials, asked for a
-//! trial's token, created or revoked tokens. Measurements and heartbeats, which change no
-//! trial's state and come by the thousand, are not recorded; suggestions neither (the trial
-//! names its `client_id`), nor what the server's own dispatcher reports.
+//! or deleted each study, added, excluded, failed or stopped trials, completed another's
+//! trials (an admin), asked for a trial's token, created or revoked tokens. What a study's
+//! own reporters send by the thousand is not recorded: measurements and heartbeats, the
+//! creator's and the trial tokens' own completions (each would cost a write of its own on
+//! the ask/tell path), suggestions (the trial names its `client_id`), and what the server's
+//! own dispatcher reports.
 //!
 //! An entry is written right after the change it records commits, not in the same
 //! transaction: a crash (or a lost database) between the two loses the entry, never the

@@ -186,6 +186,16 @@ impl Service {
         }
     }
 
+    /// Whether `actor` reports to `study_id` as its own: a trial's token, or the study's
+    /// creator (cached, as in `check_reporter`).
+    pub(super) async fn is_own_reporter(&self, actor: &Caller, study_id: i64) -> bool {
+        actor.trial_scope.is_some()
+            || self
+                .fixed_study(study_id)
+                .await
+                .is_ok_and(|f| f.created_by.as_deref() == Some(actor.name.as_str()))
+    }
+
     async fn change_study(&self, study_id: i64, command: Command) -> ServiceResult<Study> {
         match self.commits.submit(study_id, command).await? {
             Reply::Study(record) => {
