@@ -11,7 +11,9 @@ use serde_json::Value;
 
 use super::error::{CliError, CliResult};
 use crate::app::{App, ServerConfig};
-use crate::model::{MetricGoal, Study, StudyDir, StudyKey, StudySpec, StudyState, TrialDirs};
+use crate::model::{
+    MetricGoal, Study, StudyDir, StudyKey, StudySpec, StudyState, TrialDirs, TrialState,
+};
 use crate::service::Service;
 
 /// How `augur run` ended without an error.
@@ -88,6 +90,14 @@ pub async fn run_study_file(
             .unwrap_or_else(|| "the study failed".into());
         return Err(CliError::StudyFailed(reason));
     }
+    // A study that ran out of trials with none completed did not do its job either.
+    let c = &study.trial_counts;
+    if !interrupted && study.state == StudyState::Completed && c.completed == 0 {
+        return Err(CliError::StudyFailed(format!(
+            "no trial completed ({} failed, {} infeasible): see the reasons above",
+            c.failed, c.infeasible
+        )));
+    }
     Ok(if interrupted {
         RunEnd::Interrupted
     } else {
@@ -106,12 +116,16 @@ async fn follow_progress(service: &Service, study: &Study) -> CliResult<bool> {
     // that arrives while the study is being read.
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
+    let mut failures_shown = 0;
     let interrupted = loop {
         tokio::select! {
             _ = &mut ctrl_c => break true,
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
         let current = service.get_study(study.id).await?;
+        if current.trial_counts.failed > failures_shown {
+            failures_shown = show_failures(service, study.id, &bar, failures_shown).await?;
+        }
         draw(&bar, &current);
         if current.state != StudyState::Active {
             break false;
@@ -119,6 +133,46 @@ async fn follow_progress(service: &Service, study: &Study) -> CliResult<bool> {
     };
     bar.finish_and_clear();
     Ok(interrupted)
+}
+
+/// Print, above the bar, why each failed trial after the first `shown` failed (in the order
+/// they are listed); returns how many failed trials there are now.
+async fn show_failures(
+    service: &Service,
+    study_id: i64,
+    bar: &ProgressBar,
+    shown: u64,
+) -> CliResult<u64> {
+    let mut failed = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let page = service
+            .list_trials(
+                study_id,
+                Some(TrialState::Failed),
+                Some(1000),
+                token.as_deref(),
+            )
+            .await?;
+        failed.extend(page.items);
+        match page.next_page_token {
+            Some(next) => token = Some(next),
+            None => break,
+        }
+    }
+    for trial in failed.iter().skip(shown as usize) {
+        let reason = trial.fail_reason.as_deref().unwrap_or("no reason given");
+        // Above the bar on a terminal; as plain lines when stderr is not one (the bar is
+        // hidden there, and its `println` too).
+        bar.suspend(|| {
+            eprintln!(
+                "trial {} failed: {}",
+                trial.id,
+                super::study::printable(reason)
+            )
+        });
+    }
+    Ok(failed.len() as u64)
 }
 
 /// The closing lines: counts, and the best trial(s) with their model directories.

@@ -214,7 +214,7 @@ fn trials_csv(trials: &[Value]) -> String {
 /// and the invisible characters that reorder or hide text (bidirectional overrides and
 /// isolates, zero-width ones) escaped as `\u{202e}`, so a line shows what is stored:
 /// `report\u{202e}fdp.exe` rather than a name that reads as another (Trojan Source).
-fn printable(s: &str) -> String {
+pub(super) fn printable(s: &str) -> String {
     s.chars()
         .map(|c| {
             if c.is_control() {

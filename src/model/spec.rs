@@ -41,6 +41,11 @@ pub struct StudySpec {
     /// The study fails once this many trials have failed. Unlimited when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_failed_trials: Option<i64>,
+    /// The study fails, saying why, when its first this many trials all failed with the
+    /// same reason and none has completed (a command that does not exist, a script that
+    /// crashes at once): 0 turns it off.
+    #[serde(default = "default_fail_fast")]
+    pub fail_fast_trials: i64,
     /// Which measurement becomes final when a trial completes without metrics.
     #[serde(default)]
     pub measurement_selection: MeasurementSelection,
@@ -70,6 +75,11 @@ pub struct StudySpec {
 
 fn one() -> i64 {
     1
+}
+/// Three identical failures before any success: the study is broken, not unlucky.
+pub const DEFAULT_FAIL_FAST_TRIALS: i64 = 3;
+fn default_fail_fast() -> i64 {
+    DEFAULT_FAIL_FAST_TRIALS
 }
 fn default_lease() -> i64 {
     DEFAULT_TRIAL_LEASE_SECS
@@ -321,6 +331,8 @@ pub struct StudyConfig {
     pub max_trials: u64,
     pub parallel_trials: u64,
     pub max_failed_trials: Option<u64>,
+    /// `fail_fast_trials`; 0: off.
+    pub fail_fast_trials: u64,
     pub measurement_selection: MeasurementSelection,
     pub seed: u64,
     pub early_stopping: Option<StoppingRule>,
@@ -480,6 +492,12 @@ impl StudySpec {
             .as_ref()
             .map(EarlyStoppingSpec::validate)
             .transpose()?;
+        if !(0..=1000).contains(&self.fail_fast_trials) {
+            return Err(ValidationError::new(
+                "fail_fast_trials",
+                "must be between 0 (off) and 1000",
+            ));
+        }
         if !(1..=30 * 24 * 3600).contains(&self.trial_lease_secs) {
             return Err(ValidationError::new(
                 "trial_lease_secs",
@@ -514,6 +532,7 @@ impl StudySpec {
             max_trials,
             parallel_trials,
             max_failed_trials,
+            fail_fast_trials: self.fail_fast_trials as u64,
             measurement_selection: self.measurement_selection,
             seed: self.seed.unwrap_or(0),
             early_stopping,

@@ -216,6 +216,7 @@ pub fn from_vertex(doc: &Json) -> Result<VertexImport, ValidationError> {
         max_trials,
         parallel_trials: parallel,
         max_failed_trials: max_failed,
+        fail_fast_trials: super::spec::DEFAULT_FAIL_FAST_TRIALS,
         measurement_selection: measurement_selection(&study)?,
         seed: None,
         early_stopping: early_stopping(&study, &mut warnings)?,

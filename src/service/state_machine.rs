@@ -759,6 +759,49 @@ impl StudyBatch {
         Ok(self.touched(trial_id))
     }
 
+    /// `fail_fast_trials`: when this batch brings the study's failures to N, its first N
+    /// trials all failed with the same reason, and none of its trials has completed, why the
+    /// study fails (`None`: it goes on). Only as the failures reach N: a study reopened
+    /// after it (a PATCH) is not failed again by the same trials.
+    async fn first_trials_failed_alike(&mut self) -> ServiceResult<Option<String>> {
+        let n = self.config.fail_fast_trials;
+        let counts = &self.study.trial_counts;
+        if n == 0
+            || (self.study.next_trial_id as u64) <= n
+            || counts.completed + counts.infeasible > 0
+        {
+            return Ok(None);
+        }
+        let failed = self.failed_count().await?;
+        if failed < n || failed - self.failed_in_batch >= n {
+            return Ok(None);
+        }
+        let first: Vec<i64> = (1..=n as i64).collect();
+        let stored = self.tx.trials_by_id(&first).await?;
+        // This batch's changes first: a trial it failed is not written yet.
+        let reasons: Vec<Option<String>> = first
+            .iter()
+            .map(|id| {
+                let trial = self
+                    .trials
+                    .get(id)
+                    .or_else(|| stored.iter().find(|t| t.id == *id))?;
+                (trial.state == TrialState::Failed)
+                    .then(|| trial.fail_reason.clone().unwrap_or_default())
+            })
+            .collect();
+        let Some(Some(reason)) = reasons.first() else {
+            return Ok(None);
+        };
+        if reasons.iter().any(|r| r.as_ref() != Some(reason)) {
+            return Ok(None);
+        }
+        Ok(Some(format!(
+            "the first {n} trials all failed, none completed: {reason} (fail_fast_trials: {n}; \
+             fix what runs the trials, then create the study again, or PATCH it to go on)"
+        )))
+    }
+
     async fn failed_count(&mut self) -> ServiceResult<u64> {
         let stored = match self.stored_failed {
             Some(n) => n,
@@ -817,6 +860,12 @@ impl StudyBatch {
                 );
                 return Ok(());
             }
+        }
+        if self.failed_in_batch > 0
+            && let Some(reason) = self.first_trials_failed_alike().await?
+        {
+            self.set_study_state(StudyState::Failed, Some(reason));
+            return Ok(());
         }
         if self.budget_left() == 0 && self.unfinished_count() == 0 {
             self.set_study_state(StudyState::Completed, None);

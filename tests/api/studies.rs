@@ -473,3 +473,114 @@ async fn prior_studies_must_exist_and_warm_start_suggestions() {
         "prior trials are not this study's"
     );
 }
+
+on_both_backends!(
+    a_study_whose_first_trials_fail_alike_fails_saying_why,
+    fail_fast_waits_for_identical_failures_before_any_completion,
+);
+
+/// Fail `trials` of study `id` with `reason`.
+async fn fail_all(app: &crate::common::TestApp, id: i64, trials: &[i64], reason: &str) {
+    for t in trials {
+        let r = app
+            .post(
+                &format!("/v1/studies/{id}/trials/{t}/fail"),
+                json!({ "reason": reason }),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    }
+}
+
+/// `fail_fast_trials` (3 by default): the first three trials failing the same way, none
+/// completed, fail the study with their reason; a PATCH reopens it for good.
+async fn a_study_whose_first_trials_fail_alike_fails_saying_why(backend: &str) {
+    let app = app(backend).await;
+    let id = app.create_study(spec("random", 20, 3)).await;
+    assert_eq!(
+        app.get(&format!("/v1/studies/{id}")).await.body["spec"]["fail_fast_trials"],
+        3
+    );
+    suggest(&app, id, 3, None).await;
+    fail_all(
+        &app,
+        id,
+        &[1, 2],
+        "could not start the job: pythno3: No such file",
+    )
+    .await;
+    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    assert_eq!(study["state"], "active", "{study}");
+    fail_all(
+        &app,
+        id,
+        &[3],
+        "could not start the job: pythno3: No such file",
+    )
+    .await;
+    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    assert_eq!(study["state"], "failed", "{study}");
+    let reason = study["state_reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("first 3 trials all failed") && reason.contains("pythno3"),
+        "{reason}"
+    );
+    // Reopened, it is not failed again by the same three trials.
+    let reopened = app
+        .call(
+            Method::PATCH,
+            &format!("/v1/studies/{id}"),
+            Some(json!({"max_trials": 21})),
+        )
+        .await;
+    assert_eq!(reopened.body["state"], "active", "{}", reopened.body);
+    assert_eq!(ids(&suggest(&app, id, 1, None).await["trials"]), vec![4]);
+    fail_all(
+        &app,
+        id,
+        &[4],
+        "could not start the job: pythno3: No such file",
+    )
+    .await;
+    assert_eq!(
+        app.get(&format!("/v1/studies/{id}")).await.body["state"],
+        "active"
+    );
+}
+
+/// Different reasons, a completion first, or `fail_fast_trials: 0` leave the study running.
+async fn fail_fast_waits_for_identical_failures_before_any_completion(backend: &str) {
+    let app = app(backend).await;
+    let id = app.create_study(spec("random", 20, 3)).await;
+    suggest(&app, id, 3, None).await;
+    fail_all(&app, id, &[1, 2], "exited with code 1").await;
+    fail_all(&app, id, &[3], "timed out after 60 s").await;
+    assert_eq!(
+        app.get(&format!("/v1/studies/{id}")).await.body["state"],
+        "active"
+    );
+
+    let id = app.create_study(spec("random", 20, 4)).await;
+    suggest(&app, id, 4, None).await;
+    complete(&app, id, 4, 0.5).await;
+    fail_all(&app, id, &[1, 2, 3], "exited with code 1").await;
+    assert_eq!(
+        app.get(&format!("/v1/studies/{id}")).await.body["state"],
+        "active"
+    );
+
+    let mut off = spec("random", 20, 3);
+    off["fail_fast_trials"] = json!(0);
+    let id = app.create_study(off).await;
+    suggest(&app, id, 3, None).await;
+    fail_all(&app, id, &[1, 2, 3], "exited with code 1").await;
+    assert_eq!(
+        app.get(&format!("/v1/studies/{id}")).await.body["state"],
+        "active"
+    );
+    let mut bad = spec("random", 20, 3);
+    bad["fail_fast_trials"] = json!(-1);
+    let r = app.post("/v1/studies", bad).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.body);
+    assert_eq!(r.body["error"]["field"], "fail_fast_trials", "{}", r.body);
+}

@@ -675,3 +675,65 @@ async fn tokens_with_roles_from_the_command_line_and_the_audit_trail() {
         "{trail}"
     );
 }
+
+/// A trial command that does not exist is no success: `augur run` prints each trial's failure
+/// as it happens, the study fails once its first three trials failed alike
+/// (`fail_fast_trials`), and the command exits non-zero with the reason. With the rule off,
+/// a study that ends with no trial completed exits non-zero too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn augur_run_of_a_command_that_does_not_exist_fails_saying_why() {
+    let dir = tempfile::tempdir().expect("dir");
+    let write = |name: &str, extra: &str| {
+        let file = dir.path().join(name);
+        std::fs::write(
+            &file,
+            format!(
+                "name: typo\nalgorithm: random\nmetrics: [{{id: loss, goal: minimize}}]\n\
+                 parameters: [{{id: x, type: double, min: 0, max: 1}}]\n\
+                 max_trials: 6\nparallel_trials: 1\n{extra}\
+                 trial_job:\n  command: [pythno3, train.py]\n  output_dir: runs\n"
+            ),
+        )
+        .expect("spec");
+        file
+    };
+    let db = |name: &str| format!("sqlite://{}", dir.path().join(name).display());
+    let out = exit_within(
+        augur_run(&write("typo.yaml", ""), &db("a.db")),
+        Duration::from_secs(60),
+    )
+    .await;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    for trial in 1..=3 {
+        assert!(
+            stderr.contains(&format!(
+                "trial {trial} failed: could not start the job: pythno3"
+            )),
+            "trial {trial}'s reason as it happened: {stderr}"
+        );
+    }
+    assert!(
+        stderr.contains("the first 3 trials all failed"),
+        "the study's reason: {stderr}"
+    );
+    assert!(
+        stdout.contains("study 1 failed: 0 completed, 0 infeasible, 3 failed of 6 trials"),
+        "{stdout}"
+    );
+
+    let out = exit_within(
+        augur_run(&write("off.yaml", "fail_fast_trials: 0\n"), &db("b.db")),
+        Duration::from_secs(60),
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("no trial completed (6 failed, 0 infeasible)"),
+        "{stderr}"
+    );
+}
