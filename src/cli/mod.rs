@@ -8,6 +8,7 @@ mod error;
 mod run;
 mod server;
 mod study;
+mod validate;
 mod worker;
 
 use std::net::SocketAddr;
@@ -396,6 +397,16 @@ pub enum ExportFormat {
 pub enum StudyCommand {
     /// Create a study from a YAML or JSON spec file.
     Create {
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+        /// Check the file and show the stored spec and the first trials' command lines, as
+        /// `study validate`: create nothing, start nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Check a spec file on this machine and show the spec as it would be stored (defaults
+    /// filled in) and the first trials' command lines; creates and starts nothing.
+    Validate {
         #[arg(short = 'f', long = "file")]
         file: PathBuf,
     },

@@ -29,7 +29,17 @@ fn print_json(v: &Value) {
 
 pub async fn run_study_command(client: &Client, command: StudyCommand) -> CliResult<()> {
     match command {
-        StudyCommand::Create { file } => {
+        StudyCommand::Create {
+            file,
+            dry_run: true,
+        }
+        | StudyCommand::Validate { file } => {
+            print!("{}", super::validate::validate_file(&file)?);
+        }
+        StudyCommand::Create {
+            file,
+            dry_run: false,
+        } => {
             let spec = read_spec(&file)?;
             // A Vertex AI job is sent as it is; what the server will ignore of it is shown here.
             if crate::model::vertex::is_vertex_job(&spec)

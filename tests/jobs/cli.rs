@@ -737,3 +737,60 @@ async fn augur_run_of_a_command_that_does_not_exist_fails_saying_why() {
         "{stderr}"
     );
 }
+
+/// `augur study validate -f` and `study create --dry-run` check a file and show what it
+/// would run without a server (the `--url` here reaches nothing), creating nothing.
+#[tokio::test]
+async fn study_validate_shows_the_first_command_lines_and_starts_nothing() {
+    let dir = tempfile::tempdir().expect("dir");
+    let quickstart = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/quickstart/study.yaml"
+    );
+    for args in [
+        vec!["study", "validate", "-f", quickstart],
+        vec!["study", "create", "--dry-run", "-f", quickstart],
+    ] {
+        let out = Command::new(common::augur_bin())
+            .args(&args)
+            .args(["--url", "http://127.0.0.1:9"])
+            .current_dir(dir.path())
+            .env_remove("AUGUR_TOKEN")
+            .output()
+            .expect("augur");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{args:?}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains("trial 1 workerpool0-0: python3 train.py --"),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains("fail_fast_trials: 3"),
+            "defaults shown: {stdout}"
+        );
+        assert!(stdout.ends_with("nothing was created\n"), "{stdout}");
+    }
+    assert_eq!(
+        std::fs::read_dir(dir.path()).expect("dir").count(),
+        0,
+        "no database, no trial directory"
+    );
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "name: x\nmetrics: [{id: a, goal: maximize}]\nparameters: [{id: p, type: double, min: 1, max: 0}]\nmax_trials: 1\n",
+    )
+    .expect("bad");
+    let out = Command::new(common::augur_bin())
+        .args(["study", "validate", "-f"])
+        .arg(&bad)
+        .output()
+        .expect("augur");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("parameters[0]"), "{stderr}");
+}
