@@ -21,6 +21,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(create_study, list_studies))
         .routes(routes!(get_study, update_study, delete_study))
         .routes(routes!(stop_study))
+        .routes(routes!(resume_study))
         .routes(routes!(suggest_trials))
         .routes(routes!(optimal_trials))
 }
@@ -219,6 +220,26 @@ pub async fn stop_study(
 ) -> ApiResult<Json<Study>> {
     let id = parse_id(&study, "study")?;
     Ok(Json(state.service.stop_study(&actor, id).await?))
+}
+
+/// Run a failed study again, once its limits allow (`max_failed_trials` above its failures,
+/// trials left): the explicit act that a PATCH no longer is.
+#[utoipa::path(post, path = "/v1/studies/{study}/resume", tag = "studies",
+    params(("study" = String, Path, description = STUDY_ID)),
+    responses(
+        (status = 200, description = "The study, active again (unchanged if it was active)", body = Study),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "Not the study's creator nor an admin", body = ErrorBody),
+        (status = 404, description = "No such study", body = ErrorBody),
+        (status = 409, description = "The study may not run again as it is: its failures are at max_failed_trials or its budget is spent (raise them first), or it completed or was stopped", body = ErrorBody),
+    ))]
+pub async fn resume_study(
+    State(state): State<AppState>,
+    Actor(actor): Actor,
+    Path(study): Path<String>,
+) -> ApiResult<Json<Study>> {
+    let id = parse_id(&study, "study")?;
+    Ok(Json(state.service.resume_study(&actor, id).await?))
 }
 
 /// Ask for trials to run. Never more than `parallel_trials` unfinished trials at once nor

@@ -426,6 +426,8 @@ pub enum StudyCommand {
     },
     /// Stop a study.
     Stop { id: i64 },
+    /// Run a failed study again (raise max_failed_trials or max_trials first if it says so).
+    Resume { id: i64 },
 }
 
 /// Why `augur` ends with a non-zero status.

@@ -126,6 +126,12 @@ pub async fn run_study_command(client: &Client, command: StudyCommand) -> CliRes
                 .await?;
             println!("study {id} is {}", s["state"].as_str().unwrap_or("?"));
         }
+        StudyCommand::Resume { id } => {
+            let s = client
+                .call(Method::POST, &format!("/v1/studies/{id}/resume"), None)
+                .await?;
+            println!("study {id} is {}", s["state"].as_str().unwrap_or("?"));
+        }
         StudyCommand::Export { id, format } => match format {
             ExportFormat::Json => print_json(&Value::Array(client.all_trials(id).await?)),
             ExportFormat::Csv => print!("{}", trials_csv(&client.all_trials(id).await?)),

@@ -68,6 +68,9 @@ pub enum Command {
         excluded: bool,
     },
     Stop,
+    /// A failed study runs again (once its limits allow): an explicit act, never a PATCH's
+    /// side effect.
+    Resume,
     Update(StudyUpdate),
     /// Count one launch of a dispatched trial (up to `max_attempts`) and store the token it
     /// reports with (`token_hash`). In the batch, not beside it: a write of its own would
@@ -272,6 +275,7 @@ impl StudyBatch {
                 Ok(Reply::Study(Box::new(self.study.clone())))
             }
             Command::Update(update) => self.update(update).await,
+            Command::Resume => self.resume().await,
             Command::StartAttempt {
                 trial_id,
                 max_attempts,
@@ -798,7 +802,7 @@ impl StudyBatch {
         }
         Ok(Some(format!(
             "the first {n} trials all failed, none completed: {reason} (fail_fast_trials: {n}; \
-             fix what runs the trials, then create the study again, or PATCH it to go on)"
+             fix what runs the trials, then resume the study: augur study resume ID)"
         )))
     }
 
@@ -825,16 +829,50 @@ impl StudyBatch {
         self.study.spec = spec;
         self.config = config;
         self.study_changed = true;
-        // A study that ended on its budget or its failures resumes when they are raised.
+        // A study that ended on its budget goes on when it is raised. A failed one stays
+        // failed: it runs again only when asked to (`resume`), not as a PATCH's side effect.
         let failed = self.failed_count().await?;
         let failures_ok = self.config.max_failed_trials.is_none_or(|max| failed < max);
-        let reopen = match self.study.state {
-            StudyState::Completed => self.budget_left() > 0 && failures_ok,
-            StudyState::Failed => failures_ok,
-            _ => false,
-        };
-        if reopen {
+        if self.study.state == StudyState::Completed && self.budget_left() > 0 && failures_ok {
             self.set_study_state(StudyState::Active, None);
+        }
+        Ok(Reply::Study(Box::new(self.study.clone())))
+    }
+
+    /// Run a failed study again: refused while its failures are at `max_failed_trials` or
+    /// its budget is spent (raise them first), and for a study a user stopped. An active
+    /// study is left as it is.
+    async fn resume(&mut self) -> ServiceResult<Reply> {
+        let id = self.study.id;
+        match self.study.state {
+            StudyState::Active => {}
+            StudyState::Failed => {
+                let failed = self.failed_count().await?;
+                if let Some(max) = self.config.max_failed_trials
+                    && failed >= max
+                {
+                    return Err(ServiceError::conflict(format!(
+                        "study {id} has {failed} failed trials and max_failed_trials is {max}: \
+                         raise it first (PATCH)"
+                    )));
+                }
+                if self.budget_left() == 0 {
+                    return Err(ServiceError::conflict(format!(
+                        "study {id} has no trials left to run: raise max_trials first (PATCH)"
+                    )));
+                }
+                self.set_study_state(StudyState::Active, None);
+            }
+            StudyState::Completed => {
+                return Err(ServiceError::conflict(format!(
+                    "study {id} completed: raise max_trials (PATCH) to run more trials"
+                )));
+            }
+            StudyState::Stopped => {
+                return Err(ServiceError::conflict(format!(
+                    "study {id} was stopped by a user and does not run again: create it again"
+                )));
+            }
         }
         Ok(Reply::Study(Box::new(self.study.clone())))
     }

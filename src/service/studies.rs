@@ -133,6 +133,15 @@ impl Service {
         Ok(study)
     }
 
+    /// Run a failed study again (`Command::Resume` says when it may).
+    pub async fn resume_study(&self, actor: &Caller, study_id: i64) -> ServiceResult<Study> {
+        self.check_manager(actor, study_id).await?;
+        let study = self.change_study(study_id, Command::Resume).await?;
+        self.audit(actor, "study.resume", Some(study_id), None, None)
+            .await;
+        Ok(study)
+    }
+
     pub async fn update_study(
         &self,
         actor: &Caller,

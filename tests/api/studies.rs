@@ -11,7 +11,7 @@ use crate::support::{app, complete, ids, suggest};
 
 on_both_backends!(
     study_lifecycle_create_get_list_patch_stop_delete,
-    max_failed_trials_fails_study_and_raising_it_reopens,
+    max_failed_trials_fails_study_which_resumes_only_when_asked,
     raising_max_trials_reopens_completed_study,
     pareto_set_for_two_metrics,
     quasi_random_and_grid_designers_through_the_service,
@@ -110,7 +110,7 @@ async fn study_lifecycle_create_get_list_patch_stop_delete(backend: &str) {
     );
 }
 
-async fn max_failed_trials_fails_study_and_raising_it_reopens(backend: &str) {
+async fn max_failed_trials_fails_study_which_resumes_only_when_asked(backend: &str) {
     let app = app(backend).await;
     let mut s = spec("random", 10, 2);
     s["max_failed_trials"] = json!(2);
@@ -138,15 +138,35 @@ async fn max_failed_trials_fails_study_and_raising_it_reopens(backend: &str) {
             .is_some_and(|r| r.contains("2 trials failed"))
     );
     assert_eq!(suggest(&app, id, 1, None).await["study_state"], "failed");
-    let reopened = app
+    // Resuming needs room for more failures; a PATCH that makes it does not resume alone.
+    let resume_path = format!("/v1/studies/{id}/resume");
+    let refused = app.post(&resume_path, json!({})).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.body);
+    assert!(
+        refused.body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("max_failed_trials")),
+        "{}",
+        refused.body
+    );
+    let patched = app
         .call(
             Method::PATCH,
             &format!("/v1/studies/{id}"),
             Some(json!({"max_failed_trials": 5})),
         )
         .await;
-    assert_eq!(reopened.body["state"], "active", "{}", reopened.body);
+    assert_eq!(patched.body["state"], "failed", "{}", patched.body);
+    let resumed = app.post(&resume_path, json!({})).await;
+    assert_eq!(resumed.status, StatusCode::OK, "{}", resumed.body);
+    assert_eq!(resumed.body["state"], "active", "{}", resumed.body);
     assert_eq!(ids(&suggest(&app, id, 1, None).await["trials"]), vec![3]);
+    // A stopped study does not resume.
+    app.post(&format!("/v1/studies/{id}/stop"), json!({})).await;
+    assert_eq!(
+        app.post(&resume_path, json!({})).await.status,
+        StatusCode::CONFLICT
+    );
 }
 
 async fn raising_max_trials_reopens_completed_study(backend: &str) {
@@ -525,15 +545,12 @@ async fn a_study_whose_first_trials_fail_alike_fails_saying_why(backend: &str) {
         reason.contains("first 3 trials all failed") && reason.contains("pythno3"),
         "{reason}"
     );
-    // Reopened, it is not failed again by the same three trials.
-    let reopened = app
-        .call(
-            Method::PATCH,
-            &format!("/v1/studies/{id}"),
-            Some(json!({"max_trials": 21})),
-        )
+    assert!(reason.contains("augur study resume"), "{reason}");
+    // Resumed, it is not failed again by the same three trials.
+    let resumed = app
+        .post(&format!("/v1/studies/{id}/resume"), json!({}))
         .await;
-    assert_eq!(reopened.body["state"], "active", "{}", reopened.body);
+    assert_eq!(resumed.body["state"], "active", "{}", resumed.body);
     assert_eq!(ids(&suggest(&app, id, 1, None).await["trials"]), vec![4]);
     fail_all(
         &app,
