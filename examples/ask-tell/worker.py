@@ -6,7 +6,9 @@ rate 0.01, l2 1e-4, depth 3, adam), reports a measurement per epoch, asks whethe
 early, completes the trial, and repeats until the study is done. While it trains, the client
 renews the trial's lease in the background; an exception fails the trial.
 
-    python3 examples/ask-tell/worker.py --study 1 [--url http://127.0.0.1:8080] [--client w1]
+    python3 examples/ask-tell/worker.py --study ask-tell-quickstart [--url …] [--client w1]
+
+`--study` takes the study's id or its name (the one active study of that name).
 
 It runs from a fresh checkout (the client is taken from clients/python/src when it is not
 installed; it needs httpx: `pip install httpx`, or `pip install -e clients/python`). A worker
@@ -38,15 +40,27 @@ def loss_at(params, epoch):
     return final + 2.0 * math.exp(-0.5 * epoch)
 
 
+def find_study(client, study):
+    """The study with this id, or the one active study with this name."""
+    if study.isdigit():
+        return client.study(int(study))
+    named = [s for s in client.studies(state="active", name=study) if s.name == study]
+    if len(named) != 1:
+        ids = ", ".join(str(s.id) for s in named)
+        sys.exit(f"{len(named)} active studies are named {study!r}{': ' + ids if ids else ''}: "
+                 "give its id (augur study list)")
+    return named[0]
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--study", type=int, required=True)
+    ap.add_argument("--study", required=True, help="the study's id or name")
     ap.add_argument("--url", default=os.environ.get("AUGUR_URL", "http://127.0.0.1:8080"))
     ap.add_argument("--client", default="worker-%d" % os.getpid())
     ap.add_argument("--epochs", type=int, default=10)
     args = ap.parse_args()
     with augur.Client(args.url) as client:  # the token, if any, from $AUGUR_TOKEN
-        study = client.study(args.study)
+        study = find_study(client, args.study)
         for trial in study.work(args.client):  # waits while the cap is full; ends with the study
             with trial:  # completes from the measurements on exit; an exception fails it
                 for epoch in range(1, args.epochs + 1):

@@ -267,8 +267,9 @@ pub enum Command {
     Worker {
         #[command(flatten)]
         client: ClientArgs,
+        /// The study's id, or its name (the one active study of that name).
         #[arg(long)]
-        study: i64,
+        study: String,
         /// Trials run at once.
         #[arg(long, default_value_t = 1)]
         slots: usize,
@@ -551,6 +552,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             )?
             .patient();
             let client_id = client_id.unwrap_or_else(worker::default_client_id);
+            let study = study::resolve_study(&http, &study).await?;
             let options = worker::WorkerOptions {
                 study_id: study,
                 slots,

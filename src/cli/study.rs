@@ -27,6 +27,44 @@ fn print_json(v: &Value) {
     );
 }
 
+/// A study named on the command line: its id, or its name, which must be that of exactly
+/// one active study (several studies may share a name over time).
+pub async fn resolve_study(client: &Client, study: &str) -> CliResult<i64> {
+    if let Ok(id) = study.parse::<i64>() {
+        return Ok(id);
+    }
+    let path = format!(
+        "/v1/studies?state=active&page_size=1000&name={}",
+        url::form_urlencoded::byte_serialize(study.as_bytes()).collect::<String>()
+    );
+    let found = client.call(Method::GET, &path, None).await?;
+    let ids: Vec<i64> = found["studies"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter(|s| s["name"].as_str() == Some(study))
+        .filter_map(|s| s["id"].as_i64())
+        .collect();
+    match ids.as_slice() {
+        [id] => Ok(*id),
+        [] => Err(CliError::Usage(format!(
+            "no active study is named {}: give its id (augur study list)",
+            printable(study)
+        ))),
+        several => Err(CliError::Usage(format!(
+            "{} active studies are named {}: give one of their ids ({})",
+            several.len(),
+            printable(study),
+            several
+                .iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
 pub async fn run_study_command(client: &Client, command: StudyCommand) -> CliResult<()> {
     match command {
         StudyCommand::Create {

@@ -27,7 +27,7 @@ print("step=2 loss=%f" % (a.x))
 
 fn worker(
     base: &str,
-    study: i64,
+    study: impl std::fmt::Display,
     slots: usize,
     client: &str,
     dir: &std::path::Path,
@@ -225,4 +225,38 @@ async fn a_worker_hands_its_trials_trial_tokens_not_its_own() {
             "trial {trial}'s token outlived it"
         );
     }
+}
+
+/// `augur worker --study NAME` works on the one active study of that name (a finished one of
+/// the same name does not count), and refuses a name that several active studies share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_finds_its_study_by_name() {
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::write(dir.path().join("trial.py"), SCRIPT).expect("script");
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let finished = app.create_study(spec(1, 1)).await;
+    let stopped = app
+        .post(&format!("/v1/studies/{finished}/stop"), json!({}))
+        .await;
+    assert_eq!(stopped.body["state"], "stopped", "{}", stopped.body);
+    let id = app.create_study(spec(3, 1)).await;
+    let status = worker(&app.base, "pulled", 1, "by-name", dir.path(), false)
+        .wait()
+        .await;
+    assert!(status.success());
+    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    assert_eq!(study["trial_counts"]["completed"], 3, "{study}");
+
+    app.create_study(spec(3, 1)).await;
+    app.create_study(spec(3, 1)).await;
+    let out = Command::new(common::augur_bin())
+        .args([
+            "worker", "--url", &app.base, "--study", "pulled", "--", "true",
+        ])
+        .env_remove("AUGUR_TOKEN")
+        .output()
+        .expect("worker");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("2 active studies are named"), "{stderr}");
 }
