@@ -2,12 +2,14 @@
 //! writer's token of their own would try it: a writer who did not create a study may not
 //! pull its trials, add results, report to (or end) its trials, nor mint a token for a trial
 //! another client holds; the trial's own token, the study's creator and an admin may, and
-//! each trial-level change they make enters the audit trail. On SQLite and PostgreSQL.
+//! the trial-level changes that are not the study's routine reports enter the audit trail.
+//! On SQLite and PostgreSQL.
 
 use crate::common;
+use crate::support::{self, call_as, token};
 
 use reqwest::{Method, StatusCode};
-use serde_json::{Value, json};
+use serde_json::json;
 
 on_both_backends!(
     a_writer_cannot_end_or_poison_a_study_it_does_not_own,
@@ -18,26 +20,7 @@ on_both_backends!(
 const ADMIN: &str = "ownership-admin-token";
 
 async fn team_app(backend: &str) -> common::TestApp {
-    common::spawn_app_with(common::db(backend).await, Some(ADMIN)).await
-}
-
-/// A new token of `role` named `name`; its secret.
-async fn token(app: &common::TestApp, name: &str, role: &str) -> String {
-    let r = app
-        .post("/v1/tokens", json!({"name": name, "role": role}))
-        .await;
-    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
-    r.body["token"].as_str().expect("token").to_string()
-}
-
-async fn call_as(
-    app: &common::TestApp,
-    token: &str,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> common::Response {
-    common::call(&app.http, &app.base, Some(token), method, path, body).await
+    support::team_app(backend, ADMIN).await
 }
 
 /// A study `owner` created (at most 3 failed trials) and one trial of it that `owner`

@@ -1,10 +1,10 @@
 //! Helpers of the API tests: a server per test on a fresh database, and the calls most
 //! tests make.
 
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::common::{TestApp, db, spawn_app};
+use crate::common::{Response, TestApp, call, db, spawn_app, spawn_app_with};
 
 pub async fn app(backend: &str) -> TestApp {
     spawn_app(db(backend).await).await
@@ -75,4 +75,29 @@ pub async fn worker_log(worker: std::process::Child) -> String {
     let log = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "worker: {:?}\n{log}", out.status);
     log
+}
+
+/// A server with the admin token `admin` configured, for tests of who may do what.
+pub async fn team_app(backend: &str, admin: &str) -> TestApp {
+    spawn_app_with(db(backend).await, Some(admin)).await
+}
+
+/// A new token of `role` named `name`, made through the API by the app's admin; its secret.
+pub async fn token(app: &TestApp, name: &str, role: &str) -> String {
+    let r = app
+        .post("/v1/tokens", json!({"name": name, "role": role}))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    r.body["token"].as_str().expect("token").to_string()
+}
+
+/// `method path` with `token`'s bearer.
+pub async fn call_as(
+    app: &TestApp,
+    token: &str,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> Response {
+    call(&app.http, &app.base, Some(token), method, path, body).await
 }

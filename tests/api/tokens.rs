@@ -4,6 +4,7 @@
 //! and the audit trail of who did what. On SQLite and PostgreSQL.
 
 use crate::common;
+use crate::support::{self, call_as, token};
 
 use std::time::Duration;
 
@@ -20,26 +21,7 @@ const ADMIN: &str = "admin-token";
 
 /// A server with the admin token `ADMIN` configured.
 async fn team_app(backend: &str) -> common::TestApp {
-    common::spawn_app_with(common::db(backend).await, Some(ADMIN)).await
-}
-
-/// A new token of `role` named `name`, made through the API; its secret.
-async fn token(app: &common::TestApp, name: &str, role: &str) -> String {
-    let r = app
-        .post("/v1/tokens", json!({"name": name, "role": role}))
-        .await;
-    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
-    r.body["token"].as_str().expect("token").to_string()
-}
-
-async fn call_as(
-    app: &common::TestApp,
-    token: &str,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> common::Response {
-    common::call(&app.http, &app.base, Some(token), method, path, body).await
+    support::team_app(backend, ADMIN).await
 }
 
 async fn tokens_are_created_listed_and_revoked_by_an_admin(backend: &str) {

@@ -74,7 +74,6 @@ async fn jobs_run_as_another_user_cannot_read_the_database() {
          echo '{{\"loss\": \"0.25\", \"global_step\": \"1\"}}' > \"$CLOUD_ML_HP_METRIC_FILE\"",
         db = db_path.display()
     );
-    let http = common::http();
     let spec = json!({
         "name": "as-another-user", "algorithm": "random",
         "metrics": [{"id": "loss", "goal": "minimize"}],
@@ -82,43 +81,8 @@ async fn jobs_run_as_another_user_cannot_read_the_database() {
         "max_trials": 1, "seed": 1,
         "trial_job": {"command": ["/bin/sh", "-c", script], "output_dir": "runs"}
     });
-    let created = common::call(
-        &http,
-        &base,
-        None,
-        reqwest::Method::POST,
-        "/v1/studies",
-        Some(spec),
-    )
-    .await;
-    assert_eq!(
-        created.status,
-        reqwest::StatusCode::CREATED,
-        "{}",
-        created.body
-    );
-    let id = created.body["id"].as_i64().expect("id");
-    let study = common::eventually("the study ends", Duration::from_secs(60), || {
-        let (http, base) = (&http, &base);
-        async move {
-            let s = common::call(
-                http,
-                base,
-                None,
-                reqwest::Method::GET,
-                &format!("/v1/studies/{id}"),
-                None,
-            )
-            .await
-            .body;
-            if s["state"] == "active" {
-                Err(s.to_string())
-            } else {
-                Ok(s)
-            }
-        }
-    })
-    .await;
+    let id = create_study(&base, None, spec).await;
+    let study = wait_ended(&base, None, id).await;
     let model = common::study_dir(&runs, 1).join("1/model");
     let read = |name: &str| {
         std::fs::read_to_string(model.join(name))
@@ -176,19 +140,38 @@ async fn run_one_trial_laid_out(
     output_dir: &str,
     layout: &str,
 ) -> serde_json::Value {
-    let http = common::http();
+    let spec = one_trial_spec(
+        "loss",
+        Some(json!({
+            "command": ["/bin/sh", "-c", script],
+            "output_dir": output_dir,
+            "output_layout": layout
+        })),
+    );
+    let id = create_study(base, None, spec).await;
+    wait_ended(base, None, id).await
+}
+
+/// A random study of one trial (none may fail) whose metric is `metric`, with `job`.
+fn one_trial_spec(metric: &str, job: Option<serde_json::Value>) -> serde_json::Value {
     let mut spec = json!({
         "name": "one-trial", "algorithm": "random",
-        "metrics": [{"id": "loss", "goal": "minimize"}],
+        "metrics": [{"id": metric, "goal": "minimize"}],
         "parameters": [{"id": "x", "type": "double", "min": 0, "max": 1}],
         "max_trials": 1, "max_failed_trials": 1, "seed": 1,
-        "trial_job": {"command": ["/bin/sh", "-c", script], "output_dir": output_dir}
     });
-    spec["trial_job"]["output_layout"] = json!(layout);
+    if let Some(job) = job {
+        spec["trial_job"] = job;
+    }
+    spec
+}
+
+/// Create `spec` as `token` (or the open server's caller); its id.
+async fn create_study(base: &str, token: Option<&str>, spec: serde_json::Value) -> i64 {
     let created = common::call(
-        &http,
+        &common::http(),
         base,
-        None,
+        token,
         reqwest::Method::POST,
         "/v1/studies",
         Some(spec),
@@ -200,28 +183,7 @@ async fn run_one_trial_laid_out(
         "{}",
         created.body
     );
-    let id = created.body["id"].as_i64().expect("id");
-    common::eventually("the study ends", Duration::from_secs(60), || {
-        let http = &http;
-        async move {
-            let s = common::call(
-                http,
-                base,
-                None,
-                reqwest::Method::GET,
-                &format!("/v1/studies/{id}"),
-                None,
-            )
-            .await
-            .body;
-            if s["state"] == "active" {
-                Err(s.to_string())
-            } else {
-                Ok(s)
-            }
-        }
-    })
-    .await
+    created.body["id"].as_i64().expect("id")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -351,44 +313,8 @@ fn uid_gid(uid: u32) -> u32 {
         .as_raw()
 }
 
-/// Run a one-trial study whose job reads its parent's environment, and return its `leaked`.
-async fn leaked(
-    base: &str,
-    token: &str,
-    job: Option<serde_json::Value>,
-) -> (i64, serde_json::Value) {
-    let http = common::http();
-    let mut spec = json!({
-        "name": "parents-env", "algorithm": "random",
-        "metrics": [{"id": "leaked", "goal": "minimize"}],
-        "parameters": [{"id": "x", "type": "double", "min": 0, "max": 1}],
-        "max_trials": 1, "max_failed_trials": 1, "seed": 1,
-    });
-    if let Some(job) = job {
-        spec["trial_job"] = job;
-    }
-    let created = common::call(
-        &http,
-        base,
-        Some(token),
-        reqwest::Method::POST,
-        "/v1/studies",
-        Some(spec),
-    )
-    .await;
-    assert_eq!(
-        created.status,
-        reqwest::StatusCode::CREATED,
-        "{}",
-        created.body
-    );
-    (
-        created.body["id"].as_i64().expect("id"),
-        created.body.clone(),
-    )
-}
-
-async fn wait_ended(base: &str, token: &str, id: i64) -> serde_json::Value {
+/// Wait for study `id` to end; the study.
+async fn wait_ended(base: &str, token: Option<&str>, id: i64) -> serde_json::Value {
     let http = common::http();
     common::eventually("the study ends", Duration::from_secs(60), || {
         let http = &http;
@@ -396,7 +322,7 @@ async fn wait_ended(base: &str, token: &str, id: i64) -> serde_json::Value {
             let s = common::call(
                 http,
                 base,
-                Some(token),
+                token,
                 reqwest::Method::GET,
                 &format!("/v1/studies/{id}"),
                 None,
@@ -456,8 +382,8 @@ async fn a_job_cannot_read_the_token_from_its_servers_or_workers_environment() {
     })
     .await;
     let job = json!({"command": ["/bin/sh", "-c", READ_PARENTS_TOKEN], "output_dir": "runs"});
-    let (id, _) = leaked(&base, token, Some(job)).await;
-    let study = wait_ended(&base, token, id).await;
+    let id = create_study(&base, Some(token), one_trial_spec("leaked", Some(job))).await;
+    let study = wait_ended(&base, Some(token), id).await;
     assert_eq!(study["state"], "completed", "{study}");
     assert_eq!(
         study["best_trial"]["final_measurement"]["metrics"]["leaked"], 0.0,
@@ -465,7 +391,7 @@ async fn a_job_cannot_read_the_token_from_its_servers_or_workers_environment() {
     );
 
     // `augur worker` as the test user, its token in its environment: the same.
-    let (id, _) = leaked(&base, token, None).await;
+    let id = create_study(&base, Some(token), one_trial_spec("leaked", None)).await;
     let work = users_dir();
     let worker = Command::new(common::augur_bin())
         .args([
@@ -488,7 +414,7 @@ async fn a_job_cannot_read_the_token_from_its_servers_or_workers_environment() {
         .spawn()
         .expect("augur worker as the test user");
     let _worker = common::KillOnDrop(worker);
-    let study = wait_ended(&base, token, id).await;
+    let study = wait_ended(&base, Some(token), id).await;
     assert_eq!(study["state"], "completed", "{study}");
     assert_eq!(
         study["best_trial"]["final_measurement"]["metrics"]["leaked"], 0.0,
