@@ -371,6 +371,8 @@ pub enum TokenCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum TrialCommand {
+    /// Show one trial as the API returns it (parameters, measurements, reasons).
+    Show { study: i64, trial: i64 },
     /// Print a dispatched trial's stdout and stderr.
     Logs {
         study: i64,
@@ -415,10 +417,22 @@ pub enum StudyCommand {
     List,
     /// Show a study with its trial counts and best trial.
     Show { id: i64 },
-    /// List a study's trials.
-    Trials { id: i64 },
-    /// The best trial (or the Pareto set).
-    Best { id: i64 },
+    /// List a study's trials: id, state, final metrics (or why it failed), parameters.
+    Trials {
+        id: i64,
+        /// Every trial as the API returns it, one JSON array.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The best trial (or the Pareto set), with its model directory.
+    Best {
+        id: i64,
+        /// The API's answer as it is.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a study with its trials (its trial directories stay on disk).
+    Delete { id: i64 },
     /// Export all trials (csv, json), or the spec as a Vertex AI job (vertex).
     Export {
         id: i64,
@@ -590,6 +604,15 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
 
 async fn trial_command(http: &Client, command: TrialCommand) -> CliResult<()> {
     match command {
+        TrialCommand::Show { study, trial } => {
+            let path = format!("/v1/studies/{study}/trials/{trial}");
+            let t = http.call(reqwest::Method::GET, &path, None).await?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&t).unwrap_or_else(|_| t.to_string())
+            );
+            Ok(())
+        }
         TrialCommand::Logs {
             study,
             trial,

@@ -65,6 +65,57 @@ pub async fn resolve_study(client: &Client, study: &str) -> CliResult<i64> {
     }
 }
 
+/// What a trial came to, for one column: its final metrics, or why it failed or was
+/// infeasible.
+fn outcome(trial: &Value) -> String {
+    let metrics = &trial["final_measurement"]["metrics"];
+    if let Some(reason) = trial["fail_reason"].as_str() {
+        format!("failed: {reason}")
+    } else if let Some(reason) = trial["infeasible_reason"].as_str() {
+        format!("infeasible: {reason}")
+    } else if metrics.is_object() {
+        metrics.to_string()
+    } else {
+        String::new()
+    }
+}
+
+/// The best trials (`optimal_trials`' answer) of `study` as lines: id, metrics, values and,
+/// for a study the server dispatches, the trial's model directory (relative ones are
+/// relative to the server's directory).
+fn best_table(study: &Value, best: &Value) -> String {
+    let trials = best["trials"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    if trials.is_empty() {
+        return "no completed trial yet\n".to_string();
+    }
+    let job: Option<crate::model::TrialJobSpec> =
+        serde_json::from_value(study["spec"]["trial_job"].clone()).ok();
+    let key = study["created_at"]
+        .as_str()
+        .and_then(|t| t.parse().ok())
+        .zip(study["id"].as_i64())
+        .map(|(created_at, id)| crate::model::StudyKey { id, created_at });
+    let mut out = String::new();
+    for t in trials {
+        out.push_str(&format!(
+            "best trial {}: {} with {}\n",
+            t["id"], t["final_measurement"]["metrics"], t["parameters"]
+        ));
+        if let (Some(job), Some(key), Some(trial)) = (&job, key, t["id"].as_i64()) {
+            let dir = crate::model::StudyDir::of(std::path::Path::new(""), key, Some(job));
+            let dirs = crate::model::TrialDirs::new(&dir, trial);
+            out.push_str(&format!(
+                "  model: {}\n",
+                printable(&dirs.model.display().to_string())
+            ));
+        }
+    }
+    out
+}
+
 pub async fn run_study_command(client: &Client, command: StudyCommand) -> CliResult<()> {
     match command {
         StudyCommand::Create {
@@ -98,24 +149,29 @@ pub async fn run_study_command(client: &Client, command: StudyCommand) -> CliRes
         }
         StudyCommand::List => {
             let mut token: Option<String> = None;
-            println!(
-                "{:>6}  {:<10}  {:<13}  {:>12}  name",
-                "id", "state", "algorithm", "done/max"
-            );
+            let mut header = true;
             loop {
                 let path = match &token {
                     Some(t) => format!("/v1/studies?page_token={t}"),
                     None => "/v1/studies".to_string(),
                 };
+                // The header once the server answered: not above a connection error.
                 let page = client.call(Method::GET, &path, None).await?;
+                if std::mem::take(&mut header) {
+                    println!(
+                        "{:>6}  {:<10}  {:<13}  {:>12}  name",
+                        "id", "state", "algorithm", "done/max"
+                    );
+                }
                 for s in page["studies"].as_array().into_iter().flatten() {
                     let c = &s["trial_counts"];
                     let done = c["completed"].as_u64().unwrap_or(0)
                         + c["infeasible"].as_u64().unwrap_or(0)
                         + c["failed"].as_u64().unwrap_or(0);
+                    // Numbers, not JSON values: a value's Display ignores the width.
                     println!(
                         "{:>6}  {:<10}  {:<13}  {:>12}  {}",
-                        s["id"],
+                        s["id"].as_i64().unwrap_or_default(),
                         s["state"].as_str().unwrap_or(""),
                         s["spec"]["algorithm"].as_str().unwrap_or(""),
                         format!("{done}/{}", s["spec"]["max_trials"]),
@@ -133,31 +189,47 @@ pub async fn run_study_command(client: &Client, command: StudyCommand) -> CliRes
                 .call(Method::GET, &format!("/v1/studies/{id}"), None)
                 .await?,
         ),
-        StudyCommand::Trials { id } => {
+        StudyCommand::Trials { id, json: true } => {
+            print_json(&Value::Array(client.all_trials(id).await?))
+        }
+        StudyCommand::Trials { id, json: false } => {
+            println!(
+                "{:>6}  {:<10}  {:<40}  parameters",
+                "id", "state", "outcome"
+            );
             for t in client.all_trials(id).await? {
-                let metrics = t["final_measurement"]["metrics"].to_string();
                 println!(
-                    "{:>6}  {:<10}  {}  {}",
-                    t["id"],
+                    "{:>6}  {:<10}  {:<40}  {}",
+                    t["id"].as_i64().unwrap_or_default(),
                     t["state"].as_str().unwrap_or(""),
+                    printable(&outcome(&t)),
                     t["parameters"],
-                    if metrics == "null" {
-                        String::new()
-                    } else {
-                        metrics
-                    }
                 );
             }
         }
-        StudyCommand::Best { id } => print_json(
-            &client
+        StudyCommand::Best { id, json } => {
+            let best = client
                 .call(
                     Method::GET,
                     &format!("/v1/studies/{id}/optimal_trials"),
                     None,
                 )
-                .await?,
-        ),
+                .await?;
+            if json {
+                print_json(&best);
+            } else {
+                let study = client
+                    .call(Method::GET, &format!("/v1/studies/{id}"), None)
+                    .await?;
+                print!("{}", best_table(&study, &best));
+            }
+        }
+        StudyCommand::Delete { id } => {
+            client
+                .call(Method::DELETE, &format!("/v1/studies/{id}"), None)
+                .await?;
+            println!("deleted study {id}");
+        }
         StudyCommand::Stop { id } => {
             let s = client
                 .call(Method::POST, &format!("/v1/studies/{id}/stop"), None)

@@ -87,7 +87,7 @@ mod tests {
         assert_eq!(last("PATH"), Some("/bin"));
         assert_eq!(
             last("AIP_CHECKPOINT_DIR"),
-            Some("/runs/study-2-20261204T100000/4/checkpoints/")
+            Some("/runs/study-2-20261204T100000.000/4/checkpoints/")
         );
     }
 }

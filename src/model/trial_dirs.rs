@@ -8,8 +8,10 @@ use chrono::{DateTime, Utc};
 use super::{OutputLayout, ReplicaId, TrialJobSpec};
 
 /// What tells a study's directory from every other study's, of this database or another:
-/// its id and when it was made (`study-<id>-<YYYYMMDDTHHMMSS>`). Ids alone restart at 1 in
-/// a new database, and a study run again against a fresh one found the first's checkpoints.
+/// its id and when it was made, to the millisecond (`study-<id>-<YYYYMMDDTHHMMSS.mmm>`; the
+/// service stores creation times to the millisecond, so every reader names it alike). Ids
+/// alone restart at 1 in a new database, and a study run again against a fresh one found
+/// the first's checkpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StudyKey {
     pub id: i64,
@@ -22,7 +24,7 @@ impl StudyKey {
         format!(
             "study-{}-{}",
             self.id,
-            self.created_at.format("%Y%m%dT%H%M%S")
+            self.created_at.format("%Y%m%dT%H%M%S%.3f")
         )
     }
 }
@@ -161,7 +163,7 @@ mod tests {
             dirs(Some("runs/svc"), OutputLayout::Study),
             StudyDir {
                 base: "/srv/augur/runs/svc".into(),
-                dir: "/srv/augur/runs/svc/study-3-20261204T155407".into()
+                dir: "/srv/augur/runs/svc/study-3-20261204T155407.123".into()
             }
         );
         assert_eq!(
@@ -174,7 +176,7 @@ mod tests {
         );
         let default = StudyDir {
             base: "/srv/augur/augur-runs".into(),
-            dir: "/srv/augur/augur-runs/study-3-20261204T155407".into(),
+            dir: "/srv/augur/augur-runs/study-3-20261204T155407.123".into(),
         };
         assert_eq!(dirs(None, OutputLayout::Study), default);
         assert_eq!(dirs(None, OutputLayout::Trial), default);
@@ -186,7 +188,7 @@ mod tests {
         let trial = TrialDirs::new(&dirs(Some("/data/runs"), OutputLayout::Study), 7);
         assert_eq!(
             trial.checkpoints,
-            Path::new("/data/runs/study-3-20261204T155407/7/checkpoints")
+            Path::new("/data/runs/study-3-20261204T155407.123/7/checkpoints")
         );
         assert_eq!(trial.base, Path::new("/data/runs"));
     }

@@ -1,6 +1,6 @@
 //! Studies: create, read, list, stop, change, delete.
 
-use chrono::Utc;
+use chrono::{SubsecRound, Utc};
 
 use super::paging::{page_bounds, split_page};
 use super::state_machine::{Command, Reply};
@@ -37,7 +37,9 @@ impl Service {
         }
         let record = self
             .store
-            .insert_study(&spec, Some(&actor.name), Utc::now())
+            // To the millisecond: the study's directory is named by it (`StudyKey`), and
+            // PostgreSQL keeps microseconds, SQLite the nanoseconds.
+            .insert_study(&spec, Some(&actor.name), Utc::now().trunc_subsecs(3))
             .await?;
         self.notify(record.id);
         self.audit(

@@ -69,14 +69,50 @@ async fn study_commands_drive_a_live_server() {
     );
     let (ok, out, _) = run(vec!["study".into(), "show".into(), "1".into()]).await;
     assert!(ok && out.contains("\"best_trial\""), "{out}");
+    app.post(
+        "/v1/studies/1/trials/2/fail",
+        serde_json::json!({"reason": "out of memory"}),
+    )
+    .await;
     let (ok, out, _) = run(vec!["study".into(), "trials".into(), "1".into()]).await;
-    assert_eq!(out.lines().count(), 2, "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "a header and two trials: {out}");
+    assert!(ok && lines[0].starts_with("    id  state"), "{out}");
     assert!(
-        ok && out.contains("completed") && out.contains("0.25"),
+        lines[1].starts_with("     1  completed") && lines[1].contains("0.25"),
         "{out}"
     );
+    assert!(
+        lines[2].starts_with("     2  failed") && lines[2].contains("failed: out of memory"),
+        "the failure's reason: {out}"
+    );
+    let (ok, out, _) = run(vec![
+        "study".into(),
+        "trials".into(),
+        "1".into(),
+        "--json".into(),
+    ])
+    .await;
+    let trials: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert!(ok && trials.as_array().map(Vec::len) == Some(2), "{out}");
     let (ok, out, _) = run(vec!["study".into(), "best".into(), "1".into()]).await;
-    assert!(ok && out.contains("0.25"), "{out}");
+    assert!(
+        ok && out.starts_with("best trial 1: {\"loss\":0.25} with "),
+        "{out}"
+    );
+    let (ok, out, _) = run(vec![
+        "study".into(),
+        "best".into(),
+        "1".into(),
+        "--json".into(),
+    ])
+    .await;
+    assert!(ok && out.contains("\"trials\""), "{out}");
+    let (ok, out, _) = run(vec!["trial".into(), "show".into(), "1".into(), "2".into()]).await;
+    assert!(
+        ok && out.contains("\"fail_reason\": \"out of memory\""),
+        "{out}"
+    );
     let (ok, out, _) = run(vec![
         "study".into(),
         "export".into(),
@@ -110,6 +146,10 @@ async fn study_commands_drive_a_live_server() {
         !ok && err.trim() == "augur: 404: study 42 not found",
         "{err}"
     );
+    let (ok, out, _) = run(vec!["study".into(), "delete".into(), "1".into()]).await;
+    assert!(ok && out.contains("deleted study 1"), "{out}");
+    let (ok, _, err) = run(vec!["study".into(), "show".into(), "1".into()]).await;
+    assert!(!ok && err.contains("404"), "{err}");
 }
 
 #[test]

@@ -787,11 +787,7 @@ async fn a_study_in_a_fresh_database_finds_none_of_an_earlier_ones_checkpoints()
         "trial_job": {"command": ["/bin/sh", "-c", script], "output_dir": runs.display().to_string()}
     });
     let mut ended = Vec::new();
-    for run in 0..2 {
-        if run == 1 {
-            // Names count whole seconds: a rerun comes later than that.
-            tokio::time::sleep(Duration::from_millis(1100)).await;
-        }
+    for _ in 0..2 {
         let app = common::spawn_app(common::sqlite_db()).await;
         let id = app.create_study(spec.clone()).await;
         assert_eq!(id, 1, "a fresh database numbers its studies from 1");
@@ -813,4 +809,30 @@ async fn a_study_in_a_fresh_database_finds_none_of_an_earlier_ones_checkpoints()
         .collect();
     assert_eq!(dirs.len(), 2, "one directory per study: {dirs:?}");
     assert!(dirs.iter().all(|d| d.starts_with("study-1-")), "{dirs:?}");
+    // `augur study best` names the best trial's model directory, in its study's directory.
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let id = app.create_study(spec).await;
+    let done = app
+        .wait_for_state(id, "completed", Duration::from_secs(60))
+        .await;
+    let best = done["best_trial"]["id"].as_i64().expect("best");
+    let out = std::process::Command::new(common::augur_bin())
+        .args(["study", "best", &id.to_string(), "--url", &app.base])
+        .env_remove("AUGUR_TOKEN")
+        .output()
+        .expect("augur study best");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // Three studies numbered 1 share `runs`: this one's is named by when it was made too.
+    let key = augur::model::StudyKey {
+        id,
+        created_at: done["created_at"]
+            .as_str()
+            .and_then(|t| t.parse().ok())
+            .expect("created_at"),
+    };
+    let model = runs.join(key.dir_name()).join(format!("{best}/model"));
+    assert!(
+        stdout.contains(&format!("  model: {}", model.display())) && model.join("model").is_file(),
+        "{stdout}"
+    );
 }

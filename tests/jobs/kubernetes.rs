@@ -56,7 +56,7 @@ fn job_spec(pools: &[u32], extra: Value) -> TrialJobSpec {
     job
 }
 
-/// When study 3 was made: its directory is `study-3-20261204T093000`.
+/// When study 3 was made: its directory is `study-3-20261204T093000.000`.
 const STUDY_CREATED: &str = "2026-12-04T09:30:00Z";
 
 /// Attempt `attempt` of trial 7 of study 3, its directories under `base`, as `trial.rs`

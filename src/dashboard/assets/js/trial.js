@@ -36,11 +36,11 @@ export async function trialPage() {
 }
 
 /** Where a study's trial directories are in its output_dir (`model/trial_dirs.rs`): named by
- * the study's id and when it was made (UTC, to the second). */
+ * the study's id and when it was made (UTC, to the millisecond). */
 function studyDir(job, info) {
   if (job.output_layout === 'trial') return job.output_dir;
   if (job.output_layout === 'study_id') return `${job.output_dir}/study-${info.id}`;
-  const created = info.created_at.slice(0, 19).replace(/[-:]/g, '');
+  const created = new Date(info.created_at).toISOString().slice(0, 23).replace(/[-:]/g, '');
   return `${job.output_dir}/study-${info.id}-${created}`;
 }
 
