@@ -10,8 +10,13 @@ step() { printf '\n==> %s\n' "$*"; }
 step "PostgreSQL"
 admin_url=$(scripts/start-postgres.sh)
 export AUGUR_TEST_POSTGRES_URL="$admin_url"
-# drop databases left by earlier runs (one is created per test)
-runuser -u postgres -- psql -tAc "SELECT datname FROM pg_database WHERE datname LIKE 'augur_test_%'" \
+# Drop databases that earlier runs left (one is created per test, dropped when it ends; a
+# killed run leaves its own): only those nobody is connected to and made over an hour ago, so
+# that a run beside this one (another checkout's) keeps its databases.
+runuser -u postgres -- psql -tAc "SELECT datname FROM pg_database d
+    WHERE datname LIKE 'augur_test_%'
+      AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.datname = d.datname)
+      AND now() - (pg_stat_file('base/' || oid || '/PG_VERSION')).modification > interval '1 hour'" \
   | while read -r db; do [ -n "$db" ] && runuser -u postgres -- dropdb --if-exists "$db"; done
 
 step "Slurm (scripts/start-slurm.sh)"

@@ -260,13 +260,22 @@ fn to_unit(x: f64, min: f64, max: f64, scale: Scale) -> f64 {
     u.clamp(0.0, 1.0)
 }
 
-/// Inverse of [`to_unit`].
+/// Inverse of [`to_unit`]. The bounds come back exactly (exp(ln(0.5)) is
+/// 0.49999999999999994, which a trainer is handed as an argument), and nothing lands outside
+/// them by rounding.
 fn unscale(u: f64, min: f64, max: f64, scale: Scale) -> f64 {
-    match scale {
+    if u <= 0.0 {
+        return min;
+    }
+    if u >= 1.0 {
+        return max;
+    }
+    let x = match scale {
         Scale::Linear => min + u * (max - min),
         Scale::Log => (min.ln() + u * (max.ln() - min.ln())).exp(),
         Scale::ReverseLog => max + min - (min.ln() + (1.0 - u) * (max.ln() - min.ln())).exp(),
-    }
+    };
+    x.clamp(min.min(max), max.max(min))
 }
 
 impl SearchSpace {
@@ -350,6 +359,23 @@ impl SearchSpace {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_bounds_of_every_scale_come_back_exactly() {
+        for scale in [Scale::Linear, Scale::Log, Scale::ReverseLog] {
+            for (min, max) in [(0.0003, 0.5), (1e-6, 1.0), (0.1, 0.3)] {
+                if min <= 0.0 && scale != Scale::Linear {
+                    continue;
+                }
+                assert_eq!(unscale(0.0, min, max, scale), min, "{scale:?}");
+                assert_eq!(unscale(1.0, min, max, scale), max, "{scale:?}");
+                let inside = unscale(0.999_999_999_999, min, max, scale);
+                assert!((min..=max).contains(&inside), "{scale:?} {inside}");
+            }
+        }
+        // What a log-scaled parameter's top bound was handed as before.
+        assert_ne!((0.0003f64.ln() + (0.5f64.ln() - 0.0003f64.ln())).exp(), 0.5);
+    }
     use super::*;
 
     #[test]
