@@ -80,7 +80,13 @@ pub fn router() -> OpenApiRouter<AppState> {
 }
 
 /// A page shell: `main.js` reads `data-*` from the body and draws the page.
-fn page(title: &str, kind: &str, data: &[(&str, i64)]) -> Html<String> {
+/// A dashboard page's shell: `open` (a server without tokens) has no one to sign out.
+fn page(open: bool, title: &str, kind: &str, data: &[(&str, i64)]) -> Html<String> {
+    let sign_out = if open {
+        ""
+    } else {
+        r#"<form class="signout" method="post" action="/logout"><button type="submit">Sign out</button></form>"#
+    };
     let attrs: String = data
         .iter()
         .map(|(k, v)| format!(" data-{k}=\"{v}\""))
@@ -103,7 +109,7 @@ fn page(title: &str, kind: &str, data: &[(&str, i64)]) -> Html<String> {
 <script type="module" src="/dashboard/js/{ENTRY_MODULE}?v={VERSION}"></script>
 {preloads}</head>
 <body data-page="{kind}" data-version="{VERSION}"{attrs}>
-<header class="top"><a class="brand" href="/">Augur</a><nav><a href="/">Studies</a><a href="/compare">Compare</a></nav><form class="signout" method="post" action="/logout"><button type="submit">Sign out</button></form></header>
+<header class="top"><a class="brand" href="/">Augur</a><nav><a href="/">Studies</a><a href="/compare">Compare</a></nav>{sign_out}</header>
 <main id="main"><p class="muted">Loading…</p></main>
 </body>
 </html>
@@ -133,8 +139,8 @@ fn positive_id(s: &str) -> Option<i64> {
         (status = 303, description = "No valid token, from a browser: to the login form"),
         (status = 401, description = "No valid token, from a client that does not ask for HTML", body = crate::api::error::ErrorBody),
     ))]
-pub async fn studies_page() -> Html<String> {
-    page("Studies", "studies", &[])
+pub async fn studies_page(State(state): State<AppState>) -> Html<String> {
+    page(state.auth.open, "Studies", "studies", &[])
 }
 
 /// A study, live: optimization history, trial table, importance, parallel coordinates,
@@ -147,9 +153,15 @@ pub async fn studies_page() -> Html<String> {
         (status = 401, description = "No valid token, from a client that does not ask for HTML", body = crate::api::error::ErrorBody),
         (status = 404, description = "Not a study id", content_type = "text/html", body = String),
     ))]
-pub async fn study_page(Path(study): Path<String>) -> Response {
+pub async fn study_page(State(state): State<AppState>, Path(study): Path<String>) -> Response {
     match positive_id(&study) {
-        Some(id) => page(&format!("Study {id}"), "study", &[("study", id)]).into_response(),
+        Some(id) => page(
+            state.auth.open,
+            &format!("Study {id}"),
+            "study",
+            &[("study", id)],
+        )
+        .into_response(),
         None => not_found_page("study"),
     }
 }
@@ -166,9 +178,13 @@ pub async fn study_page(Path(study): Path<String>) -> Response {
         (status = 401, description = "No valid token, from a client that does not ask for HTML", body = crate::api::error::ErrorBody),
         (status = 404, description = "Not a study or trial id", content_type = "text/html", body = String),
     ))]
-pub async fn trial_page(Path((study, trial)): Path<(String, String)>) -> Response {
+pub async fn trial_page(
+    State(state): State<AppState>,
+    Path((study, trial)): Path<(String, String)>,
+) -> Response {
     match (positive_id(&study), positive_id(&trial)) {
         (Some(s), Some(t)) => page(
+            state.auth.open,
             &format!("Trial {t} of study {s}"),
             "trial",
             &[("study", s), ("trial", t)],
@@ -196,8 +212,8 @@ pub struct CompareQuery {
         (status = 303, description = "No valid token, from a browser: to the login form"),
         (status = 401, description = "No valid token, from a client that does not ask for HTML", body = crate::api::error::ErrorBody),
     ))]
-pub async fn compare_page() -> Html<String> {
-    page("Compare", "compare", &[])
+pub async fn compare_page(State(state): State<AppState>) -> Html<String> {
+    page(state.auth.open, "Compare", "compare", &[])
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

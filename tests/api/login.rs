@@ -187,6 +187,20 @@ async fn logout_clears_the_cookie() {
         html.contains(r#"<form class="signout" method="post" action="/logout">"#),
         "{html}"
     );
+    // An open server has no one to sign out.
+    let open = common::spawn_app(common::sqlite_db()).await;
+    let html = browser()
+        .get(format!("{}/", open.base))
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("html");
+    assert!(
+        html.contains("<header class=\"top\">") && !html.contains("signout"),
+        "{html}"
+    );
     let logout = |headers: Vec<(&'static str, &'static str)>| {
         let base = app.base.clone();
         async move {
