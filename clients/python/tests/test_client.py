@@ -321,6 +321,17 @@ def test_to_pandas_without_pandas_names_the_extra(client, make_spec, monkeypatch
         study.to_pandas()
 
 
+def test_a_failed_study_resumes_only_when_asked(client, make_spec):
+    study = client.create_study(make_spec(max_trials=5, max_failed_trials=1))
+    study.suggest(1, "w")[0].fail("boom")
+    assert study.refresh().state == "failed"
+    with pytest.raises(augur.Conflict, match="max_failed_trials"):
+        study.resume()
+    assert study.update(max_failed_trials=3).state == "failed"  # a PATCH alone does not
+    assert study.resume().state == "active"
+    assert [t.id for t in study.suggest(1, "w2")] == [2]
+
+
 def test_update_stop_and_delete(client, make_spec):
     study = client.create_study(make_spec(max_trials=1))
     study.suggest(1, "w")[0].complete({"loss": 1.0})

@@ -530,6 +530,13 @@ class Study:
         self.data = self._http.request("POST", f"{self._path}/stop", safety=Safety.IDEMPOTENT)
         return self
 
+    def resume(self) -> "Study":
+        """Run a failed study again (a PATCH no longer does): raises :class:`augur.Conflict`
+        while its failures are at ``max_failed_trials`` or no trial is left (raise them with
+        :meth:`update` first), and for a stopped study. Returns itself, refreshed."""
+        self.data = self._http.request("POST", f"{self._path}/resume", safety=Safety.IDEMPOTENT)
+        return self
+
     def delete(self) -> None:
         """Delete the study with all its trials and measurements."""
         try:
