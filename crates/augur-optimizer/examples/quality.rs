@@ -131,6 +131,80 @@ fn check_design(f: &Problem, design: &[Vec<f64>]) -> Result<(), String> {
     Ok(())
 }
 
+/// A study under way: what the designer learns from and what the JSON line reports.
+struct Recorder<'a> {
+    f: &'a Problem,
+    completed: Vec<CompletedTrial>,
+    state: Option<serde_json::Value>,
+    best: f64,
+    study: Study,
+}
+
+impl<'a> Recorder<'a> {
+    fn new(f: &'a Problem) -> Self {
+        Recorder {
+            f,
+            completed: Vec::new(),
+            state: None,
+            best: f64::INFINITY,
+            study: Study {
+                regret: Vec::new(),
+                ms: Vec::new(),
+                points: Vec::new(),
+            },
+        }
+    }
+
+    /// Ask `designer` for `count` points numbered from `first_trial_number`, with `pending`
+    /// running; the points and the wall time per point.
+    fn ask(
+        &mut self,
+        designer: &dyn Designer,
+        seed: u64,
+        pending: &[Assignment],
+        count: usize,
+        first_trial_number: u64,
+    ) -> (Vec<Assignment>, f64) {
+        let metrics = [MetricSpec {
+            id: "y".into(),
+            goal: Goal::Minimize,
+            safety_threshold: None,
+        }];
+        let input = DesignerInput {
+            space: &self.f.space,
+            metrics: &metrics,
+            completed: &self.completed,
+            pending,
+            count,
+            first_trial_number,
+            seed,
+            previous_state: self.state.as_ref(),
+            prior_studies: &[],
+            desired_min_safe_trials_fraction: None,
+        };
+        let start = Instant::now();
+        let out = designer.suggest(&input);
+        let elapsed = start.elapsed().as_secs_f64() * 1e3;
+        self.state = out.state.or(self.state.take());
+        let per = elapsed / out.suggestions.len().max(1) as f64;
+        (out.suggestions, per)
+    }
+
+    /// Measure a trial and record it; `ms` is the wall time its suggestion took.
+    fn measure(&mut self, a: Assignment, ms: f64) {
+        let y = (self.f.f)(&a);
+        self.best = self.best.min(y);
+        self.study.regret.push(self.best - self.f.optimum);
+        self.study.ms.push(ms);
+        self.study.points.push(a.clone());
+        self.completed.push(CompletedTrial {
+            parameters: a,
+            outcome: Outcome::Measured(BTreeMap::from([("y".to_string(), y)])),
+        });
+    }
+}
+
+/// A study in batches of `parallel` suggested together, after the `design` points.
 fn run(
     designer: &dyn Designer,
     f: &Problem,
@@ -138,126 +212,51 @@ fn run(
     parallel: usize,
     design: &[Vec<f64>],
 ) -> Study {
-    let space = &f.space;
-    let metrics = [MetricSpec {
-        id: "y".into(),
-        goal: Goal::Minimize,
-        safety_threshold: None,
-    }];
-    let mut completed: Vec<CompletedTrial> = Vec::new();
-    let mut state: Option<serde_json::Value> = None;
-    let (mut regrets, mut ms, mut points) = (Vec::new(), Vec::new(), Vec::new());
-    let mut best = f64::INFINITY;
-    // Measure a trial and record it; `ms` is the wall time its suggestion took.
-    let mut measure = |a: Assignment, ms_per: f64, completed: &mut Vec<CompletedTrial>| {
-        let y = (f.f)(&a);
-        best = best.min(y);
-        regrets.push(best - f.optimum);
-        ms.push(ms_per);
-        points.push(a.clone());
-        completed.push(CompletedTrial {
-            parameters: a,
-            outcome: Outcome::Measured(BTreeMap::from([("y".to_string(), y)])),
-        });
-    };
+    let mut r = Recorder::new(f);
     for x in design.iter().take(f.budget) {
         let a: Assignment = x
             .iter()
             .enumerate()
             .map(|(i, v)| (format!("x{i}"), Value::Float(*v)))
             .collect();
-        measure(a, 0.0, &mut completed);
+        r.measure(a, 0.0);
     }
-    while completed.len() < f.budget {
-        let count = parallel.min(f.budget - completed.len());
-        let input = DesignerInput {
-            space,
-            metrics: &metrics,
-            completed: &completed,
-            pending: &[],
-            count,
-            first_trial_number: completed.len() as u64 + 1,
-            seed,
-            previous_state: state.as_ref(),
-            prior_studies: &[],
-            desired_min_safe_trials_fraction: None,
-        };
-        let start = Instant::now();
-        let out = designer.suggest(&input);
-        let elapsed = start.elapsed().as_secs_f64() * 1e3;
-        state = out.state.or(state);
-        if out.suggestions.is_empty() {
+    while r.completed.len() < f.budget {
+        let count = parallel.min(f.budget - r.completed.len());
+        let first = r.completed.len() as u64 + 1;
+        let (points, per) = r.ask(designer, seed, &[], count, first);
+        if points.is_empty() {
             break;
         }
-        let per = elapsed / out.suggestions.len() as f64;
-        for a in out.suggestions {
-            measure(a, per, &mut completed);
+        for a in points {
+            r.measure(a, per);
         }
     }
-    Study {
-        regret: regrets,
-        ms,
-        points,
-    }
+    r.study
 }
 
 /// Like [`run`], but as `workers` workers that each ask for one trial when theirs ends: every
 /// suggestion sees the other workers' trials as pending, and the oldest trial ends first.
 fn run_workers(designer: &dyn Designer, f: &Problem, seed: u64, workers: usize) -> Study {
-    let metrics = [MetricSpec {
-        id: "y".into(),
-        goal: Goal::Minimize,
-        safety_threshold: None,
-    }];
-    let mut completed: Vec<CompletedTrial> = Vec::new();
+    let mut r = Recorder::new(f);
     let mut pending: VecDeque<(Assignment, f64)> = VecDeque::new();
-    let mut state: Option<serde_json::Value> = None;
-    let (mut regrets, mut ms, mut points) = (Vec::new(), Vec::new(), Vec::new());
-    let mut best = f64::INFINITY;
     let mut asked = 0;
-    while completed.len() < f.budget {
+    while r.completed.len() < f.budget {
         while pending.len() < workers.max(1) && asked < f.budget {
             let others: Vec<Assignment> = pending.iter().map(|(a, _)| a.clone()).collect();
-            let input = DesignerInput {
-                space: &f.space,
-                metrics: &metrics,
-                completed: &completed,
-                pending: &others,
-                count: 1,
-                first_trial_number: asked as u64 + 1,
-                seed,
-                previous_state: state.as_ref(),
-                prior_studies: &[],
-                desired_min_safe_trials_fraction: None,
-            };
-            let start = Instant::now();
-            let out = designer.suggest(&input);
-            let elapsed = start.elapsed().as_secs_f64() * 1e3;
-            state = out.state.or(state);
-            let Some(a) = out.suggestions.into_iter().next() else {
+            let (points, ms) = r.ask(designer, seed, &others, 1, asked as u64 + 1);
+            let Some(a) = points.into_iter().next() else {
                 break;
             };
-            pending.push_back((a, elapsed));
+            pending.push_back((a, ms));
             asked += 1;
         }
-        let Some((a, elapsed)) = pending.pop_front() else {
+        let Some((a, ms)) = pending.pop_front() else {
             break;
         };
-        let y = (f.f)(&a);
-        best = best.min(y);
-        regrets.push(best - f.optimum);
-        ms.push(elapsed);
-        points.push(a.clone());
-        completed.push(CompletedTrial {
-            parameters: a,
-            outcome: Outcome::Measured(BTreeMap::from([("y".to_string(), y)])),
-        });
+        r.measure(a, ms);
     }
-    Study {
-        regret: regrets,
-        ms,
-        points,
-    }
+    r.study
 }
 
 /// A box function's trials as coordinate vectors `x0, x1, …` (`None` for a mixed space).
