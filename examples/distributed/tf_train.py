@@ -63,15 +63,25 @@ def main():
         model.compile(optimizer=tf.keras.optimizers.Adam(args.learning_rate), loss="mse")
 
     callbacks = [tf.keras.callbacks.BackupAndRestore(backup_dir=os.path.join(os.environ["AIP_CHECKPOINT_DIR"], "backup"))]
+    if chief:
+        # One measurement per epoch, from the chief: the trial's learning curve.
+        import hypertune
+        tuner = hypertune.HyperTune()
+
+        class ReportEpoch(tf.keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                tuner.report_hyperparameter_tuning_metric(
+                    hyperparameter_metric_tag="val_loss", metric_value=float(logs["val_loss"]),
+                    global_step=epoch + 1)
+
+        callbacks.append(ReportEpoch())
     history = model.fit(train, epochs=args.epochs, steps_per_epoch=40, validation_data=val,
                         callbacks=callbacks, verbose=2)
     val_loss = float(history.history["val_loss"][-1])
 
     if chief:
-        import hypertune
-        hypertune.HyperTune().report_hyperparameter_tuning_metric(
-            hyperparameter_metric_tag="val_loss", metric_value=val_loss, global_step=args.epochs)
-        print(f"val_loss={val_loss:.6g}", flush=True)
+        # The same last value on stdout, at the same step (not a second point of its own).
+        print(f"epoch={args.epochs} val_loss={val_loss:.6g}", flush=True)
     # Every replica takes part in saving; only the chief's copy is kept.
     model_dir = os.environ["AIP_MODEL_DIR"] if chief else tempfile.mkdtemp()
     model.save(os.path.join(model_dir, "model.keras"))

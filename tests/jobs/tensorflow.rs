@@ -69,6 +69,15 @@ async fn a_tensorflow_cluster_trains_together_from_the_tf_config_augur_writes() 
             loss.is_finite() && loss < 2.0,
             "trial {trial} learnt something: {t}"
         );
+        // One measurement per epoch (the hypertune file), the stdout line at the last one.
+        let steps: Vec<i64> = t["measurements"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|m| m["step"].as_i64())
+            .collect();
+        assert_eq!(steps, vec![1, 2], "a learning curve, each epoch once: {t}");
         let log = |replica: &str| {
             let url = format!(
                 "{}/v1/studies/{id}/trials/{trial}/logs?replica={replica}",
