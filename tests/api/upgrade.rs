@@ -84,49 +84,29 @@ async fn studies_from_before_the_per_study_layout_keep_their_trial_directories(b
         "a study without one keeps augur-runs/study-<id>/<trial>"
     );
     // New studies get the per-study layout, and may ask for the flat one.
-    let new = common::call(
-        &http,
-        &base,
-        None,
-        reqwest::Method::POST,
-        "/v1/studies",
-        Some(with_job(
-            json!({"command": ["true"], "output_dir": "runs/old"}),
-        )),
-    )
-    .await;
+    let create = |job: Value| {
+        let (http, base) = (&http, &base);
+        async move {
+            let path = "/v1/studies";
+            let spec = Some(with_job(job));
+            common::call(http, base, None, reqwest::Method::POST, path, spec).await
+        }
+    };
+    let new = create(json!({"command": ["true"], "output_dir": "runs/old"})).await;
     assert_eq!(new.status, reqwest::StatusCode::CREATED, "{}", new.body);
     assert!(
         new.body["spec"]["trial_job"].get("output_layout").is_none(),
         "{}",
         new.body
     );
-    let flat = common::call(
-        &http,
-        &base,
-        None,
-        reqwest::Method::POST,
-        "/v1/studies",
-        Some(with_job(
-            json!({"command": ["true"], "output_dir": "runs/flat", "output_layout": "trial"}),
-        )),
-    )
-    .await;
+    let flat =
+        create(json!({"command": ["true"], "output_dir": "runs/flat", "output_layout": "trial"}))
+            .await;
     assert_eq!(
         flat.body["spec"]["trial_job"]["output_layout"], "trial",
         "{}",
         flat.body
     );
-    let bad = common::call(
-        &http,
-        &base,
-        None,
-        reqwest::Method::POST,
-        "/v1/studies",
-        Some(with_job(
-            json!({"command": ["true"], "output_layout": "nested"}),
-        )),
-    )
-    .await;
+    let bad = create(json!({"command": ["true"], "output_layout": "nested"})).await;
     assert_eq!(bad.status, reqwest::StatusCode::BAD_REQUEST, "{}", bad.body);
 }
