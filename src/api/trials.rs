@@ -25,6 +25,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(add_measurement))
         .routes(routes!(complete_trial))
         .routes(routes!(fail_trial))
+        .routes(routes!(retry_trial))
         .routes(routes!(heartbeat_trial))
         .routes(routes!(stop_verdict, should_stop))
         .routes(routes!(trial_changes))
@@ -298,6 +299,26 @@ pub async fn update_trial(
             .set_excluded(&actor, study, trial, req.excluded)
             .await?,
     ))
+}
+
+/// Run a failed trial again: it becomes `requested` with the same parameters, and the next
+/// suggestion (or the study's dispatcher, in the same directories) takes it.
+#[utoipa::path(post, path = "/v1/studies/{study}/trials/{trial}/retry", tag = "trials",
+    params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID)),
+    responses(
+        (status = 200, description = "The trial, requested again", body = Trial),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "Not the study's creator nor an admin", body = ErrorBody),
+        (status = 404, description = "No such study or trial", body = ErrorBody),
+        (status = 409, description = "The trial did not fail, the study failed (resume it first) or was stopped, or parallel_trials trials run already", body = ErrorBody),
+    ))]
+pub async fn retry_trial(
+    State(state): State<AppState>,
+    Actor(actor): Actor,
+    Path((study, trial)): Path<(String, String)>,
+) -> ApiResult<Json<Trial>> {
+    let (study, trial) = ids(&study, &trial)?;
+    Ok(Json(state.service.retry_trial(&actor, study, trial).await?))
 }
 
 /// Report an intermediate measurement of a running trial (renews its lease).

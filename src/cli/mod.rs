@@ -373,6 +373,8 @@ pub enum TokenCommand {
 pub enum TrialCommand {
     /// Show one trial as the API returns it (parameters, measurements, reasons).
     Show { study: i64, trial: i64 },
+    /// Run a failed trial again, with the same parameters and directories.
+    Retry { study: i64, trial: i64 },
     /// Print a dispatched trial's stdout and stderr.
     Logs {
         study: i64,
@@ -604,6 +606,15 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
 
 async fn trial_command(http: &Client, command: TrialCommand) -> CliResult<()> {
     match command {
+        TrialCommand::Retry { study, trial } => {
+            let path = format!("/v1/studies/{study}/trials/{trial}/retry");
+            let t = http.call(reqwest::Method::POST, &path, None).await?;
+            println!(
+                "trial {trial} of study {study} is {}",
+                t["state"].as_str().unwrap_or("?")
+            );
+            Ok(())
+        }
         TrialCommand::Show { study, trial } => {
             let path = format!("/v1/studies/{study}/trials/{trial}");
             let t = http.call(reqwest::Method::GET, &path, None).await?;

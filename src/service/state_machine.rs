@@ -68,6 +68,10 @@ pub enum Command {
         excluded: bool,
     },
     Stop,
+    /// A failed trial runs again: requested, with the same parameters and directories.
+    Retry {
+        trial_id: i64,
+    },
     /// A failed study runs again (once its limits allow): an explicit act, never a PATCH's
     /// side effect.
     Resume,
@@ -161,6 +165,8 @@ pub(super) struct StudyBatch {
     stored_failed: Option<u64>,
     /// Trials this batch failed.
     failed_in_batch: u64,
+    /// Failed trials this batch made requested again (`Command::Retry`).
+    retried_in_batch: u64,
     study_changed: bool,
 }
 
@@ -209,6 +215,7 @@ impl StudyBatch {
             tokens: Vec::new(),
             stored_failed: None,
             failed_in_batch: 0,
+            retried_in_batch: 0,
             study_changed: false,
         };
         batch.expire_leases();
@@ -276,6 +283,7 @@ impl StudyBatch {
             }
             Command::Update(update) => self.update(update).await,
             Command::Resume => self.resume().await,
+            Command::Retry { trial_id } => self.retry(trial_id).await,
             Command::StartAttempt {
                 trial_id,
                 max_attempts,
@@ -815,7 +823,54 @@ impl StudyBatch {
                 n
             }
         };
-        Ok(stored + self.failed_in_batch)
+        Ok((stored + self.failed_in_batch).saturating_sub(self.retried_in_batch))
+    }
+
+    /// A failed trial back to `requested` (same parameters, same directories, its
+    /// launches counted afresh), for the next suggestion or the dispatcher. The study must
+    /// be running, or completed (it goes on for this trial); a failed study is resumed
+    /// first, explicitly. The trial takes a slot under `parallel_trials`.
+    async fn retry(&mut self, trial_id: i64) -> ServiceResult<Reply> {
+        let id = self.study.id;
+        match self.study.state {
+            StudyState::Active | StudyState::Completed => {}
+            StudyState::Failed => {
+                return Err(ServiceError::conflict(format!(
+                    "study {id} failed: resume it first (augur study resume {id})"
+                )));
+            }
+            StudyState::Stopped => {
+                return Err(ServiceError::conflict(format!(
+                    "study {id} was stopped: its trials do not run again"
+                )));
+            }
+        }
+        let state = self.trial_mut(trial_id).await?.state;
+        if state != TrialState::Failed {
+            return Err(ServiceError::conflict(format!(
+                "trial {trial_id} is {}: only a failed trial is retried",
+                state.as_str()
+            )));
+        }
+        if self.free_slots() == 0 {
+            return Err(ServiceError::conflict(format!(
+                "study {id} runs parallel_trials ({}) trials already: retry once one ends",
+                self.config.parallel_trials
+            )));
+        }
+        let trial = self.trial_mut(trial_id).await?;
+        trial.state = TrialState::Requested;
+        trial.fail_reason = None;
+        trial.started_at = None;
+        trial.completed_at = None;
+        trial.client_id = None;
+        trial.lease_expires_at = None;
+        trial.attempts = 0;
+        self.retried_in_batch += 1;
+        if self.study.state == StudyState::Completed {
+            self.set_study_state(StudyState::Active, None);
+        }
+        Ok(self.touched(trial_id))
     }
 
     async fn update(&mut self, update: StudyUpdate) -> ServiceResult<Reply> {

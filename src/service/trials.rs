@@ -268,6 +268,24 @@ impl Service {
             .await
     }
 
+    /// Run a failed trial again, with the same parameters and directories (a retried
+    /// trial finds its checkpoints): a change to the study, so its creator's or an admin's.
+    pub async fn retry_trial(
+        &self,
+        actor: &Caller,
+        study_id: i64,
+        trial_id: i64,
+    ) -> ServiceResult<Trial> {
+        self.check_manager(actor, study_id).await?;
+        let trial = self
+            .change_trial(study_id, Command::Retry { trial_id })
+            .await?;
+        self.notify(study_id);
+        self.audit(actor, "trial.retry", Some(study_id), Some(trial_id), None)
+            .await;
+        Ok(trial)
+    }
+
     /// Hide a trial from the optimizer (or show it again): a change to the study, so its
     /// creator's or an admin's.
     pub async fn set_excluded(

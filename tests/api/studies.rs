@@ -497,6 +497,7 @@ async fn prior_studies_must_exist_and_warm_start_suggestions() {
 on_both_backends!(
     a_study_whose_first_trials_fail_alike_fails_saying_why,
     fail_fast_waits_for_identical_failures_before_any_completion,
+    a_failed_trial_is_retried_with_its_parameters,
 );
 
 /// Fail `trials` of study `id` with `reason`.
@@ -600,4 +601,47 @@ async fn fail_fast_waits_for_identical_failures_before_any_completion(backend: &
     let r = app.post("/v1/studies", bad).await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.body);
     assert_eq!(r.body["error"]["field"], "fail_fast_trials", "{}", r.body);
+}
+
+/// `POST …/trials/{trial}/retry`: a failed trial is requested again with the same
+/// parameters and handed out first; a completed one, a full cap or a failed study refuse.
+async fn a_failed_trial_is_retried_with_its_parameters(backend: &str) {
+    let app = app(backend).await;
+    let mut s = spec("random", 2, 1);
+    s["max_failed_trials"] = json!(2);
+    let id = app.create_study(s).await;
+    let retry = |trial: i64| format!("/v1/studies/{id}/trials/{trial}/retry");
+    let first = suggest(&app, id, 1, Some("w")).await["trials"][0].clone();
+    // A running trial is not retried, and while it runs the cap is full anyway.
+    let r = app.post(&retry(1), json!({})).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.body);
+    fail_all(&app, id, &[1], "node lost").await;
+    let r = app.post(&retry(1), json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.body["state"], "requested", "{}", r.body);
+    assert!(
+        r.body.get("fail_reason").is_none_or(Value::is_null),
+        "{}",
+        r.body
+    );
+    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    assert_eq!(study["trial_counts"]["failed"], 0, "{study}");
+    assert_eq!(study["trial_counts"]["requested"], 1, "{study}");
+    // The next suggestion hands it out again: same trial, same values.
+    let again = suggest(&app, id, 1, Some("w2")).await["trials"][0].clone();
+    assert_eq!(again["id"], 1, "{again}");
+    assert_eq!(again["parameters"], first["parameters"]);
+    complete(&app, id, 1, 0.5).await;
+    let r = app.post(&retry(1), json!({})).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.body);
+    // A failed study is resumed first, explicitly.
+    suggest(&app, id, 1, Some("w3")).await;
+    fail_all(&app, id, &[2], "oom").await;
+    let s = app.get(&format!("/v1/studies/{id}")).await.body;
+    assert_eq!(s["state"], "completed", "the budget is spent: {s}");
+    // A completed study goes on for the retried trial.
+    let r = app.post(&retry(2), json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let s = app.get(&format!("/v1/studies/{id}")).await.body;
+    assert_eq!(s["state"], "active", "{s}");
 }

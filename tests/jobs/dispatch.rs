@@ -836,3 +836,67 @@ async fn a_study_in_a_fresh_database_finds_none_of_an_earlier_ones_checkpoints()
         "{stdout}"
     );
 }
+
+/// `augur trial retry`: a dispatched trial that failed runs again in its own directories
+/// (it finds what its first run left) and completes; the study, completed with its budget
+/// spent, goes on for it and completes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_trial_runs_again_in_its_own_directories() {
+    let dir = tempfile::tempdir().expect("dir");
+    let runs = dir.path().join("runs");
+    // Fails the first time (leaving a mark in its checkpoint directory), completes after.
+    let script = "if [ -e \"$AIP_CHECKPOINT_DIR/mark\" ]; then echo loss=1; \
+                  else touch \"$AIP_CHECKPOINT_DIR/mark\"; exit 3; fi";
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let id = app
+        .create_study(json!({
+            "name": "retry", "algorithm": "random",
+            "metrics": [{"id": "loss", "goal": "minimize"}],
+            "parameters": [{"id": "x", "type": "double", "min": 0, "max": 1}],
+            "max_trials": 1, "seed": 3,
+            "trial_job": {"command": ["/bin/sh", "-c", script], "output_dir": runs.display().to_string()}
+        }))
+        .await;
+    let ended = app
+        .wait_for_state(id, "completed", Duration::from_secs(60))
+        .await;
+    assert_eq!(ended["trial_counts"]["failed"], 1, "{ended}");
+    let out = std::process::Command::new(common::augur_bin())
+        .args(["trial", "retry", &id.to_string(), "1", "--url", &app.base])
+        .env_remove("AUGUR_TOKEN")
+        .output()
+        .expect("augur trial retry");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ended = common::eventually(
+        "the retried trial completes",
+        Duration::from_secs(60),
+        || {
+            let app = &app;
+            async move {
+                let s = app.get(&format!("/v1/studies/{id}")).await.body;
+                if s["state"] == "completed" && s["trial_counts"]["completed"] == 1 {
+                    Ok(s)
+                } else {
+                    Err(s.to_string())
+                }
+            }
+        },
+    )
+    .await;
+    assert_eq!(ended["trial_counts"]["failed"], 0, "{ended}");
+    let trial = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
+    assert_eq!(
+        trial["final_measurement"]["metrics"]["loss"], 1.0,
+        "{trial}"
+    );
+    let log = std::fs::read_to_string(common::study_dir(&runs, id).join("1/job.log")).expect("log");
+    assert_eq!(
+        log.matches("=== augur: trial 1 attempt").count(),
+        2,
+        "both runs in one log: {log}"
+    );
+}
