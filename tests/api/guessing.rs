@@ -94,29 +94,26 @@ async fn failed_logins_from_one_address_are_answered_429() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_from_another_site_without_origin_is_refused() {
     let app = common::spawn_app(common::sqlite_db()).await;
+    let create_from = |site: &'static str| {
+        let app = &app;
+        async move {
+            app.http
+                .post(format!("{}/v1/studies", app.base))
+                .header("sec-fetch-site", site)
+                .json(&common::spec("random", 2, 1))
+                .send()
+                .await
+                .expect("post")
+                .status()
+        }
+    };
     for site in ["cross-site", "same-site"] {
-        let r = app
-            .http
-            .post(format!("{}/v1/studies", app.base))
-            .header("sec-fetch-site", site)
-            .json(&common::spec("random", 2, 1))
-            .send()
-            .await
-            .expect("post");
-        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{site}");
+        assert_eq!(create_from(site).await, StatusCode::FORBIDDEN, "{site}");
     }
     let listed = app.get("/v1/studies").await.body;
     assert_eq!(listed["studies"], json!([]), "{listed}");
     for site in ["same-origin", "none"] {
-        let r = app
-            .http
-            .post(format!("{}/v1/studies", app.base))
-            .header("sec-fetch-site", site)
-            .json(&common::spec("random", 2, 1))
-            .send()
-            .await
-            .expect("post");
-        assert_eq!(r.status(), StatusCode::CREATED, "{site}");
+        assert_eq!(create_from(site).await, StatusCode::CREATED, "{site}");
     }
 }
 

@@ -201,18 +201,23 @@ async fn trial_changes_enter_the_audit_trail(backend: &str) {
     )
     .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
-    let s = call_as(
-        &app,
-        &alice,
-        Method::POST,
-        &format!("/v1/studies/{study}/suggest"),
-        Some(json!({"count": 2, "client_id": "w2"})),
-    )
-    .await;
-    let (second, third) = (
-        s.body["trials"][0]["id"].as_i64().expect("trial"),
-        s.body["trials"][1]["id"].as_i64().expect("trial"),
-    );
+    // Alice pulls `count` trials as `client`: their ids.
+    let pull = |count: i64, client: &'static str| {
+        let (app, alice) = (&app, &alice);
+        async move {
+            let path = format!("/v1/studies/{study}/suggest");
+            let body = Some(json!({"count": count, "client_id": client}));
+            let s = call_as(app, alice, Method::POST, &path, body).await;
+            s.body["trials"]
+                .as_array()
+                .expect("trials")
+                .iter()
+                .map(|t| t["id"].as_i64().expect("trial"))
+                .collect::<Vec<i64>>()
+        }
+    };
+    let pulled = pull(2, "w2").await;
+    let (second, third) = (pulled[0], pulled[1]);
     let r = app
         .post(&path(second, "fail"), json!({"reason": "oom"}))
         .await;
@@ -237,15 +242,7 @@ async fn trial_changes_enter_the_audit_trail(backend: &str) {
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
 
     // An admin completes a trial of alice's study: that one is audited.
-    let s = call_as(
-        &app,
-        &alice,
-        Method::POST,
-        &format!("/v1/studies/{study}/suggest"),
-        Some(json!({"count": 1, "client_id": "w3"})),
-    )
-    .await;
-    let fourth = s.body["trials"][0]["id"].as_i64().expect("trial");
+    let fourth = pull(1, "w3").await[0];
     let r = app
         .post(
             &path(fourth, "complete"),

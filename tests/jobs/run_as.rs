@@ -339,37 +339,38 @@ async fn wait_ended(base: &str, token: Option<&str>, id: i64) -> serde_json::Val
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_cannot_read_the_token_from_its_servers_or_workers_environment() {
+/// `augur ARGS` as the test user in `dir`, with `token` in its environment (as the README's
+/// team setup has it); killed when dropped.
+fn augur_as_test_user(args: &[&str], dir: &std::path::Path, token: &str) -> common::KillOnDrop {
     use std::os::unix::process::CommandExt;
     let uid = test_user();
-    let gid = uid_gid(uid);
-    let token = "a-token-the-jobs-must-never-see-0123456789";
-    // The server runs as the test user (no --run-jobs-as: its jobs run as that user too), its
-    // token in its environment, as the README's team setup has it.
-    let dir = users_dir();
-    let port = common::free_port();
-    let server = Command::new(common::augur_bin())
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--database-url",
-        ])
-        .arg(format!(
-            "sqlite://{}",
-            dir.path().join("augur.db").display()
-        ))
-        .current_dir(dir.path())
+    let child = Command::new(common::augur_bin())
+        .args(args)
+        .current_dir(dir)
         .env("AUGUR_TOKEN", token)
         .env("AUGUR_LOG", "warn")
         .uid(uid)
-        .gid(gid)
+        .gid(uid_gid(uid))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::inherit())
         .spawn()
-        .expect("augur serve as the test user");
-    let _server = common::KillOnDrop(server);
+        .unwrap_or_else(|e| panic!("augur {args:?} as the test user: {e}"));
+    common::KillOnDrop(child)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_cannot_read_the_token_from_its_servers_or_workers_environment() {
+    let token = "a-token-the-jobs-must-never-see-0123456789";
+    // The server runs as the test user (no --run-jobs-as: its jobs run as that user too).
+    let dir = users_dir();
+    let port = common::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let database = format!("sqlite://{}", dir.path().join("augur.db").display());
+    let _server = augur_as_test_user(
+        &["serve", "--listen", &listen, "--database-url", &database],
+        dir.path(),
+        token,
+    );
     let base = format!("http://127.0.0.1:{port}");
     common::eventually("the server is ready", Duration::from_secs(30), || {
         let base = &base;
@@ -393,27 +394,25 @@ async fn a_job_cannot_read_the_token_from_its_servers_or_workers_environment() {
     // `augur worker` as the test user, its token in its environment: the same.
     let id = create_study(&base, Some(token), one_trial_spec("leaked", None)).await;
     let work = users_dir();
-    let worker = Command::new(common::augur_bin())
-        .args([
+    let runs = work.path().join("runs").display().to_string();
+    let study = id.to_string();
+    let _worker = augur_as_test_user(
+        &[
             "worker",
             "--url",
             &base,
             "--study",
-            &id.to_string(),
+            &study,
             "--output-dir",
-        ])
-        .arg(work.path().join("runs"))
-        .args(["--", "/bin/sh", "-c", READ_PARENTS_TOKEN])
-        .current_dir(work.path())
-        .env("AUGUR_TOKEN", token)
-        .env("AUGUR_LOG", "warn")
-        .uid(uid)
-        .gid(gid)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::inherit())
-        .spawn()
-        .expect("augur worker as the test user");
-    let _worker = common::KillOnDrop(worker);
+            &runs,
+            "--",
+            "/bin/sh",
+            "-c",
+            READ_PARENTS_TOKEN,
+        ],
+        work.path(),
+        token,
+    );
     let study = wait_ended(&base, Some(token), id).await;
     assert_eq!(study["state"], "completed", "{study}");
     assert_eq!(
