@@ -332,6 +332,109 @@ pub fn pareto_front_2d(a: &[f64], b: &[f64], maximize: (bool, bool)) -> Vec<usiz
     front
 }
 
+/// One axis of the parallel coordinates, positions ready to draw.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ParallelAxis {
+    pub parameter: String,
+    /// Each sampled trial's position: a category's index, log10 of a value on a log axis,
+    /// the value itself otherwise; `inactive_at` for a trial where the parameter is
+    /// inactive.
+    pub values: Vec<f64>,
+    /// The axis' extent, `[low, high]`.
+    pub range: [f64; 2],
+    /// Where the ticks go and what they say; empty: the chart's own ticks.
+    pub tickvals: Vec<f64>,
+    pub ticktext: Vec<String>,
+    /// The position of the "inactive" tick, when some sampled trial lacks the parameter.
+    pub inactive_at: Option<f64>,
+}
+
+/// The label of inactive values on an axis.
+pub const INACTIVE_TICK: &str = "inactive";
+
+/// Numeric ticks drawn on an axis that also carries the inactive tick.
+const NUMERIC_TICKS: usize = 5;
+
+/// The parallel-coordinates axis of a parameter over encoded values (`None`: inactive).
+/// A conditional parameter is inactive where its parent took another value: those trials
+/// get a tick of their own below the others instead of being dropped from the chart.
+pub fn parallel_axis(axis: &ParamAxis, column: &[Option<f64>]) -> ParallelAxis {
+    let log = axis.log && !axis.is_categorical();
+    let place = |x: f64| if log { x.log10() } else { x };
+    let (mut range, mut tickvals, mut ticktext) = if axis.is_categorical() {
+        let top = axis.categories.len().saturating_sub(1).max(1) as f64;
+        let ticks: Vec<f64> = (0..axis.categories.len()).map(|i| i as f64).collect();
+        ([0.0, top], ticks, axis.categories.clone())
+    } else {
+        let seen = column.iter().flatten().copied();
+        let lo = axis
+            .min
+            .or_else(|| seen.clone().reduce(f64::min))
+            .unwrap_or(0.0);
+        let hi = axis.max.or_else(|| seen.reduce(f64::max)).unwrap_or(1.0);
+        ([place(lo), place(hi)], vec![], vec![])
+    };
+    // The distance between ticks: one category, a whole number of an integer axis' units,
+    // a quarter of other axes.
+    let span = range[1] - range[0];
+    let span = if span.is_finite() && span > 0.0 {
+        span
+    } else {
+        1.0
+    };
+    let step = if axis.is_categorical() {
+        1.0
+    } else if axis.kind == "integer" && !log {
+        (span / (NUMERIC_TICKS as f64 - 1.0)).ceil()
+    } else {
+        span / (NUMERIC_TICKS as f64 - 1.0)
+    };
+    let inactive_at = column.iter().any(Option::is_none).then(|| range[0] - step);
+    if let Some(at) = inactive_at {
+        if tickvals.is_empty() {
+            // Setting any tick replaces the chart's own, so the numeric ones go in too.
+            let mut x = range[0];
+            while x <= range[1] + step * 1e-9 {
+                tickvals.push(x);
+                ticktext.push(tick_label(x));
+                x += step;
+            }
+        }
+        tickvals.insert(0, at);
+        ticktext.insert(0, INACTIVE_TICK.to_string());
+        range[0] = at;
+    }
+    ParallelAxis {
+        parameter: axis.id.clone(),
+        values: column
+            .iter()
+            .map(|v| match v {
+                Some(x) if axis.is_categorical() => *x,
+                Some(x) => place(*x),
+                None => inactive_at.unwrap_or(f64::NAN),
+            })
+            .collect(),
+        range,
+        tickvals,
+        ticktext,
+        inactive_at,
+    }
+}
+
+/// A tick's number in at most four significant digits, without trailing zeros.
+fn tick_label(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return format!("{x}");
+    }
+    let digits = (3 - x.abs().log10().floor() as i32).max(0) as usize;
+    let text = format!("{x:.digits$}");
+    if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        text
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,5 +539,62 @@ mod tests {
         let mut f = pareto_front_2d(&a, &b, (true, true));
         f.sort_unstable();
         assert_eq!(f, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn inactive_values_get_a_tick_of_their_own_below_a_categorical_axis() {
+        let axis = ParamAxis {
+            id: "kernel".into(),
+            kind: "categorical".into(),
+            min: None,
+            max: None,
+            log: false,
+            categories: vec!["rbf".into(), "poly".into(), "linear".into()],
+        };
+        let p = parallel_axis(&axis, &[Some(2.0), None, Some(0.0)]);
+        assert_eq!(p.values, vec![2.0, -1.0, 0.0]);
+        assert_eq!(p.range, [-1.0, 2.0]);
+        assert_eq!(p.tickvals, vec![-1.0, 0.0, 1.0, 2.0]);
+        assert_eq!(p.ticktext, ["inactive", "rbf", "poly", "linear"]);
+        assert_eq!(p.inactive_at, Some(-1.0));
+    }
+
+    #[test]
+    fn a_log_axis_with_inactive_values_keeps_its_numeric_ticks() {
+        let axis = ParamAxis {
+            log: true,
+            ..numeric("momentum", 0.001, 10.0)
+        };
+        let p = parallel_axis(&axis, &[Some(0.01), None, Some(1.0)]);
+        // log10 runs -3..1: the inactive tick sits one tick step (1.0) below.
+        assert_eq!(p.inactive_at, Some(-4.0));
+        assert_eq!(p.values, vec![-2.0, -4.0, 0.0]);
+        assert_eq!(p.range, [-4.0, 1.0]);
+        assert_eq!(p.tickvals, vec![-4.0, -3.0, -2.0, -1.0, 0.0, 1.0]);
+        assert_eq!(p.ticktext, ["inactive", "-3", "-2", "-1", "0", "1"]);
+    }
+
+    #[test]
+    fn an_integer_axis_ticks_whole_numbers_and_puts_inactive_one_below() {
+        let axis = ParamAxis {
+            kind: "integer".into(),
+            ..numeric("degree", 2.0, 5.0)
+        };
+        let p = parallel_axis(&axis, &[None, Some(3.0)]);
+        assert_eq!(p.values, vec![1.0, 3.0]);
+        assert_eq!(p.tickvals, vec![1.0, 2.0, 3.0, 4.0, 5.0]);
+        assert_eq!(p.ticktext, ["inactive", "2", "3", "4", "5"]);
+    }
+
+    #[test]
+    fn an_axis_where_every_value_is_active_is_left_to_the_chart() {
+        let p = parallel_axis(&numeric("x", 0.0, 2.0), &[Some(0.5), Some(1.5)]);
+        assert_eq!(p.values, vec![0.5, 1.5]);
+        assert_eq!(p.range, [0.0, 2.0]);
+        assert!(p.tickvals.is_empty() && p.ticktext.is_empty());
+        assert_eq!(p.inactive_at, None);
+        assert_eq!(tick_label(0.000_123_456), "0.0001235");
+        assert_eq!(tick_label(2.5), "2.5");
+        assert_eq!(tick_label(12_345.0), "12345");
     }
 }

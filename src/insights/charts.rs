@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{Grid, Importance, MAX_CHART_POINTS, ParamAxis};
+use super::{Grid, Importance, MAX_CHART_POINTS, ParallelAxis, ParamAxis};
 use crate::model::spec::MetricGoal;
 use crate::model::{TrialPoint, TrialState, spec::StudySpec};
 use crate::service::{Service, ServiceError, ServiceResult, StudySnapshot, cursor_after_seq};
@@ -110,6 +110,9 @@ pub struct Sample {
     pub value: Vec<f64>,
     /// Encoded parameter values (categories by index), null when inactive.
     pub params: BTreeMap<String, Vec<Option<f64>>>,
+    /// The parallel coordinates' axes over these trials, one per parameter in spec order:
+    /// inactive values on a tick of their own, so every trial is drawn.
+    pub parallel: Vec<ParallelAxis>,
 }
 
 /// Two metrics against each other, and the Pareto front among them.
@@ -200,13 +203,22 @@ fn build_insights(
         .collect();
     let mut importance = super::ped_anova(&parameters, &columns, &values, maximize);
     importance.sort_by(|a, b| b.importance.total_cmp(&a.importance));
+    let sampled: Vec<Vec<Option<f64>>> = columns
+        .iter()
+        .map(|c| chosen.iter().map(|&i| c[i]).collect())
+        .collect();
     let sample = Sample {
         trial: chosen.iter().map(|&i| points[i].0).collect(),
         value: chosen.iter().map(|&i| points[i].1).collect(),
+        parallel: parameters
+            .iter()
+            .zip(&sampled)
+            .map(|(a, c)| super::parallel_axis(a, c))
+            .collect(),
         params: parameters
             .iter()
-            .zip(&columns)
-            .map(|(a, c)| (a.id.clone(), chosen.iter().map(|&i| c[i]).collect()))
+            .map(|a| a.id.clone())
+            .zip(sampled)
             .collect(),
     };
     let best = best_steps

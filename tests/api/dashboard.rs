@@ -211,6 +211,88 @@ async fn table_lists_every_trial_as_columns_and_its_cursor_sees_later_changes() 
     assert_eq!(ids, [id]);
 }
 
+/// Parallel coordinates draw every trial of a conditional space: 22 `adam` trials lack
+/// `momentum` (a child of `optimizer: sgd`) and sit on its "inactive" tick, not off the chart.
+#[tokio::test]
+async fn parallel_coordinates_place_inactive_values_on_a_tick_of_their_own() {
+    let app = spawn_app(sqlite_db()).await;
+    let study = app
+        .create_study(json!({
+            "name": "conditional",
+            "algorithm": "random",
+            "metrics": [{"id": "accuracy", "goal": "maximize"}],
+            "parameters": [
+                {"id": "lr", "type": "double", "min": 0.0001, "max": 1.0, "scale": "log"},
+                {"id": "optimizer", "type": "categorical", "values": ["adam", "sgd"], "children": [
+                    {"when": ["sgd"], "parameters": [
+                        {"id": "momentum", "type": "double", "min": 0.5, "max": 0.99}
+                    ]}
+                ]}
+            ],
+            "max_trials": 100,
+            "parallel_trials": 5
+        }))
+        .await;
+    let mut expected_momentum = Vec::new();
+    for i in 0..30usize {
+        let sgd = i < 8;
+        let lr = 10f64.powf(-4.0 + 4.0 * i as f64 / 30.0);
+        let mut parameters = json!({"lr": lr, "optimizer": if sgd { "sgd" } else { "adam" }});
+        if sgd {
+            parameters["momentum"] = json!(0.5 + 0.05 * i as f64);
+        }
+        expected_momentum.push(sgd.then(|| 0.5 + 0.05 * i as f64));
+        let r = app
+            .post(
+                &format!("/v1/studies/{study}/trials"),
+                json!({"parameters": parameters, "final_measurement": {"metrics": {"accuracy": accuracy(lr)}}}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    }
+    let r = app.get(&format!("/v1/studies/{study}/insights")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let sample = &r.body["sample"];
+    let trials: Vec<i64> = sample["trial"]
+        .as_array()
+        .expect("trials")
+        .iter()
+        .filter_map(Json::as_i64)
+        .collect();
+    assert_eq!(trials.len(), 30, "every completed trial is in the sample");
+    let axes = sample["parallel"].as_array().expect("parallel axes");
+    let names: Vec<&str> = axes
+        .iter()
+        .filter_map(|a| a["parameter"].as_str())
+        .collect();
+    assert_eq!(names, ["lr", "optimizer", "momentum"]);
+    let momentum = &axes[2];
+    let at = momentum["inactive_at"].as_f64().expect("an inactive tick");
+    assert!(at < 0.5, "below the axis' values: {momentum}");
+    assert_eq!(momentum["range"][0].as_f64(), Some(at));
+    assert_eq!(momentum["ticktext"][0], json!("inactive"));
+    assert_eq!(momentum["tickvals"][0].as_f64(), Some(at));
+    let values: Vec<f64> = momentum["values"]
+        .as_array()
+        .expect("values")
+        .iter()
+        .filter_map(Json::as_f64)
+        .collect();
+    assert_eq!(values.len(), 30, "a number for every trial: {momentum}");
+    for (trial, value) in trials.iter().zip(&values) {
+        let row = usize::try_from(trial - 1).expect("trial ids from 1");
+        match expected_momentum[row] {
+            Some(m) => assert!((value - m).abs() < 1e-12, "trial {trial}: {value} vs {m}"),
+            None => assert_eq!(*value, at, "trial {trial} (adam) is on the inactive tick"),
+        }
+    }
+    // Axes where every trial has a value keep the chart's own ticks; lr is drawn as log10.
+    assert_eq!(axes[0]["inactive_at"], Json::Null);
+    assert_eq!(axes[0]["tickvals"], json!([]));
+    assert_eq!(axes[0]["range"], json!([-4.0, 0.0]));
+    assert_eq!(axes[1]["ticktext"], json!(["adam", "sgd"]));
+}
+
 #[tokio::test]
 async fn insights_give_the_best_value_its_history_and_the_parameter_that_matters() {
     let app = spawn_app(sqlite_db()).await;
@@ -406,16 +488,26 @@ async fn seed_browser_fixture() {
     // badly and asks `should_stop` after each step: the median rule stops it, for real.
     let mut small_spec = spec("svc-digits", 200);
     small_spec["early_stopping"] = json!({"rule": "median", "min_completed_trials": 5});
+    // A conditional parameter: `rbf` trials have no `degree` (the parallel coordinates must
+    // still draw them, on the axis' "inactive" tick).
+    small_spec["parameters"][2]["children"] = json!([
+        {"when": ["poly"], "parameters": [{"id": "degree", "type": "integer", "min": 2, "max": 5}]}
+    ]);
     let small = app.create_study(small_spec).await;
     let mut stopped = 0;
     for i in 0..60usize {
         let lr = 10f64.powf(-4.0 + 4.0 * ((i * 37) % 60) as f64 / 60.0);
         let poor = i % 5 == 4 && i >= 14;
         let acc = if poor { 0.3 } else { 1.0 } * accuracy(lr);
+        let mut parameters = json!({"lr": lr, "layers": 1 + (i % 8) as i64, "kernel": if i % 3 == 0 { "poly" } else { "rbf" }});
+        if i % 3 == 0 {
+            parameters["degree"] = json!(2 + (i % 4) as i64);
+        }
         let s = app
-            .post(&format!("/v1/studies/{small}/trials"), json!({
-                "parameters": {"lr": lr, "layers": 1 + (i % 8) as i64, "kernel": if i % 3 == 0 { "poly" } else { "rbf" }}
-            }))
+            .post(
+                &format!("/v1/studies/{small}/trials"),
+                json!({ "parameters": parameters }),
+            )
             .await;
         assert_eq!(s.status, StatusCode::CREATED, "{}", s.body);
         let got = app

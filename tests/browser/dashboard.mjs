@@ -141,6 +141,29 @@ await test('study page shows the best value, filters and sorts the table, draws 
   await page.waitForFunction((n) => document.querySelector('#row-count').textContent.startsWith(n + ' of'), brushed);
   await page.evaluate(() => Plotly.restyle('chart-parcoords', { 'dimensions[0].constraintrange': null }));
   await page.waitForFunction((n) => document.querySelector('#row-count').textContent.startsWith(n + ' of'), total);
+  // `degree` is a child of `kernel: poly`: the rbf trials lack it and are drawn on its
+  // "inactive" tick, not dropped (the chart draws every trial on every axis).
+  const degree = await page.evaluate(() => {
+    const d = document.getElementById('chart-parcoords').data[0].dimensions;
+    const j = d.findIndex((x) => x.label === 'degree');
+    return { j, n: d[j].values.length, nan: d[j].values.filter((v) => Number.isNaN(v)).length, first: d[j].ticktext[0], at: d[j].tickvals[0], lr: d[0].values.length };
+  });
+  assert(degree.j === 3 && degree.first === 'inactive', 'degree axis ' + JSON.stringify(degree));
+  assert(degree.n === degree.lr && degree.nan === 0, 'every trial drawn on degree: ' + JSON.stringify(degree));
+  let rbf = 0;
+  token = '';
+  for (let i = 0; i < 10; i++) {
+    const page_ = await get(`/v1/studies/${SMALL}/trials?page_size=1000${token ? '&page_token=' + token : ''}`);
+    rbf += page_.trials.filter((t) => t.parameters.degree === undefined).length;
+    token = page_.next_page_token;
+    if (!token) break;
+  }
+  assert(rbf > 0 && rbf < total, `rbf trials ${rbf} of ${total}`);
+  // Brushing the inactive tick keeps exactly the trials without a degree.
+  await page.evaluate(([j, at]) => Plotly.restyle('chart-parcoords', { [`dimensions[${j}].constraintrange`]: [[at - 0.1, at + 0.1]] }), [degree.j, degree.at]);
+  await page.waitForFunction((n) => document.querySelector('#row-count').textContent.startsWith(n + ' of'), rbf);
+  await page.evaluate((j) => Plotly.restyle('chart-parcoords', { [`dimensions[${j}].constraintrange`]: null }), degree.j);
+  await page.waitForFunction((n) => document.querySelector('#row-count').textContent.startsWith(n + ' of'), total);
   const curves = await page.evaluate(() => document.getElementById('chart-curves').data.length);
   assert(curves === total, `learning curves ${curves} vs ${total}`);
   // The seeder's poor trials were stopped by the study's median rule: exactly those are dashed.
@@ -169,7 +192,7 @@ await test('CSV export holds the filtered table', async () => {
   const count = num((await text('#row-count')).split(' ')[0]);
   const [download] = await Promise.all([page.waitForEvent('download'), page.click('#export-csv')]);
   const csv = readFileSync(await download.path(), 'utf8').trim().split('\n');
-  assert(csv[0] === 'trial,state,early_stopped,accuracy,lr,layers,kernel', 'header ' + csv[0]);
+  assert(csv[0] === 'trial,state,early_stopped,accuracy,lr,layers,kernel,degree', 'header ' + csv[0]);
   assert(csv.length === count + 1, `csv rows ${csv.length - 1} vs table ${count}`);
   assert(csv.slice(1).every((l) => ['2', '3'].includes(l.split(',')[5])), 'only filtered rows');
   await page.fill('#table-min', '');

@@ -77,22 +77,24 @@ export class StudyCharts {
     ], baseLayout({ xaxis: titled('trial' + note), yaxis: titled(metric) }), PLOT_CONFIG);
   }
 
-  /** One axis per parameter (categories at 0, 1, …; log scales as log10) and the metric. */
-  parcoordsDimension(param, values) {
-    const axis = this.page.axes[param];
-    const d = { label: plotText(param), values: values.map((v) => (v == null ? NaN : v)) };
+  /**
+   * One axis per parameter, as the server placed it (categories at 0, 1, …; log scales as
+   * log10; inactive values of a conditional parameter on a tick of their own), and the metric.
+   */
+  parcoordsDimension(parallel) {
+    const axis = this.page.axes[parallel.parameter];
+    const label = axis.log && !axis.categories.length ? `log10 ${plotText(parallel.parameter)}` : plotText(parallel.parameter);
+    const d = { label, values: parallel.values, range: parallel.range };
     // Tick labels of parallel coordinates are plain SVG text (d3), not Plotly's HTML subset:
     // the categories go in as they are, where escaping would show "&lt;". The label is HTML.
-    if (axis.categories.length) Object.assign(d, { tickvals: axis.categories.map((_, i) => i), ticktext: axis.categories, range: [0, Math.max(1, axis.categories.length - 1)] });
-    else if (axis.log) { d.values = d.values.map((v) => Math.log10(v)); d.label = `log10 ${plotText(param)}`; d.range = [Math.log10(axis.min), Math.log10(axis.max)]; }
-    else if (axis.min != null && axis.max != null) d.range = [axis.min, axis.max];
+    if (parallel.tickvals.length) Object.assign(d, { tickvals: parallel.tickvals, ticktext: parallel.ticktext });
     return d;
   }
 
   drawParcoords(P) {
     const { columns, goals, metric } = this.page;
     const sample = this.insights.sample;
-    const dimensions = columns.parameters.map((p) => this.parcoordsDimension(p, sample.params[p]));
+    const dimensions = sample.parallel.map((axis) => this.parcoordsDimension(axis));
     dimensions.push({ label: plotText(metric), values: sample.value });
     const el = $('#chart-parcoords');
     P.react(el, [{ type: 'parcoords', line: { color: sample.value, colorscale: 'Viridis', showscale: true, reversescale: goals[metric] !== 'maximize' }, dimensions }],
@@ -110,6 +112,11 @@ export class StudyCharts {
     dimensions.forEach((d, j) => { if (d.constraintrange) ranges.push([j, d.constraintrange]); });
     if (!ranges.length) return null;
     const params = columns.parameters;
+    // Brushing the "inactive" tick keeps the trials that lack the parameter.
+    const inactiveAt = params.map((p) => {
+      const axis = this.insights.sample.parallel.find((a) => a.parameter === p);
+      return axis && axis.inactive_at != null ? axis.inactive_at : null;
+    });
     // Read at brush time: the metric may have changed since the chart was drawn.
     const metric = this.page.metric;
     const axisValue = (j, row) => {
@@ -117,6 +124,7 @@ export class StudyCharts {
       const p = params[j];
       const axis = axes[p];
       const v = columns.params[p][row];
+      if (v == null) return inactiveAt[j];
       if (axis.categories.length) return axis.categories.indexOf(v);
       return axis.log && v != null ? Math.log10(v) : v;
     };
