@@ -9,6 +9,8 @@
 #   AUGUR_PODMAN_GLOBAL_ARGS=<podman options before `run`>   (space-separated)
 #   AUGUR_PODMAN_RUN_ARGS=<options of `podman run`>           (space-separated)
 #   AUGUR_BASE_IMAGE=localhost/augur-base:bookworm
+# and, as "# " comments, the exact lines that build the example trainer image and run its
+# study with this Podman (examples/container/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base="${AUGUR_PODMAN_DIR:-$PWD/target/podman}"
@@ -60,3 +62,13 @@ fi
 echo "AUGUR_PODMAN_GLOBAL_ARGS=${global[*]}"
 echo "AUGUR_PODMAN_RUN_ARGS=${run[*]}"
 echo "AUGUR_BASE_IMAGE=$image"
+# For people: the commands that use this Podman, from the repository's root. Every podman call,
+# the build included, needs the same storage options; augur takes each option as its own
+# --container-engine-arg=--opt=value (and each `podman run` option as a --container-run-arg).
+flags=""
+for ((i = 0; i < ${#global[@]}; i += 2)); do flags+=" --container-engine-arg=${global[i]}=${global[i+1]}"; done
+for ((i = 0; i < ${#run[@]}; i += 2)); do flags+=" --container-run-arg=${run[i]}=${run[i+1]}"; done
+echo "# build the example trainer image (examples/container/Containerfile):"
+echo "#   podman ${global[*]} build -t localhost/augur-quickstart:1 -f examples/container/Containerfile examples/quickstart"
+echo "# run its study in containers (or give \`augur serve\` the same options):"
+echo "#   cargo run --release -- run -f examples/container/study.yaml --container-engine podman$flags"

@@ -438,3 +438,95 @@ async fn a_container_job_runs_as_the_run_jobs_as_user() {
         "{trial}"
     );
 }
+
+/// The lines `scripts/podman-setup.sh` prints for people work as printed: the build line
+/// makes the example trainer image from `examples/container/Containerfile`, and the run line
+/// (with this build's binary for `cargo run --release --`, on a copy of the example study so
+/// that its `runs/` lands outside the repository) trains every trial in a container of it.
+#[tokio::test]
+async fn the_example_trainer_image_builds_and_its_study_runs_with_the_lines_podman_setup_prints() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf();
+    let printed = tokio::task::spawn_blocking({
+        let root = root.clone();
+        move || {
+            let out = Command::new(root.join("scripts/podman-setup.sh"))
+                .output()
+                .expect("podman-setup");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        }
+    })
+    .await
+    .expect("setup");
+    let line = |prefix: &str| -> String {
+        printed
+            .lines()
+            .find_map(|l| l.strip_prefix("#   ").filter(|l| l.starts_with(prefix)))
+            .unwrap_or_else(|| panic!("podman-setup printed no `{prefix}` line: {printed}"))
+            .to_string()
+    };
+    let build = line("podman ");
+    let run = line("cargo run --release -- run -f examples/container/study.yaml ");
+    let built = Command::new("bash")
+        .args(["-c", &build])
+        .current_dir(&root)
+        .output()
+        .expect("bash");
+    assert!(
+        built.status.success(),
+        "{build}: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+
+    let work = tempfile::tempdir().expect("work");
+    let study = work.path().join("study.yaml");
+    std::fs::copy(root.join("examples/container/study.yaml"), &study).expect("copy study");
+    let run = run
+        .replace(
+            "cargo run --release --",
+            &common::augur_bin().display().to_string(),
+        )
+        .replace(
+            "examples/container/study.yaml",
+            &study.display().to_string(),
+        );
+    let ran = tokio::task::spawn_blocking({
+        let dir = work.path().to_path_buf();
+        move || {
+            Command::new("bash")
+                .args(["-c", &run])
+                .current_dir(dir)
+                .env_remove("AUGUR_DATABASE_URL")
+                .output()
+                .expect("augur run")
+        }
+    })
+    .await
+    .expect("run");
+    let stdout = String::from_utf8_lossy(&ran.stdout);
+    assert!(
+        ran.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    assert!(
+        stdout.contains("8 completed, 0 infeasible, 0 failed of 8 trials"),
+        "{stdout}"
+    );
+    // Each trial ran in a container of the example image (its handle names the container),
+    // and wrote its model through the mounted directory.
+    let dir = common::study_dir(&work.path().join("runs"), 1);
+    for trial in 1..=8 {
+        let handle = std::fs::read_to_string(dir.join(format!("{trial}/job.handle")))
+            .unwrap_or_else(|e| panic!("trial {trial}'s handle: {e}"));
+        assert!(handle.starts_with("containers:augur-s1-t"), "{handle}");
+        assert!(
+            dir.join(format!("{trial}/model/model.json")).is_file(),
+            "trial {trial} saved no model"
+        );
+    }
+}
