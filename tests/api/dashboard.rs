@@ -696,8 +696,28 @@ async fn seed_browser_fixture() {
     let mut warm_spec = spec("warm", 10);
     warm_spec["prior_studies"] = json!([small]);
     let warm = app.create_study(warm_spec).await;
+    // Study 7: every trial failed (the charts must say so, not draw empty axes).
+    let failed = app.create_study(spec("all-failed", 10)).await;
+    for _ in 0..3 {
+        let got = app
+            .post(
+                &format!("/v1/studies/{failed}/suggest"),
+                json!({"count": 1, "client_id": "seed-failed"}),
+            )
+            .await;
+        let id = got.body["trials"][0]["id"]
+            .as_i64()
+            .expect("suggested trial");
+        let r = app
+            .post(
+                &format!("/v1/studies/{failed}/trials/{id}/fail"),
+                json!({"reason": "out of memory"}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    }
     println!(
-        "seeded studies {small} (60 trials), {multi} (2 metrics), {big} ({large} trials), {hostile} (hostile labels), {cluster} (a cluster trial), {warm} (warm-started)"
+        "seeded studies {small} (60 trials), {multi} (2 metrics), {big} ({large} trials), {hostile} (hostile labels), {cluster} (a cluster trial), {warm} (warm-started), {failed} (every trial failed)"
     );
 }
 

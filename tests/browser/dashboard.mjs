@@ -11,7 +11,7 @@ import { chromium } from 'playwright-core';
 import { mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 
-const [base, SMALL, MULTI, LARGE, HOSTILE, CLUSTER, WARM] = process.argv.slice(2);
+const [base, SMALL, MULTI, LARGE, HOSTILE, CLUSTER, WARM, FAILED] = process.argv.slice(2);
 const ARTIFACTS = process.env.ARTIFACTS || 'target/browser-artifacts';
 // The target is 1 s for each (printed with every run). Timings depend on what else the machine
 // runs, so the test fails only past LIMIT_MS (a sanity bound unless set lower).
@@ -231,7 +231,35 @@ await test('compare page puts studies side by side', async () => {
   const best = (await get(`/v1/studies/${SMALL}`)).best_trial.final_measurement.metrics.accuracy;
   assert(close(num(await text(`#compare-table tr[data-study="${SMALL}"] td.best`)), best), 'best value');
   assert(await page.evaluate(() => document.getElementById('chart-compare').data.length) === 2, 'two curves');
+  // Both maximize accuracy: one axis, which says which way is better.
+  const one = await page.evaluate(() => { const el = document.getElementById('chart-compare'); return { axes: el.data.map((t) => t.yaxis), title: el.layout.yaxis.title.text, y2: !!el.layout.yaxis2 }; });
+  assert(JSON.stringify(one.axes) === '["y","y"]' && !one.y2, 'one shared axis: ' + JSON.stringify(one));
+  assert(one.title === 'best accuracy (higher is better)', one.title);
   await shot('compare.png');
+  // A minimized loss beside them gets an axis of its own (issue 27, item 9).
+  await page.goto(`${base}/compare?studies=${SMALL},${MULTI},${HOSTILE}`);
+  await page.waitForFunction(() => window.augur.marks.charts);
+  const three = await page.evaluate(() => { const el = document.getElementById('chart-compare'); return { axes: el.data.map((t) => t.yaxis), y2: el.layout.yaxis2 && el.layout.yaxis2.title.text }; });
+  assert(JSON.stringify(three.axes) === '["y","y","y2"]', 'axes ' + JSON.stringify(three));
+  assert(three.y2 === 'best loss (lower is better)', three.y2);
+  await shot('compare-goals.png');
+});
+
+await test('a study whose every trial failed says so where its charts would be, and draws no empty axes (issue 27, item 9)', async () => {
+  await page.goto(`${base}/studies/${FAILED}`);
+  await page.waitForFunction(() => window.augur.marks.charts);
+  for (const id of ['chart-history', 'chart-importance', 'chart-parcoords', 'chart-contour']) {
+    const said = await page.evaluate((id) => document.getElementById(id).textContent, id);
+    assert(said.includes('No trial has completed with accuracy yet: 3 failed or infeasible'), `${id}: ${said}`);
+    assert(await page.locator(`#${id} svg`).count() === 0, id + ' draws no axes');
+  }
+  // The log-scale switch of the learning curves is there, and switches a drawn chart.
+  await page.goto(`${base}/studies/${SMALL}`);
+  await page.waitForFunction(() => window.augur.marks.charts);
+  await page.check('#chart-curves-log');
+  await page.waitForFunction(() => document.getElementById('chart-curves').layout.yaxis.type === 'log');
+  await page.uncheck('#chart-curves-log');
+  await page.waitForFunction(() => document.getElementById('chart-curves').layout.yaxis.type === 'linear');
 });
 
 await test('an open server offers no sign-out: there is no one signed in (issue 27; with tokens, tests/api/login.rs)', async () => {

@@ -8,6 +8,8 @@
 // `plotText`, which escapes `&`, `<` and `>`: Plotly then shows it literally, as typed.
 // (Tick labels of parallel coordinates are plain SVG text already: they go in unescaped.)
 
+import { h } from './dom.js';
+
 let plotlyPromise = null;
 
 /** plotly.js (4.6 MB), loaded after the first paint of numbers and tables, never blocking it. */
@@ -45,3 +47,19 @@ export const categoryTicks = (categories) => ({
   tickvals: categories.map((_, i) => i),
   ticktext: categories.map(plotText),
 });
+
+/**
+ * A "log scale" checkbox for the y axis of chart `chartId` (loss curves span decades). Charts
+ * redrawn later keep the choice: their layouts take `yScale(chartId)`. Plotly leaves values
+ * ≤ 0 out of a log axis.
+ */
+export function logScaleToggle(chartId) {
+  const box = h('input', {
+    type: 'checkbox', id: chartId + '-log',
+    onchange: () => { if (window.Plotly) window.Plotly.relayout(chartId, { 'yaxis.type': yScale(chartId) }); },
+  });
+  return h('label', { class: 'toggle', title: 'values ≤ 0 are not drawn on a log axis' }, box, ' log scale');
+}
+
+/** The y axis type that `logScaleToggle(chartId)` asks for. */
+export const yScale = (chartId) => (document.getElementById(chartId + '-log')?.checked ? 'log' : 'linear');

@@ -48,14 +48,39 @@ function bestTrialsTable(studies, bestParams) {
       paramNames.map((p) => h('td', {}, fmt(bestParams[k][p])))))));
 }
 
-/** Each study's best-so-far steps, carried on to its last trial. */
+/**
+ * Each study's best-so-far steps, carried on to its last trial. Studies that compare the same
+ * metric with the same goal share an axis; each other metric and goal gets a chart of its own
+ * below (a maximized accuracy and a minimized loss on one axis would read as nonsense).
+ */
 async function drawBestSoFar(studies) {
   const P = await plotly();
-  await P.react('chart-compare', studies.map(({ info, insights }) => {
+  const groups = [...new Set(studies.map(({ insights }) => axisKey(insights.metric)))];
+  const traces = studies.map(({ info, insights }) => {
     const history = insights.history;
     const x = history.best_trial.slice();
     const y = history.best_value.slice();
     if (x.length) { x.push(history.last_trial); y.push(y[y.length - 1]); }
-    return { x, y, mode: 'lines', type: 'scatter', line: { shape: 'hv', width: 2 }, name: plotText(`#${info.id} ${info.name} (${insights.metric.id})`) };
-  }), baseLayout({ showlegend: true, legend: { orientation: 'h', y: -0.2 }, xaxis: titled('trial'), yaxis: titled('best so far') }), PLOT_CONFIG);
+    const k = groups.indexOf(axisKey(insights.metric));
+    return {
+      x, y, mode: 'lines', type: 'scatter', line: { shape: 'hv', width: 2 },
+      xaxis: k ? `x${k + 1}` : 'x', yaxis: k ? `y${k + 1}` : 'y',
+      name: plotText(`#${info.id} ${info.name} (${insights.metric.id})`),
+    };
+  });
+  const layout = baseLayout({
+    showlegend: true, legend: { orientation: 'h', y: -0.2 / groups.length },
+    height: 80 + 260 * groups.length,
+    grid: { rows: groups.length, columns: 1, pattern: 'independent', roworder: 'top to bottom' },
+  });
+  groups.forEach((key, k) => {
+    const [id, goal] = JSON.parse(key);
+    const suffix = k ? String(k + 1) : '';
+    layout['xaxis' + suffix] = titled('trial');
+    layout['yaxis' + suffix] = titled(`best ${id} (${goal === 'maximize' ? 'higher' : 'lower'} is better)`);
+  });
+  await P.react('chart-compare', traces, layout, PLOT_CONFIG);
 }
+
+/** Studies whose curves share an axis: same metric id, same goal. */
+const axisKey = (metric) => JSON.stringify([metric.id, metric.goal]);

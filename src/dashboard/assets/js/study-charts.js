@@ -4,9 +4,26 @@
 // front of two metrics, a contour of two parameters and learning curves.
 
 import { api } from './api.js';
-import { PLOT_CONFIG, baseLayout, categoryTicks, plotText, plotly, titled } from './charts.js';
+import { PLOT_CONFIG, baseLayout, categoryTicks, plotText, plotly, titled, yScale } from './charts.js';
 import { $, h, nextTask } from './dom.js';
 import { mark } from './marks.js';
+
+/** The charts drawn from completed trials only: each says so while there are none. */
+const CHARTS_OF_COMPLETED_TRIALS = ['chart-history', 'chart-importance', 'chart-parcoords', 'chart-slices', 'chart-contour'];
+
+/** Clears chart `id` and puts `text` in its place. */
+function emptyChart(P, id, text) {
+  const el = $('#' + id);
+  if (el.classList.contains('js-plotly-plot')) P.purge(el);
+  delete el.dataset.hooked;
+  el.replaceChildren(h('p', { class: 'muted empty-chart' }, text));
+}
+
+/** Takes away what `emptyChart` put in chart `id`, before it is drawn. */
+function unemptyChart(id) {
+  const el = $('#' + id);
+  if (el.querySelector(':scope > .empty-chart')) el.replaceChildren();
+}
 
 export class StudyCharts {
   /**
@@ -34,6 +51,17 @@ export class StudyCharts {
     this.insights = insights;
     this.historyPoints = { trial: insights.history.trial.slice(), value: insights.history.value.slice() };
     const P = await plotly();
+    if (insights.completed === 0) {
+      // Empty axes (−1..6) would say nothing, or suggest a broken chart: say why instead.
+      const failed = this.page.columns.states.filter((s) => s === 'failed' || s === 'infeasible').length;
+      const why = failed ? `No trial has completed with ${metric} yet: ${failed} failed or infeasible (see the table for their reasons).` : `No trial has completed with ${metric} yet.`;
+      for (const id of CHARTS_OF_COMPLETED_TRIALS) emptyChart(P, id, why);
+      mark('history');
+      await nextTask(); await this.drawCurves(P);
+      mark('charts');
+      return;
+    }
+    for (const id of CHARTS_OF_COMPLETED_TRIALS) unemptyChart(id);
     await this.drawHistory(P);
     mark('history');
     // One chart per task, so live updates and scrolling get the main thread in between.
@@ -74,7 +102,7 @@ export class StudyCharts {
     await P.react('chart-history', [
       { x: points.trial, y: points.value, mode: 'markers', type: 'scatter', name: plotText(metric), marker: { size: 5, color: '#7a8bb0', opacity: 0.7 }, hovertemplate: 'trial %{x}<br>%{y}<extra></extra>' },
       { x: best.x, y: best.y, mode: 'lines', type: 'scatter', name: 'best so far', line: { shape: 'hv', color: '#d6452d', width: 2 } },
-    ], baseLayout({ xaxis: titled('trial' + note), yaxis: titled(metric) }), PLOT_CONFIG);
+    ], baseLayout({ xaxis: titled('trial' + note), yaxis: { ...titled(metric), type: yScale('chart-history') } }), PLOT_CONFIG);
   }
 
   /**
@@ -177,7 +205,7 @@ export class StudyCharts {
       x: c.step, y: c.value, mode: 'lines', type: 'scatter', name: 'trial ' + c.trial,
       line: c.early_stopped ? { color: '#d64545', dash: 'dash', width: 1.5 } : { color: 'rgba(47,111,222,0.55)', width: 1.2 },
       hovertemplate: `trial ${c.trial}${c.early_stopped ? ' (stopped early)' : ''}<br>step %{x}: %{y}<extra></extra>`,
-    })), baseLayout({ xaxis: titled('step'), yaxis: titled(metric) }), PLOT_CONFIG);
+    })), baseLayout({ xaxis: titled('step'), yaxis: { ...titled(metric), type: yScale('chart-curves') } }), PLOT_CONFIG);
   }
 }
 

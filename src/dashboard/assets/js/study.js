@@ -3,7 +3,7 @@
 // follows the study's change cursor and merges what changed, never reloading every trial.
 
 import { api } from './api.js';
-import { plotly } from './charts.js';
+import { logScaleToggle, plotly } from './charts.js';
 import { exportTrialsCsv } from './csv.js';
 import { $, fmt, h, showError, stateBadge } from './dom.js';
 import { followChanges } from './live.js';
@@ -132,7 +132,7 @@ function studyLayout(page, controls, table) {
     h('div', { class: 'card' }, h('div', { class: 'bar' }, h('span', { class: 'live', title: 'live' }), 'Metric', controls.metric,
       h('a', { href: `/compare?studies=${study}` }, 'compare…')), controls.stats),
     h('div', { class: multi ? 'grid2' : '' },
-      card('Optimization history', chart('chart-history')),
+      card('Optimization history', h('div', { class: 'bar' }, logScaleToggle('chart-history')), chart('chart-history')),
       multi ? card(`Pareto front (${metrics[0]} vs ${metrics[1]})`, chart('chart-pareto')) : null),
     card('Trials',
       h('div', { class: 'bar' }, controls.state, controls.param, controls.min, controls.max,
@@ -144,7 +144,7 @@ function studyLayout(page, controls, table) {
       card('Contour', h('div', { class: 'bar' }, 'x', controls.contourX, 'y', controls.contourY), chart('chart-contour'))),
     card('Parallel coordinates', note('Drag along an axis to brush: the table shows only the trials inside every brushed range.'), chart('chart-parcoords')),
     card('Slices', h('div', { id: 'chart-slices', class: 'slices' })),
-    card('Learning curves', note('Early-stopped trials are drawn dashed in red.'), chart('chart-curves')),
+    card('Learning curves', h('div', { class: 'bar' }, note('Early-stopped trials are drawn dashed in red.'), logScaleToggle('chart-curves')), chart('chart-curves')),
   ];
 }
 

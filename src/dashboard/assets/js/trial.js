@@ -3,7 +3,7 @@
 // cluster trial.
 
 import { api, apiText } from './api.js';
-import { PLOT_CONFIG, baseLayout, plotText, plotly, titled } from './charts.js';
+import { PLOT_CONFIG, baseLayout, logScaleToggle, plotText, plotly, titled, yScale } from './charts.js';
 import { $, fmt, h, keyValueTable, stateBadge } from './dom.js';
 import { mark } from './marks.js';
 
@@ -24,7 +24,7 @@ export async function trialPage() {
       h('div', { class: 'card' }, h('h2', {}, 'Parameters'),
         h('div', { id: 'trial-params' }, keyValueTable(Object.entries(trial.parameters).map(([k, v]) => [k, fmt(v)])))),
       h('div', { class: 'card' }, h('h2', {}, 'Outcome'), h('div', { id: 'trial-outcome' }, keyValueTable(outcome(trial, metrics))))),
-    h('div', { class: 'card' }, h('h2', {}, 'Learning curve'), h('div', { id: 'chart-trial-curve', class: 'chart' })),
+    h('div', { class: 'card' }, h('h2', {}, 'Learning curve'), h('div', { class: 'bar' }, logScaleToggle('chart-trial-curve')), h('div', { id: 'chart-trial-curve', class: 'chart' })),
     h('div', { class: 'grid2' },
       h('div', { class: 'card' }, h('h2', {}, 'Model directory'), h('div', { class: 'placeholder', id: 'model-dir' },
         dir ? `${dir}/model (checkpoints in ${dir}/checkpoints)` : 'Shown here once the study dispatches its trials (trial_job.output_dir).')),
@@ -94,6 +94,6 @@ async function drawLearningCurve(trial, metrics) {
   await P.react('chart-trial-curve', metrics.map((m) => {
     const reported = trial.measurements.filter((x) => x.metrics[m] != null);
     return { x: reported.map((x) => x.step), y: reported.map((x) => x.metrics[m]), mode: 'lines+markers', type: 'scatter', name: plotText(m) };
-  }), baseLayout({ showlegend: metrics.length > 1, xaxis: titled('step') }), PLOT_CONFIG);
+  }), baseLayout({ showlegend: metrics.length > 1, xaxis: titled('step'), yaxis: { type: yScale('chart-trial-curve') } }), PLOT_CONFIG);
   mark('charts');
 }
