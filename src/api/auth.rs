@@ -197,7 +197,8 @@ pub fn required_role(method: &Method, path: &str) -> Role {
 }
 
 /// `(study, trial)` if this request reads or reports to one trial: GET of the trial or its
-/// should_stop, POST of its measurements/complete/fail/heartbeat/should_stop.
+/// should_stop, PATCH of the trial (its user attributes), POST of its
+/// measurements/complete/fail/heartbeat/should_stop.
 fn trial_route(method: &Method, path: &str) -> Option<(i64, i64)> {
     let parts: Vec<&str> = path.trim_end_matches('/').split('/').collect();
     let (study, trial, action) = match parts.as_slice() {
@@ -208,6 +209,8 @@ fn trial_route(method: &Method, path: &str) -> Option<(i64, i64)> {
     let allowed = matches!(
         (method, action),
         (&Method::GET, None | Some("should_stop"))
+            // PATCH: its user attributes only (the service refuses the rest to a trial token)
+            | (&Method::PATCH, None)
             | (
                 &Method::POST,
                 Some("measurements" | "complete" | "fail" | "heartbeat" | "should_stop")
@@ -237,7 +240,10 @@ mod tests {
             trial_route(&Method::POST, "/v1/studies/3/trials/7/should_stop"),
             Some((3, 7))
         );
-        assert_eq!(trial_route(&Method::PATCH, "/v1/studies/3/trials/7"), None);
+        assert_eq!(
+            trial_route(&Method::PATCH, "/v1/studies/3/trials/7"),
+            Some((3, 7))
+        );
         assert_eq!(trial_route(&Method::POST, "/v1/studies/3/suggest"), None);
         assert_eq!(trial_route(&Method::DELETE, "/v1/studies/3"), None);
         assert_eq!(

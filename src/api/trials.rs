@@ -15,7 +15,7 @@ use super::AppState;
 use super::auth::Actor;
 use super::error::{ApiError, ApiResult, ErrorBody};
 use super::extract::{ApiJson, ApiQuery, STUDY_ID, TRIAL_ID, parse_id};
-use crate::model::{Measurement, Step, Trial, TrialState};
+use crate::model::{AnnotationUpdate, Measurement, Step, Trial, TrialState};
 use crate::service::Completion;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -159,8 +159,21 @@ pub struct AddTrialRequest {
 #[derive(Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TrialUpdate {
-    /// Keep the trial but hide it from the optimizer and from the best trial.
-    pub excluded: bool,
+    /// Keep the trial but hide it from the optimizer and from the best trial (`false`:
+    /// include it again).
+    #[serde(default)]
+    pub excluded: Option<bool>,
+    /// The trial's note (plain text; empty removes it).
+    #[serde(default)]
+    pub note: Option<String>,
+    /// The trial's tags, all of them (empty removes them).
+    #[serde(default)]
+    pub tags: Option<Vec<String>>,
+    /// User attributes to set (any JSON value) or, with `null`, to remove. A trial's own
+    /// token (and a worker holding the trial) may change these, and only these.
+    #[serde(default)]
+    #[schema(value_type = Option<BTreeMap<String, serde_json::Value>>)]
+    pub user_attrs: Option<BTreeMap<String, serde_json::Value>>,
 }
 
 #[derive(Debug, Deserialize, Serialize, ToSchema)]
@@ -273,8 +286,9 @@ pub async fn get_trial(
     Ok(Json(state.service.get_trial(study, trial).await?))
 }
 
-/// Exclude a trial from the optimizer (and from the best trial) without deleting it, or
-/// include it again.
+/// Change a trial: exclude it from the optimizer (and from the best trial) without deleting
+/// it, or include it again; set its note and tags (the study's creator or an admin); set or
+/// remove its user attributes (also whoever may report to it). Fields left out stay.
 #[utoipa::path(patch, path = "/v1/studies/{study}/trials/{trial}", tag = "trials", request_body = TrialUpdate,
     params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID)),
     responses(
@@ -293,12 +307,30 @@ pub async fn update_trial(
     ApiJson(req): ApiJson<TrialUpdate>,
 ) -> ApiResult<Json<Trial>> {
     let (study, trial) = ids(&study, &trial)?;
-    Ok(Json(
+    let annotations = AnnotationUpdate {
+        note: req.note,
+        tags: req.tags,
+        user_attrs: req.user_attrs,
+    };
+    if req.excluded.is_none() && annotations.is_empty() {
+        return Err(ApiError::invalid(
+            "excluded",
+            "nothing to change: give excluded, note, tags or user_attrs",
+        ));
+    }
+    if !annotations.is_empty() {
         state
             .service
-            .set_excluded(&actor, study, trial, req.excluded)
-            .await?,
-    ))
+            .annotate_trial(&actor, study, trial, annotations)
+            .await?;
+    }
+    if let Some(excluded) = req.excluded {
+        state
+            .service
+            .set_excluded(&actor, study, trial, excluded)
+            .await?;
+    }
+    Ok(Json(state.service.get_trial(study, trial).await?))
 }
 
 /// Run a failed trial again: it becomes `requested` with the same parameters, and the next

@@ -39,6 +39,12 @@ pub struct TrialTable {
     /// Each parameter's value (null when inactive).
     #[schema(value_type = BTreeMap<String, Vec<serde_json::Value>>)]
     pub params: BTreeMap<String, Vec<Option<augur_optimizer::Value>>>,
+    /// Each user attribute any trial has, by name: its value per trial (null when unset).
+    pub user_attrs: BTreeMap<String, Vec<Option<serde_json::Value>>>,
+    /// Each trial's tags.
+    pub tags: Vec<Vec<String>>,
+    /// Each trial's note (null when none).
+    pub notes: Vec<Option<String>>,
 }
 
 /// Every trial of the study as columns, and a cursor for live updates.
@@ -67,7 +73,29 @@ pub async fn trial_table(service: &Service, study_id: i64) -> ServiceResult<Tria
             column.push(t.parameters.get(id).cloned());
         }
     }
+    let mut annotations = service.trial_annotations(study_id).await?;
+    let names: std::collections::BTreeSet<String> = annotations
+        .values()
+        .flat_map(|a| a.user_attrs.keys().cloned())
+        .collect();
+    let mut user_attrs: BTreeMap<String, Vec<Option<serde_json::Value>>> = names
+        .into_iter()
+        .map(|name| (name, Vec::with_capacity(n)))
+        .collect();
+    let mut tags = Vec::with_capacity(n);
+    let mut notes = Vec::with_capacity(n);
+    for t in trials.iter() {
+        let mut a = annotations.remove(&t.id).unwrap_or_default();
+        for (name, column) in &mut user_attrs {
+            column.push(a.user_attrs.remove(name));
+        }
+        tags.push(a.tags);
+        notes.push(a.note);
+    }
     Ok(TrialTable {
+        user_attrs,
+        tags,
+        notes,
         cursor,
         metrics,
         parameters,

@@ -1,7 +1,7 @@
 //! The study spec (DESIGN §2) as users write it in JSON or YAML, and its validation into a
 //! [`StudyConfig`] that the service and optimizer use. Every rejection names its field.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use augur_optimizer::stopping::StoppingRule;
 use augur_optimizer::{Algorithm, Goal, MetricSpec, SearchSpace, Value};
@@ -318,6 +318,35 @@ pub struct StudyUpdate {
     pub parallel_trials: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_failed_trials: Option<i64>,
+    /// The study's note (plain text; empty removes it). Changes in any state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// The study's tags, all of them (empty removes them). Changes in any state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tags: Option<Vec<String>>,
+    /// User attributes to set, or with `null` to remove. Changes in any state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<BTreeMap<String, serde_json::Value>>)]
+    pub user_attrs: Option<BTreeMap<String, serde_json::Value>>,
+}
+
+impl StudyUpdate {
+    /// The note, tags and user attributes this update changes, taken out of it: what is
+    /// left changes the budget.
+    pub fn take_annotations(&mut self) -> super::AnnotationUpdate {
+        super::AnnotationUpdate {
+            note: self.note.take(),
+            tags: self.tags.take(),
+            user_attrs: self.user_attrs.take(),
+        }
+    }
+
+    /// Whether it changes the budget (`max_trials`, `parallel_trials`, `max_failed_trials`).
+    pub fn changes_budget(&self) -> bool {
+        self.max_trials.is_some()
+            || self.parallel_trials.is_some()
+            || self.max_failed_trials.is_some()
+    }
 }
 
 /// A validated study: what the service and the optimizer work with.

@@ -129,6 +129,10 @@ pub struct Trial {
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub completed_at: Option<DateTime<Utc>>,
+    /// Its note, tags and user attributes (`PATCH` the trial to change them). Reads of the
+    /// trial carry them; the answers of suggest, reports and completions leave them out.
+    #[serde(flatten)]
+    pub annotations: super::Annotations,
 }
 
 /// Trials of a study by state, and in all.
@@ -216,6 +220,9 @@ pub struct Study {
     pub created_by: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// Its note, tags and user attributes (`PATCH` the study to change them).
+    #[serde(flatten)]
+    pub annotations: super::Annotations,
 }
 
 /// What the dashboard needs of a trial, read for every trial of a study at once: no

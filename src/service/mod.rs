@@ -17,6 +17,7 @@
 //!   applied in batches by `group_commit.rs`; `checks.rs` and `paging.rs`: input checks and
 //!   page tokens.
 
+mod annotations;
 mod audit;
 mod checks;
 mod error;
@@ -245,11 +246,21 @@ impl Service {
         for (trial_id, m) in measurements {
             by_trial.entry(trial_id).or_default().push(m);
         }
+        // Reads of trials carry their annotations; answers of reports, which a busy server
+        // sends by the thousand a second, do not (they change none).
+        let mut annotations = match reads {
+            Reads::Request => self.store.annotations(study_id, first, last).await?,
+            Reads::Answer => Default::default(),
+        };
         Ok(records
             .into_iter()
             .map(|t| {
                 let measurements = by_trial.remove(&t.id).unwrap_or_default();
-                trial_of(t, measurements)
+                let notes = annotations.remove(&t.id).unwrap_or_default();
+                Trial {
+                    annotations: notes,
+                    ..trial_of(t, measurements)
+                }
             })
             .collect())
     }
@@ -277,7 +288,16 @@ impl Service {
             Some(t) => Some(self.trial_view(record.id, t).await?),
             None => None,
         };
-        Ok(study_of(record, best_trial))
+        let annotations = self
+            .store
+            .annotations(record.id, 0, 0)
+            .await?
+            .remove(&0)
+            .unwrap_or_default();
+        Ok(Study {
+            annotations,
+            ..study_of(record, best_trial)
+        })
     }
 }
 
@@ -310,6 +330,7 @@ fn study_of(record: StudyRecord, best_trial: Option<Trial>) -> Study {
         created_by: record.created_by,
         created_at: record.created_at,
         updated_at: record.updated_at,
+        annotations: Default::default(),
     }
 }
 
@@ -348,5 +369,6 @@ fn trial_of(t: TrialRecord, measurements: Vec<Measurement>) -> Trial {
         created_at: t.created_at,
         started_at: t.started_at,
         completed_at: t.completed_at,
+        annotations: Default::default(),
     }
 }

@@ -150,12 +150,22 @@ impl Service {
         study_id: i64,
         update: StudyUpdate,
     ) -> ServiceResult<Study> {
+        let mut update = update;
+        let annotations = update.take_annotations();
+        if !annotations.is_empty() {
+            // Any state may be annotated: a finished study gets its note afterwards.
+            self.annotate_study(actor, study_id, annotations).await?;
+            if !update.changes_budget() {
+                return self.get_study(study_id).await;
+            }
+        }
         self.check_manager(actor, study_id).await?;
         let detail = serde_json::to_string(&update).ok();
         let study = self.change_study(study_id, Command::Update(update)).await?;
         self.audit(actor, "study.update", Some(study_id), None, detail)
             .await;
-        Ok(study)
+        // The answer of a change carries the study's annotations as a read does.
+        self.get_study(study.id).await.or(Ok(study))
     }
 
     /// Only the study's creator or an admin may change, stop or delete it (or exclude its

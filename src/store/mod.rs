@@ -205,6 +205,26 @@ pub trait Store: Send + Sync + 'static {
     async fn set_designer_state(&self, study_id: i64, state: &serde_json::Value)
     -> StoreResult<()>;
 
+    /// The notes, tags and user attributes of trials `first..=last` of a study (trial 0:
+    /// the study itself), by trial; trials with none are absent.
+    async fn annotations(
+        &self,
+        study_id: i64,
+        first: i64,
+        last: i64,
+    ) -> StoreResult<std::collections::BTreeMap<i64, crate::model::Annotations>>;
+    /// Apply a validated `update` to a trial's annotations (trial 0: the study's) in one
+    /// transaction: `false`, and nothing changed, when it would leave more than
+    /// `max_user_attrs` user attributes.
+    async fn annotate(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        update: &crate::model::AnnotationUpdate,
+        max_user_attrs: usize,
+        now: DateTime<Utc>,
+    ) -> StoreResult<bool>;
+
     /// Begin the one kind of transaction that changes studies: it locks each study it changes
     /// ([`StudiesTx::lock_study`]; row locks on PostgreSQL, the write lock on SQLite) until
     /// commit or drop. Nothing is sent to the database before the first lock.

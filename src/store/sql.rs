@@ -174,6 +174,26 @@ pub(super) const COUNT_TOKENS: &str = "SELECT COUNT(*) FROM api_tokens WHERE stu
 /// Implements `Store` for `$store` (with field `pool: sqlx::Pool<$db>`). Study transactions
 /// are the backend's `$studies`, which has `fn begin(&$store) -> Box<dyn StudiesTx>`:
 /// `impl_row_study_tx!` on SQLite, hand-written and batched on PostgreSQL.
+/// Notes and tags (`annotations`) and user attributes of a study's trials in a range of ids
+/// (trial 0: the study itself).
+pub(super) const ANNOTATIONS_IN_RANGE: &str = "SELECT trial_id, note, tags FROM annotations \
+     WHERE study_id = $1 AND trial_id BETWEEN $2 AND $3";
+pub(super) const USER_ATTRS_IN_RANGE: &str = "SELECT trial_id, name, value FROM user_attrs \
+     WHERE study_id = $1 AND trial_id BETWEEN $2 AND $3 ORDER BY trial_id, name";
+/// One statement per field, so that two people changing different fields lose nothing.
+pub(super) const SET_NOTE: &str = "INSERT INTO annotations (study_id, trial_id, note, updated_at) \
+     VALUES ($1, $2, $3, $4) ON CONFLICT (study_id, trial_id) \
+     DO UPDATE SET note = excluded.note, updated_at = excluded.updated_at";
+pub(super) const SET_TAGS: &str = "INSERT INTO annotations (study_id, trial_id, tags, updated_at) \
+     VALUES ($1, $2, $3, $4) ON CONFLICT (study_id, trial_id) \
+     DO UPDATE SET tags = excluded.tags, updated_at = excluded.updated_at";
+pub(super) const SET_USER_ATTR: &str = "INSERT INTO user_attrs (study_id, trial_id, name, value) \
+     VALUES ($1, $2, $3, $4) ON CONFLICT (study_id, trial_id, name) DO UPDATE SET value = excluded.value";
+pub(super) const DELETE_USER_ATTR: &str =
+    "DELETE FROM user_attrs WHERE study_id = $1 AND trial_id = $2 AND name = $3";
+pub(super) const COUNT_USER_ATTRS: &str =
+    "SELECT COUNT(*) FROM user_attrs WHERE study_id = $1 AND trial_id = $2";
+
 macro_rules! impl_sql_store {
     ($store:ty, $studies:ident, $db:ty, $backend:literal) => {
         use $crate::model::{
@@ -456,6 +476,110 @@ macro_rules! impl_sql_store {
                     .execute(&self.pool)
                     .await?;
                 Ok(())
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn annotations(
+                &self,
+                study_id: i64,
+                first: i64,
+                last: i64,
+            ) -> StoreResult<std::collections::BTreeMap<i64, $crate::model::Annotations>> {
+                let mut out: std::collections::BTreeMap<i64, $crate::model::Annotations> =
+                    Default::default();
+                let rows: Vec<(i64, Option<String>, String)> = sqlx::query_as(ANNOTATIONS_IN_RANGE)
+                    .bind(study_id)
+                    .bind(first)
+                    .bind(last)
+                    .fetch_all(&self.pool)
+                    .await?;
+                for (trial, note, tags) in rows {
+                    let entry = out.entry(trial).or_default();
+                    entry.note = note;
+                    entry.tags = serde_json::from_str(&tags).map_err(|e| {
+                        $crate::store::StoreError::Corrupt(format!(
+                            "tags of study {study_id} trial {trial}: {e}"
+                        ))
+                    })?;
+                }
+                let rows: Vec<(i64, String, String)> = sqlx::query_as(USER_ATTRS_IN_RANGE)
+                    .bind(study_id)
+                    .bind(first)
+                    .bind(last)
+                    .fetch_all(&self.pool)
+                    .await?;
+                for (trial, name, value) in rows {
+                    let value = serde_json::from_str(&value).map_err(|e| {
+                        $crate::store::StoreError::Corrupt(format!(
+                            "user attribute {name} of study {study_id} trial {trial}: {e}"
+                        ))
+                    })?;
+                    out.entry(trial).or_default().user_attrs.insert(name, value);
+                }
+                Ok(out)
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn annotate(
+                &self,
+                study_id: i64,
+                trial_id: i64,
+                update: &$crate::model::AnnotationUpdate,
+                max_user_attrs: usize,
+                now: chrono::DateTime<chrono::Utc>,
+            ) -> StoreResult<bool> {
+                let mut tx = self.pool.begin().await?;
+                if let Some(note) = &update.note {
+                    sqlx::query(SET_NOTE)
+                        .bind(study_id)
+                        .bind(trial_id)
+                        .bind((!note.is_empty()).then_some(note.as_str()))
+                        .bind(now)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                if let Some(tags) = &update.tags {
+                    sqlx::query(SET_TAGS)
+                        .bind(study_id)
+                        .bind(trial_id)
+                        .bind(to_json(tags)?)
+                        .bind(now)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                if let Some(attrs) = &update.user_attrs {
+                    for (name, value) in attrs {
+                        if value.is_null() {
+                            sqlx::query(DELETE_USER_ATTR)
+                                .bind(study_id)
+                                .bind(trial_id)
+                                .bind(name)
+                                .execute(&mut *tx)
+                                .await?;
+                        } else {
+                            sqlx::query(SET_USER_ATTR)
+                                .bind(study_id)
+                                .bind(trial_id)
+                                .bind(name)
+                                .bind(value.to_string())
+                                .execute(&mut *tx)
+                                .await?;
+                        }
+                    }
+                    let (count,): (i64,) = sqlx::query_as(COUNT_USER_ATTRS)
+                        .bind(study_id)
+                        .bind(trial_id)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    if usize::try_from(count).unwrap_or(usize::MAX) > max_user_attrs {
+                        tx.rollback().await?;
+                        return Ok(false);
+                    }
+                }
+                tx.commit()
+                    .await
+                    .map_err($crate::store::StoreError::after_sending)?;
+                Ok(true)
             }
 
             #[tracing::instrument(skip_all)]

@@ -9,6 +9,7 @@
 mod common;
 mod support;
 
+mod annotations;
 mod auth;
 mod bad_inputs;
 mod concurrency;
