@@ -241,7 +241,7 @@ async fn parallel_coordinates_place_inactive_values_on_a_tick_of_their_own() {
         if sgd {
             parameters["momentum"] = json!(0.5 + 0.05 * i as f64);
         }
-        expected_momentum.push(sgd.then(|| 0.5 + 0.05 * i as f64));
+        expected_momentum.push(sgd.then_some(0.5 + 0.05 * i as f64));
         let r = app
             .post(
                 &format!("/v1/studies/{study}/trials"),
