@@ -17,6 +17,7 @@ use super::error::{ApiError, ApiResult, ErrorBody};
 use super::extract::{ApiJson, ApiQuery, STUDY_ID, TRIAL_ID, parse_id};
 use crate::model::{AnnotationUpdate, Measurement, Step, Trial, TrialState};
 use crate::service::Completion;
+use crate::service::artifacts::{ArtifactList, ArtifactRoot};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -30,6 +31,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(stop_verdict, should_stop))
         .routes(routes!(trial_changes))
         .routes(routes!(trial_logs))
+        .routes(routes!(trial_artifacts))
+        .routes(routes!(trial_artifact_content))
         .routes(routes!(issue_trial_token))
 }
 
@@ -72,6 +75,99 @@ pub async fn trial_logs(
         )],
         text,
     ))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ArtifactsQuery {
+    /// `model` (default: `AIP_MODEL_DIR`) or `checkpoints` (`AIP_CHECKPOINT_DIR`).
+    root: Option<ArtifactRoot>,
+}
+
+/// The files a dispatched trial's job left in its model (or checkpoint) directory: what the
+/// dashboard's trial page lists. Nothing is followed: links are left out.
+#[utoipa::path(get, path = "/v1/studies/{study}/trials/{trial}/artifacts", tag = "trials",
+    params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID), ArtifactsQuery),
+    responses(
+        (status = 200, description = "The files, in path order", body = ArtifactList),
+        (status = 400, description = "A query parameter is wrong", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 404, description = "No such study or trial, or the study's trials are not dispatched", body = ErrorBody),
+        (status = 409, description = "A directory on the way is a link: refused, not followed", body = ErrorBody),
+    ))]
+pub async fn trial_artifacts(
+    State(state): State<AppState>,
+    Path((study, trial)): Path<(String, String)>,
+    ApiQuery(q): ApiQuery<ArtifactsQuery>,
+) -> ApiResult<Json<ArtifactList>> {
+    let (study, trial) = ids(&study, &trial)?;
+    let root = q.root.unwrap_or_default();
+    Ok(Json(
+        state.service.trial_artifacts(study, trial, root).await?,
+    ))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ArtifactQuery {
+    /// The file, as the listing names it (`export/1/saved_model.pb`).
+    path: String,
+    /// `model` (default) or `checkpoints`.
+    root: Option<ArtifactRoot>,
+}
+
+/// One artifact's bytes, as a download (`Content-Disposition: attachment`, never shown as a
+/// page: a trial's files are its job's, not the server's).
+#[utoipa::path(get, path = "/v1/studies/{study}/trials/{trial}/artifacts/content", tag = "trials",
+    params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID), ArtifactQuery),
+    responses(
+        (status = 200, description = "The file", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 400, description = "path is not plain names separated by '/'", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 404, description = "No such study, trial or file", body = ErrorBody),
+        (status = 409, description = "The file or a directory on the way is a link, or the file has other names: refused", body = ErrorBody),
+    ))]
+pub async fn trial_artifact_content(
+    State(state): State<AppState>,
+    Path((study, trial)): Path<(String, String)>,
+    ApiQuery(q): ApiQuery<ArtifactQuery>,
+) -> ApiResult<impl axum::response::IntoResponse> {
+    use axum::http::header;
+    let (study, trial) = ids(&study, &trial)?;
+    let root = q.root.unwrap_or_default();
+    let (file, name) = state
+        .service
+        .open_trial_artifact(study, trial, root, &q.path)
+        .await?;
+    let length = file.metadata().map(|m| m.len()).ok();
+    let body = axum::body::Body::from_stream(tokio_util::io::ReaderStream::new(
+        tokio::fs::File::from_std(file),
+    ));
+    // Only characters no header or shell reads specially go in the suggested name.
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let mut headers = axum::http::HeaderMap::new();
+    headers.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/octet-stream"),
+    );
+    if let Ok(v) = header::HeaderValue::from_str(&format!("attachment; filename=\"{safe}\"")) {
+        headers.insert(header::CONTENT_DISPOSITION, v);
+    }
+    if let Some(length) = length {
+        headers.insert(header::CONTENT_LENGTH, header::HeaderValue::from(length));
+    }
+    Ok((headers, body))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

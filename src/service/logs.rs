@@ -5,7 +5,7 @@ use std::path::Path;
 
 use super::trial_files::{self, FileAccess};
 use super::{Service, ServiceError, ServiceResult};
-use crate::model::{ReplicaId, StudyDir, StudyKey, TrialDirs};
+use crate::model::{ReplicaId, StudyDir, StudyKey, TrialDirs, TrialJobSpec};
 
 /// The largest tail one request may ask for.
 pub const MAX_LOG_TAIL_BYTES: u64 = 16 * 1024 * 1024;
@@ -26,14 +26,9 @@ impl Service {
                 format!("must be between 1 and {MAX_LOG_TAIL_BYTES}"),
             ));
         }
-        let study = self.study_record(study_id).await?;
-        self.trial_record(study_id, trial_id).await?;
-        let Some(job) = &study.spec.trial_job else {
-            return Err(ServiceError::NotFound(format!(
-                "logs of study {study_id}: it has no trial_job, so its trials' logs are kept by \
-                 whoever ran them"
-            )));
-        };
+        let (dirs, job) = self
+            .dispatched_trial_dirs(study_id, trial_id, "logs")
+            .await?;
         let replica = match replica {
             None => ReplicaId::PRIMARY,
             Some(name) => ReplicaId::parse(name)
@@ -49,17 +44,6 @@ impl Service {
                     )
                 })?,
         };
-        let dirs = TrialDirs::new(
-            &StudyDir::of(
-                &self.runs_base,
-                StudyKey {
-                    id: study_id,
-                    created_at: study.created_at,
-                },
-                Some(job),
-            ),
-            trial_id,
-        );
         let path = dirs.replica_log(replica);
         let (base, shown) = (dirs.base.clone(), path.clone());
         tokio::task::spawn_blocking(move || read_tail(&base, &path, tail_bytes))
@@ -70,6 +54,35 @@ impl Service {
                 std::io::ErrorKind::PermissionDenied => ServiceError::conflict(e.to_string()),
                 _ => ServiceError::Internal(format!("{}: {e}", shown.display())),
             })
+    }
+}
+
+impl Service {
+    /// The directories of a trial of a study with a `trial_job`, and that job; `what` (e.g.
+    /// `logs`) names what was asked for in the error of a study without one.
+    pub(super) async fn dispatched_trial_dirs(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        what: &str,
+    ) -> ServiceResult<(TrialDirs, TrialJobSpec)> {
+        let study = self.study_record(study_id).await?;
+        self.trial_record(study_id, trial_id).await?;
+        let Some(job) = study.spec.trial_job else {
+            return Err(ServiceError::NotFound(format!(
+                "{what} of study {study_id}: it has no trial_job, so its trials' {what} are kept \
+                 by whoever ran them"
+            )));
+        };
+        let dir = StudyDir::of(
+            &self.runs_base,
+            StudyKey {
+                id: study_id,
+                created_at: study.created_at,
+            },
+            Some(&job),
+        );
+        Ok((TrialDirs::new(&dir, trial_id), job))
     }
 }
 

@@ -18,6 +18,7 @@
 //!   page tokens.
 
 mod annotations;
+pub mod artifacts;
 mod audit;
 mod checks;
 mod error;

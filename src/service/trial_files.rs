@@ -239,6 +239,156 @@ pub fn open_file(base: &Path, path: &Path, access: FileAccess) -> io::Result<Fil
     Ok(file)
 }
 
+/// A regular file the job left in one of its directories (its artifacts).
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobFile {
+    /// Its path below the directory, `/`-separated.
+    pub path: String,
+    pub size: u64,
+    /// Seconds since the epoch of its last change.
+    pub modified: i64,
+}
+
+/// The regular files below the job's directory `dir` (itself below `base`), in name order,
+/// at most `max_files` (the second value: whether there were more) and `max_depth`
+/// directories deep. Nothing is followed: links, devices, FIFOs and names that are not
+/// UTF-8 are left out. A directory not made yet has no files.
+pub fn list_job_files(
+    base: &Path,
+    dir: &Path,
+    max_files: usize,
+    max_depth: usize,
+) -> io::Result<(Vec<JobFile>, bool)> {
+    let fd = match open_dir(base, dir, DirOwner::Jobs, false) {
+        Ok(fd) => fd,
+        Err(e) if is_missing(&e) => return Ok((Vec::new(), false)),
+        Err(e) => return Err(e),
+    };
+    let mut files = Vec::new();
+    let mut more = false;
+    walk_job_dir(fd, "", dir, max_depth, max_files, &mut files, &mut more)?;
+    Ok((files, more))
+}
+
+fn walk_job_dir(
+    fd: OwnedFd,
+    prefix: &str,
+    shown: &Path,
+    depth_left: usize,
+    max_files: usize,
+    files: &mut Vec<JobFile>,
+    more: &mut bool,
+) -> io::Result<()> {
+    let mut names: Vec<String> = Vec::new();
+    {
+        let dup = fd.try_clone()?;
+        let mut listing = nix::dir::Dir::from_fd(dup).map_err(|e| os(shown, e))?;
+        for entry in listing.iter() {
+            let entry = entry.map_err(|e| os(shown, e))?;
+            if let Ok(name) = entry.file_name().to_str()
+                && name != "."
+                && name != ".."
+            {
+                names.push(name.to_string());
+            }
+        }
+    }
+    names.sort();
+    for name in names {
+        if files.len() >= max_files {
+            *more = true;
+            return Ok(());
+        }
+        let Ok(stat) =
+            nix::sys::stat::fstatat(&fd, name.as_str(), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+        else {
+            continue; // gone since it was listed
+        };
+        let path = if prefix.is_empty() {
+            name.clone()
+        } else {
+            format!("{prefix}/{name}")
+        };
+        if is_kind(&stat, SFlag::S_IFREG) {
+            files.push(JobFile {
+                path,
+                size: u64::try_from(stat.st_size).unwrap_or(0),
+                modified: stat.st_mtime,
+            });
+        } else if is_kind(&stat, SFlag::S_IFDIR) {
+            if depth_left == 0 {
+                *more = true;
+                continue;
+            }
+            let child_shown = shown.join(&name);
+            let child = open_child_dir(
+                &fd,
+                std::ffi::OsStr::new(&name),
+                &child_shown,
+                DirOwner::Jobs,
+                false,
+            )?;
+            walk_job_dir(
+                child,
+                &path,
+                &child_shown,
+                depth_left - 1,
+                max_files,
+                files,
+                more,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Open the job's file `relative` (`/`-separated plain names) below its directory `dir`,
+/// to read: no part of the way is a link, the file is a regular file with no other name (a
+/// hard link could make another file of the machine look like the job's).
+pub fn open_job_file(base: &Path, dir: &Path, relative: &str) -> io::Result<File> {
+    let parts: Vec<&str> = relative.split('/').collect();
+    if parts
+        .iter()
+        .any(|p| p.is_empty() || *p == "." || *p == ".." || p.contains('\0'))
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{relative:?}: plain names separated by '/' only"),
+        ));
+    }
+    let mut fd = open_dir(base, dir, DirOwner::Jobs, false)?;
+    let mut shown = dir.to_path_buf();
+    let (file_name, dirs) = parts
+        .split_last()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "an empty path"))?;
+    for name in dirs {
+        shown.push(name);
+        fd = open_child_dir(
+            &fd,
+            std::ffi::OsStr::new(name),
+            &shown,
+            DirOwner::Jobs,
+            false,
+        )?;
+    }
+    shown.push(file_name);
+    let file = openat(
+        &fd,
+        *file_name,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+        Mode::empty(),
+    )
+    .map_err(|e| os(&shown, e))?;
+    let stat = fstat(&file).map_err(|e| os(&shown, e))?;
+    if !is_kind(&stat, SFlag::S_IFREG) {
+        return Err(refused(&shown, "not a regular file"));
+    }
+    if stat.st_nlink > 1 {
+        return Err(refused(&shown, "has other names (hard links)"));
+    }
+    Ok(File::from(file))
+}
+
 /// Whether `e` is a file or directory that is not there (yet).
 pub fn is_missing(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::NotFound
@@ -323,5 +473,56 @@ mod tests {
         assert!(open_file(&base, &handle, FileAccess::Append).is_err());
         assert!(open_file(&base, &tmp.path().join("elsewhere"), FileAccess::Read).is_err());
         assert!(open_file(&base, &base.join("study-1/../x"), FileAccess::Read).is_err());
+    }
+
+    #[test]
+    fn a_jobs_files_are_listed_and_read_but_never_through_a_link() {
+        use std::os::unix::fs::symlink;
+        let tmp = tempfile::tempdir().expect("tmp");
+        let base = tmp.path().join("runs");
+        let model = base.join("study-1/4/model");
+        std::fs::create_dir_all(model.join("export/1")).expect("dirs");
+        std::fs::write(model.join("model.json"), b"{}").expect("file");
+        std::fs::write(model.join("export/1/saved.pb"), b"weights").expect("file");
+        let secret = tmp.path().join("secret");
+        std::fs::write(&secret, b"not the job's").expect("secret");
+        symlink(&secret, model.join("link")).expect("link");
+        symlink(tmp.path(), model.join("dirlink")).expect("dir link");
+        std::fs::hard_link(&secret, model.join("hard")).expect("hard link");
+
+        let (files, more) = list_job_files(&base, &model, 100, 8).expect("list");
+        let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
+        // The hard link is a regular file by its look: listed, but refused when read.
+        assert_eq!(paths, ["export/1/saved.pb", "hard", "model.json"]);
+        assert!(!more);
+        assert_eq!(files[0].size, 7);
+        let mut text = String::new();
+        open_job_file(&base, &model, "export/1/saved.pb")
+            .expect("open")
+            .read_to_string(&mut text)
+            .expect("read");
+        assert_eq!(text, "weights");
+        for bad in [
+            "link",
+            "dirlink/secret",
+            "hard",
+            "../4/job.log",
+            "export//1",
+            "/etc/passwd",
+        ] {
+            assert!(
+                open_job_file(&base, &model, bad).is_err(),
+                "{bad} was opened"
+            );
+        }
+        let (few, more) = list_job_files(&base, &model, 2, 8).expect("list");
+        assert_eq!(few.len(), 2);
+        assert!(more, "truncated");
+        let (shallow, more) = list_job_files(&base, &model, 100, 0).expect("list");
+        assert_eq!(shallow.len(), 2, "{shallow:?}");
+        assert!(more, "a directory left out");
+        let (none, _) =
+            list_job_files(&base, &base.join("study-1/5/model"), 100, 8).expect("missing dir");
+        assert!(none.is_empty());
     }
 }

@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod artifacts;
 mod cli;
 mod cluster;
 mod container;
