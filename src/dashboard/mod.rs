@@ -29,6 +29,7 @@ use crate::api::rate_limit::SourceAddress;
 /// (rust-embed reads the disk in debug builds).
 const MODULES: &[(&str, &str)] = &[
     ("main.js", include_str!("assets/js/main.js")),
+    ("annotations.js", include_str!("assets/js/annotations.js")),
     ("api.js", include_str!("assets/js/api.js")),
     ("charts.js", include_str!("assets/js/charts.js")),
     ("compare.js", include_str!("assets/js/compare.js")),

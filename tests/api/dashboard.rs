@@ -557,6 +557,25 @@ async fn seed_browser_fixture() {
         stopped >= 8,
         "the median rule stopped only {stopped} poor trials"
     );
+    // Annotations (issue 27, item 10): the study's note and tags; every trial's training
+    // loss as a user attribute, and a tag on the poly-kernel ones.
+    let r = app
+        .patch(
+            &format!("/v1/studies/{small}"),
+            json!({"note": "SVC on digits, first sweep", "tags": ["digits", "svc"]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    for id in 1..=60i64 {
+        let mut body = json!({"user_attrs": {"train_loss": 0.01 * id as f64}});
+        if id % 3 == 1 {
+            body["tags"] = json!(["poly-run"]);
+        }
+        let r = app
+            .patch(&format!("/v1/studies/{small}/trials/{id}"), body)
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    }
 
     // Study 2: two metrics, for the Pareto front.
     let mut two = spec("two-metrics", 100);
@@ -679,7 +698,7 @@ async fn seed_browser_fixture() {
     );
     let mut cluster_spec = spec("cluster", 1);
     cluster_spec["trial_job"] = json!({
-        "command": ["/bin/sh", "-c", "echo \"replica $AUGUR_REPLICA says hello\"; [ \"$AUGUR_REPLICA\" = workerpool0-0 ] || exec sleep 60; sleep 1; echo accuracy=0.5"],
+        "command": ["/bin/sh", "-c", "echo \"replica $AUGUR_REPLICA says hello\"; [ \"$AUGUR_REPLICA\" = workerpool0-0 ] || exec sleep 60; printf weights > \"$AIP_MODEL_DIR/weights.bin\"; sleep 1; echo accuracy=0.5"],
         "worker_pools": [{"replicas": 1}, {"replicas": 2}],
         "output_dir": runs.display().to_string(),
     });
@@ -758,6 +777,18 @@ impl Seeder {
             &self.base,
             None,
             reqwest::Method::POST,
+            path,
+            Some(body),
+        )
+        .await
+    }
+
+    async fn patch(&self, path: &str, body: Json) -> common::Response {
+        common::call(
+            &self.http,
+            &self.base,
+            None,
+            reqwest::Method::PATCH,
             path,
             Some(body),
         )

@@ -192,7 +192,7 @@ await test('CSV export holds the filtered table', async () => {
   const count = num((await text('#row-count')).split(' ')[0]);
   const [download] = await Promise.all([page.waitForEvent('download'), page.click('#export-csv')]);
   const csv = readFileSync(await download.path(), 'utf8').trim().split('\n');
-  assert(csv[0] === 'trial,state,early_stopped,accuracy,lr,layers,kernel,degree', 'header ' + csv[0]);
+  assert(csv[0] === 'trial,state,early_stopped,accuracy,lr,layers,kernel,degree,tags,train_loss', 'header ' + csv[0]);
   assert(csv.length === count + 1, `csv rows ${csv.length - 1} vs table ${count}`);
   assert(csv.slice(1).every((l) => ['2', '3'].includes(l.split(',')[5])), 'only filtered rows');
   await page.fill('#table-min', '');
@@ -210,6 +210,55 @@ await test('a trial completed through the API appears without a reload', async (
   const total = (await get(`/v1/studies/${SMALL}`)).trial_counts.total;
   assert((await text('#row-count')).endsWith(`of ${total} trials`), 'row count grew');
   console.log(`live update (small study): ${ms} ms`);
+});
+
+await test('notes, tags and user attributes: shown in the table, filtered, edited on the page (issue 27, item 10)', async () => {
+  await page.goto(`${base}/studies/${SMALL}`);
+  await page.waitForFunction(() => window.augur.marks.table);
+  assert((await text('#study-annotations summary')).includes('digits'), 'study tags shown');
+  assert((await page.inputValue('#study-note')) === 'SVC on digits, first sweep', 'study note');
+  const heads = await page.locator('.vt-head div').allTextContents();
+  assert(heads.includes('tags') && heads.some((x) => x.startsWith('train_loss')), 'columns ' + heads);
+  const trials = [];
+  let token = '';
+  for (let i = 0; i < 10; i++) {
+    const page_ = await get(`/v1/studies/${SMALL}/trials?page_size=1000${token ? '&page_token=' + token : ''}`);
+    trials.push(...page_.trials);
+    token = page_.next_page_token;
+    if (!token) break;
+  }
+  const tagged = trials.filter((t) => (t.tags || []).includes('poly-run')).length;
+  assert(tagged === 20, 'tagged trials ' + tagged);
+  await page.selectOption('#table-tag', 'poly-run');
+  await page.waitForFunction((n) => document.querySelector('#row-count').textContent.startsWith(n + ' of'), tagged);
+  await page.selectOption('#table-tag', '');
+  // A range on a user attribute, as on a parameter.
+  const inRange = trials.filter((t) => t.user_attrs && t.user_attrs.train_loss >= 0.1 && t.user_attrs.train_loss <= 0.2).length;
+  await page.selectOption('#table-param', 'u:train_loss');
+  await page.fill('#table-min', '0.1');
+  await page.fill('#table-max', '0.2');
+  await page.waitForFunction((n) => document.querySelector('#row-count').textContent.startsWith(n + ' of'), inRange);
+  await page.fill('#table-min', '');
+  await page.fill('#table-max', '');
+  await page.selectOption('#table-param', '');
+  // The note and tags are edited on the page and stored.
+  await page.fill('#study-note', 'next: a wider lr range');
+  await page.fill('#study-tags', 'digits, svc, sweep-1');
+  await page.click('#study-save-annotations');
+  await page.waitForFunction(() => document.querySelector('#study-annotation-status').textContent === 'saved');
+  const saved = await get(`/v1/studies/${SMALL}`);
+  assert(saved.note === 'next: a wider lr range' && JSON.stringify(saved.tags) === '["digits","svc","sweep-1"]', 'saved ' + JSON.stringify([saved.note, saved.tags]));
+  // The trial page shows its user attributes and tags.
+  await page.goto(`${base}/studies/${SMALL}/trials/1`);
+  await page.waitForFunction(() => window.augur.marks.trial);
+  assert((await text('#trial-user-attrs')).includes('train_loss'), 'user attrs on the trial page');
+  assert((await page.inputValue('#trial-tags')) === 'poly-run', 'trial tags');
+  // The studies page shows the tags, and filters by one.
+  await page.goto(`${base}/?tag=sweep-1`);
+  await page.waitForFunction(() => window.augur.marks.studies);
+  const listed = await page.locator('#studies tbody tr').evaluateAll((rows) => rows.map((r) => r.dataset.study));
+  assert(JSON.stringify(listed) === JSON.stringify([String(SMALL)]), 'tag filter ' + listed);
+  await shot('annotations.png');
 });
 
 await test('trial page shows parameters, outcome and learning curve', async () => {
@@ -305,7 +354,7 @@ await test('CSV export: cells a spreadsheet would run as formulas are neutralise
   const raw = readFileSync(await download.path(), 'utf8');
   const rows = parseCsv(raw);
   const header = rows[0];
-  assert(header.join(',') === 'trial,state,early_stopped,loss,x,label', 'header ' + header);
+  assert(header.join(',') === 'trial,state,early_stopped,loss,x,label,tags', 'header ' + header);
   // The seeder's first trial: label =HYPERLINK(…), loss -0.5.
   const first = rows.find((r) => r[0] === '1');
   assert(first[5] === `'=HYPERLINK("http://evil.example","x")`, 'formula cell written as ' + JSON.stringify(first[5]));
@@ -376,6 +425,13 @@ await test('a cluster trial shows the log of each replica, the primary first (is
   await page.selectOption('#log-replica', 'workerpool1-1');
   await page.waitForFunction(() => document.querySelector('#log-text').textContent.includes('replica workerpool1-1 says hello'));
   assert(!(await text('#log-text')).includes('workerpool0-0 says'), 'only that replica\'s log');
+  // The primary's model file, listed and downloaded from the page (issue 27, item 10).
+  await page.waitForSelector('#artifact-list a');
+  const files = await page.locator('#artifact-list a').allTextContents();
+  assert(JSON.stringify(files) === '["weights.bin"]', 'artifacts ' + files);
+  const href = await page.locator('#artifact-list a').first().getAttribute('href');
+  const body = await page.evaluate((u) => fetch(u).then((r) => r.text()), href);
+  assert(body === 'weights', 'downloaded ' + body);
   await shot('cluster-trial.png');
 });
 

@@ -314,6 +314,31 @@ def test_to_pandas_has_a_row_per_trial(client, make_spec):
     assert str(frame["created_at"].dtype).startswith("datetime64")
 
 
+def test_notes_tags_and_user_attrs_of_studies_and_trials(client, make_spec):
+    pandas = pytest.importorskip("pandas")
+    study = client.create_study(make_spec())
+    study.update(note="first sweep", tags=["baseline", "cpu"])
+    assert study.note == "first sweep" and study.tags == ["baseline", "cpu"]
+    trial = study.suggest(1, "w")[0]
+    trial.set_user_attr("train_loss", 0.3).set_user_attrs({"gpu": "none", "seen": [1, 2]})
+    trial.annotate(note="odd curve", tags=["look"])
+    trial.complete({"loss": 0.25})
+    again = study.trial(trial.id)
+    assert again.user_attrs == {"train_loss": 0.3, "gpu": "none", "seen": [1, 2]}
+    assert again.note == "odd curve" and again.tags == ["look"]
+    again.set_user_attr("gpu", None)  # removes it
+    assert "gpu" not in study.trial(trial.id).user_attrs
+    frame = study.to_pandas()
+    assert frame.loc[0, "user_attrs_train_loss"] == 0.3
+    assert frame.loc[0, "tags"] == ["look"] and frame.loc[0, "note"] == "odd curve"
+    with pytest.raises(augur.InvalidArgument) as e:
+        trial.annotate(tags=[""])
+    assert e.value.field == "tags[0]"
+    # A finished study takes a note too.
+    study.stop()
+    assert study.update(note="done").note == "done"
+
+
 def test_to_pandas_without_pandas_names_the_extra(client, make_spec, monkeypatch):
     study = client.create_study(make_spec())
     monkeypatch.setitem(sys.modules, "pandas", None)

@@ -10,6 +10,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 import augur
 from conftest import Server, unique_name
 
@@ -30,6 +32,14 @@ JOB = textwrap.dedent(
             out[name] = "allowed"
         except augur.AugurError as e:
             out[name] = [type(e).__name__, e.status, e.code]
+    trial.set_user_attr("peak_memory_gb", 1.5)
+    try:
+        trial.annotate(note="mine")
+        out["annotate"] = "allowed"
+    except augur.AugurError as e:
+        out["annotate"] = [type(e).__name__, e.status, e.code]
+    with open(os.path.join(os.environ["AIP_MODEL_DIR"], "model.txt"), "w") as f:
+        f.write("trained")
     with open(os.environ["RESULT"], "w") as f:
         json.dump(out, f)
     print("loss=0.5")
@@ -60,11 +70,18 @@ def test_a_dispatched_trial_reports_with_its_token_and_is_refused_elsewhere(tmp_
             trial = study.trial(1)
             assert trial.state == "completed", (trial.data, server.log_path.read_text()[-2000:])
             assert trial.metrics == {"loss": 0.5}
+            # Its own token set a user attribute (not a note); its model file is an artifact.
+            assert trial.user_attrs == {"peak_memory_gb": 1.5} and trial.note is None
+            assert [f["path"] for f in trial.artifacts()] == ["model.txt"]
+            assert trial.read_artifact("model.txt") == b"trained"
+            with pytest.raises(augur.NotFound):
+                trial.read_artifact("nothing.txt")
         out = json.loads(result.read_text())
         assert out["state"] == "active" and set(out["parameters"]) == {"x"}
         assert out["should_stop"] is False
         assert out["other_trial"] == ["PermissionDenied", 403, "permission_denied"]
         assert out["suggest"] == ["PermissionDenied", 403, "permission_denied"]
         assert out["list_studies"] == ["PermissionDenied", 403, "permission_denied"]
+        assert out["annotate"] == ["PermissionDenied", 403, "permission_denied"]
     finally:
         server.stop()

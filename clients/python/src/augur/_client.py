@@ -16,7 +16,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 import httpx
 
@@ -471,8 +471,10 @@ class Study:
     def to_pandas(self, state: Optional[str] = None) -> "pandas.DataFrame":
         """Every trial as a ``pandas.DataFrame``, one row per trial: ``id``, ``state``,
         ``params_<id>`` for each parameter, ``metrics_<id>`` for each final metric value,
-        ``early_stopped``, ``excluded``, ``client_id``, ``infeasible_reason``, ``fail_reason``
-        and the ``created_at``/``started_at``/``completed_at`` times. Needs pandas
+        ``user_attrs_<name>`` for each user attribute (as Optuna's ``trials_dataframe``),
+        ``tags``, ``note``, ``early_stopped``, ``excluded``, ``client_id``,
+        ``infeasible_reason``, ``fail_reason`` and the
+        ``created_at``/``started_at``/``completed_at`` times. Needs pandas
         (``pip install 'augur-client[pandas]'``)."""
         try:
             import pandas  # type: ignore[import-untyped,unused-ignore]
@@ -487,6 +489,10 @@ class Study:
                 row[f"params_{key}"] = value
             for key, value in (t.metrics or {}).items():
                 row[f"metrics_{key}"] = value
+            for key, value in t.user_attrs.items():
+                row[f"user_attrs_{key}"] = value
+            row["tags"] = t.tags
+            row["note"] = t.note
             for key in ("early_stopped", "excluded", "client_id", "infeasible_reason",
                         "fail_reason", "created_at", "started_at", "completed_at"):
                 row[key] = t.data.get(key)
@@ -494,12 +500,28 @@ class Study:
         base = ["id", "state"]
         params = sorted({k for r in rows for k in r if k.startswith("params_")})
         metrics = sorted({k for r in rows for k in r if k.startswith("metrics_")})
-        rest = ["early_stopped", "excluded", "client_id", "infeasible_reason", "fail_reason",
+        attrs = sorted({k for r in rows for k in r if k.startswith("user_attrs_")})
+        rest = ["tags", "note", "early_stopped", "excluded", "client_id", "infeasible_reason", "fail_reason",
                 "created_at", "started_at", "completed_at"]
-        frame = pandas.DataFrame.from_records(rows, columns=base + params + metrics + rest)
+        frame = pandas.DataFrame.from_records(rows, columns=base + params + metrics + attrs + rest)
         for key in ("created_at", "started_at", "completed_at"):
             frame[key] = pandas.to_datetime(frame[key], utc=True, format="ISO8601")
         return frame
+
+    @property
+    def note(self) -> Optional[str]:
+        """The study's note, as last received."""
+        return self.data.get("note")
+
+    @property
+    def tags(self) -> List[str]:
+        """The study's tags, as last received."""
+        return list(self.data.get("tags") or [])
+
+    @property
+    def user_attrs(self) -> Dict[str, Any]:
+        """The study's user attributes, as last received."""
+        return dict(self.data.get("user_attrs") or {})
 
     # -- changing the study --------------------------------------------------------------------
 
@@ -509,15 +531,23 @@ class Study:
         max_trials: Optional[int] = None,
         parallel_trials: Optional[int] = None,
         max_failed_trials: Optional[int] = None,
+        note: Optional[str] = None,
+        tags: Optional[Sequence[str]] = None,
+        user_attrs: Optional[Mapping[str, Any]] = None,
     ) -> "Study":
-        """Change the budget of a live study; raising it reopens a study that completed on its
-        budget. Returns itself, refreshed."""
+        """Change the budget of a live study (raising it reopens a study that completed on
+        its budget), or its note, tags (all of them; ``[]`` removes them) and user
+        attributes (merged; a ``None`` value removes one), in any state. Returns itself,
+        refreshed."""
         body = {
             k: v
             for k, v in (
                 ("max_trials", max_trials),
                 ("parallel_trials", parallel_trials),
                 ("max_failed_trials", max_failed_trials),
+                ("note", note),
+                ("tags", list(tags) if tags is not None else None),
+                ("user_attrs", dict(user_attrs) if user_attrs is not None else None),
             )
             if v is not None
         }
@@ -682,6 +712,61 @@ class Trial:
         """Set when a heartbeat was refused: the trial finished elsewhere, or its lease had
         run out and it went back to the study for another worker."""
         return self._heartbeat.lost if self._heartbeat else None
+
+    @property
+    def note(self) -> Optional[str]:
+        """The trial's note, as last received."""
+        return self.data.get("note")
+
+    @property
+    def tags(self) -> List[str]:
+        """The trial's tags, as last received."""
+        return list(self.data.get("tags") or [])
+
+    @property
+    def user_attrs(self) -> Dict[str, Any]:
+        """Named values the training code recorded (:meth:`set_user_attr`), as last
+        received."""
+        return dict(self.data.get("user_attrs") or {})
+
+    def set_user_attr(self, key: str, value: Any) -> "Trial":
+        """Record a named value beside the metrics (any JSON value; ``None`` removes it), as
+        Optuna's ``trial.set_user_attr``: shown in the dashboard's table, filterable there.
+        The trial's own token may do it. Returns itself, updated."""
+        return self.set_user_attrs({key: value})
+
+    def set_user_attrs(self, attrs: Mapping[str, Any]) -> "Trial":
+        """Record several user attributes at once (merged; ``None`` values remove)."""
+        self.data = self._http.request(
+            "PATCH", self._path, json={"user_attrs": dict(attrs)}, safety=Safety.IDEMPOTENT
+        )
+        return self
+
+    def annotate(self, *, note: Optional[str] = None, tags: Optional[Sequence[str]] = None) -> "Trial":
+        """Set the trial's note (``""`` removes it) and tags (all of them; ``[]`` removes
+        them): the study's creator or an admin. Returns itself, updated."""
+        body: Dict[str, Any] = {}
+        if note is not None:
+            body["note"] = note
+        if tags is not None:
+            body["tags"] = list(tags)
+        self.data = self._http.request("PATCH", self._path, json=body, safety=Safety.IDEMPOTENT)
+        return self
+
+    def artifacts(self, root: str = "model") -> List[Dict[str, Any]]:
+        """The files a dispatched trial's job left in its ``model`` (or ``checkpoints``)
+        directory: ``[{"path", "size", "modified"}]``, in path order."""
+        listing = self._http.request(
+            "GET", f"{self._path}/artifacts", params={"root": root}, safety=Safety.IDEMPOTENT
+        )
+        return list(listing["files"])
+
+    def read_artifact(self, path: str, root: str = "model") -> bytes:
+        """One artifact's bytes (``path`` as :meth:`artifacts` names it)."""
+        return self._http.request(
+            "GET", f"{self._path}/artifacts/content", params={"path": path, "root": root},
+            safety=Safety.IDEMPOTENT, raw=True,
+        )
 
     def refresh(self) -> "Trial":
         """Fetch the trial again; returns itself."""

@@ -194,8 +194,10 @@ class Transport:
         json: Any = _NO_BODY,
         params: Optional[Mapping[str, Any]] = None,
         safety: Safety,
+        raw: bool = False,
     ) -> Any:
-        """Send one API call and return its decoded JSON (``None`` for an empty answer).
+        """Send one API call and return its decoded JSON (``None`` for an empty answer), or
+        with ``raw`` the answer's bytes.
 
         Raises the :mod:`augur.errors` exception for an error answer, after the retries the
         call's ``safety`` allows.
@@ -246,6 +248,8 @@ class Transport:
                 if study is not None and named:
                     self._follow(study, named)
                 if response.status_code < 400:
+                    if raw:
+                        return response.content
                     if not response.content:
                         return None
                     return response.json()

@@ -18,3 +18,15 @@ export async function apiText(path) {
   const response = await fetch(path, { credentials: 'same-origin' });
   return response.ok ? response.text() : null;
 }
+
+/** PATCH `path` with a JSON body; resolves to the answer's JSON, throws with the server's message. */
+export async function apiPatch(path, body) {
+  const response = await fetch(path, {
+    method: 'PATCH', credentials: 'same-origin',
+    headers: { Accept: 'application/json', 'Content-Type': 'application/json' },
+    body: JSON.stringify(body),
+  });
+  const answer = await response.json().catch(() => ({}));
+  if (!response.ok) throw new Error((answer.error && answer.error.message) || response.statusText);
+  return answer;
+}

@@ -37,12 +37,13 @@ export function download(filename, text, type) {
 
 /** The rows a trial table's view shows, in its order, as `study-<id>-trials.csv`. */
 export function exportTrialsCsv(study, columns, view) {
-  const { metrics, parameters } = columns;
-  const rows = [['trial', 'state', 'early_stopped', ...metrics, ...parameters]];
+  const { metrics, parameters, attrNames } = columns;
+  const rows = [['trial', 'state', 'early_stopped', ...metrics, ...parameters, 'tags', ...attrNames]];
   for (const row of view.rows) {
     const id = columns.ids[row];
     rows.push([id, columns.states[row], columns.earlyStopped.has(id),
-      ...metrics.map((m) => columns.values[m][row]), ...parameters.map((p) => columns.params[p][row])]);
+      ...metrics.map((m) => columns.values[m][row]), ...parameters.map((p) => columns.params[p][row]),
+      columns.tags[row].join(' '), ...attrNames.map((a) => columns.cell('u:' + a, row))]);
   }
   download(`study-${study}-trials.csv`, csvDocument(rows), 'text/csv');
 }

@@ -1,5 +1,5 @@
-// The studies page (`/`): every study with its state, progress and best value, filtered by
-// state and name; the filter is kept in the URL.
+// The studies page (`/`): every study with its state, progress, best value and tags, filtered
+// by state, name and tag; the filter is kept in the URL.
 
 import { api } from './api.js';
 import { $, fmt, h, stateBadge } from './dom.js';
@@ -16,12 +16,13 @@ export async function studiesPage() {
     ['', 'active', 'completed', 'stopped', 'failed'].map((s) => h('option', { value: s }, s || 'any state')));
   stateFilter.value = params.get('state') || '';
   const nameFilter = h('input', { id: 'filter-name', placeholder: 'name contains', value: params.get('name') || '' });
+  const tagFilter = h('input', { id: 'filter-tag', placeholder: 'tag', value: params.get('tag') || '' });
   const rows = h('tbody');
   const count = h('span', { class: 'muted', id: 'study-count' });
   $('#main').replaceChildren(
     h('h1', {}, 'Studies'),
     h('div', { class: 'card' },
-      h('div', { class: 'bar' }, stateFilter, nameFilter, count),
+      h('div', { class: 'bar' }, stateFilter, nameFilter, tagFilter, count),
       h('table', { class: 'plain', id: 'studies' },
         h('thead', {}, h('tr', {}, COLUMNS.map((c) => h('th', {}, c)))),
         rows)));
@@ -33,8 +34,12 @@ export async function studiesPage() {
     const query = new URLSearchParams();
     if (stateFilter.value) query.set('state', stateFilter.value);
     if (nameFilter.value.trim()) query.set('name', nameFilter.value.trim());
-    history.replaceState(null, '', query.toString() ? '/?' + query : '/');
-    const studies = await listStudies(query);
+    const tag = tagFilter.value.trim();
+    const shown = new URLSearchParams(query);
+    if (tag) shown.set('tag', tag);
+    history.replaceState(null, '', shown.toString() ? '/?' + shown : '/');
+    // Tags are matched here, on the page: a study has a few, the list is read whole anyway.
+    const studies = (await listStudies(query)).filter((s) => !tag || (s.tags || []).includes(tag));
     if (request !== latest) return;
     rows.replaceChildren(...studies.map(studyRow));
     count.textContent = studies.length + (studies.length === 1 ? ' study' : ' studies');
@@ -42,7 +47,12 @@ export async function studiesPage() {
   }
   let typing = null;
   stateFilter.addEventListener('change', load);
-  nameFilter.addEventListener('input', () => { clearTimeout(typing); typing = setTimeout(load, 200); });
+  for (const input of [nameFilter, tagFilter]) input.addEventListener('input', () => { clearTimeout(typing); typing = setTimeout(load, 200); });
+  // A click on a study's tag filters by it.
+  rows.addEventListener('click', (e) => {
+    const chip = e.target.closest('.tag');
+    if (chip) { tagFilter.value = chip.textContent; load(); }
+  });
   await load();
 }
 
@@ -72,7 +82,7 @@ function studyRow(s) {
     ? s.best_trial.final_measurement.metrics[metric.id] : null;
   return h('tr', { 'data-study': s.id },
     h('td', {}, s.id),
-    h('td', {}, h('a', { href: '/studies/' + s.id }, s.name)),
+    h('td', {}, h('a', { href: '/studies/' + s.id }, s.name), ...(s.tags || []).map((t) => [' ', h('span', { class: 'tag', title: 'show the studies tagged ' + t }, t)])),
     h('td', {}, stateBadge(s.state)),
     h('td', {}, s.spec.algorithm),
     h('td', {}, h('div', { class: 'progress', title: `${counts.completed} done, ${running} running, ${failed} failed` },

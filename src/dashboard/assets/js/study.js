@@ -2,6 +2,7 @@
 // trial table (every trial as columns, from one request), then the charts; afterwards it
 // follows the study's change cursor and merges what changed, never reloading every trial.
 
+import { annotationEditor } from './annotations.js';
 import { api } from './api.js';
 import { logScaleToggle, plotly } from './charts.js';
 import { exportTrialsCsv } from './csv.js';
@@ -109,7 +110,9 @@ function studyControls(page) {
     metric: h('select', { id: 'metric' }, columns.metrics.map((m) => h('option', { value: m }, `${m} (${goals[m]})`))),
     state: h('select', { id: 'table-state' }, TABLE_STATES.map((s) => h('option', { value: s }, s || 'any state'))),
     // Ranges apply to numeric parameters only.
-    param: h('select', { id: 'table-param' }, h('option', { value: '' }, 'parameter…'), options(params.filter((p) => !axes[p].categories.length))),
+    param: h('select', { id: 'table-param' }, h('option', { value: '' }, 'parameter…'), options(params.filter((p) => !axes[p].categories.length)),
+      numericAttrs(columns).map((a) => h('option', { value: 'u:' + a }, a + ' (user attribute)'))),
+    tag: h('select', { id: 'table-tag' }, h('option', { value: '' }, 'any tag'), options(columns.allTags())),
     min: h('input', { id: 'table-min', class: 'num', placeholder: 'min', inputmode: 'decimal' }),
     max: h('input', { id: 'table-max', class: 'num', placeholder: 'max', inputmode: 'decimal' }),
     contourX: h('select', { id: 'contour-x' }, options(params)),
@@ -129,13 +132,16 @@ function studyLayout(page, controls, table) {
   const note = (text) => h('p', { class: 'muted' }, text);
   return [
     studyHeading(study, info),
+    h('details', { class: 'card', id: 'study-annotations', open: info.note || (info.tags || []).length ? true : null },
+      h('summary', {}, 'Note and tags', ...(info.tags || []).map((t) => [' ', h('span', { class: 'tag' }, t)])),
+      annotationEditor(`/v1/studies/${study}`, info, 'study')),
     h('div', { class: 'card' }, h('div', { class: 'bar' }, h('span', { class: 'live', title: 'live' }), 'Metric', controls.metric,
       h('a', { href: `/compare?studies=${study}` }, 'compare…')), controls.stats),
     h('div', { class: multi ? 'grid2' : '' },
       card('Optimization history', h('div', { class: 'bar' }, logScaleToggle('chart-history')), chart('chart-history')),
       multi ? card(`Pareto front (${metrics[0]} vs ${metrics[1]})`, chart('chart-pareto')) : null),
     card('Trials',
-      h('div', { class: 'bar' }, controls.state, controls.param, controls.min, controls.max,
+      h('div', { class: 'bar' }, controls.state, controls.tag, controls.param, controls.min, controls.max,
         h('button', { id: 'export-csv', class: 'secondary', onclick: () => exportTrialsCsv(study, columns, page.view) }, 'Export CSV'),
         table.count),
       table.el),
@@ -148,13 +154,19 @@ function studyLayout(page, controls, table) {
   ];
 }
 
-/** The table's state and parameter-range filters follow their inputs. */
+/** User attributes that hold numbers in some trial and nothing but numbers: rangeable. */
+const numericAttrs = (columns) => columns.attrNames.filter((a) => {
+  const values = columns.userAttrs[a].filter((v) => v != null);
+  return values.length && values.every((v) => typeof v === 'number');
+});
+
+/** The table's state, tag and range filters follow their inputs. */
 function filterTableBy(controls, view, table) {
   const apply = () => {
-    view.filter = { state: controls.state.value, param: controls.param.value, min: controls.min.value.trim(), max: controls.max.value.trim() };
+    view.filter = { state: controls.state.value, tag: controls.tag.value, param: controls.param.value, min: controls.min.value.trim(), max: controls.max.value.trim() };
     table.refresh();
   };
-  for (const el of [controls.state, controls.param]) el.addEventListener('change', apply);
+  for (const el of [controls.state, controls.tag, controls.param]) el.addEventListener('change', apply);
   for (const el of [controls.min, controls.max]) el.addEventListener('input', apply);
 }
 

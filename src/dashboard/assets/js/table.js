@@ -9,7 +9,8 @@ const STATES = ['requested', 'active', 'stopping', 'completed', 'infeasible', 'f
 
 /**
  * Every trial of a study as columns, from `GET /v1/studies/{study}/table`. A row is an index
- * into each column; column keys are `id`, `state`, `m:<metric>` and `p:<parameter>`.
+ * into each column; column keys are `id`, `state`, `m:<metric>`, `p:<parameter>`, `tags` and
+ * `u:<user attribute>`.
  */
 export class TrialColumns {
   constructor(table) {
@@ -26,6 +27,12 @@ export class TrialColumns {
     this.values = table.values;
     /** Parameter value by row, per parameter id (categories as strings, null when inactive). */
     this.params = table.params;
+    /** User attribute value by row, per name (null when unset), and the names in order. */
+    this.userAttrs = table.user_attrs;
+    this.attrNames = Object.keys(table.user_attrs).sort();
+    /** Tags by row (lists), and notes by row (null when none). */
+    this.tags = table.tags;
+    this.notes = table.notes;
     /** Row by trial id. */
     this.rowOf = new Map(this.ids.map((id, row) => [id, row]));
   }
@@ -45,14 +52,40 @@ export class TrialColumns {
     const finals = trial.final_measurement ? trial.final_measurement.metrics : {};
     for (const m of this.metrics) this.values[m][row] = finals[m] == null ? null : finals[m];
     for (const p of this.parameters) this.params[p][row] = trial.parameters[p] == null ? null : trial.parameters[p];
+    this.tags[row] = trial.tags || [];
+    this.notes[row] = trial.note == null ? null : trial.note;
+    const attrs = trial.user_attrs || {};
+    for (const name of Object.keys(attrs)) {
+      if (!this.userAttrs[name]) {
+        // A name no trial had: a new column, empty above.
+        this.userAttrs[name] = new Array(this.ids.length).fill(null);
+        this.attrNames = Object.keys(this.userAttrs).sort();
+      }
+    }
+    for (const name of this.attrNames) this.userAttrs[name][row] = attrs[name] == null ? null : attrs[name];
+  }
+
+  /** Every tag any trial has, sorted. */
+  allTags() {
+    return [...new Set(this.tags.flat())].sort();
   }
 
   /** The value in column `key` at `row`. */
   cell(key, row) {
     if (key === 'id') return this.ids[row];
     if (key === 'state') return this.states[row];
+    if (key === 'tags') return this.tags[row].length ? this.tags[row].join(', ') : null;
     if (key.startsWith('m:')) return this.values[key.slice(2)][row];
+    if (key.startsWith('u:')) {
+      const v = this.userAttrs[key.slice(2)][row];
+      return v != null && typeof v === 'object' ? JSON.stringify(v) : v;
+    }
     return this.params[key.slice(2)][row];
+  }
+
+  /** The numeric column a range filter reads: a parameter's (`lr`) or a user attribute's (`u:name`). */
+  rangeColumn(key) {
+    return key.startsWith('u:') ? this.userAttrs[key.slice(2)] : this.params[key];
   }
 
   /** How many trials are in each state. */
@@ -108,7 +141,7 @@ export class TrialColumns {
 export class TableView {
   sortKey = 'id';
   descending = false;
-  filter = { state: '', param: '', min: '', max: '' };
+  filter = { state: '', param: '', min: '', max: '', tag: '' };
   /** `(row) => boolean`, or null when nothing is brushed. */
   brush = null;
   /** The rows shown, in order. */
@@ -126,11 +159,12 @@ export class TableView {
     const f = this.filter;
     const lo = f.min === '' ? -Infinity : Number(f.min);
     const hi = f.max === '' ? Infinity : Number(f.max);
-    const ranged = f.param && (f.min !== '' || f.max !== '') ? columns.params[f.param] : null;
+    const ranged = f.param && (f.min !== '' || f.max !== '') ? columns.rangeColumn(f.param) : null;
     const out = new Int32Array(n);
     let k = 0;
     for (let row = 0; row < n; row++) {
       if (f.state && columns.states[row] !== f.state) continue;
+      if (f.tag && !columns.tags[row].includes(f.tag)) continue;
       if (ranged) {
         const v = ranged[row];
         if (typeof v !== 'number' || v < lo || v > hi) continue;
@@ -168,8 +202,11 @@ function sortRows(rows, columns, key, descending) {
  * redraws; call it after any change to the columns or the view.
  */
 export function trialTable(study, columns, view) {
-  const keys = [['id', 'trial'], ['state', 'state'],
-    ...columns.metrics.map((m) => ['m:' + m, m]), ...columns.parameters.map((p) => ['p:' + p, p])];
+  // Recomputed on each redraw: a user attribute may appear with a live change.
+  const columnKeys = () => [['id', 'trial'], ['state', 'state'],
+    ...columns.metrics.map((m) => ['m:' + m, m]), ...columns.parameters.map((p) => ['p:' + p, p]),
+    ['tags', 'tags'], ...columns.attrNames.map((a) => ['u:' + a, a])];
+  let keys = columnKeys();
   const head = h('div', { class: 'vt-head' });
   const rowsEl = h('div', { class: 'vt-rows' });
   const spacer = h('div', {});
@@ -210,6 +247,7 @@ export function trialTable(study, columns, view) {
   });
 
   function refresh() {
+    keys = columnKeys();
     view.recompute(columns);
     spacer.style.height = view.rows.length * ROW_PX + 'px';
     drawHead();

@@ -4,7 +4,8 @@
 
 import { api, apiText } from './api.js';
 import { PLOT_CONFIG, baseLayout, logScaleToggle, plotText, plotly, titled, yScale } from './charts.js';
-import { $, fmt, h, keyValueTable, stateBadge } from './dom.js';
+import { annotationEditor, userAttrsTable } from './annotations.js';
+import { $, fmt, h, keyValueTable, showError, stateBadge } from './dom.js';
 import { mark } from './marks.js';
 
 const LOG_TAIL_BYTES = 65536;
@@ -26,12 +27,19 @@ export async function trialPage() {
       h('div', { class: 'card' }, h('h2', {}, 'Outcome'), h('div', { id: 'trial-outcome' }, keyValueTable(outcome(trial, metrics))))),
     h('div', { class: 'card' }, h('h2', {}, 'Learning curve'), h('div', { class: 'bar' }, logScaleToggle('chart-trial-curve')), h('div', { id: 'chart-trial-curve', class: 'chart' })),
     h('div', { class: 'grid2' },
-      h('div', { class: 'card' }, h('h2', {}, 'Model directory'), h('div', { class: 'placeholder', id: 'model-dir' },
-        dir ? `${dir}/model (checkpoints in ${dir}/checkpoints)` : 'Shown here once the study dispatches its trials (trial_job.output_dir).')),
+      h('div', { class: 'card' }, h('h2', {}, 'Note and tags'), annotationEditor(`/v1/studies/${study}/trials/${trialId}`, trial, 'trial')),
+      h('div', { class: 'card' }, h('h2', {}, 'User attributes'), h('div', { id: 'trial-user-attrs' }, userAttrsTable(trial.user_attrs)))),
+    h('div', { class: 'grid2' },
+      h('div', { class: 'card' }, h('h2', {}, 'Artifacts'), h('div', { class: 'placeholder', id: 'model-dir' },
+        dir ? `${dir}/model (checkpoints in ${dir}/checkpoints)` : 'Shown here once the study dispatches its trials (trial_job.output_dir).'),
+      h('div', { id: 'artifacts' })),
       h('div', { class: 'card' }, h('h2', {}, 'Logs'), h('div', { class: 'placeholder', id: 'logs' },
         dir ? `${dir}/logs` : 'stdout and stderr appear here once the study dispatches its trials.'))));
   mark('trial');
-  if (job) showLogs(study, trialId, replicaNames(job));
+  if (job) {
+    showLogs(study, trialId, replicaNames(job));
+    showArtifacts(study, trialId).catch((e) => { $('#artifacts').replaceChildren(h('p', { class: 'error' }, String(e.message || e))); });
+  }
   await drawLearningCurve(trial, metrics);
 }
 
@@ -58,6 +66,39 @@ function outcome(trial, metrics) {
     ...(trial.fail_reason ? [['failure', trial.fail_reason]] : []),
     ...(trial.excluded ? [['excluded', 'hidden from the optimizer']] : []),
   ];
+}
+
+/**
+ * The files the trial's job left in its model (or checkpoint) directory, each a download
+ * link; the server lists no links and follows none.
+ */
+async function showArtifacts(study, trialId) {
+  const box = $('#artifacts');
+  const root = h('select', { id: 'artifact-root' }, h('option', { value: 'model' }, 'model'), h('option', { value: 'checkpoints' }, 'checkpoints'));
+  const list = h('div', {});
+  const load = async () => {
+    const base = `/v1/studies/${study}/trials/${trialId}/artifacts`;
+    const got = await api(`${base}?root=${root.value}`);
+    const link = (path) => `${base}/content?root=${root.value}&path=${encodeURIComponent(path)}`;
+    list.replaceChildren(...[got.files.length
+      ? h('table', { class: 'plain files', id: 'artifact-list' }, h('tbody', {}, got.files.map((f) => h('tr', {},
+        h('td', {}, h('a', { href: link(f.path), download: f.path.split('/').pop() }, f.path)),
+        h('td', { class: 'size' }, bytes(f.size)),
+        h('td', { class: 'muted' }, new Date(f.modified).toLocaleString())))))
+      : h('p', { class: 'muted' }, `No files in ${got.directory} yet.`),
+    got.truncated ? h('p', { class: 'muted' }, 'More files than shown.') : null].filter(Boolean));
+  };
+  root.addEventListener('change', () => load().catch(showError));
+  box.replaceChildren(h('div', { class: 'bar' }, 'Directory', root), list);
+  await load();
+}
+
+/** A size in bytes, KiB, MiB or GiB. */
+function bytes(n) {
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+  return `${i ? n.toFixed(1) : n} ${units[i]}`;
 }
 
 /** The replicas of a cluster trial (`workerpool1-2`), the primary first; `null` pools are skipped. */
