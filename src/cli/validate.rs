@@ -92,6 +92,7 @@ fn report(spec: &StudySpec, warnings: &[String]) -> Result<String, String> {
         for replica in job.replicas() {
             let argv = job.render_command(
                 replica.command,
+                replica.args,
                 parameters,
                 trial_id,
                 "<trial dir>/params.json",

@@ -162,10 +162,7 @@ mod tests {
     fn pool(replicas: u32) -> Option<WorkerPoolSpec> {
         Some(WorkerPoolSpec {
             replicas,
-            command: None,
-            env: Default::default(),
-            resources: None,
-            image: None,
+            ..Default::default()
         })
     }
 

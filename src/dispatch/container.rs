@@ -440,6 +440,67 @@ mod tests {
         );
     }
 
+    /// A Vertex job's pools, imported with `command` and `args` apart, run as their image
+    /// with the command, then the args, then the trial's values (what Vertex runs for an
+    /// image without an ENTRYPOINT); a pool with args only runs them after its image.
+    #[test]
+    fn a_vertex_pools_command_and_args_reach_the_engine_in_order() {
+        let doc = serde_json::json!({
+            "displayName": "args", "maxTrialCount": 1,
+            "studySpec": {
+                "metrics": [{"metricId": "loss", "goal": "MINIMIZE"}],
+                "parameters": [{"parameterId": "lr", "doubleValueSpec": {"minValue": 0.01, "maxValue": 1}}]
+            },
+            "trialJobSpec": {"workerPoolSpecs": [
+                {"machineSpec": {"machineType": "n1-standard-4"}, "replicaCount": 1,
+                 "containerSpec": {"imageUri": "localhost/trainer:1", "command": ["python3", "train.py"], "args": ["--epochs=5", "--run=t${trial_id}"]}},
+                {"machineSpec": {"machineType": "n1-standard-4"}, "replicaCount": 1,
+                 "containerSpec": {"imageUri": "localhost/evaluator:1", "args": ["--mode=eval"]}}
+            ]}
+        });
+        let spec = crate::model::vertex::from_vertex(&doc)
+            .expect("import")
+            .spec;
+        let job = spec.trial_job.expect("a trial job");
+        let study = crate::model::StudyDir {
+            base: "/runs".into(),
+            dir: "/runs/study-1".into(),
+        };
+        let dirs = crate::model::TrialDirs::new(&study, 7);
+        let values = [("lr".to_string(), augur_optimizer::Value::Float(0.1))].into();
+        let replicas = crate::dispatch::trial::replica_requests(&job, &values, 7, &dirs);
+        let engine = ContainerEngine {
+            program: "podman".into(),
+            global_args: Vec::new(),
+            run_args: Vec::new(),
+        };
+        let after_options = |r: &ReplicaRequest| {
+            let run = ContainerRun {
+                name: "x",
+                study_id: 1,
+                trial_id: 7,
+                replica: r,
+                image: r.image.as_deref().unwrap_or_default(),
+                env_file: Path::new("/runs/study-1/7/.container-env/x.env"),
+                trial_dir: Path::new("/runs/study-1/7"),
+                workdir: None,
+                gpus: &[],
+                user: None,
+            };
+            let argv = engine.run_argv(&run);
+            let end = argv.iter().position(|a| a == "--").expect("--");
+            argv[end + 1..].join(" ")
+        };
+        assert_eq!(
+            after_options(&replicas[0]),
+            "localhost/trainer:1 python3 train.py --epochs=5 --run=t7 --lr=0.1"
+        );
+        assert_eq!(
+            after_options(&replicas[1]),
+            "localhost/evaluator:1 --mode=eval --lr=0.1"
+        );
+    }
+
     #[test]
     fn env_files_refuse_what_they_cannot_hold() {
         assert_eq!(

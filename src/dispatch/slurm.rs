@@ -703,10 +703,7 @@ mod tests {
                 .map(|&n| {
                     (n > 0).then(|| crate::model::WorkerPoolSpec {
                         replicas: n,
-                        command: None,
-                        env: Default::default(),
-                        resources: None,
-                        image: None,
+                        ..Default::default()
                     })
                 })
                 .collect(),

@@ -193,7 +193,13 @@ pub fn replica_requests(
             }
             ReplicaRequest {
                 id: plan.id,
-                argv: job.render_command(plan.command, parameters, trial_id, &params_file),
+                argv: job.render_command(
+                    plan.command,
+                    plan.args,
+                    parameters,
+                    trial_id,
+                    &params_file,
+                ),
                 env,
                 resources: plan.resources.cloned().unwrap_or_default(),
                 image: plan.image.map(str::to_string),
@@ -246,9 +252,7 @@ fn prepare_dirs(
 ) -> tokio::task::JoinHandle<DispatchResult<()>> {
     let params_json = setup
         .job
-        .command
-        .iter()
-        .any(|a| a.contains("${params_file}"))
+        .uses_params_file()
         .then(|| serde_json::to_string_pretty(parameters).unwrap_or_else(|_| "{}".into()));
     let (dirs, cluster) = (dirs.clone(), setup.job.is_cluster());
     tokio::task::spawn_blocking(move || create_dirs(&dirs, params_json, cluster))

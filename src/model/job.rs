@@ -236,6 +236,9 @@ pub struct WorkerPoolSpec {
     /// This pool's program and arguments; the trial job's `command` when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<Vec<String>>,
+    /// This pool's arguments after its command; the trial job's `args` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<Vec<String>>,
     /// Added to the trial job's `env` for this pool's replicas.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
@@ -246,10 +249,82 @@ pub struct WorkerPoolSpec {
     /// `image` when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// Vertex AI's `machineSpec.machineType` (`n1-standard-4`), kept so that an imported job
+    /// exports as it came. No executor reads it: replicas get `resources` (which the import
+    /// derives from it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine_type: Option<String>,
+    /// Vertex AI's `machineSpec.acceleratorType` (`NVIDIA_TESLA_T4`), kept for export like
+    /// `machine_type`; replicas get `resources.gpu` GPUs of whatever kind the machine has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accelerator_type: Option<String>,
+}
+
+impl Default for WorkerPoolSpec {
+    /// One replica running the trial job's command, image, environment and resources.
+    fn default() -> Self {
+        WorkerPoolSpec {
+            replicas: one_replica(),
+            command: None,
+            args: None,
+            env: BTreeMap::new(),
+            resources: None,
+            image: None,
+            machine_type: None,
+            accelerator_type: None,
+        }
+    }
 }
 
 fn one_replica() -> u32 {
     1
+}
+
+/// Longest `machine_type` and `accelerator_type` (Vertex's are about 20 characters).
+const MAX_MACHINE_NAME_LEN: usize = 64;
+
+/// A Compute Engine machine type as Vertex AI names it: lowercase words of letters and
+/// digits joined by `-`, the first a series (`n1-standard-4`, `a2-highgpu-1g`, `cloud-tpu`).
+pub(super) fn check_machine_type(name: &str, field: &str) -> Result<(), ValidationError> {
+    let words_ok = name.split('-').all(|w| {
+        !w.is_empty()
+            && w.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+    });
+    let ok = name.len() <= MAX_MACHINE_NAME_LEN
+        && name.contains('-')
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && words_ok;
+    if ok {
+        return Ok(());
+    }
+    Err(ValidationError::new(
+        field,
+        format!(
+            "must be a machine type such as n1-standard-4 (at most {MAX_MACHINE_NAME_LEN} \
+             lowercase letters, digits and '-')"
+        ),
+    ))
+}
+
+/// An accelerator as Vertex AI's `AcceleratorType` enum names it (`NVIDIA_TESLA_T4`,
+/// `TPU_V3`): new kinds appear often, so any name of that form is kept.
+pub(super) fn check_accelerator_type(name: &str, field: &str) -> Result<(), ValidationError> {
+    let ok = name.len() <= MAX_MACHINE_NAME_LEN
+        && name.starts_with(|c: char| c.is_ascii_uppercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+    if ok {
+        return Ok(());
+    }
+    Err(ValidationError::new(
+        field,
+        format!(
+            "must be an accelerator type such as NVIDIA_TESLA_T4 (at most \
+             {MAX_MACHINE_NAME_LEN} uppercase letters, digits and '_')"
+        ),
+    ))
 }
 
 /// At most four pools: primary, workers, parameter (or reduction) servers, evaluators.
@@ -306,6 +381,8 @@ impl ReplicaId {
 pub struct ReplicaPlan<'a> {
     pub id: ReplicaId,
     pub command: &'a [String],
+    /// Arguments after `command`, before the values.
+    pub args: &'a [String],
     pub env: &'a BTreeMap<String, String>,
     pub resources: Option<&'a Resources>,
     /// The image it runs, where the executor runs images.
@@ -322,6 +399,10 @@ pub struct TrialJobSpec {
     /// an argument is exactly `${args}` (replaced by them) or the arguments name values with
     /// `${<parameter id>}`, `${trial_id}`, `${params_file}` (a JSON file of the values).
     pub command: Vec<String>,
+    /// Arguments after `command`, before the values (Vertex AI's `containerSpec.args`): a
+    /// replica runs `command`, then `args`, then the values; placeholders work here too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
     #[serde(default)]
     pub arg_style: ArgStyle,
     /// Categorical parameters whose values are `"true"`/`"false"` become bare flags
@@ -506,16 +587,26 @@ impl TrialJobSpec {
         Ok(())
     }
 
-    /// The command (the job's or a pool's) that names `${params_file}`, if one does.
+    /// The command or arguments (the job's or a pool's) that name `${params_file}`, if any.
     fn params_file_field(&self) -> Option<String> {
         let names = |c: &[String]| c.iter().any(|a| a.contains("${params_file}"));
-        if names(&self.command) {
-            return Some("trial_job.command".to_string());
+        let own = [("command", &self.command), ("args", &self.args)];
+        if let Some((key, _)) = own.iter().find(|(_, words)| names(words)) {
+            return Some(format!("trial_job.{key}"));
         }
         self.worker_pools.iter().enumerate().find_map(|(p, pool)| {
-            let command = pool.as_ref()?.command.as_ref()?;
-            names(command).then(|| format!("trial_job.worker_pools[{p}].command"))
+            let pool = pool.as_ref()?;
+            [("command", &pool.command), ("args", &pool.args)]
+                .into_iter()
+                .find(|(_, words)| words.as_deref().is_some_and(names))
+                .map(|(key, _)| format!("trial_job.worker_pools[{p}].{key}"))
         })
+    }
+
+    /// Whether some replica's command line names `${params_file}`: then each trial's values
+    /// are written to that file before it starts.
+    pub fn uses_params_file(&self) -> bool {
+        self.params_file_field().is_some()
     }
 
     /// A claim mounted at an absolute path; an object store only with a URI to write to.
@@ -652,6 +743,12 @@ impl TrialJobSpec {
             if let Some(resources) = &pool.resources {
                 resources.validate(&field("resources"))?;
             }
+            if let Some(machine) = &pool.machine_type {
+                check_machine_type(machine, &field("machine_type"))?;
+            }
+            if let Some(accelerator) = &pool.accelerator_type {
+                check_accelerator_type(accelerator, &field("accelerator_type"))?;
+            }
         }
         // A cluster's replicas learn their place from these: the spec may not set them.
         for (scope, env) in std::iter::once(("trial_job.env".to_string(), &self.env)).chain(
@@ -684,6 +781,7 @@ impl TrialJobSpec {
             return vec![ReplicaPlan {
                 id: ReplicaId::PRIMARY,
                 command: &self.command,
+                args: &self.args,
                 env: &self.env,
                 resources: self.resources.as_ref(),
                 image: self.image.as_deref(),
@@ -696,6 +794,7 @@ impl TrialJobSpec {
                 out.push(ReplicaPlan {
                     id: ReplicaId { pool, index },
                     command: spec.command.as_deref().unwrap_or(&self.command),
+                    args: spec.args.as_deref().unwrap_or(&self.args),
                     env: &spec.env,
                     resources: spec.resources.as_ref().or(self.resources.as_ref()),
                     image: spec.image.as_deref().or(self.image.as_deref()),
@@ -705,28 +804,30 @@ impl TrialJobSpec {
         out
     }
 
-    /// The argv of one trial: the command with placeholders filled in, and the values
-    /// appended in `arg_style` unless placed by a placeholder. Never passes through a shell.
+    /// The argv of one trial: the command and its `args` with placeholders filled in, and
+    /// the values appended in `arg_style` unless placed by a placeholder. Never passes
+    /// through a shell.
     pub fn render_argv(
         &self,
         parameters: &Assignment,
         trial_id: i64,
         params_file: &str,
     ) -> Vec<String> {
-        self.render_command(&self.command, parameters, trial_id, params_file)
+        self.render_command(&self.command, &self.args, parameters, trial_id, params_file)
     }
 
-    /// [`TrialJobSpec::render_argv`] of another command (a worker pool's).
+    /// [`TrialJobSpec::render_argv`] of another command and arguments (a worker pool's).
     pub fn render_command(
         &self,
         command: &[String],
+        args: &[String],
         parameters: &Assignment,
         trial_id: i64,
         params_file: &str,
     ) -> Vec<String> {
-        let mut out = Vec::with_capacity(command.len() + parameters.len());
+        let mut out = Vec::with_capacity(command.len() + args.len() + parameters.len());
         let mut placed = false;
-        for arg in command {
+        for arg in command.iter().chain(args) {
             if arg == "${args}" {
                 out.extend(self.value_args(parameters));
                 placed = true;
@@ -933,6 +1034,7 @@ mod tests {
         TrialJobSpec {
             executor: ExecutorName::Local,
             command: command.iter().map(|s| s.to_string()).collect(),
+            args: Vec::new(),
             arg_style: ArgStyle::Equals,
             boolean_flags: false,
             workdir: None,
@@ -1016,6 +1118,66 @@ mod tests {
         );
     }
 
+    /// `args` (Vertex's `containerSpec.args`) come after the command and before the values,
+    /// with placeholders filled in; a pool without its own takes the job's, and one with
+    /// `args: []` has none. A job without `args` renders exactly as before.
+    #[test]
+    fn args_follow_the_command_and_precede_the_values() {
+        let mut j = job(&["python3", "train.py"]);
+        let without = j.render_argv(&params(), 7, "");
+        j.args = vec!["--epochs=5".into(), "--run=t${trial_id}".into()];
+        let with = j.render_argv(&params(), 7, "");
+        assert_eq!(with[..4], ["python3", "train.py", "--epochs=5", "--run=t7"]);
+        assert_eq!(with[4..], without[2..]);
+        j.args = vec!["--lr".into(), "${lr}".into()];
+        assert_eq!(
+            j.render_argv(&params(), 7, ""),
+            ["python3", "train.py", "--lr", "0.01"],
+            "a placeholder in args places the values as in the command"
+        );
+        j.args = vec!["--epochs=5".into()];
+        let mut own = pool(1);
+        if let Some(p) = own.as_mut() {
+            p.args = Some(Vec::new());
+        }
+        j.worker_pools = vec![pool(1), own];
+        let replicas = j.replicas();
+        assert_eq!(replicas[0].args, ["--epochs=5".to_string()]);
+        assert!(replicas[1].args.is_empty());
+    }
+
+    #[test]
+    fn machine_and_accelerator_types_must_look_like_vertexs() {
+        let with = |machine: &str, accelerator: &str| {
+            let mut j = job(&["train"]);
+            let mut primary = pool(1);
+            if let Some(p) = primary.as_mut() {
+                p.machine_type = Some(machine.into());
+                p.accelerator_type = Some(accelerator.into());
+            }
+            j.worker_pools = vec![primary];
+            j.validate().map_err(|e| e.field)
+        };
+        assert_eq!(with("n1-standard-4", "NVIDIA_TESLA_T4"), Ok(()));
+        assert_eq!(with("a2-highgpu-1g", "TPU_V5_LITEPOD"), Ok(()));
+        let machine = Err("trial_job.worker_pools[0].machine_type".to_string());
+        for bad in [
+            "",
+            "n1",
+            "N1-standard-4",
+            "n1--standard",
+            "-n1-x",
+            "n1-x\n",
+            &"n1-x".repeat(20),
+        ] {
+            assert_eq!(with(bad, "NVIDIA_TESLA_T4"), machine, "{bad:?}");
+        }
+        let accelerator = Err("trial_job.worker_pools[0].accelerator_type".to_string());
+        for bad in ["", "nvidia-t4", "_T4", "NVIDIA T4", &"T".repeat(65)] {
+            assert_eq!(with("n1-standard-4", bad), accelerator, "{bad:?}");
+        }
+    }
+
     #[test]
     fn validation_names_fields() {
         let mut j = job(&[]);
@@ -1051,10 +1213,7 @@ mod tests {
     fn pool(replicas: u32) -> Option<WorkerPoolSpec> {
         Some(WorkerPoolSpec {
             replicas,
-            command: None,
-            env: BTreeMap::new(),
-            resources: None,
-            image: None,
+            ..Default::default()
         })
     }
 
@@ -1172,6 +1331,12 @@ mod tests {
         assert_eq!(
             j.validate().map_err(|e| e.field),
             Err("trial_job.command".into())
+        );
+        j.command = vec!["train".into()];
+        j.args = vec!["--config=${params_file}".into()];
+        assert_eq!(
+            j.validate().map_err(|e| e.field),
+            Err("trial_job.args".into())
         );
     }
 

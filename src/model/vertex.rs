@@ -10,7 +10,10 @@ use augur_optimizer::Value;
 use serde_json::{Map, Value as Json, json};
 
 use super::ValidationError;
-use super::job::{ExecutorName, Resources, TrialJobSpec, WorkerPoolSpec};
+use super::job::{
+    ExecutorName, Resources, TrialJobSpec, WorkerPoolSpec, check_accelerator_type,
+    check_machine_type,
+};
 use super::spec::{
     AlgorithmName, ChildInput, EarlyStoppingSpec, MeasurementSelection, MetricGoal,
     MetricSpecInput, ParameterInput, ParameterType, ScaleName, StoppingRuleName, StudySpec,
@@ -158,6 +161,18 @@ fn json_number(v: &Json) -> Option<f64> {
     }
 }
 
+/// One warning per key of `obj` outside `known`: a Vertex field Augur has no use for.
+fn warn_unknown(obj: &Obj<'_>, known: &[&str], warnings: &mut Vec<String>) {
+    for key in obj.keys() {
+        if !known.contains(&key.as_str()) {
+            warnings.push(format!(
+                "{}: not a field Augur uses; ignored",
+                obj.field(&key)
+            ));
+        }
+    }
+}
+
 /// Output-only fields of a job as the REST API returns it: read back unchanged, ignored.
 const OUTPUT_ONLY: [&str; 9] = [
     "name",
@@ -207,7 +222,7 @@ pub fn from_vertex(doc: &Json) -> Result<VertexImport, ValidationError> {
     let mut spec = StudySpec {
         name: job.required_string("displayName")?,
         algorithm: algorithm(&study)?,
-        metrics: metrics(&study)?,
+        metrics: metrics(&study, &mut warnings)?,
         parameters: parameters(
             study.list("parameters")?,
             "studySpec.parameters",
@@ -284,15 +299,24 @@ fn measurement_selection(study: &Obj<'_>) -> Result<MeasurementSelection, Valida
     }
 }
 
-fn metrics(study: &Obj<'_>) -> Result<Vec<MetricSpecInput>, ValidationError> {
+fn metrics(
+    study: &Obj<'_>,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<MetricSpecInput>, ValidationError> {
     let mut out = Vec::new();
     for (i, m) in study.list("metrics")?.iter().enumerate() {
         let path = format!("studySpec.metrics[{i}]");
         let m = Obj::new(m, &path)?;
+        warn_unknown(&m, &["metricId", "goal", "safetyConfig"], warnings);
         let (mut safety_threshold, mut desired_min_safe_trials_fraction) = (None, None);
         if let Some(safety) = m.get("safetyConfig") {
             let safety_path = m.field("safetyConfig");
             let safety = Obj::new(safety, &safety_path)?;
+            warn_unknown(
+                &safety,
+                &["safetyThreshold", "desiredMinSafeTrialsFraction"],
+                warnings,
+            );
             safety_threshold = Some(
                 safety
                     .number("safetyThreshold")?
@@ -333,6 +357,7 @@ fn early_stopping(
         let Some(doc) = study.get(key) else { continue };
         let path = format!("studySpec.{key}");
         let stopping = Obj::new(doc, &path)?;
+        warn_unknown(&stopping, &["useElapsedDuration"], warnings);
         if stopping.get("useElapsedDuration").and_then(Json::as_bool) == Some(true) {
             warnings.push(format!(
                 "{path}.useElapsedDuration: Augur compares curves by step; ignored"
@@ -365,6 +390,19 @@ fn parameter(
     warnings: &mut Vec<String>,
 ) -> Result<ParameterInput, ValidationError> {
     let p = Obj::new(doc, path)?;
+    warn_unknown(
+        &p,
+        &[
+            "parameterId",
+            "scaleType",
+            "doubleValueSpec",
+            "integerValueSpec",
+            "categoricalValueSpec",
+            "discreteValueSpec",
+            "conditionalParameterSpecs",
+        ],
+        warnings,
+    );
     let id = p.required_string("parameterId")?;
     let scale = match p.string("scaleType")?.as_deref() {
         None | Some("SCALE_TYPE_UNSPECIFIED") => None,
@@ -399,6 +437,11 @@ fn parameter(
     };
     let value_path = format!("{path}.{kind}");
     let value_spec = Obj::new(p.get(kind).unwrap_or(&Json::Null), &value_path)?;
+    let value_keys: &[&str] = match *kind {
+        "doubleValueSpec" | "integerValueSpec" => &["minValue", "maxValue", "defaultValue"],
+        _ => &["values", "defaultValue"],
+    };
+    warn_unknown(&value_spec, value_keys, warnings);
     if value_spec.get("defaultValue").is_some() {
         warnings.push(format!(
             "{value_path}.defaultValue: Augur's first trials come from its design; ignored"
@@ -465,6 +508,16 @@ fn conditional(
     warnings: &mut Vec<String>,
 ) -> Result<ChildInput, ValidationError> {
     let c = Obj::new(doc, path)?;
+    warn_unknown(
+        &c,
+        &[
+            "parentDiscreteValues",
+            "parentIntValues",
+            "parentCategoricalValues",
+            "parameterSpec",
+        ],
+        warnings,
+    );
     let parents = [
         "parentDiscreteValues",
         "parentIntValues",
@@ -483,6 +536,7 @@ fn conditional(
     };
     let values_path = format!("{path}.{which}");
     let values = Obj::new(c.get(which).unwrap_or(&Json::Null), &values_path)?;
+    warn_unknown(&values, &["values"], warnings);
     let when = values
         .list("values")?
         .iter()
@@ -533,16 +587,21 @@ fn trial_job_spec(
         }
         job.worker_pools.push(Some(worker_pool(&pool, warnings)?));
     }
-    // The primary's image and command stand for every pool that has the same.
+    // The primary's image, command and args stand for every pool that has the same; a pool
+    // that differs keeps its own, even empty (its image's entrypoint or default arguments).
     if let Some(Some(primary)) = job.worker_pools.first().cloned() {
         job.image = primary.image.clone();
         job.command = primary.command.clone().unwrap_or_default();
+        job.args = primary.args.clone().unwrap_or_default();
         for pool in job.worker_pools.iter_mut().flatten() {
             if pool.image == job.image {
                 pool.image = None;
             }
             if pool.command.as_ref() == Some(&job.command) {
                 pool.command = None;
+            }
+            if pool.args.as_ref() == Some(&job.args) {
+                pool.args = None;
             }
         }
     }
@@ -561,9 +620,15 @@ fn trial_job_spec(
                 "trialJobSpec.scheduling.restartJobOnWorkerRestart: Augur retries the whole cluster (trial_job.max_retries); ignored".into(),
             );
         }
+        warn_unknown(
+            &scheduling,
+            &["timeout", "restartJobOnWorkerRestart"],
+            warnings,
+        );
     }
     if let Some(base) = spec.get("baseOutputDirectory") {
         let base = Obj::new(base, "trialJobSpec.baseOutputDirectory")?;
+        warn_unknown(&base, &["outputUriPrefix"], warnings);
         let uri = base.required_string("outputUriPrefix")?;
         match uri.split_once("://") {
             Some(("file", path)) => job.output_dir = Some(path.to_string()),
@@ -601,6 +666,11 @@ fn worker_pool(
         .ok_or_else(|| pool.err("containerSpec", "is required"))?;
     let container_path = pool.field("containerSpec");
     let container = Obj::new(container_doc, &container_path)?;
+    warn_unknown(
+        &container,
+        &["imageUri", "command", "args", "env"],
+        warnings,
+    );
     let strings = |key: &str| -> Result<Vec<String>, ValidationError> {
         container
             .list(key)?
@@ -613,32 +683,43 @@ fn worker_pool(
             })
             .collect()
     };
-    let mut command = strings("command")?;
-    command.extend(strings("args")?);
+    // Kept apart, as Vertex has them: a replica runs the command, then the args (then the
+    // trial's values), which is what the image would run with both overridden.
+    let command = strings("command")?;
+    let args = strings("args")?;
     let mut env = BTreeMap::new();
     for (i, e) in container.list("env")?.iter().enumerate() {
-        let var = Obj::new(e, &container_path)?;
-        let name = var
-            .string("name")?
-            .ok_or_else(|| container.err(&format!("env[{i}].name"), "is required"))?;
-        env.insert(name, var.string("value")?.unwrap_or_default());
+        let var_path = container.field(&format!("env[{i}]"));
+        let var = Obj::new(e, &var_path)?;
+        warn_unknown(&var, &["name", "value"], warnings);
+        env.insert(
+            var.required_string("name")?,
+            var.string("value")?.unwrap_or_default(),
+        );
     }
     let replicas = pool.int("replicaCount")?.unwrap_or(1);
     let replicas = u32::try_from(replicas)
         .map_err(|_| pool.err("replicaCount", "must be between 1 and 256"))?;
-    let mut resources = None;
+    let (mut resources, mut machine_type, mut accelerator_type) = (None, None, None);
     if let Some(machine) = pool.get("machineSpec") {
         let machine_path = pool.field("machineSpec");
         let machine = Obj::new(machine, &machine_path)?;
+        warn_unknown(
+            &machine,
+            &["machineType", "acceleratorType", "acceleratorCount"],
+            warnings,
+        );
         let mut r = Resources::default();
-        if let Some(kind) = machine.string("machineType")? {
-            match machine_resources(&kind) {
+        machine_type = machine.string("machineType")?;
+        if let Some(kind) = &machine_type {
+            check_machine_type(kind, &machine.field("machineType"))?;
+            match machine_resources(kind) {
                 Some((cpu, gib)) => {
                     r.cpu = Some(cpu);
                     r.memory = Some(format!("{gib}Gi"));
                 }
                 None => warnings.push(format!(
-                    "{machine_path}.machineType: {kind:?} has no known CPU and memory; give trial_job resources instead; ignored"
+                    "{machine_path}.machineType: {kind:?} has no known CPU and memory: replicas get no limits (kept for export)"
                 )),
             }
         }
@@ -646,11 +727,13 @@ fn worker_pool(
             r.gpu = Some(
                 u32::try_from(count).map_err(|_| machine.err("acceleratorCount", "too large"))?,
             );
-            if let Some(kind) = machine.string("acceleratorType")? {
-                warnings.push(format!(
-                    "{machine_path}.acceleratorType: {kind}: replicas get whole GPUs of the machine's kind"
-                ));
-            }
+        }
+        accelerator_type = machine.string("acceleratorType")?;
+        if let Some(kind) = &accelerator_type {
+            check_accelerator_type(kind, &machine.field("acceleratorType"))?;
+            warnings.push(format!(
+                "{machine_path}.acceleratorType: {kind}: replicas get whole GPUs of the machine's kind (kept for export)"
+            ));
         }
         resources = Some(r).filter(|r| *r != Resources::default());
     }
@@ -659,12 +742,26 @@ fn worker_pool(
             warnings.push(format!("{}: ignored", pool.field(key)));
         }
     }
+    warn_unknown(
+        pool,
+        &[
+            "machineSpec",
+            "replicaCount",
+            "containerSpec",
+            "diskSpec",
+            "nfsMounts",
+        ],
+        warnings,
+    );
     Ok(WorkerPoolSpec {
         replicas,
         command: Some(command),
+        args: Some(args),
         env,
         resources,
         image: Some(container.required_string("imageUri")?),
+        machine_type,
+        accelerator_type,
     })
 }
 
@@ -693,7 +790,15 @@ fn parse_duration(text: &str) -> Option<u64> {
 }
 
 /// An Augur spec as a Vertex `HyperparameterTuningJob` (REST JSON, camelCase). Augur's own
-/// settings with no Vertex field (seed, leases, time budgets) are left out.
+/// settings with no Vertex field (seed, leases, time budgets) are left out; a job imported
+/// from Vertex comes back as it was, less the fields the import warned it ignores.
+///
+/// int64 fields (`maxTrialCount`, an integer parameter's `minValue`, `parentIntValues`,
+/// `replicaCount`) are written as JSON numbers. Proto3's JSON mapping prints int64 as a
+/// string, but its parsers (Vertex's REST API, `gcloud … --config`) take numbers as well, and
+/// job files are written with numbers: Vertex's YAML examples, and ours. So a file comes back
+/// as its author wrote it (`12`, not `"12"`), and a number reads as one. Augur holds these
+/// values as 64-bit floats or small counts, well inside 2^53, so no reader loses a digit.
 pub fn to_vertex(spec: &StudySpec) -> Json {
     let mut study = json!({
         "metrics": spec.metrics.iter().map(|m| {
@@ -729,12 +834,12 @@ pub fn to_vertex(spec: &StudySpec) -> Json {
     }
     let mut job = json!({
         "displayName": spec.name,
-        "maxTrialCount": spec.max_trials.to_string(),
-        "parallelTrialCount": spec.parallel_trials.to_string(),
+        "maxTrialCount": spec.max_trials,
+        "parallelTrialCount": spec.parallel_trials,
         "studySpec": study,
     });
     if let Some(n) = spec.max_failed_trials {
-        job["maxFailedTrialCount"] = json!(n.to_string());
+        job["maxFailedTrialCount"] = json!(n);
     }
     if let Some(trial_job) = &spec.trial_job
         && trial_job.executor.runs_images()
@@ -744,33 +849,36 @@ pub fn to_vertex(spec: &StudySpec) -> Json {
     job
 }
 
+/// A parameter value as Vertex's JSON has it: whole numbers without a point (`32`, not
+/// `32.0`), other numbers as they are, categories as strings.
+fn vertex_value(v: &Value) -> Json {
+    match v {
+        Value::Int(i) => json!(i),
+        Value::Float(f) => json!(f),
+        Value::Str(s) => json!(s),
+    }
+}
+
 fn vertex_parameter(p: &ParameterInput) -> Json {
     let mut out = json!({"parameterId": p.id});
-    let number = |v: &Value| v.as_f64().map_or(Json::Null, |f| json!(f));
+    let values = || {
+        p.values
+            .iter()
+            .flatten()
+            .map(vertex_value)
+            .collect::<Vec<_>>()
+    };
     match p.kind {
         ParameterType::Double => {
             out["doubleValueSpec"] = json!({"minValue": p.min, "maxValue": p.max});
         }
         ParameterType::Integer => {
-            let int = |v: Option<f64>| v.map(|f| (f as i64).to_string());
+            // Whole by validation; the cast only drops the float's `.0`.
+            let int = |v: Option<f64>| v.map(|f| f as i64);
             out["integerValueSpec"] = json!({"minValue": int(p.min), "maxValue": int(p.max)});
         }
-        ParameterType::Discrete => {
-            let values: Vec<Json> = p.values.iter().flatten().map(number).collect();
-            out["discreteValueSpec"] = json!({"values": values});
-        }
-        ParameterType::Categorical => {
-            let values: Vec<Json> = p
-                .values
-                .iter()
-                .flatten()
-                .filter_map(|v| match v {
-                    Value::Str(s) => Some(json!(s)),
-                    _ => None,
-                })
-                .collect();
-            out["categoricalValueSpec"] = json!({"values": values});
-        }
+        ParameterType::Discrete => out["discreteValueSpec"] = json!({"values": values()}),
+        ParameterType::Categorical => out["categoricalValueSpec"] = json!({"values": values()}),
     }
     if let Some(scale) = p.scale {
         out["scaleType"] = json!(match scale {
@@ -779,25 +887,26 @@ fn vertex_parameter(p: &ParameterInput) -> Json {
             ScaleName::ReverseLog => "UNIT_REVERSE_LOG_SCALE",
         });
     }
-    let mut conditionals = Vec::new();
-    for child in &p.children {
-        let parent = match p.kind {
-            ParameterType::Categorical => {
-                json!({"parentCategoricalValues": {"values": child.when.iter().filter_map(|v| match v { Value::Str(s) => Some(json!(s)), _ => None }).collect::<Vec<_>>()}})
-            }
-            ParameterType::Integer => {
-                json!({"parentIntValues": {"values": child.when.iter().filter_map(|v| v.as_f64()).map(|f| (f as i64).to_string()).collect::<Vec<_>>()}})
-            }
-            _ => {
-                json!({"parentDiscreteValues": {"values": child.when.iter().map(number).collect::<Vec<_>>()}})
-            }
-        };
-        for parameter in &child.parameters {
-            let mut cond = parent.clone();
-            cond["parameterSpec"] = vertex_parameter(parameter);
-            conditionals.push(cond);
-        }
-    }
+    let parent_key = match p.kind {
+        ParameterType::Categorical => "parentCategoricalValues",
+        ParameterType::Integer => "parentIntValues",
+        ParameterType::Discrete | ParameterType::Double => "parentDiscreteValues",
+    };
+    // Vertex has one conditional spec per child parameter: a child group of several
+    // parameters becomes as many specs with the same parent values.
+    let conditionals: Vec<Json> = p
+        .children
+        .iter()
+        .flat_map(|child| {
+            let when: Vec<Json> = child.when.iter().map(vertex_value).collect();
+            child.parameters.iter().map(move |parameter| {
+                json!({
+                    parent_key: {"values": when.clone()},
+                    "parameterSpec": vertex_parameter(parameter),
+                })
+            })
+        })
+        .collect();
     if !conditionals.is_empty() {
         out["conditionalParameterSpecs"] = json!(conditionals);
     }
@@ -805,59 +914,108 @@ fn vertex_parameter(p: &ParameterInput) -> Json {
 }
 
 fn vertex_trial_job(job: &TrialJobSpec) -> Json {
-    let pool_json = |image: Option<&str>,
-                     command: &[String],
-                     env: &BTreeMap<String, String>,
-                     replicas: u32,
-                     resources: Option<&Resources>| {
-        let mut container = json!({"imageUri": image.unwrap_or_default()});
-        if !command.is_empty() {
-            container["command"] = json!(command);
-        }
-        if !env.is_empty() {
-            container["env"] = json!(
-                env.iter()
-                    .map(|(k, v)| json!({"name": k, "value": v}))
-                    .collect::<Vec<_>>()
-            );
-        }
-        let mut pool = json!({"containerSpec": container, "replicaCount": replicas.to_string()});
-        if let Some(gpu) = resources.and_then(|r| r.gpu) {
-            pool["machineSpec"] = json!({"acceleratorCount": gpu});
-        }
-        pool
-    };
-    let pools: Vec<Json> = if job.worker_pools.is_empty() {
-        vec![pool_json(
-            job.image.as_deref(),
-            &job.command,
-            &job.env,
-            1,
-            job.resources.as_ref(),
-        )]
+    // Without worker pools a trial is one replica with everything the job's.
+    let single = [Some(WorkerPoolSpec::default())];
+    let pools = if job.worker_pools.is_empty() {
+        &single[..]
     } else {
-        job.worker_pools
-            .iter()
-            .map(|pool| match pool {
-                None => json!({}),
-                Some(p) => pool_json(
-                    p.image.as_deref().or(job.image.as_deref()),
-                    p.command.as_deref().unwrap_or(&job.command),
-                    &p.env,
-                    p.replicas,
-                    p.resources.as_ref().or(job.resources.as_ref()),
-                ),
-            })
-            .collect()
+        &job.worker_pools[..]
     };
+    let pools: Vec<Json> = pools
+        .iter()
+        .map(|pool| {
+            pool.as_ref()
+                .map_or_else(|| json!({}), |p| vertex_pool(job, p))
+        })
+        .collect();
     let mut out = json!({"workerPoolSpecs": pools});
     if let Some(secs) = job.timeout_secs {
         out["scheduling"] = json!({"timeout": format!("{secs}s")});
     }
     if let Some(dir) = &job.output_dir {
-        out["baseOutputDirectory"] = json!({"outputUriPrefix": dir});
+        // Vertex's field is a URI: a local absolute path as `file://`, which import reads back
+        // as the path. Relative paths and object-store URIs (kubernetes) go as they are.
+        let uri = if dir.starts_with('/') {
+            format!("file://{dir}")
+        } else {
+            dir.clone()
+        };
+        out["baseOutputDirectory"] = json!({"outputUriPrefix": uri});
     }
     out
+}
+
+/// One `workerPoolSpecs` entry: what the pool's replicas run, with the job's values where
+/// the pool has none of its own.
+fn vertex_pool(job: &TrialJobSpec, pool: &WorkerPoolSpec) -> Json {
+    let image = pool.image.as_deref().or(job.image.as_deref());
+    let mut container = json!({"imageUri": image.unwrap_or_default()});
+    let command = pool.command.as_deref().unwrap_or(&job.command);
+    let args = pool.args.as_deref().unwrap_or(&job.args);
+    if !command.is_empty() {
+        container["command"] = json!(command);
+    }
+    if !args.is_empty() {
+        container["args"] = json!(args);
+    }
+    // A replica gets the job's variables and its pool's (which win): Vertex has one list.
+    let mut env = job.env.clone();
+    env.extend(pool.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    if !env.is_empty() {
+        container["env"] = json!(
+            env.iter()
+                .map(|(k, v)| json!({"name": k, "value": v}))
+                .collect::<Vec<_>>()
+        );
+    }
+    let mut pool_json = json!({"replicaCount": pool.replicas, "containerSpec": container});
+    let resources = pool.resources.as_ref().or(job.resources.as_ref());
+    let machine = machine_spec(pool, resources);
+    if !machine.is_empty() {
+        pool_json["machineSpec"] = Json::Object(machine);
+    }
+    pool_json
+}
+
+/// Vertex's `machineSpec` of a pool: the machine and accelerator types it was imported with,
+/// or, for a pool that has none (an Augur spec), the smallest machine that holds its
+/// resources ([`covering_machine`]); `acceleratorCount` from `resources.gpu`.
+fn machine_spec(pool: &WorkerPoolSpec, resources: Option<&Resources>) -> Map<String, Json> {
+    let mut machine = Map::new();
+    let machine_type = pool
+        .machine_type
+        .clone()
+        .or_else(|| covering_machine(resources));
+    if let Some(kind) = machine_type {
+        machine.insert("machineType".into(), json!(kind));
+    }
+    if let Some(kind) = &pool.accelerator_type {
+        machine.insert("acceleratorType".into(), json!(kind));
+    }
+    if let Some(gpu) = resources.and_then(|r| r.gpu).filter(|g| *g > 0) {
+        machine.insert("acceleratorCount".into(), json!(gpu));
+    }
+    machine
+}
+
+/// Sizes of n1-standard machines for Vertex AI training, from the 4 vCPUs of its examples.
+const N1_STANDARD_CPUS: [u32; 6] = [4, 8, 16, 32, 64, 96];
+
+/// The smallest n1-standard machine with at least `resources`' CPUs and memory (Vertex
+/// requires a machine type in every pool); n1-standard-4 when they ask for neither, none when
+/// no n1-standard machine is large enough. n1 is the series that takes every GPU kind of
+/// Vertex's older list (T4, V100, P100, P4); Vertex refuses GPUs without an
+/// `acceleratorType`, which an Augur spec cannot tell.
+fn covering_machine(resources: Option<&Resources>) -> Option<String> {
+    let cpu = resources.and_then(|r| r.cpu).unwrap_or(0.0);
+    let bytes = resources.and_then(Resources::memory_bytes).unwrap_or(0);
+    N1_STANDARD_CPUS
+        .iter()
+        .map(|n| format!("n1-standard-{n}"))
+        .find(|name| {
+            machine_resources(name)
+                .is_some_and(|(cpus, gib)| cpus >= cpu && gib.saturating_mul(1 << 30) >= bytes)
+        })
 }
 
 #[cfg(test)]
@@ -930,14 +1088,18 @@ mod tests {
             "trial_job": {
                 "executor": "container",
                 "image": "us-docker.pkg.dev/p/trainer:1",
-                "command": ["python3", "train.py", "--epochs=10"],
+                "command": ["python3", "train.py"],
+                "args": ["--epochs=10"],
                 "timeout_secs": 7200,
                 "output_dir": "/srv/runs/svc",
                 "worker_pools": [
-                    {"replicas": 1, "env": {"PYTHONUNBUFFERED": "1"}, "resources": {"cpu": 4.0, "memory": "15Gi", "gpu": 1}},
-                    {"replicas": 2, "resources": {"cpu": 4.0, "memory": "15Gi"}},
-                    {"replicas": 1, "command": [], "image": "us-docker.pkg.dev/p/ps:1", "resources": {"cpu": 2.0, "memory": "13Gi"}},
-                    {"replicas": 1, "command": ["python3", "eval.py"], "resources": {"cpu": 4.0, "memory": "15Gi"}}
+                    {"replicas": 1, "env": {"PYTHONUNBUFFERED": "1"}, "resources": {"cpu": 4.0, "memory": "15Gi", "gpu": 1},
+                     "machine_type": "n1-standard-4", "accelerator_type": "NVIDIA_TESLA_T4"},
+                    {"replicas": 2, "resources": {"cpu": 4.0, "memory": "15Gi"}, "machine_type": "n1-standard-4"},
+                    {"replicas": 1, "command": [], "args": [], "image": "us-docker.pkg.dev/p/ps:1",
+                     "resources": {"cpu": 2.0, "memory": "13Gi"}, "machine_type": "n1-highmem-2"},
+                    {"replicas": 1, "command": ["python3", "eval.py"], "args": [],
+                     "resources": {"cpu": 4.0, "memory": "15Gi"}, "machine_type": "n1-standard-4"}
                 ]
             }
         }))
@@ -979,25 +1141,234 @@ study_spec:
         );
     }
 
-    #[test]
-    fn import_export_import_is_the_same_spec() {
-        let first = from_vertex(&documented_job()).expect("import").spec;
-        let exported = to_vertex(&first);
-        let second = from_vertex(&exported).expect("re-import").spec;
-        // The machine types become resources on import; export writes no machine type back.
-        let strip = |mut s: StudySpec| {
-            if let Some(job) = s.trial_job.as_mut() {
-                for pool in job.worker_pools.iter_mut().flatten() {
-                    if let Some(r) = pool.resources.as_mut() {
-                        r.cpu = None;
-                        r.memory = None;
-                    }
-                    pool.resources = pool.resources.take().filter(|r| *r != Resources::default());
+    /// `doc` less the fields at these JSON pointers.
+    fn without(doc: &Json, pointers: &[&str]) -> Json {
+        let mut doc = doc.clone();
+        for pointer in pointers {
+            let (parent, key) = pointer.rsplit_once('/').expect("a pointer");
+            let removed = doc
+                .pointer_mut(parent)
+                .and_then(Json::as_object_mut)
+                .and_then(|o| o.remove(key));
+            assert!(removed.is_some(), "{pointer} is in the document");
+        }
+        doc
+    }
+
+    /// `/trialJobSpec/workerPoolSpecs/0/diskSpec` as the import names it:
+    /// `trialJobSpec.workerPoolSpecs[0].diskSpec`.
+    fn dotted(pointer: &str) -> String {
+        let mut out = String::new();
+        for part in pointer.trim_start_matches('/').split('/') {
+            if part.chars().all(|c| c.is_ascii_digit()) {
+                out.push_str(&format!("[{part}]"));
+            } else {
+                if !out.is_empty() {
+                    out.push('.');
                 }
+                out.push_str(part);
             }
-            s
+        }
+        out
+    }
+
+    fn example_job() -> Json {
+        let text = include_str!("../../examples/vertex/hp_tuning_job.yaml");
+        yaml_serde::from_str(text).expect("the example is YAML")
+    }
+
+    fn every_field_job() -> Json {
+        let text = include_str!("../../tests/fixtures/vertex/every_field.json");
+        serde_json::from_str(text).expect("the fixture is JSON")
+    }
+
+    /// The fixture's fields that Augur does not keep: (warned about, skipped silently).
+    fn every_field_ignored() -> (Vec<String>, Vec<String>) {
+        let text = include_str!("../../tests/fixtures/vertex/every_field.ignored.json");
+        let doc: Json = serde_json::from_str(text).expect("JSON");
+        let list = |key: &str| -> Vec<String> {
+            doc[key]
+                .as_array()
+                .expect("a list")
+                .iter()
+                .filter_map(|p| p.as_str().map(str::to_string))
+                .collect()
         };
-        assert_eq!(strip(second), strip(first));
+        (list("warned"), list("output_only"))
+    }
+
+    /// Import, export, import: the export is the document imported, field for field and
+    /// type for type (numbers as numbers, `args` apart from `command`, the machine types),
+    /// less the fields the import warned it ignores (`warned`, each named in a warning) and
+    /// the output-only ones; and the second import is the first spec, whole.
+    fn assert_round_trip(doc: &Json, warned: &[String], output_only: &[String]) {
+        let first = from_vertex(doc).expect("import");
+        for pointer in warned {
+            let field = dotted(pointer);
+            assert!(
+                first.warnings.iter().any(|w| w.starts_with(&field)),
+                "a warning names {field}: {:?}",
+                first.warnings
+            );
+        }
+        let exported = to_vertex(&first.spec);
+        let dropped: Vec<&str> = warned
+            .iter()
+            .chain(output_only)
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            exported,
+            without(doc, &dropped),
+            "exported:\n{}",
+            serde_json::to_string_pretty(&exported).unwrap_or_default()
+        );
+        let second = from_vertex(&exported).expect("re-import");
+        assert_eq!(second.spec, first.spec);
+    }
+
+    #[test]
+    fn the_example_exports_as_it_was_imported() {
+        assert_round_trip(&example_job(), &[], &[]);
+    }
+
+    #[test]
+    fn a_job_with_every_field_exports_as_it_was_imported() {
+        let (warned, output_only) = every_field_ignored();
+        assert_round_trip(&every_field_job(), &warned, &output_only);
+    }
+
+    /// What the fixture's round trip cannot show, as its own cases: the other choices of
+    /// each enum, and a job whose pools share nothing.
+    #[test]
+    fn each_algorithm_selection_and_stopping_rule_exports_as_it_was_imported() {
+        let (warned, output_only) = every_field_ignored();
+        let dropped: Vec<&str> = warned
+            .iter()
+            .chain(&output_only)
+            .map(String::as_str)
+            .collect();
+        let base = without(&every_field_job(), &dropped);
+        type Change<'a> = &'a dyn Fn(&mut Json);
+        let changes: Vec<Change<'_>> = vec![
+            &|d| d["studySpec"]["algorithm"] = json!("GRID_SEARCH"),
+            &|d| d["studySpec"]["algorithm"] = json!("ALGORITHM_UNSPECIFIED"),
+            &|d| d["studySpec"]["measurementSelectionType"] = json!("LAST_MEASUREMENT"),
+            &|d| {
+                let study = d["studySpec"].as_object_mut().expect("studySpec");
+                study.remove("medianAutomatedStoppingSpec");
+                study.insert(
+                    "decayCurveStoppingSpec".into(),
+                    json!({"useElapsedDuration": false}),
+                );
+            },
+            &|d| {
+                d["studySpec"]
+                    .as_object_mut()
+                    .map(|s| s.remove("medianAutomatedStoppingSpec"));
+            },
+            // Every pool its own image, command and args; the primary with no args at all.
+            &|d| {
+                d["trialJobSpec"]["workerPoolSpecs"] = json!([
+                    {"machineSpec": {"machineType": "e2-standard-4"}, "replicaCount": 1,
+                     "containerSpec": {"imageUri": "localhost/chief:1", "command": ["/app/chief"]}},
+                    {"machineSpec": {"machineType": "e2-highcpu-16"}, "replicaCount": 4,
+                     "containerSpec": {"imageUri": "localhost/worker:1", "command": ["/app/worker"], "args": ["--fast"]}}
+                ]);
+                d["trialJobSpec"]["baseOutputDirectory"]["outputUriPrefix"] =
+                    json!("runs/relative");
+            },
+        ];
+        for (i, change) in changes.into_iter().enumerate() {
+            let mut doc = base.clone();
+            change(&mut doc);
+            let first = from_vertex(&doc).unwrap_or_else(|e| panic!("case {i}: {e}"));
+            assert_eq!(to_vertex(&first.spec), doc, "case {i}");
+        }
+    }
+
+    #[test]
+    fn args_stay_apart_from_the_command_and_machine_types_are_kept() {
+        let spec = from_vertex(&every_field_job()).expect("import").spec;
+        let job = spec.trial_job.expect("trial_job");
+        assert_eq!(job.command, ["python3", "-m", "trainer.task"]);
+        assert_eq!(job.args, ["--epochs=20", "--data=/data/imagenet"]);
+        let pools: Vec<&WorkerPoolSpec> = job.worker_pools.iter().flatten().collect();
+        // The evaluator runs its image's entrypoint with its own args.
+        assert_eq!(pools[2].command.as_deref(), Some(&[][..]));
+        assert_eq!(
+            pools[2].args.as_deref(),
+            Some(
+                &[
+                    "--mode=eval".to_string(),
+                    "--data=/data/imagenet".to_string()
+                ][..]
+            )
+        );
+        assert_eq!(pools[0].machine_type.as_deref(), Some("n1-standard-8"));
+        assert_eq!(
+            pools[0].accelerator_type.as_deref(),
+            Some("NVIDIA_TESLA_T4")
+        );
+        // Executors get resources: n1-standard-8 is 8 vCPUs and 30 GiB; a2-highgpu-1g is
+        // not in the table, so only its GPU count is known.
+        let r = pools[0].resources.clone().expect("resources");
+        assert_eq!(
+            (r.cpu, r.memory.as_deref(), r.gpu),
+            (Some(8.0), Some("30Gi"), Some(2))
+        );
+        assert_eq!(
+            pools[2].resources,
+            Some(Resources {
+                gpu: Some(1),
+                ..Default::default()
+            })
+        );
+    }
+
+    /// An Augur spec without machine types (written for Augur, not imported) exports the
+    /// smallest n1-standard machine that holds each pool's resources, since Vertex requires
+    /// a machine type; the job's own env and resources reach every pool.
+    #[test]
+    fn a_native_spec_exports_a_machine_type_vertex_accepts() {
+        let spec: StudySpec = serde_json::from_value(json!({
+            "name": "native",
+            "metrics": [{"id": "loss", "goal": "minimize"}],
+            "parameters": [{"id": "lr", "type": "double", "min": 0.001, "max": 0.1}],
+            "max_trials": 5,
+            "trial_job": {
+                "executor": "container",
+                "image": "localhost/trainer:1",
+                "command": ["python3", "train.py"],
+                "env": {"MODE": "fast"},
+                "resources": {"cpu": 6, "memory": "20Gi"},
+                "worker_pools": [
+                    {"replicas": 1, "env": {"MODE": "chief", "EXTRA": "1"}},
+                    {"replicas": 2, "resources": {"gpu": 1}},
+                    {"replicas": 1, "resources": {"cpu": 200}}
+                ]
+            }
+        }))
+        .expect("spec");
+        let pools = &to_vertex(&spec)["trialJobSpec"]["workerPoolSpecs"];
+        assert_eq!(
+            pools[0]["machineSpec"],
+            json!({"machineType": "n1-standard-8"})
+        );
+        assert_eq!(
+            pools[0]["containerSpec"]["env"],
+            json!([{"name": "EXTRA", "value": "1"}, {"name": "MODE", "value": "chief"}])
+        );
+        assert_eq!(
+            pools[1]["machineSpec"],
+            json!({"machineType": "n1-standard-4", "acceleratorCount": 1})
+        );
+        assert_eq!(
+            pools[1]["containerSpec"]["env"],
+            json!([{"name": "MODE", "value": "fast"}])
+        );
+        // Larger than any n1-standard machine: no machine type is made up.
+        assert_eq!(pools[2].get("machineSpec"), None);
     }
 
     #[test]
@@ -1063,6 +1434,27 @@ study_spec:
                     d.as_object_mut().map(|o| o.remove("maxTrialCount"));
                 },
                 "maxTrialCount",
+            ),
+            (
+                &|d| {
+                    d["trialJobSpec"]["workerPoolSpecs"][1]["machineSpec"]["machineType"] =
+                        json!("N1 STANDARD 4")
+                },
+                "trialJobSpec.workerPoolSpecs[1].machineSpec.machineType",
+            ),
+            (
+                &|d| {
+                    d["trialJobSpec"]["workerPoolSpecs"][0]["machineSpec"]["acceleratorType"] =
+                        json!("nvidia-t4")
+                },
+                "trialJobSpec.workerPoolSpecs[0].machineSpec.acceleratorType",
+            ),
+            (
+                &|d| {
+                    d["trialJobSpec"]["workerPoolSpecs"][0]["containerSpec"]["args"] =
+                        json!(["--ok", 3])
+                },
+                "trialJobSpec.workerPoolSpecs[0].containerSpec.args[1]",
             ),
             // What Vertex accepts and Augur does not, named in Augur's terms.
             (

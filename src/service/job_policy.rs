@@ -104,7 +104,8 @@ pub struct KubernetesPolicy {
 
 /// What one worker pool runs, and the spec fields that say so.
 struct PoolRun<'a> {
-    command: &'a [String],
+    /// The words before the values: the command, then its `args` (a prefix may cover both).
+    command: Vec<&'a String>,
     command_field: String,
     image: Option<&'a str>,
     image_field: String,
@@ -240,7 +241,11 @@ impl JobPolicy {
                 field: Some(format!("{}[0]", run.command_field)),
             });
         }
-        if self.command_prefixes.iter().any(|p| allows(p, run.command)) {
+        if self
+            .command_prefixes
+            .iter()
+            .any(|p| allows(p, &run.command))
+        {
             return Ok(());
         }
         Err(refused(
@@ -357,7 +362,7 @@ fn is_interpreter(program: &str) -> bool {
 /// What each worker pool runs (the job's own command, image and `env` when it has no pools).
 fn pool_runs(job: &TrialJobSpec) -> Vec<PoolRun<'_>> {
     let job_run = || PoolRun {
-        command: &job.command,
+        command: job.command.iter().chain(&job.args).collect(),
         command_field: "trial_job.command".into(),
         image: job.image.as_deref(),
         image_field: "trial_job.image".into(),
@@ -373,9 +378,15 @@ fn pool_runs(job: &TrialJobSpec) -> Vec<PoolRun<'_>> {
         .map(|(i, pool)| {
             let at = format!("trial_job.worker_pools[{i}]");
             let mut run = job_run();
-            if let Some(command) = &pool.command {
-                run.command = command;
+            if pool.command.is_some() || pool.args.is_some() {
+                let command = pool.command.as_ref().unwrap_or(&job.command);
+                let args = pool.args.as_ref().unwrap_or(&job.args);
+                run.command = command.iter().chain(args).collect();
+            }
+            if pool.command.is_some() {
                 run.command_field = format!("{at}.command");
+            } else if pool.args.is_some() {
+                run.command_field = format!("{at}.args");
             }
             if let Some(image) = &pool.image {
                 run.image = Some(image);
@@ -419,8 +430,8 @@ fn refused(what: &str, flag: &str, allowed: &[String], field: String) -> Service
 
 /// Whether `prefix` allows `command`: a directory (`/opt/trainers/`) holding the program,
 /// or the command's first arguments, word for word.
-fn allows(prefix: &str, command: &[String]) -> bool {
-    let Some(program) = command.first() else {
+fn allows(prefix: &str, command: &[impl AsRef<str>]) -> bool {
+    let Some(program) = command.first().map(AsRef::as_ref) else {
         return false;
     };
     if prefix.ends_with('/') {
@@ -434,7 +445,7 @@ fn allows(prefix: &str, command: &[String]) -> bool {
         && words
             .iter()
             .zip(command)
-            .all(|(w, c)| *w == c && !c.contains("${"))
+            .all(|(w, c)| *w == c.as_ref() && !c.as_ref().contains("${"))
 }
 
 #[cfg(test)]
@@ -671,6 +682,31 @@ mod tests {
             "worker_pools": [{"command": ["/opt/t/a.sh"]}, {"command": ["/opt/t/b.sh"]}]
         });
         assert_eq!(refused_field(&policy, overridden), None);
+    }
+
+    /// A prefix may cover the `args` too: the words checked are the command, then the args,
+    /// as the replica runs them; a pool's own args are checked where the pool runs them.
+    #[test]
+    fn a_command_prefix_is_matched_against_the_command_then_its_args() {
+        let policy = JobPolicy::new(vec!["/usr/bin/python3 /opt/t/train.py".into()], vec![])
+            .expect("policy");
+        let split = serde_json::json!({"command": ["/usr/bin/python3"], "args": ["/opt/t/train.py", "--epochs=5"]});
+        assert_eq!(refused_field(&policy, split), None);
+        let other =
+            serde_json::json!({"command": ["/usr/bin/python3"], "args": ["-c", "import os"]});
+        assert_eq!(
+            refused_field(&policy, other).as_deref(),
+            Some("trial_job.command")
+        );
+        let pool_args = serde_json::json!({
+            "command": ["/usr/bin/python3"],
+            "args": ["/opt/t/train.py"],
+            "worker_pools": [{}, {"args": ["-m", "http.server"]}]
+        });
+        assert_eq!(
+            refused_field(&policy, pool_args).as_deref(),
+            Some("trial_job.worker_pools[1].args")
+        );
     }
 
     #[test]

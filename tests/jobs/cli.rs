@@ -384,82 +384,130 @@ fn token_create_refuses_the_names_of_trial_tokens() {
     assert_eq!(count, 1, "only the admin token named ci");
 }
 
+/// The fixture with every field of a Vertex job that Augur reads, and the pointers of those
+/// it does not keep (warned about, or output-only).
+fn every_field_fixture() -> (String, serde_json::Value, Vec<String>) {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/vertex");
+    let file = format!("{dir}/every_field.json");
+    let doc = serde_json::from_str(&std::fs::read_to_string(&file).expect("fixture"))
+        .expect("fixture JSON");
+    let ignored: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{dir}/every_field.ignored.json")).expect("ignored"),
+    )
+    .expect("ignored JSON");
+    let pointers = ["warned", "output_only"]
+        .iter()
+        .flat_map(|k| ignored[k].as_array().cloned().unwrap_or_default())
+        .filter_map(|p| p.as_str().map(str::to_string))
+        .collect();
+    (file, doc, pointers)
+}
+
+/// `doc` less the fields at `pointers`.
+fn without(mut doc: serde_json::Value, pointers: &[String]) -> serde_json::Value {
+    for pointer in pointers {
+        let (parent, key) = pointer.rsplit_once('/').expect("a pointer");
+        let removed = doc
+            .pointer_mut(parent)
+            .and_then(serde_json::Value::as_object_mut)
+            .and_then(|o| o.remove(key));
+        assert!(removed.is_some(), "{pointer} is in the document");
+    }
+    doc
+}
+
 /// `augur study create -f` takes a Vertex AI job file unchanged, and `augur study export ID
-/// --format vertex` writes the same format back: created again from the export, the study has
-/// the same spec.
+/// --format vertex` writes it back as it was: the example file, and a job with every field
+/// Augur reads (less those the create warned it ignores); created again from the export,
+/// the study has the same spec, whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vertex_job_file_round_trips_through_create_and_export() {
-    // No dispatch: the example's image is not on this machine.
+    // No dispatch: the jobs' images are not on this machine.
     let app = common::spawn_app_configured(common::sqlite_db(), |c| c.dispatch = false).await;
     let example = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/examples/vertex/hp_tuning_job.yaml"
     );
-    let base = app.base.clone();
-    let run = move |args: Vec<String>| {
-        let base = base.clone();
-        async move {
-            tokio::task::spawn_blocking(move || {
-                let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                augur(&base, &args)
-            })
-            .await
-            .expect("augur")
-        }
-    };
-    let (ok, out, err) = run(vec![
-        "study".into(),
-        "create".into(),
-        "-f".into(),
-        example.into(),
-    ])
-    .await;
-    assert!(ok && out.contains("created study 1"), "{out}\n{err}");
-    let (ok, exported, err) = run(vec![
-        "study".into(),
-        "export".into(),
-        "1".into(),
-        "--format".into(),
-        "vertex".into(),
-    ])
-    .await;
-    assert!(ok, "{err}");
-    let doc: serde_json::Value = serde_json::from_str(&exported).expect("exported JSON");
-    assert_eq!(
-        doc["studySpec"]["parameters"][2]["conditionalParameterSpecs"][0]["parentCategoricalValues"]
-            ["values"][0],
-        "sgd"
-    );
+    let example_doc: serde_json::Value =
+        yaml_serde::from_str(&std::fs::read_to_string(example).expect("example")).expect("yaml");
+    let (fixture, fixture_doc, ignored) = every_field_fixture();
     let dir = tempfile::tempdir().expect("dir");
-    let again = dir.path().join("exported.json");
-    std::fs::write(&again, &exported).expect("write");
-    let (ok, out, err) = run(vec![
-        "study".into(),
-        "create".into(),
-        "-f".into(),
-        again.display().to_string(),
-    ])
-    .await;
-    assert!(ok && out.contains("created study 2"), "{out}\n{err}");
-    let spec = |id: i64| {
-        let app = &app;
-        async move {
-            let mut s = app.get(&format!("/v1/studies/{id}")).await.body["spec"].clone();
-            s["seed"] = serde_json::Value::Null;
-            // Machine types become CPUs and memory on import; an export has no machine type.
-            for pool in s["trial_job"]["worker_pools"]
-                .as_array_mut()
-                .into_iter()
-                .flatten()
-            {
-                if let Some(p) = pool.as_object_mut() {
-                    p.remove("resources");
-                }
+    let mut next_id = 1;
+    let cases = [
+        (example.to_string(), without(example_doc, &[])),
+        (fixture, without(fixture_doc, &ignored)),
+    ];
+    for (file, expected) in cases {
+        let (ok, out, err) = augur_async(&app.base, &["study", "create", "-f", &file]).await;
+        let first = next_id;
+        assert!(
+            ok && out.contains(&format!("created study {first}")),
+            "{out}\n{err}"
+        );
+        let (ok, exported, err) = augur_async(
+            &app.base,
+            &["study", "export", &first.to_string(), "--format", "vertex"],
+        )
+        .await;
+        assert!(ok, "{err}");
+        let doc: serde_json::Value = serde_json::from_str(&exported).expect("exported JSON");
+        assert_eq!(doc, expected, "{file} comes back as it was");
+        let again = dir.path().join(format!("exported-{first}.json"));
+        std::fs::write(&again, &exported).expect("write");
+        let (ok, out, err) = augur_async(
+            &app.base,
+            &["study", "create", "-f", &again.display().to_string()],
+        )
+        .await;
+        let second = first + 1;
+        assert!(
+            ok && out.contains(&format!("created study {second}")),
+            "{out}\n{err}"
+        );
+        next_id += 2;
+        let spec = |id: i64| {
+            let app = &app;
+            async move {
+                let mut s = app.get(&format!("/v1/studies/{id}")).await.body["spec"].clone();
+                // Each study has a seed of its own unless the spec gives one.
+                s["seed"] = serde_json::Value::Null;
+                s
             }
-            s
-        }
-    };
-    assert_eq!(spec(2).await, spec(1).await);
+        };
+        assert_eq!(spec(second).await, spec(first).await, "{file}");
+    }
+}
+
+/// `augur study create --dry-run` of a Vertex job names what it ignores and shows the spec
+/// with the machine types and `args` kept, and each pool's command line: the command, the
+/// args, then the values.
+#[tokio::test]
+async fn a_dry_run_of_a_vertex_job_shows_its_args_and_machine_types() {
+    let (fixture, _, _) = every_field_fixture();
+    let out = Command::new(common::augur_bin())
+        .args(["study", "create", "--dry-run", "-f", &fixture])
+        .args(["--url", "http://127.0.0.1:9"])
+        .env_remove("AUGUR_TOKEN")
+        .output()
+        .expect("augur");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for part in [
+        "warning: trialJobSpec.workerPoolSpecs[0].diskSpec: ignored",
+        "machine_type: n1-standard-8",
+        "accelerator_type: NVIDIA_TESLA_T4",
+        "machine_type: a2-highgpu-1g",
+        "trial 1 workerpool0-0: [us-docker.pkg.dev/p/trainer:2] python3 -m trainer.task --epochs=20 --data=/data/imagenet --",
+        "trial 1 workerpool1-2: [us-docker.pkg.dev/p/trainer:2] python3 -m trainer.task --epochs=20 --data=/data/imagenet --",
+        "trial 1 workerpool3-0: [us-docker.pkg.dev/p/evaluator:2] --mode=eval --data=/data/imagenet --",
+    ] {
+        assert!(stdout.contains(part), "{part:?} in:\n{stdout}");
+    }
+    assert!(stdout.ends_with("nothing was created\n"), "{stdout}");
 }
 
 /// Runs `augur` with `args` against `url` on a blocking thread.

@@ -174,6 +174,69 @@ async fn first_trial_at_the_end(app: &common::TestApp, spec: Value) -> Value {
     app.get(&format!("/v1/studies/{id}/trials/1")).await.body
 }
 
+/// Each replica writes the arguments it was started with; the primary waits for the
+/// worker's before it reports.
+const ARGV_PY: &str = r#"
+import json, os, sys, time
+name = os.environ["AUGUR_REPLICA"]
+model = os.environ["AIP_MODEL_DIR"]
+with open(os.path.join(model, "argv-%s.json" % name), "w") as f:
+    json.dump(sys.argv[1:], f)
+if name != "workerpool0-0":
+    time.sleep(1000)
+for _ in range(400):
+    if os.path.exists(os.path.join(model, "argv-workerpool1-0.json")):
+        break
+    time.sleep(0.05)
+print("loss=1")
+"#;
+
+/// A local job with `args` (Vertex's `containerSpec.args`) runs its command, then its args,
+/// then the trial's values, each pool with its own args where it has them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_job_runs_its_command_then_its_args_then_the_values() {
+    let f = fixture();
+    let script = f.dir.path().join("argv.py");
+    std::fs::write(&script, ARGV_PY).expect("script");
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let runs = f.dir.path().join("runs");
+    let spec = json!({
+        "name": "args",
+        "algorithm": "random",
+        "metrics": [{"id": "loss", "goal": "minimize"}],
+        "parameters": [{"id": "x", "type": "integer", "min": 1, "max": 3}],
+        "max_trials": 1,
+        "seed": 3,
+        "trial_job": {
+            "command": ["python3", script.display().to_string()],
+            "args": ["--epochs=5", "--run=t${trial_id}"],
+            "output_dir": runs.display().to_string(),
+            "worker_pools": [{}, {"args": ["--role=worker"]}]
+        }
+    });
+    let trial = first_trial_at_the_end(&app, spec).await;
+    assert_eq!(trial["state"], "completed", "{trial}");
+    let x = trial["parameters"]["x"].as_i64().expect("x");
+    let model = common::study_dir(&runs, 1).join("1/model");
+    let argv = |replica: &str| -> Vec<String> {
+        let text = std::fs::read_to_string(model.join(format!("argv-{replica}.json")))
+            .expect("the replica wrote its arguments");
+        serde_json::from_str(&text).expect("JSON")
+    };
+    assert_eq!(
+        argv("workerpool0-0"),
+        [
+            "--epochs=5".to_string(),
+            "--run=t1".into(),
+            format!("--x={x}")
+        ]
+    );
+    assert_eq!(
+        argv("workerpool1-0"),
+        ["--role=worker".to_string(), format!("--x={x}")]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_trial_is_retried_and_finds_its_checkpoint() {
     let f = fixture();
