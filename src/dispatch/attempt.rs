@@ -46,7 +46,7 @@ pub(super) async fn run_attempt(
         Err(e) => return (Attempt::LaunchFailed(e.to_string()), Vec::new()),
     };
     // Remember the job so that a restarted service can kill a leftover (see trial.rs).
-    let _ = super::trial::write_handle(dirs, &job.handle());
+    let _ = super::trial::write_handle(dirs, job.handle().to_string()).await;
     let mut stdout_metrics =
         StdoutMetrics::with_pattern(setup.metric_pattern.clone(), setup.metric_ids.clone());
     let mut hypertune = HypertuneTail::new(dirs, setup.metric_ids.clone());
@@ -64,7 +64,7 @@ pub(super) async fn run_attempt(
                 None => stdout_open = false,
             },
             _ = poll.tick() => {
-                unrecorded.extend(hypertune.read_new());
+                unrecorded.extend(hypertune.read_new().await);
                 if unrecorded.is_empty() {
                     continue;
                 }
@@ -93,7 +93,7 @@ pub(super) async fn run_attempt(
     while let Ok(line) = stdout_rx.try_recv() {
         unrecorded.extend(stdout_metrics.parse_line(&line));
     }
-    unrecorded.extend(hypertune.read_new());
+    unrecorded.extend(hypertune.read_new().await);
     (result, unrecorded)
 }
 
@@ -132,12 +132,20 @@ impl HypertuneTail {
         }
     }
 
-    fn read_new(&mut self) -> Vec<Measurement> {
-        // The job's file, in the server's directory: read, never followed as a link.
-        let opened = trial_files::open_file(&self.base, &self.path, FileAccess::ReadJobs);
-        let mut text = String::new();
-        let Ok(_) = opened.and_then(|mut f| std::io::Read::read_to_string(&mut f, &mut text))
-        else {
+    /// The measurements new since the last read. The file is read on a blocking thread:
+    /// every running trial reads it every `POLL`, and a slow disk must not stall the async
+    /// workers that serve requests.
+    async fn read_new(&mut self) -> Vec<Measurement> {
+        let (base, path) = (self.base.clone(), self.path.clone());
+        let read = tokio::task::spawn_blocking(move || {
+            // The job's file, in the server's directory: read, never followed as a link.
+            let mut text = String::new();
+            trial_files::open_file(&base, &path, FileAccess::ReadJobs)
+                .and_then(|mut f| std::io::Read::read_to_string(&mut f, &mut text))
+                .map(|_| text)
+        })
+        .await;
+        let Ok(Ok(text)) = read else {
             return Vec::new();
         };
         if text == self.last_text {

@@ -10,6 +10,7 @@
 //! process whose output is the replica's log; stopping goes through the engine
 //! (`stop`/`rm`), and a restarted service finds leftovers by label.
 
+use super::handle::JobHandle;
 use std::path::Path;
 use std::time::Duration;
 
@@ -217,20 +218,6 @@ fn container_name(request: &JobRequest, replica: ReplicaId, nonce: &str) -> Stri
     )
 }
 
-/// The handle of an attempt's containers: their names and the trial's directory, which a
-/// restarted service matches against the containers' labels.
-fn handle_of(names: &[String], trial_dir: &Path) -> String {
-    format!("containers:{}@{}", names.join(","), trial_dir.display())
-}
-
-/// The trial directory a handle names (see [`handle_of`]).
-fn trial_dir_of(handle: &str) -> Option<&str> {
-    handle
-        .strip_prefix("containers:")?
-        .split_once('@')
-        .map(|(_, dir)| dir)
-}
-
 /// `KEY=VALUE` lines for `--env-file`, which takes each value to the end of its line.
 fn env_file_text(env: &[(String, String)]) -> Result<String, ExecutorError> {
     let mut text = String::new();
@@ -277,7 +264,12 @@ impl Executor for ContainerExecutor {
             ports,
             Some((engine.clone(), names.clone())),
         );
-        cluster.set_handle(handle_of(&names, &request.trial_dir));
+        // The containers' names and the trial's directory, which a restarted service
+        // matches against the containers' labels.
+        cluster.set_handle(JobHandle::Containers {
+            names: names.clone(),
+            trial_dir: request.trial_dir.clone(),
+        });
         let mut primary_lines = Some(stdout_lines);
         for (i, replica) in request.replicas.iter().enumerate() {
             let started = self
@@ -303,8 +295,11 @@ impl Executor for ContainerExecutor {
         Ok(Box::new(cluster))
     }
 
-    async fn clean_up_stale(&self, handle: &str, study_id: i64, trial_id: i64) {
-        let Some(trial_dir) = trial_dir_of(handle) else {
+    async fn clean_up_stale(&self, handle: &JobHandle, study_id: i64, trial_id: i64) {
+        let JobHandle::Containers { trial_dir, .. } = handle else {
+            return;
+        };
+        let Some(trial_dir) = trial_dir.to_str() else {
             return;
         };
         let engine = &self.context.containers;

@@ -3,6 +3,7 @@
 //! until it ends. A new executor implements [`Executor`] and gets its arm in
 //! [`executor_for`], the one place a `trial_job.executor` is turned into one.
 
+use super::handle::JobHandle;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -189,14 +190,15 @@ pub trait Executor: Send + Sync {
     ) -> Result<Box<dyn RunningJob>, ExecutorError>;
 
     /// Kill a job left by an earlier run of the service (`handle` as `RunningJob::handle`
-    /// gave it) for this trial, so that a resumed trial never runs twice.
-    async fn clean_up_stale(&self, handle: &str, study_id: i64, trial_id: i64);
+    /// gave it) for this trial, so that a resumed trial never runs twice. A handle of
+    /// another executor's kind is none of its jobs: left alone.
+    async fn clean_up_stale(&self, handle: &JobHandle, study_id: i64, trial_id: i64);
 }
 
 #[async_trait]
 pub trait RunningJob: Send {
     /// What identifies the attempt to its executor (process groups, Slurm job id).
-    fn handle(&self) -> String;
+    fn handle(&self) -> JobHandle;
     /// Wait until the attempt ends: the primary exited (the other replicas are then
     /// stopped), or another replica failed first (all are stopped). Cancel-safe: may be
     /// dropped and called again.

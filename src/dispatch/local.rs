@@ -9,6 +9,7 @@
 //! §4: model, checkpoints, TensorBoard logs, the hypertune file) are made its own, the
 //! trial's directory and the job's logs stay the server's.
 
+use super::handle::JobHandle;
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -167,19 +168,17 @@ impl Executor for LocalExecutor {
         Ok(Box::new(cluster))
     }
 
-    async fn clean_up_stale(&self, handle: &str, study_id: i64, trial_id: i64) {
-        // `pgid:N` (one replica, as older versions wrote it) or `pgids:N,M,…`.
-        let groups = handle
-            .strip_prefix("pgids:")
-            .or_else(|| handle.strip_prefix("pgid:"))
-            .unwrap_or("");
+    async fn clean_up_stale(&self, handle: &JobHandle, study_id: i64, trial_id: i64) {
+        let JobHandle::ProcessGroups(groups) = handle else {
+            return;
+        };
         // Process ids are reused: kill only processes of those groups that carry this
         // trial's environment, never whatever holds the number now.
         let marks = [
             format!("AUGUR_STUDY_ID={study_id}"),
             format!("AUGUR_TRIAL_ID={trial_id}"),
         ];
-        for pgid in groups.split(',').filter_map(|p| p.parse::<i32>().ok()) {
+        for &pgid in groups {
             for pid in group_members(pgid) {
                 let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
                     continue;
@@ -369,7 +368,7 @@ pub(super) struct LocalCluster {
     /// client would leave the containers running), by name.
     containers: Option<(Arc<ContainerEngine>, Vec<String>)>,
     /// What `RunningJob::handle` says, when not the process groups (containers).
-    handle: Option<String>,
+    handle: Option<JobHandle>,
 }
 
 impl LocalCluster {
@@ -409,7 +408,7 @@ impl LocalCluster {
     }
 
     /// Identify the attempt by this instead of its process groups.
-    pub(super) fn set_handle(&mut self, handle: String) {
+    pub(super) fn set_handle(&mut self, handle: JobHandle) {
         self.handle = Some(handle);
     }
 
@@ -533,12 +532,11 @@ const WIND_DOWN_GRACE: Duration = Duration::from_secs(5);
 
 #[async_trait]
 impl RunningJob for LocalCluster {
-    fn handle(&self) -> String {
+    fn handle(&self) -> JobHandle {
         if let Some(handle) = &self.handle {
             return handle.clone();
         }
-        let groups: Vec<String> = self.replicas.iter().map(|r| r.pgid.to_string()).collect();
-        format!("pgids:{}", groups.join(","))
+        JobHandle::ProcessGroups(self.replicas.iter().map(|r| r.pgid).collect())
     }
 
     async fn wait(&mut self) -> JobExit {

@@ -14,6 +14,7 @@ pub mod environment;
 pub mod error;
 pub mod executor;
 pub mod gpus;
+pub mod handle;
 pub mod kubernetes;
 pub mod local;
 pub mod ports;

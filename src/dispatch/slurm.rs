@@ -8,6 +8,7 @@
 //! reported lost only when the controller says it does not know it; while the controller
 //! cannot be reached the job is assumed to be still running (the trial's timeout bounds that).
 
+use super::handle::JobHandle;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -426,11 +427,8 @@ impl Executor for SlurmExecutor {
         }))
     }
 
-    async fn clean_up_stale(&self, handle: &str, study_id: i64, trial_id: i64) {
-        let Some(id) = handle
-            .strip_prefix("slurm:")
-            .filter(|id| !id.is_empty() && id.chars().all(|c| c.is_ascii_digit()))
-        else {
+    async fn clean_up_stale(&self, handle: &JobHandle, study_id: i64, trial_id: i64) {
+        let JobHandle::Slurm { job_id: id } = handle else {
             return;
         };
         // Job ids restart when the controller's state is wiped: cancel the job only if it
@@ -609,8 +607,10 @@ fn exit_from_scontrol(text: &str) -> JobExit {
 
 #[async_trait]
 impl RunningJob for SlurmJob {
-    fn handle(&self) -> String {
-        format!("slurm:{}", self.job_id)
+    fn handle(&self) -> JobHandle {
+        JobHandle::Slurm {
+            job_id: self.job_id.to_string(),
+        }
     }
 
     async fn wait(&mut self) -> JobExit {

@@ -3,6 +3,7 @@
 //! outcome reported. One attempt's life (metrics, timeout, early stopping) is `attempt.rs`.
 //! Used by the study runner (in-process) and `augur worker` (over HTTP).
 
+use super::handle::JobHandle;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,11 +69,30 @@ pub enum TrialEnd {
     Abandoned,
 }
 
-/// Write the trial's `job.handle` (`TrialDirs::handle_file`), never through a link.
-pub(super) fn write_handle(dirs: &TrialDirs, handle: &str) -> std::io::Result<()> {
+/// Write the trial's `job.handle` (`TrialDirs::handle_file`), never through a link, on a
+/// blocking thread (file IO stays off the async workers).
+pub(super) async fn write_handle(dirs: &TrialDirs, handle: String) -> std::io::Result<()> {
     use std::io::Write;
-    trial_files::open_file(&dirs.base, &dirs.handle_file(), FileAccess::Rewrite(0o644))?
-        .write_all(handle.as_bytes())
+    let (base, path) = (dirs.base.clone(), dirs.handle_file());
+    tokio::task::spawn_blocking(move || {
+        trial_files::open_file(&base, &path, FileAccess::Rewrite(0o644))?
+            .write_all(handle.as_bytes())
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
+/// The trial's `job.handle`, read on a blocking thread, never through a link.
+async fn read_handle(dirs: &TrialDirs) -> std::io::Result<String> {
+    let (base, path) = (dirs.base.clone(), dirs.handle_file());
+    tokio::task::spawn_blocking(move || {
+        let mut text = String::new();
+        trial_files::open_file(&base, &path, FileAccess::Read)
+            .and_then(|mut f| std::io::Read::read_to_string(&mut f, &mut text))
+            .map(|_| text)
+    })
+    .await
+    .map_err(std::io::Error::other)?
 }
 
 /// Run `trial_id` with `parameters` until it completes, fails for good, or is interrupted.
@@ -156,7 +176,7 @@ pub async fn run_trial(
         // trial keeps its handle: a finished trial is not resumed. Until its outcome is
         // recorded, a restart gives the launch back and runs it again.) Emptied, not
         // removed: an unlink now and a create next launch cost two inode updates.
-        let _ = write_handle(&dirs, "");
+        let _ = write_handle(&dirs, String::new()).await;
     }
     let reason = if last_failure.is_empty() {
         // Every attempt was used up before a restart of the service.
@@ -221,21 +241,22 @@ async fn clean_up_leftover(
     dirs: &TrialDirs,
     resumed: bool,
 ) -> bool {
-    let read = trial_files::open_file(&dirs.base, &dirs.handle_file(), FileAccess::Read).and_then(
-        |mut f| {
-            let mut text = String::new();
-            std::io::Read::read_to_string(&mut f, &mut text).map(|_| text)
-        },
-    );
-    match read {
+    match read_handle(dirs).await {
         Ok(handle) if !handle.trim().is_empty() => {
-            setup
-                .executor
-                .clean_up_stale(handle.trim(), setup.study_id, trial_id)
-                .await;
+            match handle.trim().parse::<JobHandle>() {
+                Ok(handle) => {
+                    setup
+                        .executor
+                        .clean_up_stale(&handle, setup.study_id, trial_id)
+                        .await;
+                }
+                Err(e) => {
+                    tracing::warn!(study_id = setup.study_id, trial_id, error = %e, "leftover job not looked for");
+                }
+            }
             // Cleared before the refund: a crash between the two over-counts, never
             // under-counts.
-            let _ = write_handle(dirs, "");
+            let _ = write_handle(dirs, String::new()).await;
             true
         }
         Err(e) => resumed && trial_files::is_missing(&e),

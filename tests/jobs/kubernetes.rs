@@ -193,7 +193,10 @@ async fn a_three_pool_trial_is_one_indexed_job_per_pool_and_each_replica_is_told
     );
     assert_eq!(rig.standin.names(Kind::Service), ["augur-s3-t7-a1"]);
     assert_eq!(rig.standin.names(Kind::Secret), ["augur-s3-t7-a1"]);
-    assert_eq!(job.handle(), format!("kubernetes:{NS}/augur-s3-t7-a1"));
+    assert_eq!(
+        job.handle().to_string(),
+        format!("kubernetes:{NS}/augur-s3-t7-a1")
+    );
     let workers = rig.standin.get(Kind::Job, &names.job(1)).expect("job");
     assert_eq!(workers["spec"]["completionMode"], "Indexed");
     assert_eq!(workers["spec"]["completions"], 2);

@@ -14,6 +14,7 @@ pub mod manifests;
 pub mod outcome;
 mod watch;
 
+use super::handle::JobHandle;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -279,15 +280,6 @@ impl KubernetesExecutor {
     }
 }
 
-/// `kubernetes:<namespace>/<attempt>`.
-fn handle_of(namespace: &str, base: &str) -> String {
-    format!("kubernetes:{namespace}/{base}")
-}
-
-fn handle_namespace(handle: &str) -> Option<&str> {
-    Some(handle.strip_prefix("kubernetes:")?.split_once('/')?.0).filter(|ns| !ns.is_empty())
-}
-
 #[async_trait]
 impl Executor for KubernetesExecutor {
     async fn launch(
@@ -350,7 +342,10 @@ impl Executor for KubernetesExecutor {
         };
         let _ = created_tx.send(created.uids.clone());
         Ok(Box::new(KubeAttempt {
-            handle: handle_of(&apis.namespace, &manifests.names.base),
+            handle: JobHandle::Kubernetes {
+                namespace: apis.namespace.clone(),
+                attempt: manifests.names.base.clone(),
+            },
             apis,
             selector,
             uids: created.uids,
@@ -366,8 +361,11 @@ impl Executor for KubernetesExecutor {
         }))
     }
 
-    async fn clean_up_stale(&self, handle: &str, study_id: i64, trial_id: i64) {
-        let apis = match self.apis(handle_namespace(handle)).await {
+    async fn clean_up_stale(&self, handle: &JobHandle, study_id: i64, trial_id: i64) {
+        let JobHandle::Kubernetes { namespace, .. } = handle else {
+            return;
+        };
+        let apis = match self.apis(Some(namespace.as_str())).await {
             Ok(apis) => apis,
             Err(e) => {
                 tracing::warn!(study_id, trial_id, error = %e, "cannot look for leftover Jobs");
@@ -498,7 +496,7 @@ async fn create_attempt(
 struct KubeAttempt {
     apis: Apis,
     selector: String,
-    handle: String,
+    handle: JobHandle,
     uids: BTreeMap<String, usize>,
     jobs: Vec<(usize, String)>,
     service: String,
@@ -562,7 +560,7 @@ impl Drop for KubeAttempt {
 
 #[async_trait]
 impl RunningJob for KubeAttempt {
-    fn handle(&self) -> String {
+    fn handle(&self) -> JobHandle {
         self.handle.clone()
     }
 
@@ -619,14 +617,5 @@ mod tests {
         let url = "https://127.0.0.1:6443".parse().map_err(|e| format!("{e}"));
         let config = Config::new(url.expect("a URL"));
         assert!(Client::try_from(config).is_ok());
-    }
-
-    #[test]
-    fn a_handle_names_its_namespace() {
-        assert_eq!(
-            handle_namespace(&handle_of("ml", "augur-s1-t2-a3")),
-            Some("ml")
-        );
-        assert_eq!(handle_namespace("pgids:1,2"), None);
     }
 }
