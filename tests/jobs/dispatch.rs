@@ -962,4 +962,53 @@ async fn a_retried_trial_runs_again_in_its_own_directories() {
         2,
         "both runs in one log: {log}"
     );
+}/// A worker pool whose own command names `${params_file}` finds the file, though the main
+/// command does not name it (issue 28: the file was written only for the main command).
+#[tokio::test]
+async fn a_pools_own_command_naming_the_params_file_finds_it() {
+    let f = fixture();
+    let script = f.dir.path().join("params.py");
+    std::fs::write(
+        &script,
+        r#"
+import json, os, sys, time
+model = os.environ["AIP_MODEL_DIR"]
+if os.environ["AUGUR_REPLICA"] != "workerpool0-0":
+    path = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")][0]
+    with open(path) as f:
+        seen = json.load(f)
+    with open(os.path.join(model, "seen.json"), "w") as f:
+        json.dump(seen, f)
+    time.sleep(1000)
+for _ in range(400):
+    if os.path.exists(os.path.join(model, "seen.json")):
+        break
+    time.sleep(0.05)
+print("loss=1")
+"#,
+    )
+    .expect("script");
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let runs = f.dir.path().join("runs");
+    let spec = json!({
+        "name": "pool-params-file",
+        "algorithm": "random",
+        "metrics": [{"id": "loss", "goal": "minimize"}],
+        "parameters": [{"id": "x", "type": "integer", "min": 1, "max": 3}],
+        "max_trials": 1,
+        "seed": 3,
+        "trial_job": {
+            "command": ["python3", script.display().to_string()],
+            "output_dir": runs.display().to_string(),
+            "worker_pools": [{}, {"command": ["python3", script.display().to_string(), "--config=${params_file}"]}]
+        }
+    });
+    let trial = first_trial_at_the_end(&app, spec).await;
+    assert_eq!(trial["state"], "completed", "{trial}");
+    let seen = std::fs::read_to_string(common::study_dir(&runs, 1).join("1/model/seen.json"))
+        .expect("the worker read the params file");
+    let seen: Value = serde_json::from_str(&seen).expect("JSON");
+    assert_eq!(seen, trial["parameters"]);
 }
+
+
