@@ -250,11 +250,13 @@ impl App {
             }
             None => (None, None),
         };
+        let (router, access) = routes();
         let state = AppState::new(service.clone(), open, public_url.clone(), openapi_yaml())
             .with_rate_limit(config.rate_limit)
             .with_tls(tls.is_some())
-            .with_forwarder(forwarder);
-        let router = api::serve_layers(routes().split_for_parts().0, state, config.body_limit);
+            .with_forwarder(forwarder)
+            .with_access(access);
+        let router = api::serve_layers(router.split_for_parts().0, state, config.body_limit);
         let dispatcher = config.dispatch.then(|| {
             let dispatch_config = DispatchConfig {
                 augur_url: public_url,
@@ -339,14 +341,23 @@ pub async fn open_service(
     Ok(Service::new(store, runs_base))
 }
 
-/// Every route: the API's and the dashboard's, with their OpenAPI document.
-fn routes() -> utoipa_axum::router::OpenApiRouter<AppState> {
-    api::routes().merge(crate::dashboard::router())
+/// Every route: the API's and the dashboard's, with their OpenAPI document and who may
+/// call each.
+fn routes() -> (
+    utoipa_axum::router::OpenApiRouter<AppState>,
+    api::access::AccessTable,
+) {
+    api::routes().merge(crate::dashboard::router()).into_parts()
+}
+
+/// Who may call each route the server has (`api::access`).
+pub fn access_table() -> api::access::AccessTable {
+    routes().1
 }
 
 /// The OpenAPI document the server serves, as YAML.
 pub fn openapi_yaml() -> String {
-    let (_, doc) = routes().split_for_parts();
+    let (_, doc) = routes().0.split_for_parts();
     doc.to_yaml()
         .unwrap_or_else(|e| format!("# could not render the OpenAPI document: {e}\n"))
 }

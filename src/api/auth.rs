@@ -1,21 +1,22 @@
 //! Bearer-token auth and roles. Tokens are stored as SHA-256 digests. A server bound to
 //! loopback with no token configured is open (every caller is `open`, an admin); otherwise
-//! every request but `/healthz` and `/readyz` needs a token, and what it may do follows
-//! its role (`model::Role`): here, by route (a reader GETs, a writer also changes; tokens and
-//! the audit trail are an admin's), and in the service, by what is asked (a `trial_job`
-//! needs an operator; changing a study, asking it for trials or reporting to them needs its
-//! creator or an admin). A trial token may only read and report to its own trial.
+//! each route needs what it declared where it was registered (`access`): nothing (health
+//! probes, the login form, assets), a role (a reader GETs, a writer also changes; tokens and
+//! the audit trail are an admin's), or that role or the trial's own token. The service asks
+//! more by what is asked (a `trial_job` needs an operator; changing a study, asking it for
+//! trials or reporting to them needs its creator or an admin).
 //!
 //! An address that keeps sending wrong tokens is slowed down (`rate_limit::FailureLimit`).
 //! The caller rides along in the request's extensions, for handlers to take as [`Actor`].
 
-use axum::extract::{FromRequestParts, Request, State};
+use axum::extract::{FromRequestParts, MatchedPath, Request, State};
 use axum::http::request::Parts;
 use axum::http::{Method, header::AUTHORIZATION};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
+use super::access::{Access, RouteAccess, trial_of_path};
 use super::error::ApiError;
 use crate::model::Role;
 use crate::service::Caller;
@@ -66,9 +67,24 @@ pub async fn require_token(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
         .or_else(|| cookie_token(&method, request.headers()));
-    if is_public_dashboard_path(&path) || path == "/healthz" || path == "/readyz" {
-        return next.run(request).await;
-    }
+    // Who may call it is the matched route's declaration (`access`); a path that matches
+    // none needs a valid token before it hears 404.
+    let template = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string());
+    let access = match state.access.lookup(&method, template.as_deref()) {
+        RouteAccess::Declared(Access::Public) => return next.run(request).await,
+        RouteAccess::Declared(access) => access,
+        RouteAccess::Unknown => Access::Role(Role::Reader),
+        RouteAccess::Undeclared => {
+            return ApiError::Internal(format!(
+                "{method} {} declares no access: refused to everyone",
+                template.as_deref().unwrap_or(&path)
+            ))
+            .into_response();
+        }
+    };
     // Only a browser asking for a page is redirected; API clients and scrapers get 401.
     let wants_html = !path.starts_with("/v1/")
         && request
@@ -84,7 +100,13 @@ pub async fn require_token(
     {
         return e.into_response();
     }
-    let checked = check(&state, &method, &path, authorization.as_deref()).await;
+    let route = Route {
+        method: &method,
+        path: &path,
+        template: template.as_deref(),
+        access,
+    };
+    let checked = check(&state, &route, authorization.as_deref()).await;
     if authorization.is_some() && matches!(checked, Err(ApiError::Unauthenticated)) {
         state.failures.record_failure(source);
     }
@@ -116,10 +138,13 @@ pub async fn require_token(
     }
 }
 
-/// The dashboard's login form, its sign-out and its static assets hold no data: anyone may
-/// load them (a sign-in checks its token itself).
-fn is_public_dashboard_path(path: &str) -> bool {
-    path == "/login" || path == "/logout" || path.starts_with("/dashboard/")
+/// A request as the auth check sees it: what it asks and who may ask it.
+struct Route<'a> {
+    method: &'a Method,
+    path: &'a str,
+    /// The matched route's template (`/v1/studies/{study}`), if any.
+    template: Option<&'a str>,
+    access: Access,
 }
 
 /// The token from the dashboard's cookie, as a bearer header would carry it. Only for
@@ -141,8 +166,7 @@ fn cookie_token(method: &Method, headers: &axum::http::HeaderMap) -> Option<Stri
 
 async fn check(
     state: &AppState,
-    method: &Method,
-    path: &str,
+    route: &Route<'_>,
     authorization: Option<&str>,
 ) -> Result<Caller, ApiError> {
     if state.auth.open {
@@ -158,120 +182,29 @@ async fn check(
         .authenticate(token)
         .await?
         .ok_or(ApiError::Unauthenticated)?;
-    match caller.trial_scope {
-        Some((study, trial)) if trial_route(method, path) == Some((study, trial)) => {
-            return Ok(caller);
-        }
-        Some(_) => {
-            return Err(ApiError::denied(
+    if let Some(scope) = caller.trial_scope {
+        let own = matches!(route.access, Access::RoleOrOwnTrial(_))
+            && route
+                .template
+                .and_then(|t| trial_of_path(t, route.path))
+                .is_some_and(|named| named == scope);
+        return if own {
+            Ok(caller)
+        } else {
+            Err(ApiError::denied(
                 "this token may only report to its own trial",
-            ));
-        }
-        None => {}
+            ))
+        };
     }
-    let needed = required_role(method, path);
+    let needed = match route.access {
+        Access::Role(role) | Access::RoleOrOwnTrial(role) => role,
+        Access::Public => Role::Reader,
+    };
     if caller.role < needed {
         return Err(ApiError::denied(format!(
-            "{method} {path} needs a {needed} token; {:?} is a {}",
-            caller.name, caller.role
+            "{} {} needs a {needed} token; {:?} is a {}",
+            route.method, route.path, caller.name, caller.role
         )));
     }
     Ok(caller)
-}
-
-/// The least role a route takes, whatever its study: tokens and the audit trail are an
-/// admin's; every other read a reader's; every other change a writer's (the service asks
-/// more of some: an operator for a `trial_job`, the creator or an admin to change a study,
-/// ask it for trials or report to them).
-pub fn required_role(method: &Method, path: &str) -> Role {
-    let admin_only = ["/v1/tokens", "/v1/audit"]
-        .iter()
-        .any(|p| path == *p || path.starts_with(&format!("{p}/")));
-    if admin_only {
-        Role::Admin
-    } else if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
-        Role::Reader
-    } else {
-        Role::Writer
-    }
-}
-
-/// `(study, trial)` if this request reads or reports to one trial: GET of the trial or its
-/// should_stop, PATCH of the trial (its user attributes), POST of its
-/// measurements/complete/fail/heartbeat/should_stop.
-fn trial_route(method: &Method, path: &str) -> Option<(i64, i64)> {
-    let parts: Vec<&str> = path.trim_end_matches('/').split('/').collect();
-    let (study, trial, action) = match parts.as_slice() {
-        ["", "v1", "studies", s, "trials", t] => (s, t, None),
-        ["", "v1", "studies", s, "trials", t, a] => (s, t, Some(*a)),
-        _ => return None,
-    };
-    let allowed = matches!(
-        (method, action),
-        (&Method::GET, None | Some("should_stop"))
-            // PATCH: its user attributes only (the service refuses the rest to a trial token)
-            | (&Method::PATCH, None)
-            | (
-                &Method::POST,
-                Some("measurements" | "complete" | "fail" | "heartbeat" | "should_stop")
-            )
-    );
-    if !allowed {
-        return None;
-    }
-    Some((study.parse().ok()?, trial.parse().ok()?))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn trial_tokens_reach_only_their_trials_reporting_routes() {
-        assert_eq!(
-            trial_route(&Method::POST, "/v1/studies/3/trials/7/complete"),
-            Some((3, 7))
-        );
-        assert_eq!(
-            trial_route(&Method::GET, "/v1/studies/3/trials/7"),
-            Some((3, 7))
-        );
-        assert_eq!(
-            trial_route(&Method::POST, "/v1/studies/3/trials/7/should_stop"),
-            Some((3, 7))
-        );
-        assert_eq!(
-            trial_route(&Method::PATCH, "/v1/studies/3/trials/7"),
-            Some((3, 7))
-        );
-        assert_eq!(trial_route(&Method::POST, "/v1/studies/3/suggest"), None);
-        assert_eq!(trial_route(&Method::DELETE, "/v1/studies/3"), None);
-        assert_eq!(
-            trial_route(&Method::POST, "/v1/studies/3/trials/7/exclude"),
-            None
-        );
-        assert_eq!(
-            trial_route(&Method::POST, "/v1/studies/3/trials/7/token"),
-            None,
-            "a trial token cannot mint the next one"
-        );
-    }
-
-    #[test]
-    fn routes_need_a_reader_to_read_a_writer_to_change_and_an_admin_for_tokens() {
-        assert_eq!(required_role(&Method::GET, "/v1/studies"), Role::Reader);
-        assert_eq!(required_role(&Method::GET, "/"), Role::Reader);
-        assert_eq!(
-            required_role(&Method::POST, "/v1/studies/1/suggest"),
-            Role::Writer
-        );
-        assert_eq!(
-            required_role(&Method::DELETE, "/v1/studies/1"),
-            Role::Writer
-        );
-        assert_eq!(required_role(&Method::GET, "/v1/tokens"), Role::Admin);
-        assert_eq!(required_role(&Method::DELETE, "/v1/tokens/ci"), Role::Admin);
-        assert_eq!(required_role(&Method::GET, "/v1/audit"), Role::Admin);
-        assert_eq!(required_role(&Method::GET, "/v1/tokensx"), Role::Reader);
-    }
 }

@@ -1,24 +1,26 @@
 //! The dashboard's chart data under `/v1/studies/{study}/…`: thin handlers over
 //! `crate::insights::charts`, which reads through the service and bounds every answer.
 
+use super::access::{Access, AccessRouter};
 use axum::Json;
 use axum::extract::{Path, State};
 use serde::Deserialize;
 use utoipa::IntoParams;
-use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::{ApiResult, ErrorBody};
 use super::extract::{ApiQuery, STUDY_ID, parse_id};
 use crate::insights::charts::{self, Contour, LearningCurves, StudyInsights, TrialTable};
+use crate::model::Role;
 
-pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
-        .routes(routes!(trial_table))
-        .routes(routes!(study_insights))
-        .routes(routes!(contour))
-        .routes(routes!(learning_curves))
+pub fn router() -> AccessRouter {
+    let read = Access::Role(Role::Reader);
+    AccessRouter::new()
+        .routes(read, routes!(trial_table))
+        .routes(read, routes!(study_insights))
+        .routes(read, routes!(contour))
+        .routes(read, routes!(learning_curves))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

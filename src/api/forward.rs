@@ -35,8 +35,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
+use super::access::study_changed;
 use super::error::ApiError;
-use crate::model::request::{STUDY_REPLICA_HEADER, study_changed_by};
+use crate::model::request::STUDY_REPLICA_HEADER;
 use crate::service::{Peer, Replicas};
 
 /// The header a replica forwards with: the replicas' secret.
@@ -166,7 +167,12 @@ pub async fn to_study_owner(
     if request.extensions().get::<FromPeer>().is_some() {
         return next.run(request).await;
     }
-    let Some(study) = study_changed_by(request.method().as_str(), request.uri().path()) else {
+    // Decided by the matched route, not the raw path: a change under `/v1/studies/{study}`.
+    let changed = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .and_then(|m| study_changed(request.method(), m.as_str(), request.uri().path()));
+    let Some(study) = changed else {
         return next.run(request).await;
     };
     // Counted while it is served, here or by the owner.

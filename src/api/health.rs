@@ -1,24 +1,26 @@
 //! Liveness, readiness, Prometheus metrics and the OpenAPI document.
 
+use super::access::{Access, AccessRouter};
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::ErrorBody;
+use crate::model::Role;
 use crate::model::TrialState;
 use crate::service::PoolConnections;
 
-pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
-        .routes(routes!(healthz))
-        .routes(routes!(readyz))
-        .routes(routes!(metrics))
-        .routes(routes!(openapi_yaml))
+pub fn router() -> AccessRouter {
+    // Probes come without tokens; the metrics and the document are a reader's.
+    AccessRouter::new()
+        .routes(Access::Public, routes!(healthz))
+        .routes(Access::Public, routes!(readyz))
+        .routes(Access::Role(Role::Reader), routes!(metrics))
+        .routes(Access::Role(Role::Reader), routes!(openapi_yaml))
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

@@ -3,6 +3,7 @@
 //! of the repository is its committed snapshot (a test keeps them equal). `app.rs` puts the
 //! API's routes and the dashboard's together and wraps them in [`serve_layers`].
 
+pub mod access;
 pub mod auth;
 mod charts;
 pub mod error;
@@ -25,8 +26,8 @@ use axum::response::Response;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tower_http::timeout::TimeoutLayer;
 use utoipa::OpenApi;
-use utoipa_axum::router::OpenApiRouter;
 
+use access::AccessRouter;
 pub use studies::{StudyList, SuggestRequest, SuggestResponse};
 pub use trials::{CompleteRequest, MeasurementRequest, TrialList};
 
@@ -52,6 +53,8 @@ pub struct AppState {
     /// Where a study's changes go when several replicas share the database
     /// (`--replica-url`); `None`: every request is served here.
     pub forwarder: Option<forward::Forwarder>,
+    /// Who may call each route (`access`), read by the auth layer.
+    pub access: Arc<access::AccessTable>,
 }
 
 impl AppState {
@@ -66,7 +69,14 @@ impl AppState {
             failures: rate_limit::FailureLimit::default(),
             tls: false,
             forwarder: None,
+            access: Arc::default(),
         }
+    }
+
+    /// The same state, with the routes' declared access.
+    pub fn with_access(mut self, access: access::AccessTable) -> Self {
+        self.access = Arc::new(access);
+        self
     }
 
     /// The same state, sending each study's changes to the replica that takes them.
@@ -128,9 +138,9 @@ impl utoipa::Modify for BearerAuth {
     }
 }
 
-/// The API's routes with their OpenAPI document.
-pub fn routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+/// The API's routes with their OpenAPI document, each declaring who may call it.
+pub fn routes() -> AccessRouter {
+    AccessRouter::with_openapi(ApiDoc::openapi())
         .merge(studies::router())
         .merge(trials::router())
         .merge(health::router())

@@ -1,12 +1,12 @@
 //! `/v1/studies`: create, list, get, change, stop, delete; suggest; optimal trials.
 
+use super::access::{Access, AccessRouter};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::header::WARNING;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
-use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
@@ -14,16 +14,22 @@ use super::auth::Actor;
 use super::error::{ApiResult, ErrorBody};
 use super::extract::{ApiJson, ApiQuery, STUDY_ID, parse_body, parse_id};
 use super::trials::TrialList;
+use crate::model::Role;
 use crate::model::{ClientId, Study, StudySpec, StudyState, StudyUpdate, SuggestCount, Trial};
 
-pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
-        .routes(routes!(create_study, list_studies))
-        .routes(routes!(get_study, update_study, delete_study))
-        .routes(routes!(stop_study))
-        .routes(routes!(resume_study))
-        .routes(routes!(suggest_trials))
-        .routes(routes!(optimal_trials))
+pub fn router() -> AccessRouter {
+    // Changes need a writer here; the service lets only the study's creator (or an admin)
+    // change it or ask it for trials, and an operator create one with a `trial_job`.
+    let (read, write) = (Access::Role(Role::Reader), Access::Role(Role::Writer));
+    AccessRouter::new()
+        .routes(write, routes!(create_study))
+        .routes(read, routes!(list_studies))
+        .routes(read, routes!(get_study))
+        .routes(write, routes!(update_study, delete_study))
+        .routes(write, routes!(stop_study))
+        .routes(write, routes!(resume_study))
+        .routes(write, routes!(suggest_trials))
+        .routes(read, routes!(optimal_trials))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

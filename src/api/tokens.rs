@@ -1,12 +1,12 @@
 //! `/v1/tokens` and `/v1/audit`: an admin's. Create a token with a role (its secret is shown
 //! once), list them, revoke one; read the audit trail.
 
+use super::access::{Access, AccessRouter};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
-use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
@@ -15,11 +15,12 @@ use super::error::{ApiResult, ErrorBody};
 use super::extract::{ApiJson, ApiQuery};
 use crate::model::{AuditEvent, Role, TokenInfo};
 
-pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
-        .routes(routes!(create_token, list_tokens))
-        .routes(routes!(revoke_token))
-        .routes(routes!(audit_events))
+pub fn router() -> AccessRouter {
+    let admin = Access::Role(Role::Admin);
+    AccessRouter::new()
+        .routes(admin, routes!(create_token, list_tokens))
+        .routes(admin, routes!(revoke_token))
+        .routes(admin, routes!(audit_events))
 }
 
 /// Longest lifetime a token may be given: 10 years.

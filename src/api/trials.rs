@@ -3,37 +3,48 @@
 
 use std::collections::BTreeMap;
 
+use super::access::{Access, AccessRouter};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
-use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
 use super::auth::Actor;
 use super::error::{ApiError, ApiResult, ErrorBody};
 use super::extract::{ApiJson, ApiQuery, STUDY_ID, TRIAL_ID, parse_id};
+use crate::model::Role;
 use crate::model::{AnnotationUpdate, Measurement, Step, Trial, TrialState};
 use crate::service::Completion;
 use crate::service::artifacts::{ArtifactList, ArtifactRoot};
 
-pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
-        .routes(routes!(add_trial, list_trials))
-        .routes(routes!(get_trial, update_trial))
-        .routes(routes!(add_measurement))
-        .routes(routes!(complete_trial))
-        .routes(routes!(fail_trial))
-        .routes(routes!(retry_trial))
-        .routes(routes!(heartbeat_trial))
-        .routes(routes!(stop_verdict, should_stop))
-        .routes(routes!(trial_changes))
-        .routes(routes!(trial_logs))
-        .routes(routes!(trial_artifacts))
-        .routes(routes!(trial_artifact_content))
-        .routes(routes!(issue_trial_token))
+pub fn router() -> AccessRouter {
+    // A trial's own token reads and reports to its trial, and sets its user attributes
+    // (the service refuses it the rest of a PATCH); nothing else.
+    let (read, write) = (Access::Role(Role::Reader), Access::Role(Role::Writer));
+    let (read_own, report_own) = (
+        Access::RoleOrOwnTrial(Role::Reader),
+        Access::RoleOrOwnTrial(Role::Writer),
+    );
+    AccessRouter::new()
+        .routes(write, routes!(add_trial))
+        .routes(read, routes!(list_trials))
+        .routes(read_own, routes!(get_trial))
+        .routes(report_own, routes!(update_trial))
+        .routes(report_own, routes!(add_measurement))
+        .routes(report_own, routes!(complete_trial))
+        .routes(report_own, routes!(fail_trial))
+        .routes(write, routes!(retry_trial))
+        .routes(report_own, routes!(heartbeat_trial))
+        .routes(read_own, routes!(stop_verdict))
+        .routes(report_own, routes!(should_stop))
+        .routes(read, routes!(trial_changes))
+        .routes(read, routes!(trial_logs))
+        .routes(read, routes!(trial_artifacts))
+        .routes(read, routes!(trial_artifact_content))
+        .routes(write, routes!(issue_trial_token))
 }
 
 /// The log tail a request gets when it names none.

@@ -8,13 +8,14 @@
 
 use std::sync::LazyLock;
 
+use crate::api::access::{Access, AccessRouter};
+use crate::model::Role;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use serde::Deserialize;
 use utoipa::IntoParams;
-use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::api::AppState;
@@ -67,17 +68,20 @@ fn extract_plotly(sources: &str) -> String {
     sources[start..end].to_string()
 }
 
-pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
-        .routes(routes!(studies_page))
-        .routes(routes!(study_page))
-        .routes(routes!(trial_page))
-        .routes(routes!(compare_page))
-        .routes(routes!(login_page, login))
-        .routes(routes!(logout))
-        .routes(routes!(js_module))
-        .routes(routes!(style_css))
-        .routes(routes!(plotly_js))
+pub fn router() -> AccessRouter {
+    // The pages show data: a reader's. The login form, sign-out and assets hold none (a
+    // sign-in checks its token itself).
+    let read = Access::Role(Role::Reader);
+    AccessRouter::new()
+        .routes(read, routes!(studies_page))
+        .routes(read, routes!(study_page))
+        .routes(read, routes!(trial_page))
+        .routes(read, routes!(compare_page))
+        .routes(Access::Public, routes!(login_page, login))
+        .routes(Access::Public, routes!(logout))
+        .routes(Access::Public, routes!(js_module))
+        .routes(Access::Public, routes!(style_css))
+        .routes(Access::Public, routes!(plotly_js))
 }
 
 /// A page shell: `main.js` reads `data-*` from the body and draws the page.

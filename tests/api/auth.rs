@@ -86,17 +86,32 @@ async fn a_trial_token_reports_only_to_its_own_trial() {
         .await;
         assert_eq!(r.status, StatusCode::OK, "{method} should_stop: {}", r.body);
     }
-    for (method, path) in [
+    // Its own trial's user attributes are its to set (`annotations.rs`), not its exclusion.
+    for (method, path, body) in [
         (
             Method::POST,
             format!("/v1/studies/{study}/trials/2/complete"),
+            json!({}),
         ),
-        (Method::POST, format!("/v1/studies/{study}/suggest")),
-        (Method::GET, "/v1/studies".to_string()),
-        (Method::PATCH, format!("/v1/studies/{study}/trials/1")),
-        (Method::DELETE, format!("/v1/studies/{study}")),
+        (
+            Method::POST,
+            format!("/v1/studies/{study}/suggest"),
+            json!({}),
+        ),
+        (Method::GET, "/v1/studies".to_string(), json!({})),
+        (
+            Method::PATCH,
+            format!("/v1/studies/{study}/trials/1"),
+            json!({"excluded": true}),
+        ),
+        (
+            Method::PATCH,
+            format!("/v1/studies/{study}/trials/2"),
+            json!({"user_attrs": {"x": 1}}),
+        ),
+        (Method::DELETE, format!("/v1/studies/{study}"), json!({})),
     ] {
-        let r = as_trial(method.clone(), path.clone(), Some(json!({}))).await;
+        let r = as_trial(method.clone(), path.clone(), Some(body)).await;
         assert_eq!(
             r.status,
             StatusCode::FORBIDDEN,

@@ -1,7 +1,8 @@
-//! The role table, over every route the server has: each path and method of the OpenAPI
-//! document (the router is the spec) is called with a token of each role, on SQLite and on
-//! PostgreSQL, and must be refused with 403 exactly where the table says, and never answer
-//! 401 (the tokens are valid) nor 5xx.
+//! The role table, over every route the server has: each route's declaration (`api::access`)
+//! must say what the table below says, and each path and method of the OpenAPI document (the
+//! router is the spec) is called with a token of each role, on SQLite and on PostgreSQL, and
+//! must be refused with 403 exactly where the table says, and never answer 401 (the tokens
+//! are valid) nor 5xx.
 //!
 //! | route                                            | reader | writer (creator) | operator | admin | trial token |
 //! |--------------------------------------------------|--------|------------------|----------|-------|-------------|
@@ -10,7 +11,8 @@
 //! | POST/DELETE /v1/tokens…                          | 403    | 403              | 403      | yes   | 403         |
 //! | POST /v1/studies                                 | 403    | yes              | yes      | yes   | 403         |
 //! | suggest, add a trial, a trial's reports          | 403    | yes (its own)    | 403      | yes   | its trial's reports only |
-//! | PATCH/DELETE a study, stop it, PATCH a trial     | 403    | yes (its own)    | 403      | yes   | 403         |
+//! | PATCH/DELETE a study, stop it                    | 403    | yes (its own)    | 403      | yes   | 403         |
+//! | PATCH a trial                                    | 403    | yes (its own)    | 403      | yes   | its user attributes |
 //! | POST …/trials/{trial}/token                      | 403    | yes (its own)    | 403      | yes   | 403         |
 //!
 //! The study is the writer's: the operator stands for every other writer, whose asks and
@@ -21,10 +23,62 @@
 
 use crate::common;
 
+use augur::api::access::{Access, RouteAccess};
+use augur::model::Role;
+
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 on_both_backends!(every_route_answers_each_role_as_the_table_says);
+
+/// Each route declares who may call it where it is registered (`api::access`): every
+/// route of the document has a declaration, and it says what the table above says (but for
+/// the creator rule, which the service applies: an operator is a writer to the route).
+#[test]
+fn every_route_declares_who_may_call_it_as_the_table_says() {
+    let table = augur::app::access_table();
+    let mut undeclared = Vec::new();
+    let mut differs = Vec::new();
+    for (method, path) in operations() {
+        match table.lookup(&method, Some(&path)) {
+            RouteAccess::Declared(access) => {
+                for who in EVERYONE {
+                    let declared = match (access, who) {
+                        (Access::Public, _) => true,
+                        (Access::RoleOrOwnTrial(_), Who::Trial) => true,
+                        (_, Who::Trial) => false,
+                        (Access::Role(role) | Access::RoleOrOwnTrial(role), _) => {
+                            role_of(who) >= role
+                        }
+                    };
+                    let expected = allowed(who, &method, &path) || who == Who::Operator && declared;
+                    if declared != expected {
+                        differs.push(format!("{method} {path}: {who:?} declared {declared}"));
+                    }
+                }
+            }
+            other => undeclared.push(format!("{method} {path}: {other:?}")),
+        }
+    }
+    assert!(
+        undeclared.is_empty(),
+        "routes without a declaration: {undeclared:?}"
+    );
+    assert!(
+        differs.is_empty(),
+        "declarations unlike the table: {differs:?}"
+    );
+    assert!(table.entries().count() >= 40, "{}", table.entries().count());
+}
+
+fn role_of(who: Who) -> Role {
+    match who {
+        Who::Reader | Who::Trial => Role::Reader,
+        Who::Writer => Role::Writer,
+        Who::Operator => Role::Operator,
+        Who::Admin => Role::Admin,
+    }
+}
 
 const ADMIN: &str = "role-table-admin";
 
@@ -60,6 +114,8 @@ fn allowed(who: Who, method: &Method, path: &str) -> bool {
         return own_trial
             && match *method {
                 Method::GET => path.ends_with("{trial}") || action == "should_stop",
+                // Its user attributes (the service refuses it the rest of a PATCH).
+                Method::PATCH => path.ends_with("{trial}"),
                 Method::POST => [
                     "measurements",
                     "complete",
@@ -201,7 +257,9 @@ async fn every_route_answers_each_role_as_the_table_says(backend: &str) {
             // Bodies that parse, so that a refusal is about who asks, not what: `{}` but for
             // the one change that needs a field.
             let body = match method {
-                Method::PATCH if path.ends_with("{trial}") => Some(json!({"excluded": false})),
+                Method::PATCH if path.ends_with("{trial}") => {
+                    Some(json!({"user_attrs": {"seen_by": "the role table"}}))
+                }
                 Method::POST if path.ends_with("/measurements") => {
                     Some(json!({"step": 0, "metrics": {}}))
                 }

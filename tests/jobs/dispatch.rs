@@ -962,7 +962,8 @@ async fn a_retried_trial_runs_again_in_its_own_directories() {
         2,
         "both runs in one log: {log}"
     );
-}/// A worker pool whose own command names `${params_file}` finds the file, though the main
+}
+/// A worker pool whose own command names `${params_file}` finds the file, though the main
 /// command does not name it (issue 28: the file was written only for the main command).
 #[tokio::test]
 async fn a_pools_own_command_naming_the_params_file_finds_it() {
@@ -1010,5 +1011,3 @@ print("loss=1")
     let seen: Value = serde_json::from_str(&seen).expect("JSON");
     assert_eq!(seen, trial["parameters"]);
 }
-
-
