@@ -45,7 +45,7 @@ pub struct TrendSpec {
     /// a log grid over `[τ_lo, τ_hi]` by the evidence of the targets (empirical Bayes, see
     /// [`Trend::fit`]) instead of fixed at `prior_sd`; the ridge fit without a kernel keeps
     /// `prior_sd`. Off by default: on the quality bench (seeds 0–9, 44 cells, 35 met with
-    /// τ = 0.3) τ in [0.1, 1] met 34 and in [0.03, 0.3] 31 (benches/quality/RESULTS.md,
+    /// τ = 0.3) τ in [0.1, 1] met 34 and in [0.03, 0.3] 31 (benches/quality/HISTORY.md,
     /// opt-21).
     pub select: Option<(f64, f64)>,
 }

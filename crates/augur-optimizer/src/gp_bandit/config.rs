@@ -1,5 +1,6 @@
 //! The GP bandit's tuning knobs ([`GpBanditConfig`]) and the choices they name; every
-//! default says in its doc comment what measured it (benches/quality/RESULTS.md).
+//! default says in its doc comment what measured it (benches/quality/HISTORY.md; the
+//! current figures are in RESULTS.md).
 
 use crate::gp::mean::{TrendBasis, TrendSpec};
 use crate::gp::model::Prior;
@@ -67,7 +68,7 @@ pub struct GpBanditConfig {
     /// seeds 0–9, 10–19 and 20–29 (the default 35, 36, 38): Levy10 off-centre at 100
     /// trials improved in 43 of 60 studies, but Hartmann6 and Rosenbrock6 off-centre
     /// lost about as much (geometric mean regret over every cell and seed 1.03× the
-    /// default's). See benches/quality/RESULTS.md (opt-21).
+    /// default's). See benches/quality/HISTORY.md (opt-21).
     pub ucb_beta_dim_exponent: f64,
     pub batch: BatchAcquisition,
     /// Most completed trials the GP conditions on.
@@ -90,7 +91,7 @@ pub struct GpBanditConfig {
     /// targets' average, which the region guarded against. Alone it changed little (quality
     /// bench, seeds 0–29: 109 of 132 cells met, the default then 107; geometric mean regret
     /// 1.00× the default's); without it, refinement ([`GpBanditConfig::refine_starts`]) no
-    /// longer loses cells (see there). See benches/quality/RESULTS.md (opt-22).
+    /// longer loses cells (see there). See benches/quality/HISTORY.md (opt-22).
     pub trust_region: bool,
     pub acquisition: Acquisition,
     /// Best distinct candidates of the population search refined by gradient ascent on the
@@ -104,7 +105,7 @@ pub struct GpBanditConfig {
     /// Spaces of doubles only. A suggestion takes 5–18 % longer (d = 10, 100 trials, wall
     /// clock; `examples/suggest_cpu`, interleaved with the former default). Before the trend (opt-14) it helped only Hartmann6 in batches and failed
     /// tests/warm_start.rs (its cold Branin studies polished further than the warm ones
-    /// could follow); with the trend that test passes. See benches/quality/RESULTS.md.
+    /// could follow); with the trend that test passes. See benches/quality/HISTORY.md.
     pub refine_starts: usize,
     pub refine_steps: usize,
     /// The numeric length scales' prior median is `0.5 (D/2)^e` for D numeric features.
@@ -122,7 +123,7 @@ pub struct GpBanditConfig {
     /// standardizes there in every batch, λ 0.3–1.4; over seeds 0–59 it beats the default in
     /// 34 and 28 of 60 studies at 30 and 50 trials); its real cost is mixed_train5, which
     /// it standardizes while λ ≈ 2 early on (worse than the default in 19 of 60 studies at
-    /// 30 trials, better in 5). See benches/quality/RESULTS.md.
+    /// 30 trials, better in 5). See benches/quality/HISTORY.md.
     pub power_warping: PowerWarping,
     /// Least λ of [`PowerWarping::Initial`] (1: never stretch the bad tail).
     pub power_min_lambda: f64,
@@ -156,7 +157,7 @@ pub struct GpBanditConfig {
     /// 32 on 10–19 (the default 29 and 28), but it is not the default because it makes
     /// mixed_train5 worse (20 seeds, median at 50 trials 0.028 against 0.0093 one at a
     /// time; opt-17). The second fit costs ~18 ms of CPU at 100 trials (d = 10: ~40 ms a
-    /// suggestion instead of 22). See benches/quality/RESULTS.md (opt-16, opt-17).
+    /// suggestion instead of 22). See benches/quality/HISTORY.md (opt-16, opt-17).
     pub warping_choice: WarpingChoice,
     /// [`WarpingChoice::LooRank`]: the share of the training points, best first by
     /// observed value, whose leave-one-out ranking is scored (1: all of them).
@@ -184,7 +185,7 @@ pub struct GpBanditConfig {
     /// 10–19 (16), losing none: Levy10 at 100 trials 6.88 → 4.39 and 8.29 → 3.86, Levy10
     /// off-centre 10.4 → 8.67 and 11.6 → 7.8; Hartmann6's batches did not change (4–5 of
     /// 10 still end in its local minimum). Every 2nd or every trial drawn was worse. See
-    /// benches/quality/RESULTS.md (opt-18).
+    /// benches/quality/HISTORY.md (opt-18).
     pub batch_thompson_every: u64,
     /// With nothing pending (suggestions one at a time, or a batch's first member), every
     /// trial whose number is a multiple of this (0: never) maximizes a Thompson draw
@@ -197,7 +198,7 @@ pub struct GpBanditConfig {
     /// @30); the Hartmann6 studies in its local minimum at 100 trials are the same seeds
     /// whatever k, even with every trial drawn (their basin is decided by the Sobol
     /// design), and Levy10 off-centre at 100 trials got worse (9.1 → 17.9 with 5). See
-    /// benches/quality/RESULTS.md (opt-19).
+    /// benches/quality/HISTORY.md (opt-19).
     pub sequential_thompson_every: u64,
     /// Random Fourier features of a Thompson draw (its cost: ~70 ms of CPU per drawn
     /// suggestion with 1024, d = 10).
@@ -247,7 +248,7 @@ pub struct GpBanditConfig {
     /// 10–19; Levy10 off-centre p5 @30) and none on 10–19. Prior sd 1 met 34 and 36 but
     /// failed tests/warm_start.rs (median 31 trials, allowed 30); 0.5 met 34 and 31; a
     /// learned constant mean or a linear trend did not help Levy. See
-    /// benches/quality/RESULTS.md (opt-20).
+    /// benches/quality/HISTORY.md (opt-20).
     pub trend: Option<TrendSpec>,
 }
 
