@@ -3,6 +3,7 @@
 //! trial page and for `augur trial artifacts`.
 
 use std::fs::File;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -54,14 +55,8 @@ impl Service {
         trial_id: i64,
         root: ArtifactRoot,
     ) -> ServiceResult<ArtifactList> {
-        let (dirs, _) = self
-            .dispatched_trial_dirs(study_id, trial_id, "artifacts")
-            .await?;
-        let dir = match root {
-            ArtifactRoot::Model => dirs.model,
-            ArtifactRoot::Checkpoints => dirs.checkpoints,
-        };
-        let (base, walked) = (dirs.base, dir.clone());
+        let (base, dir) = self.artifact_dir(study_id, trial_id, root).await?;
+        let walked = dir.clone();
         let (files, truncated) = tokio::task::spawn_blocking(move || {
             trial_files::list_job_files(&base, &walked, MAX_ARTIFACTS, MAX_ARTIFACT_DEPTH)
         })
@@ -84,14 +79,8 @@ impl Service {
         root: ArtifactRoot,
         path: &str,
     ) -> ServiceResult<(File, String)> {
-        let (dirs, _) = self
-            .dispatched_trial_dirs(study_id, trial_id, "artifacts")
-            .await?;
-        let dir = match root {
-            ArtifactRoot::Model => dirs.model,
-            ArtifactRoot::Checkpoints => dirs.checkpoints,
-        };
-        let (base, opened, relative) = (dirs.base, dir.clone(), path.to_string());
+        let (base, dir) = self.artifact_dir(study_id, trial_id, root).await?;
+        let (opened, relative) = (dir.clone(), path.to_string());
         let file = tokio::task::spawn_blocking(move || {
             trial_files::open_job_file(&base, &opened, &relative)
         })
@@ -107,6 +96,25 @@ impl Service {
         })?;
         let name = path.rsplit('/').next().unwrap_or(path).to_string();
         Ok((file, name))
+    }
+}
+
+impl Service {
+    /// Where walking starts (`TrialDirs::base`) and the trial's directory `root` names.
+    async fn artifact_dir(
+        &self,
+        study_id: i64,
+        trial_id: i64,
+        root: ArtifactRoot,
+    ) -> ServiceResult<(PathBuf, PathBuf)> {
+        let (dirs, _) = self
+            .dispatched_trial_dirs(study_id, trial_id, "artifacts")
+            .await?;
+        let dir = match root {
+            ArtifactRoot::Model => dirs.model,
+            ArtifactRoot::Checkpoints => dirs.checkpoints,
+        };
+        Ok((dirs.base, dir))
     }
 }
 

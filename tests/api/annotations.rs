@@ -6,7 +6,7 @@
 //! SQLite and PostgreSQL.
 
 use crate::common;
-use crate::support::{self, call_as, token};
+use crate::support::{self, call_as, owned_study_with_trial, token};
 
 use reqwest::{Method, StatusCode};
 use serde_json::json;
@@ -108,24 +108,7 @@ async fn who_may_annotate_and_what_is_refused(backend: &str) {
     let app = support::team_app(backend, ADMIN).await;
     let alice = token(&app, "alice", "writer").await;
     let bob = token(&app, "bob", "writer").await;
-    let r = call_as(
-        &app,
-        &alice,
-        Method::POST,
-        "/v1/studies",
-        Some(common::spec("random", 10, 2)),
-    )
-    .await;
-    let study = r.body["id"].as_i64().expect("id");
-    let s = call_as(
-        &app,
-        &alice,
-        Method::POST,
-        &format!("/v1/studies/{study}/suggest"),
-        Some(json!({"count": 1, "client_id": "alice-worker"})),
-    )
-    .await;
-    let trial = s.body["trials"][0]["id"].as_i64().expect("trial");
+    let (study, trial) = owned_study_with_trial(&app, &alice, "alice-worker").await;
     let trial_path = format!("/v1/studies/{study}/trials/{trial}");
     let minted = call_as(
         &app,

@@ -6,7 +6,7 @@
 //! On SQLite and PostgreSQL.
 
 use crate::common;
-use crate::support::{self, call_as, token};
+use crate::support::{self, call_as, owned_study_with_trial, token};
 
 use reqwest::{Method, StatusCode};
 use serde_json::json;
@@ -21,26 +21,6 @@ const ADMIN: &str = "ownership-admin-token";
 
 async fn team_app(backend: &str) -> common::TestApp {
     support::team_app(backend, ADMIN).await
-}
-
-/// A study `owner` created (at most 3 failed trials) and one trial of it that `owner`
-/// pulled as `client`: (study, trial).
-async fn owned_study_with_trial(app: &common::TestApp, owner: &str, client: &str) -> (i64, i64) {
-    let mut spec = common::spec("random", 20, 5);
-    spec["max_failed_trials"] = json!(3);
-    let r = call_as(app, owner, Method::POST, "/v1/studies", Some(spec)).await;
-    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
-    let study = r.body["id"].as_i64().expect("id");
-    let s = call_as(
-        app,
-        owner,
-        Method::POST,
-        &format!("/v1/studies/{study}/suggest"),
-        Some(json!({"count": 1, "client_id": client})),
-    )
-    .await;
-    assert_eq!(s.status, StatusCode::OK, "{}", s.body);
-    (study, s.body["trials"][0]["id"].as_i64().expect("trial"))
 }
 
 /// The probe's attack: suggest + fail ×3 failed another's study, and completing its trial

@@ -101,3 +101,23 @@ pub async fn call_as(
 ) -> Response {
     call(&app.http, &app.base, Some(token), method, path, body).await
 }
+
+/// A study `owner` created (at most 3 failed trials) and one trial of it that `owner`
+/// pulled as `client`: (study, trial).
+pub async fn owned_study_with_trial(app: &TestApp, owner: &str, client: &str) -> (i64, i64) {
+    let mut spec = crate::common::spec("random", 20, 5);
+    spec["max_failed_trials"] = json!(3);
+    let r = call_as(app, owner, Method::POST, "/v1/studies", Some(spec)).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let study = r.body["id"].as_i64().expect("id");
+    let s = call_as(
+        app,
+        owner,
+        Method::POST,
+        &format!("/v1/studies/{study}/suggest"),
+        Some(json!({"count": 1, "client_id": client})),
+    )
+    .await;
+    assert_eq!(s.status, StatusCode::OK, "{}", s.body);
+    (study, s.body["trials"][0]["id"].as_i64().expect("trial"))
+}

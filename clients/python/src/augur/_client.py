@@ -288,7 +288,27 @@ class Suggestions(List["Trial"]):
         return not self and self.retry_after_secs is None
 
 
-class Study:
+class _Annotated:
+    """The note, tags and user attributes of a study or trial, from its :attr:`data` as last
+    received."""
+
+    data: Dict[str, Any]
+
+    @property
+    def note(self) -> Optional[str]:
+        return self.data.get("note")
+
+    @property
+    def tags(self) -> List[str]:
+        return list(self.data.get("tags") or [])
+
+    @property
+    def user_attrs(self) -> Dict[str, Any]:
+        """Named values recorded beside the metrics (a trial's: :meth:`Trial.set_user_attr`)."""
+        return dict(self.data.get("user_attrs") or {})
+
+
+class Study(_Annotated):
     """A study on the server. Get one from :meth:`Client.study` or
     :meth:`Client.create_study`; :attr:`data` is the server's JSON as last fetched."""
 
@@ -508,21 +528,6 @@ class Study:
             frame[key] = pandas.to_datetime(frame[key], utc=True, format="ISO8601")
         return frame
 
-    @property
-    def note(self) -> Optional[str]:
-        """The study's note, as last received."""
-        return self.data.get("note")
-
-    @property
-    def tags(self) -> List[str]:
-        """The study's tags, as last received."""
-        return list(self.data.get("tags") or [])
-
-    @property
-    def user_attrs(self) -> Dict[str, Any]:
-        """The study's user attributes, as last received."""
-        return dict(self.data.get("user_attrs") or {})
-
     # -- changing the study --------------------------------------------------------------------
 
     def update(
@@ -626,7 +631,7 @@ class _Heartbeat:
                 log.exception("heartbeat failed")
 
 
-class Trial:
+class Trial(_Annotated):
     """A trial of a study. One handed out by :meth:`Study.suggest` is *held*: a background
     thread renews its lease (every quarter of the study's ``trial_lease_secs``) until it is
     completed, failed or :meth:`release` d. Used as a context manager it completes on a clean
@@ -712,22 +717,6 @@ class Trial:
         """Set when a heartbeat was refused: the trial finished elsewhere, or its lease had
         run out and it went back to the study for another worker."""
         return self._heartbeat.lost if self._heartbeat else None
-
-    @property
-    def note(self) -> Optional[str]:
-        """The trial's note, as last received."""
-        return self.data.get("note")
-
-    @property
-    def tags(self) -> List[str]:
-        """The trial's tags, as last received."""
-        return list(self.data.get("tags") or [])
-
-    @property
-    def user_attrs(self) -> Dict[str, Any]:
-        """Named values the training code recorded (:meth:`set_user_attr`), as last
-        received."""
-        return dict(self.data.get("user_attrs") or {})
 
     def set_user_attr(self, key: str, value: Any) -> "Trial":
         """Record a named value beside the metrics (any JSON value; ``None`` removes it), as
