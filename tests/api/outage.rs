@@ -255,12 +255,7 @@ async fn ask_tell_client(
 }
 
 fn spec(name: &str, max_trials: i64, parallel: i64) -> Value {
-    json!({
-        "name": name, "algorithm": "random",
-        "metrics": [{"id": "accuracy", "goal": "maximize"}],
-        "parameters": [{"id": "x", "type": "double", "min": 0, "max": 1}],
-        "max_trials": max_trials, "parallel_trials": parallel, "seed": 3
-    })
+    common::x_spec(name, ("accuracy", "maximize"), max_trials, parallel, 3)
 }
 
 async fn study_state(http: &reqwest::Client, base: &str, study: i64) -> Value {

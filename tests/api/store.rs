@@ -29,14 +29,7 @@ on_both_backends!(store:
 );
 
 fn spec(name: &str) -> StudySpec {
-    serde_json::from_value(serde_json::json!({
-        "name": name,
-        "algorithm": "random",
-        "metrics": [{"id": "acc", "goal": "maximize"}],
-        "parameters": [{"id": "x", "type": "double", "min": 0, "max": 1}],
-        "max_trials": 10, "parallel_trials": 3, "seed": 1
-    }))
-    .expect("spec")
+    serde_json::from_value(common::x_spec(name, ("acc", "maximize"), 10, 3, 1)).expect("spec")
 }
 
 /// Times as the backends store them (microseconds), so round-trips compare equal.

@@ -375,6 +375,23 @@ pub fn spec(algorithm: &str, max_trials: i64, parallel_trials: i64) -> Value {
     })
 }
 
+/// The smallest spec: random search over one double `x` in [0, 1], for tests about anything
+/// but the search space; `metric` is `(id, goal)`. Change other fields with `spec["…"] = …`.
+pub fn x_spec(
+    name: &str,
+    metric: (&str, &str),
+    max_trials: i64,
+    parallel_trials: i64,
+    seed: i64,
+) -> Value {
+    json!({
+        "name": name, "algorithm": "random",
+        "metrics": [{"id": metric.0, "goal": metric.1}],
+        "parameters": [{"id": "x", "type": "double", "min": 0, "max": 1}],
+        "max_trials": max_trials, "parallel_trials": parallel_trials, "seed": seed
+    })
+}
+
 /// The `augur` binary that cargo built for these tests.
 pub fn augur_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_augur"))

@@ -60,12 +60,7 @@ fn worker(
 }
 
 fn spec(max_trials: i64, parallel: i64) -> serde_json::Value {
-    json!({
-        "name": "pulled", "algorithm": "random",
-        "metrics": [{"id": "loss", "goal": "minimize"}],
-        "parameters": [{"id": "x", "type": "double", "min": 0, "max": 1}],
-        "max_trials": max_trials, "parallel_trials": parallel, "seed": 1
-    })
+    common::x_spec("pulled", ("loss", "minimize"), max_trials, parallel, 1)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
