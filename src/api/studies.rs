@@ -14,7 +14,9 @@ use super::auth::Actor;
 use super::error::{ApiResult, ErrorBody};
 use super::extract::{ApiJson, ApiQuery, STUDY_ID, parse_body, parse_id};
 use super::trials::TrialList;
-use crate::model::{ClientId, Study, StudySpec, StudyState, StudyUpdate, SuggestCount, Trial};
+use crate::model::{
+    ClientId, ParameterExtension, Study, StudySpec, StudyState, StudyUpdate, SuggestCount, Trial,
+};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -22,6 +24,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_study, update_study, delete_study))
         .routes(routes!(stop_study))
         .routes(routes!(resume_study))
+        .routes(routes!(add_parameter))
         .routes(routes!(suggest_trials))
         .routes(routes!(optimal_trials))
 }
@@ -240,6 +243,36 @@ pub async fn resume_study(
 ) -> ApiResult<Json<Study>> {
     let id = parse_id(&study, "study")?;
     Ok(Json(state.service.resume_study(&actor, id).await?))
+}
+
+/// Add a parameter to a study's search space, top-level or as a child of one of its
+/// parameters, for code that reveals its parameters as it runs (Optuna's define-by-run). The
+/// space only grows: trials stored before lack the parameter, and count as inactive there.
+/// Adding what the study has already (same definition, same parent) is a no-op, except that
+/// `parent.values` it lacks are added to those that activate it; `trials` fills in the
+/// parameter in unfinished trials handed out before it was added.
+#[utoipa::path(post, path = "/v1/studies/{study}/parameters", tag = "studies", request_body = ParameterExtension,
+    params(("study" = String, Path, description = STUDY_ID)),
+    responses(
+        (status = 200, description = "The study, its spec holding the parameter (unchanged if it had it already as asked)", body = Study),
+        (status = 400, description = "A field is wrong (the parameter's definition, a parent that is not a categorical, integer or discrete parameter of the study, a value the parent does not take, a trial in which the parameter is not active); `field` names it", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "Not the study's creator nor an admin; for a study with a `trial_job`, not an operator's token", body = ErrorBody),
+        (status = 404, description = "No such study", body = ErrorBody),
+        (status = 409, description = "The study has the parameter with another definition or parent (`field` names what differs), a trial named has finished or has another value for it, or the study was stopped or searches a grid", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 415, description = "Body is not JSON", body = ErrorBody),
+    ))]
+pub async fn add_parameter(
+    State(state): State<AppState>,
+    Actor(actor): Actor,
+    Path(study): Path<String>,
+    ApiJson(extension): ApiJson<ParameterExtension>,
+) -> ApiResult<Json<Study>> {
+    let id = parse_id(&study, "study")?;
+    Ok(Json(
+        state.service.add_parameter(&actor, id, extension).await?,
+    ))
 }
 
 /// Ask for trials to run. Never more than `parallel_trials` unfinished trials at once nor

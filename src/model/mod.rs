@@ -1,6 +1,7 @@
 //! Plain domain types and their validation: the study spec as users write it, the validated
 //! configuration the service works with, trials and measurements. No IO.
 
+pub mod extension;
 pub mod image;
 pub mod job;
 mod parameters;
@@ -11,6 +12,7 @@ pub mod trial;
 pub mod trial_dirs;
 pub mod vertex;
 
+pub use extension::{ExtensionError, ParameterExtension};
 pub use job::{
     ArgStyle, ExecutorName, OutputLayout, ReplicaId, ReplicaPlan, Resources, TrialJobSpec,
     WorkerPoolSpec,
