@@ -7,6 +7,7 @@ waiting loops (:meth:`Study.next_trial`, :meth:`Study.work`) and the reconciliat
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -97,6 +98,15 @@ class Client:
     def close(self) -> None:
         """Release the client's connections."""
         self._http.close()
+
+    def _with_retry(self, retry: RetryPolicy) -> "Client":
+        """The same client (its connections, token and replicas) with another retry policy:
+        e.g. none, for a last call at interpreter exit that must not wait for a server that
+        is gone."""
+        other = copy.copy(self)
+        other._http = copy.copy(self._http)
+        other._http.retry = retry
+        return other
 
     def __repr__(self) -> str:
         return f"augur.Client({self.url!r})"
