@@ -283,6 +283,19 @@ def test_categorical_choices_with_clashing_string_forms_are_refused():
         augur_parameter("c", optuna.distributions.CategoricalDistribution([1, "1"]))
 
 
+def test_loaded_trials_get_the_distributions_the_bridge_made_the_spec_from():
+    """The inverse of augur_parameter, for trials loaded from a study this process has not
+    asked: string forms back to Python values, stepped values back to steps."""
+    D = optuna.distributions
+    for dist in [D.FloatDistribution(1e-5, 1e-1, log=True), D.IntDistribution(16, 256, log=True),
+                 D.IntDistribution(1, 9, step=2), D.FloatDistribution(0.0, 0.5, step=0.1),
+                 D.CategoricalDistribution([True, False, None, "relu", 3, 2.5])]:
+        assert bridge._distribution_of(augur_parameter("p", dist)) == dist
+    uneven = bridge._distribution_of({"type": "discrete", "values": [1, 2, 4, 8]})
+    assert uneven == D.CategoricalDistribution([1, 2, 4, 8])
+    assert bridge._loaded_value(4, uneven, "p") == 4
+
+
 def run_bench(url, seeds, samplers):
     out = subprocess.run(
         [sys.executable, str(REPO / "benches" / "quality" / "optuna_bridge.py"), "--url", url,
