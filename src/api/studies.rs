@@ -15,7 +15,9 @@ use super::error::{ApiResult, ErrorBody};
 use super::extract::{ApiJson, ApiQuery, STUDY_ID, parse_body, parse_id};
 use super::trials::TrialList;
 use crate::model::Role;
-use crate::model::{ClientId, Study, StudySpec, StudyState, StudyUpdate, SuggestCount, Trial};
+use crate::model::{
+    ClientId, ParameterExtension, Study, StudySpec, StudyState, StudyUpdate, SuggestCount, Trial,
+};
 
 pub fn router() -> AccessRouter {
     // Changes need a writer here; the service lets only the study's creator (or an admin)
@@ -28,6 +30,7 @@ pub fn router() -> AccessRouter {
         .routes(write, routes!(update_study, delete_study))
         .routes(write, routes!(stop_study))
         .routes(write, routes!(resume_study))
+        .routes(write, routes!(add_parameter))
         .routes(write, routes!(suggest_trials))
         .routes(read, routes!(optimal_trials))
 }
@@ -246,6 +249,36 @@ pub async fn resume_study(
 ) -> ApiResult<Json<Study>> {
     let id = parse_id(&study, "study")?;
     Ok(Json(state.service.resume_study(&actor, id).await?))
+}
+
+/// Add a parameter to a study's search space, top-level or as a child of one of its
+/// parameters, for code that reveals its parameters as it runs (Optuna's define-by-run). The
+/// space only grows: trials stored before lack the parameter, and count as inactive there.
+/// Adding what the study has already (same definition, same parent) is a no-op, except that
+/// `parent.values` it lacks are added to those that activate it; `trials` fills in the
+/// parameter in unfinished trials handed out before it was added.
+#[utoipa::path(post, path = "/v1/studies/{study}/parameters", tag = "studies", request_body = ParameterExtension,
+    params(("study" = String, Path, description = STUDY_ID)),
+    responses(
+        (status = 200, description = "The study, its spec holding the parameter (unchanged if it had it already as asked)", body = Study),
+        (status = 400, description = "A field is wrong (the parameter's definition, a parent that is not a categorical, integer or discrete parameter of the study, a value the parent does not take, a trial in which the parameter is not active); `field` names it", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "Not the study's creator nor an admin; for a study with a `trial_job`, not an operator's token", body = ErrorBody),
+        (status = 404, description = "No such study", body = ErrorBody),
+        (status = 409, description = "The study has the parameter with another definition or parent (`field` names what differs), a trial named has finished or has another value for it, or the study was stopped or searches a grid", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 415, description = "Body is not JSON", body = ErrorBody),
+    ))]
+pub async fn add_parameter(
+    State(state): State<AppState>,
+    Actor(actor): Actor,
+    Path(study): Path<String>,
+    ApiJson(extension): ApiJson<ParameterExtension>,
+) -> ApiResult<Json<Study>> {
+    let id = parse_id(&study, "study")?;
+    Ok(Json(
+        state.service.add_parameter(&actor, id, extension).await?,
+    ))
 }
 
 /// Ask for trials to run. Never more than `parallel_trials` unfinished trials at once nor

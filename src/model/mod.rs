@@ -2,6 +2,7 @@
 //! configuration the service works with, trials and measurements. No IO.
 
 pub mod annotations;
+pub mod extension;
 pub mod image;
 pub mod job;
 mod parameters;
@@ -13,6 +14,7 @@ pub mod trial_dirs;
 pub mod vertex;
 
 pub use annotations::{AnnotationUpdate, Annotations};
+pub use extension::{ExtensionError, ParameterExtension};
 pub use job::{
     ArgStyle, ExecutorName, OutputLayout, ReplicaId, ReplicaPlan, Resources, TrialJobSpec,
     WorkerPoolSpec,

@@ -25,7 +25,7 @@ pub(super) fn convert_parameters(
         .collect()
 }
 
-fn convert_parameter(
+pub(super) fn convert_parameter(
     p: &ParameterInput,
     path: &str,
     ids: &mut BTreeSet<String>,

@@ -1,7 +1,7 @@
 //! The service layer's one error type. The API maps each variant to an HTTP status in
 //! `api/error.rs`.
 
-use crate::model::ValidationError;
+use crate::model::{ExtensionError, ValidationError};
 use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +83,18 @@ impl ServiceError {
                  change was applied is unknown"
             )),
             other => other,
+        }
+    }
+}
+
+impl From<ExtensionError> for ServiceError {
+    fn from(e: ExtensionError) -> Self {
+        match e {
+            ExtensionError::Invalid(v) => ServiceError::Invalid(v),
+            ExtensionError::Conflict { field, message } => ServiceError::Conflict {
+                message,
+                field: Some(field),
+            },
         }
     }
 }

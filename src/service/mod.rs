@@ -79,7 +79,8 @@ pub struct Service {
     /// Ids of studies that were created, changed, stopped or deleted in this process: the
     /// dispatcher reacts at once instead of at its next poll.
     events: tokio::sync::broadcast::Sender<i64>,
-    /// See `fixed_study`. Study ids are never reused, so entries never go stale.
+    /// See `fixed_study`. Study ids are never reused; an entry's search space may lag the
+    /// study's (it only grows), which its users allow for.
     fixed_studies: Arc<Mutex<HashMap<i64, FixedStudy>>>,
     snapshots: snapshots::Snapshots,
     tokens: tokens::TokenCache,
@@ -153,15 +154,18 @@ impl Service {
     }
 
     /// The study's validated config, read once per process: only its parts that never
-    /// change after creation (algorithm, metrics, search space, trial job) may be used from
-    /// it, since `max_trials`, `parallel_trials` and `max_failed_trials` can be changed by
-    /// any replica. Saves a read and a validation on every suggest, measurement and
-    /// completion.
+    /// change after creation (algorithm, metrics, trial job) may be used from it, since
+    /// `max_trials`, `parallel_trials` and `max_failed_trials` can be changed by any
+    /// replica. Its search space may be older than the study's, which only grows
+    /// (`add_parameter`): a check it refuses is made again on the stored one (see
+    /// `add_trial`), and the designers read the stored one. Saves a read and a validation on
+    /// every suggest, measurement and completion.
     async fn fixed_config(&self, study_id: i64) -> ServiceResult<Arc<StudyConfig>> {
         Ok(self.fixed_study(study_id).await?.config)
     }
 
-    /// What never changes of a study once created: its validated config and its creator.
+    /// What never changes of a study once created: its validated config (but see
+    /// `fixed_config` on its search space) and its creator.
     async fn fixed_study(&self, study_id: i64) -> ServiceResult<FixedStudy> {
         if let Some(fixed) = self
             .fixed_studies
@@ -180,6 +184,13 @@ impl Service {
             cache.insert(study_id, fixed.clone());
         }
         Ok(fixed)
+    }
+
+    /// Drop this process's copy of the study's config (its space grew).
+    fn forget_fixed_study(&self, study_id: i64) {
+        if let Ok(mut cache) = self.fixed_studies.lock() {
+            cache.remove(&study_id);
+        }
     }
 
     /// Apply a trial command in the study's next batch; the trial as it is after it.
@@ -302,7 +313,8 @@ impl Service {
     }
 }
 
-/// The parts of a study that never change after it is created (see `fixed_study`).
+/// The parts of a study that never change after it is created, and its search space as it
+/// was when read (see `fixed_config`).
 #[derive(Clone)]
 struct FixedStudy {
     config: Arc<StudyConfig>,

@@ -9,8 +9,10 @@ use augur_optimizer::{Assignment, DesignerInput, designer_for};
 use chrono::{DateTime, Duration, Utc};
 
 use super::{ServiceError, ServiceResult};
+use crate::model::extension::trial_value;
 use crate::model::{
-    Measurement, MeasurementSelection, Step, StudyConfig, StudyState, StudyUpdate, TrialState,
+    Measurement, MeasurementSelection, ParameterExtension, Step, StudyConfig, StudyState,
+    StudyUpdate, TrialState,
 };
 use crate::store::{Store, StudyRecord, StudyTx, TrialRecord, TrialToken};
 
@@ -76,6 +78,9 @@ pub enum Command {
     /// side effect.
     Resume,
     Update(StudyUpdate),
+    /// Grow the search space (see `model::extension`), and fill in the new parameter's
+    /// value in the unfinished trials it names.
+    AddParameter(Box<ParameterExtension>),
     /// Count one launch of a dispatched trial (up to `max_attempts`) and store the token it
     /// reports with (`token_hash`). In the batch, not beside it: a write of its own would
     /// wait for the study's lock (SQLite: in its busy handler's sleeps).
@@ -282,6 +287,7 @@ impl StudyBatch {
                 Ok(Reply::Study(Box::new(self.study.clone())))
             }
             Command::Update(update) => self.update(update).await,
+            Command::AddParameter(extension) => self.add_parameter(*extension).await,
             Command::Resume => self.resume().await,
             Command::Retry { trial_id } => self.retry(trial_id).await,
             Command::StartAttempt {
@@ -412,11 +418,14 @@ impl StudyBatch {
             }
         }
         // Points designed without a trial created since (by another replica, or added) would
-        // not see it as pending: two workers would get the same point. Before any change.
-        if precomputed
-            .as_ref()
-            .is_some_and(|p| p.next_trial_id != self.study.next_trial_id)
-        {
+        // not see it as pending: two workers would get the same point. Points designed on
+        // the space before it grew would lack its new parameters. Before any change.
+        if precomputed.as_ref().is_some_and(|p| {
+            p.next_trial_id != self.study.next_trial_id
+                || p.points
+                    .iter()
+                    .any(|a| self.config.space.check_assignment(a).is_err())
+        }) {
             return Ok(Reply::Stale);
         }
         let mut handed = Vec::new();
@@ -890,6 +899,71 @@ impl StudyBatch {
         let failures_ok = self.config.max_failed_trials.is_none_or(|max| failed < max);
         if self.study.state == StudyState::Completed && self.budget_left() > 0 && failures_ok {
             self.set_study_state(StudyState::Active, None);
+        }
+        Ok(Reply::Study(Box::new(self.study.clone())))
+    }
+
+    /// Grow the search space, and fill in the new parameter in the trials named: all of it,
+    /// or (on any refusal) none. A stopped study's space is left as it is, and so is a
+    /// grid's, whose points are numbered over the space.
+    async fn add_parameter(&mut self, extension: ParameterExtension) -> ServiceResult<Reply> {
+        let id = self.study.id;
+        if self.study.state == StudyState::Stopped {
+            return Err(ServiceError::conflict(format!(
+                "study {id} was stopped: its search space no longer changes"
+            )));
+        }
+        if self.config.algorithm == augur_optimizer::Algorithm::Grid {
+            return Err(ServiceError::conflict(format!(
+                "study {id} searches a grid, whose points are numbered over a fixed search \
+                 space: create a new study for a larger space"
+            )));
+        }
+        let extended = self.study.spec.extend_space(&extension)?;
+        let config = match &extended {
+            Some((_, config)) => config.clone(),
+            None => self.config.clone(),
+        };
+        let parameter = &extension.parameter.id;
+        let mut values = Vec::with_capacity(extension.trials.len());
+        for (i, given) in extension.trials.iter().enumerate() {
+            let field = format!("trials[{i}]");
+            let trial = match self.trial_mut(given.id).await {
+                Ok(trial) => trial,
+                Err(ServiceError::NotFound(what)) => {
+                    return Err(ServiceError::invalid(
+                        format!("{field}.id"),
+                        format!("no {what}"),
+                    ));
+                }
+                Err(other) => return Err(other),
+            };
+            if !trial.state.is_unfinished() {
+                return Err(ServiceError::Conflict {
+                    message: format!(
+                        "trial {} is {}: only an unfinished trial takes a value of a new \
+                         parameter",
+                        given.id,
+                        trial.state.as_str()
+                    ),
+                    field: Some(format!("{field}.id")),
+                });
+            }
+            if let Some(value) =
+                trial_value(&config, parameter, &trial.parameters, &given.value, &field)?
+            {
+                values.push((given.id, value));
+            }
+        }
+        if let Some((spec, config)) = extended {
+            self.study.spec = spec;
+            self.config = config;
+            self.study_changed = true;
+        }
+        for (trial_id, value) in values {
+            let trial = self.trial_mut(trial_id).await?;
+            trial.parameters.insert(parameter.clone(), value);
+            self.changed.insert(trial_id);
         }
         Ok(Reply::Study(Box::new(self.study.clone())))
     }

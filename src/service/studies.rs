@@ -5,7 +5,7 @@ use chrono::{SubsecRound, Utc};
 use super::paging::{page_bounds, split_page};
 use super::state_machine::{Command, Reply};
 use super::{Caller, Page, Service, ServiceError, ServiceResult, not_found_study, unexpected};
-use crate::model::{Role, Study, StudySpec, StudyState, StudyUpdate};
+use crate::model::{ParameterExtension, Role, Study, StudySpec, StudyState, StudyUpdate};
 
 impl Service {
     /// A new study, created by `actor`: a study with a `trial_job` runs commands on this
@@ -166,6 +166,42 @@ impl Service {
             .await;
         // The answer of a change carries the study's annotations as a read does.
         self.get_study(study.id).await.or(Ok(study))
+    }
+
+    /// Grow the study's search space by one parameter (see `model::extension`), as its
+    /// creator or an admin may change it; for a study with a `trial_job` an operator's token
+    /// too, since its parameters become the arguments of commands run on this server.
+    pub async fn add_parameter(
+        &self,
+        actor: &Caller,
+        study_id: i64,
+        extension: ParameterExtension,
+    ) -> ServiceResult<Study> {
+        let study = self.study_record(study_id).await?;
+        if !actor.may_manage(study.created_by.as_deref()) {
+            return Err(not_its_manager(study_id, study.created_by.as_deref()));
+        }
+        if study.spec.trial_job.is_some() && actor.role < Role::Operator {
+            return Err(ServiceError::PermissionDenied {
+                message: format!(
+                    "study {study_id} runs its trials as commands on the server's machines, \
+                     with its parameters as arguments: growing its space needs an operator or \
+                     admin token, and this one is a {}",
+                    actor.role
+                ),
+                field: Some("parameter".into()),
+            });
+        }
+        let detail = serde_json::to_string(&extension).ok();
+        let command = Command::AddParameter(Box::new(extension));
+        let changed = self.change_study(study_id, command).await;
+        // Whatever the outcome: this process's copy of the space may be older than the
+        // study's now, and the next use reads the stored one.
+        self.forget_fixed_study(study_id);
+        let study = changed?;
+        self.audit(actor, "study.add_parameter", Some(study_id), None, detail)
+            .await;
+        Ok(study)
     }
 
     /// Only the study's creator or an admin may change, stop or delete it (or exclude its

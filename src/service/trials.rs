@@ -21,7 +21,12 @@ impl Service {
         final_metrics: Option<BTreeMap<String, f64>>,
     ) -> ServiceResult<Trial> {
         self.check_reporter(actor, study_id, None).await?;
-        let config = self.fixed_config(study_id).await?;
+        let mut config = self.fixed_config(study_id).await?;
+        if config.space.check_assignment(&parameters).is_err() {
+            // The space may have grown since this process read it (on another replica).
+            self.forget_fixed_study(study_id);
+            config = self.fixed_config(study_id).await?;
+        }
         config
             .space
             .check_assignment(&parameters)

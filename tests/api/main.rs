@@ -23,6 +23,7 @@ mod login;
 mod openapi;
 mod outage;
 mod ownership;
+mod parameters;
 mod repeats;
 mod replicas;
 mod roles;

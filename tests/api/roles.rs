@@ -13,6 +13,7 @@
 //! | suggest, add a trial, a trial's reports          | 403    | yes (its own)    | 403      | yes   | its trial's reports only |
 //! | PATCH/DELETE a study, stop it                    | 403    | yes (its own)    | 403      | yes   | 403         |
 //! | PATCH a trial                                    | 403    | yes (its own)    | 403      | yes   | its user attributes |
+//! | POST …/parameters (grow the search space)        | 403    | yes (its own)    | 403      | yes   | 403         |
 //! | POST …/trials/{trial}/token                      | 403    | yes (its own)    | 403      | yes   | 403         |
 //!
 //! The study is the writer's: the operator stands for every other writer, whose asks and
@@ -267,6 +268,9 @@ async fn every_route_answers_each_role_as_the_table_says(backend: &str) {
                     Some(json!({"client_id": "owner-client"}))
                 }
                 Method::POST if path.ends_with("{study}/trials") => Some(json!({"parameters": {}})),
+                Method::POST if path.ends_with("/parameters") => Some(json!({
+                    "parameter": {"id": "grown", "type": "double", "min": 0, "max": 1}
+                })),
                 Method::POST | Method::PATCH | Method::PUT => Some(json!({})),
                 _ => None,
             };

@@ -357,6 +357,28 @@ def test_a_failed_study_resumes_only_when_asked(client, make_spec):
     assert [t.id for t in study.suggest(1, "w2")] == [2]
 
 
+def test_add_parameter_grows_the_space_and_fills_in_a_held_trial(client, make_spec):
+    study = client.create_study(make_spec())
+    held = study.suggest(1, "w")[0]
+    momentum = {"id": "momentum", "type": "double", "min": 0, "max": 1}
+    parent = {"id": "opt", "values": [held.parameters["opt"]]}
+    assert study.add_parameter(momentum, parent, trials={held.id: 0.5}) is study
+    children = next(p for p in study.spec["parameters"] if p["id"] == "opt")["children"]
+    assert children == [{"when": [held.parameters["opt"]], "parameters": [momentum]}]
+    assert held.refresh().parameters["momentum"] == 0.5
+    spec = study.spec
+    assert study.add_parameter(momentum, parent).spec == spec, "the same again: no change"
+    with pytest.raises(augur.Conflict) as e:
+        study.add_parameter({**momentum, "max": 2}, parent)
+    assert e.value.field == "parameter.max"
+    with pytest.raises(augur.InvalidArgument) as e:
+        study.add_parameter({"id": "x", "type": "double", "min": 0, "max": 1},
+                            {"id": "opt", "values": ["lamb"]})
+    assert e.value.field == "parent.values[0]"
+    held.complete({"loss": 1.0})
+    assert study.suggest(1)[0].parameters.keys() >= {"lr", "depth", "opt"}
+
+
 def test_update_stop_and_delete(client, make_spec):
     study = client.create_study(make_spec(max_trials=1))
     study.suggest(1, "w")[0].complete({"loss": 1.0})

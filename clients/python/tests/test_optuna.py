@@ -7,19 +7,49 @@ import math
 import statistics
 import subprocess
 import sys
+import time
 
 import pytest
 
 optuna = pytest.importorskip("optuna")
 
+import augur.optuna as bridge  # noqa: E402
 from augur.optuna import AugurSampler, UnsupportedSearchSpace, augur_parameter  # noqa: E402
 from conftest import REPO, unique_name  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
+@pytest.fixture(autouse=True)
+def finish_samplers(client):
+    """After each test, every sampler ends its study as it would at interpreter exit, while
+    the server and the client are still up (at the real exit they are not)."""
+    yield
+    bridge._finish_at_exit()
+
+
 def augur_study(client, name):
     return next(s for s in client.studies(name=name) if s.name == name)
+
+
+def tree(augur_s):
+    """The study's parameters by id, each with its ``parent`` id and the parent's ``when``."""
+    out = {}
+
+    def walk(params, parent, when):
+        for p in params:
+            out[p["id"]] = {**p, "parent": parent, "when": when}
+            for child in p.get("children") or []:
+                walk(child["parameters"], p["id"], child["when"])
+
+    walk(augur_s.spec["parameters"], None, None)
+    return out
+
+
+def asked(trial):
+    """An Optuna trial's values as Augur keeps them (categoricals by their string form)."""
+    return {name: bridge._encode(value, trial.distributions[name], name)
+            for name, value in trial.params.items() if not trial.distributions[name].single()}
 
 
 def test_the_discovered_search_space_becomes_the_augur_study_spec(client):
@@ -44,37 +74,123 @@ def test_the_discovered_search_space_becomes_the_augur_study_spec(client):
     study.optimize(objective, n_trials=6, n_jobs=2)
 
     augur_s = augur_study(client, name)
-    params = {p["id"]: p for p in augur_s.spec["parameters"]}
+    params = tree(augur_s)
     assert set(params) == {"lr", "units", "layers", "dropout", "act", "bias"}
     assert (params["lr"]["type"], params["lr"]["scale"]) == ("double", "log")
     assert (params["units"]["type"], params["units"]["scale"]) == ("integer", "log")
-    assert params["layers"] == {**params["layers"], "type": "discrete", "values": [1, 3, 5, 7, 9]}
+    assert params["layers"]["type"] == "discrete"
+    assert params["layers"]["values"] == [1, 3, 5, 7, 9]
     assert params["dropout"]["values"] == [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]
     assert params["bias"]["values"] == ["True", "False", "None"]
+    # The parent rule: `layers` (5 values) is the last switch before dropout and act; `units`
+    # (241 values) is a size, never a parent; `bias` follows the categorical `act`.
+    assert [params[p]["parent"] for p in ("lr", "units", "layers")] == [None] * 3
+    assert (params["dropout"]["parent"], params["act"]["parent"]) == ("layers", "layers")
+    assert params["bias"]["parent"] == "act"
     assert augur_s.metrics == [{"id": "value", "goal": "minimize"}]
-    # every Optuna trial is an Augur trial with the same values and result
+    # every Optuna trial is an Augur trial with the same values and result, including the
+    # values the fallback sampler gave where a child was not active yet
     augur_trials = {t.id: t for t in augur_s.trials()}
     assert len(augur_trials) == 6 and all(t.state == "completed" for t in augur_trials.values())
     for t in study.trials:
         mirror = augur_trials[t.system_attrs["augur:trial_id"]]
         assert mirror.metrics["value"] == pytest.approx(t.value)
+        assert mirror.parameters.keys() == asked(t).keys()
         assert mirror.parameters["act"] == t.params["act"]
+        assert mirror.parameters["bias"] == str(t.params["bias"])
         assert mirror.parameters["lr"] == pytest.approx(t.params["lr"])
         assert t.system_attrs["augur:study_id"] == augur_s.id
 
 
-def test_a_parameter_that_appears_after_the_first_trial_is_a_clear_error(client):
+def test_a_parameter_that_appears_after_the_first_trial_joins_the_space(client):
+    """`y`, first asked in the second trial after only a float, is added at the top level,
+    its first value recorded in the Augur trial that revealed it; Augur suggests it after."""
     def objective(trial):
         x = trial.suggest_float("x", 0, 1)
         if trial.number >= 1:
-            trial.suggest_float("y", 0, 1)
+            return x + trial.suggest_float("y", 0, 1)
         return x
 
-    study = optuna.create_study(sampler=AugurSampler(client, unique_name("dyn"), algorithm="random"))
-    with pytest.raises(UnsupportedSearchSpace, match="'y' is not in Augur study"):
-        study.optimize(objective, n_trials=3)
-    augur_s = augur_study(client, study.sampler.study_name)
-    assert [t.state for t in augur_s.trials()] == ["completed", "failed"]
+    name = unique_name("dyn")
+    study = optuna.create_study(sampler=AugurSampler(client, name, algorithm="random"))
+    study.optimize(objective, n_trials=4)
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 4
+    augur_s = augur_study(client, name)
+    assert tree(augur_s)["y"]["parent"] is None
+    mirrors = {t.id: t for t in augur_s.trials()}
+    for t in study.trials:
+        assert mirrors[t.system_attrs["augur:trial_id"]].parameters == asked(t)
+
+
+def test_a_parameter_without_a_parent_rule_is_top_level(client):
+    """`conditional=False`: a parameter asked under a branch joins the top level, and Augur
+    suggests it in every later trial (used or not)."""
+    def objective(trial):
+        if trial.suggest_categorical("kind", ["a", "b"]) == "a":
+            return trial.suggest_float("w", 0, 1)
+        return 0.5
+
+    name = unique_name("flat")
+    sampler = AugurSampler(client, name, algorithm="random", seed=1, conditional=False)
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(objective, n_trials=8)
+    augur_s = augur_study(client, name)
+    assert tree(augur_s)["w"]["parent"] is None
+    trials = list(augur_s.trials())
+    first_w = next(i for i, t in enumerate(trials) if "w" in t.parameters)
+    assert all("w" in t.parameters for t in trials[first_w:])
+
+
+CONDITIONAL_SEEDS = range(6)
+
+
+def conditional_objective(trial):
+    """Define-by-run: momentum under sgd and rmsprop, eps under adam; best at sgd with
+    momentum 0.9 and x 0.5."""
+    x = trial.suggest_float("x", -2, 2)
+    opt = trial.suggest_categorical("optimizer", ["sgd", "adam", "rmsprop"])
+    if opt in ("sgd", "rmsprop"):
+        m = trial.suggest_float("momentum", 0.0, 1.0)
+        return (x - 0.5) ** 2 + (m - 0.9) ** 2 + (0.1 if opt == "rmsprop" else 0.0)
+    eps = trial.suggest_float("eps", 1e-8, 1e-4, log=True)
+    return (x - 0.5) ** 2 + 0.3 + 0.01 * math.log10(eps / 1e-8)
+
+
+def test_define_by_run_conditional_spaces_work_whichever_branch_the_first_trial_takes(client):
+    """The user's report: a conditional parameter failed with UnsupportedSearchSpace unless
+    the first trial took its branch (2 of 5 seeds). Over 6 seeds (the first trial on each
+    branch, checked) every trial completes; each child hangs under the values of its parent
+    that revealed it, and every Augur trial holds exactly the values its Optuna trial ran
+    with, those the fallback sampler gave included."""
+    firsts = set()
+    for seed in CONDITIONAL_SEEDS:
+        name = unique_name(f"cond{seed}")
+        with AugurSampler(client, name, seed=seed, max_trials=100) as sampler:
+            study = optuna.create_study(sampler=sampler)
+            study.optimize(conditional_objective, n_trials=14)
+        firsts.add(study.trials[0].params["optimizer"])
+        states = {t.state for t in study.trials}
+        assert states == {optuna.trial.TrialState.COMPLETE}, (seed, states)
+        augur_s = augur_study(client, name)
+        params = tree(augur_s)
+        taken = {t.params["optimizer"] for t in study.trials}
+        if "adam" in taken:
+            assert (params["eps"]["parent"], params["eps"]["when"]) == ("optimizer", ["adam"])
+        momentum_values = sorted(taken & {"sgd", "rmsprop"})
+        assert params["momentum"]["parent"] == "optimizer", seed
+        assert sorted(params["momentum"]["when"]) == momentum_values, seed
+        mirrors = {t.id: t for t in augur_s.trials()}
+        assert len(mirrors) == 14 and all(t.state == "completed" for t in mirrors.values())
+        for t in study.trials:
+            mirror = mirrors[t.system_attrs["augur:trial_id"]]
+            assert mirror.parameters.keys() == asked(t).keys(), (seed, t.number)
+            for key, value in asked(t).items():
+                assert mirror.parameters[key] == pytest.approx(value), (seed, t.number, key)
+        # Ended when the sampler was done: the budget lowered to the trials run.
+        assert augur_s.refresh().state == "completed"
+        assert augur_s.spec["max_trials"] == 14
+    # Both branches came first for some seeds (else this test proves less than it says).
+    assert "adam" in firsts and firsts & {"sgd", "rmsprop"}, firsts
 
 
 def test_a_changed_distribution_is_a_clear_error(client):
@@ -167,6 +283,19 @@ def test_categorical_choices_with_clashing_string_forms_are_refused():
         augur_parameter("c", optuna.distributions.CategoricalDistribution([1, "1"]))
 
 
+def test_loaded_trials_get_the_distributions_the_bridge_made_the_spec_from():
+    """The inverse of augur_parameter, for trials loaded from a study this process has not
+    asked: string forms back to Python values, stepped values back to steps."""
+    D = optuna.distributions
+    for dist in [D.FloatDistribution(1e-5, 1e-1, log=True), D.IntDistribution(16, 256, log=True),
+                 D.IntDistribution(1, 9, step=2), D.FloatDistribution(0.0, 0.5, step=0.1),
+                 D.CategoricalDistribution([True, False, None, "relu", 3, 2.5])]:
+        assert bridge._distribution_of(augur_parameter("p", dist)) == dist
+    uneven = bridge._distribution_of({"type": "discrete", "values": [1, 2, 4, 8]})
+    assert uneven == D.CategoricalDistribution([1, 2, 4, 8])
+    assert bridge._loaded_value(4, uneven, "p") == 4
+
+
 def run_bench(url, seeds, samplers):
     out = subprocess.run(
         [sys.executable, str(REPO / "benches" / "quality" / "optuna_bridge.py"), "--url", url,
@@ -232,3 +361,167 @@ def test_two_processes_with_four_jobs_each_keep_to_the_augur_cap(server, client,
         running += delta
         peak = max(peak, running)
     assert peak == 3
+
+
+def test_a_completed_study_loads_its_trials_into_optuna_and_says_how_to_go_on(client, caplog):
+    """The user's report: re-running under the same name raised "no trials left to run",
+    then `study.best_value` "No trials are completed yet". Now the finished trials come into
+    the Optuna study (best value, best params, dataframe), the log says how to run more or
+    start afresh, and raising the budget runs more on the same study."""
+    name = unique_name("rerun")
+
+    def objective(trial):
+        x = trial.suggest_float("x", -1, 1)
+        if trial.suggest_categorical("kind", ["a", "b"]) == "a":
+            x += trial.suggest_int("k", 0, 3)
+        return x * x
+
+    with AugurSampler(client, name, algorithm="random", seed=3) as first:
+        done = optuna.create_study(sampler=first)
+        done.optimize(objective, n_trials=5)
+    augur_s = augur_study(client, name)
+    assert (augur_s.state, augur_s.spec["max_trials"]) == ("completed", 5)
+
+    again = optuna.create_study(sampler=AugurSampler(client, name))
+    with caplog.at_level("WARNING", logger="augur.optuna"):
+        again.optimize(objective, n_trials=5)
+    loaded = [t for t in again.trials if t.system_attrs.get("augur:loaded")]
+    assert len(loaded) == 5
+    assert [t.state for t in again.trials if t not in loaded] == [optuna.trial.TrialState.PRUNED]
+    assert again.best_value == pytest.approx(done.best_value)
+    assert again.best_params == done.best_params
+    frame = again.trials_dataframe()
+    assert len(frame) == 6
+    assert {f"params_{p}" for t in done.trials for p in t.params} <= set(frame.columns)
+    assert {"k", "kind"} <= {p for t in done.trials for p in t.params}, "both branches ran"
+    said = caplog.text
+    assert f"Augur study {augur_s.id} {name!r} is completed" in said
+    assert "update(max_trials=" in said and "another study_name" in said
+    assert f"augur study delete {augur_s.id}" in said
+    assert len(list(augur_s.trials())) == 5, "nothing ran on the completed study"
+
+    # An active study found by a fresh process: its trials come along, and the run goes on.
+    augur_s.update(max_trials=8)
+    with AugurSampler(client, name) as third:
+        more = optuna.create_study(sampler=third)
+        more.optimize(objective, n_trials=3)
+    assert len(more.trials) == 8
+    assert sum(1 for t in more.trials if t.system_attrs.get("augur:loaded")) == 5
+    assert len(list(augur_s.trials())) == 8
+    assert augur_s.refresh().state == "completed"
+
+
+SCRIPT = """
+import json, sys, time, optuna, augur
+from augur.optuna import AugurSampler
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+url, name, n, pause = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+
+def objective(trial):
+    x = trial.suggest_float("x", -1, 1)
+    if trial.suggest_categorical("kind", ["a", "b"]) == "b":
+        x += trial.suggest_float("shift", 0, 1)
+    time.sleep(pause)
+    return x * x
+
+# No `with`, no finish(): the study ends as the interpreter exits.
+study = optuna.create_study(sampler=AugurSampler(augur.Client(url), name, algorithm="random",
+                                                 parallel_trials=4))
+study.optimize(objective, n_trials=n)
+loaded = [t for t in study.trials if t.system_attrs.get("augur:loaded")]
+ran = [t for t in study.trials if t not in loaded and t.state == optuna.trial.TrialState.COMPLETE]
+print(json.dumps({"ran": len(ran), "best": study.best_value, "loaded": len(loaded)}))
+"""
+
+
+def run_script(tmp_path, url, name, n, pause=0.0):
+    script = tmp_path / "bridge.py"
+    script.write_text(SCRIPT)
+    return subprocess.Popen([sys.executable, str(script), url, name, str(n), str(pause)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def outcome(proc):
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1]), err
+
+
+def test_a_bridge_script_ends_its_study_at_exit_and_a_rerun_loads_it(server, client, tmp_path):
+    """The user's report: bridge studies stayed `active` at 30 of 1,000 after `optimize`
+    returned. A script that neither finishes the sampler nor uses `with` ends its study as
+    the interpreter exits (completed, max_trials = its trials); running it again loads them
+    and says what to do."""
+    name = unique_name("exit")
+    first, _ = outcome(run_script(tmp_path, server.url, name, 6))
+    augur_s = augur_study(client, name)
+    assert (augur_s.state, augur_s.spec["max_trials"]) == ("completed", 6)
+    assert (first["ran"], first["loaded"]) == (6, 0)
+    second, err = outcome(run_script(tmp_path, server.url, name, 6))
+    assert second == {"ran": 0, "best": first["best"], "loaded": 6}
+    assert "is completed" in err and f"augur study delete {augur_s.id}" in err
+    assert len(list(augur_s.trials())) == 6
+
+
+def test_a_shared_study_ends_only_when_its_last_process_is_done(server, client, tmp_path):
+    """Two processes on one study, one done long before the other: the first leaves the
+    study active (the other holds a trial), the other runs all of its trials (none cut
+    short by the first one's exit) and ends it."""
+    name = unique_name("shared")
+    slow = run_script(tmp_path, server.url, name, 12, pause=0.5)
+    deadline = time.monotonic() + 60
+    # Past its discovery trial: a trial of its own in Augur's hands.
+    while sum(s.trial_counts.get("total", 0) for s in client.studies(name=name)) < 2:
+        assert time.monotonic() < deadline and slow.poll() is None, "no study"
+        time.sleep(0.1)
+    fast_out, fast_err = outcome(run_script(tmp_path, server.url, name, 3))
+    if slow.poll() is None:  # (on a slow machine it may be done already)
+        assert augur_study(client, name).refresh().state == "active", fast_err[-2000:]
+    slow_out, _ = outcome(slow)
+    assert (fast_out["ran"], slow_out["ran"]) == (3, 12)
+    augur_s = augur_study(client, name)
+    assert augur_s.state == "completed"
+    assert augur_s.spec["max_trials"] == 15 == len(list(augur_s.trials()))
+
+
+def test_a_process_still_discovering_when_another_ends_the_study_reopens_it(client):
+    """Two samplers (two processes' worth) on one study: B's discovery trial is still
+    running, unseen by Augur, when A, alone as far as Augur can tell, finishes and ends the
+    study. B, begun before that, raises the budget back and runs all of its trials, then
+    ends the study with everyone's trials."""
+    import threading
+
+    name = unique_name("reopen")
+    a_done = threading.Event()
+
+    def slow_first(trial):
+        x = trial.suggest_float("x", -1, 1)
+        if trial.number == 0:
+            assert a_done.wait(60)
+        return x * x
+
+    def fast(trial):
+        return trial.suggest_float("x", -1, 1) ** 2
+
+    b = AugurSampler(client, name, algorithm="random")
+    b_study = optuna.create_study(sampler=b)
+    runner = threading.Thread(target=b_study.optimize, args=(slow_first,),
+                              kwargs={"n_trials": 6})
+    runner.start()
+    deadline = time.monotonic() + 60
+    while b._began is None:  # B's discovery trial has begun
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    with AugurSampler(client, name, algorithm="random") as a:
+        optuna.create_study(sampler=a).optimize(fast, n_trials=3)
+    augur_s = augur_study(client, name)
+    assert (augur_s.state, augur_s.spec["max_trials"]) == ("completed", 3), "A ended it"
+    a_done.set()
+    runner.join(120)
+    b.finish()
+    own = [t for t in b_study.trials if not t.system_attrs.get("augur:loaded")]
+    assert [t.state for t in own] == [optuna.trial.TrialState.COMPLETE] * 6
+    assert len(b_study.trials) == 9, "with A's three, loaded when B found the study"
+    augur_s.refresh()
+    assert (augur_s.state, augur_s.spec["max_trials"]) == ("completed", 9)
+    assert len(list(augur_s.trials())) == 9

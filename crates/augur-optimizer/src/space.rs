@@ -318,6 +318,23 @@ impl SearchSpace {
         out
     }
 
+    /// Whether parameter `id` is active under `assignment`: it is a top-level parameter, or
+    /// its parent is active and set to a value that activates it. A parent the assignment
+    /// lacks (a trial stored before the parent was added to the space) activates nothing.
+    pub fn is_active(&self, id: &str, assignment: &Assignment) -> bool {
+        fn walk(params: &[Parameter], id: &str, a: &Assignment) -> bool {
+            params.iter().any(|p| {
+                p.id == id
+                    || a.get(&p.id).is_some_and(|v| {
+                        p.children
+                            .iter()
+                            .any(|c| Parameter::activates(c, v) && walk(&c.parameters, id, a))
+                    })
+            })
+        }
+        walk(&self.parameters, id, assignment)
+    }
+
     /// Check that `assignment` sets exactly the active parameters, each to a feasible value.
     /// On failure, returns the id of the offending parameter and what is wrong.
     pub fn check_assignment(&self, assignment: &Assignment) -> Result<(), (String, String)> {
@@ -377,6 +394,68 @@ mod tests {
         assert_ne!((0.0003f64.ln() + (0.5f64.ln() - 0.0003f64.ln())).exp(), 0.5);
     }
     use super::*;
+
+    #[test]
+    fn a_child_is_active_only_under_an_active_parent_set_to_one_of_its_values() {
+        let double = |id: &str| Parameter {
+            id: id.into(),
+            kind: ParameterKind::Double {
+                min: 0.0,
+                max: 1.0,
+                scale: Scale::Linear,
+            },
+            children: Vec::new(),
+        };
+        let categorical = |id: &str, children: Vec<Child>| Parameter {
+            id: id.into(),
+            kind: ParameterKind::Categorical {
+                values: vec!["sgd".into(), "adam".into(), "rmsprop".into()],
+            },
+            children,
+        };
+        let under = |when: &[&str], parameters| Child {
+            when: when.iter().map(|w| Value::Str((*w).into())).collect(),
+            parameters,
+        };
+        // optimizer ∈ {sgd, rmsprop} → momentum; sgd → schedule (a categorical) → decay
+        let space = SearchSpace {
+            parameters: vec![
+                double("lr"),
+                categorical(
+                    "optimizer",
+                    vec![
+                        under(&["sgd", "rmsprop"], vec![double("momentum")]),
+                        under(
+                            &["sgd"],
+                            vec![categorical(
+                                "schedule",
+                                vec![under(&["adam"], vec![double("decay")])],
+                            )],
+                        ),
+                    ],
+                ),
+            ],
+        };
+        let a = |pairs: &[(&str, &str)]| -> Assignment {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), Value::Str(v.to_string())))
+                .collect()
+        };
+        let sgd = a(&[("optimizer", "sgd"), ("schedule", "adam")]);
+        for id in ["lr", "optimizer", "momentum", "schedule", "decay"] {
+            assert!(space.is_active(id, &sgd), "{id} under sgd");
+        }
+        let rmsprop = a(&[("optimizer", "rmsprop")]);
+        assert!(space.is_active("momentum", &rmsprop));
+        assert!(!space.is_active("schedule", &rmsprop));
+        assert!(!space.is_active("decay", &rmsprop));
+        // A trial stored before `optimizer` existed: only top-level parameters are active.
+        let old = a(&[]);
+        assert!(space.is_active("optimizer", &old) && space.is_active("lr", &old));
+        assert!(!space.is_active("momentum", &old));
+        assert!(!space.is_active("nothing", &sgd), "not in the space at all");
+    }
 
     #[test]
     fn values_parse_by_json_type_and_round_trip() {

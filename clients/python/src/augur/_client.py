@@ -7,6 +7,7 @@ waiting loops (:meth:`Study.next_trial`, :meth:`Study.work`) and the reconciliat
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -97,6 +98,15 @@ class Client:
     def close(self) -> None:
         """Release the client's connections."""
         self._http.close()
+
+    def _with_retry(self, retry: RetryPolicy) -> "Client":
+        """The same client (its connections, token and replicas) with another retry policy:
+        e.g. none, for a last call at interpreter exit that must not wait for a server that
+        is gone."""
+        other = copy.copy(self)
+        other._http = copy.copy(self._http)
+        other._http.retry = retry
+        return other
 
     def __repr__(self) -> str:
         return f"augur.Client({self.url!r})"
@@ -557,6 +567,42 @@ class Study(_Annotated):
             if v is not None
         }
         self.data = self._http.request("PATCH", self._path, json=body, safety=Safety.IDEMPOTENT)
+        return self
+
+    def add_parameter(
+        self,
+        parameter: Mapping[str, Any],
+        parent: Optional[Mapping[str, Any]] = None,
+        *,
+        trials: Optional[Mapping[int, Any]] = None,
+    ) -> "Study":
+        """Grow the study's search space by one parameter while it runs.
+
+        Args:
+            parameter: The parameter as in a study spec, e.g. ``{"id": "momentum", "type":
+                "double", "min": 0, "max": 1}``.
+            parent: ``None`` for a top-level parameter (in every trial from now on), or
+                ``{"id": "optimizer", "values": ["sgd"]}`` for a child that is active when
+                its parent takes one of ``values``. For a child the study has already, the
+                values it lacks are added to those that activate it.
+            trials: Values of the parameter for unfinished trials handed out before it was
+                added, by trial id (``{7: 0.9}``): they run with them, and the optimizer
+                learns from them.
+
+        Adding what the study has already (same definition, same parent) changes nothing,
+        so the call is safe to repeat. Raises :class:`augur.Conflict` when the study has the
+        parameter with another definition or parent (``field`` names what differs), when a
+        trial named has finished or has another value, or when the study was stopped or
+        searches a grid; :class:`augur.InvalidArgument` for a bad field (``field`` names
+        it). Returns itself, refreshed."""
+        body: Dict[str, Any] = {"parameter": dict(parameter)}
+        if parent is not None:
+            body["parent"] = dict(parent)
+        if trials:
+            body["trials"] = [{"id": int(t), "value": v} for t, v in trials.items()]
+        self.data = self._http.request(
+            "POST", f"{self._path}/parameters", json=body, safety=Safety.IDEMPOTENT
+        )
         return self
 
     def stop(self) -> "Study":
