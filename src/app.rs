@@ -49,12 +49,9 @@ pub struct ServerConfig {
     pub base_dir: Option<std::path::PathBuf>,
     /// Names of this process's environment variables passed on to every dispatched job.
     pub job_env: Vec<String>,
-    /// The GPUs local replicas may be given; `None`: those `nvidia-smi -L` lists.
-    pub gpus: Option<Vec<String>>,
-    /// How the container executor runs images (Podman or Docker, with the operator's options).
-    pub containers: crate::dispatch::container::ContainerEngine,
-    /// How the kubernetes executor reaches its cluster (`--kubeconfig`, …).
-    pub kubernetes: crate::dispatch::kubernetes::KubeSettings,
+    /// The operator's settings for the executors: GPUs, the container engine, the
+    /// Kubernetes cluster, Slurm's options.
+    pub executors: crate::dispatch::settings::ExecutorSettings,
     /// Commands a `trial_job` may run (`--job-commands`); empty: any.
     pub job_commands: Vec<String>,
     /// Images a container or kubernetes `trial_job` may run (`--job-images`); empty: any
@@ -65,8 +62,6 @@ pub struct ServerConfig {
     pub job_env_allow: Vec<String>,
     /// Where on Kubernetes a spec may place its pods (`--kubernetes-service-accounts`, …).
     pub kubernetes_policy: crate::service::KubernetesPolicy,
-    /// The operator's `sbatch` options for every Slurm job (`--slurm-arg`).
-    pub slurm_args: Vec<String>,
     /// A request's head must arrive within this (also how long a connection may wait for
     /// its next request).
     pub header_read_timeout: std::time::Duration,
@@ -106,14 +101,11 @@ impl ServerConfig {
             public_url: None,
             base_dir: None,
             job_env: Vec::new(),
-            gpus: None,
-            containers: Default::default(),
-            kubernetes: Default::default(),
+            executors: Default::default(),
             job_commands: Vec::new(),
             job_images: Vec::new(),
             job_env_allow: Vec::new(),
             kubernetes_policy: Default::default(),
-            slurm_args: Vec::new(),
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
@@ -263,11 +255,8 @@ impl App {
                 base_dir,
                 owner: replica_id,
                 job_env: config.job_env.clone(),
-                gpus: config.gpus.clone(),
-                containers: config.containers.clone(),
-                kubernetes: config.kubernetes.clone(),
+                executors: config.executors.clone(),
                 run_as,
-                slurm_args: config.slurm_args.clone(),
             };
             Dispatcher::new(service.clone(), dispatch_config)
         });

@@ -150,9 +150,7 @@ pub struct ServeArgs {
     #[arg(long = "job-env", env = "AUGUR_JOB_ENV", value_delimiter = ',')]
     pub job_env: Vec<String>,
     #[command(flatten)]
-    pub machine: MachineArgs,
-    #[command(flatten)]
-    pub kubernetes: KubeArgs,
+    pub executors: ExecutorArgs,
     /// Run only `trial_job` commands that start with one of these (repeatable, or
     /// comma-separated): whole arguments (`/usr/bin/python3 /opt/t/train.py`) or a
     /// directory ending in `/` (`/opt/trainers/`). Default: any command (of operators and
@@ -177,10 +175,6 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub job_env_allow: Vec<String>,
-    /// An `sbatch` option for every Slurm job (repeatable), e.g. `--account=ml`: options a
-    /// spec may not pass itself (files, users, environment) are the operator's.
-    #[arg(long = "slurm-arg", allow_hyphen_values = true)]
-    pub slurm_args: Vec<String>,
     #[command(flatten)]
     pub kubernetes_policy: KubePolicyArgs,
     /// Serve HTTPS with this PEM certificate chain (with --tls-key).
@@ -259,9 +253,7 @@ pub enum Command {
         #[arg(long = "job-env", env = "AUGUR_JOB_ENV", value_delimiter = ',')]
         job_env: Vec<String>,
         #[command(flatten)]
-        machine: MachineArgs,
-        #[command(flatten)]
-        kubernetes: KubeArgs,
+        executors: ExecutorArgs,
     },
     /// Keep N trials of a study running on this machine (pulled through the API).
     Worker {
@@ -285,7 +277,7 @@ pub enum Command {
         #[arg(long = "env", value_name = "NAME[=VALUE]")]
         env: Vec<String>,
         #[command(flatten)]
-        machine: MachineArgs,
+        executors: ExecutorArgs,
         /// The training command; values are appended as --<id>=<value>.
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -301,15 +293,34 @@ pub enum Command {
     Openapi,
 }
 
-/// What the replicas of this machine may use: its GPUs, and the container engine.
+/// The operator's settings for the executors of this machine, the same for `serve`, `run`
+/// and `worker`: its GPUs, the container engine, the Kubernetes cluster, Slurm's options.
 #[derive(Debug, clap::Args)]
-pub struct MachineArgs {
+pub struct ExecutorArgs {
     /// The GPUs local replicas may be given, e.g. `0,1,2,3` (each replica asking for N gets N
     /// of its own); default: those `nvidia-smi -L` lists.
     #[arg(long, env = "AUGUR_GPUS", value_delimiter = ',')]
     gpus: Option<Vec<String>>,
     #[command(flatten)]
     containers: ContainerArgs,
+    #[command(flatten)]
+    kubernetes: KubeArgs,
+    /// An `sbatch` option for every Slurm job (repeatable), e.g. `--account=ml`: options a
+    /// spec may not pass itself (files, users, environment) are the operator's.
+    #[arg(long = "slurm-arg", allow_hyphen_values = true)]
+    slurm_args: Vec<String>,
+}
+
+impl ExecutorArgs {
+    /// The settings as one value, for every executor's context.
+    pub fn settings(self) -> crate::dispatch::settings::ExecutorSettings {
+        crate::dispatch::settings::ExecutorSettings {
+            gpus: self.gpus,
+            containers: self.containers.engine(),
+            kubernetes: self.kubernetes.settings(),
+            slurm_args: self.slurm_args,
+        }
+    }
 }
 
 /// How the container executor runs images: the operator's choice, never a spec's.
@@ -475,12 +486,10 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 public_url,
                 no_dispatch,
                 job_env,
-                machine,
-                kubernetes,
+                executors,
                 job_commands,
                 job_images,
                 job_env_allow,
-                slurm_args,
                 kubernetes_policy,
                 tls_cert,
                 tls_key,
@@ -496,9 +505,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 crate::service::check_configured_token(token).map_err(CliError::from)?;
             }
             let mut config = crate::app::ServerConfig::new(database_url, listen);
-            config.gpus = machine.gpus;
-            config.containers = machine.containers.engine();
-            config.kubernetes = kubernetes.settings();
+            config.executors = executors.settings();
             config.token = token;
             config.body_limit = body_limit;
             config.public_url = public_url;
@@ -507,7 +514,6 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             config.job_commands = job_commands;
             config.job_images = job_images;
             config.job_env_allow = job_env_allow;
-            config.slurm_args = slurm_args;
             config.kubernetes_policy = kubernetes_policy.policy();
             config.tls = tls_cert
                 .zip(tls_key)
@@ -535,21 +541,13 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             file,
             database_url,
             job_env,
-            machine,
-            kubernetes,
-        } => match run::run_study_file(
-            &file,
-            &database_url,
-            job_env,
-            machine.gpus,
-            machine.containers.engine(),
-            kubernetes.settings(),
-        )
-        .await?
-        {
-            run::RunEnd::Finished => Ok(()),
-            run::RunEnd::Interrupted => Err(Failure::Interrupted),
-        },
+            executors,
+        } => {
+            match run::run_study_file(&file, &database_url, job_env, executors.settings()).await? {
+                run::RunEnd::Finished => Ok(()),
+                run::RunEnd::Interrupted => Err(Failure::Interrupted),
+            }
+        }
         Command::Worker {
             client,
             study,
@@ -557,7 +555,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             client_id,
             output_dir,
             env,
-            machine,
+            executors,
             command,
         } => {
             // Every call a worker makes is safe to repeat: it rides out outages.
@@ -575,8 +573,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 client_id,
                 output_dir,
                 env,
-                gpus: machine.gpus,
-                containers: machine.containers.engine(),
+                executors: executors.settings(),
                 command,
             };
             Ok(worker::run_worker(http, options).await?)

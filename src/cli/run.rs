@@ -29,9 +29,7 @@ pub async fn run_study_file(
     file: &Path,
     database_url: &str,
     job_env: Vec<String>,
-    gpus: Option<Vec<String>>,
-    containers: crate::dispatch::container::ContainerEngine,
-    kubernetes: crate::dispatch::kubernetes::KubeSettings,
+    executors: crate::dispatch::settings::ExecutorSettings,
 ) -> CliResult<RunEnd> {
     // Relative paths in the spec (and trial directories) are the spec file's neighbours.
     let base_dir = match file.parent() {
@@ -51,9 +49,7 @@ pub async fn run_study_file(
     let mut config = ServerConfig::new(database_url, listen);
     config.base_dir = Some(base_dir.clone());
     config.job_env = job_env;
-    config.gpus = gpus;
-    config.containers = containers;
-    config.kubernetes = kubernetes;
+    config.executors = executors;
     let app = App::build(config).await?;
     let service = app.service().clone();
     let actor = crate::service::Caller::local("cli:run");

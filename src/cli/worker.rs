@@ -16,9 +16,7 @@ use tokio::sync::watch;
 use super::client::Client;
 use super::error::{CliError, CliResult};
 use crate::dispatch::executor::{Executor, ExecutorContext, executor_for};
-use crate::dispatch::gpus::GpuPool;
 use crate::dispatch::local::LocalExecutor;
-use crate::dispatch::ports::PortRegistry;
 use crate::dispatch::reporter::{AttemptStart, TrialReporter};
 use crate::dispatch::trial::{Interrupt, TrialSetup, run_trial};
 use crate::dispatch::{DispatchError, DispatchResult};
@@ -33,10 +31,9 @@ pub struct WorkerOptions {
     pub output_dir: Option<PathBuf>,
     /// `NAME=VALUE` to set, or `NAME` to pass on this worker's own value.
     pub env: Vec<String>,
-    /// The GPUs this worker's replicas may be given; `None`: those `nvidia-smi -L` lists.
-    pub gpus: Option<Vec<String>>,
-    /// How a container study's replicas run here.
-    pub containers: crate::dispatch::container::ContainerEngine,
+    /// The operator's settings for this machine's executors (its GPUs, the engine a
+    /// container study's replicas run in).
+    pub executors: crate::dispatch::settings::ExecutorSettings,
     pub command: Vec<String>,
 }
 
@@ -44,15 +41,7 @@ pub struct WorkerOptions {
 /// image), as local processes for every other (Slurm and Kubernetes studies too: the worker
 /// runs them on its own machine).
 fn worker_executor(job: &TrialJobSpec, options: &WorkerOptions) -> CliResult<Arc<dyn Executor>> {
-    let context = ExecutorContext {
-        gpus: match options.gpus.clone() {
-            Some(list) => GpuPool::new(list),
-            None => GpuPool::detect(),
-        },
-        ports: PortRegistry::default(),
-        containers: Arc::new(options.containers.clone()),
-        ..Default::default()
-    };
+    let context = ExecutorContext::new(&options.executors, None);
     Ok(match job.executor {
         ExecutorName::Container => executor_for(job, &context)
             .map_err(|e| CliError::Dispatch(DispatchError::Executor(e)))?,

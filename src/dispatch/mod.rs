@@ -20,6 +20,7 @@ pub mod local;
 pub mod ports;
 pub mod reporter;
 pub mod runner;
+pub mod settings;
 pub mod slurm;
 pub mod trial;
 
@@ -36,8 +37,6 @@ pub use error::{DispatchError, DispatchResult};
 use crate::model::StudyState;
 use crate::service::Service;
 use executor::ExecutorContext;
-use gpus::GpuPool;
-use ports::PortRegistry;
 use trial::Interrupt;
 
 /// How often the dispatcher looks for studies it should run (it also reacts at once to
@@ -55,16 +54,10 @@ pub struct DispatchConfig {
     /// Names of the server's environment variables passed on to every job besides the
     /// inherited ones (`--job-env`), e.g. a shared cache path or an experiment tracker's key.
     pub job_env: Vec<String>,
-    /// The GPUs local replicas may be given (`--gpus`); `None`: those `nvidia-smi -L` lists.
-    pub gpus: Option<Vec<String>>,
-    /// How the container executor runs images.
-    pub containers: container::ContainerEngine,
-    /// How the kubernetes executor reaches its cluster.
-    pub kubernetes: kubernetes::KubeSettings,
+    /// The operator's settings for the executors (GPUs, engine, cluster, Slurm options).
+    pub executors: settings::ExecutorSettings,
     /// Local jobs run as this user (`--run-jobs-as`), not the server's.
     pub run_as: Option<local::RunAs>,
-    /// The operator's `sbatch` options for every Slurm job (`--slurm-arg`).
-    pub slurm_args: Vec<String>,
 }
 
 /// Starts and stops study runners in this process.
@@ -80,20 +73,9 @@ pub struct Dispatcher {
 
 impl Dispatcher {
     pub fn new(service: Service, config: DispatchConfig) -> Self {
-        let gpus = match &config.gpus {
-            Some(list) => GpuPool::new(list.clone()),
-            None => GpuPool::detect(),
-        };
         Self {
             service,
-            executors: ExecutorContext {
-                gpus,
-                ports: PortRegistry::default(),
-                containers: Arc::new(config.containers.clone()),
-                kubernetes: kubernetes::KubeConnection::new(config.kubernetes.clone()),
-                run_as: config.run_as.clone(),
-                slurm_args: Arc::new(config.slurm_args.clone()),
-            },
+            executors: ExecutorContext::new(&config.executors, config.run_as.clone()),
             config: Arc::new(config),
             runners: Arc::default(),
             shutdown: watch::channel(false).0,

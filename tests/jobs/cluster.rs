@@ -573,7 +573,7 @@ async fn gpus_go_one_replica_each_and_a_trial_waits_for_its_own() {
     std::fs::create_dir_all(&locks).expect("locks dir");
     let db = common::sqlite_db();
     let mut config = augur::ServerConfig::new(db.url.clone(), "127.0.0.1:0".parse().expect("addr"));
-    config.gpus = Some(vec!["0".into(), "1".into(), "2".into()]);
+    config.executors.gpus = Some(vec!["0".into(), "1".into(), "2".into()]);
     let app = augur::App::build(config).await.expect("server");
     let addr = app.addr();
     tokio::spawn(app.run());

@@ -185,7 +185,7 @@ async fn setup_with(configure: impl FnOnce(&mut augur::ServerConfig) + Send + 's
     let app = {
         let engine = engine.clone();
         common::spawn_app_configured(common::sqlite_db(), move |c| {
-            c.containers = engine;
+            c.executors.containers = engine;
             configure(c);
         })
         .await

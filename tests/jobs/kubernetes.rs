@@ -685,7 +685,7 @@ async fn server_on(standin: &StandIn) -> (TestApp, tempfile::TempDir) {
     let mut config = augur::ServerConfig::new(db.url.clone(), "127.0.0.1:0".parse().expect("addr"));
     config.public_url = Some("http://augur.augur.svc:8080".into());
     config.base_dir = Some(runs.path().to_path_buf());
-    config.kubernetes = KubeSettings {
+    config.executors.kubernetes = KubeSettings {
         namespace: Some(NS.into()),
         kubeconfig: Some(standin.kubeconfig("ignored")),
         context: None,

@@ -628,7 +628,7 @@ async fn the_operators_sbatch_options_reach_every_job_with_the_specs() {
     let f = fixture();
     let marker = format!("augur-operator-{}", std::process::id());
     let app = common::spawn_app_configured(common::sqlite_db(), |c| {
-        c.slurm_args = vec![format!("--comment={marker}")];
+        c.executors.slurm_args = vec![format!("--comment={marker}")];
     })
     .await;
     let mut spec = study(&f, "operator", 1, 1, "hang_once", 0);
