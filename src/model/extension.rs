@@ -162,6 +162,14 @@ fn domain(p: &ParameterInput, path: &str) -> Result<ParameterKind, ValidationErr
 /// The first field in which two domains differ (`parameter.` + it), for a 409 to name.
 fn first_difference(have: &ParameterKind, want: &ParameterKind) -> &'static str {
     use ParameterKind as K;
+    // The first field that differs, in the order a spec writes them; `type` when none does
+    // (the same domain of another type).
+    let first = |differs: &[(bool, &'static str)]| {
+        differs
+            .iter()
+            .find(|(d, _)| *d)
+            .map_or("type", |(_, field)| *field)
+    };
     match (have, want) {
         (
             K::Double { min, max, scale },
@@ -170,17 +178,7 @@ fn first_difference(have: &ParameterKind, want: &ParameterKind) -> &'static str 
                 max: x,
                 scale: s,
             },
-        ) => {
-            if min != m {
-                "min"
-            } else if max != x {
-                "max"
-            } else if scale != s {
-                "scale"
-            } else {
-                "type"
-            }
-        }
+        ) => first(&[(min != m, "min"), (max != x, "max"), (scale != s, "scale")]),
         (
             K::Integer { min, max, scale },
             K::Integer {
@@ -188,32 +186,14 @@ fn first_difference(have: &ParameterKind, want: &ParameterKind) -> &'static str 
                 max: x,
                 scale: s,
             },
-        ) => {
-            if min != m {
-                "min"
-            } else if max != x {
-                "max"
-            } else if scale != s {
-                "scale"
-            } else {
-                "type"
-            }
-        }
+        ) => first(&[(min != m, "min"), (max != x, "max"), (scale != s, "scale")]),
         (
             K::Discrete { values, scale },
             K::Discrete {
                 values: v,
                 scale: s,
             },
-        ) => {
-            if values != v {
-                "values"
-            } else if scale != s {
-                "scale"
-            } else {
-                "type"
-            }
-        }
+        ) => first(&[(values != v, "values"), (scale != s, "scale")]),
         (K::Categorical { .. }, K::Categorical { .. }) => "values",
         _ => "type",
     }
