@@ -67,8 +67,8 @@ pub async fn require_token(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
         .or_else(|| cookie_token(&method, request.headers()));
-    // Who may call it is the matched route's declaration (`access`); a path that matches
-    // none needs a valid token before it hears 404.
+    // Who may call it is the matched route's declaration (`access`); a path or method that
+    // matches none needs a valid token before it hears 404 or 405.
     let template = request
         .extensions()
         .get::<MatchedPath>()
@@ -76,7 +76,12 @@ pub async fn require_token(
     let access = match state.access.lookup(&method, template.as_deref()) {
         RouteAccess::Declared(Access::Public) => return next.run(request).await,
         RouteAccess::Declared(access) => access,
-        RouteAccess::Unknown => Access::Role(Role::Reader),
+        // No route (404 to come) or not this method (405): a reader may hear that of a
+        // read, a change needs a writer first, as it would on any route.
+        RouteAccess::Unknown if matches!(method, Method::GET | Method::HEAD | Method::OPTIONS) => {
+            Access::Role(Role::Reader)
+        }
+        RouteAccess::Unknown => Access::Role(Role::Writer),
         RouteAccess::Undeclared => {
             return ApiError::Internal(format!(
                 "{method} {} declares no access: refused to everyone",

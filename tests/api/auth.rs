@@ -8,6 +8,43 @@ use augur::{App, ServerConfig};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
+/// Paths and methods no route declares (404 and 405 to come) ask what any route would: a
+/// token, and a writer's for a change. A reader's PUT is refused, not told "405".
+#[tokio::test]
+async fn undeclared_paths_and_methods_need_a_token_and_a_writer_to_change() {
+    let app = common::spawn_app_with(common::sqlite_db(), Some("admin-token-undeclared")).await;
+    let reader = crate::support::token(&app, "r", "reader").await;
+    let writer = crate::support::token(&app, "w", "writer").await;
+    let call = |token: Option<&str>, method: Method, path: &str| {
+        let (app, token, path) = (&app, token.map(str::to_string), path.to_string());
+        async move {
+            common::call(&app.http, &app.base, token.as_deref(), method, &path, None)
+                .await
+                .status
+        }
+    };
+    assert_eq!(
+        call(None, Method::GET, "/v1/nothing").await,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        call(Some(&reader), Method::GET, "/v1/nothing").await,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        call(Some(&reader), Method::PUT, "/v1/studies").await,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        call(Some(&reader), Method::PUT, "/").await,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        call(Some(&writer), Method::PUT, "/v1/studies").await,
+        StatusCode::METHOD_NOT_ALLOWED
+    );
+}
+
 #[tokio::test]
 async fn a_configured_token_is_required_and_health_stays_open() {
     let app = common::spawn_app_with(common::sqlite_db(), Some("s3cret-token")).await;
