@@ -477,66 +477,10 @@ impl From<CliError> for Failure {
 /// Run a parsed command; errors come back as one line for the user.
 pub async fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
-        Command::Serve(args) => {
-            let ServeArgs {
-                database_url,
-                listen,
-                token,
-                body_limit,
-                public_url,
-                no_dispatch,
-                job_env,
-                executors,
-                job_commands,
-                job_images,
-                job_env_allow,
-                kubernetes_policy,
-                tls_cert,
-                tls_key,
-                rate_limit,
-                header_read_timeout,
-                idle_timeout,
-                max_connections,
-                run_jobs_as,
-                replica_url,
-                commit_lanes,
-            } = *args;
-            if let Some(token) = &token {
-                crate::service::check_configured_token(token).map_err(CliError::from)?;
-            }
-            let mut config = crate::app::ServerConfig::new(database_url, listen);
-            config.executors = executors.settings();
-            config.token = token;
-            config.body_limit = body_limit;
-            config.public_url = public_url;
-            config.dispatch = !no_dispatch;
-            config.job_env = job_env;
-            config.job_commands = job_commands;
-            config.job_images = job_images;
-            config.job_env_allow = job_env_allow;
-            config.kubernetes_policy = kubernetes_policy.policy();
-            config.tls = tls_cert
-                .zip(tls_key)
-                .map(|(cert, key)| crate::app::TlsFiles { cert, key });
-            config.rate_limit = rate_limit;
-            config.header_read_timeout = std::time::Duration::from_secs(header_read_timeout.max(1));
-            config.idle_timeout = std::time::Duration::from_secs(idle_timeout.max(1));
-            config.max_connections = max_connections.max(1);
-            config.run_jobs_as = run_jobs_as;
-            config.replica_url = replica_url;
-            config.commit_lanes = commit_lanes.map(usize::from);
-            Ok(server::serve(config).await?)
-        }
+        Command::Serve(args) => Ok(server::serve((*args).into_config()?).await?),
         Command::Migrate { database_url } => Ok(server::migrate(&database_url).await?),
         Command::Token { command } => Ok(server::token_command(command).await?),
-        Command::Audit { client } => {
-            let http = Client::new(
-                &client.url,
-                client.token.as_deref(),
-                client.ca_cert.as_deref(),
-            )?;
-            Ok(study::print_audit(&http).await?)
-        }
+        Command::Audit { client } => Ok(study::print_audit(&client.client()?).await?),
         Command::Run {
             file,
             database_url,
@@ -559,12 +503,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             command,
         } => {
             // Every call a worker makes is safe to repeat: it rides out outages.
-            let http = Client::new(
-                &client.url,
-                client.token.as_deref(),
-                client.ca_cert.as_deref(),
-            )?
-            .patient();
+            let http = client.client()?.patient();
             let client_id = client_id.unwrap_or_else(worker::default_client_id);
             let study = study::resolve_study(&http, &study).await?;
             let options = worker::WorkerOptions {
@@ -578,26 +517,75 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             };
             Ok(worker::run_worker(http, options).await?)
         }
-        Command::Trial { client, command } => {
-            let http = Client::new(
-                &client.url,
-                client.token.as_deref(),
-                client.ca_cert.as_deref(),
-            )?;
-            Ok(trial_command(&http, command).await?)
-        }
+        Command::Trial { client, command } => Ok(trial_command(&client.client()?, command).await?),
         Command::Openapi => {
             print!("{}", crate::app::openapi_yaml());
             Ok(())
         }
         Command::Study { client, command } => {
-            let client = Client::new(
-                &client.url,
-                client.token.as_deref(),
-                client.ca_cert.as_deref(),
-            )?;
-            Ok(study::run_study_command(&client, command).await?)
+            Ok(study::run_study_command(&client.client()?, command).await?)
         }
+    }
+}
+
+impl ClientArgs {
+    /// The HTTP client these options describe.
+    fn client(&self) -> Result<Client, CliError> {
+        Client::new(&self.url, self.token.as_deref(), self.ca_cert.as_deref())
+    }
+}
+
+impl ServeArgs {
+    /// The server's configuration from `serve`'s options.
+    fn into_config(self) -> Result<crate::app::ServerConfig, CliError> {
+        let ServeArgs {
+            database_url,
+            listen,
+            token,
+            body_limit,
+            public_url,
+            no_dispatch,
+            job_env,
+            executors,
+            job_commands,
+            job_images,
+            job_env_allow,
+            kubernetes_policy,
+            tls_cert,
+            tls_key,
+            rate_limit,
+            header_read_timeout,
+            idle_timeout,
+            max_connections,
+            run_jobs_as,
+            replica_url,
+            commit_lanes,
+        } = self;
+        if let Some(token) = &token {
+            crate::service::check_configured_token(token).map_err(CliError::from)?;
+        }
+        let mut config = crate::app::ServerConfig::new(database_url, listen);
+        config.executors = executors.settings();
+        config.token = token;
+        config.body_limit = body_limit;
+        config.public_url = public_url;
+        config.dispatch = !no_dispatch;
+        config.job_env = job_env;
+        config.job_commands = job_commands;
+        config.job_images = job_images;
+        config.job_env_allow = job_env_allow;
+        config.kubernetes_policy = kubernetes_policy.policy();
+        config.tls = tls_cert
+            .zip(tls_key)
+            .map(|(cert, key)| crate::app::TlsFiles { cert, key });
+        config.rate_limit = rate_limit;
+        config.header_read_timeout = std::time::Duration::from_secs(header_read_timeout.max(1));
+        config.idle_timeout = std::time::Duration::from_secs(idle_timeout.max(1));
+        config.max_connections = max_connections.max(1);
+        config.run_jobs_as = run_jobs_as;
+        config.replica_url = replica_url;
+        config.commit_lanes = commit_lanes.map(usize::from);
+        Ok(config)
     }
 }
 
