@@ -158,15 +158,12 @@ pub fn trial_of_path(template: &str, path: &str) -> Option<(i64, i64)> {
 /// The study a request changes, from its route: any method but GET, HEAD and OPTIONS on a
 /// route under `/v1/studies/{study}`. Replicas send such requests to the study's owner.
 pub fn study_changed(method: &Method, template: &str, path: &str) -> Option<i64> {
-    if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
-        return None;
-    }
     let rest = template.strip_prefix("/v1/studies/{study}")?;
     if !(rest.is_empty() || rest.starts_with('/')) {
         return None;
     }
-    let id = path.strip_prefix("/v1/studies/")?.split('/').next()?;
-    id.parse().ok().filter(|id: &i64| *id > 0)
+    // The route is one of a study's: its id as clients read it from the path.
+    crate::model::request::study_changed_by(method.as_str(), path)
 }
 
 #[cfg(test)]

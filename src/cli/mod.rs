@@ -649,6 +649,49 @@ mod tests {
         }
     }
 
+    /// `serve`, `run` and `worker` share one group of executor options, passed on as one
+    /// value.
+    #[test]
+    fn serve_run_and_worker_take_the_same_executor_options() {
+        let options = [
+            "--gpus",
+            "0,1",
+            "--container-engine",
+            "docker",
+            "--container-engine-arg=--root=/srv/c",
+            "--container-run-arg=--ulimit=nofile=64:64",
+            "--kube-context",
+            "lab",
+            "--slurm-arg=--account=ml",
+        ];
+        let commands: [&[&str]; 3] = [
+            &["augur", "serve"],
+            &["augur", "run", "-f", "study.yaml"],
+            &["augur", "worker", "--study", "1"],
+        ];
+        for command in commands {
+            let mut argv: Vec<&str> = command.to_vec();
+            argv.extend(options);
+            if command[1] == "worker" {
+                argv.extend(["--", "python3", "train.py"]);
+            }
+            let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+            let settings = match cli.command {
+                Command::Serve(args) => args.executors.settings(),
+                Command::Run { executors, .. } | Command::Worker { executors, .. } => {
+                    executors.settings()
+                }
+                other => panic!("parsed as {other:?}"),
+            };
+            assert_eq!(settings.gpus, Some(vec!["0".to_string(), "1".to_string()]));
+            assert_eq!(settings.containers.program, "docker");
+            assert_eq!(settings.containers.global_args, ["--root=/srv/c"]);
+            assert_eq!(settings.containers.run_args, ["--ulimit=nofile=64:64"]);
+            assert_eq!(settings.kubernetes.context.as_deref(), Some("lab"));
+            assert_eq!(settings.slurm_args, ["--account=ml"]);
+        }
+    }
+
     #[test]
     fn commit_lanes_take_one_to_eight_and_name_the_flag_otherwise() {
         assert_eq!(serve_with("1"), Ok(Some(1)));

@@ -84,8 +84,8 @@ impl TryFrom<i64> for Step {
 pub const STUDY_REPLICA_HEADER: &str = "augur-study-replica";
 
 /// The study a request changes: any method but GET, HEAD and OPTIONS on `/v1/studies/{id}`
-/// or below it. Replicas route such requests to the study's owner, and clients that follow
-/// [`STUDY_REPLICA_HEADER`] send them there.
+/// or below it. Clients that follow [`STUDY_REPLICA_HEADER`] send such requests to the
+/// study's owner; replicas decide it from the matched route (`api::access::study_changed`).
 pub fn study_changed_by(method: &str, path: &str) -> Option<i64> {
     if ["GET", "HEAD", "OPTIONS"]
         .iter()

@@ -296,18 +296,24 @@ impl Service {
     }
 
     async fn study_view(&self, record: StudyRecord) -> ServiceResult<Study> {
+        let id = record.id;
+        let mut annotations = self.store.study_annotations(id, id).await?;
+        self.annotated_study_view(record, &mut annotations).await
+    }
+
+    /// `study_view` with the study's annotations taken from those already read (for a page
+    /// of studies, one read for all).
+    async fn annotated_study_view(
+        &self,
+        record: StudyRecord,
+        annotations: &mut std::collections::BTreeMap<i64, crate::model::Annotations>,
+    ) -> ServiceResult<Study> {
         let best_trial = match self.best_trial_record(record.id, &record.spec).await? {
             Some(t) => Some(self.trial_view(record.id, t).await?),
             None => None,
         };
-        let annotations = self
-            .store
-            .annotations(record.id, 0, 0)
-            .await?
-            .remove(&0)
-            .unwrap_or_default();
         Ok(Study {
-            annotations,
+            annotations: annotations.remove(&record.id).unwrap_or_default(),
             ..study_of(record, best_trial)
         })
     }

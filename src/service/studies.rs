@@ -105,8 +105,12 @@ impl Service {
             .await?;
         let (records, next) = split_page(records, limit, |s| s.id);
         let mut items = Vec::with_capacity(records.len());
+        let mut annotations = match (records.first(), records.last()) {
+            (Some(first), Some(last)) => self.store.study_annotations(first.id, last.id).await?,
+            _ => Default::default(),
+        };
         for record in records {
-            items.push(self.study_view(record).await?);
+            items.push(self.annotated_study_view(record, &mut annotations).await?);
         }
         Ok(Page {
             items,
@@ -161,11 +165,11 @@ impl Service {
         }
         self.check_manager(actor, study_id).await?;
         let detail = serde_json::to_string(&update).ok();
+        // The answer is a `study_view`: it carries the annotations just written.
         let study = self.change_study(study_id, Command::Update(update)).await?;
         self.audit(actor, "study.update", Some(study_id), None, detail)
             .await;
-        // The answer of a change carries the study's annotations as a read does.
-        self.get_study(study.id).await.or(Ok(study))
+        Ok(study)
     }
 
     /// Grow the study's search space by one parameter (see `model::extension`), as its

@@ -213,6 +213,13 @@ pub trait Store: Send + Sync + 'static {
         first: i64,
         last: i64,
     ) -> StoreResult<std::collections::BTreeMap<i64, crate::model::Annotations>>;
+    /// The notes, tags and user attributes of studies `first..=last` themselves (their
+    /// trial 0), by study: one read for a page of studies.
+    async fn study_annotations(
+        &self,
+        first: i64,
+        last: i64,
+    ) -> StoreResult<std::collections::BTreeMap<i64, crate::model::Annotations>>;
     /// Apply a validated `update` to a trial's annotations (trial 0: the study's) in one
     /// transaction: `false`, and nothing changed, when it would leave more than
     /// `max_user_attrs` user attributes.

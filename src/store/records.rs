@@ -7,7 +7,7 @@ use augur_optimizer::Assignment;
 use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 
-use super::StoreError;
+use super::{StoreError, StoreResult};
 use crate::model::{Measurement, Role, StudySpec, StudyState, TrialCounts, TrialPoint, TrialState};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -353,4 +353,28 @@ pub(super) fn to_json<T: serde::Serialize>(v: &T) -> Result<Json<serde_json::Val
     serde_json::to_value(v)
         .map(Json)
         .map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+/// Annotations from their rows, by the rows' first column (a trial's id, or a study's):
+/// `(key, note, tags as JSON)` and `(key, name, value as JSON)`. `what` names the key in
+/// the error of a row that does not parse.
+pub(super) fn annotations_by_key(
+    notes: Vec<(i64, Option<String>, String)>,
+    attrs: Vec<(i64, String, String)>,
+    what: &str,
+) -> StoreResult<std::collections::BTreeMap<i64, crate::model::Annotations>> {
+    let mut out: std::collections::BTreeMap<i64, crate::model::Annotations> = Default::default();
+    for (key, note, tags) in notes {
+        let entry = out.entry(key).or_default();
+        entry.note = note;
+        entry.tags = serde_json::from_str(&tags)
+            .map_err(|e| StoreError::Corrupt(format!("tags of {what} {key}: {e}")))?;
+    }
+    for (key, name, value) in attrs {
+        let value = serde_json::from_str(&value).map_err(|e| {
+            StoreError::Corrupt(format!("user attribute {name} of {what} {key}: {e}"))
+        })?;
+        out.entry(key).or_default().user_attrs.insert(name, value);
+    }
+    Ok(out)
 }

@@ -180,6 +180,11 @@ pub(super) const ANNOTATIONS_IN_RANGE: &str = "SELECT trial_id, note, tags FROM 
      WHERE study_id = $1 AND trial_id BETWEEN $2 AND $3";
 pub(super) const USER_ATTRS_IN_RANGE: &str = "SELECT trial_id, name, value FROM user_attrs \
      WHERE study_id = $1 AND trial_id BETWEEN $2 AND $3 ORDER BY trial_id, name";
+/// The studies' own (trial 0) for a range of study ids: one query for a page of studies.
+pub(super) const STUDY_ANNOTATIONS_IN_RANGE: &str = "SELECT study_id, note, tags FROM annotations \
+     WHERE trial_id = 0 AND study_id BETWEEN $1 AND $2";
+pub(super) const STUDY_USER_ATTRS_IN_RANGE: &str = "SELECT study_id, name, value FROM user_attrs \
+     WHERE trial_id = 0 AND study_id BETWEEN $1 AND $2 ORDER BY study_id, name";
 /// One statement per field, so that two people changing different fields lose nothing.
 pub(super) const SET_NOTE: &str = "INSERT INTO annotations (study_id, trial_id, note, updated_at) \
      VALUES ($1, $2, $3, $4) ON CONFLICT (study_id, trial_id) \
@@ -200,7 +205,8 @@ macro_rules! impl_sql_store {
             Measurement, StudySpec, StudyState, TrialCounts, TrialPoint, TrialState,
         };
         use $crate::store::records::{
-            AuditRow, MeasurementRow, StudyRow, TokenRow, TrialPointRow, TrialRow, to_json,
+            AuditRow, MeasurementRow, StudyRow, TokenRow, TrialPointRow, TrialRow,
+            annotations_by_key, to_json,
         };
         use $crate::store::sql::*;
         use $crate::store::{
@@ -485,38 +491,38 @@ macro_rules! impl_sql_store {
                 first: i64,
                 last: i64,
             ) -> StoreResult<std::collections::BTreeMap<i64, $crate::model::Annotations>> {
-                let mut out: std::collections::BTreeMap<i64, $crate::model::Annotations> =
-                    Default::default();
-                let rows: Vec<(i64, Option<String>, String)> = sqlx::query_as(ANNOTATIONS_IN_RANGE)
+                let notes = sqlx::query_as(ANNOTATIONS_IN_RANGE)
                     .bind(study_id)
                     .bind(first)
                     .bind(last)
                     .fetch_all(&self.pool)
                     .await?;
-                for (trial, note, tags) in rows {
-                    let entry = out.entry(trial).or_default();
-                    entry.note = note;
-                    entry.tags = serde_json::from_str(&tags).map_err(|e| {
-                        $crate::store::StoreError::Corrupt(format!(
-                            "tags of study {study_id} trial {trial}: {e}"
-                        ))
-                    })?;
-                }
-                let rows: Vec<(i64, String, String)> = sqlx::query_as(USER_ATTRS_IN_RANGE)
+                let attrs = sqlx::query_as(USER_ATTRS_IN_RANGE)
                     .bind(study_id)
                     .bind(first)
                     .bind(last)
                     .fetch_all(&self.pool)
                     .await?;
-                for (trial, name, value) in rows {
-                    let value = serde_json::from_str(&value).map_err(|e| {
-                        $crate::store::StoreError::Corrupt(format!(
-                            "user attribute {name} of study {study_id} trial {trial}: {e}"
-                        ))
-                    })?;
-                    out.entry(trial).or_default().user_attrs.insert(name, value);
-                }
-                Ok(out)
+                annotations_by_key(notes, attrs, &format!("study {study_id} trial"))
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn study_annotations(
+                &self,
+                first: i64,
+                last: i64,
+            ) -> StoreResult<std::collections::BTreeMap<i64, $crate::model::Annotations>> {
+                let notes = sqlx::query_as(STUDY_ANNOTATIONS_IN_RANGE)
+                    .bind(first)
+                    .bind(last)
+                    .fetch_all(&self.pool)
+                    .await?;
+                let attrs = sqlx::query_as(STUDY_USER_ATTRS_IN_RANGE)
+                    .bind(first)
+                    .bind(last)
+                    .fetch_all(&self.pool)
+                    .await?;
+                annotations_by_key(notes, attrs, "study")
             }
 
             #[tracing::instrument(skip_all)]

@@ -48,6 +48,28 @@ async fn notes_tags_and_user_attrs_are_kept_and_read_back(backend: &str) {
         "trimmed, once each"
     );
 
+    // A list of studies carries each one's own (read for the page at once).
+    let plain = app.create_study(common::spec("random", 5, 1)).await;
+    let listed = app.get("/v1/studies").await;
+    let tags_of = |id: i64| {
+        listed.body["studies"]
+            .as_array()
+            .and_then(|all| all.iter().find(|s| s["id"] == json!(id)))
+            .map(|s| s["tags"].clone())
+    };
+    assert_eq!(
+        tags_of(study),
+        Some(json!(["baseline", "v2"])),
+        "{}",
+        listed.body
+    );
+    assert_eq!(
+        tags_of(plain),
+        Some(serde_json::Value::Null),
+        "{}",
+        listed.body
+    );
+
     // A trial's user attributes merge; null removes one; note and tags replace.
     for body in [
         json!({"user_attrs": {"train_loss": 0.31, "gpu": "a100", "gone": true}}),

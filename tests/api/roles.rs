@@ -20,7 +20,8 @@
 //! tells to another's study are refused (issue 26, finding 8).
 //! | /login, /logout, /dashboard/*, /healthz, /readyz | yes    | yes              | yes      | yes   | yes         |
 //!
-//! (A `trial_job` needs an operator: `tokens.rs` checks that; here every body is `{}`.)
+//! (A `trial_job` needs an operator: `tokens.rs` checks that; here the bodies are `{}` or the
+//! least a route needs to parse, so that a refusal is about who asks.)
 
 use crate::common;
 

@@ -200,20 +200,15 @@ async fn a_local_job_runs_its_command_then_its_args_then_the_values() {
     std::fs::write(&script, ARGV_PY).expect("script");
     let app = common::spawn_app(common::sqlite_db()).await;
     let runs = f.dir.path().join("runs");
-    let spec = json!({
-        "name": "args",
-        "algorithm": "random",
-        "metrics": [{"id": "loss", "goal": "minimize"}],
-        "parameters": [{"id": "x", "type": "integer", "min": 1, "max": 3}],
-        "max_trials": 1,
-        "seed": 3,
-        "trial_job": {
+    let spec = one_trial_of_x(
+        "args",
+        json!({
             "command": ["python3", script.display().to_string()],
             "args": ["--epochs=5", "--run=t${trial_id}"],
             "output_dir": runs.display().to_string(),
             "worker_pools": [{}, {"args": ["--role=worker"]}]
-        }
-    });
+        }),
+    );
     let trial = first_trial_at_the_end(&app, spec).await;
     assert_eq!(trial["state"], "completed", "{trial}");
     let x = trial["parameters"]["x"].as_i64().expect("x");
@@ -963,6 +958,20 @@ async fn a_retried_trial_runs_again_in_its_own_directories() {
         "both runs in one log: {log}"
     );
 }
+/// A random study of one trial over an integer `x` in 1..=3, minimizing `loss`, run by
+/// `trial_job`.
+fn one_trial_of_x(name: &str, trial_job: Value) -> Value {
+    json!({
+        "name": name,
+        "algorithm": "random",
+        "metrics": [{"id": "loss", "goal": "minimize"}],
+        "parameters": [{"id": "x", "type": "integer", "min": 1, "max": 3}],
+        "max_trials": 1,
+        "seed": 3,
+        "trial_job": trial_job,
+    })
+}
+
 /// A worker pool whose own command names `${params_file}` finds the file, though the main
 /// command does not name it (issue 28: the file was written only for the main command).
 #[tokio::test]
@@ -991,19 +1000,14 @@ print("loss=1")
     .expect("script");
     let app = common::spawn_app(common::sqlite_db()).await;
     let runs = f.dir.path().join("runs");
-    let spec = json!({
-        "name": "pool-params-file",
-        "algorithm": "random",
-        "metrics": [{"id": "loss", "goal": "minimize"}],
-        "parameters": [{"id": "x", "type": "integer", "min": 1, "max": 3}],
-        "max_trials": 1,
-        "seed": 3,
-        "trial_job": {
+    let spec = one_trial_of_x(
+        "pool-params-file",
+        json!({
             "command": ["python3", script.display().to_string()],
             "output_dir": runs.display().to_string(),
             "worker_pools": [{}, {"command": ["python3", script.display().to_string(), "--config=${params_file}"]}]
-        }
-    });
+        }),
+    );
     let trial = first_trial_at_the_end(&app, spec).await;
     assert_eq!(trial["state"], "completed", "{trial}");
     let seen = std::fs::read_to_string(common::study_dir(&runs, 1).join("1/model/seen.json"))
