@@ -6,10 +6,11 @@
 
 use std::path::Path;
 
-use augur_optimizer::{DesignerInput, designer_for};
+use augur_optimizer::Policy;
 
 use super::error::{CliError, CliResult};
 use crate::model::{StudySpec, vertex};
+use crate::service::design;
 
 /// How many trials' command lines are shown at most.
 const SHOWN_TRIALS: usize = 3;
@@ -57,19 +58,10 @@ fn report(spec: &StudySpec, warnings: &[String]) -> Result<String, String> {
         return Ok(out);
     };
     let shown = SHOWN_TRIALS.min(config.max_trials as usize);
-    let input = DesignerInput {
-        space: &config.space,
-        metrics: &config.metrics,
-        completed: &[],
-        pending: &[],
-        count: shown,
-        first_trial_number: 1,
-        seed: config.seed,
-        previous_state: None,
-        prior_studies: &[],
-        desired_min_safe_trials_fraction: None,
-    };
-    let first = designer_for(config.algorithm).suggest(&input).suggestions;
+    // A new study's first trials: the study's own policy, before any history.
+    let first = design::policy_for(&config)
+        .decide(&design::history_free(&config, 1), shown)
+        .new_points();
     out.push_str(&format!(
         "the first {} trials would run{} ({} executor{}):\n",
         first.len(),
@@ -173,6 +165,7 @@ mod tests {
         let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("  trial ")).collect();
         assert_eq!(lines.len(), 3, "{text}");
         // The values the study's designer gives its first trials, as the arguments.
+        use augur_optimizer::{DesignerInput, designer_for};
         let first = designer_for(augur_optimizer::Algorithm::QuasiRandom)
             .suggest(&DesignerInput {
                 space: &s.validate().expect("config").space,

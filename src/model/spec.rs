@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use augur_optimizer::stopping::StoppingRule;
+use augur_optimizer::stopping::{EarlyStopping, StoppingRule};
 use augur_optimizer::{Algorithm, Goal, MetricSpec, SearchSpace, Value};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -169,10 +169,35 @@ pub struct EarlyStoppingSpec {
     /// (default 2); larger stops less often.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sigmas: Option<f64>,
+    /// The metric whose curve the rule reads (a metric id of the study; default: the first
+    /// metric).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<String>,
 }
 
 impl EarlyStoppingSpec {
-    fn validate(&self) -> Result<StoppingRule, ValidationError> {
+    /// The rule applied to its metric, one of `metrics` (already validated).
+    fn validate(&self, metrics: &[MetricSpec]) -> Result<EarlyStopping, ValidationError> {
+        let metric = match &self.metric {
+            None => metrics.first(),
+            Some(id) => metrics.iter().find(|m| &m.id == id),
+        };
+        let Some(metric) = metric.cloned() else {
+            return Err(ValidationError::new(
+                "early_stopping.metric",
+                format!(
+                    "{:?} is not a metric of the study",
+                    self.metric.as_deref().unwrap_or_default()
+                ),
+            ));
+        };
+        Ok(EarlyStopping {
+            rule: self.rule()?,
+            metric,
+        })
+    }
+
+    fn rule(&self) -> Result<StoppingRule, ValidationError> {
         let count = |v: Option<i64>, field: &str| -> Result<Option<usize>, ValidationError> {
             match v {
                 None => Ok(None),
@@ -364,7 +389,8 @@ pub struct StudyConfig {
     pub fail_fast_trials: u64,
     pub measurement_selection: MeasurementSelection,
     pub seed: u64,
-    pub early_stopping: Option<StoppingRule>,
+    /// The early-stopping rule and the metric it reads.
+    pub early_stopping: Option<EarlyStopping>,
     pub trial_lease_secs: i64,
     pub suggestion_time_budget: std::time::Duration,
     /// How the service runs each trial itself; `None` for ask/tell studies.
@@ -519,7 +545,7 @@ impl StudySpec {
         let early_stopping = self
             .early_stopping
             .as_ref()
-            .map(EarlyStoppingSpec::validate)
+            .map(|e| e.validate(&metrics))
             .transpose()?;
         if !(0..=1000).contains(&self.fail_fast_trials) {
             return Err(ValidationError::new(

@@ -368,6 +368,7 @@ fn early_stopping(
             min_completed_trials: None,
             min_curve_points: None,
             sigmas: None,
+            metric: None,
         }));
     }
     Ok(None)

@@ -21,6 +21,7 @@ mod annotations;
 pub mod artifacts;
 mod audit;
 mod checks;
+pub mod design;
 mod error;
 mod group_commit;
 mod job_policy;

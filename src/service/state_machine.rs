@@ -5,9 +5,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use augur_optimizer::{Assignment, DesignerInput, designer_for};
+use augur_optimizer::{Assignment, FullBudget, Policy};
 use chrono::{DateTime, Duration, Utc};
 
+use super::design;
 use super::{ServiceError, ServiceResult};
 use crate::model::extension::trial_value;
 use crate::model::{
@@ -501,25 +502,13 @@ impl StudyBatch {
     /// quasi-random ones (a model-based designer's points come precomputed; without them its
     /// suggestion ran out of time). Numbered from the study's next trial, so never repeated.
     fn design(&self, count: usize) -> Vec<Assignment> {
-        let algorithm = if designer_for(self.config.algorithm).uses_history() {
-            augur_optimizer::Algorithm::QuasiRandom
+        let policy = if design::uses_history(&self.config) {
+            FullBudget::of(augur_optimizer::Algorithm::QuasiRandom)
         } else {
-            self.config.algorithm
+            design::policy_for(&self.config)
         };
-        let designer = designer_for(algorithm);
-        let input = DesignerInput {
-            space: &self.config.space,
-            metrics: &self.config.metrics,
-            completed: &[],
-            pending: &[],
-            count,
-            first_trial_number: self.study.next_trial_id.max(1) as u64,
-            seed: self.config.seed,
-            previous_state: None,
-            prior_studies: &[],
-            desired_min_safe_trials_fraction: None,
-        };
-        designer.suggest(&input).suggestions
+        let study = design::history_free(&self.config, self.study.next_trial_id.max(1) as u64);
+        policy.decide(&study, count).new_points()
     }
 
     fn suggested(&self, trials: Vec<TrialRecord>, created: usize, retry_later: bool) -> Reply {

@@ -1,11 +1,12 @@
 //! Early stopping: whether a running trial should stop, by the study's rule (median or decay
-//! curve, `augur_optimizer::stopping`), compared with the latest completed trials' curves.
+//! curve, on the metric it names) as a policy (`augur_optimizer::EarlyStopping`), compared
+//! with the latest completed trials' curves.
 
-use std::collections::HashMap;
+use augur_optimizer::{Decision, Policy, StudyView};
 
 use super::state_machine::Command;
-use super::{Caller, Service, ServiceError, ServiceResult, stored_config};
-use crate::model::{Measurement, TrialState};
+use super::{Caller, Service, ServiceError, ServiceResult, design, stored_config};
+use crate::model::TrialState;
 
 /// Completed trials whose curves the early-stopping rule compares a running trial with: the
 /// latest ones, so the rule's cost stays bounded however large the study.
@@ -56,52 +57,41 @@ impl Service {
         if trial.state == TrialState::Stopping {
             return Ok(true);
         }
-        let Some(rule) = &config.early_stopping else {
+        let Some(policy) = &config.early_stopping else {
             return Ok(false);
         };
         if trial.state != TrialState::Active {
             return Ok(false);
         }
-        let metric = &config.metrics[0];
-        let peers = self
+        // The trial and its latest completed peers, with their curves.
+        let mut peers = self
             .store
-            .latest_completed_ids(study_id, STOPPING_PEERS)
+            .latest_completed(study_id, STOPPING_PEERS)
             .await?;
-        let mut curves = match (peers.last(), peers.first()) {
-            (Some(&oldest), Some(&newest)) => curves_by_trial(
-                self.store.measurements(study_id, oldest, newest).await?,
-                &metric.id,
-            ),
-            _ => HashMap::new(),
+        let mut rows = match (peers.last(), peers.first()) {
+            (Some(oldest), Some(newest)) => {
+                self.store
+                    .measurements(study_id, oldest.id, newest.id)
+                    .await?
+            }
+            _ => Vec::new(),
         };
-        let completed: Vec<Vec<(u64, f64)>> =
-            peers.iter().filter_map(|id| curves.remove(id)).collect();
-        let own_rows = self
-            .store
-            .measurements(study_id, trial_id, trial_id)
-            .await?;
-        let own = curves_by_trial(own_rows, &metric.id)
-            .remove(&trial_id)
-            .unwrap_or_default();
-        Ok(augur_optimizer::stopping::should_stop(
-            rule,
-            metric.goal,
-            &own,
-            &completed,
-        ))
+        rows.extend(
+            self.store
+                .measurements(study_id, trial_id, trial_id)
+                .await?,
+        );
+        peers.push(trial);
+        let views = design::trial_views(&peers, &config, design::curves_by_trial(rows));
+        let study = StudyView {
+            trials: &views,
+            ..design::history_free(&config, 1)
+        };
+        Ok(policy
+            .decide(&study, 0)
+            .decisions
+            .contains(&Decision::Stop {
+                trial: trial_id.max(0) as u64,
+            }))
     }
-}
-
-/// `(step, value)` learning curves of one metric, by trial, sorted by step.
-fn curves_by_trial(rows: Vec<(i64, Measurement)>, metric: &str) -> HashMap<i64, Vec<(u64, f64)>> {
-    let mut curves: HashMap<i64, Vec<(u64, f64)>> = HashMap::new();
-    for (trial_id, m) in rows {
-        if let Some(v) = m.metrics.get(metric) {
-            curves
-                .entry(trial_id)
-                .or_default()
-                .push((m.step.max(0) as u64, *v));
-        }
-    }
-    curves
 }

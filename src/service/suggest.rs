@@ -16,10 +16,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use augur_optimizer::{
-    Assignment, CompletedTrial, DesignerInput, Outcome, PriorStudy, designer_for,
-};
+use augur_optimizer::{Assignment, Policy, PriorStudy};
 
+use super::design::{self, Snapshot};
 use super::state_machine::{Command, Handed, Precomputed, Reply};
 use super::{Caller, Service, ServiceError, ServiceResult, stored_config, unexpected};
 use crate::model::spec::MAX_SUGGEST_VALUES;
@@ -158,7 +157,7 @@ impl Service {
         // Another process's (a replica's) is caught in the batch: points designed before a
         // trial that exists now come back `Stale` and are designed again.
         let deadline = tokio::time::Instant::now() + design_time(fixed.suggestion_time_budget);
-        let lock = if designer_for(fixed.algorithm).uses_history() {
+        let lock = if design::uses_history(&fixed) {
             Some(self.design_lock(study_id)?)
         } else {
             None
@@ -286,20 +285,13 @@ impl Service {
         first_trial_number: i64,
         clock: &mut FitClock<'_>,
     ) -> ServiceResult<Option<Vec<Assignment>>> {
-        let completed = completed_trials(trials, config);
-        let pending: Vec<Assignment> = trials
-            .iter()
-            .filter(|t| t.state.is_unfinished())
-            .map(|t| t.parameters.clone())
-            .collect();
-        let priors = self.prior_studies(config).await?;
-        let desired_safe = config.desired_min_safe_trials_fraction;
-        let space = config.space.clone();
-        let metrics = config.metrics.clone();
-        let seed = config.seed;
-        let first_trial_number = first_trial_number.max(1) as u64;
-        let previous_state = study.designer_state.clone();
-        let algorithm = config.algorithm;
+        let snapshot = Snapshot {
+            config: config.clone(),
+            trials: design::trial_views(trials, config, Default::default()),
+            next_trial_number: first_trial_number.max(1) as u64,
+            previous_state: study.designer_state.clone(),
+            priors: self.prior_studies(config).await?,
+        };
         // The optimizer is CPU-bound: keep it off the async workers. If this future is
         // dropped (the time budget ran out), the flag tells the designer to stop: a fit
         // nobody waits for must not hold a core.
@@ -323,19 +315,8 @@ impl Service {
         clock.started = true;
         let output = tokio::task::spawn_blocking(move || {
             let _core = core;
-            let input = DesignerInput {
-                space: &space,
-                metrics: &metrics,
-                completed: &completed,
-                pending: &pending,
-                count,
-                first_trial_number,
-                seed,
-                previous_state: previous_state.as_ref(),
-                prior_studies: &priors,
-                desired_min_safe_trials_fraction: desired_safe,
-            };
-            augur_optimizer::cancel::with_cancel(cancel, || designer_for(algorithm).suggest(&input))
+            let policy = design::policy_for(&snapshot.config);
+            augur_optimizer::cancel::with_cancel(cancel, || policy.decide(&snapshot.view(), count))
         })
         .await
         .map_err(|e| ServiceError::Internal(format!("designer task: {e}")))?;
@@ -346,7 +327,7 @@ impl Service {
                 tracing::warn!(study_id = study.id, %error, "could not keep designer state");
             }
         }
-        Ok(Some(output.suggestions))
+        Ok(Some(output.new_points()))
     }
 }
 
@@ -359,7 +340,7 @@ impl Service {
         for prior in &config.prior_studies {
             let trials = self.store.all_trials(*prior).await?;
             priors.push(PriorStudy {
-                completed: completed_trials(&trials, config),
+                completed: design::completed_trials(&trials, config),
             });
         }
         Ok(priors)
@@ -412,34 +393,6 @@ fn suggestions_needed(
     let free = config.free_slots(unfinished.len() as u64) as usize;
     let budget = (config.trial_budget() as usize).saturating_sub(trials.len());
     count.saturating_sub(waiting).min(free).min(budget)
-}
-
-/// The finished, not excluded trials as the designer learns from them, their outcomes read
-/// with `config`'s metrics.
-fn completed_trials(trials: &[TrialRecord], config: &StudyConfig) -> Vec<CompletedTrial> {
-    trials
-        .iter()
-        .filter(|t| !t.excluded && !t.state.is_unfinished())
-        .map(|t| CompletedTrial {
-            parameters: t.parameters.clone(),
-            outcome: outcome_of(t, config),
-        })
-        .collect()
-}
-
-fn outcome_of(trial: &TrialRecord, config: &StudyConfig) -> Outcome {
-    match (trial.state, &trial.final_measurement) {
-        (TrialState::Completed, Some(m))
-            if config
-                .metrics
-                .iter()
-                .all(|spec| m.metrics.contains_key(&spec.id)) =>
-        {
-            Outcome::Measured(m.metrics.clone())
-        }
-        (TrialState::Failed, _) => Outcome::Failed,
-        _ => Outcome::Infeasible,
-    }
 }
 
 #[cfg(test)]

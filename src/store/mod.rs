@@ -174,8 +174,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreResult<Vec<TrialRecord>>;
     /// Every trial of the study (for designers, Pareto sets and exports).
     async fn all_trials(&self, study_id: i64) -> StoreResult<Vec<TrialRecord>>;
-    /// Ids of the study's `limit` latest completed, not excluded trials, newest first.
-    async fn latest_completed_ids(&self, study_id: i64, limit: i64) -> StoreResult<Vec<i64>>;
+    /// The study's `limit` latest completed, not excluded trials, newest first.
+    async fn latest_completed(&self, study_id: i64, limit: i64) -> StoreResult<Vec<TrialRecord>>;
     /// The dashboard's light view of the study's trials: all of them by id, or with
     /// `changed_after = Some(seq)` at most `limit` of those changed after `change_seq` seq.
     async fn trial_points(

@@ -77,8 +77,12 @@ pub(super) const CHANGED_TRIAL_POINTS: &str = concat!(
     trial_point_cols!(),
     " FROM trials WHERE study_id = $1 AND change_seq > $2 ORDER BY change_seq, id LIMIT $3"
 );
-pub(super) const LATEST_COMPLETED_IDS: &str = "SELECT id FROM trials WHERE study_id = $1 \
-     AND state = 'completed' AND excluded = FALSE ORDER BY id DESC LIMIT $2";
+pub(super) const LATEST_COMPLETED: &str = concat!(
+    "SELECT ",
+    trial_cols!(),
+    " FROM trials WHERE study_id = $1 AND state = 'completed' AND excluded = FALSE \
+     ORDER BY id DESC LIMIT $2"
+);
 pub(super) const GET_TRIAL: &str = concat!(
     "SELECT ",
     trial_cols!(),
@@ -403,17 +407,17 @@ macro_rules! impl_sql_store {
             }
 
             #[tracing::instrument(skip_all)]
-            async fn latest_completed_ids(
+            async fn latest_completed(
                 &self,
                 study_id: i64,
                 limit: i64,
-            ) -> StoreResult<Vec<i64>> {
-                let rows: Vec<(i64,)> = sqlx::query_as(LATEST_COMPLETED_IDS)
+            ) -> StoreResult<Vec<TrialRecord>> {
+                let rows: Vec<TrialRow> = sqlx::query_as(LATEST_COMPLETED)
                     .bind(study_id)
                     .bind(limit)
                     .fetch_all(&self.pool)
                     .await?;
-                Ok(rows.into_iter().map(|(id,)| id).collect())
+                trials_from(rows)
             }
 
             #[tracing::instrument(skip_all)]

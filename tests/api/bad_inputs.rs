@@ -224,6 +224,15 @@ async fn bad_study_specs_name_their_field_and_create_nothing(backend: &str) {
         (
             Method::POST,
             "/v1/studies".into(),
+            Some(with(
+                json!({"early_stopping": {"rule": "median", "metric": "not_a_metric"}}),
+            )),
+            StatusCode::BAD_REQUEST,
+            "early_stopping.metric",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
             Some(json!("not an object")),
             StatusCode::BAD_REQUEST,
             "body",

@@ -569,11 +569,11 @@ async fn trial_points_are_the_records_light_view(store: Arc<dyn Store>) {
     );
     // Completed and not excluded (trial 3 is excluded), newest first.
     assert_eq!(
-        store.latest_completed_ids(study.id, 10).await.expect("ids"),
+        ids(store.latest_completed(study.id, 10).await.expect("trials")),
         [4, 2]
     );
     assert_eq!(
-        store.latest_completed_ids(study.id, 1).await.expect("ids"),
+        ids(store.latest_completed(study.id, 1).await.expect("trials")),
         [4]
     );
     assert!(
@@ -1064,4 +1064,8 @@ async fn one_transaction_changes_several_studies(store: Arc<dyn Store>) {
         other.commit().await.expect("commit other");
         holder.commit().await.expect("commit holder");
     }
+}
+
+fn ids(trials: Vec<TrialRecord>) -> Vec<i64> {
+    trials.iter().map(|t| t.id).collect()
 }

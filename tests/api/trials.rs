@@ -12,6 +12,7 @@ on_both_backends!(
     measurement_selection_best_picks_best_step,
     excluded_trial_is_not_best_and_not_given_to_optimizer,
     median_rule_stops_a_bad_trial,
+    early_stopping_reads_the_metric_it_names,
     changes_cursor_returns_only_what_changed,
     trial_counts_follow_every_transition,
 );
@@ -168,6 +169,68 @@ async fn excluded_trial_is_not_best_and_not_given_to_optimizer(backend: &str) {
     assert_eq!(
         app.get(&format!("/v1/studies/{id}")).await.body["best_trial"]["id"],
         1
+    );
+}
+
+/// `early_stopping.metric` names the curve the rule reads: here the second metric, `loss`;
+/// a trial as accurate as its peers but with a far worse loss stops, and one with a good
+/// loss and a poor accuracy does not.
+async fn early_stopping_reads_the_metric_it_names(backend: &str) {
+    let app = app(backend).await;
+    let mut s = spec("random", 20, 1);
+    s["metrics"] = json!([
+        {"id": "accuracy", "goal": "maximize"},
+        {"id": "loss", "goal": "minimize"}
+    ]);
+    s["early_stopping"] = json!({"rule": "median", "min_completed_trials": 3, "metric": "loss"});
+    let id = app.create_study(s).await;
+    let report = |trial: i64, accuracy: f64, loss: f64| {
+        let app = &app;
+        async move {
+            for step in 1..=3 {
+                let r = app
+                    .post(
+                        &format!("/v1/studies/{id}/trials/{trial}/measurements"),
+                        json!({"step": step, "metrics": {"accuracy": accuracy, "loss": loss}}),
+                    )
+                    .await;
+                assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+            }
+        }
+    };
+    let verdict = |trial: i64| {
+        let app = &app;
+        async move {
+            app.get(&format!("/v1/studies/{id}/trials/{trial}/should_stop"))
+                .await
+                .body["should_stop"]
+                .clone()
+        }
+    };
+    for trial in 1..=3 {
+        suggest(&app, id, 1, None).await;
+        report(trial, 0.8, 0.2).await;
+        app.post(
+            &format!("/v1/studies/{id}/trials/{trial}/complete"),
+            json!({}),
+        )
+        .await;
+    }
+    suggest(&app, id, 1, None).await;
+    report(4, 0.8, 3.0).await;
+    assert_eq!(
+        verdict(4).await,
+        true,
+        "its loss is far worse than its peers'"
+    );
+    app.post(&format!("/v1/studies/{id}/trials/4/complete"), json!({}))
+        .await;
+    suggest(&app, id, 1, None).await;
+    report(5, 0.1, 0.1).await;
+    assert_eq!(
+        verdict(5).await,
+        false,
+        "a poor accuracy is not what the rule reads"
     );
 }
 

@@ -1,4 +1,5 @@
-//! Quality bench driver: runs Augur's designers through `Designer::suggest` on the public
+//! Quality bench driver: runs Augur's designers, through the full-budget policy the service
+//! asks (`FullBudget::decide` over a `StudyView`), on the public
 //! suite (see `shared/reference/README.md`) and prints one JSON line per study:
 //! `{"optimizer", "function", "parallel", "seed", "regret": [best-so-far regret per trial],
 //!  "ms": [wall ms per suggest call, divided by the suggestions it returned]}`.
@@ -23,8 +24,9 @@ use std::time::Instant;
 
 use augur_optimizer::test_functions::{MIXED_SUITE, SUITE};
 use augur_optimizer::{
-    Algorithm, Assignment, CompletedTrial, Designer, DesignerInput, Goal, GpBanditConfig,
-    GpBanditDesigner, MetricSpec, Outcome, ParameterKind, SearchSpace, Value, designer_for,
+    Algorithm, Assignment, Designer, FullBudget, Goal, GpBanditConfig, GpBanditDesigner,
+    MetricSpec, Outcome, ParameterKind, Policy, SearchSpace, StudyView, TrialStatus, TrialView,
+    Value, designer_for,
 };
 
 /// A box function or a mixed-space problem, as the bench sees it.
@@ -131,10 +133,11 @@ fn check_design(f: &Problem, design: &[Vec<f64>]) -> Result<(), String> {
     Ok(())
 }
 
-/// A study under way: what the designer learns from and what the JSON line reports.
+/// A study under way: its finished trials (what the policy learns from) and what the JSON
+/// line reports.
 struct Recorder<'a> {
     f: &'a Problem,
-    completed: Vec<CompletedTrial>,
+    finished: Vec<TrialView>,
     state: Option<serde_json::Value>,
     best: f64,
     study: Study,
@@ -144,7 +147,7 @@ impl<'a> Recorder<'a> {
     fn new(f: &'a Problem) -> Self {
         Recorder {
             f,
-            completed: Vec::new(),
+            finished: Vec::new(),
             state: None,
             best: f64::INFINITY,
             study: Study {
@@ -155,11 +158,11 @@ impl<'a> Recorder<'a> {
         }
     }
 
-    /// Ask `designer` for `count` points numbered from `first_trial_number`, with `pending`
+    /// Ask `policy` for `count` points numbered from `first_trial_number`, with `pending`
     /// running; the points and the wall time per point.
     fn ask(
         &mut self,
-        designer: &dyn Designer,
+        policy: &dyn Policy,
         seed: u64,
         pending: &[Assignment],
         count: usize,
@@ -170,24 +173,32 @@ impl<'a> Recorder<'a> {
             goal: Goal::Minimize,
             safety_threshold: None,
         }];
-        let input = DesignerInput {
+        let running = pending.iter().map(|parameters| TrialView {
+            number: 0,
+            parameters: parameters.clone(),
+            status: TrialStatus::Running,
+            excluded: false,
+            budget: None,
+            measurements: Vec::new(),
+        });
+        let trials: Vec<TrialView> = self.finished.iter().cloned().chain(running).collect();
+        let study = StudyView {
             space: &self.f.space,
             metrics: &metrics,
-            completed: &self.completed,
-            pending,
-            count,
-            first_trial_number,
+            trials: &trials,
+            next_trial_number: first_trial_number,
             seed,
             previous_state: self.state.as_ref(),
             prior_studies: &[],
             desired_min_safe_trials_fraction: None,
         };
         let start = Instant::now();
-        let out = designer.suggest(&input);
+        let out = policy.decide(&study, count);
         let elapsed = start.elapsed().as_secs_f64() * 1e3;
-        self.state = out.state.or(self.state.take());
-        let per = elapsed / out.suggestions.len().max(1) as f64;
-        (out.suggestions, per)
+        self.state = out.state.clone().or(self.state.take());
+        let points = out.new_points();
+        let per = elapsed / points.len().max(1) as f64;
+        (points, per)
     }
 
     /// Measure a trial and record it; `ms` is the wall time its suggestion took.
@@ -197,21 +208,22 @@ impl<'a> Recorder<'a> {
         self.study.regret.push(self.best - self.f.optimum);
         self.study.ms.push(ms);
         self.study.points.push(a.clone());
-        self.completed.push(CompletedTrial {
+        self.finished.push(TrialView {
+            number: self.finished.len() as u64 + 1,
             parameters: a,
-            outcome: Outcome::Measured(BTreeMap::from([("y".to_string(), y)])),
+            status: TrialStatus::Finished(Outcome::Measured(BTreeMap::from([(
+                "y".to_string(),
+                y,
+            )]))),
+            excluded: false,
+            budget: None,
+            measurements: Vec::new(),
         });
     }
 }
 
 /// A study in batches of `parallel` suggested together, after the `design` points.
-fn run(
-    designer: &dyn Designer,
-    f: &Problem,
-    seed: u64,
-    parallel: usize,
-    design: &[Vec<f64>],
-) -> Study {
+fn run(policy: &dyn Policy, f: &Problem, seed: u64, parallel: usize, design: &[Vec<f64>]) -> Study {
     let mut r = Recorder::new(f);
     for x in design.iter().take(f.budget) {
         let a: Assignment = x
@@ -221,10 +233,10 @@ fn run(
             .collect();
         r.measure(a, 0.0);
     }
-    while r.completed.len() < f.budget {
-        let count = parallel.min(f.budget - r.completed.len());
-        let first = r.completed.len() as u64 + 1;
-        let (points, per) = r.ask(designer, seed, &[], count, first);
+    while r.finished.len() < f.budget {
+        let count = parallel.min(f.budget - r.finished.len());
+        let first = r.finished.len() as u64 + 1;
+        let (points, per) = r.ask(policy, seed, &[], count, first);
         if points.is_empty() {
             break;
         }
@@ -237,14 +249,14 @@ fn run(
 
 /// Like [`run`], but as `workers` workers that each ask for one trial when theirs ends: every
 /// suggestion sees the other workers' trials as pending, and the oldest trial ends first.
-fn run_workers(designer: &dyn Designer, f: &Problem, seed: u64, workers: usize) -> Study {
+fn run_workers(policy: &dyn Policy, f: &Problem, seed: u64, workers: usize) -> Study {
     let mut r = Recorder::new(f);
     let mut pending: VecDeque<(Assignment, f64)> = VecDeque::new();
     let mut asked = 0;
-    while r.completed.len() < f.budget {
+    while r.finished.len() < f.budget {
         while pending.len() < workers.max(1) && asked < f.budget {
             let others: Vec<Assignment> = pending.iter().map(|(a, _)| a.clone()).collect();
-            let (points, ms) = r.ask(designer, seed, &others, 1, asked as u64 + 1);
+            let (points, ms) = r.ask(policy, seed, &others, 1, asked as u64 + 1);
             let Some(a) = points.into_iter().next() else {
                 break;
             };
@@ -329,6 +341,7 @@ fn main() {
                 }),
                 None => designer_for(algorithm),
             };
+            let policy = FullBudget::new(designer);
             for &p in &parallel {
                 for seed in first_seed..first_seed + seeds {
                     let design = designs
@@ -340,10 +353,10 @@ fn main() {
                     }
                     let (study, optimizer) = if workers {
                         let label = label.clone().unwrap_or_else(|| format!("{name}_workers"));
-                        (run_workers(designer.as_ref(), f, seed, p), label)
+                        (run_workers(&policy, f, seed, p), label)
                     } else {
                         let label = label.clone().unwrap_or_else(|| name.to_string());
-                        (run(designer.as_ref(), f, seed, p, design), label)
+                        (run(&policy, f, seed, p, design), label)
                     };
                     let mut line = serde_json::json!({
                         "optimizer": optimizer, "function": f.name, "parallel": p, "seed": seed,

@@ -1,8 +1,8 @@
 //! Early-stopping rules: pure decisions over learning curves.
 //!
-//! A curve is a trial's intermediate measurements of the study's (first) metric as
-//! `(step, value)` pairs sorted by step. The service asks [`should_stop`] with the running
-//! trial's curve and the curves of the study's completed trials.
+//! A curve is a trial's intermediate measurements of one metric as `(step, value)` pairs
+//! sorted by step. [`EarlyStopping`] is a rule as a [`Policy`]: it stops running trials whose
+//! curve [`should_stop`] condemns, against the curves of the study's finished trials.
 //!
 //! - **Median** (Golovin et al. 2017, "Google Vizier", §3.2.2): stop trial `t` at step `s`
 //!   when its best value so far is strictly worse than the median, over completed trials
@@ -15,7 +15,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::designer::Goal;
+use crate::decision::{Decision, Policy, PolicyOutput, StudyView, TrialStatus};
+use crate::designer::{Goal, MetricSpec};
 
 /// A study's early-stopping rule, as written in its spec
 /// (`early_stopping: {rule: median, min_completed_trials: 5}`).
@@ -66,6 +67,46 @@ impl StoppingRule {
             min_curve_points: default_min_curve_points(),
             sigmas: default_sigmas(),
         }
+    }
+}
+
+/// A stopping rule applied to one metric, as a policy: it stops the running trials whose
+/// curve the rule condemns, compared with the finished trials the study view holds (the
+/// service shows it the latest ones, to bound the cost). It starts nothing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EarlyStopping {
+    pub rule: StoppingRule,
+    pub metric: MetricSpec,
+}
+
+impl Policy for EarlyStopping {
+    fn decide(&self, study: &StudyView<'_>, _slots: usize) -> PolicyOutput {
+        let id = &self.metric.id;
+        let peers: Vec<Vec<(u64, f64)>> = study
+            .trials
+            .iter()
+            .filter(|t| !t.excluded && matches!(t.status, TrialStatus::Finished(_)))
+            .map(|t| t.curve(id))
+            .collect();
+        let decisions = study
+            .trials
+            .iter()
+            .filter(|t| t.status == TrialStatus::Running)
+            .filter(|t| should_stop(&self.rule, self.metric.goal, &t.curve(id), &peers))
+            .map(|t| Decision::Stop { trial: t.number })
+            .collect();
+        PolicyOutput {
+            decisions,
+            state: None,
+        }
+    }
+
+    fn uses_history(&self) -> bool {
+        true
+    }
+
+    fn reads_curves(&self) -> bool {
+        true
     }
 }
 
@@ -299,6 +340,75 @@ mod tests {
         assert!(!should_stop(&rule, Goal::Minimize, &bad, &completed));
         assert!(!should_stop(&rule, Goal::Maximize, &bad, &completed[..4]));
         assert!(!should_stop(&rule, Goal::Maximize, &[], &completed));
+    }
+
+    #[test]
+    fn the_policy_stops_running_trials_by_the_metric_it_names_against_finished_peers() {
+        use crate::decision::{StepMeasurement, TrialView};
+        use crate::designer::Outcome;
+        use crate::space::{Assignment, SearchSpace};
+        use std::collections::BTreeMap;
+        // Every trial is as accurate as the others; the running one's loss is far worse.
+        let view = |number: u64, loss: f64, status: TrialStatus| TrialView {
+            number,
+            parameters: Assignment::new(),
+            status,
+            excluded: false,
+            budget: None,
+            measurements: (1..=3)
+                .map(|step| StepMeasurement {
+                    step,
+                    metrics: BTreeMap::from([("acc".to_string(), 0.9), ("loss".to_string(), loss)]),
+                })
+                .collect(),
+        };
+        let finished = || TrialStatus::Finished(Outcome::Infeasible);
+        let mut trials: Vec<TrialView> = (1..=5).map(|n| view(n, 0.1, finished())).collect();
+        trials.push(view(6, 5.0, TrialStatus::Running));
+        trials.push(view(7, 5.0, TrialStatus::Paused));
+        let space = SearchSpace::default();
+        let metrics = [
+            MetricSpec::new("acc", Goal::Maximize),
+            MetricSpec::new("loss", Goal::Minimize),
+        ];
+        let study = StudyView {
+            space: &space,
+            metrics: &metrics,
+            trials: &trials,
+            next_trial_number: 8,
+            seed: 0,
+            previous_state: None,
+            prior_studies: &[],
+            desired_min_safe_trials_fraction: None,
+        };
+        let by = |metric: &MetricSpec| {
+            EarlyStopping {
+                rule: StoppingRule::median(),
+                metric: metric.clone(),
+            }
+            .decide(&study, 4)
+            .decisions
+        };
+        assert_eq!(by(&metrics[1]), vec![Decision::Stop { trial: 6 }]);
+        assert!(
+            by(&metrics[0]).is_empty(),
+            "its accuracy is as good as its peers'"
+        );
+        let mut one_excluded = trials.clone();
+        one_excluded[0].excluded = true;
+        let fewer_peers = StudyView {
+            trials: &one_excluded,
+            ..study.clone()
+        };
+        let with_four = EarlyStopping {
+            rule: StoppingRule::median(),
+            metric: metrics[1].clone(),
+        }
+        .decide(&fewer_peers, 0);
+        assert!(
+            with_four.decisions.is_empty(),
+            "an excluded trial is no peer: 4 < min_completed_trials 5"
+        );
     }
 
     #[test]

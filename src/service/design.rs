@@ -1,0 +1,123 @@
+//! The study as the optimizer sees it: stored trials become `TrialView`s and a `StudyView`
+//! here and nowhere else, and the study's policy (what decides its next trials) is chosen here.
+
+use std::collections::HashMap;
+
+use augur_optimizer::{
+    CompletedTrial, FullBudget, Outcome, Policy, PriorStudy, StepMeasurement, StudyView,
+    TrialStatus, TrialView,
+};
+
+use crate::model::{Measurement, StudyConfig, TrialState};
+use crate::store::TrialRecord;
+
+/// What a study's trials are decided by: every trial at the full budget, new points from the
+/// study's algorithm.
+pub fn policy_for(config: &StudyConfig) -> FullBudget {
+    FullBudget::of(config.algorithm)
+}
+
+/// An owned snapshot of a study for a policy that runs off the async workers.
+pub(super) struct Snapshot {
+    pub config: StudyConfig,
+    pub trials: Vec<TrialView>,
+    pub next_trial_number: u64,
+    pub previous_state: Option<serde_json::Value>,
+    pub priors: Vec<PriorStudy>,
+}
+
+impl Snapshot {
+    pub fn view(&self) -> StudyView<'_> {
+        StudyView {
+            trials: &self.trials,
+            previous_state: self.previous_state.as_ref(),
+            prior_studies: &self.priors,
+            ..history_free(&self.config, self.next_trial_number)
+        }
+    }
+}
+
+/// The study without its trials, for policies that need no history (and for a preview): the
+/// next trial is numbered `next_trial_number`.
+pub fn history_free(config: &StudyConfig, next_trial_number: u64) -> StudyView<'_> {
+    StudyView {
+        space: &config.space,
+        metrics: &config.metrics,
+        trials: &[],
+        next_trial_number: next_trial_number.max(1),
+        seed: config.seed,
+        previous_state: None,
+        prior_studies: &[],
+        desired_min_safe_trials_fraction: config.desired_min_safe_trials_fraction,
+    }
+}
+
+/// The stored trials as a policy sees them, with their measurements from `curves` (by trial
+/// id; a trial absent there has none).
+pub(super) fn trial_views(
+    trials: &[TrialRecord],
+    config: &StudyConfig,
+    mut curves: HashMap<i64, Vec<StepMeasurement>>,
+) -> Vec<TrialView> {
+    trials
+        .iter()
+        .map(|t| TrialView {
+            number: t.id.max(0) as u64,
+            parameters: t.parameters.clone(),
+            status: if t.state.is_unfinished() {
+                TrialStatus::Running
+            } else {
+                TrialStatus::Finished(outcome_of(t, config))
+            },
+            excluded: t.excluded,
+            budget: None,
+            measurements: curves.remove(&t.id).unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// Measurement rows (trial id, measurement) grouped by trial, in step order.
+pub(super) fn curves_by_trial(rows: Vec<(i64, Measurement)>) -> HashMap<i64, Vec<StepMeasurement>> {
+    let mut curves: HashMap<i64, Vec<StepMeasurement>> = HashMap::new();
+    for (trial_id, m) in rows {
+        curves.entry(trial_id).or_default().push(StepMeasurement {
+            step: m.step.max(0) as u64,
+            metrics: m.metrics,
+        });
+    }
+    curves
+}
+
+/// The finished, not excluded trials as a designer learns from them, their outcomes read
+/// with `config`'s metrics (a warm start reads a prior study's trials this way).
+pub(super) fn completed_trials(
+    trials: &[TrialRecord],
+    config: &StudyConfig,
+) -> Vec<CompletedTrial> {
+    let views = trial_views(trials, config, HashMap::new());
+    StudyView {
+        trials: &views,
+        ..history_free(config, 1)
+    }
+    .completed()
+}
+
+fn outcome_of(trial: &TrialRecord, config: &StudyConfig) -> Outcome {
+    match (trial.state, &trial.final_measurement) {
+        (TrialState::Completed, Some(m))
+            if config
+                .metrics
+                .iter()
+                .all(|spec| m.metrics.contains_key(&spec.id)) =>
+        {
+            Outcome::Measured(m.metrics.clone())
+        }
+        (TrialState::Failed, _) => Outcome::Failed,
+        _ => Outcome::Infeasible,
+    }
+}
+
+/// Whether the study's policy needs the trials' history.
+pub(super) fn uses_history(config: &StudyConfig) -> bool {
+    policy_for(config).uses_history()
+}
