@@ -45,6 +45,7 @@ pub fn history_free(config: &StudyConfig, next_trial_number: u64) -> StudyView<'
         metrics: &config.metrics,
         trials: &[],
         next_trial_number: next_trial_number.max(1),
+        max_trials: Some(config.trial_budget()),
         seed: config.seed,
         previous_state: None,
         prior_studies: &[],

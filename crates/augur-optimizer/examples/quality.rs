@@ -187,6 +187,7 @@ impl<'a> Recorder<'a> {
             metrics: &metrics,
             trials: &trials,
             next_trial_number: first_trial_number,
+            max_trials: None,
             seed,
             previous_state: self.state.as_ref(),
             prior_studies: &[],

@@ -80,6 +80,9 @@ pub struct StudyView<'a> {
     pub trials: &'a [TrialView],
     /// The number the next new trial will get (from 1).
     pub next_trial_number: u64,
+    /// How many trials the study may create in all (`None`: no limit known); a scheduler
+    /// that can start no new trial settles its paused ones.
+    pub max_trials: Option<u64>,
     /// The study's seed.
     pub seed: u64,
     /// State the designer returned last time, if the service kept it.
@@ -91,6 +94,13 @@ pub struct StudyView<'a> {
 }
 
 impl StudyView<'_> {
+    /// How many more new trials the study may create.
+    pub fn new_trials_left(&self) -> u64 {
+        self.max_trials.map_or(u64::MAX, |max| {
+            max.saturating_sub(self.next_trial_number.saturating_sub(1))
+        })
+    }
+
     /// Finished trials the designer learns from (excluded ones left out), by number.
     pub fn completed(&self) -> Vec<CompletedTrial> {
         self.trials
@@ -277,6 +287,7 @@ mod tests {
             metrics: &metrics,
             trials: &trials,
             next_trial_number: 11,
+            max_trials: None,
             seed: 7,
             previous_state: None,
             prior_studies: &[],

@@ -10,6 +10,7 @@ pub mod designer;
 pub mod gp;
 pub mod gp_bandit;
 pub mod grid;
+pub mod multi_fidelity;
 pub mod quasi_random;
 pub mod random;
 pub mod space;

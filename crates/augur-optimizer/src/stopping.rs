@@ -376,6 +376,7 @@ mod tests {
             metrics: &metrics,
             trials: &trials,
             next_trial_number: 8,
+            max_trials: None,
             seed: 0,
             previous_state: None,
             prior_studies: &[],

@@ -1,0 +1,208 @@
+//! ASHA, asynchronous successive halving (Li et al. 2020, "A System for Massively Parallel
+//! Hyperparameter Tuning", Algorithm 2): a free slot goes to a promotion if one is due (from
+//! the highest rung down, a paused trial in the top 1/η of the trials that reached its rung),
+//! else to a new configuration at the lowest rung. Nobody waits for a rung to fill.
+
+use std::collections::HashSet;
+
+use crate::decision::{Decision, Policy, PolicyOutput, StudyView, TrialStatus, TrialView};
+use crate::designer::{CompletedTrial, Designer, MetricSpec, Outcome};
+use crate::multi_fidelity::{Fidelity, Progress, progress, value_at};
+use crate::space::Assignment;
+
+/// The ASHA scheduler; new configurations come from `designer`, which learns from the
+/// highest rung with enough results (BOHB-style) when it uses history.
+pub struct Asha {
+    pub fidelity: Fidelity,
+    /// The metric trials are ranked by at each rung.
+    pub metric: MetricSpec,
+    designer: Box<dyn Designer>,
+}
+
+impl Asha {
+    pub fn new(fidelity: Fidelity, metric: MetricSpec, designer: Box<dyn Designer>) -> Self {
+        Asha {
+            fidelity,
+            metric,
+            designer,
+        }
+    }
+
+    /// The paused trial to promote now and the rung it leaves, if one is due: from the top
+    /// rung down, the best not yet promoted among the top ⌊n/η⌋ of the n trials that reached
+    /// the rung. Once no new configuration may start (`end_game`), ⌈n/η⌉: else a rung of
+    /// fewer than η trials would never promote its best.
+    fn promotion(
+        &self,
+        rungs: &[f64],
+        trials: &[TrialView],
+        taken: &HashSet<u64>,
+        end_game: bool,
+    ) -> Option<(u64, usize)> {
+        let eta = self.fidelity.reduction_factor;
+        for k in (0..rungs.len().saturating_sub(1)).rev() {
+            let mut reached: Vec<(f64, &TrialView)> = trials
+                .iter()
+                .filter(|t| {
+                    progress(rungs, t)
+                        .rungs_done()
+                        .is_some_and(|done| done >= k)
+                })
+                .map(|t| (value_at(t, &self.metric, rungs[k]), t))
+                .collect();
+            let n = reached.len() as f64;
+            let quota = if end_game {
+                (n / eta).ceil()
+            } else {
+                (n / eta).floor()
+            } as usize;
+            reached.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.number.cmp(&b.1.number)));
+            let due = reached.iter().take(quota).find(|(value, t)| {
+                value.is_finite()
+                    && progress(rungs, t)
+                        == Progress::Ended {
+                            done: k,
+                            paused: true,
+                        }
+                    && !taken.contains(&t.number)
+            });
+            if let Some((_, t)) = due {
+                return Some((t.number, k));
+            }
+        }
+        None
+    }
+
+    /// What the designer learns from: every trial's result at the highest rung that enough
+    /// trials reached (the space's dimension + 2, as BOHB), else at the lowest; the trials
+    /// without a result there that still run or wait are pending.
+    fn history(
+        &self,
+        study: &StudyView<'_>,
+        rungs: &[f64],
+    ) -> (Vec<CompletedTrial>, Vec<Assignment>) {
+        let enough = study.space.all_parameters().len() + 2;
+        let reached = |k: usize| -> Vec<&TrialView> {
+            study
+                .trials
+                .iter()
+                .filter(|t| !t.excluded)
+                .filter(|t| {
+                    progress(rungs, t)
+                        .rungs_done()
+                        .is_some_and(|done| done >= k)
+                })
+                .collect()
+        };
+        let rung = (0..rungs.len())
+            .rev()
+            .find(|&k| reached(k).len() >= enough)
+            .unwrap_or(0);
+        let with_result = reached(rung);
+        let numbers: HashSet<u64> = with_result.iter().map(|t| t.number).collect();
+        let step = Fidelity::step(rungs[rung]);
+        let completed = with_result
+            .into_iter()
+            .map(|t| CompletedTrial {
+                parameters: t.parameters.clone(),
+                outcome: outcome_at(t, study.metrics, step),
+            })
+            .collect();
+        let pending = study
+            .trials
+            .iter()
+            .filter(|t| !numbers.contains(&t.number))
+            .filter(|t| !matches!(t.status, TrialStatus::Finished(_)))
+            .map(|t| t.parameters.clone())
+            .collect();
+        (completed, pending)
+    }
+}
+
+/// A trial's outcome at a rung's `step`: its latest measurement up to it with every metric
+/// of the study, else failed (when it failed) or infeasible.
+fn outcome_at(trial: &TrialView, metrics: &[MetricSpec], step: u64) -> Outcome {
+    let measured = trial
+        .measurements
+        .iter()
+        .rfind(|m| m.step <= step && metrics.iter().all(|spec| m.metrics.contains_key(&spec.id)));
+    match (measured, &trial.status) {
+        (Some(m), _) => Outcome::Measured(m.metrics.clone()),
+        (None, TrialStatus::Finished(Outcome::Failed)) => Outcome::Failed,
+        (None, _) => Outcome::Infeasible,
+    }
+}
+
+impl Policy for Asha {
+    fn decide(&self, study: &StudyView<'_>, slots: usize) -> PolicyOutput {
+        let rungs = self.fidelity.rungs();
+        let new_left = study.new_trials_left();
+        let end_game = new_left == 0;
+        let mut decisions = Vec::new();
+        let mut taken = HashSet::new();
+        while decisions.len() < slots {
+            let Some((trial, k)) = self.promotion(&rungs, study.trials, &taken, end_game) else {
+                break;
+            };
+            taken.insert(trial);
+            decisions.push(Decision::Resume {
+                trial,
+                budget: rungs[k + 1],
+            });
+        }
+        let new = ((slots - decisions.len()) as u64).min(new_left) as usize;
+        let mut state = None;
+        if new > 0 {
+            let (completed, pending) = if self.designer.uses_history() {
+                self.history(study, &rungs)
+            } else {
+                (Vec::new(), Vec::new())
+            };
+            let output = self
+                .designer
+                .suggest(&study.designer_input(&completed, &pending, new));
+            state = output.state;
+            decisions.extend(
+                output
+                    .suggestions
+                    .into_iter()
+                    .map(|parameters| Decision::New {
+                        parameters,
+                        budget: Some(rungs[0]),
+                    }),
+            );
+        }
+        // Nothing runs, nothing is due and nothing new may start: the paused trials will never
+        // be promoted, so they end at their rung.
+        let running = study
+            .trials
+            .iter()
+            .any(|t| t.status == TrialStatus::Running);
+        let settled = end_game
+            && !running
+            && self
+                .promotion(&rungs, study.trials, &HashSet::new(), true)
+                .is_none();
+        if settled {
+            decisions.extend(
+                study
+                    .trials
+                    .iter()
+                    .filter(|t| t.status == TrialStatus::Paused)
+                    .map(|t| Decision::Stop { trial: t.number }),
+            );
+        }
+        PolicyOutput { decisions, state }
+    }
+
+    fn uses_history(&self) -> bool {
+        true
+    }
+
+    fn reads_curves(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests;
