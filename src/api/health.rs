@@ -83,6 +83,7 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
                     TrialState::Completed => counts.completed,
                     TrialState::Infeasible => counts.infeasible,
                     TrialState::Failed => counts.failed,
+                    TrialState::Paused => counts.paused,
                 };
                 metrics::gauge!("augur_trials", "state" => s.as_str()).set(n as f64);
             }

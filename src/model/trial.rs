@@ -9,7 +9,8 @@ use utoipa::ToSchema;
 
 use super::StudySpec;
 
-/// `requested → active → (stopping →) completed | infeasible | failed`.
+/// `requested → active → (stopping →) completed | infeasible | failed`; in a multi-fidelity
+/// study `active → paused → active …` between rungs.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ToSchema,
 )]
@@ -24,16 +25,21 @@ pub enum TrialState {
     Completed,
     Infeasible,
     Failed,
+    /// Its attempt ended at a rung below the full budget: it waits for the scheduler to
+    /// promote it (resume it from its checkpoint at a larger budget) or stop it, and holds
+    /// no slot.
+    Paused,
 }
 
 impl TrialState {
-    pub const ALL: [TrialState; 6] = [
+    pub const ALL: [TrialState; 7] = [
         TrialState::Requested,
         TrialState::Active,
         TrialState::Stopping,
         TrialState::Completed,
         TrialState::Infeasible,
         TrialState::Failed,
+        TrialState::Paused,
     ];
 
     /// Unfinished trials count against `parallel_trials`.
@@ -52,6 +58,7 @@ impl TrialState {
             TrialState::Completed => "completed",
             TrialState::Infeasible => "infeasible",
             TrialState::Failed => "failed",
+            TrialState::Paused => "paused",
         }
     }
 
@@ -144,6 +151,8 @@ pub struct TrialCounts {
     pub completed: u64,
     pub infeasible: u64,
     pub failed: u64,
+    /// Multi-fidelity studies: trials waiting at a rung.
+    pub paused: u64,
     pub total: u64,
 }
 
@@ -154,8 +163,8 @@ impl TrialCounts {
     }
 
     /// The counts from stored per-state columns (requested, active, stopping, completed,
-    /// infeasible, failed), the total their sum.
-    pub fn from_columns(columns: [i64; 6]) -> Self {
+    /// infeasible, failed, paused), the total their sum.
+    pub fn from_columns(columns: [i64; 7]) -> Self {
         let mut counts = TrialCounts::default();
         for (state, n) in TrialState::ALL.into_iter().zip(columns) {
             counts.add(state, n.max(0) as u64);
@@ -164,7 +173,7 @@ impl TrialCounts {
     }
 
     /// The per-state counts in the order of [`TrialCounts::from_columns`].
-    pub fn columns(&self) -> [i64; 6] {
+    pub fn columns(&self) -> [i64; 7] {
         [
             self.requested,
             self.active,
@@ -172,6 +181,7 @@ impl TrialCounts {
             self.completed,
             self.infeasible,
             self.failed,
+            self.paused,
         ]
         .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
     }
@@ -197,6 +207,7 @@ impl TrialCounts {
             TrialState::Completed => &mut self.completed,
             TrialState::Infeasible => &mut self.infeasible,
             TrialState::Failed => &mut self.failed,
+            TrialState::Paused => &mut self.paused,
         }
     }
 }

@@ -67,6 +67,7 @@ mod tests {
             completed_at: None,
             change_seq: 0,
             attempts: 0,
+            budget: None,
         }
     }
 

@@ -549,6 +549,7 @@ impl StudyBatch {
             completed_at: None,
             change_seq: 0,
             attempts: 0,
+            budget: None,
         };
         self.trials.insert(id, trial.clone());
         self.created.insert(id);

@@ -101,9 +101,10 @@ const STUDIES_WITH_UNFINISHED: &str = "SELECT s.id AS s_id, s.name AS s_name, s.
      s.created_by AS s_created_by, s.created_at AS s_created_at, s.updated_at AS s_updated_at, \
      s.n_requested AS s_n_requested, s.n_active AS s_n_active, s.n_stopping AS s_n_stopping, \
      s.n_completed AS s_n_completed, s.n_infeasible AS s_n_infeasible, s.n_failed AS s_n_failed, \
+     s.n_paused AS s_n_paused, \
      t.study_id, t.id, t.state, t.parameters, t.client_id, t.final_measurement, t.objective, \
      t.infeasible_reason, t.fail_reason, t.early_stopped, t.excluded, t.lease_expires_at, \
-     t.created_at, t.started_at, t.completed_at, t.change_seq, t.attempts \
+     t.created_at, t.started_at, t.completed_at, t.change_seq, t.attempts, t.budget \
      FROM studies s LEFT JOIN LATERAL (\
      SELECT t.* FROM (SELECT s.id AS study_id, unnest(s.unfinished_ids) AS id OFFSET 0) AS u \
      JOIN trials t ON t.study_id = u.study_id AND t.id = u.id \
@@ -126,40 +127,40 @@ const STUDIES_WITH_UNFINISHED: &str = "SELECT s.id AS s_id, s.name AS s_name, s.
 const WRITE_STUDIES: &str = "WITH new_trials AS (\
      INSERT INTO trials (study_id, id, state, parameters, client_id, final_measurement, \
      objective, infeasible_reason, fail_reason, early_stopped, excluded, lease_expires_at, \
-     created_at, started_at, completed_at, change_seq, attempts) \
+     created_at, started_at, completed_at, change_seq, attempts, budget) \
      SELECT * FROM UNNEST($1::bigint[], $2::bigint[], $3::text[], $4::jsonb[], $5::text[], \
      $6::jsonb[], $7::float8[], $8::text[], $9::text[], $10::bool[], $11::bool[], \
      $12::timestamptz[], $13::timestamptz[], $14::timestamptz[], $15::timestamptz[], \
-     $16::bigint[], $17::int[])\
+     $16::bigint[], $17::int[], $18::float8[])\
      ), changed_trials AS (\
      UPDATE trials AS t SET state = u.state, parameters = u.parameters, \
      client_id = u.client_id, final_measurement = u.final_measurement, objective = u.objective, \
      infeasible_reason = u.infeasible_reason, fail_reason = u.fail_reason, \
      early_stopped = u.early_stopped, excluded = u.excluded, \
      lease_expires_at = u.lease_expires_at, started_at = u.started_at, \
-     completed_at = u.completed_at, change_seq = u.change_seq, attempts = u.attempts \
-     FROM (SELECT * FROM UNNEST($18::bigint[], $19::bigint[], $20::text[], $21::jsonb[], \
-     $22::text[], $23::jsonb[], $24::float8[], $25::text[], $26::text[], $27::bool[], \
-     $28::bool[], $29::timestamptz[], $30::timestamptz[], $31::timestamptz[], $32::bigint[], \
-     $33::int[]) AS u(study_id, id, state, parameters, client_id, final_measurement, \
+     completed_at = u.completed_at, change_seq = u.change_seq, attempts = u.attempts, \
+     budget = u.budget FROM (SELECT * FROM UNNEST($19::bigint[], $20::bigint[], $21::text[], $22::jsonb[], \
+     $23::text[], $24::jsonb[], $25::float8[], $26::text[], $27::text[], $28::bool[], \
+     $29::bool[], $30::timestamptz[], $31::timestamptz[], $32::timestamptz[], $33::bigint[], \
+     $34::int[], $35::float8[]) AS u(study_id, id, state, parameters, client_id, final_measurement, \
      objective, infeasible_reason, fail_reason, early_stopped, excluded, lease_expires_at, \
-     started_at, completed_at, change_seq, attempts) OFFSET 0) AS u \
+     started_at, completed_at, change_seq, attempts, budget) OFFSET 0) AS u \
      WHERE t.study_id = u.study_id AND t.id = u.id\
      ), measured AS (\
      INSERT INTO measurements (study_id, trial_id, step, elapsed_secs, metrics, created_at) \
-     SELECT * FROM UNNEST($34::bigint[], $35::bigint[], $36::bigint[], $37::float8[], \
-     $38::jsonb[], $39::timestamptz[]) \
+     SELECT * FROM UNNEST($36::bigint[], $37::bigint[], $38::bigint[], $39::float8[], \
+     $40::jsonb[], $41::timestamptz[]) \
      ON CONFLICT (study_id, trial_id, step) DO UPDATE SET \
      elapsed_secs = excluded.elapsed_secs, metrics = excluded.metrics, \
      created_at = excluded.created_at\
      ), revoked AS (\
-     DELETE FROM api_tokens AS a USING (SELECT * FROM UNNEST($40::bigint[], $41::bigint[]) \
+     DELETE FROM api_tokens AS a USING (SELECT * FROM UNNEST($42::bigint[], $43::bigint[]) \
      AS r(study_id, trial_id) OFFSET 0) AS r \
      WHERE a.study_id = r.study_id AND a.trial_id = r.trial_id\
      ), issued AS (\
      INSERT INTO api_tokens (name, token_hash, study_id, trial_id, created_at) \
-     SELECT * FROM UNNEST($42::text[], $43::text[], $44::bigint[], $45::bigint[], \
-     $46::timestamptz[]) \
+     SELECT * FROM UNNEST($44::text[], $45::text[], $46::bigint[], $47::bigint[], \
+     $48::timestamptz[]) \
      ON CONFLICT (name) DO UPDATE SET token_hash = excluded.token_hash, \
      study_id = excluded.study_id, trial_id = excluded.trial_id, \
      created_at = excluded.created_at\
@@ -168,12 +169,12 @@ const WRITE_STUDIES: &str = "WITH new_trials AS (\
      next_trial_id = u.next_trial_id, updated_at = u.updated_at, change_seq = u.change_seq, \
      unfinished_ids = CAST(u.unfinished_ids AS bigint[]), n_requested = u.n_requested, \
      n_active = u.n_active, n_stopping = u.n_stopping, n_completed = u.n_completed, \
-     n_infeasible = u.n_infeasible, n_failed = u.n_failed \
-     FROM UNNEST($47::bigint[], $48::text[], $49::text[], $50::jsonb[], $51::bigint[], \
-     $52::timestamptz[], $53::bigint[], $54::text[], $55::bigint[], $56::bigint[], \
-     $57::bigint[], $58::bigint[], $59::bigint[], $60::bigint[]) AS u(id, state, state_reason, \
+     n_infeasible = u.n_infeasible, n_failed = u.n_failed, n_paused = u.n_paused \
+     FROM UNNEST($49::bigint[], $50::text[], $51::text[], $52::jsonb[], $53::bigint[], \
+     $54::timestamptz[], $55::bigint[], $56::text[], $57::bigint[], $58::bigint[], \
+     $59::bigint[], $60::bigint[], $61::bigint[], $62::bigint[], $63::bigint[]) AS u(id, state, state_reason, \
      spec, next_trial_id, updated_at, change_seq, unfinished_ids, n_requested, n_active, \
-     n_stopping, n_completed, n_infeasible, n_failed) \
+     n_stopping, n_completed, n_infeasible, n_failed, n_paused) \
      WHERE s.id = u.id";
 
 type Jsonb = sqlx::types::Json<serde_json::Value>;
@@ -199,6 +200,7 @@ struct TrialColumns {
     completed_at: Vec<Option<Time>>,
     change_seq: Vec<i64>,
     attempts: Vec<i32>,
+    budget: Vec<Option<f64>>,
 }
 
 impl TrialColumns {
@@ -224,6 +226,7 @@ impl TrialColumns {
             c.change_seq.push(t.change_seq);
             c.attempts
                 .push(i32::try_from(t.attempts).unwrap_or(i32::MAX));
+            c.budget.push(t.budget);
         }
         Ok(c)
     }
@@ -304,6 +307,7 @@ fn study_of(row: &sqlx::postgres::PgRow) -> StoreResult<StudyRecord> {
         n_completed: row.try_get("s_n_completed")?,
         n_infeasible: row.try_get("s_n_infeasible")?,
         n_failed: row.try_get("s_n_failed")?,
+        n_paused: row.try_get("s_n_paused")?,
     }
     .try_into()
 }
@@ -539,7 +543,7 @@ async fn write_studies(
     let (mut r_study, mut r_trial) = (Vec::new(), Vec::new());
     let (mut k_name, mut k_hash, mut k_study, mut k_trial, mut k_at) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut studies: [Vec<i64>; 9] = Default::default();
+    let mut studies: [Vec<i64>; 10] = Default::default();
     let (mut s_state, mut s_reason, mut s_spec, mut s_updated, mut s_unfinished) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for w in writes {
@@ -585,6 +589,7 @@ async fn write_studies(
         n_comp,
         n_inf,
         n_fail,
+        n_paused,
     ] = studies;
     sqlx::query(WRITE_STUDIES)
         .bind(new.study_id)
@@ -604,6 +609,7 @@ async fn write_studies(
         .bind(new.completed_at)
         .bind(new.change_seq)
         .bind(new.attempts)
+        .bind(new.budget)
         .bind(changed.study_id)
         .bind(changed.id)
         .bind(changed.state)
@@ -620,6 +626,7 @@ async fn write_studies(
         .bind(changed.completed_at)
         .bind(changed.change_seq)
         .bind(changed.attempts)
+        .bind(changed.budget)
         .bind(m_study)
         .bind(m_trial)
         .bind(m_step)
@@ -647,6 +654,7 @@ async fn write_studies(
         .bind(n_comp)
         .bind(n_inf)
         .bind(n_fail)
+        .bind(n_paused)
         .execute(&mut **tx)
         .await?;
     Ok(())

@@ -51,8 +51,11 @@ pub struct TrialRecord {
     pub completed_at: Option<DateTime<Utc>>,
     /// The study's `change_seq` of the batch that last created or changed this trial.
     pub change_seq: i64,
-    /// Launches of a dispatched trial counted so far (its retries are `attempts - 1`).
+    /// Launches of a dispatched trial counted so far (its retries are `attempts - 1`); in a
+    /// multi-fidelity study, at its current budget.
     pub attempts: u32,
+    /// The budget of its latest attempt (multi-fidelity studies); `None`: the full budget.
+    pub budget: Option<f64>,
 }
 
 /// A dispatched trial's token for one launch: `name` identifies it (one per trial, replaced
@@ -136,6 +139,7 @@ pub(super) struct StudyRow {
     pub n_completed: i64,
     pub n_infeasible: i64,
     pub n_failed: i64,
+    pub n_paused: i64,
 }
 
 impl TryFrom<StudyRow> for StudyRecord {
@@ -164,6 +168,7 @@ impl TryFrom<StudyRow> for StudyRecord {
                 r.n_completed,
                 r.n_infeasible,
                 r.n_failed,
+                r.n_paused,
             ]),
         })
     }
@@ -188,6 +193,7 @@ pub(super) struct TrialRow {
     pub completed_at: Option<DateTime<Utc>>,
     pub change_seq: i64,
     pub attempts: i32,
+    pub budget: Option<f64>,
 }
 
 impl TryFrom<TrialRow> for TrialRecord {
@@ -224,6 +230,7 @@ impl TryFrom<TrialRow> for TrialRecord {
             completed_at: r.completed_at,
             change_seq: r.change_seq,
             attempts: r.attempts.max(0) as u32,
+            budget: r.budget,
         })
     }
 }

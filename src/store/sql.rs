@@ -6,14 +6,14 @@
 macro_rules! study_cols {
     () => {
         "id, name, state, state_reason, spec, next_trial_id, change_seq, designer_state, created_by, created_at, \
-         updated_at, n_requested, n_active, n_stopping, n_completed, n_infeasible, n_failed"
+         updated_at, n_requested, n_active, n_stopping, n_completed, n_infeasible, n_failed, n_paused"
     };
 }
 macro_rules! trial_cols {
     () => {
         "study_id, id, state, parameters, client_id, final_measurement, objective, infeasible_reason, \
          fail_reason, early_stopped, excluded, lease_expires_at, created_at, started_at, completed_at, change_seq, \
-         attempts"
+         attempts, budget"
     };
 }
 pub(super) use {study_cols, trial_cols};
@@ -36,7 +36,7 @@ pub(super) const DELETE_STUDY: &str = "DELETE FROM studies WHERE id = $1";
 pub(super) const COUNT_ALL_TRIALS: &str = "SELECT CAST(COALESCE(SUM(n_requested), 0) AS BIGINT), \
      CAST(COALESCE(SUM(n_active), 0) AS BIGINT), CAST(COALESCE(SUM(n_stopping), 0) AS BIGINT), \
      CAST(COALESCE(SUM(n_completed), 0) AS BIGINT), CAST(COALESCE(SUM(n_infeasible), 0) AS BIGINT), \
-     CAST(COALESCE(SUM(n_failed), 0) AS BIGINT) FROM studies";
+     CAST(COALESCE(SUM(n_failed), 0) AS BIGINT), CAST(COALESCE(SUM(n_paused), 0) AS BIGINT) FROM studies";
 pub(super) const BEST_TRIAL_MAX: &str = concat!(
     "SELECT ",
     trial_cols!(),
@@ -108,7 +108,7 @@ pub(super) const SET_DESIGNER_STATE: &str = "UPDATE studies SET designer_state =
 pub(super) const UPSERT_TRIAL: &str = concat!(
     "INSERT INTO trials (",
     trial_cols!(),
-    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) \
      ON CONFLICT (study_id, id) DO UPDATE SET state = excluded.state, \
      parameters = excluded.parameters, client_id = excluded.client_id, \
      final_measurement = excluded.final_measurement, objective = excluded.objective, \
@@ -116,7 +116,7 @@ pub(super) const UPSERT_TRIAL: &str = concat!(
      early_stopped = excluded.early_stopped, excluded = excluded.excluded, \
      lease_expires_at = excluded.lease_expires_at, started_at = excluded.started_at, \
      completed_at = excluded.completed_at, change_seq = excluded.change_seq, \
-     attempts = excluded.attempts"
+     attempts = excluded.attempts, budget = excluded.budget"
 );
 pub(super) const UPSERT_MEASUREMENT: &str = "INSERT INTO measurements \
      (study_id, trial_id, step, elapsed_secs, metrics, created_at) VALUES ($1, $2, $3, $4, $5, $6) \
@@ -124,7 +124,7 @@ pub(super) const UPSERT_MEASUREMENT: &str = "INSERT INTO measurements \
      metrics = excluded.metrics, created_at = excluded.created_at";
 pub(super) const UPDATE_STUDY: &str = "UPDATE studies SET state = $2, state_reason = $3, spec = $4, \
      next_trial_id = $5, updated_at = $6, change_seq = $7, n_requested = $8, n_active = $9, \
-     n_stopping = $10, n_completed = $11, n_infeasible = $12, n_failed = $13 WHERE id = $1";
+     n_stopping = $10, n_completed = $11, n_infeasible = $12, n_failed = $13, n_paused = $14 WHERE id = $1";
 pub(super) const INSERT_TOKEN: &str = "INSERT INTO api_tokens (name, token_hash, study_id, trial_id, created_at) \
      VALUES ($1, $2, $3, $4, $5)";
 macro_rules! token_cols {
@@ -322,11 +322,11 @@ macro_rules! impl_sql_store {
 
             #[tracing::instrument(skip_all)]
             async fn count_all_trials(&self) -> StoreResult<TrialCounts> {
-                let row: (i64, i64, i64, i64, i64, i64) = sqlx::query_as(COUNT_ALL_TRIALS)
+                let row: (i64, i64, i64, i64, i64, i64, i64) = sqlx::query_as(COUNT_ALL_TRIALS)
                     .fetch_one(&self.pool)
                     .await?;
                 Ok(TrialCounts::from_columns([
-                    row.0, row.1, row.2, row.3, row.4, row.5,
+                    row.0, row.1, row.2, row.3, row.4, row.5, row.6,
                 ]))
             }
 
@@ -830,6 +830,7 @@ macro_rules! impl_row_writes {
                         .bind(t.completed_at)
                         .bind(t.change_seq)
                         .bind(i32::try_from(t.attempts).unwrap_or(i32::MAX))
+                        .bind(t.budget)
                         .execute(&mut *self.tx)
                         .await?;
                 }
@@ -1011,6 +1012,7 @@ macro_rules! impl_row_study_tx {
                     .bind(counts[3])
                     .bind(counts[4])
                     .bind(counts[5])
+                    .bind(counts[6])
                     .execute(&mut *self.tx)
                     .await?;
                 Ok(())

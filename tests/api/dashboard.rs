@@ -654,6 +654,7 @@ async fn seed_browser_fixture() {
                 completed_at: Some(now),
                 change_seq: study.change_seq,
                 attempts: 0,
+                budget: None,
             });
         }
         tx.insert_trials(&trials).await.expect("insert");

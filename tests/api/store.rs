@@ -26,6 +26,7 @@ on_both_backends!(store:
     studies_remember_who_created_them,
     audit_entries_are_kept_in_order_and_outlive_their_study,
     one_transaction_changes_several_studies,
+    a_paused_trial_keeps_its_budget_and_is_counted,
 );
 
 fn spec(name: &str) -> StudySpec {
@@ -66,6 +67,7 @@ fn trial(study_id: i64, id: i64, state: TrialState, x: f64) -> TrialRecord {
         completed_at: None,
         change_seq: 0,
         attempts: 0,
+        budget: None,
     }
 }
 
@@ -1068,4 +1070,68 @@ async fn one_transaction_changes_several_studies(store: Arc<dyn Store>) {
 
 fn ids(trials: Vec<TrialRecord>) -> Vec<i64> {
     trials.iter().map(|t| t.id).collect()
+}
+
+/// Multi-fidelity columns on both write paths (one study's transaction, and several studies'
+/// in one, which PostgreSQL sends as one statement): a paused trial's budget and the study's
+/// count of paused trials come back as written.
+async fn a_paused_trial_keeps_its_budget_and_is_counted(store: Arc<dyn Store>) {
+    let study = store
+        .insert_study(&spec("rungs"), None, now())
+        .await
+        .expect("insert");
+    let mut paused = trial(study.id, 1, TrialState::Paused, 0.1);
+    paused.budget = Some(3.0);
+    paused.lease_expires_at = None;
+    insert(&*store, study.id, &[paused.clone()]).await;
+    assert_eq!(
+        store.get_trial(study.id, 1).await.expect("get"),
+        Some(paused.clone())
+    );
+    let counts = store
+        .get_study(study.id)
+        .await
+        .expect("get")
+        .expect("study")
+        .trial_counts;
+    assert_eq!((counts.paused, counts.total), (1, 1));
+
+    // Promoted, in a transaction of several studies: active again at the next rung.
+    let tx = store.begin_studies().await.expect("begin");
+    let mut on = locked(tx.lock_study(study.id, true).await.expect("lock"));
+    let mut promoted = paused.clone();
+    promoted.state = TrialState::Active;
+    promoted.budget = Some(9.0);
+    let mut s = on.study().clone();
+    s.trial_counts
+        .moved(Some(TrialState::Paused), TrialState::Active);
+    on.update_trials(&[promoted.clone()]).await.expect("update");
+    let mut fresh = trial(study.id, 2, TrialState::Paused, 0.2);
+    fresh.budget = Some(1.0);
+    s.trial_counts.moved(None, TrialState::Paused);
+    s.next_trial_id += 1;
+    on.insert_trials(&[fresh.clone()]).await.expect("insert");
+    on.update_study(&s).await.expect("update study");
+    on.release()
+        .await
+        .expect("release")
+        .commit()
+        .await
+        .expect("commit");
+    assert_eq!(
+        store.get_trial(study.id, 1).await.expect("get"),
+        Some(promoted)
+    );
+    assert_eq!(
+        store.get_trial(study.id, 2).await.expect("get"),
+        Some(fresh)
+    );
+    let counts = store
+        .get_study(study.id)
+        .await
+        .expect("get")
+        .expect("study")
+        .trial_counts;
+    assert_eq!((counts.paused, counts.active, counts.total), (1, 1, 2));
+    assert_eq!(store.count_all_trials().await.expect("count").paused, 1);
 }

@@ -423,6 +423,7 @@ async fn should_stop_reads_a_bounded_number_of_curves() {
                 completed_at: Some(now),
                 change_seq: study.change_seq + 1,
                 attempts: 0,
+                budget: None,
             });
         }
         tx.insert_trials(&trials).await.expect("insert");
