@@ -6,8 +6,6 @@
 
 use std::path::Path;
 
-use augur_optimizer::Policy;
-
 use super::error::{CliError, CliResult};
 use crate::model::{StudySpec, vertex};
 use crate::service::design;

@@ -131,6 +131,7 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> CliResult<()>
         job,
         metric_ids: study.spec.metrics.iter().map(|m| m.id.clone()).collect(),
         early_stopping: study.spec.early_stopping.is_some(),
+        fidelity: study.spec.validate().ok().and_then(|c| c.fidelity),
         augur_url: client.base().to_string(),
         base_env: trial_base_env(&options.env)?,
         study_dir,
@@ -238,7 +239,18 @@ async fn run_slot(
             })
         };
         reporter.hold(trial_id, &client_id);
-        let end = run_trial(setup.clone(), trial_id, parameters, None, interrupt.clone()).await;
+        // A multi-fidelity trial's budget: a promotion resumes the same trial, in the same
+        // directories, at a larger one.
+        let budget = trial["budget"].as_f64();
+        let end = run_trial(
+            setup.clone(),
+            trial_id,
+            parameters,
+            budget,
+            None,
+            interrupt.clone(),
+        )
+        .await;
         beat.abort();
         reporter.release(trial_id);
         eprintln!("trial {trial_id}: {end:?}");

@@ -153,6 +153,7 @@ impl StudyRunner {
             job,
             metric_ids: study.config.metrics.iter().map(|m| m.id.clone()).collect(),
             early_stopping: study.config.early_stopping.is_some(),
+            fidelity: study.config.fidelity.clone(),
             augur_url: self.config.augur_url.clone(),
             base_env: job_base_env(&self.config.job_env),
             reporter: Arc::new(ServiceReporter {
@@ -239,7 +240,15 @@ impl StudyRunner {
         }
         let (setup, interrupt) = (setup.clone(), self.interrupt_trials.subscribe());
         self.tasks.spawn(async move {
-            let end = run_trial(setup, trial.id, trial.parameters, first, interrupt).await;
+            let end = run_trial(
+                setup,
+                trial.id,
+                trial.parameters,
+                trial.budget,
+                first,
+                interrupt,
+            )
+            .await;
             (trial.id, end)
         });
     }

@@ -18,6 +18,8 @@ use super::error::{DispatchError, DispatchResult};
 use super::executor::{Executor, JobRequest, ReplicaRequest};
 use super::reporter::{AttemptStart, TrialReporter};
 use crate::model::job::DEFAULT_METRIC_REGEX;
+use crate::model::job::value_text;
+use crate::model::spec::FidelityConfig;
 use crate::model::{Measurement, StudyDir, TrialDirs, TrialJobSpec};
 use crate::service::trial_files::{self, DirOwner, FileAccess};
 
@@ -48,6 +50,8 @@ pub struct TrialSetup {
     pub reporter: Arc<dyn TrialReporter>,
     /// `metric_regex` (or the default), compiled once for all trials.
     pub metric_pattern: Regex,
+    /// Multi-fidelity: the argument that takes each attempt's budget.
+    pub fidelity: Option<FidelityConfig>,
 }
 
 impl TrialSetup {
@@ -96,15 +100,24 @@ async fn read_handle(dirs: &TrialDirs) -> std::io::Result<String> {
 }
 
 /// Run `trial_id` with `parameters` until it completes, fails for good, or is interrupted.
-/// `first`: its first launch, when already counted (the study runner counts it with the
-/// suggestion).
+/// `budget`: a multi-fidelity attempt's (`None`: the full budget). `first`: its first
+/// launch, when already counted (the study runner counts it with the suggestion).
 pub async fn run_trial(
     setup: Arc<TrialSetup>,
     trial_id: i64,
     parameters: augur_optimizer::Assignment,
+    budget: Option<f64>,
     mut first: Option<AttemptStart>,
     mut interrupt: watch::Receiver<Interrupt>,
 ) -> TrialEnd {
+    // The budget reaches the trainer as its argument (rendered like the values, and in the
+    // params file) and as AUGUR_BUDGET.
+    let mut parameters = parameters;
+    let budget = setup.fidelity.as_ref().map(|f| {
+        let value = f.value(budget.unwrap_or(f.ladder.max));
+        parameters.insert(f.argument.clone(), value.clone());
+        value_text(&value)
+    });
     let reporter = setup.reporter.clone();
     let dirs = TrialDirs::new(&setup.study_dir, trial_id);
     let interrupted = clean_up_leftover(&setup, trial_id, &dirs, first.is_none()).await;
@@ -121,7 +134,10 @@ pub async fn run_trial(
         trial_id,
         dirs: &dirs,
     };
-    let env = trial_env(&setup.base_env, &setup.job.env, &identity);
+    let mut env = trial_env(&setup.base_env, &setup.job.env, &identity);
+    if let Some(budget) = budget {
+        env.push(("AUGUR_BUDGET".to_string(), budget));
+    }
     let timeout = setup.job.timeout_secs.map(Duration::from_secs);
     let max_attempts = setup.job.max_retries + 1;
     let mut last_failure = String::new();

@@ -71,6 +71,102 @@ pub struct StudySpec {
     /// learns from, without counting them against this study's budget (a warm start).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub prior_studies: Vec<i64>,
+    /// Multi-fidelity: the budget a trial trains for (epochs, a data fraction), passed to it
+    /// as the argument `argument` (`--epochs=9`), `AUGUR_BUDGET` and a suggestion's
+    /// `budget`. Without a `scheduler`, every trial trains for `max`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fidelity: Option<FidelitySpec>,
+    /// How trials move between budgets: `asha` starts each at `fidelity.min` and promotes
+    /// the best (the top 1/`reduction_factor` of each rung) to the next rung, resuming the
+    /// same trial from its checkpoint. Absent: every trial runs at the full budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler: Option<SchedulerName>,
+}
+
+/// The budget range of a multi-fidelity study: rungs `min·η^k` below `max`, then `max`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FidelitySpec {
+    /// The trainer's argument that takes the budget (not a search parameter).
+    pub argument: String,
+    pub min: f64,
+    pub max: f64,
+    /// η (at least 2): each rung's budget is η times the one before, and 1/η of its trials
+    /// go on.
+    #[serde(default = "default_reduction_factor")]
+    pub reduction_factor: f64,
+}
+
+fn default_reduction_factor() -> f64 {
+    3.0
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SchedulerName {
+    Asha,
+}
+
+/// A validated `fidelity`: the trainer's argument and the rungs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FidelityConfig {
+    pub argument: String,
+    pub ladder: augur_optimizer::multi_fidelity::Fidelity,
+}
+
+impl FidelityConfig {
+    /// A budget as the trainer gets it: a whole number when the fidelity is integral.
+    pub fn value(&self, budget: f64) -> Value {
+        if self.ladder.is_integral() {
+            Value::Int(budget.round() as i64)
+        } else {
+            Value::Float(budget)
+        }
+    }
+}
+
+impl FidelitySpec {
+    fn validate(
+        &self,
+        parameter_ids: &BTreeSet<String>,
+    ) -> Result<FidelityConfig, ValidationError> {
+        check_id(&self.argument, "fidelity.argument")?;
+        if parameter_ids.contains(&self.argument) {
+            return Err(ValidationError::new(
+                "fidelity.argument",
+                format!(
+                    "{:?} is a search parameter; the budget is the scheduler's, not searched",
+                    self.argument
+                ),
+            ));
+        }
+        if !(self.min.is_finite() && self.min > 0.0) {
+            return Err(ValidationError::new("fidelity.min", "must be a number > 0"));
+        }
+        if !(self.max.is_finite() && self.max > self.min && self.max <= MAX_BUDGET as f64) {
+            return Err(ValidationError::new(
+                "fidelity.max",
+                format!(
+                    "must be greater than fidelity.min ({}) and at most {MAX_BUDGET}",
+                    self.min
+                ),
+            ));
+        }
+        if !(self.reduction_factor.is_finite() && (2.0..=100.0).contains(&self.reduction_factor)) {
+            return Err(ValidationError::new(
+                "fidelity.reduction_factor",
+                "must be between 2 and 100",
+            ));
+        }
+        Ok(FidelityConfig {
+            argument: self.argument.clone(),
+            ladder: augur_optimizer::multi_fidelity::Fidelity {
+                min: self.min,
+                max: self.max,
+                reduction_factor: self.reduction_factor,
+            },
+        })
+    }
 }
 
 fn one() -> i64 {
@@ -398,6 +494,10 @@ pub struct StudyConfig {
     pub prior_studies: Vec<i64>,
     /// The largest `desired_min_safe_trials_fraction` of the study's safety metrics.
     pub desired_min_safe_trials_fraction: Option<f64>,
+    /// Multi-fidelity: the budget's argument and rungs.
+    pub fidelity: Option<FidelityConfig>,
+    /// How trials move between rungs; `None`: every trial at the full budget.
+    pub scheduler: Option<SchedulerName>,
 }
 
 impl StudyConfig {
@@ -577,6 +677,7 @@ impl StudySpec {
                 "must be a study id",
             ));
         }
+        let (fidelity, scheduler) = self.multi_fidelity(&ids, early_stopping.is_some())?;
         let algorithm: Algorithm = self.algorithm.into();
         let space = SearchSpace { parameters };
         Ok(StudyConfig {
@@ -602,7 +703,53 @@ impl StudySpec {
                 .iter()
                 .filter_map(|m| m.desired_min_safe_trials_fraction)
                 .reduce(f64::max),
+            fidelity,
+            scheduler,
         })
+    }
+
+    /// `fidelity` and `scheduler`, checked together with what they exclude.
+    fn multi_fidelity(
+        &self,
+        parameter_ids: &BTreeSet<String>,
+        early_stopping: bool,
+    ) -> Result<(Option<FidelityConfig>, Option<SchedulerName>), ValidationError> {
+        let fidelity = self
+            .fidelity
+            .as_ref()
+            .map(|f| f.validate(parameter_ids))
+            .transpose()?;
+        if self.scheduler.is_some() {
+            if fidelity.is_none() {
+                return Err(ValidationError::new(
+                    "scheduler",
+                    "needs a fidelity: {argument, min, max, reduction_factor}",
+                ));
+            }
+            if early_stopping {
+                return Err(ValidationError::new(
+                    "early_stopping",
+                    "a scheduler already stops trials at its rungs; use one or the other",
+                ));
+            }
+            // A paused trial resumes from its checkpoint: on Kubernetes its pods' files go
+            // with them unless the trial directories are on a volume.
+            if let Some(job) = &self.trial_job
+                && job.executor == super::job::ExecutorName::Kubernetes
+                && job
+                    .kubernetes
+                    .as_ref()
+                    .and_then(|k| k.output_volume.as_ref())
+                    .is_none()
+            {
+                return Err(ValidationError::new(
+                    "trial_job.kubernetes.output_volume",
+                    "a scheduler resumes paused trials from their checkpoints: give the trial \
+                     directories a volume that outlives the pods",
+                ));
+            }
+        }
+        Ok((fidelity, self.scheduler))
     }
 
     /// The spec with a seed: the given one, or `fallback` (stored so that the study's

@@ -133,6 +133,15 @@ pub struct Trial {
     /// run by workers, which count their own.
     #[serde(default)]
     pub attempts: u32,
+    /// Multi-fidelity studies: the budget of its latest attempt (`fidelity.argument`, a
+    /// whole number for whole budgets); absent for the full budget of other studies.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "whole_when_integral"
+    )]
+    #[schema(value_type = Option<f64>)]
+    pub budget: Option<f64>,
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub completed_at: Option<DateTime<Utc>>,
@@ -140,6 +149,19 @@ pub struct Trial {
     /// trial carry them; the answers of suggest, reports and completions leave them out.
     #[serde(flatten)]
     pub annotations: super::Annotations,
+}
+
+/// A budget as JSON: `9`, not `9.0`, when it is whole (what trainers and clients expect of
+/// epochs).
+fn whole_when_integral<S: serde::Serializer>(
+    budget: &Option<f64>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match budget {
+        Some(b) if b.fract() == 0.0 && b.abs() < 9.0e15 => serializer.serialize_i64(*b as i64),
+        Some(b) => serializer.serialize_f64(*b),
+        None => serializer.serialize_none(),
+    }
 }
 
 /// Trials of a study by state, and in all.

@@ -239,6 +239,8 @@ pub fn from_vertex(doc: &Json) -> Result<VertexImport, ValidationError> {
         suggestion_time_budget_secs: super::spec::DEFAULT_SUGGESTION_TIME_BUDGET_SECS,
         trial_job: None,
         prior_studies: Vec::new(),
+        fidelity: None,
+        scheduler: None,
     };
     for key in study.keys() {
         let known = [

@@ -3,18 +3,30 @@
 
 use std::collections::HashMap;
 
+use augur_optimizer::multi_fidelity::Asha;
 use augur_optimizer::{
     CompletedTrial, FullBudget, Outcome, Policy, PriorStudy, StepMeasurement, StudyView,
-    TrialStatus, TrialView,
+    TrialStatus, TrialView, designer_for,
 };
 
+use crate::model::spec::SchedulerName;
 use crate::model::{Measurement, StudyConfig, TrialState};
 use crate::store::TrialRecord;
 
-/// What a study's trials are decided by: every trial at the full budget, new points from the
-/// study's algorithm.
-pub fn policy_for(config: &StudyConfig) -> FullBudget {
-    FullBudget::of(config.algorithm)
+/// What a study's trials are decided by: its scheduler over the rungs of its fidelity, else
+/// every trial at the full budget; new points from the study's algorithm.
+pub fn policy_for(config: &StudyConfig) -> Box<dyn Policy> {
+    let designer = designer_for(config.algorithm);
+    match (config.scheduler, &config.fidelity) {
+        (Some(SchedulerName::Asha), Some(fidelity)) => {
+            let metric = augur_optimizer::objective_metrics(&config.metrics)
+                .first()
+                .map(|m| (*m).clone())
+                .unwrap_or_else(|| config.metrics[0].clone());
+            Box::new(Asha::new(fidelity.ladder, metric, designer))
+        }
+        _ => Box::new(FullBudget::new(designer)),
+    }
 }
 
 /// An owned snapshot of a study for a policy that runs off the async workers.
@@ -65,13 +77,13 @@ pub(super) fn trial_views(
         .map(|t| TrialView {
             number: t.id.max(0) as u64,
             parameters: t.parameters.clone(),
-            status: if t.state.is_unfinished() {
-                TrialStatus::Running
-            } else {
-                TrialStatus::Finished(outcome_of(t, config))
+            status: match t.state {
+                TrialState::Paused => TrialStatus::Paused,
+                s if s.is_unfinished() => TrialStatus::Running,
+                _ => TrialStatus::Finished(outcome_of(t, config)),
             },
             excluded: t.excluded,
-            budget: None,
+            budget: t.budget,
             measurements: curves.remove(&t.id).unwrap_or_default(),
         })
         .collect()

@@ -386,6 +386,7 @@ fn trial_of(t: TrialRecord, measurements: Vec<Measurement>) -> Trial {
         early_stopped: t.early_stopped,
         excluded: t.excluded,
         attempts: t.attempts,
+        budget: t.budget,
         created_at: t.created_at,
         started_at: t.started_at,
         completed_at: t.completed_at,

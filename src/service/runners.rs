@@ -30,6 +30,8 @@ pub struct DispatchedTrial {
     pub parameters: Assignment,
     /// Launches counted so far (1 for a new trial).
     pub attempts: u32,
+    /// The budget of this attempt (multi-fidelity); `None`: the full budget.
+    pub budget: Option<f64>,
 }
 
 impl From<TrialRecord> for DispatchedTrial {
@@ -38,6 +40,7 @@ impl From<TrialRecord> for DispatchedTrial {
             id: t.id,
             parameters: t.parameters,
             attempts: t.attempts,
+            budget: t.budget,
         }
     }
 }

@@ -17,11 +17,14 @@ use crate::model::{
 };
 use crate::store::{Store, StudyRecord, StudyTx, TrialRecord, TrialToken};
 
-/// A model-based designer's points, designed outside the study's lock from the history as
-/// it was when the study's next trial number was `next_trial_id`.
-#[derive(Debug, Clone)]
+/// A policy's decisions, made outside the study's lock from the history as it was when the
+/// study's next trial number was `next_trial_id`: new points, and for a multi-fidelity
+/// scheduler paused trials to resume at a budget and paused trials to stop.
+#[derive(Debug, Clone, Default)]
 pub struct Precomputed {
     pub points: Vec<Assignment>,
+    pub resumes: Vec<(i64, f64)>,
+    pub stops: Vec<i64>,
     pub next_trial_id: i64,
 }
 
@@ -250,7 +253,9 @@ impl StudyBatch {
                 dispatched,
                 launch_tokens,
             } => {
-                let reply = self.suggest(count, client_id, precomputed, dispatched)?;
+                let reply = self
+                    .suggest(count, client_id, precomputed, dispatched)
+                    .await?;
                 Ok(self.count_first_launches(reply, launch_tokens))
             }
             Command::AddTrial {
@@ -386,7 +391,7 @@ impl StudyBatch {
         self.config.free_slots(self.unfinished_count())
     }
 
-    fn suggest(
+    async fn suggest(
         &mut self,
         count: usize,
         client_id: Option<String>,
@@ -430,6 +435,28 @@ impl StudyBatch {
             return Ok(Reply::Stale);
         }
         let mut handed = Vec::new();
+        // A scheduler's decisions on paused trials, each taken only if the trial is still
+        // paused (another replica's may have taken it): stops first, then promotions into
+        // free slots, before new trials.
+        let (points, resumes, stops) = match precomputed {
+            Some(p) => (Some(p.points), p.resumes, p.stops),
+            None => (None, Vec::new(), Vec::new()),
+        };
+        for trial_id in stops {
+            self.stop_paused(trial_id).await?;
+        }
+        let lease = if dispatched { None } else { self.lease() };
+        for (trial_id, budget) in resumes {
+            if handed.len() >= count || self.free_slots() == 0 {
+                break;
+            }
+            if let Some(trial) = self
+                .resume_paused(trial_id, budget, &client_id, lease)
+                .await?
+            {
+                handed.push(trial);
+            }
+        }
         // Requested trials (added by a user, or back from an expired lease) go first.
         let waiting: Vec<i64> = self
             .trials
@@ -438,7 +465,6 @@ impl StudyBatch {
             .map(|t| t.id)
             .take(count)
             .collect();
-        let lease = if dispatched { None } else { self.lease() };
         for id in waiting {
             if let Some(trial) = self.trials.get_mut(&id) {
                 trial.state = TrialState::Active;
@@ -450,15 +476,20 @@ impl StudyBatch {
             }
         }
         let resumed = handed.len();
-        let wanted = (count - handed.len()) as u64;
+        let wanted = count.saturating_sub(handed.len()) as u64;
         let new_count = wanted.min(self.free_slots()).min(self.budget_left()) as usize;
         if new_count > 0 {
-            let suggestions = match precomputed {
-                Some(precomputed) => precomputed.points,
+            let suggestions = match points {
+                Some(points) => points,
                 None => self.design(new_count),
             };
+            let first_rung = self.first_rung();
             for parameters in suggestions.into_iter().take(new_count) {
                 let mut trial = self.new_trial(parameters, TrialState::Active, client_id.clone());
+                trial.budget = first_rung;
+                if let Some(t) = self.trials.get_mut(&trial.id) {
+                    t.budget = first_rung;
+                }
                 if dispatched {
                     trial.lease_expires_at = None;
                     self.trials.insert(trial.id, trial.clone());
@@ -469,6 +500,77 @@ impl StudyBatch {
         let retry_later = handed.is_empty();
         let created = handed.len() - resumed;
         Ok(self.suggested(handed, created, retry_later))
+    }
+
+    /// The budget a new trial starts at: the lowest rung under a scheduler; `None` (the full
+    /// budget) otherwise.
+    fn first_rung(&self) -> Option<f64> {
+        self.config.scheduler?;
+        let fidelity = self.config.fidelity.as_ref()?;
+        fidelity.ladder.rungs().first().copied()
+    }
+
+    /// A scheduler promoted a paused trial: it runs again, the same trial in the same
+    /// directories, at `budget`, its launches counted afresh for this budget. `None` when it
+    /// is no longer paused (taken meanwhile).
+    async fn resume_paused(
+        &mut self,
+        trial_id: i64,
+        budget: f64,
+        client_id: &Option<String>,
+        lease: Option<DateTime<Utc>>,
+    ) -> ServiceResult<Option<TrialRecord>> {
+        let now = self.now;
+        let trial = self.trial_mut(trial_id).await?;
+        if trial.state != TrialState::Paused {
+            return Ok(None);
+        }
+        trial.state = TrialState::Active;
+        trial.budget = Some(budget);
+        trial.attempts = 0;
+        trial.client_id = client_id.clone();
+        trial.lease_expires_at = lease;
+        trial.started_at = Some(now);
+        let trial = trial.clone();
+        self.changed.insert(trial_id);
+        Ok(Some(trial))
+    }
+
+    /// A scheduler stopped a paused trial: it completes at its rung, with the measurement it
+    /// paused with. It ranks no best (`objective` stays empty): only trials measured at the
+    /// full budget do.
+    async fn stop_paused(&mut self, trial_id: i64) -> ServiceResult<()> {
+        let now = self.now;
+        let trial = self.trial_mut(trial_id).await?;
+        if trial.state != TrialState::Paused {
+            return Ok(());
+        }
+        trial.state = TrialState::Completed;
+        trial.early_stopped = true;
+        trial.completed_at = Some(now);
+        self.changed.insert(trial_id);
+        Ok(())
+    }
+
+    /// Trials paused now: the stored count, with this batch's changes.
+    fn paused_count(&self) -> u64 {
+        let mut paused = self.study.trial_counts.paused as i64;
+        for (id, trial) in &self.trials {
+            let was = self.stored_states.get(id) == Some(&TrialState::Paused);
+            let is = trial.state == TrialState::Paused;
+            paused += i64::from(is) - i64::from(was);
+        }
+        paused.max(0) as u64
+    }
+
+    /// Whether a trial completing now pauses at its rung (a scheduler's trial below the full
+    /// budget), and the step its measurement is keyed by (its budget).
+    fn pauses_at(&self, budget: Option<f64>) -> Option<i64> {
+        self.config.scheduler?;
+        let fidelity = self.config.fidelity.as_ref()?;
+        let budget = budget?;
+        (budget < fidelity.ladder.max)
+            .then(|| augur_optimizer::multi_fidelity::Fidelity::step(budget) as i64)
     }
 
     /// The dispatcher's trials just handed out: count each one's first launch, with its
@@ -502,8 +604,8 @@ impl StudyBatch {
     /// quasi-random ones (a model-based designer's points come precomputed; without them its
     /// suggestion ran out of time). Numbered from the study's next trial, so never repeated.
     fn design(&self, count: usize) -> Vec<Assignment> {
-        let policy = if design::uses_history(&self.config) {
-            FullBudget::of(augur_optimizer::Algorithm::QuasiRandom)
+        let policy: Box<dyn Policy> = if design::uses_history(&self.config) {
+            Box::new(FullBudget::of(augur_optimizer::Algorithm::QuasiRandom))
         } else {
             design::policy_for(&self.config)
         };
@@ -670,30 +772,41 @@ impl StudyBatch {
             )));
         }
         let early_stopped = trial.state == TrialState::Stopping;
+        let budget = trial.budget;
+        // A scheduler's trial below the full budget pauses at its rung instead, its result
+        // kept as a measurement at the rung's step for the scheduler to rank.
+        let rung_step = self.pauses_at(budget);
+        let done = if rung_step.is_some() {
+            TrialState::Paused
+        } else {
+            TrialState::Completed
+        };
         let (state, final_measurement, infeasible_reason) = match outcome {
             Completion::Infeasible(reason) => (TrialState::Infeasible, None, Some(reason)),
             Completion::Metrics { metrics, step } => {
-                let step = step.map_or(0, Step::get);
-                (
-                    TrialState::Completed,
-                    Some(Measurement {
-                        step,
-                        elapsed_secs: None,
-                        metrics,
-                    }),
-                    None,
-                )
+                let step = step.map(Step::get).or(rung_step).unwrap_or(0);
+                let measurement = Measurement {
+                    step,
+                    elapsed_secs: None,
+                    metrics,
+                };
+                if rung_step.is_some() {
+                    self.record_measurement(trial_id, measurement.clone());
+                }
+                (done, Some(measurement), None)
             }
             Completion::Selected(last) => {
                 for measurement in last {
                     self.record_measurement(trial_id, measurement);
                 }
                 let selected = self.select_measurement(trial_id).await?;
-                (TrialState::Completed, Some(selected), None)
+                (done, Some(selected), None)
             }
         };
+        // Only a trial measured at the full budget ranks as best.
         let objective = final_measurement
             .as_ref()
+            .filter(|_| state == TrialState::Completed)
             .and_then(|m| self.objective(&m.metrics));
         let now = self.now;
         let trial = self.trial_mut(trial_id).await?;
@@ -702,7 +815,7 @@ impl StudyBatch {
         trial.objective = objective;
         trial.infeasible_reason = infeasible_reason;
         trial.early_stopped = early_stopped;
-        trial.completed_at = Some(now);
+        trial.completed_at = (state != TrialState::Paused).then_some(now);
         trial.lease_expires_at = None;
         Ok(self.touched(trial_id))
     }
@@ -1024,7 +1137,7 @@ impl StudyBatch {
             self.set_study_state(StudyState::Failed, Some(reason));
             return Ok(());
         }
-        if self.budget_left() == 0 && self.unfinished_count() == 0 {
+        if self.budget_left() == 0 && self.unfinished_count() == 0 && self.paused_count() == 0 {
             self.set_study_state(StudyState::Completed, None);
         }
         Ok(())

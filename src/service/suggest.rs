@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use augur_optimizer::{Assignment, Policy, PriorStudy};
+use augur_optimizer::{Decision, PolicyOutput, PriorStudy};
 
 use super::design::{self, Snapshot};
 use super::state_machine::{Command, Handed, Precomputed, Reply};
@@ -247,10 +247,7 @@ impl Service {
         )
         .await;
         match designed {
-            Ok(Ok(Some(points))) => Ok(Some(Precomputed {
-                points,
-                next_trial_id,
-            })),
+            Ok(Ok(Some(decided))) => Ok(Some(precomputed(decided, next_trial_id))),
             // A core came free too late for a fit as long as the last one: a fit that would
             // be stopped at the deadline would only keep a core from one that can finish.
             Ok(Ok(None)) => {
@@ -284,10 +281,17 @@ impl Service {
         count: usize,
         first_trial_number: i64,
         clock: &mut FitClock<'_>,
-    ) -> ServiceResult<Option<Vec<Assignment>>> {
+    ) -> ServiceResult<Option<PolicyOutput>> {
+        // A scheduler ranks trials by what they measured at each rung: their curves.
+        let curves = match trials.last() {
+            Some(last) if design::policy_for(config).reads_curves() => {
+                design::curves_by_trial(self.store.measurements(study.id, 1, last.id).await?)
+            }
+            _ => Default::default(),
+        };
         let snapshot = Snapshot {
             config: config.clone(),
-            trials: design::trial_views(trials, config, Default::default()),
+            trials: design::trial_views(trials, config, curves),
             next_trial_number: first_trial_number.max(1) as u64,
             previous_state: study.designer_state.clone(),
             priors: self.prior_studies(config).await?,
@@ -327,7 +331,7 @@ impl Service {
                 tracing::warn!(study_id = study.id, %error, "could not keep designer state");
             }
         }
-        Ok(Some(output.new_points()))
+        Ok(Some(output))
     }
 }
 
@@ -391,8 +395,28 @@ fn suggestions_needed(
         .filter(|t| t.state == TrialState::Requested)
         .count();
     let free = config.free_slots(unfinished.len() as u64) as usize;
+    // A scheduler may resume paused trials, and settle them, when no new trial is left.
+    if config.scheduler.is_some() {
+        return count.saturating_sub(waiting).min(free).max(1);
+    }
     let budget = (config.trial_budget() as usize).saturating_sub(trials.len());
     count.saturating_sub(waiting).min(free).min(budget)
+}
+
+/// A policy's decisions as the batch takes them.
+fn precomputed(decided: PolicyOutput, next_trial_id: i64) -> Precomputed {
+    let mut out = Precomputed {
+        next_trial_id,
+        ..Precomputed::default()
+    };
+    for decision in decided.decisions {
+        match decision {
+            Decision::New { parameters, .. } => out.points.push(parameters),
+            Decision::Resume { trial, budget } => out.resumes.push((trial as i64, budget)),
+            Decision::Stop { trial } => out.stops.push(trial as i64),
+        }
+    }
+    out
 }
 
 #[cfg(test)]

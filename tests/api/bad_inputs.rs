@@ -233,6 +233,67 @@ async fn bad_study_specs_name_their_field_and_create_nothing(backend: &str) {
         (
             Method::POST,
             "/v1/studies".into(),
+            Some(with(
+                json!({"fidelity": {"argument": "epochs", "min": 9, "max": 3, "reduction_factor": 3}}),
+            )),
+            StatusCode::BAD_REQUEST,
+            "fidelity.max",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(
+                json!({"fidelity": {"argument": "epochs", "min": 0, "max": 3, "reduction_factor": 3}}),
+            )),
+            StatusCode::BAD_REQUEST,
+            "fidelity.min",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(
+                json!({"fidelity": {"argument": "epochs", "min": 1, "max": 27, "reduction_factor": 1.5}}),
+            )),
+            StatusCode::BAD_REQUEST,
+            "fidelity.reduction_factor",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(
+                json!({"fidelity": {"argument": "lr", "min": 1, "max": 9}}),
+            )),
+            StatusCode::BAD_REQUEST,
+            "fidelity.argument",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(json!({"scheduler": "asha"}))),
+            StatusCode::BAD_REQUEST,
+            "scheduler",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(
+                json!({"scheduler": "hyperband", "fidelity": {"argument": "epochs", "min": 1, "max": 9}}),
+            )),
+            StatusCode::BAD_REQUEST,
+            "scheduler",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(
+                json!({"scheduler": "asha", "fidelity": {"argument": "epochs", "min": 1, "max": 9}, "early_stopping": {"rule": "median"}}),
+            )),
+            StatusCode::BAD_REQUEST,
+            "early_stopping",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
             Some(json!("not an object")),
             StatusCode::BAD_REQUEST,
             "body",

@@ -488,6 +488,7 @@ async fn assert_counts_match_trials(app: &common::TestApp, study: i64) {
         "completed",
         "infeasible",
         "failed",
+        "paused",
     ] {
         let n = trials.iter().filter(|t| t["state"] == state).count();
         counted.insert(state.into(), json!(n));
@@ -570,6 +571,6 @@ async fn trial_counts_follow_every_transition(backend: &str) {
     assert_eq!(
         counts,
         json!({"requested": 0, "active": 2, "stopping": 0, "completed": 2,
-               "infeasible": 1, "failed": 1, "total": 6})
+               "infeasible": 1, "failed": 1, "paused": 0, "total": 6})
     );
 }

@@ -15,6 +15,7 @@ mod dispatch;
 mod job_env;
 mod kube_standin;
 mod kubernetes;
+mod multi_fidelity;
 mod run_as;
 mod slurm;
 mod tensorflow;

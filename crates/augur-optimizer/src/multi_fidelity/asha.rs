@@ -30,8 +30,9 @@ impl Asha {
 
     /// The paused trial to promote now and the rung it leaves, if one is due: from the top
     /// rung down, the best not yet promoted among the top ⌊n/η⌋ of the n trials that reached
-    /// the rung. Once no new configuration may start (`end_game`), ⌈n/η⌉: else a rung of
-    /// fewer than η trials would never promote its best.
+    /// the rung. Once nothing runs and no new configuration may start (`end_game`: nothing
+    /// can change the rungs any more), ⌈n/η⌉: else a rung of fewer than η trials would never
+    /// promote its best.
     fn promotion(
         &self,
         rungs: &[f64],
@@ -137,7 +138,11 @@ impl Policy for Asha {
     fn decide(&self, study: &StudyView<'_>, slots: usize) -> PolicyOutput {
         let rungs = self.fidelity.rungs();
         let new_left = study.new_trials_left();
-        let end_game = new_left == 0;
+        let running = study
+            .trials
+            .iter()
+            .any(|t| t.status == TrialStatus::Running);
+        let end_game = new_left == 0 && !running;
         let mut decisions = Vec::new();
         let mut taken = HashSet::new();
         while decisions.len() < slots {
@@ -174,12 +179,7 @@ impl Policy for Asha {
         }
         // Nothing runs, nothing is due and nothing new may start: the paused trials will never
         // be promoted, so they end at their rung.
-        let running = study
-            .trials
-            .iter()
-            .any(|t| t.status == TrialStatus::Running);
         let settled = end_game
-            && !running
             && self
                 .promotion(&rungs, study.trials, &HashSet::new(), true)
                 .is_none();

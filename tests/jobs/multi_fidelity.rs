@@ -1,0 +1,159 @@
+//! Multi-fidelity studies with real trainer processes on the local executor: ASHA pauses
+//! trials at rungs and resumes the same trial, from its own checkpoint, at the next budget.
+
+use crate::common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+/// A trainer that resumes: it reads the epochs its checkpoint holds, trains only the missing
+/// ones up to `--epochs` (reporting `epoch=E loss=…` after each), and logs each launch's
+/// range and `AUGUR_BUDGET` to `$TRAINED`.
+const TRAINER_PY: &str = r#"
+import argparse, json, os
+p = argparse.ArgumentParser()
+p.add_argument("--x", type=float, required=True)
+p.add_argument("--epochs", type=int, required=True)
+a = p.parse_args()
+ckpt = os.path.join(os.environ["AIP_CHECKPOINT_DIR"], "epochs")
+start = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
+with open(os.environ["TRAINED"], "a") as f:
+    f.write(json.dumps({"trial": int(os.environ["AUGUR_TRIAL_ID"]), "from": start,
+                        "to": a.epochs, "budget": os.environ["AUGUR_BUDGET"]}) + "\n")
+for epoch in range(start + 1, a.epochs + 1):
+    # Curves cross: a slow learner (large x) can end better than it starts.
+    loss = (a.x - 0.3) ** 2 + (0.2 + a.x) * epoch ** -0.7
+    print("epoch=%d loss=%f" % (epoch, loss), flush=True)
+    open(ckpt, "w").write(str(epoch))
+"#;
+
+fn loss(x: f64, epoch: u64) -> f64 {
+    (x - 0.3).powi(2) + (0.2 + x) * (epoch as f64).powf(-0.7)
+}
+
+async fn asha_trials_resume_from_their_checkpoints_at_each_rung(db: common::TestDb) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("trainer.py");
+    std::fs::write(&script, TRAINER_PY).expect("write trainer");
+    let trained = dir.path().join("trained.jsonl");
+    let app = common::spawn_app(db).await;
+    let spec = json!({
+        "name": "asha",
+        "algorithm": "random",
+        "metrics": [{"id": "loss", "goal": "minimize"}],
+        "parameters": [{"id": "x", "type": "double", "min": 0, "max": 1}],
+        "max_trials": 9,
+        "parallel_trials": 3,
+        "seed": 11,
+        "fidelity": {"argument": "epochs", "min": 1, "max": 9, "reduction_factor": 3},
+        "scheduler": "asha",
+        "trial_job": {
+            "command": ["python3", script.display().to_string()],
+            "env": {"TRAINED": trained.display().to_string()},
+            "output_dir": dir.path().join("runs").display().to_string()
+        }
+    });
+    let id = app.create_study(spec).await;
+    let study = app
+        .wait_for_state(id, "completed", Duration::from_secs(120))
+        .await;
+    assert_eq!(study["trial_counts"]["completed"], 9, "{study}");
+    assert_eq!(study["trial_counts"]["paused"], 0, "{study}");
+
+    // Every launch continued where the trial's last one ended, at a rung, told its budget.
+    let mut launches: BTreeMap<i64, Vec<(u64, u64)>> = BTreeMap::new();
+    for line in std::fs::read_to_string(&trained).expect("trained").lines() {
+        let l: Value = serde_json::from_str(line).expect("json line");
+        let (from, to) = (
+            l["from"].as_u64().expect("from"),
+            l["to"].as_u64().expect("to"),
+        );
+        assert_eq!(
+            l["budget"],
+            to.to_string(),
+            "AUGUR_BUDGET is the --epochs of {l}"
+        );
+        assert!([1, 3, 9].contains(&to), "a budget off the rungs: {l}");
+        launches
+            .entry(l["trial"].as_i64().expect("trial"))
+            .or_default()
+            .push((from, to));
+    }
+    assert_eq!(launches.len(), 9, "{launches:?}");
+    for (trial, ranges) in &launches {
+        let mut trained_to = 0;
+        for &(from, to) in ranges {
+            assert_eq!(
+                from, trained_to,
+                "trial {trial} trained again what it had: {ranges:?}"
+            );
+            assert!(to > from, "trial {trial}: {ranges:?}");
+            trained_to = to;
+        }
+    }
+    // Successive halving with η = 3: all nine at 1 epoch, the top third (3) at 3 epochs, one
+    // at 9; the one at 9 is the best at 3 epochs of those that got there.
+    let reached = |epochs: u64| -> Vec<i64> {
+        launches
+            .iter()
+            .filter(|(_, r)| r.last().is_some_and(|&(_, to)| to >= epochs))
+            .map(|(t, _)| *t)
+            .collect()
+    };
+    assert_eq!(reached(3).len(), 3, "{launches:?}");
+    assert_eq!(reached(9).len(), 1, "{launches:?}");
+    let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
+    let x_of = |trial: i64| -> f64 {
+        trials["trials"]
+            .as_array()
+            .and_then(|ts| ts.iter().find(|t| t["id"] == trial))
+            .and_then(|t| t["parameters"]["x"].as_f64())
+            .expect("x")
+    };
+    let best_at_3 = reached(3)
+        .into_iter()
+        .min_by(|a, b| loss(x_of(*a), 3).total_cmp(&loss(x_of(*b), 3)))
+        .expect("some trial at 3");
+    assert_eq!(reached(9), vec![best_at_3]);
+
+    // The API shows each trial's budget and its curve, every epoch once.
+    let top = app
+        .get(&format!("/v1/studies/{id}/trials/{best_at_3}"))
+        .await
+        .body;
+    assert_eq!(top["budget"], 9, "{top}");
+    assert_eq!(top["early_stopped"], false);
+    let steps: Vec<i64> = top["measurements"]
+        .as_array()
+        .expect("measurements")
+        .iter()
+        .filter_map(|m| m["step"].as_i64())
+        .collect();
+    assert_eq!(steps, (1..=9).collect::<Vec<_>>());
+    // Only a trial measured at the full budget is the best.
+    assert_eq!(study["best_trial"]["id"], best_at_3, "{study}");
+    let stopped = trials["trials"]
+        .as_array()
+        .expect("trials")
+        .iter()
+        .filter(|t| t["budget"] == 1)
+        .collect::<Vec<_>>();
+    assert_eq!(stopped.len(), 6);
+    assert!(
+        stopped
+            .iter()
+            .all(|t| t["early_stopped"] == true && t["state"] == "completed")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asha_resumes_trials_from_their_checkpoints_sqlite() {
+    asha_trials_resume_from_their_checkpoints_at_each_rung(common::sqlite_db()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asha_resumes_trials_from_their_checkpoints_postgres() {
+    asha_trials_resume_from_their_checkpoints_at_each_rung(common::postgres_db().await).await;
+}
