@@ -6,6 +6,8 @@
 
 use std::path::Path;
 
+use augur_optimizer::{Assignment, Decision};
+
 use super::error::{CliError, CliResult};
 use crate::model::{StudySpec, vertex};
 use crate::service::design;
@@ -57,9 +59,23 @@ fn report(spec: &StudySpec, warnings: &[String]) -> Result<String, String> {
     };
     let shown = SHOWN_TRIALS.min(config.max_trials as usize);
     // A new study's first trials: the study's own policy, before any history.
-    let first = design::policy_for(&config)
+    let first: Vec<Assignment> = design::policy_for(&config)
         .decide(&design::history_free(&config, 1), shown)
-        .new_points();
+        .decisions
+        .into_iter()
+        .filter_map(|decision| match decision {
+            Decision::New {
+                mut parameters,
+                budget,
+            } => {
+                if let Some(fidelity) = &config.fidelity {
+                    fidelity.add_to(&mut parameters, budget);
+                }
+                Some(parameters)
+            }
+            _ => None,
+        })
+        .collect();
     out.push_str(&format!(
         "the first {} trials would run{} ({} executor{}):\n",
         first.len(),

@@ -113,11 +113,10 @@ pub async fn run_trial(
     // The budget reaches the trainer as its argument (rendered like the values, and in the
     // params file) and as AUGUR_BUDGET.
     let mut parameters = parameters;
-    let budget = setup.fidelity.as_ref().map(|f| {
-        let value = f.value(budget.unwrap_or(f.ladder.max));
-        parameters.insert(f.argument.clone(), value.clone());
-        value_text(&value)
-    });
+    let budget = setup
+        .fidelity
+        .as_ref()
+        .map(|f| value_text(&f.add_to(&mut parameters, budget)));
     let reporter = setup.reporter.clone();
     let dirs = TrialDirs::new(&setup.study_dir, trial_id);
     let interrupted = clean_up_leftover(&setup, trial_id, &dirs, first.is_none()).await;

@@ -123,6 +123,18 @@ impl FidelityConfig {
             Value::Float(budget)
         }
     }
+
+    /// Give an attempt's values its budget (`None`: the full one) as the trainer's argument;
+    /// the budget as the trainer gets it.
+    pub fn add_to(
+        &self,
+        parameters: &mut augur_optimizer::Assignment,
+        budget: Option<f64>,
+    ) -> Value {
+        let value = self.value(budget.unwrap_or(self.ladder.max));
+        parameters.insert(self.argument.clone(), value.clone());
+        value
+    }
 }
 
 impl FidelitySpec {

@@ -882,3 +882,69 @@ async fn study_validate_shows_the_first_command_lines_and_starts_nothing() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("parameters[0]"), "{stderr}");
 }
+
+/// The README's multi-fidelity example as users run it: `augur study validate` shows the
+/// first trials at the lowest rung (`--epochs=1`), and `augur run` (on a copy whose trainer
+/// path is absolute, so its runs land in a temporary directory) finishes the study on the
+/// embedded database, every trial completed, some of them promoted to 9 epochs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_multi_fidelity_example_validates_and_runs_to_the_end() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let example = root.join("examples/multi-fidelity/study.yaml");
+    let out = Command::new(common::augur_bin())
+        .args(["study", "validate", "-f"])
+        .arg(&example)
+        .output()
+        .expect("augur");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("trial 1 workerpool0-0: python3 ../quickstart/train.py --epochs=1 "),
+        "{stdout}"
+    );
+    let dir = tempfile::tempdir().expect("dir");
+    let trainer = root.join("examples/quickstart/train.py");
+    let text = std::fs::read_to_string(&example)
+        .expect("example")
+        .replace("../quickstart/train.py", &trainer.display().to_string());
+    let study = dir.path().join("study.yaml");
+    std::fs::write(&study, text).expect("copy");
+    let db = format!("sqlite://{}", dir.path().join("augur.db").display());
+    let run = exit_within(augur_run(&study, &db), Duration::from_secs(120)).await;
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(
+        stdout.contains("27 completed, 0 infeasible, 0 failed of 27 trials"),
+        "{stdout}"
+    );
+    // The best trial trained 9 epochs: its log shows the launches at each rung.
+    let runs: Vec<_> = walk_logs(&dir.path().join("runs"));
+    let nine = runs.iter().filter(|t| t.contains("--epochs=9")).count();
+    let resumed = runs
+        .iter()
+        .filter(|t| t.contains("resumed from checkpoint at epoch 3"))
+        .count();
+    assert!(nine >= 1, "some trial ran to 9 epochs");
+    assert_eq!(nine, resumed, "every 9-epoch attempt resumed at epoch 3");
+}
+
+/// The text of every trial's log under `runs`.
+fn walk_logs(runs: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut dirs = vec![runs.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "log") {
+                out.push(std::fs::read_to_string(&path).unwrap_or_default());
+            }
+        }
+    }
+    out
+}
