@@ -563,14 +563,19 @@ impl StudyBatch {
         paused.max(0) as u64
     }
 
-    /// Whether a trial completing now pauses at its rung (a scheduler's trial below the full
-    /// budget), and the step its measurement is keyed by (its budget).
-    fn pauses_at(&self, budget: Option<f64>) -> Option<i64> {
+    /// The step a scheduler's trial attempting `budget` reports its result at: the budget.
+    fn rung_step(&self, budget: Option<f64>) -> Option<i64> {
         self.config.scheduler?;
-        let fidelity = self.config.fidelity.as_ref()?;
-        let budget = budget?;
-        (budget < fidelity.ladder.max)
-            .then(|| augur_optimizer::multi_fidelity::Fidelity::step(budget) as i64)
+        budget.map(|b| augur_optimizer::multi_fidelity::Fidelity::step(b) as i64)
+    }
+
+    /// Whether a trial whose attempt at `budget` ends now pauses at its rung: a scheduler's
+    /// trial below the full budget.
+    fn pauses_at(&self, budget: Option<f64>) -> bool {
+        match (self.config.scheduler, &self.config.fidelity, budget) {
+            (Some(_), Some(fidelity), Some(b)) => b < fidelity.ladder.max,
+            _ => false,
+        }
     }
 
     /// The dispatcher's trials just handed out: count each one's first launch, with its
@@ -773,10 +778,10 @@ impl StudyBatch {
         }
         let early_stopped = trial.state == TrialState::Stopping;
         let budget = trial.budget;
-        // A scheduler's trial below the full budget pauses at its rung instead, its result
-        // kept as a measurement at the rung's step for the scheduler to rank.
-        let rung_step = self.pauses_at(budget);
-        let done = if rung_step.is_some() {
+        // A scheduler's trial below the full budget pauses at its rung instead; its result is
+        // kept as a measurement at the rung's step, for the scheduler to rank.
+        let rung_step = self.rung_step(budget);
+        let done = if self.pauses_at(budget) {
             TrialState::Paused
         } else {
             TrialState::Completed

@@ -20,6 +20,7 @@ mod guessing;
 mod job_policy;
 mod limits;
 mod login;
+mod multi_fidelity;
 mod openapi;
 mod outage;
 mod ownership;

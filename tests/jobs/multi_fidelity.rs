@@ -33,14 +33,10 @@ fn loss(x: f64, epoch: u64) -> f64 {
     (x - 0.3).powi(2) + (0.2 + x) * (epoch as f64).powf(-0.7)
 }
 
-async fn asha_trials_resume_from_their_checkpoints_at_each_rung(db: common::TestDb) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let script = dir.path().join("trainer.py");
-    std::fs::write(&script, TRAINER_PY).expect("write trainer");
-    let trained = dir.path().join("trained.jsonl");
-    let app = common::spawn_app(db).await;
-    let spec = json!({
-        "name": "asha",
+/// A study of 9 configurations, 3 at a time, on rungs 1, 3 and 9 epochs.
+fn asha_spec(name: &str) -> Value {
+    json!({
+        "name": name,
         "algorithm": "random",
         "metrics": [{"id": "loss", "goal": "minimize"}],
         "parameters": [{"id": "x", "type": "double", "min": 0, "max": 1}],
@@ -48,23 +44,76 @@ async fn asha_trials_resume_from_their_checkpoints_at_each_rung(db: common::Test
         "parallel_trials": 3,
         "seed": 11,
         "fidelity": {"argument": "epochs", "min": 1, "max": 9, "reduction_factor": 3},
-        "scheduler": "asha",
-        "trial_job": {
-            "command": ["python3", script.display().to_string()],
-            "env": {"TRAINED": trained.display().to_string()},
-            "output_dir": dir.path().join("runs").display().to_string()
-        }
+        "scheduler": "asha"
+    })
+}
+
+async fn asha_trials_resume_from_their_checkpoints_at_each_rung(db: common::TestDb) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("trainer.py");
+    std::fs::write(&script, TRAINER_PY).expect("write trainer");
+    let trained = dir.path().join("trained.jsonl");
+    let app = common::spawn_app(db).await;
+    let mut spec = asha_spec("asha");
+    spec["trial_job"] = json!({
+        "command": ["python3", script.display().to_string()],
+        "env": {"TRAINED": trained.display().to_string()},
+        "output_dir": dir.path().join("runs").display().to_string()
     });
     let id = app.create_study(spec).await;
     let study = app
         .wait_for_state(id, "completed", Duration::from_secs(120))
         .await;
+    assert_ladder_climbed_by_resuming(&app, &study, &trained).await;
+}
+
+/// A pulled worker (`augur worker`) runs the same study: it gets each promotion as the same
+/// trial at a larger budget, in the same directories on its machine, and exits once the
+/// study has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pulled_worker_resumes_promoted_trials_from_their_checkpoints() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("trainer.py");
+    std::fs::write(&script, TRAINER_PY).expect("write trainer");
+    let trained = dir.path().join("trained.jsonl");
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let id = app.create_study(asha_spec("pulled-asha")).await;
+    let mut worker = std::process::Command::new(common::augur_bin());
+    worker
+        .args(["worker", "--url", &app.base, "--study", &id.to_string()])
+        .args(["--slots", "3", "--client-id", "w", "--output-dir"])
+        .arg(dir.path().join("runs"))
+        .arg("--env")
+        .arg(format!("TRAINED={}", trained.display()))
+        .args(["--", "python3"])
+        .arg(&script)
+        .env_remove("AUGUR_TOKEN")
+        .stdout(std::process::Stdio::null());
+    let status = common::KillOnDrop(worker.spawn().expect("worker"))
+        .wait()
+        .await;
+    assert!(
+        status.success(),
+        "the worker exits 0 once the study has ended"
+    );
+    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    assert_eq!(study["state"], "completed", "{study}");
+    assert_ladder_climbed_by_resuming(&app, &study, &trained).await;
+}
+
+/// What the trainer logged of a finished 9-configuration study on rungs 1, 3, 9: every
+/// launch continued where the trial's last one ended, at a rung, told its budget; 9 trials
+/// at 1 epoch, the top third at 3, one at 9, the best at 3 epochs of those that got there.
+async fn assert_ladder_climbed_by_resuming(
+    app: &common::TestApp,
+    study: &Value,
+    trained: &std::path::Path,
+) {
+    let id = study["id"].as_i64().expect("id");
     assert_eq!(study["trial_counts"]["completed"], 9, "{study}");
     assert_eq!(study["trial_counts"]["paused"], 0, "{study}");
-
-    // Every launch continued where the trial's last one ended, at a rung, told its budget.
     let mut launches: BTreeMap<i64, Vec<(u64, u64)>> = BTreeMap::new();
-    for line in std::fs::read_to_string(&trained).expect("trained").lines() {
+    for line in std::fs::read_to_string(trained).expect("trained").lines() {
         let l: Value = serde_json::from_str(line).expect("json line");
         let (from, to) = (
             l["from"].as_u64().expect("from"),
@@ -93,8 +142,6 @@ async fn asha_trials_resume_from_their_checkpoints_at_each_rung(db: common::Test
             trained_to = to;
         }
     }
-    // Successive halving with η = 3: all nine at 1 epoch, the top third (3) at 3 epochs, one
-    // at 9; the one at 9 is the best at 3 epochs of those that got there.
     let reached = |epochs: u64| -> Vec<i64> {
         launches
             .iter()
