@@ -199,26 +199,12 @@ fn neg_log_posterior_with(
     prior: &Prior,
 ) -> Option<(f64, Vec<f64>)> {
     let n = x.len();
-    let dim = theta.len() - 2;
     // Far outside the box the line search may probe: not a usable point.
     if theta.iter().any(|t| !t.is_finite() || t.abs() > 40.0) {
         return None;
     }
     let h = Hyper::from_theta_with(theta, categorical);
-    // K_f and, per pair, the factor c(r) of ∂K/∂ln ℓ_j (one exp per pair for both).
-    let mut kf = DMatrix::zeros(n, n);
-    let mut ls_factor = DMatrix::zeros(n, n);
-    for a in 0..n {
-        kf[(a, a)] = h.amplitude;
-        for b in 0..a {
-            let r = h.r2(&x[a], &x[b]).sqrt();
-            let e = h.amplitude * (-SQRT5 * r).exp();
-            let k = e * (1.0 + SQRT5 * r + 5.0 / 3.0 * r * r);
-            kf[(a, b)] = k;
-            kf[(b, a)] = k;
-            ls_factor[(a, b)] = e * 5.0 / 3.0 * (1.0 + SQRT5 * r);
-        }
-    }
+    let (kf, ls_factor) = kernel_with_length_scale_factor(x, &h);
     let chol = robust_cholesky(kf.clone(), h.noise, h.amplitude)?;
     let alpha = chol.solve(y);
     let log_det: f64 = 2.0
@@ -234,7 +220,45 @@ fn neg_log_posterior_with(
     let l_inv = lower_triangular_inverse(chol.l_dirty());
     let mut w = l_inv.transpose() * &l_inv;
     w.ger(-1.0, &alpha, &alpha, 1.0);
-    let mut grad = vec![0.0; theta.len()];
+    let mut grad = likelihood_gradient(x, categorical, &h, (&kf, &ls_factor), &w);
+    add_prior_terms(theta, categorical, prior, &mut cost, &mut grad);
+    (cost.is_finite() && grad.iter().all(|g| g.is_finite())).then_some((cost, grad))
+}
+
+/// `K_f` (noise-free Matérn-5/2) at `x` and, per pair below the diagonal, the factor
+/// `c(r)` of `∂K/∂ln ℓ_j` (one exp per pair for both).
+fn kernel_with_length_scale_factor(x: &[Vec<f64>], h: &Hyper) -> (DMatrix<f64>, DMatrix<f64>) {
+    let n = x.len();
+    let mut kf = DMatrix::zeros(n, n);
+    let mut ls_factor = DMatrix::zeros(n, n);
+    for a in 0..n {
+        kf[(a, a)] = h.amplitude;
+        for b in 0..a {
+            let r = h.r2(&x[a], &x[b]).sqrt();
+            let e = h.amplitude * (-SQRT5 * r).exp();
+            let k = e * (1.0 + SQRT5 * r + 5.0 / 3.0 * r * r);
+            kf[(a, b)] = k;
+            kf[(b, a)] = k;
+            ls_factor[(a, b)] = e * 5.0 / 3.0 * (1.0 + SQRT5 * r);
+        }
+    }
+    (kf, ls_factor)
+}
+
+/// The negative log likelihood's gradient in `θ = (ln σ², ln ℓ, ln σ_n²)`:
+/// `∂cost/∂θ_j = ½ Σ_ab W_ab ∂K_ab/∂θ_j` with `W = K⁻¹ − ααᵀ`; `kf` and `ls_factor` as
+/// [`kernel_with_length_scale_factor`] gives them.
+fn likelihood_gradient(
+    x: &[Vec<f64>],
+    categorical: &[bool],
+    h: &Hyper,
+    (kf, ls_factor): (&DMatrix<f64>, &DMatrix<f64>),
+    w: &DMatrix<f64>,
+) -> Vec<f64> {
+    let n = x.len();
+    // One inverse squared length scale per feature: θ has dim + 2 entries.
+    let dim = h.inv_ls2.len();
+    let mut grad = vec![0.0; dim + 2];
     // The length scales' gradient, one sum per feature over the pairs. Without categorical
     // features the per-pair update is branch-free, so it runs as vector instructions across
     // the features (each feature's sum still in pair order: the same result).
@@ -265,9 +289,23 @@ fn neg_log_posterior_with(
         }
     }
     grad[1..=dim].copy_from_slice(&ls_grad);
+    grad
+}
+
+/// Adds the prior's terms to `cost` and `grad`, in the order of `θ`: the normal prior
+/// `½((θ_j − μ_j)/s_j)²` and a steep quadratic wall `100 (θ_j − bound)²` outside the
+/// bounds.
+fn add_prior_terms(
+    theta: &[f64],
+    categorical: &[bool],
+    prior: &Prior,
+    cost: &mut f64,
+    grad: &mut [f64],
+) {
+    let dim = theta.len() - 2;
     for (j, t) in theta.iter().enumerate() {
         let ((mu, sd), (lo, hi)) = prior.and_bounds(dim, categorical, j);
-        cost += 0.5 * ((t - mu) / sd).powi(2);
+        *cost += 0.5 * ((t - mu) / sd).powi(2);
         grad[j] += (t - mu) / (sd * sd);
         let excess = if *t < lo {
             t - lo
@@ -276,10 +314,9 @@ fn neg_log_posterior_with(
         } else {
             0.0
         };
-        cost += 100.0 * excess * excess;
+        *cost += 100.0 * excess * excess;
         grad[j] += 200.0 * excess;
     }
-    (cost.is_finite() && grad.iter().all(|g| g.is_finite())).then_some((cost, grad))
 }
 
 /// A cost and its gradient.

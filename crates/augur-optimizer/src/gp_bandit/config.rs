@@ -409,7 +409,7 @@ impl GpBanditConfig {
             let (k, v) = kv
                 .split_once('=')
                 .ok_or_else(|| format!("{kv}: expected key=value"))?;
-            let num = |v: &str| v.trim().parse::<f64>().map_err(|e| format!("{kv}: {e}"));
+            let num = |v: &str| knob_value(kv, v);
             match k.trim() {
                 "ucb_beta" => self.ucb_beta = num(v)?,
                 "continuous_ucb_beta" => self.continuous_ucb_beta = num(v)?,
@@ -454,33 +454,8 @@ impl GpBanditConfig {
                 "incumbent_region" => self.incumbent_region = num(v)? != 0.0,
                 "initial_per_parameter" => self.initial_per_parameter = num(v)?,
                 "max_initial_trials" => self.max_initial_trials = num(v)? as usize,
-                "trend" => {
-                    use TrendBasis::*;
-                    let basis = nth(
-                        kv,
-                        num(v)?,
-                        [None, Some(Constant), Some(Linear), Some(Quadratic)],
-                    )?;
-                    let old = self.trend.unwrap_or(DEFAULT_TREND);
-                    self.trend = basis.map(|basis| TrendSpec { basis, ..old });
-                }
-                "trend_prior_sd" | "trend_concave" | "trend_select_min" | "trend_select_max" => {
-                    let Some(trend) = self.trend.as_mut() else {
-                        return Err(format!("{kv}: set trend first"));
-                    };
-                    let value = num(v)?;
-                    // A bound of τ's range that is not given is the fixed prior sd; a
-                    // bound ≤ 0 turns the selection off.
-                    let (lo, hi) = trend.select.unwrap_or((trend.prior_sd, trend.prior_sd));
-                    match k.trim() {
-                        "trend_prior_sd" => trend.prior_sd = value,
-                        "trend_concave" => trend.concave = value != 0.0,
-                        "trend_select_min" => {
-                            trend.select = (value > 0.0).then_some((value, hi));
-                        }
-                        _ => trend.select = (value > 0.0).then_some((lo, value)),
-                    }
-                }
+                "trend" | "trend_prior_sd" | "trend_concave" | "trend_select_min"
+                | "trend_select_max" => self.set_trend_knob(kv, k.trim(), v)?,
                 "log_ei" => {
                     self.acquisition = if num(v)? != 0.0 {
                         Acquisition::LogEi
@@ -501,6 +476,36 @@ impl GpBanditConfig {
         Ok(self)
     }
 
+    /// The `trend` knob (its basis by index, 0 for none) and the trend's options, which
+    /// need a trend first; `kv` is the whole override, for the errors.
+    fn set_trend_knob(&mut self, kv: &str, key: &str, v: &str) -> Result<(), String> {
+        if key == "trend" {
+            use TrendBasis::*;
+            let basis = nth(
+                kv,
+                knob_value(kv, v)?,
+                [None, Some(Constant), Some(Linear), Some(Quadratic)],
+            )?;
+            let old = self.trend.unwrap_or(DEFAULT_TREND);
+            self.trend = basis.map(|basis| TrendSpec { basis, ..old });
+            return Ok(());
+        }
+        let Some(trend) = self.trend.as_mut() else {
+            return Err(format!("{kv}: set trend first"));
+        };
+        let value = knob_value(kv, v)?;
+        // A bound of τ's range that is not given is the fixed prior sd; a bound ≤ 0 turns
+        // the selection off.
+        let (lo, hi) = trend.select.unwrap_or((trend.prior_sd, trend.prior_sd));
+        match key {
+            "trend_prior_sd" => trend.prior_sd = value,
+            "trend_concave" => trend.concave = value != 0.0,
+            "trend_select_min" => trend.select = (value > 0.0).then_some((value, hi)),
+            _ => trend.select = (value > 0.0).then_some((lo, value)),
+        }
+        Ok(())
+    }
+
     /// Quasi-random trials before the GP takes over: `max(⌈k d⌉ + 1, 5)` for d parameters
     /// and `k` = [`GpBanditConfig::initial_per_parameter`], at most
     /// [`GpBanditConfig::max_initial_trials`].
@@ -508,6 +513,11 @@ impl GpBanditConfig {
         let k = (self.initial_per_parameter * num_parameters as f64).ceil() as usize + 1;
         k.max(5).min(self.max_initial_trials.max(1))
     }
+}
+
+/// A knob's number; `kv` is the whole override, for the error.
+fn knob_value(kv: &str, v: &str) -> Result<f64, String> {
+    v.trim().parse::<f64>().map_err(|e| format!("{kv}: {e}"))
 }
 
 /// The `v`-th of `choices` (`v` = 0, 1, …), for a knob that names one of a few variants.

@@ -193,6 +193,9 @@ pub(super) struct Model {
 }
 
 impl Model {
+    /// Fits the study's model: one GP per objective ([`ObjectiveFit::fit`]), then one per
+    /// safety metric ([`fit_safety`]), in that order on `rng`; `None` without an objective
+    /// or when a posterior cannot be formed.
     pub(super) fn fit(
         config: &GpBanditConfig,
         encoder: &Encoder,
@@ -208,202 +211,48 @@ impl Model {
         } else {
             Vec::new()
         };
-        let categorical = encoder.categorical_mask();
-        // Objective values per trial, "larger is better".
-        let values: Vec<Vec<Option<f64>>> = objectives
-            .iter()
-            .map(|m| {
-                input
-                    .completed
-                    .iter()
-                    .map(|t| oriented(m, &t.outcome))
-                    .collect()
-            })
-            .collect();
-        let n = input.completed.len();
-        // Rank trials by the sum of their warped objectives over the full history.
-        let warped_all: Vec<Vec<f64>> = values.iter().map(|v| warp(v)).collect();
-        let quality: Vec<f64> = (0..n)
-            .map(|i| warped_all.iter().map(|w| w[i]).sum())
-            .collect();
-        let train_idx = subsample(&quality, config.max_train_points);
-        let fit_idx = subsample(&quality, config.max_fit_points.min(config.max_train_points));
-        let encode = |idx: &[usize]| -> Vec<Vec<f64>> {
-            idx.iter()
-                .map(|&i| encoder.encode(&input.completed[i].parameters))
-                .collect()
-        };
-        let train_x = encode(&train_idx);
-        let fit_x = encode(&fit_idx);
-        let modelled = objectives.len() + safety.len();
-        let warm: Option<GpState> = input
-            .previous_state
-            .and_then(|s| serde_json::from_value(s.clone()).ok())
-            .filter(|s: &GpState| s.dim == encoder.dim() && s.theta.len() == modelled);
-        // Fitting dominates the cost of a suggestion: one L-BFGS run from the best of the
-        // starting points (two while the history is small and fits are cheap).
-        let options = FitOptions {
-            random_starts: if warm.is_some() { 1 } else { 4 },
-            runs: if fit_x.len() <= 40 { 2 } else { 1 },
-            max_iters: config.fit_iters,
-            prior: config.prior(categorical.iter().filter(|c| !**c).count()),
-        };
+        let data = FitData::new(config, encoder, input, &objectives, safety.len());
         let mut objective_models = Vec::new();
-        for (k, v) in values.iter().enumerate() {
-            let standardized = Warping {
-                rank: false,
-                log: false,
-                power: Power::Off,
-            };
-            let proposed = config.warping(v, encoder.num_parameters());
-            // With the per-fit choice and the λ chooser, λ proposes standardization and the
-            // score (leave-one-out ranking or likelihood) must confirm it; otherwise the
-            // score alone decides.
-            let (warping, compare) = match (config.warping_choice, config.power_warping) {
-                (WarpingChoice::Fixed, _) => (proposed, false),
-                (_, PowerWarping::Choose) => (
-                    Warping {
-                        rank: config.rank_warping,
-                        log: config.log_warping,
-                        power: Power::Off,
-                    },
-                    proposed == standardized,
-                ),
-                (_, _) => (proposed, true),
-            };
-            let pick = |idx: &[usize]| -> DVector<f64> {
-                let sub: Vec<Option<f64>> = idx.iter().map(|&i| v[i]).collect();
-                DVector::from_vec(warp_with(&sub, warping))
-            };
-            let starts: Vec<Vec<f64>> = warm.iter().map(|s| s.theta[k].clone()).collect();
-            let prior = if n < config.warm_start_trials(encoder.num_parameters()) {
-                prior_data(encoder, input, objectives[k], v, warping)
-            } else {
-                None
-            };
-            let prior = prior.map(|p| {
-                let joint = |idx: &[usize]| {
-                    DVector::from_iterator(idx.len(), idx.iter().map(|&i| p.new_targets[i]))
-                };
-                let (t, f) = (joint(&train_idx), joint(&fit_idx));
-                (p, t, f)
-            });
-            // The second fit draws its random starts from a generator of its own (seeded
-            // by the suggestion and the objective), so the main one advances as without the
-            // choice: a run that keeps the warping is the fixed warping's run.
-            let choice_rng = (compare && prior.is_none() && warping != standardized).then(|| {
-                StdRng::seed_from_u64(
-                    trial_seed(input.seed, input.first_trial_number) ^ (0x5157_4152 + k as u64),
-                )
-            });
-            let mut model = fit_objective(
+        for (k, values) in data.values.iter().enumerate() {
+            let fit = ObjectiveFit {
                 config,
-                &train_x,
-                pick(&train_idx),
-                &fit_x,
-                pick(&fit_idx),
-                &categorical,
-                &starts,
-                prior,
-                options,
-                rng,
-            )?;
-            if let Some(mut choice_rng) = choice_rng {
-                let pick_standardized = |idx: &[usize]| -> DVector<f64> {
-                    let sub: Vec<Option<f64>> = idx.iter().map(|&i| v[i]).collect();
-                    DVector::from_vec(warp_with(&sub, standardized))
-                };
-                let own: Vec<Vec<f64>> = warm
-                    .iter()
-                    .filter_map(|s| s.standardized_theta.get(k).cloned().flatten())
-                    .collect();
-                let observed = pick_standardized(&train_idx);
-                let alternative = fit_objective(
-                    config,
-                    &train_x,
-                    observed.clone(),
-                    &fit_x,
-                    pick_standardized(&fit_idx),
-                    &categorical,
-                    if own.is_empty() { &starts } else { &own },
-                    None,
-                    options,
-                    &mut choice_rng,
-                );
-                if let Some(alternative) = alternative {
-                    let train_values: Vec<Option<f64>> = train_idx.iter().map(|&i| v[i]).collect();
-                    let score = |m: &ObjectiveModel, steps: Warping| {
-                        let posterior = m.posterior.as_ref()?;
-                        match config.warping_choice {
-                            // Both scored against the standardized values, an increasing
-                            // map of the observed ones (the rank statistic sees only their
-                            // order).
-                            WarpingChoice::LooRank => loo_rank_quality(
-                                &posterior.loo_means()?,
-                                observed.as_slice(),
-                                config.warping_choice_top,
-                            ),
-                            WarpingChoice::Likelihood => Some(
-                                posterior.log_marginal_likelihood()?
-                                    + log_jacobian(&train_values, steps)?,
-                            ),
-                            WarpingChoice::LooLikelihood => Some(
-                                posterior.loo_log_predictive()?
-                                    + log_jacobian(&train_values, steps)?,
-                            ),
-                            WarpingChoice::Fixed => None,
-                        }
-                    };
-                    let standardized_theta = alternative.theta.clone();
-                    if let (Some(warped), Some(plain)) =
-                        (score(&model, warping), score(&alternative, standardized))
-                        && plain > warped + config.warping_choice_margin
-                    {
-                        model = ObjectiveModel {
-                            theta: model.theta,
-                            standardized: true,
-                            ..alternative
-                        };
-                    }
-                    model.standardized_theta = Some(standardized_theta);
-                }
-            }
-            objective_models.push(model);
+                data: &data,
+                k,
+                values,
+            };
+            objective_models.push(fit.fit(encoder, input, objectives[k], rng)?);
         }
         let mut safety_models = Vec::new();
         for (j, m) in safety.iter().enumerate() {
-            let threshold = m.safety_threshold.unwrap_or(0.0);
-            let margins: Vec<Option<f64>> = input
-                .completed
-                .iter()
-                .map(|t| {
-                    let sign = match m.goal {
-                        Goal::Maximize => 1.0,
-                        Goal::Minimize => -1.0,
-                    };
-                    oriented(m, &t.outcome).map(|v| v - sign * threshold)
-                })
-                .collect();
-            let (z, t) = safety_targets(&margins);
-            let pick = |idx: &[usize]| DVector::from_iterator(idx.len(), idx.iter().map(|&i| z[i]));
-            let starts: Vec<Vec<f64>> = warm
-                .iter()
-                .map(|s| s.theta[objectives.len() + j].clone())
-                .collect();
-            let theta = fit_theta(&fit_x, &pick(&fit_idx), &categorical, &starts, options, rng);
-            let hyper = Hyper::from_theta_with(&theta, &categorical);
-            let posterior = Posterior::new(hyper, train_x.clone(), Some(&pick(&train_idx)))?;
-            safety_models.push(SafetyModel {
-                posterior,
-                theta,
-                threshold: t,
-            });
+            safety_models.push(fit_safety(&data, input, m, objectives.len() + j, rng)?);
         }
+        Some(Model::assemble(
+            config,
+            encoder,
+            input,
+            data,
+            objective_models,
+            safety_models,
+        ))
+    }
+
+    /// The model from its fitted GPs: with the pending points (their expected safety
+    /// counted towards the safe fraction) and, when enabled for one objective without
+    /// safety metrics, the incumbent's box.
+    fn assemble(
+        config: &GpBanditConfig,
+        encoder: &Encoder,
+        input: &DesignerInput<'_>,
+        data: FitData,
+        objectives: Vec<ObjectiveModel>,
+        safety: Vec<SafetyModel>,
+    ) -> Model {
+        let n = input.completed.len();
         let pending: Vec<Vec<f64>> = input.pending.iter().map(|a| encoder.encode(a)).collect();
         let mut model = Model {
-            train_x,
-            objectives: objective_models,
-            safety: safety_models,
+            train_x: data.train_x,
+            objectives,
+            safety,
             pending: Vec::new(),
             pending_posteriors: None,
             num_completed: n,
@@ -426,12 +275,12 @@ impl Model {
             model.expected_safe += p.iter().sum::<f64>();
         }
         model.pending = pending;
-        if config.incumbent_region && values.len() == 1 && safety.is_empty() {
+        if config.incumbent_region && data.values.len() == 1 && model.safety.is_empty() {
             let initial = config.initial_trials(encoder.num_parameters());
-            model.incumbent_box = incumbent_box(&values[0], initial)
+            model.incumbent_box = incumbent_box(&data.values[0], initial)
                 .map(|(i, half)| (encoder.encode(&input.completed[i].parameters), half));
         }
-        Some(model)
+        model
     }
 
     /// Whether any objective's GP sits on a prior study's mean (a warm start that the new
@@ -527,6 +376,310 @@ impl Model {
     }
 }
 
+/// What every metric's fit shares: the objectives' values, which completed trials train
+/// the posteriors and which fit the hyperparameters (both subsampled, by the same ranking),
+/// encoded, and the previous suggestion's fitted state as the fits' starting points.
+struct FitData {
+    /// Per objective, its value per completed trial, larger is better (`None`: missing).
+    values: Vec<Vec<Option<f64>>>,
+    /// Indices of the completed trials the posteriors condition on.
+    train_idx: Vec<usize>,
+    /// Indices of the completed trials the hyperparameters are fitted to.
+    fit_idx: Vec<usize>,
+    train_x: Vec<Vec<f64>>,
+    fit_x: Vec<Vec<f64>>,
+    /// Per feature, whether it is categorical.
+    categorical: Vec<bool>,
+    /// The previous suggestion's state, if it fits this model's metrics and features.
+    warm: Option<GpState>,
+    options: FitOptions,
+}
+
+impl FitData {
+    /// `modelled_safety`: the number of safety metrics (their θ follow the objectives' in
+    /// a state).
+    fn new(
+        config: &GpBanditConfig,
+        encoder: &Encoder,
+        input: &DesignerInput<'_>,
+        objectives: &[&MetricSpec],
+        modelled_safety: usize,
+    ) -> FitData {
+        let categorical = encoder.categorical_mask();
+        // Objective values per trial, "larger is better".
+        let values: Vec<Vec<Option<f64>>> = objectives
+            .iter()
+            .map(|m| {
+                input
+                    .completed
+                    .iter()
+                    .map(|t| oriented(m, &t.outcome))
+                    .collect()
+            })
+            .collect();
+        let n = input.completed.len();
+        // Rank trials by the sum of their warped objectives over the full history.
+        let warped_all: Vec<Vec<f64>> = values.iter().map(|v| warp(v)).collect();
+        let quality: Vec<f64> = (0..n)
+            .map(|i| warped_all.iter().map(|w| w[i]).sum())
+            .collect();
+        let train_idx = subsample(&quality, config.max_train_points);
+        let fit_idx = subsample(&quality, config.max_fit_points.min(config.max_train_points));
+        let encode = |idx: &[usize]| -> Vec<Vec<f64>> {
+            idx.iter()
+                .map(|&i| encoder.encode(&input.completed[i].parameters))
+                .collect()
+        };
+        let train_x = encode(&train_idx);
+        let fit_x = encode(&fit_idx);
+        let modelled = objectives.len() + modelled_safety;
+        let warm: Option<GpState> = input
+            .previous_state
+            .and_then(|s| serde_json::from_value(s.clone()).ok())
+            .filter(|s: &GpState| s.dim == encoder.dim() && s.theta.len() == modelled);
+        // Fitting dominates the cost of a suggestion: one L-BFGS run from the best of the
+        // starting points (two while the history is small and fits are cheap).
+        let options = FitOptions {
+            random_starts: if warm.is_some() { 1 } else { 4 },
+            runs: if fit_x.len() <= 40 { 2 } else { 1 },
+            max_iters: config.fit_iters,
+            prior: config.prior(categorical.iter().filter(|c| !**c).count()),
+        };
+        FitData {
+            values,
+            train_idx,
+            fit_idx,
+            train_x,
+            fit_x,
+            categorical,
+            warm,
+            options,
+        }
+    }
+}
+
+/// Standardization alone: the warping the per-fit choice weighs the configured one against.
+const STANDARDIZED: Warping = Warping {
+    rank: false,
+    log: false,
+    power: Power::Off,
+};
+
+/// One objective metric's fit.
+struct ObjectiveFit<'a> {
+    config: &'a GpBanditConfig,
+    data: &'a FitData,
+    /// The objective's index (its θ in a state; its choice generator's seed).
+    k: usize,
+    /// Its value per completed trial (larger is better).
+    values: &'a [Option<f64>],
+}
+
+impl ObjectiveFit<'_> {
+    /// The objective's GP with the configured warping (warm-started while the study is
+    /// young and prior studies exist); with the per-fit warping choice, the targets'
+    /// standardization alone is fitted too and replaces it if it scores better
+    /// ([`ObjectiveFit::choose_standardization`]).
+    fn fit(
+        &self,
+        encoder: &Encoder,
+        input: &DesignerInput<'_>,
+        metric: &MetricSpec,
+        rng: &mut StdRng,
+    ) -> Option<ObjectiveModel> {
+        let (config, data, k) = (self.config, self.data, self.k);
+        let (warping, compare) = self.warping(encoder);
+        let starts: Vec<Vec<f64>> = data.warm.iter().map(|s| s.theta[k].clone()).collect();
+        let prior = if input.completed.len() < config.warm_start_trials(encoder.num_parameters()) {
+            prior_data(encoder, input, metric, self.values, warping)
+        } else {
+            None
+        };
+        let prior = prior.map(|p| {
+            let joint = |idx: &[usize]| {
+                DVector::from_iterator(idx.len(), idx.iter().map(|&i| p.new_targets[i]))
+            };
+            let (t, f) = (joint(&data.train_idx), joint(&data.fit_idx));
+            (p, t, f)
+        });
+        // The second fit draws its random starts from a generator of its own (seeded
+        // by the suggestion and the objective), so the main one advances as without the
+        // choice: a run that keeps the warping is the fixed warping's run.
+        let choice_rng = (compare && prior.is_none() && warping != STANDARDIZED).then(|| {
+            StdRng::seed_from_u64(
+                trial_seed(input.seed, input.first_trial_number) ^ (0x5157_4152 + k as u64),
+            )
+        });
+        let model = fit_objective(
+            config,
+            &data.train_x,
+            self.targets(&data.train_idx, warping),
+            &data.fit_x,
+            self.targets(&data.fit_idx, warping),
+            &data.categorical,
+            &starts,
+            prior,
+            data.options,
+            rng,
+        )?;
+        Some(match choice_rng {
+            Some(mut choice_rng) => {
+                self.choose_standardization(model, warping, &starts, &mut choice_rng)
+            }
+            None => model,
+        })
+    }
+
+    /// The warping to fit, and whether standardization alone is to be fitted and compared
+    /// with it. With the per-fit choice and the λ chooser, λ proposes standardization and
+    /// the score (leave-one-out ranking or likelihood) must confirm it; otherwise the
+    /// score alone decides.
+    fn warping(&self, encoder: &Encoder) -> (Warping, bool) {
+        let config = self.config;
+        let proposed = config.warping(self.values, encoder.num_parameters());
+        match (config.warping_choice, config.power_warping) {
+            (WarpingChoice::Fixed, _) => (proposed, false),
+            (_, PowerWarping::Choose) => (
+                Warping {
+                    rank: config.rank_warping,
+                    log: config.log_warping,
+                    power: Power::Off,
+                },
+                proposed == STANDARDIZED,
+            ),
+            (_, _) => (proposed, true),
+        }
+    }
+
+    /// The objective's targets at the completed trials `idx`, warped by `warping`.
+    fn targets(&self, idx: &[usize], warping: Warping) -> DVector<f64> {
+        let sub: Vec<Option<f64>> = idx.iter().map(|&i| self.values[i]).collect();
+        DVector::from_vec(warp_with(&sub, warping))
+    }
+
+    /// `model` (fitted with `warping`) or the fit to the standardized targets, whichever
+    /// the configured score prefers by more than `warping_choice_margin`; either way it
+    /// keeps both fits' θ for the next call's starting points.
+    fn choose_standardization(
+        &self,
+        mut model: ObjectiveModel,
+        warping: Warping,
+        starts: &[Vec<f64>],
+        choice_rng: &mut StdRng,
+    ) -> ObjectiveModel {
+        let (config, data) = (self.config, self.data);
+        let own: Vec<Vec<f64>> = data
+            .warm
+            .iter()
+            .filter_map(|s| s.standardized_theta.get(self.k).cloned().flatten())
+            .collect();
+        let observed = self.targets(&data.train_idx, STANDARDIZED);
+        let alternative = fit_objective(
+            config,
+            &data.train_x,
+            observed.clone(),
+            &data.fit_x,
+            self.targets(&data.fit_idx, STANDARDIZED),
+            &data.categorical,
+            if own.is_empty() { starts } else { &own },
+            None,
+            data.options,
+            choice_rng,
+        );
+        let Some(alternative) = alternative else {
+            return model;
+        };
+        let train_values: Vec<Option<f64>> =
+            data.train_idx.iter().map(|&i| self.values[i]).collect();
+        let score = |m: &ObjectiveModel, steps: Warping| {
+            self.choice_score(m, steps, &observed, &train_values)
+        };
+        let standardized_theta = alternative.theta.clone();
+        if let (Some(warped), Some(plain)) =
+            (score(&model, warping), score(&alternative, STANDARDIZED))
+            && plain > warped + config.warping_choice_margin
+        {
+            model = ObjectiveModel {
+                theta: model.theta,
+                standardized: true,
+                ..alternative
+            };
+        }
+        model.standardized_theta = Some(standardized_theta);
+        model
+    }
+
+    /// How well `m` (fitted to targets warped by `steps`) explains the observed values, by
+    /// the configured per-fit choice; `None` if it cannot be scored.
+    fn choice_score(
+        &self,
+        m: &ObjectiveModel,
+        steps: Warping,
+        observed: &DVector<f64>,
+        train_values: &[Option<f64>],
+    ) -> Option<f64> {
+        let config = self.config;
+        let posterior = m.posterior.as_ref()?;
+        match config.warping_choice {
+            // Both scored against the standardized values, an increasing map of the
+            // observed ones (the rank statistic sees only their order).
+            WarpingChoice::LooRank => loo_rank_quality(
+                &posterior.loo_means()?,
+                observed.as_slice(),
+                config.warping_choice_top,
+            ),
+            WarpingChoice::Likelihood => {
+                Some(posterior.log_marginal_likelihood()? + log_jacobian(train_values, steps)?)
+            }
+            WarpingChoice::LooLikelihood => {
+                Some(posterior.loo_log_predictive()? + log_jacobian(train_values, steps)?)
+            }
+            WarpingChoice::Fixed => None,
+        }
+    }
+}
+
+/// The GP of safety metric `metric` (see [`SafetyModel`]); `index`: its θ's place in a
+/// state (after the objectives').
+fn fit_safety(
+    data: &FitData,
+    input: &DesignerInput<'_>,
+    metric: &MetricSpec,
+    index: usize,
+    rng: &mut StdRng,
+) -> Option<SafetyModel> {
+    let threshold = metric.safety_threshold.unwrap_or(0.0);
+    let margins: Vec<Option<f64>> = input
+        .completed
+        .iter()
+        .map(|t| {
+            let sign = match metric.goal {
+                Goal::Maximize => 1.0,
+                Goal::Minimize => -1.0,
+            };
+            oriented(metric, &t.outcome).map(|v| v - sign * threshold)
+        })
+        .collect();
+    let (z, t) = safety_targets(&margins);
+    let pick = |idx: &[usize]| DVector::from_iterator(idx.len(), idx.iter().map(|&i| z[i]));
+    let starts: Vec<Vec<f64>> = data.warm.iter().map(|s| s.theta[index].clone()).collect();
+    let theta = fit_theta(
+        &data.fit_x,
+        &pick(&data.fit_idx),
+        &data.categorical,
+        &starts,
+        data.options,
+        rng,
+    );
+    let hyper = Hyper::from_theta_with(&theta, &data.categorical);
+    let posterior = Posterior::new(hyper, data.train_x.clone(), Some(&pick(&data.train_idx)))?;
+    Some(SafetyModel {
+        posterior,
+        theta,
+        threshold: t,
+    })
+}
+
 /// Fit one objective's GP: cold on this study's trials, or warm-started.
 ///
 /// Warm start is a two-task GP (a multi-task GP with one shared correlation, as in
@@ -550,59 +703,34 @@ pub(super) fn fit_objective(
     options: FitOptions,
     rng: &mut StdRng,
 ) -> Option<ObjectiveModel> {
-    let cold = |rng: &mut StdRng| -> Option<ObjectiveModel> {
-        let (theta, posterior) = fit_posterior(
+    let cold = |rng: &mut StdRng| {
+        fit_cold(
             config.trend,
             (fit_x, &fit_y),
-            (train_x.to_vec(), &train_y),
+            (train_x, &train_y),
             categorical,
             starts,
             options,
             rng,
-        )?;
-        let hyper = posterior.hyper.clone();
-        Some(ObjectiveModel {
-            posterior: Some(posterior),
-            hyper,
-            theta,
-            standardized_theta: None,
-            standardized: false,
-            train_y: train_y.clone(),
-            warm: None,
-        })
+        )
     };
     let Some((prior, joint_train_y, joint_fit_y)) = prior else {
         return cold(rng);
     };
     let mut mask = categorical.to_vec();
     mask.push(true);
-    let keep = subsample(&prior.y, config.max_prior_points);
-    let fit_room = config.max_fit_points.saturating_sub(fit_x.len()).max(20);
-    let fit_keep = subsample(&prior.y, fit_room.min(config.max_prior_points));
-    let pick_x = |idx: &[usize]| -> Vec<Vec<f64>> {
-        lift(
-            &idx.iter().map(|&i| prior.x[i].clone()).collect::<Vec<_>>(),
-            1.0,
-        )
-    };
-    let pick_y = |idx: &[usize]| idx.iter().map(|&i| prior.y[i]).collect::<Vec<_>>();
-    let mut x_fit = lift(fit_x, 0.0);
-    x_fit.extend(pick_x(&fit_keep));
-    let y_fit: Vec<f64> = joint_fit_y
-        .iter()
-        .copied()
-        .chain(pick_y(&fit_keep))
-        .collect();
-    let prior_x = pick_x(&keep);
-    let mut x = lift(train_x, 0.0);
-    x.extend(prior_x.iter().cloned());
-    let y: Vec<f64> = joint_train_y.iter().copied().chain(pick_y(&keep)).collect();
+    let joint = JointPoints::new(
+        config,
+        &prior,
+        (train_x, &joint_train_y),
+        (fit_x, &joint_fit_y),
+    );
     // With a trend, one trend for both studies (the study feature, categorical, has none):
     // a warm study then polishes as a cold one does.
     let (theta, posterior) = fit_posterior(
         config.trend,
-        (&x_fit, &DVector::from_vec(y_fit)),
-        (x, &DVector::from_vec(y)),
+        (&joint.x_fit, &DVector::from_vec(joint.y_fit)),
+        (joint.x, &DVector::from_vec(joint.y)),
         &mask,
         starts,
         options,
@@ -620,7 +748,7 @@ pub(super) fn fit_objective(
         standardized: false,
         train_y: joint_train_y,
         warm: Some(WarmStart {
-            x: prior_x,
+            x: joint.prior_x,
             best,
             new_trials: fit_x.len(),
         }),
@@ -631,6 +759,86 @@ pub(super) fn fit_objective(
         Some(model)
     } else {
         cold(rng)
+    }
+}
+
+/// One objective's GP on this study's trials alone (see [`fit_posterior`]).
+fn fit_cold(
+    trend: Option<TrendSpec>,
+    fit: (&[Vec<f64>], &DVector<f64>),
+    (train_x, train_y): (&[Vec<f64>], &DVector<f64>),
+    categorical: &[bool],
+    starts: &[Vec<f64>],
+    options: FitOptions,
+    rng: &mut StdRng,
+) -> Option<ObjectiveModel> {
+    let (theta, posterior) = fit_posterior(
+        trend,
+        fit,
+        (train_x.to_vec(), train_y),
+        categorical,
+        starts,
+        options,
+        rng,
+    )?;
+    let hyper = posterior.hyper.clone();
+    Some(ObjectiveModel {
+        posterior: Some(posterior),
+        hyper,
+        theta,
+        standardized_theta: None,
+        standardized: false,
+        train_y: train_y.clone(),
+        warm: None,
+    })
+}
+
+/// This study's and the prior studies' points together, lifted by the study feature (0
+/// here, 1 for the prior studies), for a warm-started fit.
+struct JointPoints {
+    /// Fit points: all of this study's, then the prior studies' best and most recent, up
+    /// to `max_fit_points` (at least 20 of theirs).
+    x_fit: Vec<Vec<f64>>,
+    y_fit: Vec<f64>,
+    /// Training points: this study's, then at most `max_prior_points` of the prior studies'.
+    x: Vec<Vec<f64>>,
+    y: Vec<f64>,
+    /// The prior studies' training points alone (the pending covariance adds them).
+    prior_x: Vec<Vec<f64>>,
+}
+
+impl JointPoints {
+    /// `train` and `fit`: this study's points with their jointly warped targets.
+    fn new(
+        config: &GpBanditConfig,
+        prior: &PriorData,
+        (train_x, train_y): (&[Vec<f64>], &DVector<f64>),
+        (fit_x, fit_y): (&[Vec<f64>], &DVector<f64>),
+    ) -> JointPoints {
+        let keep = subsample(&prior.y, config.max_prior_points);
+        let fit_room = config.max_fit_points.saturating_sub(fit_x.len()).max(20);
+        let fit_keep = subsample(&prior.y, fit_room.min(config.max_prior_points));
+        let pick_x = |idx: &[usize]| -> Vec<Vec<f64>> {
+            lift(
+                &idx.iter().map(|&i| prior.x[i].clone()).collect::<Vec<_>>(),
+                1.0,
+            )
+        };
+        let pick_y = |idx: &[usize]| idx.iter().map(|&i| prior.y[i]).collect::<Vec<_>>();
+        let mut x_fit = lift(fit_x, 0.0);
+        x_fit.extend(pick_x(&fit_keep));
+        let y_fit: Vec<f64> = fit_y.iter().copied().chain(pick_y(&fit_keep)).collect();
+        let prior_x = pick_x(&keep);
+        let mut x = lift(train_x, 0.0);
+        x.extend(prior_x.iter().cloned());
+        let y: Vec<f64> = train_y.iter().copied().chain(pick_y(&keep)).collect();
+        JointPoints {
+            x_fit,
+            y_fit,
+            x,
+            y,
+            prior_x,
+        }
     }
 }
 
