@@ -81,6 +81,11 @@ def main():
             json.dump({"weights": w, "epoch": epoch}, f)
         os.replace(ckpt + ".tmp", ckpt)
 
+    if start >= args.epochs:
+        # Relaunched with its checkpoint already at the budget (the attempt that got there
+        # ended before its result was heard): nothing to train; report the result again.
+        print(f"epoch={start} accuracy={accuracy(w, valid, args.features):.4f}", flush=True)
+
     model_dir = os.environ.get("AIP_MODEL_DIR", "/tmp/quickstart-model")
     os.makedirs(model_dir, exist_ok=True)
     with open(os.path.join(model_dir, "model.json"), "w") as f:

@@ -2,7 +2,7 @@
 //! the next one as soon as a slot frees, until the budget is done or the study is stopped.
 //! After a restart it resumes the trials it had started (same trial, same directories).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +41,7 @@ pub async fn run_study(
         interrupt_trials: watch::channel(Interrupt::None).0,
         tasks: JoinSet::new(),
         running: HashSet::new(),
+        deferred: HashMap::new(),
         setup: None,
         resumed: false,
         current: None,
@@ -65,6 +66,10 @@ struct StudyRunner {
     interrupt_trials: watch::Sender<Interrupt>,
     tasks: JoinSet<(i64, TrialEnd)>,
     running: HashSet<i64>,
+    /// Trials handed out again while their last task is still ending (a paused trial that a
+    /// scheduler promoted as soon as its attempt was recorded): started when that task is
+    /// joined, so one trial never runs twice at once nor is dropped.
+    deferred: HashMap<i64, (DispatchedTrial, Option<AttemptStart>)>,
     /// Fixed for the study's trials while its job stays the same.
     setup: Option<Arc<TrialSetup>>,
     resumed: bool,
@@ -236,6 +241,12 @@ impl StudyRunner {
         first: Option<AttemptStart>,
     ) {
         if !self.running.insert(trial.id) {
+            // Its last task has reported but not been joined yet: start it then. (A trial
+            // that resume_once and a suggestion both hand over is started once: the
+            // suggestion's comes with its counted launch and replaces the other.)
+            if first.is_some() || !self.deferred.contains_key(&trial.id) {
+                self.deferred.insert(trial.id, (trial, first));
+            }
             return;
         }
         let (setup, interrupt) = (setup.clone(), self.interrupt_trials.subscribe());
@@ -269,6 +280,11 @@ impl StudyRunner {
                 for (trial_id, end) in ended.into_iter().flatten() {
                     self.running.remove(&trial_id);
                     tracing::info!(study_id = self.study_id, trial_id, ?end, "trial ended");
+                    if let (Some((trial, first)), Some(setup)) =
+                        (self.deferred.remove(&trial_id), self.setup.clone())
+                    {
+                        self.start(&setup, trial, first);
+                    }
                 }
                 Next::Continue
             }

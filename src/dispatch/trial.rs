@@ -86,6 +86,17 @@ pub(super) async fn write_handle(dirs: &TrialDirs, handle: String) -> std::io::R
     .map_err(std::io::Error::other)?
 }
 
+/// Remove the trial's `job.handle` (a link is removed, not followed), on a blocking thread.
+async fn remove_handle(dirs: &TrialDirs) {
+    let path = dirs.handle_file();
+    let removed = tokio::task::spawn_blocking(move || std::fs::remove_file(path)).await;
+    if let Ok(Err(e)) = removed
+        && !trial_files::is_missing(&e)
+    {
+        tracing::warn!(error = %e, "could not remove a finished attempt's job handle");
+    }
+}
+
 /// The trial's `job.handle`, read on a blocking thread, never through a link.
 async fn read_handle(dirs: &TrialDirs) -> std::io::Result<String> {
     let (base, path) = (dirs.base.clone(), dirs.handle_file());
@@ -120,7 +131,13 @@ pub async fn run_trial(
     let reporter = setup.reporter.clone();
     let dirs = TrialDirs::new(&setup.study_dir, trial_id);
     let interrupted = clean_up_leftover(&setup, trial_id, &dirs, first.is_none()).await;
-    if interrupted && let Err(e) = reporter.refund_attempt(trial_id).await {
+    // Only a resumed launch gives one back. A launch counted with its suggestion (`first`)
+    // that finds a handle is a promoted trial's next rung: the handle is its last rung's,
+    // which ended and was accounted for.
+    if interrupted
+        && first.is_none()
+        && let Err(e) = reporter.refund_attempt(trial_id).await
+    {
         tracing::warn!(trial_id, error = %e, "could not give back an interrupted launch");
     }
     // Directories are made on a blocking thread (a mkdir can take a millisecond), meanwhile
@@ -183,6 +200,13 @@ pub async fn run_trial(
         };
         let (outcome, last) = run_attempt(&setup, &request, &dirs, timeout, &mut interrupt).await;
         match settle(&setup, trial_id, outcome, last).await {
+            // A multi-fidelity attempt whose result is recorded leaves no handle: the trial
+            // may be promoted, and its next launch must look unstarted (no handle) to a
+            // restarted service, not finished (an empty one).
+            Settled::Ended(TrialEnd::Completed) if setup.fidelity.is_some() => {
+                remove_handle(&dirs).await;
+                return TrialEnd::Completed;
+            }
             Settled::Ended(end) => return end,
             Settled::Retry(why) => last_failure = why,
         }

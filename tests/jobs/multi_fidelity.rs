@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 /// ones up to `--epochs` (reporting `epoch=E loss=…` after each), and logs each launch's
 /// range and `AUGUR_BUDGET` to `$TRAINED`.
 const TRAINER_PY: &str = r#"
-import argparse, json, os
+import argparse, json, os, time
 p = argparse.ArgumentParser()
 p.add_argument("--x", type=float, required=True)
 p.add_argument("--epochs", type=int, required=True)
@@ -22,11 +22,17 @@ start = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
 with open(os.environ["TRAINED"], "a") as f:
     f.write(json.dumps({"trial": int(os.environ["AUGUR_TRIAL_ID"]), "from": start,
                         "to": a.epochs, "budget": os.environ["AUGUR_BUDGET"]}) + "\n")
-for epoch in range(start + 1, a.epochs + 1):
+def loss(epoch):
     # Curves cross: a slow learner (large x) can end better than it starts.
-    loss = (a.x - 0.3) ** 2 + (0.2 + a.x) * epoch ** -0.7
-    print("epoch=%d loss=%f" % (epoch, loss), flush=True)
+    return (a.x - 0.3) ** 2 + (0.2 + a.x) * epoch ** -0.7
+for epoch in range(start + 1, a.epochs + 1):
+    time.sleep(float(os.environ.get("EPOCH_SECS", "0")))
+    print("epoch=%d loss=%f" % (epoch, loss(epoch)), flush=True)
     open(ckpt, "w").write(str(epoch))
+if start >= a.epochs:
+    # Relaunched after its checkpoint already reached the budget (the service died before
+    # it heard the result): nothing to train, report the checkpoint's result again.
+    print("epoch=%d loss=%f" % (start, loss(start)), flush=True)
 "#;
 
 fn loss(x: f64, epoch: u64) -> f64 {
@@ -65,6 +71,12 @@ async fn asha_trials_resume_from_their_checkpoints_at_each_rung(db: common::Test
         .wait_for_state(id, "completed", Duration::from_secs(120))
         .await;
     assert_ladder_climbed_by_resuming(&app, &study, &trained).await;
+    // Each rung's launch is counted once, as the first of its attempts (the trial's launch at
+    // the last rung is the one the API shows).
+    let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
+    for t in trials["trials"].as_array().expect("trials") {
+        assert_eq!(t["attempts"], 1, "{t}");
+    }
 }
 
 /// A pulled worker (`augur worker`) runs the same study: it gets each promotion as the same
@@ -203,4 +215,127 @@ async fn asha_resumes_trials_from_their_checkpoints_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn asha_resumes_trials_from_their_checkpoints_postgres() {
     asha_trials_resume_from_their_checkpoints_at_each_rung(common::postgres_db().await).await;
+}
+
+/// A service SIGKILLed while trials are paused and running, then restarted on the same
+/// database, finishes the study with every decision taken once: 3 trials promoted to 3
+/// epochs, 1 to 9, none paused at the end, and every launch resumes from the trial's own
+/// checkpoint (at most the epoch the killed attempt reached).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_service_resumes_a_paused_study_and_decides_each_promotion_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("trainer.py");
+    std::fs::write(&script, TRAINER_PY).expect("write trainer");
+    let trained = dir.path().join("trained.jsonl");
+    let db = common::sqlite_db();
+    let port = common::free_port();
+    let mut server = common::ServerProcess::start(&db.url, port);
+    server.wait_ready().await;
+    let http = common::http();
+    let base = server.base.clone();
+    let mut spec = asha_spec("killed");
+    spec["trial_job"] = json!({
+        "command": ["python3", script.display().to_string()],
+        "env": {"TRAINED": trained.display().to_string(), "EPOCH_SECS": "0.15"},
+        "output_dir": dir.path().join("runs").display().to_string()
+    });
+    let created = common::call(
+        &http,
+        &base,
+        None,
+        reqwest::Method::POST,
+        "/v1/studies",
+        Some(spec),
+    )
+    .await;
+    let id = created.body["id"].as_i64().expect("id");
+    let study = |http: reqwest::Client, base: String| async move {
+        common::call(
+            &http,
+            &base,
+            None,
+            reqwest::Method::GET,
+            &format!("/v1/studies/{id}"),
+            None,
+        )
+        .await
+        .body
+    };
+    common::eventually("trials paused", Duration::from_secs(60), || {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            let s = study(http, base).await;
+            if s["trial_counts"]["paused"].as_i64().unwrap_or(0) >= 2 {
+                Ok(())
+            } else {
+                Err(s.to_string())
+            }
+        }
+    })
+    .await;
+    server.kill();
+    let mut server = common::ServerProcess::start(&db.url, port);
+    server.wait_ready().await;
+    let end = common::eventually("the study ended", Duration::from_secs(90), || {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            let s = study(http, base).await;
+            if s["state"] == "completed" {
+                Ok(s)
+            } else {
+                Err(s.to_string())
+            }
+        }
+    })
+    .await;
+    let failed = common::call(
+        &http,
+        &base,
+        None,
+        reqwest::Method::GET,
+        &format!("/v1/studies/{id}/trials?state=failed"),
+        None,
+    )
+    .await
+    .body;
+    server.kill();
+    assert_eq!(end["trial_counts"]["completed"], 9, "failed: {failed}");
+    assert_eq!(end["trial_counts"]["paused"], 0, "{end}");
+    let mut launches: BTreeMap<i64, Vec<(u64, u64)>> = BTreeMap::new();
+    for line in std::fs::read_to_string(&trained).expect("trained").lines() {
+        let l: Value = serde_json::from_str(line).expect("json line");
+        let (from, to) = (
+            l["from"].as_u64().expect("from"),
+            l["to"].as_u64().expect("to"),
+        );
+        assert!([1, 3, 9].contains(&to), "a budget off the rungs: {l}");
+        launches
+            .entry(l["trial"].as_i64().expect("trial"))
+            .or_default()
+            .push((from, to));
+    }
+    for (trial, ranges) in &launches {
+        let mut budget = 0;
+        for &(from, to) in ranges {
+            assert!(to >= budget, "trial {trial} went down a rung: {ranges:?}");
+            assert!(from < to, "trial {trial} had nothing to train: {ranges:?}");
+            budget = to;
+        }
+    }
+    let reached = |epochs: u64| {
+        launches
+            .values()
+            .filter(|r| r.iter().any(|&(_, to)| to >= epochs))
+            .count()
+    };
+    assert_eq!(
+        (reached(1), reached(3), reached(9)),
+        (9, 3, 1),
+        "{launches:?}"
+    );
+    assert_eq!(
+        common::processes_with(&script.display().to_string()),
+        0,
+        "no trainer outlived the study"
+    );
 }
