@@ -479,3 +479,29 @@ def test_the_token_and_url_come_from_the_environment(monkeypatch, server):
 
 def test_the_package_is_typed():
     assert (Path(augur.__file__).parent / "py.typed").exists()
+
+
+def test_a_multi_fidelity_trial_pauses_and_comes_back_at_a_larger_budget(client, make_spec):
+    spec = make_spec(
+        max_trials=3,
+        parallel_trials=3,
+        fidelity={"argument": "epochs", "min": 1, "max": 9, "reduction_factor": 3},
+        scheduler="asha",
+    )
+    study = client.create_study(spec)
+    first = study.suggest(3, "w")
+    assert [t.budget for t in first] == [1, 1, 1]
+    assert all("epochs" not in t.parameters for t in first)
+    for trial, loss in zip(first, [0.5, 0.2, 0.9]):
+        done = trial.complete({"loss": loss})
+        assert done.state == "paused" and not done.held, "a paused trial is no longer held"
+    promoted = study.suggest(3, "w")
+    assert [(t.id, t.budget) for t in promoted] == [(first[1].id, 3)]
+    assert promoted[0].state == "active" and promoted[0].held
+    promoted[0].complete({"loss": 0.1})
+    top = study.suggest(1, "w")
+    assert [(t.id, t.budget) for t in top] == [(first[1].id, 9)]
+    assert top[0].complete({"loss": 0.05}).state == "completed"
+    assert list(study.suggest(1, "w")) == []
+    study.refresh()
+    assert study.state == "completed"

@@ -40,6 +40,9 @@ SHOULD_STOP_METHODS = ("POST", "GET")
 
 #: Trial states after which nothing more can be reported.
 FINISHED_STATES = frozenset({"completed", "infeasible", "failed"})
+# A multi-fidelity trial that completed below its full budget waits for the scheduler: its
+# holder is done with it (a promotion hands it out again, at a larger budget).
+RELEASED_STATES = FINISHED_STATES | {"paused"}
 
 Spec = Union[Mapping[str, Any], str, "os.PathLike[str]"]
 
@@ -730,9 +733,17 @@ class Trial(_Annotated):
 
     @property
     def state(self) -> str:
-        """``requested``, ``active``, ``stopping``, ``completed``, ``infeasible`` or
-        ``failed``, as last received."""
+        """``requested``, ``active``, ``stopping``, ``completed``, ``infeasible``,
+        ``failed`` or (multi-fidelity) ``paused``, as last received."""
         return str(self.data.get("state", ""))
+
+    @property
+    def budget(self) -> Optional[float]:
+        """Multi-fidelity studies: the budget to train this attempt to (the study's
+        ``fidelity.argument``, e.g. epochs; an ``int`` for whole budgets). A trial that
+        completes below the full budget pauses; a promotion hands the same trial out again
+        with a larger one, to resume from its checkpoint. ``None`` in other studies."""
+        return self.data.get("budget")
 
     @property
     def measurements(self) -> List[Dict[str, Any]]:
@@ -870,12 +881,12 @@ class Trial(_Annotated):
             if not e.ambiguous:
                 raise
             current = self._http.request("GET", self._path, safety=Safety.IDEMPOTENT)
-            wanted = {"fail": {"failed"}}.get(verb, {"completed", "infeasible"})
+            wanted = {"fail": {"failed"}}.get(verb, {"completed", "infeasible", "paused"})
             if current.get("state") not in wanted:
                 raise
             self.data = current
         finally:
-            if self._heartbeat is not None and self.data.get("state") not in FINISHED_STATES:
+            if self._heartbeat is not None and self.data.get("state") not in RELEASED_STATES:
                 self._heartbeat.finishing.clear()
         self._finished_here = True
         self.release()
