@@ -14,7 +14,7 @@ import { TableView, TrialColumns, trialTable } from './table.js';
 
 /** The heavy charts refresh at most this often while trials change. */
 const INSIGHTS_EVERY_MS = 15000;
-const TABLE_STATES = ['', 'requested', 'active', 'stopping', 'completed', 'infeasible', 'failed'];
+const TABLE_STATES = ['', 'requested', 'active', 'stopping', 'paused', 'completed', 'infeasible', 'failed'];
 
 export async function studyPage() {
   const study = Number(document.body.dataset.study);
@@ -180,6 +180,7 @@ function drawStats(page, container) {
     stat('best trial', best ? h('a', { href: `/studies/${study}/trials/${best.trial}` }, '#' + best.trial) : '–', 'best-trial'),
     stat('completed', counts.completed, 'count-completed'),
     stat('running', counts.requested + counts.active + counts.stopping, 'count-running'),
+    ...(counts.paused ? [stat('paused at a rung', counts.paused, 'count-paused')] : []),
     stat('failed / infeasible', `${counts.failed} / ${counts.infeasible}`, 'count-failed'),
     stat('budget', info.spec.max_trials, 'budget'));
 }

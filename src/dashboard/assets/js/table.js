@@ -5,7 +5,7 @@
 import { fmt, h, stateBadge } from './dom.js';
 
 const ROW_PX = 26; // matches --row in style.css
-const STATES = ['requested', 'active', 'stopping', 'completed', 'infeasible', 'failed'];
+const STATES = ['requested', 'active', 'stopping', 'paused', 'completed', 'infeasible', 'failed'];
 
 /**
  * Every trial of a study as columns, from `GET /v1/studies/{study}/table`. A row is an index
