@@ -64,3 +64,10 @@ pub async fn metric_sample(base: &str, token: Option<&str>, series: &str) -> f64
         .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
         .unwrap_or(0.0)
 }
+
+/// The JSON body of an unauthenticated GET of `path` on the server at `base`.
+pub async fn get_body(http: &reqwest::Client, base: &str, path: &str) -> serde_json::Value {
+    call(http, base, None, reqwest::Method::GET, path, None)
+        .await
+        .body
+}

@@ -24,7 +24,7 @@ mod wait;
 )]
 pub use self::{
     app::{TestApp, spawn_app, spawn_app_configured, spawn_app_with},
-    client::{Response, call, http, http_builder, metric_sample},
+    client::{Response, call, get_body, http, http_builder, metric_sample},
     db::{
         TestDb, admin_sql_from_drop, db, postgres_admin_url, postgres_db, settled_pg_counter,
         sqlite_db,

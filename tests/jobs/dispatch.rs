@@ -420,16 +420,12 @@ async fn sigkill_of_the_service_mid_study_then_restart_finishes_exactly_max_tria
         assert!(start.elapsed() < Duration::from_secs(90), "{s}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let failed = common::call(
+    let failed = common::get_body(
         &http,
         &base,
-        None,
-        reqwest::Method::GET,
         &format!("/v1/studies/{id}/trials?state=failed"),
-        None,
     )
-    .await
-    .body;
+    .await;
     server.kill();
     assert_eq!(s["trial_counts"]["total"], 12, "{s}");
     assert_eq!(s["trial_counts"]["completed"], 12, "{s}\nfailed: {failed}");
@@ -438,12 +434,6 @@ async fn sigkill_of_the_service_mid_study_then_restart_finishes_exactly_max_tria
         0,
         "no job outlived the study"
     );
-}
-
-async fn get_json(http: &reqwest::Client, base: &str, path: &str) -> Value {
-    common::call(http, base, None, reqwest::Method::GET, path, None)
-        .await
-        .body
 }
 
 /// Create a study on a server process; returns its id.
@@ -464,7 +454,7 @@ async fn create_on(http: &reqwest::Client, base: &str, spec: Value) -> i64 {
 /// Wait until the study on a server process has left `active`; returns it.
 async fn wait_until_ended(http: &reqwest::Client, base: &str, id: i64) -> Value {
     common::eventually("the study ended", Duration::from_secs(60), || async {
-        let s = get_json(http, base, &format!("/v1/studies/{id}")).await;
+        let s = common::get_body(http, base, &format!("/v1/studies/{id}")).await;
         if s["state"] != "active" {
             Ok(s)
         } else {
@@ -543,7 +533,7 @@ async fn a_service_restart_does_not_renew_a_trials_retries(backend: &str) {
     let server = common::ServerProcess::start(&db.url, port);
     server.wait_ready().await;
     wait_until_ended(&http, &server.base, id).await;
-    let trial = get_json(&http, &server.base, &format!("/v1/studies/{id}/trials/1")).await;
+    let trial = common::get_body(&http, &server.base, &format!("/v1/studies/{id}/trials/1")).await;
     let seen = launches(&log);
     // Launch 1 failed (counted); launch 2 ended unseen, with the service (given back);
     // after the restart launches 3 and 4 are attempts 2 and 3, the last allowed.
@@ -609,7 +599,7 @@ async fn a_launch_interrupted_by_the_service_dying_is_not_charged_to_the_trial()
     let server = common::ServerProcess::start(&db.url, port);
     server.wait_ready().await;
     let s = wait_until_ended(&http, &server.base, id).await;
-    let trial = get_json(&http, &server.base, &format!("/v1/studies/{id}/trials/1")).await;
+    let trial = common::get_body(&http, &server.base, &format!("/v1/studies/{id}/trials/1")).await;
     assert_eq!(trial["state"], "completed", "{s}\n{trial}");
     assert_eq!(
         trial["attempts"], 1,
