@@ -76,7 +76,9 @@ impl Asha {
 
     /// What the designer learns from: every trial's result at the highest rung that enough
     /// trials reached (the space's dimension + 2, as BOHB), else at the lowest; the trials
-    /// without a result there that still run or wait are pending.
+    /// without a result there that still run are pending (a paused one has a result already,
+    /// at a lower rung, and most are never promoted: counting them as pending would steer
+    /// the search away from regions it has measured).
     fn history(
         &self,
         study: &StudyView<'_>,
@@ -113,7 +115,7 @@ impl Asha {
             .trials
             .iter()
             .filter(|t| !numbers.contains(&t.number))
-            .filter(|t| !matches!(t.status, TrialStatus::Finished(_)))
+            .filter(|t| t.status == TrialStatus::Running)
             .map(|t| t.parameters.clone())
             .collect();
         (completed, pending)
