@@ -78,7 +78,8 @@ pub struct StudySpec {
     pub fidelity: Option<FidelitySpec>,
     /// How trials move between budgets: `asha` starts each at `fidelity.min` and promotes
     /// the best (the top 1/`reduction_factor` of each rung) to the next rung, resuming the
-    /// same trial from its checkpoint. Absent: every trial runs at the full budget.
+    /// same trial from its checkpoint; `hyperband` runs brackets of synchronous successive
+    /// halving that start at different rungs. Absent: every trial runs at the full budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduler: Option<SchedulerName>,
 }
@@ -105,6 +106,7 @@ fn default_reduction_factor() -> f64 {
 #[serde(rename_all = "snake_case")]
 pub enum SchedulerName {
     Asha,
+    Hyperband,
 }
 
 /// A validated `fidelity`: the trainer's argument and the rungs.

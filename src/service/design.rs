@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use augur_optimizer::multi_fidelity::Asha;
+use augur_optimizer::multi_fidelity::{Asha, Hyperband};
 use augur_optimizer::{
     CompletedTrial, FullBudget, Outcome, Policy, PriorStudy, StepMeasurement, StudyView,
     TrialStatus, TrialView, designer_for,
@@ -17,13 +17,17 @@ use crate::store::TrialRecord;
 /// every trial at the full budget; new points from the study's algorithm.
 pub fn policy_for(config: &StudyConfig) -> Box<dyn Policy> {
     let designer = designer_for(config.algorithm);
+    // Schedulers rank trials at a rung by the study's first objective metric.
+    let metric = || {
+        augur_optimizer::objective_metrics(&config.metrics)
+            .first()
+            .map(|m| (*m).clone())
+            .unwrap_or_else(|| config.metrics[0].clone())
+    };
     match (config.scheduler, &config.fidelity) {
-        (Some(SchedulerName::Asha), Some(fidelity)) => {
-            let metric = augur_optimizer::objective_metrics(&config.metrics)
-                .first()
-                .map(|m| (*m).clone())
-                .unwrap_or_else(|| config.metrics[0].clone());
-            Box::new(Asha::new(fidelity.ladder, metric, designer))
+        (Some(SchedulerName::Asha), Some(f)) => Box::new(Asha::new(f.ladder, metric(), designer)),
+        (Some(SchedulerName::Hyperband), Some(f)) => {
+            Box::new(Hyperband::new(f.ladder, metric(), designer))
         }
         _ => Box::new(FullBudget::new(designer)),
     }

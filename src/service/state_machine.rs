@@ -23,6 +23,8 @@ use crate::store::{Store, StudyRecord, StudyTx, TrialRecord, TrialToken};
 #[derive(Debug, Clone, Default)]
 pub struct Precomputed {
     pub points: Vec<Assignment>,
+    /// The budget each new point starts at (`None`: the full budget), beside `points`.
+    pub budgets: Vec<Option<f64>>,
     pub resumes: Vec<(i64, f64)>,
     pub stops: Vec<i64>,
     pub next_trial_id: i64,
@@ -439,7 +441,7 @@ impl StudyBatch {
         // paused (another replica's may have taken it): stops first, then promotions into
         // free slots, before new trials.
         let (points, resumes, stops) = match precomputed {
-            Some(p) => (Some(p.points), p.resumes, p.stops),
+            Some(p) => (Some((p.points, p.budgets)), p.resumes, p.stops),
             None => (None, Vec::new(), Vec::new()),
         };
         for trial_id in stops {
@@ -479,16 +481,18 @@ impl StudyBatch {
         let wanted = count.saturating_sub(handed.len()) as u64;
         let new_count = wanted.min(self.free_slots()).min(self.budget_left()) as usize;
         if new_count > 0 {
-            let suggestions = match points {
+            // The policy's budgets; points chosen here start at the lowest rung.
+            let (suggestions, budgets) = match points {
                 Some(points) => points,
-                None => self.design(new_count),
+                None => (self.design(new_count), Vec::new()),
             };
             let first_rung = self.first_rung();
-            for parameters in suggestions.into_iter().take(new_count) {
+            for (i, parameters) in suggestions.into_iter().take(new_count).enumerate() {
+                let budget = budgets.get(i).copied().unwrap_or(first_rung);
                 let mut trial = self.new_trial(parameters, TrialState::Active, client_id.clone());
-                trial.budget = first_rung;
+                trial.budget = budget;
                 if let Some(t) = self.trials.get_mut(&trial.id) {
-                    t.budget = first_rung;
+                    t.budget = budget;
                 }
                 if dispatched {
                     trial.lease_expires_at = None;

@@ -411,7 +411,10 @@ fn precomputed(decided: PolicyOutput, next_trial_id: i64) -> Precomputed {
     };
     for decision in decided.decisions {
         match decision {
-            Decision::New { parameters, .. } => out.points.push(parameters),
+            Decision::New { parameters, budget } => {
+                out.points.push(parameters);
+                out.budgets.push(budget);
+            }
             Decision::Resume { trial, budget } => out.resumes.push((trial as i64, budget)),
             Decision::Stop { trial } => out.stops.push(trial as i64),
         }

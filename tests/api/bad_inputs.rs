@@ -277,7 +277,7 @@ async fn bad_study_specs_name_their_field_and_create_nothing(backend: &str) {
             Method::POST,
             "/v1/studies".into(),
             Some(with(
-                json!({"scheduler": "hyperband", "fidelity": {"argument": "epochs", "min": 1, "max": 9}}),
+                json!({"scheduler": "pbt", "fidelity": {"argument": "epochs", "min": 1, "max": 9}}),
             )),
             StatusCode::BAD_REQUEST,
             "scheduler",

@@ -8,7 +8,10 @@ use serde_json::{Value, json};
 use crate::common::{self, TestApp};
 use crate::support::{app, ids, suggest};
 
-on_both_backends!(ask_tell_workers_get_promotions_as_the_same_trial_at_a_larger_budget,);
+on_both_backends!(
+    ask_tell_workers_get_promotions_as_the_same_trial_at_a_larger_budget,
+    hyperband_starts_brackets_at_different_rungs_and_halves_each_when_it_is_whole,
+);
 
 fn asha_spec() -> Value {
     let mut spec = common::x_spec("asha", ("loss", "minimize"), 3, 3, 5);
@@ -98,4 +101,53 @@ async fn ask_tell_workers_get_promotions_as_the_same_trial_at_a_larger_budget(ba
         .filter_map(|m| m["step"].as_i64())
         .collect();
     assert_eq!(steps, vec![1, 3, 9], "each rung's result at its step");
+}
+
+/// Hyperband over rungs 1, 3, 9 (η 3): bracket 2 takes trials 1-9 at 1 epoch, bracket 1
+/// trials 10-14 at 3 epochs. A bracket's rung is decided once all its trials are measured
+/// there: then its top third goes on and the rest stop.
+async fn hyperband_starts_brackets_at_different_rungs_and_halves_each_when_it_is_whole(
+    backend: &str,
+) {
+    let app = app(backend).await;
+    let mut spec = asha_spec();
+    spec["scheduler"] = json!("hyperband");
+    spec["max_trials"] = json!(12);
+    spec["parallel_trials"] = json!(12);
+    let id = app.create_study(spec).await;
+    let handed = suggest(&app, id, 12, Some("w")).await;
+    let budgets: Vec<i64> = handed["trials"]
+        .as_array()
+        .expect("trials")
+        .iter()
+        .map(|t| t["budget"].as_i64().expect("budget"))
+        .collect();
+    assert_eq!(budgets, [vec![1; 9], vec![3; 3]].concat(), "{handed}");
+    // Bracket 2's rung 1: nothing is decided until its ninth trial is measured.
+    for trial in 1..=8 {
+        report(&app, id, trial, trial as f64).await;
+    }
+    // (Another client: "w" still holds trials 9-12, which suggest would hand back to it.)
+    assert!(ids(&suggest(&app, id, 3, Some("w2")).await["trials"]).is_empty());
+    report(&app, id, 9, 0.5).await;
+    let promoted = suggest(&app, id, 3, Some("w2")).await;
+    assert_eq!(ids(&promoted["trials"]), vec![9, 1, 2], "the best first: {promoted}");
+    assert!(
+        promoted["trials"]
+            .as_array()
+            .expect("trials")
+            .iter()
+            .all(|t| t["budget"] == 3)
+    );
+    for trial in 3..=8 {
+        let t = app
+            .get(&format!("/v1/studies/{id}/trials/{trial}"))
+            .await
+            .body;
+        assert_eq!(
+            (t["state"].clone(), t["budget"].clone()),
+            (json!("completed"), json!(1)),
+            "{t}"
+        );
+    }
 }
