@@ -131,7 +131,11 @@ async fn hyperband_starts_brackets_at_different_rungs_and_halves_each_when_it_is
     assert!(ids(&suggest(&app, id, 3, Some("w2")).await["trials"]).is_empty());
     report(&app, id, 9, 0.5).await;
     let promoted = suggest(&app, id, 3, Some("w2")).await;
-    assert_eq!(ids(&promoted["trials"]), vec![9, 1, 2], "the best first: {promoted}");
+    assert_eq!(
+        ids(&promoted["trials"]),
+        vec![9, 1, 2],
+        "the best first: {promoted}"
+    );
     assert!(
         promoted["trials"]
             .as_array()

@@ -326,3 +326,61 @@ fn launches(trained: &std::path::Path) -> BTreeMap<i64, Vec<(u64, u64)>> {
     }
     launches
 }
+
+/// Hyperband dispatched on the local executor: one cycle of brackets (9 trials from 1 epoch,
+/// 5 from 3, 3 from 9) runs to the end, every trial resuming where it stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hyperband_brackets_run_to_the_end_resuming_from_checkpoints() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("trainer.py");
+    std::fs::write(&script, TRAINER_PY).expect("write trainer");
+    let trained = dir.path().join("trained.jsonl");
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let mut spec = asha_spec("hyperband");
+    spec["scheduler"] = json!("hyperband");
+    spec["max_trials"] = json!(17);
+    spec["trial_job"] = json!({
+        "command": ["python3", script.display().to_string()],
+        "env": {"TRAINED": trained.display().to_string()},
+        "output_dir": dir.path().join("runs").display().to_string()
+    });
+    let id = app.create_study(spec).await;
+    let study = app
+        .wait_for_state(id, "completed", Duration::from_secs(120))
+        .await;
+    assert_eq!(study["trial_counts"]["completed"], 17, "{study}");
+    let launches = launches(&trained);
+    assert_eq!(launches.len(), 17);
+    for (trial, ranges) in &launches {
+        let first = if *trial <= 9 {
+            1
+        } else if *trial <= 14 {
+            3
+        } else {
+            9
+        };
+        assert_eq!(
+            ranges[0],
+            (0, first),
+            "trial {trial} starts at its bracket's rung"
+        );
+        for pair in ranges.windows(2) {
+            assert_eq!(
+                pair[1].0, pair[0].1,
+                "trial {trial} resumes where it stopped: {ranges:?}"
+            );
+        }
+    }
+    let reached = |epochs: u64| {
+        launches
+            .values()
+            .filter(|r| r.last().is_some_and(|&(_, to)| to >= epochs))
+            .count()
+    };
+    // Bracket 2: 9 → 3 → 1; bracket 1: 5 → 1; bracket 0: 3 at 9 epochs from the start.
+    assert_eq!(
+        (reached(3), reached(9)),
+        (3 + 5 + 3, 1 + 1 + 3),
+        "{launches:?}"
+    );
+}
