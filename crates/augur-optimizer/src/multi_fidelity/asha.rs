@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use crate::decision::{Decision, Policy, PolicyOutput, StudyView, TrialStatus, TrialView};
 use crate::designer::{CompletedTrial, Designer, MetricSpec, Outcome};
-use crate::multi_fidelity::{Fidelity, Progress, progress, value_at};
+use crate::multi_fidelity::{Fidelity, Progress, progress, ranked_at};
 use crate::space::Assignment;
 
 /// The ASHA scheduler; new configurations come from `designer`, which learns from the
@@ -42,22 +42,13 @@ impl Asha {
     ) -> Option<(u64, usize)> {
         let eta = self.fidelity.reduction_factor;
         for k in (0..rungs.len().saturating_sub(1)).rev() {
-            let mut reached: Vec<(f64, &TrialView)> = trials
-                .iter()
-                .filter(|t| {
-                    progress(rungs, t)
-                        .rungs_done()
-                        .is_some_and(|done| done >= k)
-                })
-                .map(|t| (value_at(t, &self.metric, rungs[k]), t))
-                .collect();
+            let reached = ranked_at(trials, rungs, k, &self.metric);
             let n = reached.len() as f64;
             let quota = if end_game {
                 (n / eta).ceil()
             } else {
                 (n / eta).floor()
             } as usize;
-            reached.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.number.cmp(&b.1.number)));
             let due = reached.iter().take(quota).find(|(value, t)| {
                 value.is_finite()
                     && progress(rungs, t)

@@ -6,7 +6,7 @@
 
 use crate::decision::{Decision, Policy, PolicyOutput, StudyView, TrialStatus, TrialView};
 use crate::designer::{Designer, MetricSpec};
-use crate::multi_fidelity::{Fidelity, progress, value_at};
+use crate::multi_fidelity::{Fidelity, progress, ranked_at};
 
 /// The Hyperband scheduler; new configurations come from `designer` (given no history: the
 /// brackets decide which configurations go on).
@@ -104,19 +104,10 @@ impl Hyperband {
             };
             let expected = self.expected(rungs.len(), slot.first_rung, n);
             for k in (slot.first_rung..rungs.len() - 1).rev() {
-                let reached: Vec<&TrialView> = members
-                    .iter()
-                    .copied()
-                    .filter(|t| progress(rungs, t).rungs_done().is_some_and(|d| d >= k))
-                    .collect();
-                if (reached.len() as u64) < expected[k] {
+                let ranked = ranked_at(members.iter().copied(), rungs, k, &self.metric);
+                if (ranked.len() as u64) < expected[k] {
                     continue;
                 }
-                let mut ranked: Vec<(f64, &TrialView)> = reached
-                    .into_iter()
-                    .map(|t| (value_at(t, &self.metric, rungs[k]), t))
-                    .collect();
-                ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.number.cmp(&b.1.number)));
                 let quota = expected[k + 1] as usize;
                 for (i, (_, t)) in ranked.iter().enumerate() {
                     if t.status != TrialStatus::Paused || progress(rungs, t).rungs_done() != Some(k)

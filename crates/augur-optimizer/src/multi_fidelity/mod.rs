@@ -103,6 +103,27 @@ pub(crate) fn progress(rungs: &[f64], trial: &TrialView) -> Progress {
     }
 }
 
+/// The trials that reached rung `k` (their attempt at it ended), best first by `metric` at
+/// that rung (ties by trial number), with their values.
+pub(crate) fn ranked_at<'t>(
+    trials: impl IntoIterator<Item = &'t TrialView>,
+    rungs: &[f64],
+    k: usize,
+    metric: &MetricSpec,
+) -> Vec<(f64, &'t TrialView)> {
+    let mut ranked: Vec<(f64, &TrialView)> = trials
+        .into_iter()
+        .filter(|t| {
+            progress(rungs, t)
+                .rungs_done()
+                .is_some_and(|done| done >= k)
+        })
+        .map(|t| (value_at(t, metric, rungs[k]), t))
+        .collect();
+    ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.number.cmp(&b.1.number)));
+    ranked
+}
+
 /// The trial's value of `metric` at the budget `rung`: measured at its step, or the latest
 /// step before it; "smaller is better" (negated for a maximized metric). A trial that
 /// reported nothing usable there ranks last (`+∞`).

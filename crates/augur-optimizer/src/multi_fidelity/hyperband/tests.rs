@@ -192,15 +192,11 @@ fn every_bracket_halves_synchronously_to_its_top_third() {
             "seed {seed}, {workers} workers"
         );
         for (b, members) in &by_bracket {
-            for k in 3 - b..3 {
+            for (k, rung) in rungs.iter().enumerate().take(3).skip(3 - b) {
+                let step = Fidelity::step(*rung);
                 let mut at_k: Vec<(f64, u64)> = reached(members, k)
                     .into_iter()
-                    .map(|n| {
-                        (
-                            loss_at(&trials[n as usize - 1].parameters, Fidelity::step(rungs[k])),
-                            n,
-                        )
-                    })
+                    .map(|n| (loss_at(&trials[n as usize - 1].parameters, step), n))
                     .collect();
                 at_k.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
                 let quota = reached(members, k + 1).len();
