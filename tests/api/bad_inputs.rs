@@ -269,6 +269,17 @@ async fn bad_study_specs_name_their_field_and_create_nothing(backend: &str) {
         (
             Method::POST,
             "/v1/studies".into(),
+            Some(with(json!({
+                "scheduler": "asha",
+                "fidelity": {"argument": "epochs", "min": 1, "max": 9},
+                "trial_job": {"executor": "kubernetes", "image": "trainer:1", "command": ["train"]}
+            }))),
+            StatusCode::BAD_REQUEST,
+            "trial_job.kubernetes.output_volume",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
             Some(with(json!({"scheduler": "asha"}))),
             StatusCode::BAD_REQUEST,
             "scheduler",
