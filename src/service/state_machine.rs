@@ -291,6 +291,7 @@ impl StudyBatch {
             Command::Stop => {
                 if self.study.state == StudyState::Active {
                     self.set_study_state(StudyState::Stopped, Some("stopped by a user".into()));
+                    self.end_paused().await?;
                 }
                 Ok(Reply::Study(Box::new(self.study.clone())))
             }
@@ -553,6 +554,30 @@ impl StudyBatch {
         trial.early_stopped = true;
         trial.completed_at = Some(now);
         self.changed.insert(trial_id);
+        Ok(())
+    }
+
+    /// A study that ends before its scheduler settled (stopped by a user, or failed) ends its
+    /// paused trials at their rung, as a scheduler's stop would: no trial is left waiting.
+    async fn end_paused(&mut self) -> ServiceResult<()> {
+        if self.paused_count() == 0 {
+            return Ok(());
+        }
+        for trial in self.tx.paused_trials().await? {
+            if !self.trials.contains_key(&trial.id) {
+                self.stored_states.insert(trial.id, trial.state);
+                self.trials.insert(trial.id, trial);
+            }
+        }
+        let paused: Vec<i64> = self
+            .trials
+            .values()
+            .filter(|t| t.state == TrialState::Paused)
+            .map(|t| t.id)
+            .collect();
+        for trial_id in paused {
+            self.stop_paused(trial_id).await?;
+        }
         Ok(())
     }
 
@@ -1137,14 +1162,14 @@ impl StudyBatch {
                     StudyState::Failed,
                     Some(format!("{failed} trials failed (max_failed_trials: {max})")),
                 );
-                return Ok(());
+                return self.end_paused().await;
             }
         }
         if self.failed_in_batch > 0
             && let Some(reason) = self.first_trials_failed_alike().await?
         {
             self.set_study_state(StudyState::Failed, Some(reason));
-            return Ok(());
+            return self.end_paused().await;
         }
         if self.budget_left() == 0 && self.unfinished_count() == 0 && self.paused_count() == 0 {
             self.set_study_state(StudyState::Completed, None);

@@ -353,6 +353,8 @@ pub trait StudyTx: Send {
     fn study(&self) -> &StudyRecord;
     /// Trials in requested/active/stopping.
     async fn unfinished_trials(&mut self) -> StoreResult<Vec<TrialRecord>>;
+    /// Trials paused at a rung (multi-fidelity), by id.
+    async fn paused_trials(&mut self) -> StoreResult<Vec<TrialRecord>>;
     async fn trials_by_id(&mut self, ids: &[i64]) -> StoreResult<Vec<TrialRecord>>;
     async fn count_failed(&mut self) -> StoreResult<u64>;
     async fn measurements(&mut self, trial_id: i64) -> StoreResult<Vec<Measurement>>;

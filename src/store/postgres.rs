@@ -775,6 +775,15 @@ impl StudyTx for PostgresStudyTx {
         rows.into_iter().map(TrialRecord::try_from).collect()
     }
 
+    async fn paused_trials(&mut self) -> StoreResult<Vec<TrialRecord>> {
+        self.flush().await?;
+        let rows: Vec<TrialRow> = sqlx::query_as(PAUSED_TRIALS)
+            .bind(self.study.id)
+            .fetch_all(&mut *self.tx)
+            .await?;
+        rows.into_iter().map(TrialRecord::try_from).collect()
+    }
+
     async fn trials_by_id(&mut self, ids: &[i64]) -> StoreResult<Vec<TrialRecord>> {
         self.flush().await?;
         let rows: Vec<TrialRow> = sqlx::query_as(TRIALS_BY_ID)

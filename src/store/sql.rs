@@ -98,6 +98,11 @@ pub(super) const UNFINISHED_TRIALS: &str = concat!(
     trial_cols!(),
     " FROM trials WHERE study_id = $1 AND state IN ('requested', 'active', 'stopping') ORDER BY id"
 );
+pub(super) const PAUSED_TRIALS: &str = concat!(
+    "SELECT ",
+    trial_cols!(),
+    " FROM trials WHERE study_id = $1 AND state = 'paused' ORDER BY id"
+);
 pub(super) const COUNT_FAILED: &str =
     "SELECT COUNT(*) FROM trials WHERE study_id = $1 AND state = 'failed'";
 pub(super) const MEASUREMENTS_RANGE: &str = "SELECT trial_id, step, elapsed_secs, metrics FROM measurements \
@@ -936,6 +941,14 @@ macro_rules! impl_row_study_tx {
 
             async fn unfinished_trials(&mut self) -> StoreResult<Vec<TrialRecord>> {
                 let rows: Vec<TrialRow> = sqlx::query_as(UNFINISHED_TRIALS)
+                    .bind(self.study.id)
+                    .fetch_all(&mut *self.tx)
+                    .await?;
+                trials_from(rows)
+            }
+
+            async fn paused_trials(&mut self) -> StoreResult<Vec<TrialRecord>> {
+                let rows: Vec<TrialRow> = sqlx::query_as(PAUSED_TRIALS)
                     .bind(self.study.id)
                     .fetch_all(&mut *self.tx)
                     .await?;

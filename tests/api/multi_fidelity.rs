@@ -11,6 +11,7 @@ use crate::support::{app, ids, suggest};
 on_both_backends!(
     ask_tell_workers_get_promotions_as_the_same_trial_at_a_larger_budget,
     hyperband_starts_brackets_at_different_rungs_and_halves_each_when_it_is_whole,
+    a_stopped_study_ends_its_paused_trials_at_their_rung,
 );
 
 fn asha_spec() -> Value {
@@ -153,5 +154,32 @@ async fn hyperband_starts_brackets_at_different_rungs_and_halves_each_when_it_is
             (json!("completed"), json!(1)),
             "{t}"
         );
+    }
+}
+
+/// A user stopping an ASHA study while trials wait at a rung ends them there (completed,
+/// early-stopped, with what they measured): no trial is left paused in a study that ended.
+async fn a_stopped_study_ends_its_paused_trials_at_their_rung(backend: &str) {
+    let app = app(backend).await;
+    let id = app.create_study(asha_spec()).await;
+    suggest(&app, id, 3, Some("w")).await;
+    report(&app, id, 1, 0.5).await;
+    report(&app, id, 2, 0.2).await;
+    let stopped = app.post(&format!("/v1/studies/{id}/stop"), json!({})).await;
+    assert_eq!(stopped.status, StatusCode::OK, "{}", stopped.body);
+    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    assert_eq!(study["state"], "stopped", "{study}");
+    assert_eq!(study["trial_counts"]["paused"], 0, "{study}");
+    for trial in [1, 2] {
+        let t = app
+            .get(&format!("/v1/studies/{id}/trials/{trial}"))
+            .await
+            .body;
+        assert_eq!(
+            (t["state"].clone(), t["early_stopped"].clone()),
+            (json!("completed"), json!(true)),
+            "{t}"
+        );
+        assert!(t["final_measurement"]["metrics"]["loss"].is_number(), "{t}");
     }
 }
