@@ -395,9 +395,10 @@ fn suggestions_needed(
         .filter(|t| t.state == TrialState::Requested)
         .count();
     let free = config.free_slots(unfinished.len() as u64) as usize;
-    // A scheduler may resume paused trials, and settle them, when no new trial is left.
+    // A scheduler may still resume paused trials into free slots (and settle them) when no
+    // new trial is left: its calls are not bounded by the trial budget.
     if config.scheduler.is_some() {
-        return count.saturating_sub(waiting).min(free).max(1);
+        return count.saturating_sub(waiting).min(free);
     }
     let budget = (config.trial_budget() as usize).saturating_sub(trials.len());
     count.saturating_sub(waiting).min(free).min(budget)
