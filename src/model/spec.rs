@@ -522,6 +522,14 @@ impl StudyConfig {
         self.parallel_trials.saturating_sub(unfinished)
     }
 
+    /// The study's first objective metric (safety metrics constrain, they are no objective,
+    /// unless every metric is one): what best trials and a scheduler's rungs are ranked by.
+    pub fn first_objective(&self) -> Option<&MetricSpec> {
+        augur_optimizer::objective_metrics(&self.metrics)
+            .first()
+            .copied()
+    }
+
     /// How many trials the study will create in all: `max_trials`, or fewer when a grid has
     /// fewer points.
     pub fn trial_budget(&self) -> u64 {

@@ -18,16 +18,11 @@ use crate::store::TrialRecord;
 pub fn policy_for(config: &StudyConfig) -> Box<dyn Policy> {
     let designer = designer_for(config.algorithm);
     // Schedulers rank trials at a rung by the study's first objective metric.
-    let metric = || {
-        augur_optimizer::objective_metrics(&config.metrics)
-            .first()
-            .map(|m| (*m).clone())
-            .unwrap_or_else(|| config.metrics[0].clone())
-    };
-    match (config.scheduler, &config.fidelity) {
-        (Some(SchedulerName::Asha), Some(f)) => Box::new(Asha::new(f.ladder, metric(), designer)),
-        (Some(SchedulerName::Hyperband), Some(f)) => {
-            Box::new(Hyperband::new(f.ladder, metric(), designer))
+    let metric = config.first_objective().cloned();
+    match (config.scheduler, &config.fidelity, metric) {
+        (Some(SchedulerName::Asha), Some(f), Some(m)) => Box::new(Asha::new(f.ladder, m, designer)),
+        (Some(SchedulerName::Hyperband), Some(f), Some(m)) => {
+            Box::new(Hyperband::new(f.ladder, m, designer))
         }
         _ => Box::new(FullBudget::new(designer)),
     }

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use augur_optimizer::{Assignment, FullBudget, Policy};
+use augur_optimizer::{Assignment, FullBudget};
 use chrono::{DateTime, Duration, Utc};
 
 use super::design;
@@ -638,11 +638,10 @@ impl StudyBatch {
     /// quasi-random ones (a model-based designer's points come precomputed; without them its
     /// suggestion ran out of time). Numbered from the study's next trial, so never repeated.
     fn design(&self, count: usize) -> Vec<Assignment> {
-        let policy: Box<dyn Policy> = if design::uses_history(&self.config) {
-            Box::new(FullBudget::of(augur_optimizer::Algorithm::QuasiRandom))
-        } else {
-            design::policy_for(&self.config)
-        };
+        let mut policy = design::policy_for(&self.config);
+        if policy.uses_history() {
+            policy = Box::new(FullBudget::of(augur_optimizer::Algorithm::QuasiRandom));
+        }
         let study = design::history_free(&self.config, self.study.next_trial_id.max(1) as u64);
         policy.decide(&study, count).new_points()
     }
@@ -735,8 +734,8 @@ impl StudyBatch {
     /// The value the store ranks trials by (its `objective` column): the study's first
     /// objective metric (safety metrics constrain, they are no objective).
     fn objective(&self, metrics: &BTreeMap<String, f64>) -> Option<f64> {
-        augur_optimizer::objective_metrics(&self.config.metrics)
-            .first()
+        self.config
+            .first_objective()
             .and_then(|m| metrics.get(&m.id))
             .copied()
     }

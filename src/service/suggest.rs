@@ -282,9 +282,10 @@ impl Service {
         first_trial_number: i64,
         clock: &mut FitClock<'_>,
     ) -> ServiceResult<Option<PolicyOutput>> {
+        let policy = design::policy_for(config);
         // A scheduler ranks trials by what they measured at each rung: their curves.
         let curves = match trials.last() {
-            Some(last) if design::policy_for(config).reads_curves() => {
+            Some(last) if policy.reads_curves() => {
                 design::curves_by_trial(self.store.measurements(study.id, 1, last.id).await?)
             }
             _ => Default::default(),
@@ -319,7 +320,6 @@ impl Service {
         clock.started = true;
         let output = tokio::task::spawn_blocking(move || {
             let _core = core;
-            let policy = design::policy_for(&snapshot.config);
             augur_optimizer::cancel::with_cancel(cancel, || policy.decide(&snapshot.view(), count))
         })
         .await
