@@ -39,6 +39,37 @@ fn loss(x: f64, epoch: u64) -> f64 {
     (x - 0.3).powi(2) + (0.2 + x) * (epoch as f64).powf(-0.7)
 }
 
+/// A temporary directory with the trainer, the log of what each launch trained, and the runs.
+struct Trainer {
+    dir: tempfile::TempDir,
+    script: std::path::PathBuf,
+    trained: std::path::PathBuf,
+}
+
+impl Trainer {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let script = dir.path().join("trainer.py");
+        std::fs::write(&script, TRAINER_PY).expect("write trainer");
+        let trained = dir.path().join("trained.jsonl");
+        Trainer {
+            dir,
+            script,
+            trained,
+        }
+    }
+
+    /// A local `trial_job` running the trainer, with `env` besides `TRAINED`.
+    fn trial_job(&self, mut env: Value) -> Value {
+        env["TRAINED"] = json!(self.trained.display().to_string());
+        json!({
+            "command": ["python3", self.script.display().to_string()],
+            "env": env,
+            "output_dir": self.dir.path().join("runs").display().to_string()
+        })
+    }
+}
+
 /// A study of 9 configurations, 3 at a time, on rungs 1, 3 and 9 epochs.
 fn asha_spec(name: &str) -> Value {
     json!({
@@ -55,22 +86,15 @@ fn asha_spec(name: &str) -> Value {
 }
 
 async fn asha_trials_resume_from_their_checkpoints_at_each_rung(db: common::TestDb) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let script = dir.path().join("trainer.py");
-    std::fs::write(&script, TRAINER_PY).expect("write trainer");
-    let trained = dir.path().join("trained.jsonl");
+    let trainer = Trainer::new();
     let app = common::spawn_app(db).await;
     let mut spec = asha_spec("asha");
-    spec["trial_job"] = json!({
-        "command": ["python3", script.display().to_string()],
-        "env": {"TRAINED": trained.display().to_string()},
-        "output_dir": dir.path().join("runs").display().to_string()
-    });
+    spec["trial_job"] = trainer.trial_job(json!({}));
     let id = app.create_study(spec).await;
     let study = app
         .wait_for_state(id, "completed", Duration::from_secs(120))
         .await;
-    assert_ladder_climbed_by_resuming(&app, &study, &trained).await;
+    assert_ladder_climbed_by_resuming(&app, &study, &trainer.trained).await;
     // Each rung's launch is counted once, as the first of its attempts (the trial's launch at
     // the last rung is the one the API shows).
     let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
@@ -84,21 +108,18 @@ async fn asha_trials_resume_from_their_checkpoints_at_each_rung(db: common::Test
 /// study has ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pulled_worker_resumes_promoted_trials_from_their_checkpoints() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let script = dir.path().join("trainer.py");
-    std::fs::write(&script, TRAINER_PY).expect("write trainer");
-    let trained = dir.path().join("trained.jsonl");
+    let trainer = Trainer::new();
     let app = common::spawn_app(common::sqlite_db()).await;
     let id = app.create_study(asha_spec("pulled-asha")).await;
     let mut worker = std::process::Command::new(common::augur_bin());
     worker
         .args(["worker", "--url", &app.base, "--study", &id.to_string()])
         .args(["--slots", "3", "--client-id", "w", "--output-dir"])
-        .arg(dir.path().join("runs"))
+        .arg(trainer.dir.path().join("runs"))
         .arg("--env")
-        .arg(format!("TRAINED={}", trained.display()))
+        .arg(format!("TRAINED={}", trainer.trained.display()))
         .args(["--", "python3"])
-        .arg(&script)
+        .arg(&trainer.script)
         .env_remove("AUGUR_TOKEN")
         .stdout(std::process::Stdio::null());
     let status = common::KillOnDrop(worker.spawn().expect("worker"))
@@ -110,7 +131,7 @@ async fn a_pulled_worker_resumes_promoted_trials_from_their_checkpoints() {
     );
     let study = app.get(&format!("/v1/studies/{id}")).await.body;
     assert_eq!(study["state"], "completed", "{study}");
-    assert_ladder_climbed_by_resuming(&app, &study, &trained).await;
+    assert_ladder_climbed_by_resuming(&app, &study, &trainer.trained).await;
 }
 
 /// What the trainer logged of a finished 9-configuration study on rungs 1, 3, 9: every
@@ -206,10 +227,7 @@ async fn asha_resumes_trials_from_their_checkpoints_postgres() {
 /// checkpoint (at most the epoch the killed attempt reached).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkilled_service_resumes_a_paused_study_and_decides_each_promotion_once() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let script = dir.path().join("trainer.py");
-    std::fs::write(&script, TRAINER_PY).expect("write trainer");
-    let trained = dir.path().join("trained.jsonl");
+    let trainer = Trainer::new();
     let db = common::sqlite_db();
     let port = common::free_port();
     let mut server = common::ServerProcess::start(&db.url, port);
@@ -217,11 +235,7 @@ async fn a_sigkilled_service_resumes_a_paused_study_and_decides_each_promotion_o
     let http = common::http();
     let base = server.base.clone();
     let mut spec = asha_spec("killed");
-    spec["trial_job"] = json!({
-        "command": ["python3", script.display().to_string()],
-        "env": {"TRAINED": trained.display().to_string(), "EPOCH_SECS": "0.15"},
-        "output_dir": dir.path().join("runs").display().to_string()
-    });
+    spec["trial_job"] = trainer.trial_job(json!({"EPOCH_SECS": "0.15"}));
     let created = common::call(
         &http,
         &base,
@@ -271,7 +285,7 @@ async fn a_sigkilled_service_resumes_a_paused_study_and_decides_each_promotion_o
     server.kill();
     assert_eq!(end["trial_counts"]["completed"], 9, "failed: {failed}");
     assert_eq!(end["trial_counts"]["paused"], 0, "{end}");
-    let launches = launches(&trained);
+    let launches = launches(&trainer.trained);
     for (trial, ranges) in &launches {
         let mut budget = 0;
         for &(from, to) in ranges {
@@ -297,7 +311,7 @@ async fn a_sigkilled_service_resumes_a_paused_study_and_decides_each_promotion_o
         "{launches:?}"
     );
     assert_eq!(
-        common::processes_with(&script.display().to_string()),
+        common::processes_with(&trainer.script.display().to_string()),
         0,
         "no trainer outlived the study"
     );
@@ -331,25 +345,18 @@ fn launches(trained: &std::path::Path) -> BTreeMap<i64, Vec<(u64, u64)>> {
 /// 5 from 3, 3 from 9) runs to the end, every trial resuming where it stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hyperband_brackets_run_to_the_end_resuming_from_checkpoints() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let script = dir.path().join("trainer.py");
-    std::fs::write(&script, TRAINER_PY).expect("write trainer");
-    let trained = dir.path().join("trained.jsonl");
+    let trainer = Trainer::new();
     let app = common::spawn_app(common::sqlite_db()).await;
     let mut spec = asha_spec("hyperband");
     spec["scheduler"] = json!("hyperband");
     spec["max_trials"] = json!(17);
-    spec["trial_job"] = json!({
-        "command": ["python3", script.display().to_string()],
-        "env": {"TRAINED": trained.display().to_string()},
-        "output_dir": dir.path().join("runs").display().to_string()
-    });
+    spec["trial_job"] = trainer.trial_job(json!({}));
     let id = app.create_study(spec).await;
     let study = app
         .wait_for_state(id, "completed", Duration::from_secs(120))
         .await;
     assert_eq!(study["trial_counts"]["completed"], 17, "{study}");
-    let launches = launches(&trained);
+    let launches = launches(&trainer.trained);
     assert_eq!(launches.len(), 17);
     for (trial, ranges) in &launches {
         let first = if *trial <= 9 {
