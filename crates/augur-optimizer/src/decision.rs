@@ -235,20 +235,10 @@ impl Policy for FullBudget {
 mod tests {
     use super::*;
     use crate::designer::Goal;
-    use crate::space::{Parameter, ParameterKind, Scale, Value};
+    use crate::space::Value;
 
     fn space() -> SearchSpace {
-        SearchSpace {
-            parameters: vec![Parameter {
-                id: "x".into(),
-                kind: ParameterKind::Double {
-                    min: 0.0,
-                    max: 1.0,
-                    scale: Scale::Linear,
-                },
-                children: vec![],
-            }],
-        }
+        SearchSpace::unit_box(&["x"])
     }
 
     fn trial(number: u64, x: f64, status: TrialStatus) -> TrialView {

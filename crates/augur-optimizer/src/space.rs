@@ -279,6 +279,23 @@ fn unscale(u: f64, min: f64, max: f64, scale: Scale) -> f64 {
 }
 
 impl SearchSpace {
+    /// Linear doubles in [0, 1], one per id: the unit box (benchmarks and tests).
+    pub fn unit_box(ids: &[&str]) -> Self {
+        let parameters = ids
+            .iter()
+            .map(|id| Parameter {
+                id: (*id).into(),
+                kind: ParameterKind::Double {
+                    min: 0.0,
+                    max: 1.0,
+                    scale: Scale::Linear,
+                },
+                children: Vec::new(),
+            })
+            .collect();
+        SearchSpace { parameters }
+    }
+
     /// Walk the tree, choosing each parameter's value with `pick(path_index, parameter)`,
     /// descending into children that the chosen value activates. Returns only active
     /// parameters, so conditional spaces work with every designer.

@@ -405,18 +405,7 @@ fn all_failed_history_and_single_value_parameters_still_give_valid_suggestions()
 }
 
 fn unit_square() -> SearchSpace {
-    let p = |id: &str| Parameter {
-        id: id.into(),
-        kind: ParameterKind::Double {
-            min: 0.0,
-            max: 1.0,
-            scale: Scale::Linear,
-        },
-        children: vec![],
-    };
-    SearchSpace {
-        parameters: vec![p("a"), p("b")],
-    }
+    SearchSpace::unit_box(&["a", "b"])
 }
 
 /// `n` trials on a 2-D grid-like Sobol design, measured by `f` (metric `y`) and `g`

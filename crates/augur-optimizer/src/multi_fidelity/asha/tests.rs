@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashSet};
 use super::*;
 use crate::decision::{StepMeasurement, TrialStatus};
 use crate::designer::{Algorithm, Goal, designer_for};
-use crate::space::{Parameter, ParameterKind, Scale, SearchSpace, Value};
+use crate::space::{SearchSpace, Value};
 
 const MAX_TRIALS: u64 = 81;
 const FIDELITY: Fidelity = Fidelity {
@@ -17,18 +17,7 @@ const FIDELITY: Fidelity = Fidelity {
 };
 
 fn space() -> SearchSpace {
-    let double = |id: &str| Parameter {
-        id: id.into(),
-        kind: ParameterKind::Double {
-            min: 0.0,
-            max: 1.0,
-            scale: Scale::Linear,
-        },
-        children: vec![],
-    };
-    SearchSpace {
-        parameters: vec![double("x"), double("y")],
-    }
+    SearchSpace::unit_box(&["x", "y"])
 }
 
 /// A configuration's final loss and how slowly it learns: curves cross, so a low rung

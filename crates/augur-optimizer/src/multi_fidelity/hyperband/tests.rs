@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::decision::StepMeasurement;
 use crate::designer::{Algorithm, Goal, Outcome, designer_for};
-use crate::space::{Assignment, Parameter, ParameterKind, Scale, SearchSpace, Value};
+use crate::space::{Assignment, SearchSpace, Value};
 
 const FIDELITY: Fidelity = Fidelity {
     min: 1.0,
@@ -47,17 +47,7 @@ fn brackets_start_at_every_rung_and_fill_in_turn() {
 }
 
 fn space() -> SearchSpace {
-    SearchSpace {
-        parameters: vec![Parameter {
-            id: "x".into(),
-            kind: ParameterKind::Double {
-                min: 0.0,
-                max: 1.0,
-                scale: Scale::Linear,
-            },
-            children: vec![],
-        }],
-    }
+    SearchSpace::unit_box(&["x"])
 }
 
 /// Curves that cross: a trial's loss at each epoch.
