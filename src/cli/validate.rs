@@ -84,7 +84,7 @@ fn report(spec: &StudySpec, warnings: &[String]) -> Result<String, String> {
         } else {
             " with values like these"
         },
-        serde_json::to_value(job.executor)
+        serde_json::to_value(job.executor.name())
             .ok()
             .and_then(|v| v.as_str().map(str::to_string))
             .unwrap_or_default(),

@@ -21,7 +21,7 @@ use crate::dispatch::reporter::{AttemptStart, TrialReporter};
 use crate::dispatch::trial::{Interrupt, TrialSetup, run_trial};
 use crate::dispatch::{DispatchError, DispatchResult};
 use crate::model::{
-    ExecutorName, Measurement, OutputLayout, Study, StudyDir, StudyKey, TrialJobSpec,
+    ExecutorSpec, Measurement, OutputLayout, Study, StudyDir, StudyKey, TrialJobSpec,
 };
 
 pub struct WorkerOptions {
@@ -43,9 +43,9 @@ pub struct WorkerOptions {
 fn worker_executor(job: &TrialJobSpec, options: &WorkerOptions) -> CliResult<Arc<dyn Executor>> {
     let context = ExecutorContext::new(&options.executors, None);
     Ok(match job.executor {
-        ExecutorName::Container => executor_for(job, &context)
+        ExecutorSpec::Container { .. } => executor_for(job, &context)
             .map_err(|e| CliError::Dispatch(DispatchError::Executor(e)))?,
-        ExecutorName::Local | ExecutorName::Slurm | ExecutorName::Kubernetes => {
+        ExecutorSpec::Local | ExecutorSpec::Slurm(_) | ExecutorSpec::Kubernetes { .. } => {
             Arc::new(LocalExecutor::new(context))
         }
     })

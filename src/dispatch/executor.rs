@@ -18,7 +18,7 @@ use super::kubernetes::{KubeConnection, KubernetesExecutor};
 use super::local::{LocalExecutor, RunAs};
 use super::ports::PortRegistry;
 use super::slurm::SlurmExecutor;
-use crate::model::{ExecutorName, ReplicaId, Resources, TrialJobSpec};
+use crate::model::{ExecutorSpec, ReplicaId, Resources, TrialJobSpec};
 
 /// One run (attempt) of a trial's job: its replicas, the primary first.
 #[derive(Debug, Clone)]
@@ -164,17 +164,17 @@ pub fn executor_for(
     job: &TrialJobSpec,
     context: &ExecutorContext,
 ) -> Result<Arc<dyn Executor>, ExecutorError> {
-    match job.executor {
-        ExecutorName::Local => Ok(Arc::new(LocalExecutor::new(context.clone()))),
-        ExecutorName::Slurm => Ok(Arc::new(SlurmExecutor::new(
-            job.slurm.clone().unwrap_or_default(),
+    match &job.executor {
+        ExecutorSpec::Local => Ok(Arc::new(LocalExecutor::new(context.clone()))),
+        ExecutorSpec::Slurm(options) => Ok(Arc::new(SlurmExecutor::new(
+            options.clone(),
             context.slurm_args.clone(),
         ))),
-        ExecutorName::Kubernetes => Ok(Arc::new(KubernetesExecutor::new(
+        ExecutorSpec::Kubernetes { .. } => Ok(Arc::new(KubernetesExecutor::new(
             context.kubernetes.clone(),
             job.clone(),
         ))),
-        ExecutorName::Container => Ok(Arc::new(ContainerExecutor::new(context.clone()))),
+        ExecutorSpec::Container { .. } => Ok(Arc::new(ContainerExecutor::new(context.clone()))),
     }
 }
 

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use super::cluster::Address;
 use super::executor::write_private;
 use super::executor::{Executor, ExecutorError, JobExit, JobRequest, ReplicaRequest, RunningJob};
-use crate::model::job::SlurmOptions;
+use crate::model::SlurmOptions;
 use crate::model::{ReplicaId, Resources};
 
 /// How often a job's state is asked of the controller, and its output file read.

@@ -8,93 +8,9 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::ValidationError;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ExecutorName {
-    /// A child process of the service, in its own process group.
-    #[default]
-    Local,
-    /// A Slurm batch job (`sbatch`), watched with `squeue`/`scontrol`.
-    Slurm,
-    /// Kubernetes: an Indexed Job per worker pool and a headless Service per attempt.
-    Kubernetes,
-    /// A local container per replica (Podman or Docker) of the job's `image`.
-    Container,
-}
-
-impl ExecutorName {
-    /// Whether replicas run from a container image (`image` required).
-    pub fn runs_images(self) -> bool {
-        matches!(self, ExecutorName::Kubernetes | ExecutorName::Container)
-    }
-}
-
-/// A Kubernetes toleration (`spec.tolerations[]` of a pod).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Toleration {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key: Option<String>,
-    /// `Equal` or `Exists`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub operator: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub value: Option<String>,
-    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub effect: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub toleration_seconds: Option<i64>,
-}
-
-/// Where a Kubernetes trial's `AIP_*` directories live.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields, rename_all = "snake_case")]
-pub enum OutputVolume {
-    /// A PersistentVolumeClaim (one of the server's `--kubernetes-claims`, unless an admin's)
-    /// mounted in every pod at `mount_path`; the trial directories are
-    /// `<mount_path>/<output_dir>/study-<id>-<created>/<trial>/…`.
-    PersistentVolumeClaim {
-        claim_name: String,
-        mount_path: String,
-    },
-    /// Nothing is mounted: `output_dir` is an object-store URI (`gs://…`, `s3://…`) passed
-    /// through in `AIP_*` for the trainer to write to itself.
-    ObjectStore,
-}
-
-/// Options of the Kubernetes executor (DESIGN §4.2).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct KubernetesOptions {
-    /// Namespace of the trial's Jobs and Service (default: the server's
-    /// `--kubernetes-namespace`); one of the server's `--kubernetes-namespaces`, unless an
-    /// admin's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub node_selector: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tolerations: Vec<Toleration>,
-    /// The pods' service account: one of the server's `--kubernetes-service-accounts`,
-    /// unless an admin's; never the server's own.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub service_account: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub image_pull_secrets: Vec<String>,
-    /// Extra labels and annotations of the pods (e.g. `sidecar.istio.io/inject: "false"`);
-    /// keys under `kubernetes.io`, `k8s.io` and `augur.dev` are refused.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub annotations: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub output_volume: Option<OutputVolume>,
-    /// How long a pod may wait for its image before the attempt fails (default 300).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image_pull_timeout_secs: Option<u64>,
-}
+use super::executor::{
+    ExecutorFields, ExecutorName, ExecutorSpec, KubernetesOptions, SlurmOptions,
+};
 
 /// Where a study's trial directories are in its `output_dir`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
@@ -131,25 +47,6 @@ pub enum ArgStyle {
     KeyValue,
     /// `++lr=0.01` (Hydra: add or override)
     Hydra,
-}
-
-/// Options for the Slurm executor.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SlurmOptions {
-    /// `--partition`
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub partition: Option<String>,
-    /// Further `sbatch` options, e.g. `["--gres=gpu:1", "--mem=8G"]`: `--name=value` of
-    /// those that say where and with what a job runs (partition, time, gres, gpus, mem,
-    /// cpus-per-task, constraint, account, qos, reservation, nodelist, exclude, exclusive,
-    /// …). Files, users, the environment and the task layout are Augur's and the operator's
-    /// (`augur serve --slurm-arg`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub sbatch_args: Vec<String>,
-    /// `--nodes` for a cluster's allocation (by default Slurm places its tasks as it likes).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub nodes: Option<u32>,
 }
 
 /// What one replica may use (DESIGN §2 `resources`). Local replicas get `gpu` distinct GPUs
@@ -389,9 +286,34 @@ pub struct ReplicaPlan<'a> {
     pub image: Option<&'a str>,
 }
 
+/// How the service runs each trial of a study (DESIGN §2, §4). Read and written as
+/// [`TrialJobFields`], what users write and the store keeps, with the executor's fields as
+/// one [`ExecutorSpec`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "TrialJobFields", into = "TrialJobFields")]
+pub struct TrialJobSpec {
+    /// Where the replicas run, with that executor's options.
+    pub executor: ExecutorSpec,
+    pub command: Vec<String>,
+    pub args: Vec<String>,
+    pub arg_style: ArgStyle,
+    pub boolean_flags: bool,
+    pub workdir: Option<String>,
+    pub env: BTreeMap<String, String>,
+    pub timeout_secs: Option<u64>,
+    pub max_retries: u32,
+    pub output_dir: Option<String>,
+    pub output_layout: OutputLayout,
+    pub metric_regex: Option<String>,
+    pub resources: Option<Resources>,
+    pub worker_pools: Vec<Option<WorkerPoolSpec>>,
+}
+
+// `trial_job` as written: the fields of `TrialJobSpec` are documented here, its schema in
+// `openapi.yaml`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct TrialJobSpec {
+pub struct TrialJobFields {
     #[serde(default)]
     pub executor: ExecutorName,
     /// The program and its fixed arguments (for the container and kubernetes executors, empty
@@ -453,6 +375,83 @@ pub struct TrialJobSpec {
     pub worker_pools: Vec<Option<WorkerPoolSpec>>,
 }
 
+impl TryFrom<TrialJobFields> for TrialJobSpec {
+    type Error = String;
+
+    fn try_from(f: TrialJobFields) -> Result<Self, String> {
+        let executor = ExecutorSpec::try_from(ExecutorFields {
+            executor: f.executor,
+            slurm: f.slurm,
+            kubernetes: f.kubernetes,
+            image: f.image,
+        })?;
+        Ok(TrialJobSpec {
+            executor,
+            command: f.command,
+            args: f.args,
+            arg_style: f.arg_style,
+            boolean_flags: f.boolean_flags,
+            workdir: f.workdir,
+            env: f.env,
+            timeout_secs: f.timeout_secs,
+            max_retries: f.max_retries,
+            output_dir: f.output_dir,
+            output_layout: f.output_layout,
+            metric_regex: f.metric_regex,
+            resources: f.resources,
+            worker_pools: f.worker_pools,
+        })
+    }
+}
+
+impl From<TrialJobSpec> for TrialJobFields {
+    fn from(job: TrialJobSpec) -> Self {
+        let ExecutorFields {
+            executor,
+            slurm,
+            kubernetes,
+            image,
+        } = job.executor.into();
+        TrialJobFields {
+            executor,
+            command: job.command,
+            args: job.args,
+            arg_style: job.arg_style,
+            boolean_flags: job.boolean_flags,
+            workdir: job.workdir,
+            env: job.env,
+            timeout_secs: job.timeout_secs,
+            max_retries: job.max_retries,
+            output_dir: job.output_dir,
+            output_layout: job.output_layout,
+            metric_regex: job.metric_regex,
+            slurm,
+            resources: job.resources,
+            image,
+            kubernetes,
+            worker_pools: job.worker_pools,
+        }
+    }
+}
+
+// Its schema is the one of what is written.
+impl utoipa::PartialSchema for TrialJobSpec {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        <TrialJobFields as utoipa::PartialSchema>::schema()
+    }
+}
+
+impl ToSchema for TrialJobSpec {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        <TrialJobFields as ToSchema>::schemas(schemas);
+    }
+}
+
 /// Variables of the server's (or worker's) own environment that every job inherits: what a
 /// program needs to find its tools and speak the user's language, nothing that could hold a
 /// secret (DESIGN §4). A job starts from these (and `LC_*`), its spec's `env`, the names the
@@ -502,13 +501,7 @@ impl TrialJobSpec {
                  augur-runs/study-<id>",
             ));
         }
-        if self.kubernetes.is_some() && self.executor != ExecutorName::Kubernetes {
-            return Err(ValidationError::new(
-                field("kubernetes"),
-                "applies to executor: kubernetes only",
-            ));
-        }
-        if self.executor == ExecutorName::Kubernetes
+        if matches!(self.executor, ExecutorSpec::Kubernetes { .. })
             && let Some(field) = self.params_file_field()
         {
             // The file is written on the server's disk, which pods do not see.
@@ -518,16 +511,7 @@ impl TrialJobSpec {
                  the server's disk); pass values as arguments or ${<parameter id>}",
             ));
         }
-        if let Some(volume) = self
-            .kubernetes
-            .as_ref()
-            .and_then(|k| k.output_volume.as_ref())
-        {
-            self.validate_output_volume(volume)?;
-        }
-        if let Some(options) = &self.kubernetes {
-            validate_pod_metadata(options)?;
-        }
+        self.executor.validate(self.output_dir.as_deref())?;
         // An image's entrypoint may be the program: then the command holds only arguments.
         let needs_program = !self.executor.runs_images();
         if needs_program && self.command.first().is_none_or(|c| c.trim().is_empty()) {
@@ -564,27 +548,10 @@ impl TrialJobSpec {
                 ));
             }
         }
-        if self.slurm.is_some() && self.executor != ExecutorName::Slurm {
-            return Err(ValidationError::new(
-                field("slurm"),
-                "applies to executor: slurm only",
-            ));
-        }
         if let Some(resources) = &self.resources {
             resources.validate(&field("resources"))?;
         }
-        self.validate_worker_pools()?;
-        for (i, arg) in self
-            .slurm
-            .iter()
-            .flat_map(|s| s.sbatch_args.iter())
-            .enumerate()
-        {
-            check_sbatch_arg(arg).map_err(|why| {
-                ValidationError::new(field(&format!("slurm.sbatch_args[{i}]")), why)
-            })?;
-        }
-        Ok(())
+        self.validate_worker_pools()
     }
 
     /// The command or arguments (the job's or a pool's) that name `${params_file}`, if any.
@@ -609,47 +576,10 @@ impl TrialJobSpec {
         self.params_file_field().is_some()
     }
 
-    /// A claim mounted at an absolute path; an object store only with a URI to write to.
-    fn validate_output_volume(&self, volume: &OutputVolume) -> Result<(), ValidationError> {
-        let field = "trial_job.kubernetes.output_volume";
-        match volume {
-            OutputVolume::PersistentVolumeClaim {
-                claim_name,
-                mount_path,
-            } => {
-                if claim_name.trim().is_empty() {
-                    return Err(ValidationError::new(
-                        format!("{field}.persistent_volume_claim.claim_name"),
-                        "must name a PersistentVolumeClaim",
-                    ));
-                }
-                if !mount_path.starts_with('/') || mount_path.contains(':') {
-                    return Err(ValidationError::new(
-                        format!("{field}.persistent_volume_claim.mount_path"),
-                        "must be an absolute path",
-                    ));
-                }
-            }
-            OutputVolume::ObjectStore => {
-                if !self
-                    .output_dir
-                    .as_deref()
-                    .is_some_and(|d| d.contains("://"))
-                {
-                    return Err(ValidationError::new(
-                        "trial_job.output_dir",
-                        "with output_volume: object_store, must be a URI (gs://…, s3://…) \
-                         the trainer writes to",
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// An image for every replica where the executor runs images, none where it does not.
     fn validate_images(&self) -> Result<(), ValidationError> {
-        let images = std::iter::once(("trial_job.image".to_string(), &self.image)).chain(
+        let job_image = self.executor.image().map(str::to_string);
+        let images = std::iter::once(("trial_job.image".to_string(), &job_image)).chain(
             self.worker_pools
                 .iter()
                 .enumerate()
@@ -784,7 +714,7 @@ impl TrialJobSpec {
                 args: &self.args,
                 env: &self.env,
                 resources: self.resources.as_ref(),
-                image: self.image.as_deref(),
+                image: self.executor.image(),
             }];
         }
         let mut out = Vec::new();
@@ -797,7 +727,7 @@ impl TrialJobSpec {
                     args: spec.args.as_deref().unwrap_or(&self.args),
                     env: &spec.env,
                     resources: spec.resources.as_ref().or(self.resources.as_ref()),
-                    image: spec.image.as_deref().or(self.image.as_deref()),
+                    image: spec.image.as_deref().or(self.executor.image()),
                 });
             }
         }
@@ -871,111 +801,6 @@ impl TrialJobSpec {
     }
 }
 
-/// `sbatch` options a spec may pass: where and with what a job runs. Everything else is
-/// the server's: options that name files slurmd (root) opens (`--output`, `--error`,
-/// `--input`, `--chdir`), whose user the job runs as (`--uid`, `--gid`, `--get-user-env`),
-/// its environment (`--export`), or the layout Augur writes (`--ntasks`, `--nodes`, …).
-/// An operator adds options of its own to every job with `augur serve --slurm-arg`.
-const SBATCH_OPTIONS: [&str; 44] = [
-    "partition",
-    "time",
-    "time-min",
-    "gres",
-    "gres-flags",
-    "gpus",
-    "gpus-per-node",
-    "gpus-per-task",
-    "gpus-per-socket",
-    "cpus-per-gpu",
-    "mem",
-    "mem-per-cpu",
-    "mem-per-gpu",
-    "cpus-per-task",
-    "mincpus",
-    "tmp",
-    "constraint",
-    "cluster-constraint",
-    "account",
-    "qos",
-    "reservation",
-    "nodelist",
-    "exclude",
-    "exclusive",
-    "oversubscribe",
-    "overcommit",
-    "contiguous",
-    "distribution",
-    "spread-job",
-    "ntasks-per-node",
-    "switches",
-    "licenses",
-    "hint",
-    "sockets-per-node",
-    "cores-per-socket",
-    "threads-per-core",
-    "comment",
-    "nice",
-    "requeue",
-    "no-requeue",
-    "signal",
-    "begin",
-    "deadline",
-    "wckey",
-];
-
-/// Whether a spec may pass `arg` to `sbatch`: `--option=value` (or a flag) of
-/// [`SBATCH_OPTIONS`], spelled out in full.
-fn check_sbatch_arg(arg: &str) -> Result<(), String> {
-    let Some(option) = arg.strip_prefix("--") else {
-        return Err(format!(
-            "{arg:?}: give sbatch options as --name=value, in full (short options and \
-             separate values are not accepted)"
-        ));
-    };
-    let name = option.split_once('=').map_or(option, |(name, _)| name);
-    if arg.chars().any(char::is_control) {
-        return Err(format!("{arg:?}: control characters"));
-    }
-    if SBATCH_OPTIONS.contains(&name) {
-        return Ok(());
-    }
-    Err(format!(
-        "--{name} is not an option a study may pass to sbatch (files, users, environment and \
-         the task layout are Augur's and the operator's: augur serve --slurm-arg); allowed: {}",
-        SBATCH_OPTIONS.join(", ")
-    ))
-}
-
-/// Label and annotation keys in these domains (`app.kubernetes.io/name`, `augur.dev/trial`)
-/// are Kubernetes', the deployment's and Augur's own: with them a trial's pod could pass for
-/// the server (be an endpoint of its Service, pass its NetworkPolicy) or for another trial.
-fn is_reserved_key(key: &str) -> bool {
-    let Some((domain, _)) = key.split_once('/') else {
-        return false;
-    };
-    let domain = domain.to_ascii_lowercase();
-    ["kubernetes.io", "k8s.io", "augur.dev"]
-        .iter()
-        .any(|reserved| domain == *reserved || domain.ends_with(&format!(".{reserved}")))
-}
-
-/// Refuse pod labels and annotations in reserved domains ([`is_reserved_key`]).
-fn validate_pod_metadata(options: &KubernetesOptions) -> Result<(), ValidationError> {
-    for (kind, map) in [
-        ("labels", &options.labels),
-        ("annotations", &options.annotations),
-    ] {
-        if let Some(key) = map.keys().find(|k| is_reserved_key(k)) {
-            return Err(ValidationError::new(
-                format!("trial_job.kubernetes.{kind}.{key}"),
-                "keys under kubernetes.io, k8s.io and augur.dev are Kubernetes', the \
-                 deployment's and Augur's own (a trial's pod could pass for the server)",
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// A value as a command-line word: integers without a point, floats in shortest form,
 /// categoricals as given.
 pub fn value_text(value: &Value) -> String {
@@ -1029,10 +854,11 @@ fn substitute(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::executor::OutputVolume;
 
     fn job(command: &[&str]) -> TrialJobSpec {
         TrialJobSpec {
-            executor: ExecutorName::Local,
+            executor: ExecutorSpec::Local,
             command: command.iter().map(|s| s.to_string()).collect(),
             args: Vec::new(),
             arg_style: ArgStyle::Equals,
@@ -1044,10 +870,7 @@ mod tests {
             output_dir: None,
             output_layout: OutputLayout::Study,
             metric_regex: None,
-            slurm: None,
             resources: None,
-            image: None,
-            kubernetes: None,
             worker_pools: Vec::new(),
         }
     }
@@ -1198,8 +1021,7 @@ mod tests {
             Err("trial_job.metric_regex".to_string())
         );
         j = job(&["x"]);
-        j.executor = ExecutorName::Slurm;
-        j.slurm = Some(SlurmOptions {
+        j.executor = ExecutorSpec::Slurm(SlurmOptions {
             partition: None,
             sbatch_args: vec!["--mem=1G".into(), "--export=ALL".into()],
             nodes: None,
@@ -1303,13 +1125,14 @@ mod tests {
     #[test]
     fn kubernetes_output_volumes_need_an_absolute_mount_or_an_object_store_uri() {
         let mut j = job(&["train"]);
-        j.executor = ExecutorName::Kubernetes;
-        j.image = Some("trainer:1".into());
         let with = |j: &mut TrialJobSpec, volume: OutputVolume| {
-            j.kubernetes = Some(KubernetesOptions {
-                output_volume: Some(volume),
-                ..Default::default()
-            });
+            j.executor = ExecutorSpec::Kubernetes {
+                image: Some("trainer:1".into()),
+                options: KubernetesOptions {
+                    output_volume: Some(volume),
+                    ..Default::default()
+                },
+            };
             j.validate().map_err(|e| e.field)
         };
         let claim = |mount: &str| OutputVolume::PersistentVolumeClaim {
@@ -1343,29 +1166,83 @@ mod tests {
     #[test]
     fn executors_that_run_images_need_one_and_others_refuse_it() {
         let mut j = job(&["python3", "train.py"]);
-        j.executor = ExecutorName::Kubernetes;
+        let kubernetes = |image: Option<&str>| ExecutorSpec::Kubernetes {
+            image: image.map(str::to_string),
+            options: KubernetesOptions::default(),
+        };
+        j.executor = kubernetes(None);
         assert_eq!(
             j.validate().map_err(|e| e.field),
             Err("trial_job.image".to_string())
         );
-        j.image = Some("registry.example/trainer:1".into());
+        j.executor = kubernetes(Some("registry.example/trainer:1"));
         assert_eq!(j.validate().map_err(|e| e.field), Ok(()));
-        j.image = Some("bad image".into());
+        j.executor = kubernetes(Some("bad image"));
         assert_eq!(
             j.validate().map_err(|e| e.field),
             Err("trial_job.image".to_string())
         );
+        // A pool's own image, where the executor runs none.
         let mut local = job(&["train"]);
-        local.image = Some("trainer:1".into());
+        local.worker_pools = vec![pool(1)];
+        if let Some(Some(primary)) = local.worker_pools.first_mut() {
+            primary.image = Some("trainer:1".into());
+        }
         assert_eq!(
             local.validate().map_err(|e| e.field),
-            Err("trial_job.image".to_string())
+            Err("trial_job.worker_pools[0].image".to_string())
         );
-        local.image = None;
-        local.kubernetes = Some(KubernetesOptions::default());
-        assert_eq!(
-            local.validate().map_err(|e| e.field),
-            Err("trial_job.kubernetes".to_string())
-        );
+    }
+
+    /// An executor's options given to another cannot be read: the spec is refused as it
+    /// is parsed, naming the option.
+    #[test]
+    fn options_of_another_executor_are_refused_when_read() {
+        for (extra, option) in [
+            (serde_json::json!({"image": "trainer:1"}), "`image`"),
+            (serde_json::json!({"kubernetes": {}}), "`kubernetes`"),
+            (
+                serde_json::json!({"slurm": {"partition": "gpu"}}),
+                "`slurm`",
+            ),
+        ] {
+            let mut job = serde_json::json!({"executor": "local", "command": ["train"]});
+            if let (Some(job), Some(extra)) = (job.as_object_mut(), extra.as_object()) {
+                job.extend(extra.clone());
+            }
+            let error = serde_json::from_value::<TrialJobSpec>(job)
+                .map(|_| ())
+                .map_err(|e| e.to_string());
+            assert!(
+                error.as_ref().is_err_and(|e| e.contains(option)),
+                "{option}: {error:?}"
+            );
+        }
+    }
+
+    /// What is read is written back as it was: stored specs keep their text, and options
+    /// left at their defaults stay absent.
+    #[test]
+    fn a_trial_job_is_written_as_it_was_read() {
+        for text in [
+            serde_json::json!({"executor": "local", "command": ["train"]}),
+            serde_json::json!({"executor": "slurm", "command": ["train"],
+                               "slurm": {"partition": "gpu", "nodes": 3}}),
+            serde_json::json!({"executor": "slurm", "command": ["train"]}),
+            serde_json::json!({"executor": "container", "command": [], "image": "t:1"}),
+            serde_json::json!({"executor": "kubernetes", "command": [], "image": "t:1",
+                               "kubernetes": {"namespace": "ml"}}),
+        ] {
+            let job: TrialJobSpec = serde_json::from_value(text.clone()).expect("a valid job");
+            let mut written = serde_json::to_value(&job).expect("serialisable");
+            for key in ["executor", "slurm", "kubernetes", "image"] {
+                assert_eq!(written.get(key), text.get(key), "{key} of {text}");
+            }
+            // The rest: as read, besides the defaults every job is written with.
+            if let Some(w) = written.as_object_mut() {
+                w.retain(|k, _| text.get(k).is_some());
+            }
+            assert_eq!(written, text);
+        }
     }
 }

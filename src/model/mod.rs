@@ -2,6 +2,7 @@
 //! configuration the service works with, trials and measurements. No IO.
 
 pub mod annotations;
+pub mod executor;
 pub mod extension;
 pub mod image;
 pub mod job;
@@ -14,10 +15,10 @@ pub mod trial_dirs;
 pub mod vertex;
 
 pub use annotations::{AnnotationUpdate, Annotations};
+pub use executor::{ExecutorName, ExecutorSpec, KubernetesOptions, SlurmOptions};
 pub use extension::{ExtensionError, ParameterExtension};
 pub use job::{
-    ArgStyle, ExecutorName, OutputLayout, ReplicaId, ReplicaPlan, Resources, TrialJobSpec,
-    WorkerPoolSpec,
+    ArgStyle, OutputLayout, ReplicaId, ReplicaPlan, Resources, TrialJobSpec, WorkerPoolSpec,
 };
 pub use request::{ClientId, Step, SuggestCount};
 pub use role::{AuditEvent, Role, TokenInfo};

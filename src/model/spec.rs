@@ -757,12 +757,8 @@ impl StudySpec {
             // A paused trial resumes from its checkpoint: on Kubernetes its pods' files go
             // with them unless the trial directories are on a volume.
             if let Some(job) = &self.trial_job
-                && job.executor == super::job::ExecutorName::Kubernetes
-                && job
-                    .kubernetes
-                    .as_ref()
-                    .and_then(|k| k.output_volume.as_ref())
-                    .is_none()
+                && let Some(options) = job.executor.kubernetes()
+                && options.output_volume.is_none()
             {
                 return Err(ValidationError::new(
                     "trial_job.kubernetes.output_volume",

@@ -10,9 +10,9 @@ use augur_optimizer::Value;
 use serde_json::{Map, Value as Json, json};
 
 use super::ValidationError;
+use super::executor::ExecutorSpec;
 use super::job::{
-    ExecutorName, Resources, TrialJobSpec, WorkerPoolSpec, check_accelerator_type,
-    check_machine_type,
+    Resources, TrialJobSpec, WorkerPoolSpec, check_accelerator_type, check_machine_type,
 };
 use super::spec::{
     AlgorithmName, ChildInput, EarlyStoppingSpec, MeasurementSelection, MetricGoal,
@@ -573,7 +573,7 @@ fn trial_job_spec(
     warnings: &mut Vec<String>,
 ) -> Result<TrialJobSpec, ValidationError> {
     let mut job = TrialJobSpec {
-        executor: ExecutorName::Container,
+        executor: ExecutorSpec::Container { image: None },
         ..Default::default()
     };
     let pools = spec.list("workerPoolSpecs")?;
@@ -593,11 +593,13 @@ fn trial_job_spec(
     // The primary's image, command and args stand for every pool that has the same; a pool
     // that differs keeps its own, even empty (its image's entrypoint or default arguments).
     if let Some(Some(primary)) = job.worker_pools.first().cloned() {
-        job.image = primary.image.clone();
+        job.executor = ExecutorSpec::Container {
+            image: primary.image.clone(),
+        };
         job.command = primary.command.clone().unwrap_or_default();
         job.args = primary.args.clone().unwrap_or_default();
         for pool in job.worker_pools.iter_mut().flatten() {
-            if pool.image == job.image {
+            if pool.image == primary.image {
                 pool.image = None;
             }
             if pool.command.as_ref() == Some(&job.command) {
@@ -951,7 +953,7 @@ fn vertex_trial_job(job: &TrialJobSpec) -> Json {
 /// One `workerPoolSpecs` entry: what the pool's replicas run, with the job's values where
 /// the pool has none of its own.
 fn vertex_pool(job: &TrialJobSpec, pool: &WorkerPoolSpec) -> Json {
-    let image = pool.image.as_deref().or(job.image.as_deref());
+    let image = pool.image.as_deref().or(job.executor.image());
     let mut container = json!({"imageUri": image.unwrap_or_default()});
     let command = pool.command.as_deref().unwrap_or(&job.command);
     let args = pool.args.as_deref().unwrap_or(&job.args);

@@ -30,8 +30,8 @@
 use super::{ServiceError, ServiceResult};
 use std::collections::BTreeMap;
 
+use crate::model::executor::OutputVolume;
 use crate::model::image::{AllowedImages, ImageRef};
-use crate::model::job::OutputVolume;
 use crate::model::{Role, TrialJobSpec};
 
 /// Variables a job's `env` may set while a command list is in force, besides the
@@ -268,7 +268,7 @@ impl JobPolicy {
     }
 
     fn check_kubernetes(&self, job: &TrialJobSpec, role: Role) -> ServiceResult<()> {
-        let Some(options) = &job.kubernetes else {
+        let Some(options) = job.executor.kubernetes() else {
             return Ok(());
         };
         let policy = &self.kubernetes;
@@ -364,7 +364,7 @@ fn pool_runs(job: &TrialJobSpec) -> Vec<PoolRun<'_>> {
     let job_run = || PoolRun {
         command: job.command.iter().chain(&job.args).collect(),
         command_field: "trial_job.command".into(),
-        image: job.image.as_deref(),
+        image: job.executor.image(),
         image_field: "trial_job.image".into(),
         env: env_of(&job.env, "trial_job"),
     };

@@ -36,8 +36,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::super::cluster::Address;
 use super::super::executor::{ExecutorError, JobRequest, ReplicaRequest};
+use crate::model::executor::{OutputVolume, Toleration};
+use crate::model::job::CLUSTER_ENV;
 use crate::model::job::is_inherited_env;
-use crate::model::job::{CLUSTER_ENV, OutputVolume, Toleration};
 use crate::model::{
     OutputLayout, ReplicaId, Resources, StudyDir, StudyKey, TrialDirs, TrialJobSpec,
 };
@@ -167,7 +168,7 @@ pub fn attempt_manifests(
 ) -> Result<AttemptManifests, ExecutorError> {
     let names = AttemptNames::new(request.study_id, request.trial_id, request.attempt);
     let labels = attempt_labels(request.study_id, request.trial_id, request.attempt);
-    let options = job.kubernetes.clone().unwrap_or_default();
+    let options = job.executor.kubernetes().cloned().unwrap_or_default();
     let output = PodOutput::of(job);
     // The token and what the server passes on by name go in the Secret, not in the Jobs.
     let spec_names: Vec<String> = (0..job.worker_pools.len().max(1))
@@ -251,7 +252,7 @@ pub fn attempt_manifests(
             .worker_pools
             .get(pool)
             .and_then(|p| p.as_ref()?.image.clone())
-            .or_else(|| job.image.clone())
+            .or_else(|| job.executor.image().map(str::to_string))
             .ok_or_else(|| {
                 ExecutorError::Launch(format!("worker pool {pool} has no image to run"))
             })?;
@@ -366,7 +367,7 @@ struct PodOutput {
 
 impl PodOutput {
     fn of(job: &TrialJobSpec) -> PodOutput {
-        let options = job.kubernetes.as_ref();
+        let options = job.executor.kubernetes();
         // The same layout as on the server: the job's `output_dir` (`study-<id>` in it, unless
         // `output_layout: trial`), or `augur-runs/study-<id>`.
         let relative = job

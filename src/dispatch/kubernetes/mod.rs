@@ -266,15 +266,15 @@ impl KubernetesExecutor {
         let (client, default_namespace) = self.connection.client().await?;
         let namespace = handle_namespace
             .map(str::to_string)
-            .or_else(|| self.job.kubernetes.as_ref()?.namespace.clone())
+            .or_else(|| self.job.executor.kubernetes()?.namespace.clone())
             .unwrap_or(default_namespace);
         Ok(Apis::new(client, &namespace))
     }
 
     fn pull_timeout(&self) -> Duration {
         self.job
-            .kubernetes
-            .as_ref()
+            .executor
+            .kubernetes()
             .and_then(|k| k.image_pull_timeout_secs)
             .map_or(DEFAULT_IMAGE_PULL_TIMEOUT, Duration::from_secs)
     }
