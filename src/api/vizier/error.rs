@@ -54,9 +54,12 @@ impl IntoResponse for VizierError {
     }
 }
 
-/// Whether a path is one of Vizier's (`/v1/projects/…`, `/v1beta1/projects/…`).
+/// Whether a path is one of Vizier's (`/v1/projects/…`, `/v1beta1/projects/…`, and the
+/// operations under `/ui/projects/…`).
 pub fn is_vizier_path(path: &str) -> bool {
-    path.starts_with("/v1/projects/") || path.starts_with("/v1beta1/projects/")
+    ["/v1/projects/", "/v1beta1/projects/", "/ui/projects/"]
+        .iter()
+        .any(|prefix| path.starts_with(prefix))
 }
 
 /// Augur's error code as Google's canonical status and the HTTP code Google gives it

@@ -26,6 +26,8 @@ pub use error::{is_vizier_path, vertex_error_bodies};
 
 /// The API versions served, each under `/{version}/projects/…`.
 const VERSIONS: [&str; 2] = ["v1", "v1beta1"];
+/// The generated clients' operations mixin asks under `/ui/` first (its first HTTP rule).
+const OPERATION_PREFIXES: [&str; 3] = ["v1", "v1beta1", "ui"];
 
 /// Every VizierService method and the operation paths the SDK polls, under both versions.
 /// Reads (lookup, optimal trials, operations) need a reader; changes a writer, and the
@@ -80,18 +82,19 @@ pub fn router() -> AccessRouter {
                 get(trials::get_trial)
                     .delete(trials::delete_trial)
                     .post(trials::trial_verb),
-            )
-            .undocumented(
-                // GET an operation; POST `{operation}:wait` or `:cancel` (of a done one).
-                &format!("{study}/operations/{{operation}}"),
-                &[(Method::GET, read), (Method::POST, read)],
-                get(trials::get_operation).post(trials::operation_verb),
-            )
-            .undocumented(
-                &format!("{trial}/operations/{{operation}}"),
+            );
+    }
+    for prefix in OPERATION_PREFIXES {
+        let study =
+            format!("/{prefix}/projects/{{project}}/locations/{{location}}/studies/{{study}}");
+        // GET an operation; POST `{operation}:wait` or `:cancel` (of a done one).
+        for owner in [study.clone(), format!("{study}/trials/{{trial}}")] {
+            router = router.undocumented(
+                &format!("{owner}/operations/{{operation}}"),
                 &[(Method::GET, read), (Method::POST, read)],
                 get(trials::get_operation).post(trials::operation_verb),
             );
+        }
     }
     router
 }
