@@ -446,57 +446,50 @@ async fn bad_input_is_refused_naming_the_field(backend: &str) {
     let (name, _) = create(&app, None, "bad-inputs").await;
     let study = format!("/v1/{name}");
     let suggest = format!("{study}/trials:suggest");
-    assert_names_field(
-        &post(suggest.clone(), json!({"clientId": "w"})).await,
-        "suggestionCount",
-    );
-    assert_names_field(
-        &post(
-            suggest.clone(),
-            json!({"suggestionCount": 0, "clientId": "w"}),
-        )
-        .await,
-        "suggestionCount",
-    );
-    assert_names_field(
-        &post(suggest.clone(), json!({"suggestionCount": "many"})).await,
-        "suggestionCount",
-    );
-    let op = post(suggest, json!({"suggestionCount": 1, "clientId": "w"})).await;
+    let op = post(
+        suggest.clone(),
+        json!({"suggestionCount": 1, "clientId": "w"}),
+    )
+    .await;
     let trial = format!(
         "/v1/{}",
         op.body["response"]["trials"][0]["name"]
             .as_str()
             .expect("trial")
     );
-    assert_names_field(
-        &post(
-            format!("{trial}:addTrialMeasurement"),
+    let measure = format!("{trial}:addTrialMeasurement");
+    let cases = [
+        (&suggest, json!({"clientId": "w"}), "suggestionCount"),
+        (
+            &suggest,
+            json!({"suggestionCount": 0, "clientId": "w"}),
+            "suggestionCount",
+        ),
+        (
+            &suggest,
+            json!({"suggestionCount": "many"}),
+            "suggestionCount",
+        ),
+        (&measure, json!({}), "measurement"),
+        (
+            &measure,
             json!({"measurement": {"stepCount": "abc", "metrics": []}}),
-        )
-        .await,
-        "measurement.stepCount",
-    );
-    assert_names_field(
-        &post(format!("{trial}:addTrialMeasurement"), json!({})).await,
-        "measurement",
-    );
-    assert_names_field(
-        &post(
-            format!("{trial}:addTrialMeasurement"),
+            "measurement.stepCount",
+        ),
+        (
+            &measure,
             json!({"measurement": {"elapsedDuration": "soon", "metrics": []}}),
-        )
-        .await,
-        "measurement.elapsedDuration",
-    );
-    assert_names_field(
-        &post(
-            format!("{study}/trials"),
+            "measurement.elapsedDuration",
+        ),
+        (
+            &format!("{study}/trials"),
             json!({"parameters": [{"parameterId": "lr", "value": [1]}]}),
-        )
-        .await,
-        "parameters[0].value",
-    );
+            "parameters[0].value",
+        ),
+    ];
+    for (path, body, field) in cases {
+        assert_names_field(&post(path.clone(), body).await, field);
+    }
     // Not ids: 404, as for a study or trial that does not exist.
     for path in [
         format!("{PARENT}/studies/abc"),

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use augur_optimizer::{Assignment, Value};
 use chrono::{DateTime, SecondsFormat, Utc};
-use serde_json::{Map, Value as Json, json};
+use serde_json::{Value as Json, json};
 
 use super::types::{MeasurementInput, TrialInput};
 use crate::api::error::ApiError;
@@ -293,25 +293,24 @@ pub fn trial_to_vizier(trial: &Trial, study_name: &str, enc: Encoding) -> Json {
         "measurements": trial.measurements.iter().map(measurement_to_vizier).collect::<Vec<_>>(),
         "startTime": time(trial.started_at.unwrap_or(trial.created_at)),
     });
-    let fields = out.as_object_mut().map_or_else(Map::new, std::mem::take);
-    let mut fields = fields;
     if let Some(m) = &trial.final_measurement {
-        fields.insert("finalMeasurement".into(), measurement_to_vizier(m));
+        out["finalMeasurement"] = measurement_to_vizier(m);
     }
     if let Some(t) = trial.completed_at {
-        fields.insert("endTime".into(), json!(time(t)));
+        out["endTime"] = json!(time(t));
     }
     if let Some(c) = &trial.client_id {
-        fields.insert("clientId".into(), json!(c));
+        out["clientId"] = json!(c);
     }
-    let reason = trial.infeasible_reason.as_ref().or(trial
+    // A failed trial is infeasible to Vizier: its failure is the reason.
+    let failure = trial
         .fail_reason
         .as_ref()
-        .filter(|_| trial.state == TrialState::Failed));
-    if let Some(r) = reason {
-        fields.insert("infeasibleReason".into(), json!(r));
+        .filter(|_| trial.state == TrialState::Failed);
+    if let Some(r) = trial.infeasible_reason.as_ref().or(failure) {
+        out["infeasibleReason"] = json!(r);
     }
-    Json::Object(fields)
+    out
 }
 
 /// A measurement sent by a worker, as Augur's: its step (0 when not given) and metrics.
