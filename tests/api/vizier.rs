@@ -29,7 +29,8 @@ async fn vz(
     path: &str,
     body: Option<Value>,
 ) -> common::Response {
-    let path = format!("{path}?$alt=json;enum-encoding=int");
+    let joint = if path.contains('?') { '&' } else { '?' };
+    let path = format!("{path}{joint}$alt=json;enum-encoding=int");
     common::call(&app.http, &app.base, token, method, &path, body).await
 }
 
@@ -353,6 +354,25 @@ async fn every_method_answers_as_vertex_does(backend: &str) {
         "{}",
         all.body
     );
+    // Pages, as the SDK's pager follows them.
+    let mut paged = Vec::new();
+    let mut token = String::new();
+    loop {
+        let path = format!("{study}/trials?pageSize=2&pageToken={token}");
+        let page = vz(&app, None, Method::GET, &path, None).await;
+        assert!(
+            page.body["trials"].as_array().is_some_and(|t| t.len() <= 2),
+            "{}",
+            page.body
+        );
+        paged.extend(ids(&page.body["trials"]));
+        match page.body["nextPageToken"].as_str() {
+            Some(next) => token = next.to_string(),
+            None => break,
+        }
+    }
+    paged.sort();
+    assert_eq!(paged, ids(&all.body["trials"]));
 
     // Deleted through Vizier: gone from Vizier, kept (excluded) in Augur.
     let deleted = vz(&app, None, Method::DELETE, &made_path, None).await;
@@ -500,6 +520,15 @@ async fn bad_input_is_refused_naming_the_field(backend: &str) {
         assert_eq!(r.status, StatusCode::NOT_FOUND, "{path}: {}", r.body);
         assert_eq!(r.body["error"]["status"], "NOT_FOUND");
     }
+    let huge = vz(
+        &app,
+        None,
+        Method::GET,
+        &format!("{study}/trials?pageSize=100000"),
+        None,
+    )
+    .await;
+    assert_names_field(&huge, "pageSize");
     let unknown_verb = post(format!("{trial}:explode"), json!({})).await;
     assert_eq!(
         unknown_verb.status,

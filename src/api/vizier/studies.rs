@@ -80,9 +80,9 @@ pub async fn list_studies(
     let place = call.place();
     let listed = state
         .service
-        .list_studies(None, None, page.page_size, page.page_token.as_deref())
+        .list_studies(None, None, page.size(), page.page_token.as_deref())
         .await
-        .map_err(|e| renamed(e.into(), "page_size", "pageSize"))?;
+        .map_err(|e| page_error(e.into()))?;
     let studies: Vec<Value> = listed
         .items
         .iter()
@@ -149,6 +149,15 @@ async fn find_by_display_name(
             None => return Ok(None),
         }
     }
+}
+
+/// A paging error, naming Vizier's query parameter.
+pub(super) fn page_error(e: ApiError) -> ApiError {
+    renamed(
+        renamed(e, "page_size", "pageSize"),
+        "page_token",
+        "pageToken",
+    )
 }
 
 /// An error about Augur's field `from`, naming Vizier's `to` instead.

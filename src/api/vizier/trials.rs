@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::Call;
 use super::convert;
 use super::error::VizierResult;
-use super::studies::renamed;
+use super::studies::{page_error, renamed};
 use super::types::{
     AddTrialMeasurementRequest, CompleteTrialRequest, PageQuery, SuggestTrialsRequest, TrialInput,
 };
@@ -190,18 +190,11 @@ pub async fn list_trials(
     ApiQuery(page): ApiQuery<PageQuery>,
 ) -> VizierResult<Json<Value>> {
     let study = call.study()?;
-    let page_size = page.page_size.filter(|n| *n != 0);
     let listed = state
         .service
-        .list_trials(study, None, page_size, page.page_token.as_deref())
+        .list_trials(study, None, page.size(), page.page_token.as_deref())
         .await
-        .map_err(|e| {
-            renamed(
-                renamed(e.into(), "page_size", "pageSize"),
-                "page_token",
-                "pageToken",
-            )
-        })?;
+        .map_err(|e| page_error(e.into()))?;
     let study_name = call.study_name(study);
     let trials: Vec<Value> = listed
         .items

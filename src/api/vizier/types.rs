@@ -137,3 +137,10 @@ pub struct PageQuery {
     #[serde(default, alias = "page_token")]
     pub page_token: Option<String>,
 }
+
+impl PageQuery {
+    /// The page size asked for; proto3's 0 (unset) is the server's default.
+    pub fn size(&self) -> Option<i64> {
+        self.page_size.filter(|n| *n != 0)
+    }
+}
