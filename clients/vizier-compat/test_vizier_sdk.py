@@ -5,8 +5,9 @@ over REST, every method, the errors, and the study seen through Augur's own API.
 SDK 2.7.0's own bugs are pinned here so that a fixed SDK is noticed: `create_or_load` of a
 taken name raises `Conflict` over REST (google-api-core maps HTTP 409 to `Conflict`, the SDK
 catches only `AlreadyExists`), and `materialize_study_config()` passes `credentials=` to
-`get_study`. Conditional parameters go through the generated client (the SDK's `from_proto`
-fails on them).
+`get_study`; its `StudyConfig.from_proto` fails on conditional parameters and its
+`to_proto` drops a metric's safety threshold. Conditional parameters and safety thresholds
+go through the generated client, which keeps them.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def problem() -> Any:
     root.add_int_param("layers", 1, 4)
     root.add_categorical_param("opt", ["adam", "sgd"])
     root.add_discrete_param("batch", [16, 32, 64])
+    # A bound of 0 is left out of the proto3 JSON the SDK sends: Augur reads it as 0.
+    root.add_float_param("dropout", 0.0, 0.5)
     return config
 
 
@@ -54,6 +57,7 @@ def test_the_high_level_sdk_tunes_a_study_that_augur_lists(sdk: Any, server: Ser
         params = {k: v.value for k, v in trial.parameters.items()}
         assert 1e-4 <= params["lr"] <= 1.0 and params["opt"] in ("adam", "sgd")
         assert params["batch"] in (16, 32, 64) and 1 <= params["layers"] <= 4
+        assert 0.0 <= params["dropout"] <= 0.5
         trial.add_measurement(vz.Measurement(metrics={"acc": 0.1 * (i + 1)}, steps=1))
         assert trial.should_stop() is False
         trial.complete(vz.Measurement(metrics={"acc": 0.5 + 0.1 * i}))
@@ -103,9 +107,37 @@ def test_materialize_study_config_meets_the_sdks_credentials_bug(sdk: Any, serve
     # The generated client reads the same spec back.
     client = vizier_client(server, tokens["writer"])
     spec = client.get_study(name=study.resource_name).study_spec
-    assert [p.parameter_id for p in spec.parameters] == ["batch", "layers", "lr", "opt"] or \
-        sorted(p.parameter_id for p in spec.parameters) == ["batch", "layers", "lr", "opt"]
+    assert sorted(p.parameter_id for p in spec.parameters) == ["batch", "dropout", "layers",
+                                                               "lr", "opt"]
     study.delete()
+
+
+def test_the_sdks_own_conversions_lose_safety_thresholds_and_conditionals(
+        sdk: Any, server: Server, tokens: Dict[str, str]) -> None:
+    from google.cloud.aiplatform.vizier import Study
+    from google.cloud.aiplatform.vizier import pyvizier as vz
+
+    config = vz.StudyConfig()
+    config.metric_information.append(vz.MetricInformation(
+        name="acc", goal=vz.ObjectiveMetricGoal.MAXIMIZE, safety_threshold=0.3))
+    config.search_space.select_root().add_float_param("x", 0.0, 1.0)
+    study = Study.create_or_load(display_name=unique("safety"), problem=config)
+    client = vizier_client(server, tokens["writer"])
+    sent = client.get_study(name=study.resource_name).study_spec.metrics[0]
+    assert not sent.safety_config.safety_threshold, "the SDK sent the threshold: fixed?"
+    study.delete()
+
+    spec = conditional_spec()
+    spec["metrics"][0]["safety_config"] = {"safety_threshold": 0.5}
+    made = client.create_study(parent=PARENT, study={"display_name": unique("cond"),
+                                                     "study_spec": spec})
+    assert made.study_spec.metrics[0].safety_config.safety_threshold == 0.5
+    # The high-level Study still suggests on it; only the SDK's reading of the spec fails.
+    trials = Study(made.name).suggest(count=2, worker="w")
+    assert len(trials) == 2
+    with pytest.raises(AttributeError):
+        vz.StudyConfig.from_proto(made.study_spec)
+    client.delete_study(name=made.name)
 
 
 def conditional_spec() -> Dict[str, Any]:

@@ -115,6 +115,7 @@ fn time(t: DateTime<Utc>) -> String {
 pub fn spec_from_vizier(display_name: &str, study_spec: &Json) -> Result<StudySpec, ApiError> {
     let mut study_spec = study_spec.clone();
     enums_to_names(&mut study_spec);
+    fill_zeros(&mut study_spec, "");
     let job = json!({
         "displayName": display_name,
         "maxTrialCount": DEFAULT_MAX_TRIALS,
@@ -155,6 +156,28 @@ fn enums_to_names(doc: &mut Json) {
             }
         }
         Json::Array(items) => items.iter_mut().for_each(enums_to_names),
+        _ => {}
+    }
+}
+
+/// Proto3 JSON leaves out a field that holds its zero: a bound of 0 (`add_float_param("x",
+/// 0, 1)` sends no `minValue`) or a safety threshold of 0 is there, as 0, not missing.
+fn fill_zeros(doc: &mut Json, parent: &str) {
+    let zeros: &[&str] = match parent {
+        "doubleValueSpec" | "integerValueSpec" => &["minValue", "maxValue"],
+        "safetyConfig" => &["safetyThreshold"],
+        _ => &[],
+    };
+    match doc {
+        Json::Object(map) => {
+            for key in zeros {
+                map.entry(key.to_string()).or_insert(json!(0));
+            }
+            for (key, value) in map.iter_mut() {
+                fill_zeros(value, key);
+            }
+        }
+        Json::Array(items) => items.iter_mut().for_each(|item| fill_zeros(item, parent)),
         _ => {}
     }
 }
@@ -409,6 +432,25 @@ mod tests {
         assert_eq!(names["algorithm"], "RANDOM_SEARCH");
         // Read back, the written spec is the same spec.
         assert_eq!(spec_from_vizier("probe", &ints).expect("again"), spec);
+    }
+
+    #[test]
+    fn bounds_and_thresholds_left_out_are_proto3_zeros() {
+        let sent = json!({
+            "metrics": [{"metricId": "acc", "goal": 1, "safetyConfig": {}}],
+            "parameters": [{"parameterId": "x", "doubleValueSpec": {"maxValue": 1.0}},
+                {"parameterId": "n", "integerValueSpec": {"minValue": "-3"}}],
+        });
+        let spec = spec_from_vizier("zeros", &sent).expect("a spec");
+        assert_eq!(
+            (spec.parameters[0].min, spec.parameters[0].max),
+            (Some(0.0), Some(1.0))
+        );
+        assert_eq!(
+            (spec.parameters[1].min, spec.parameters[1].max),
+            (Some(-3.0), Some(0.0))
+        );
+        assert_eq!(spec.metrics[0].safety_threshold, Some(0.0));
     }
 
     #[test]
