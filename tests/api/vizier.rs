@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 
 on_both_backends!(
     every_method_answers_as_vertex_does,
+    racing_creates_of_one_name_leave_one_study,
     bad_input_is_refused_naming_the_field,
     a_vizier_study_keeps_augurs_cap_and_budget,
     each_role_may_call_what_the_access_table_declares,
@@ -722,4 +723,54 @@ async fn each_role_may_call_what_the_access_table_declares(backend: &str) {
     assert_eq!(done.status, StatusCode::OK, "{}", done.body);
     let deleted = vz(&app, owner, Method::DELETE, &study, None).await;
     assert_eq!(deleted.status, StatusCode::OK, "{}", deleted.body);
+}
+
+/// Workers starting together each create the study (the SDK's `create_or_load`): each one is
+/// answered with a study or 409, and racers past the name check take their own study back.
+async fn racing_creates_of_one_name_leave_one_study(backend: &str) {
+    let app = common::spawn_app(common::db(backend).await).await;
+    let body = json!({"displayName": "raced", "studySpec": spec()});
+    let path = format!("{PARENT}/studies");
+    let answers = futures::future::join_all(
+        (0..6).map(|_| vz(&app, None, Method::POST, &path, Some(body.clone()))),
+    )
+    .await;
+    let created: Vec<&Value> = answers
+        .iter()
+        .filter(|r| r.status == StatusCode::OK)
+        .map(|r| &r.body["name"])
+        .collect();
+    for r in &answers {
+        assert!(
+            r.status == StatusCode::OK || r.body["error"]["status"] == "ALREADY_EXISTS",
+            "{} {}",
+            r.status,
+            r.body
+        );
+    }
+    let listed = vz(&app, None, Method::GET, &path, None).await;
+    let left: Vec<&Value> = listed.body["studies"]
+        .as_array()
+        .expect("studies")
+        .iter()
+        .map(|s| &s["name"])
+        .collect();
+    assert!(!left.is_empty(), "{}", listed.body);
+    // Every study left was answered to someone; none answered is gone unless it lost.
+    assert!(
+        left.iter().all(|n| created.contains(n)),
+        "{left:?} vs {created:?}"
+    );
+    let found = vz(
+        &app,
+        None,
+        Method::POST,
+        &format!("{path}:lookup"),
+        Some(json!({"displayName": "raced"})),
+    )
+    .await;
+    assert_eq!(
+        &found.body["name"], left[0],
+        "the oldest is the one looked up"
+    );
 }

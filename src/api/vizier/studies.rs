@@ -57,6 +57,17 @@ pub async fn create_study(
         }
         return Err(e.into());
     }
+    // Creates of one name that raced past the check above: the oldest study wins, and the
+    // others, empty still, are taken back (each racer sees the oldest once it is named).
+    if let Some(first) = find_by_display_name(&state.service, &place, &display_name).await?
+        && first.id != study.id
+    {
+        state.service.delete_study(&actor, study.id).await?;
+        return Err(VizierError::AlreadyExists(format!(
+            "a study named {display_name:?} exists already: {}",
+            convert::study_name(&place, first.id)
+        )));
+    }
     let study = state.service.get_study(study.id).await?;
     Ok(Json(convert::study_to_vizier(&study, &place, call.enc)))
 }
