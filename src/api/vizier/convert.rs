@@ -430,8 +430,9 @@ mod tests {
         let names = spec_to_vizier(&spec, Encoding { int_enums: false });
         assert_eq!(names["metrics"][0]["goal"], "MAXIMIZE");
         assert_eq!(names["algorithm"], "RANDOM_SEARCH");
-        // Read back, the written spec is the same spec.
+        // Read back, either way, the written spec is the same spec.
         assert_eq!(spec_from_vizier("probe", &ints).expect("again"), spec);
+        assert_eq!(spec_from_vizier("probe", &names).expect("by name"), spec);
     }
 
     #[test]
