@@ -45,6 +45,9 @@ AUGUR_DEPLOY_PROFILE=debug scripts/deploy-test.sh
 step "Python client against a live server (scripts/python-client-test.sh)"
 scripts/python-client-test.sh
 
+step "Vertex AI Vizier SDK against a live server (scripts/vizier-sdk-test.sh)"
+scripts/vizier-sdk-test.sh
+
 step "dashboard in headless Chromium (scripts/browser-test.sh)"
 # The debug binary `cargo test` already built: a release build would add ~10 minutes to CI.
 # Timings quoted in notes come from `scripts/browser-test.sh` run alone (release).

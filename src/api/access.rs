@@ -113,6 +113,23 @@ impl AccessRouter {
         self
     }
 
+    /// Add a route kept out of the OpenAPI document (another protocol's, `api::vizier`):
+    /// `methods` names each method `router` answers with who may call it.
+    pub fn undocumented(
+        mut self,
+        path: &str,
+        methods: &[(Method, Access)],
+        router: axum::routing::MethodRouter<AppState>,
+    ) -> Self {
+        for (method, access) in methods {
+            self.table
+                .routes
+                .insert((method.to_string(), path.to_string()), *access);
+        }
+        self.router = self.router.route(path, router);
+        self
+    }
+
     pub fn merge(mut self, other: AccessRouter) -> Self {
         self.router = self.router.merge(other.router);
         self.table.merge(other.table);

@@ -15,6 +15,7 @@ pub mod rate_limit;
 mod studies;
 mod tokens;
 mod trials;
+pub mod vizier;
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -146,6 +147,7 @@ pub fn routes() -> AccessRouter {
         .merge(health::router())
         .merge(charts::router())
         .merge(tokens::router())
+        .merge(vizier::router())
 }
 
 /// The Prometheus recorder is process-wide; every app in the process shares it.
@@ -190,6 +192,8 @@ pub fn serve_layers(router: Router<AppState>, state: AppState, body_limit: usize
             axum::http::StatusCode::GATEWAY_TIMEOUT,
             Duration::from_secs(60),
         ))
+        // Vizier's paths answer errors in Vertex's body, whichever layer refused them.
+        .layer(middleware::from_fn(vizier::vertex_error_bodies))
         // Outermost: every answer of a TLS server, refusals and timeouts too.
         .layer(middleware::from_fn_with_state(
             state.clone(),

@@ -6,7 +6,7 @@ use augur_optimizer::{Decision, Policy, StudyView};
 
 use super::state_machine::Command;
 use super::{Caller, Service, ServiceError, ServiceResult, design, stored_config};
-use crate::model::TrialState;
+use crate::model::{Trial, TrialState};
 
 /// Completed trials whose curves the early-stopping rule compares a running trial with: the
 /// latest ones, so the rule's cost stays bounded however large the study.
@@ -28,6 +28,23 @@ impl Service {
                 .await;
         }
         Ok(stopped)
+    }
+
+    /// Stop a running trial because a client asked (Vizier's StopTrial), whatever the rule
+    /// says: active → stopping; its worker completes it. A report: see `check_reporter`.
+    pub async fn stop_trial(
+        &self,
+        actor: &Caller,
+        study_id: i64,
+        trial_id: i64,
+    ) -> ServiceResult<Trial> {
+        self.check_reporter(actor, study_id, Some(trial_id)).await?;
+        let trial = self
+            .change_trial(study_id, Command::MarkStopping { trial_id })
+            .await?;
+        self.audit_trial(actor, "trial.stop", study_id, trial_id, None)
+            .await;
+        Ok(trial)
     }
 
     /// Whether the study's early-stopping rule says this trial should stop; if so an active

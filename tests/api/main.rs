@@ -36,3 +36,4 @@ mod tokens;
 mod trials;
 mod untrusted_text;
 mod upgrade;
+mod vizier;

@@ -55,6 +55,11 @@ async fn every_spec_operation_is_routed_and_every_route_is_in_the_spec() {
     let api_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/api");
     for entry in std::fs::read_dir(api_dir).expect("src/api") {
         let path = entry.expect("entry").path();
+        // `vizier/` is another protocol's API, kept out of Augur's spec on purpose; its routes
+        // still declare their access (`AccessRouter::undocumented`, tests/api/vizier.rs).
+        if path.is_dir() {
+            continue;
+        }
         let text = std::fs::read_to_string(&path).expect("source");
         assert!(
             !text.contains(".route(\"") && !text.contains(".nest("),
