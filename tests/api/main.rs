@@ -21,6 +21,7 @@ mod job_policy;
 mod limits;
 mod login;
 mod multi_fidelity;
+mod multi_node;
 mod openapi;
 mod outage;
 mod ownership;
