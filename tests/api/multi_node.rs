@@ -36,7 +36,8 @@ struct Deployment {
 
 impl Deployment {
     async fn start() -> Deployment {
-        let cluster = TestCluster::up(4);
+        // node5: a worker host (the workers' test).
+        let cluster = TestCluster::up(5);
         let pg = NodePostgres::start(&cluster, "node3", PG_PORT);
         let node3 = cluster.runtime("node3", 1);
         let pg_addr = cluster.addr("node3");
@@ -999,4 +1000,132 @@ async fn slow_lossy_links_break_no_invariant() {
         "relays: {connections} connections, {dropped} dropped"
     )];
     report(scenario.title, &run.ops, &[run.fault], &run.checks, &extra);
+}
+
+/// `augur worker` on node5 and node4, reaching the replica on node1 by its host name with a
+/// token. node5 cut from both replicas while it runs a trial: the trial goes back after its
+/// lease (5 s) to the worker on node4, which completes it; once healed, node5's late
+/// completion is refused, and every trial is completed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_workers_trial_is_requeued_after_its_lease_and_completed_once() {
+    const TRIALS: i64 = 6;
+    let deployment = Deployment::start().await;
+    let cluster = &deployment.cluster;
+    let mut spec = common::x_spec("workers", ("accuracy", "maximize"), TRIALS, 2, 7);
+    spec["trial_lease_secs"] = json!(5);
+    let base = deployment.bases[0].clone();
+    let study: i64 = deployment
+        .clients
+        .run(async move {
+            let created = common::call(
+                &common::http(),
+                &base,
+                Some(ADMIN),
+                reqwest::Method::POST,
+                "/v1/studies",
+                Some(spec),
+            )
+            .await;
+            assert_eq!(created.status, 201, "{}", created.body);
+            created.body["id"].as_i64().expect("study id")
+        })
+        .await;
+    let work = cluster.dir.join("workers");
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("workers' directory");
+    // By name: node5's /etc/hosts (the cluster's) says where node1 is.
+    let url = format!("http://node1:{RELAYED_SERVE_PORT}");
+    let worker = |node: &str, accuracy: f64, seconds: f64| {
+        let script = work.join(format!("{node}.sh"));
+        std::fs::write(
+            &script,
+            format!("sleep {seconds}\necho accuracy={accuracy}\n"),
+        )
+        .expect("script");
+        let child = cluster
+            .command(node, common::augur_bin())
+            .args(["worker", "--url", &url, "--study", &study.to_string()])
+            .args(["--slots", "1", "--client-id", node, "--output-dir"])
+            .arg(work.join(node))
+            .args(["--", "/bin/sh"])
+            .arg(&script)
+            .env("AUGUR_TOKEN", ADMIN)
+            .env("AUGUR_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("augur worker");
+        KillOnDrop(child)
+    };
+    let trials_now = || deployment.final_trials(study);
+    let cut_worker = worker("node5", 0.1, 4.0);
+    // Cut once node5 holds a trial.
+    let held = common::eventually("node5 holds a trial", Duration::from_secs(30), || async {
+        let trials = trials_now().await;
+        trials
+            .iter()
+            .find(|t| t["state"] == "active" && t["client_id"] == "node5/0")
+            .and_then(|t| t["id"].as_i64())
+            .ok_or(format!("{trials:?}"))
+    })
+    .await;
+    let cut_at = Instant::now();
+    cluster.cut("node5", "node1");
+    cluster.cut("node5", "node2");
+    let other_worker = worker("node4", 0.2, 0.5);
+    let requeued = common::eventually(
+        "node5's trial completed by node4",
+        Duration::from_secs(30),
+        || async {
+            let trials = trials_now().await;
+            let trial = trials.iter().find(|t| t["id"] == held).cloned();
+            match trial {
+                Some(t) if t["state"] == "completed" => Ok(t),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    let requeued_after = cut_at.elapsed();
+    cluster.heal("node5", "node1");
+    cluster.heal("node5", "node2");
+    let logs = |w: KillOnDrop| async move {
+        let node = w;
+        let out = tokio::time::timeout(
+            Duration::from_secs(150),
+            tokio::task::spawn_blocking(move || {
+                let mut node = node;
+                let mut log = String::new();
+                if let Some(mut stderr) = node.0.stderr.take() {
+                    use std::io::Read;
+                    let _ = stderr.read_to_string(&mut log);
+                }
+                (node.0.wait().expect("worker"), log)
+            }),
+        )
+        .await
+        .expect("the worker ends")
+        .expect("join");
+        out
+    };
+    let (other_status, other_log) = logs(other_worker).await;
+    let (cut_status, cut_log) = logs(cut_worker).await;
+    let trials = trials_now().await;
+    let completed = trials.iter().filter(|t| t["state"] == "completed").count() as i64;
+    println!(
+        "\n== multi-node: a worker cut from the server ==\nnode5 held trial {held}; cut; \
+         it was completed by node4 {:.1} s after the cut (lease 5 s) with accuracy {}; \
+         {completed} of {TRIALS} completed\n-- node5's worker:\n{cut_log}-- node4's worker:\n{other_log}",
+        requeued_after.as_secs_f64(),
+        requeued["final_measurement"]["metrics"]["accuracy"]
+    );
+    assert!(other_status.success() && cut_status.success());
+    assert_eq!(requeued["client_id"], "node4/0", "{requeued}");
+    assert_eq!(requeued["final_measurement"]["metrics"]["accuracy"], 0.2);
+    assert!(
+        requeued_after >= Duration::from_secs(5),
+        "requeued before its lease"
+    );
+    assert_eq!(completed, TRIALS, "{trials:?}");
+    assert_eq!(trials.len() as i64, TRIALS);
 }
