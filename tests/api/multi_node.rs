@@ -1089,24 +1089,22 @@ async fn a_cut_workers_trial_is_requeued_after_its_lease_and_completed_once() {
     let requeued_after = cut_at.elapsed();
     cluster.heal("node5", "node1");
     cluster.heal("node5", "node2");
-    let logs = |w: KillOnDrop| async move {
-        let node = w;
-        let out = tokio::time::timeout(
+    // Each worker's exit status and log, once it ends by itself.
+    let logs = |mut worker: KillOnDrop| async move {
+        tokio::time::timeout(
             Duration::from_secs(150),
             tokio::task::spawn_blocking(move || {
-                let mut node = node;
                 let mut log = String::new();
-                if let Some(mut stderr) = node.0.stderr.take() {
+                if let Some(mut stderr) = worker.0.stderr.take() {
                     use std::io::Read;
                     let _ = stderr.read_to_string(&mut log);
                 }
-                (node.0.wait().expect("worker"), log)
+                (worker.0.wait().expect("worker"), log)
             }),
         )
         .await
         .expect("the worker ends")
-        .expect("join");
-        out
+        .expect("join")
     };
     let (other_status, other_log) = logs(other_worker).await;
     let (cut_status, cut_log) = logs(cut_worker).await;
