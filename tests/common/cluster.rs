@@ -73,6 +73,14 @@ impl TestCluster {
         self.script(&["heal", a, b]);
     }
 
+    /// slurmctld on `controller` and a slurmd on each of `nodes`, every node idle: the
+    /// `slurm.conf` to give as `SLURM_CONF`.
+    pub fn slurm(&self, controller: &str, nodes: &[&str]) -> PathBuf {
+        let mut args = vec!["slurm", controller];
+        args.extend_from_slice(nodes);
+        PathBuf::from(self.script(&args))
+    }
+
     /// A log file for what runs on the cluster (kept after the test, for a failure's reader).
     pub fn log(&self, name: &str) -> File {
         File::create(self.dir.join("logs").join(name)).expect("log file")

@@ -18,5 +18,6 @@ mod kubernetes;
 mod multi_fidelity;
 mod run_as;
 mod slurm;
+mod slurm_nodes;
 mod tensorflow;
 mod worker;
