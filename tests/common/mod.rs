@@ -1,7 +1,8 @@
 //! Shared test helpers, one file per concern: real databases (`db`), the server in this
 //! process (`app`) and the JSON client to any server (`client`), real `augur` and other
 //! child processes (`processes`), study specs (`specs`), trial jobs (`jobs`), waiting
-//! (`wait`), a TCP relay that makes faults (`relay`) and hosts of network namespaces (`cluster`). Tests name every helper as `common::X`, re-exported here.
+//! (`wait`), a TCP relay that makes faults (`relay`), hosts of network namespaces
+//! (`cluster`). Tests name every helper as `common::X`, re-exported here.
 #![allow(
     dead_code,
     unused_macros,
