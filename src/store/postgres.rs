@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use sqlx::{FromRow, Row};
 
@@ -32,25 +32,34 @@ const COMMIT_CONNECTIONS: u32 = 8;
 const ANSWER_CONNECTIONS: u32 = 4;
 /// How long a request waits for a connection before it is answered 503.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+/// PostgreSQL ends a session that leaves its transaction idle this long. A replica cut from
+/// the database mid-transaction goes silent, and its study's row lock would otherwise stay
+/// held until TCP gave up (minutes; 27 s after a 20 s cut in `multi_node.rs`), stalling the
+/// study on every replica; our transactions never wait on their client for seconds.
+const IDLE_IN_TRANSACTION_TIMEOUT: &str = "5s";
 
 impl PostgresStore {
     pub async fn connect(url: &str) -> Result<Self, super::StoreError> {
+        let options: PgConnectOptions = url.parse::<PgConnectOptions>()?.options([(
+            "idle_in_transaction_session_timeout",
+            IDLE_IN_TRANSACTION_TIMEOUT,
+        )]);
         let pool = PgPoolOptions::new()
             .max_connections(READ_CONNECTIONS)
             .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect(url)
+            .connect_with(options.clone())
             .await?;
         // Migrations take an advisory lock, so replicas starting together apply them once.
         sqlx::migrate!("migrations/postgres").run(&pool).await?;
         let commits = PgPoolOptions::new()
             .max_connections(COMMIT_CONNECTIONS)
             .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect(url)
+            .connect_with(options.clone())
             .await?;
         let answers = PgPoolOptions::new()
             .max_connections(ANSWER_CONNECTIONS)
             .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect_lazy(url)?;
+            .connect_lazy_with(options);
         Ok(Self {
             pool,
             commits,

@@ -1,8 +1,8 @@
 //! The service, black-box: the HTTP API against a real server on port 0 (in this process, or
 //! real `augur serve` processes), each case on a real SQLite file and a real PostgreSQL
 //! database; the store's conformance suite on both backends; the OpenAPI snapshot; the cap
-//! under concurrency; durability across SIGKILLs; the GP through the service. One test binary
-//! (one link of the crate) for all of them.
+//! under concurrency; durability across SIGKILLs and faults between hosts; the GP through the
+//! service. One test binary (one link of the crate) for all of them.
 
 #[macro_use]
 #[path = "../common/mod.rs"]
@@ -21,6 +21,7 @@ mod job_policy;
 mod limits;
 mod login;
 mod multi_fidelity;
+mod multi_node;
 mod openapi;
 mod outage;
 mod ownership;

@@ -9,7 +9,7 @@
 //! The PostgreSQL is a throwaway cluster of the test's own (initdb in a temp dir, a port of
 //! its own), so restarting it disturbs nobody else's tests on the shared server.
 
-use crate::common;
+use crate::common::{self, Relay};
 use crate::support::{worker_command, worker_log};
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -932,45 +932,4 @@ async fn eventually_count(url: &str, sql: String, want: i64) {
         }
     })
     .await;
-}
-
-/// A TCP relay to PostgreSQL whose open connections the test can cut (each side sees its
-/// socket closed, with no error message from the server).
-struct Relay {
-    port: u16,
-    open: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
-}
-
-impl Relay {
-    async fn start(upstream: String) -> Relay {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        let open = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let connections = open.clone();
-        tokio::spawn(async move {
-            while let Ok((mut client, _)) = listener.accept().await {
-                let upstream = upstream.clone();
-                let task = tokio::spawn(async move {
-                    if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                    }
-                });
-                if let Ok(mut open) = connections.lock() {
-                    open.push(task.abort_handle());
-                }
-            }
-        });
-        Relay { port, open }
-    }
-
-    /// Close every connection open now (new ones are still relayed).
-    fn cut(&self) {
-        if let Ok(mut open) = self.open.lock() {
-            for task in open.drain(..) {
-                task.abort();
-            }
-        }
-    }
 }

@@ -1,7 +1,8 @@
 //! Shared test helpers, one file per concern: real databases (`db`), the server in this
 //! process (`app`) and the JSON client to any server (`client`), real `augur` and other
-//! child processes (`processes`), study specs (`specs`), trial jobs (`jobs`), and waiting
-//! (`wait`). Tests name every helper as `common::X`, re-exported here.
+//! child processes (`processes`), study specs (`specs`), trial jobs (`jobs`), waiting
+//! (`wait`), a TCP relay that makes faults (`relay`), hosts of network namespaces
+//! (`cluster`). Tests name every helper as `common::X`, re-exported here.
 #![allow(
     dead_code,
     unused_macros,
@@ -13,8 +14,10 @@
 mod db;
 mod app;
 mod client;
+mod cluster;
 mod jobs;
 mod processes;
+mod relay;
 mod specs;
 mod wait;
 
@@ -25,6 +28,7 @@ mod wait;
 pub use self::{
     app::{TestApp, spawn_app, spawn_app_configured, spawn_app_with},
     client::{Response, call, get_body, http, http_builder, metric_sample},
+    cluster::{NodePostgres, NodeRuntime, TestCluster},
     db::{
         TestDb, admin_sql_from_drop, db, postgres_admin_url, postgres_db, settled_pg_counter,
         sqlite_db,
@@ -37,6 +41,7 @@ pub use self::{
         KillOnDrop, ServerProcess, alive, alive_in_group, augur_bin, free_port, pids, proc_stat,
         processes_with,
     },
+    relay::{LinkFaults, Relay},
     specs::{spec, x_spec},
     wait::{eventually, until_replicas_live},
 };

@@ -1,7 +1,7 @@
 //! Trials run as jobs, end to end with real processes: the dispatcher with the local
-//! executor and a real one-node Slurm, the kubernetes executor against an in-process
-//! stand-in for the API server, `augur worker` pulling trials, and the `augur`
-//! binary as users run it (`study`, `run`, `token`). One test binary for all of them.
+//! executor and a real Slurm (one node, and three of a test cluster), the kubernetes
+//! executor against an in-process stand-in for the API server, `augur worker` pulling
+//! trials, and the `augur` binary as users run it (`study`, `run`, `token`). One test binary.
 
 #[macro_use]
 #[path = "../common/mod.rs"]
@@ -18,5 +18,6 @@ mod kubernetes;
 mod multi_fidelity;
 mod run_as;
 mod slurm;
+mod slurm_nodes;
 mod tensorflow;
 mod worker;
