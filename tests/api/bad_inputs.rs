@@ -277,6 +277,38 @@ async fn bad_study_specs_name_their_field_and_create_nothing(backend: &str) {
             StatusCode::BAD_REQUEST,
             "trial_job.kubernetes.output_volume",
         ),
+        // An executor's options given to another: refused as the spec is read, at the job
+        // (the message names the option).
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(
+                json!({"trial_job": {"executor": "local", "command": ["train"],
+                                           "slurm": {"partition": "gpu"}}}),
+            )),
+            StatusCode::BAD_REQUEST,
+            "trial_job",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(
+                json!({"trial_job": {"executor": "slurm", "command": ["train"],
+                                           "kubernetes": {"namespace": "ml"}}}),
+            )),
+            StatusCode::BAD_REQUEST,
+            "trial_job",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(
+                json!({"trial_job": {"executor": "local", "command": ["train"],
+                                           "image": "trainer:1"}}),
+            )),
+            StatusCode::BAD_REQUEST,
+            "trial_job",
+        ),
         (
             Method::POST,
             "/v1/studies".into(),

@@ -106,7 +106,7 @@ pub fn study_state(state: StudyState, enc: Encoding) -> Json {
     enc.enum_value(name, number)
 }
 
-fn time(t: DateTime<Utc>) -> String {
+pub fn time(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
@@ -239,22 +239,27 @@ pub struct Place<'a> {
 pub const PROJECT_ATTR: &str = "vertex.project";
 pub const LOCATION_ATTR: &str = "vertex.location";
 
+/// Where a study was created through Vizier, as its user attributes keep it.
+fn kept_place(study: &Study) -> Option<Place<'_>> {
+    let attr = |key: &str| study.annotations.user_attrs.get(key).and_then(Json::as_str);
+    Some(Place {
+        project: attr(PROJECT_ATTR)?,
+        location: attr(LOCATION_ATTR)?,
+    })
+}
+
 /// Where a study lives: as kept, else where it was asked for.
 pub fn study_place<'a>(study: &'a Study, asked: &Place<'a>) -> Place<'a> {
-    let attr = |key: &str| study.annotations.user_attrs.get(key).and_then(Json::as_str);
-    match (attr(PROJECT_ATTR), attr(LOCATION_ATTR)) {
-        (Some(project), Some(location)) => Place { project, location },
-        _ => Place {
-            project: asked.project,
-            location: asked.location,
-        },
-    }
+    kept_place(study).unwrap_or(Place {
+        project: asked.project,
+        location: asked.location,
+    })
 }
 
 /// Whether a study was created through Vizier at this place.
 pub fn is_at(study: &Study, place: &Place<'_>) -> bool {
-    let attr = |key: &str| study.annotations.user_attrs.get(key).and_then(Json::as_str);
-    attr(PROJECT_ATTR) == Some(place.project) && attr(LOCATION_ATTR) == Some(place.location)
+    kept_place(study)
+        .is_some_and(|kept| kept.project == place.project && kept.location == place.location)
 }
 
 pub fn study_name(place: &Place<'_>, id: i64) -> String {
@@ -282,14 +287,6 @@ pub fn study_to_vizier(study: &Study, asked: &Place<'_>, enc: Encoding) -> Json 
     out
 }
 
-fn value_to_vizier(v: &Value) -> Json {
-    match v {
-        Value::Int(i) => json!(i),
-        Value::Float(f) => json!(f),
-        Value::Str(s) => json!(s),
-    }
-}
-
 fn measurement_to_vizier(m: &Measurement) -> Json {
     let mut out = json!({
         "stepCount": m.step.to_string(),
@@ -311,7 +308,7 @@ pub fn trial_to_vizier(trial: &Trial, study_name: &str, enc: Encoding) -> Json {
         "id": trial.id.to_string(),
         "state": enc.enum_value(name, number),
         "parameters": trial.parameters.iter()
-            .map(|(id, v)| json!({"parameterId": id, "value": value_to_vizier(v)}))
+            .map(|(id, v)| json!({"parameterId": id, "value": v}))
             .collect::<Vec<_>>(),
         "measurements": trial.measurements.iter().map(measurement_to_vizier).collect::<Vec<_>>(),
         "startTime": time(trial.started_at.unwrap_or(trial.created_at)),

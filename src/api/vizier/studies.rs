@@ -35,10 +35,7 @@ pub async fn create_study(
     let spec = convert::spec_from_vizier(&display_name, &study_spec)?;
     let place = call.place();
     if let Some(existing) = find_by_display_name(&state.service, &place, &display_name).await? {
-        return Err(VizierError::AlreadyExists(format!(
-            "a study named {display_name:?} exists already: {}",
-            convert::study_name(&place, existing.id)
-        )));
+        return Err(name_taken(&place, &display_name, existing.id));
     }
     let study = state.service.create_study(&actor, spec).await?;
     let attrs = BTreeMap::from([
@@ -63,13 +60,18 @@ pub async fn create_study(
         && first.id != study.id
     {
         state.service.delete_study(&actor, study.id).await?;
-        return Err(VizierError::AlreadyExists(format!(
-            "a study named {display_name:?} exists already: {}",
-            convert::study_name(&place, first.id)
-        )));
+        return Err(name_taken(&place, &display_name, first.id));
     }
     let study = state.service.get_study(study.id).await?;
     Ok(Json(convert::study_to_vizier(&study, &place, call.enc)))
+}
+
+/// 409 `ALREADY_EXISTS`, naming the study that holds the display name.
+fn name_taken(place: &Place<'_>, display_name: &str, holder: i64) -> VizierError {
+    VizierError::AlreadyExists(format!(
+        "a study named {display_name:?} exists already: {}",
+        convert::study_name(place, holder)
+    ))
 }
 
 pub async fn get_study(State(state): State<AppState>, call: Call) -> VizierResult<Json<Value>> {

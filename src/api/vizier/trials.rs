@@ -66,16 +66,14 @@ fn suggest_response(
     started: chrono::DateTime<chrono::Utc>,
 ) -> Value {
     let study_name = call.study_name(study);
-    let time =
-        |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     json!({
         "@type": call.type_url("SuggestTrialsResponse"),
         "trials": trials.iter()
             .map(|t| convert::trial_to_vizier(t, &study_name, call.enc))
             .collect::<Vec<_>>(),
         "studyState": convert::study_state(study_state, call.enc),
-        "startTime": time(started),
-        "endTime": time(chrono::Utc::now()),
+        "startTime": convert::time(started),
+        "endTime": convert::time(chrono::Utc::now()),
     })
 }
 
