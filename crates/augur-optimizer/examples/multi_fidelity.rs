@@ -243,6 +243,7 @@ impl<'p> Simulation<'p> {
                         excluded: false,
                         budget,
                         measurements: Vec::new(),
+                        copying_from: None,
                     });
                     self.checkpoints.push(Checkpoint::default());
                     self.start(number, budget);
@@ -257,6 +258,7 @@ impl<'p> Simulation<'p> {
                     assert_eq!(t.status, TrialStatus::Paused, "only paused trials stop");
                     t.status = finished(t);
                 }
+                Decision::Exploit { .. } => panic!("ASHA and Hyperband never exploit"),
             }
         }
     }
@@ -559,6 +561,7 @@ fn decide_overhead(calls: usize, gp_calls: usize) -> (Vec<f64>, Vec<f64>, Vec<f6
                 metrics: BTreeMap::from([(METRIC.to_string(), curves.loss(&points[i], step))]),
             })
             .collect(),
+        copying_from: None,
     };
     let mut trials: Vec<TrialView> = (0..ended)
         .map(|i| {

@@ -180,6 +180,7 @@ impl<'a> Recorder<'a> {
             excluded: false,
             budget: None,
             measurements: Vec::new(),
+            copying_from: None,
         });
         let trials: Vec<TrialView> = self.finished.iter().cloned().chain(running).collect();
         let study = StudyView {
@@ -219,6 +220,7 @@ impl<'a> Recorder<'a> {
             excluded: false,
             budget: None,
             measurements: Vec::new(),
+            copying_from: None,
         });
     }
 }

@@ -44,6 +44,9 @@ pub struct TrialView {
     /// Intermediate measurements, ascending by step. Empty unless the policy reads curves
     /// ([`Policy::reads_curves`]).
     pub measurements: Vec<StepMeasurement>,
+    /// PBT: the trial whose checkpoint this one copies before its next attempt, while the
+    /// copy is not done (that trial must not train on meanwhile).
+    pub copying_from: Option<u64>,
 }
 
 impl TrialView {
@@ -68,6 +71,14 @@ pub enum Decision {
     Resume { trial: u64, budget: f64 },
     /// End a running or paused trial with what it measured so far.
     Stop { trial: u64 },
+    /// PBT's exploit and explore: a paused trial copies `parent`'s checkpoint into its own,
+    /// takes new values (`parameters`, perturbed from the parent's) and runs on at `budget`.
+    Exploit {
+        trial: u64,
+        parent: u64,
+        parameters: Assignment,
+        budget: f64,
+    },
 }
 
 /// Everything a policy may look at: the study and all its trials. The service builds it in
@@ -249,6 +260,7 @@ mod tests {
             excluded: false,
             budget: None,
             measurements: vec![],
+            copying_from: None,
         }
     }
 

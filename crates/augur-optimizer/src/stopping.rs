@@ -361,6 +361,7 @@ mod tests {
                     metrics: BTreeMap::from([("acc".to_string(), 0.9), ("loss".to_string(), loss)]),
                 })
                 .collect(),
+            copying_from: None,
         };
         let finished = || TrialStatus::Finished(Outcome::Infeasible);
         let mut trials: Vec<TrialView> = (1..=5).map(|n| view(n, 0.1, finished())).collect();

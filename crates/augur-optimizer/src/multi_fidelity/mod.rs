@@ -1,10 +1,12 @@
 //! Multi-fidelity scheduling: trials run at small budgets (epochs) first and the best are
 //! promoted to larger ones. [`Fidelity`] is the ladder of budgets (rungs); [`asha`] the
-//! asynchronous successive-halving policy, [`hyperband`] brackets of synchronous halving. A trial's value at a rung is the metric measured
+//! asynchronous successive-halving policy, [`hyperband`] brackets of synchronous halving,
+//! [`pbt`] population-based training (segments, exploit and explore). A trial's value at a rung is the metric measured
 //! at that rung's step (budget units), or the latest one before it.
 
 pub mod asha;
 pub mod hyperband;
+pub mod pbt;
 
 use serde::{Deserialize, Serialize};
 
@@ -13,6 +15,7 @@ use crate::designer::{Goal, MetricSpec};
 
 pub use asha::Asha;
 pub use hyperband::Hyperband;
+pub use pbt::{Pbt, PbtSettings};
 
 /// The budget range of a multi-fidelity study (`fidelity: {min: 1, max: 27,
 /// reduction_factor: 3}`): rungs `min·η^k` below `max`, then `max`.

@@ -138,6 +138,7 @@ impl Simulation {
                         excluded: false,
                         budget: None,
                         measurements: vec![],
+                        copying_from: None,
                     });
                     let budget = budget.expect("a new ASHA trial has a budget");
                     self.start(self.trials.len() as u64, budget);
@@ -151,6 +152,7 @@ impl Simulation {
                     assert_eq!(t.status, TrialStatus::Paused, "only paused trials stop");
                     t.status = finished(t);
                 }
+                Decision::Exploit { .. } => panic!("ASHA never exploits"),
             }
         }
     }
@@ -353,6 +355,7 @@ fn a_model_learns_from_the_highest_rung_with_enough_results() {
             excluded: false,
             budget: Some(budget),
             measurements,
+            copying_from: None,
         }
     };
     // Six trials ended rung 0; four of them went on and ended rung 1 (3 epochs); one of

@@ -89,6 +89,7 @@ fn run(max_trials: u64, workers: usize, seed: u64) -> Vec<TrialView> {
                         excluded: false,
                         budget: None,
                         measurements: vec![],
+                        copying_from: None,
                     });
                     (trials.len() as u64, budget.expect("a budget"))
                 }
@@ -99,6 +100,7 @@ fn run(max_trials: u64, workers: usize, seed: u64) -> Vec<TrialView> {
                     t.status = TrialStatus::Finished(Outcome::Infeasible);
                     continue;
                 }
+                Decision::Exploit { .. } => panic!("Hyperband never exploits"),
             };
             assert!(rungs.contains(&budget), "{budget} is no rung");
             let t = &mut trials[number as usize - 1];
