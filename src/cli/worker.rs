@@ -23,6 +23,7 @@ use crate::dispatch::{DispatchError, DispatchResult};
 use crate::model::{
     ExecutorSpec, Measurement, OutputLayout, Study, StudyDir, StudyKey, TrialJobSpec,
 };
+use crate::service::DispatchedTrial;
 
 pub struct WorkerOptions {
     pub study_id: i64,
@@ -242,15 +243,14 @@ async fn run_slot(
         // A multi-fidelity trial's budget: a promotion resumes the same trial, in the same
         // directories, at a larger one.
         let budget = trial["budget"].as_f64();
-        let end = run_trial(
-            setup.clone(),
-            trial_id,
+        let run = DispatchedTrial {
+            id: trial_id,
             parameters,
+            attempts: 0,
             budget,
-            None,
-            interrupt.clone(),
-        )
-        .await;
+            copy_from: trial["lineage"]["copying_from"].as_i64(),
+        };
+        let end = run_trial(setup.clone(), run, None, interrupt.clone()).await;
         beat.abort();
         reporter.release(trial_id);
         eprintln!("trial {trial_id}: {end:?}");
@@ -431,6 +431,13 @@ impl TrialReporter for HttpReporter {
         // worker's token, which may do whatever the worker may, never reaches the trial.
         let token = self.trial_token(trial_id).await?;
         Ok(Some(AttemptStart { number, token }))
+    }
+
+    async fn checkpoint_copied(&self, trial_id: i64) -> DispatchResult<()> {
+        Err(DispatchError::Remote(format!(
+            "trial {trial_id} must copy another trial's checkpoint (PBT): only the server's \
+             own dispatcher runs PBT studies, augur worker does not"
+        )))
     }
 
     async fn refund_attempt(&self, trial_id: i64) -> DispatchResult<()> {

@@ -7,6 +7,7 @@
 //! Everything it knows of studies it asks the service.
 
 mod attempt;
+mod checkpoint;
 pub mod cluster;
 pub mod collect;
 pub mod container;

@@ -69,6 +69,8 @@ pub trait TrialReporter: Send + Sync {
     /// Give back a launch that this side ended itself (shutdown, or a leftover job killed
     /// after a restart): it says nothing about the trial.
     async fn refund_attempt(&self, trial_id: i64) -> DispatchResult<()>;
+    /// PBT: the checkpoint the trial was to copy is copied (its parent may train on).
+    async fn checkpoint_copied(&self, trial_id: i64) -> DispatchResult<()>;
 }
 
 /// Reports a dispatched trial's outcome straight to the service.
@@ -150,6 +152,13 @@ impl TrialReporter for ServiceReporter {
     async fn refund_attempt(&self, trial_id: i64) -> DispatchResult<()> {
         Ok(patiently("refund", || {
             self.service.refund_attempt(self.study_id, trial_id)
+        })
+        .await?)
+    }
+
+    async fn checkpoint_copied(&self, trial_id: i64) -> DispatchResult<()> {
+        Ok(patiently("checkpoint copied", || {
+            self.service.checkpoint_copied(self.study_id, trial_id)
         })
         .await?)
     }

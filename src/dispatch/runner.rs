@@ -251,16 +251,8 @@ impl StudyRunner {
         }
         let (setup, interrupt) = (setup.clone(), self.interrupt_trials.subscribe());
         self.tasks.spawn(async move {
-            let end = run_trial(
-                setup,
-                trial.id,
-                trial.parameters,
-                trial.budget,
-                first,
-                interrupt,
-            )
-            .await;
-            (trial.id, end)
+            let id = trial.id;
+            (id, run_trial(setup, trial, first, interrupt).await)
         });
     }
 

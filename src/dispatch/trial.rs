@@ -12,6 +12,7 @@ use regex::Regex;
 use tokio::sync::watch;
 
 use super::attempt::{Attempt, run_attempt};
+use super::checkpoint;
 use super::cluster::ClusterLayout;
 use super::environment::{TrialIdentity, trial_env};
 use super::error::{DispatchError, DispatchResult};
@@ -21,6 +22,7 @@ use crate::model::job::DEFAULT_METRIC_REGEX;
 use crate::model::job::value_text;
 use crate::model::spec::FidelityConfig;
 use crate::model::{Measurement, StudyDir, TrialDirs, TrialJobSpec};
+use crate::service::DispatchedTrial;
 use crate::service::trial_files::{self, DirOwner, FileAccess};
 
 /// What stops a running trial from outside.
@@ -110,20 +112,25 @@ async fn read_handle(dirs: &TrialDirs) -> std::io::Result<String> {
     .map_err(std::io::Error::other)?
 }
 
-/// Run `trial_id` with `parameters` until it completes, fails for good, or is interrupted.
-/// `budget`: a multi-fidelity attempt's (`None`: the full budget). `first`: its first
-/// launch, when already counted (the study runner counts it with the suggestion).
+/// Run `trial` with its values until it completes, fails for good, or is interrupted: at its
+/// budget (a multi-fidelity attempt's; `None`: the full budget), after copying the
+/// checkpoint PBT gave it. `first`: its first launch, when already counted (the study
+/// runner counts it with the suggestion).
 pub async fn run_trial(
     setup: Arc<TrialSetup>,
-    trial_id: i64,
-    parameters: augur_optimizer::Assignment,
-    budget: Option<f64>,
+    trial: DispatchedTrial,
     mut first: Option<AttemptStart>,
     mut interrupt: watch::Receiver<Interrupt>,
 ) -> TrialEnd {
+    let DispatchedTrial {
+        id: trial_id,
+        mut parameters,
+        budget,
+        mut copy_from,
+        ..
+    } = trial;
     // The budget reaches the trainer as its argument (rendered like the values, and in the
     // params file) and as AUGUR_BUDGET.
-    let mut parameters = parameters;
     let budget = setup
         .fidelity
         .as_ref()
@@ -177,6 +184,17 @@ pub async fn run_trial(
                 .unwrap_or_else(|e| Err(DispatchError::Task(format!("directory task: {e}"))));
             if let Err(why) = made {
                 return give_up(&*reporter, trial_id, why.to_string()).await;
+            }
+        }
+        // PBT: the parent waits, paused, until the copy is reported made.
+        if let Some(parent) = copy_from.take() {
+            if let Err(e) = checkpoint::copy_from_parent(&setup.study_dir, parent, &dirs).await {
+                let why = format!("cannot copy trial {parent}'s checkpoint: {e}");
+                return give_up(&*reporter, trial_id, why).await;
+            }
+            if let Err(e) = reporter.checkpoint_copied(trial_id).await {
+                let why = format!("cannot record the checkpoint copied from trial {parent}: {e}");
+                return give_up(&*reporter, trial_id, why).await;
             }
         }
         let mut env = env.clone();

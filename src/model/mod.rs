@@ -26,7 +26,9 @@ pub use spec::{
     AlgorithmName, EarlyStoppingSpec, MeasurementSelection, MetricGoal, MetricSpecInput,
     ParameterInput, StudyConfig, StudySpec, StudyUpdate,
 };
-pub use trial::{Measurement, Study, StudyState, Trial, TrialCounts, TrialPoint, TrialState};
+pub use trial::{
+    Lineage, Measurement, Segment, Study, StudyState, Trial, TrialCounts, TrialPoint, TrialState,
+};
 pub use trial_dirs::{StudyDir, StudyKey, TrialDirs};
 
 /// A bad input, with the path of the offending field (`parameters[2].min`).

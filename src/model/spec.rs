@@ -79,9 +79,44 @@ pub struct StudySpec {
     /// How trials move between budgets: `asha` starts each at `fidelity.min` and promotes
     /// the best (the top 1/`reduction_factor` of each rung) to the next rung, resuming the
     /// same trial from its checkpoint; `hyperband` runs brackets of synchronous successive
-    /// halving that start at different rungs. Absent: every trial runs at the full budget.
+    /// halving that start at different rungs; `pbt` trains a population in segments, the
+    /// worst copying the checkpoints of the best (see `pbt`). Absent: every trial runs at
+    /// the full budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduler: Option<SchedulerName>,
+    /// Population-based training's settings, with `scheduler: pbt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pbt: Option<PbtSpec>,
+}
+
+/// Population-based training (`scheduler: pbt`): `population` trials train in segments of
+/// `perturbation_interval` budget units up to `fidelity.max`. When every member has ended a
+/// segment, each trial in the bottom `quantile_fraction` copies the checkpoint of one in the
+/// top quantile into its own checkpoint directory and goes on with that trial's values
+/// perturbed (each drawn afresh with `resample_probability`, else numbers ×0.8 or ×1.2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PbtSpec {
+    /// Trials that train together; `max_trials` when absent (at most `max_trials`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub population: Option<i64>,
+    /// Budget units between two exploit steps; `fidelity.min` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub perturbation_interval: Option<f64>,
+    /// The fraction of the population that copies, and that is copied (0 to 0.5).
+    #[serde(default = "default_quantile_fraction")]
+    pub quantile_fraction: f64,
+    /// The chance that a value is drawn afresh instead of perturbed (0 to 1).
+    #[serde(default = "default_resample_probability")]
+    pub resample_probability: f64,
+}
+
+fn default_quantile_fraction() -> f64 {
+    0.25
+}
+
+fn default_resample_probability() -> f64 {
+    0.25
 }
 
 /// The budget range of a multi-fidelity study: rungs `min·η^k` below `max`, then `max`.
@@ -107,6 +142,7 @@ fn default_reduction_factor() -> f64 {
 pub enum SchedulerName {
     Asha,
     Hyperband,
+    Pbt,
 }
 
 /// A validated `fidelity`: the trainer's argument and the rungs.
@@ -512,6 +548,8 @@ pub struct StudyConfig {
     pub fidelity: Option<FidelityConfig>,
     /// How trials move between rungs; `None`: every trial at the full budget.
     pub scheduler: Option<SchedulerName>,
+    /// With `scheduler: pbt`: its population and segments.
+    pub pbt: Option<augur_optimizer::multi_fidelity::PbtSettings>,
 }
 
 impl StudyConfig {
@@ -520,6 +558,16 @@ impl StudyConfig {
     /// enforces it, the designers and the dispatcher plan with it.
     pub fn free_slots(&self, unfinished: u64) -> u64 {
         self.parallel_trials.saturating_sub(unfinished)
+    }
+
+    /// The budgets a scheduler's attempts run at, ascending (the last is the full budget);
+    /// `None` without a scheduler.
+    pub fn rungs(&self) -> Option<Vec<f64>> {
+        let fidelity = self.fidelity.as_ref()?;
+        match (self.scheduler?, self.pbt) {
+            (SchedulerName::Pbt, Some(pbt)) => Some(pbt.rungs()),
+            _ => Some(fidelity.ladder.rungs()),
+        }
     }
 
     /// The study's first objective metric (safety metrics constrain, they are no objective,
@@ -531,8 +579,12 @@ impl StudyConfig {
     }
 
     /// How many trials the study will create in all: `max_trials`, or fewer when a grid has
-    /// fewer points.
+    /// fewer points or a PBT population is smaller.
     pub fn trial_budget(&self) -> u64 {
+        // PBT's trials are its population; they go on training, no new ones start.
+        if let Some(pbt) = &self.pbt {
+            return pbt.population.min(self.max_trials);
+        }
         match self.algorithm {
             Algorithm::Grid => augur_optimizer::grid::grid_size(&self.space)
                 .map_or(self.max_trials, |points| points.min(self.max_trials)),
@@ -700,6 +752,7 @@ impl StudySpec {
             ));
         }
         let (fidelity, scheduler) = self.multi_fidelity(&ids, early_stopping.is_some())?;
+        let pbt = self.pbt(fidelity.as_ref(), max_trials)?;
         let algorithm: Algorithm = self.algorithm.into();
         let space = SearchSpace { parameters };
         Ok(StudyConfig {
@@ -727,7 +780,107 @@ impl StudySpec {
                 .reduce(f64::max),
             fidelity,
             scheduler,
+            pbt,
         })
+    }
+
+    /// `pbt` with `scheduler: pbt`: a population that has a top and a bottom, segments
+    /// inside the fidelity, values it can perturb, and trials whose checkpoints the service
+    /// can copy (it runs them itself, not on Kubernetes).
+    fn pbt(
+        &self,
+        fidelity: Option<&FidelityConfig>,
+        max_trials: u64,
+    ) -> Result<Option<augur_optimizer::multi_fidelity::PbtSettings>, ValidationError> {
+        let (Some(SchedulerName::Pbt), Some(fidelity)) = (self.scheduler, fidelity) else {
+            if self.pbt.is_some() {
+                return Err(ValidationError::new(
+                    "pbt",
+                    "applies with scheduler: pbt only",
+                ));
+            }
+            return Ok(None);
+        };
+        let spec = self.pbt.clone().unwrap_or(PbtSpec {
+            population: None,
+            perturbation_interval: None,
+            quantile_fraction: default_quantile_fraction(),
+            resample_probability: default_resample_probability(),
+        });
+        let population = match spec.population {
+            None => max_trials,
+            Some(n) if n >= 2 && n as u64 <= max_trials => n as u64,
+            Some(n) => {
+                return Err(ValidationError::new(
+                    "pbt.population",
+                    format!("must be between 2 and max_trials ({max_trials}), got {n}"),
+                ));
+            }
+        };
+        let ladder = fidelity.ladder;
+        let interval = spec.perturbation_interval.unwrap_or(ladder.min);
+        if !(interval.is_finite() && interval > 0.0 && interval < ladder.max) {
+            return Err(ValidationError::new(
+                "pbt.perturbation_interval",
+                format!(
+                    "must be a number > 0 and below fidelity.max ({})",
+                    ladder.max
+                ),
+            ));
+        }
+        if (ladder.max / interval).ceil() > 10_000.0 {
+            return Err(ValidationError::new(
+                "pbt.perturbation_interval",
+                "makes more than 10,000 segments of fidelity.max",
+            ));
+        }
+        let q = spec.quantile_fraction;
+        if !(q > 0.0 && q <= 0.5) || (population as f64 * q) < 1.0 {
+            return Err(ValidationError::new(
+                "pbt.quantile_fraction",
+                format!(
+                    "must be above 0 and at most 0.5, and put at least one of the {population} \
+                     trials in each quantile"
+                ),
+            ));
+        }
+        if !(0.0..=1.0).contains(&spec.resample_probability) {
+            return Err(ValidationError::new(
+                "pbt.resample_probability",
+                "must be between 0 and 1",
+            ));
+        }
+        match &self.trial_job {
+            None => {
+                return Err(ValidationError::new(
+                    "trial_job",
+                    "pbt copies checkpoints between trials: the service must run them (a \
+                     trial_job)",
+                ));
+            }
+            Some(job) if job.executor.kubernetes().is_some() => {
+                return Err(ValidationError::new(
+                    "trial_job.executor",
+                    "pbt copies checkpoints between trials' directories, which on Kubernetes \
+                     live on the pods' volume: use the local, container or Slurm executor",
+                ));
+            }
+            Some(_) => {}
+        }
+        // Perturbing a parent would switch its children on and off mid-training.
+        if let Some(i) = self.parameters.iter().position(|p| !p.children.is_empty()) {
+            return Err(ValidationError::new(
+                format!("parameters[{i}]"),
+                "pbt cannot perturb conditional parameters (children)",
+            ));
+        }
+        Ok(Some(augur_optimizer::multi_fidelity::PbtSettings {
+            population,
+            perturbation_interval: interval,
+            max: ladder.max,
+            quantile_fraction: q,
+            resample_probability: spec.resample_probability,
+        }))
     }
 
     /// `fidelity` and `scheduler`, checked together with what they exclude.

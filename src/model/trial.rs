@@ -142,6 +142,10 @@ pub struct Trial {
     )]
     #[schema(value_type = Option<f64>)]
     pub budget: Option<f64>,
+    /// PBT studies: the trial's values over its segments, and whose checkpoint each started
+    /// from; absent until the trial first copies another's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<Lineage>,
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub completed_at: Option<DateTime<Utc>>,
@@ -149,6 +153,35 @@ pub struct Trial {
     /// trial carry them; the answers of suggest, reports and completions leave them out.
     #[serde(flatten)]
     pub annotations: super::Annotations,
+}
+
+/// PBT: how a trial's values changed over its segments.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Lineage {
+    /// From its first values on, one per exploit.
+    pub segments: Vec<Segment>,
+    /// Set while the trial's next attempt must first copy this trial's checkpoint into its
+    /// own (the trial copied must not train on meanwhile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copying_from: Option<i64>,
+}
+
+/// One segment of a PBT trial: the values it trained with from `from_budget` on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Segment {
+    /// The budget the segment starts at (0: the trial's start).
+    #[serde(serialize_with = "whole_budget")]
+    pub from_budget: f64,
+    /// The trial whose checkpoint (at `from_budget`) the segment started from; absent: its
+    /// own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<i64>,
+    #[schema(value_type = BTreeMap<String, serde_json::Value>)]
+    pub parameters: Assignment,
+}
+
+fn whole_budget<S: serde::Serializer>(budget: &f64, serializer: S) -> Result<S::Ok, S::Error> {
+    whole_when_integral(&Some(*budget), serializer)
 }
 
 /// A budget as JSON: `9`, not `9.0`, when it is whole (what trainers and clients expect of

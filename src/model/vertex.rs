@@ -241,6 +241,7 @@ pub fn from_vertex(doc: &Json) -> Result<VertexImport, ValidationError> {
         prior_studies: Vec::new(),
         fidelity: None,
         scheduler: None,
+        pbt: None,
     };
     for key in study.keys() {
         let known = [

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use augur_optimizer::multi_fidelity::{Asha, Hyperband};
+use augur_optimizer::multi_fidelity::{Asha, Hyperband, Pbt};
 use augur_optimizer::{
     CompletedTrial, FullBudget, Outcome, Policy, PriorStudy, StepMeasurement, StudyView,
     TrialStatus, TrialView, designer_for,
@@ -24,6 +24,10 @@ pub fn policy_for(config: &StudyConfig) -> Box<dyn Policy> {
         (Some(SchedulerName::Hyperband), Some(f), Some(m)) => {
             Box::new(Hyperband::new(f.ladder, m, designer))
         }
+        (Some(SchedulerName::Pbt), Some(_), Some(m)) => match config.pbt {
+            Some(settings) => Box::new(Pbt::new(settings, m, designer)),
+            None => Box::new(FullBudget::new(designer)),
+        },
         _ => Box::new(FullBudget::new(designer)),
     }
 }
@@ -84,6 +88,11 @@ pub(super) fn trial_views(
             excluded: t.excluded,
             budget: t.budget,
             measurements: curves.remove(&t.id).unwrap_or_default(),
+            copying_from: t
+                .lineage
+                .as_ref()
+                .and_then(|l| l.copying_from)
+                .map(|id| id.max(0) as u64),
         })
         .collect()
 }

@@ -387,6 +387,7 @@ fn trial_of(t: TrialRecord, measurements: Vec<Measurement>) -> Trial {
         excluded: t.excluded,
         attempts: t.attempts,
         budget: t.budget,
+        lineage: t.lineage,
         created_at: t.created_at,
         started_at: t.started_at,
         completed_at: t.completed_at,

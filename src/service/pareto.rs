@@ -68,6 +68,7 @@ mod tests {
             change_seq: 0,
             attempts: 0,
             budget: None,
+            lineage: None,
         }
     }
 

@@ -32,6 +32,8 @@ pub struct DispatchedTrial {
     pub attempts: u32,
     /// The budget of this attempt (multi-fidelity); `None`: the full budget.
     pub budget: Option<f64>,
+    /// PBT: the trial whose checkpoint this one copies before its attempt.
+    pub copy_from: Option<i64>,
 }
 
 impl From<TrialRecord> for DispatchedTrial {
@@ -41,6 +43,7 @@ impl From<TrialRecord> for DispatchedTrial {
             parameters: t.parameters,
             attempts: t.attempts,
             budget: t.budget,
+            copy_from: t.lineage.and_then(|l| l.copying_from),
         }
     }
 }
@@ -146,6 +149,12 @@ impl Service {
     /// after a restart).
     pub async fn refund_attempt(&self, study_id: i64, trial_id: i64) -> ServiceResult<()> {
         let command = Command::RefundAttempt { trial_id };
+        self.commits.submit(study_id, command).await.map(drop)
+    }
+
+    /// PBT: the trial's checkpoint copy is made; the trial it copied may train on.
+    pub async fn checkpoint_copied(&self, study_id: i64, trial_id: i64) -> ServiceResult<()> {
+        let command = Command::CheckpointCopied { trial_id };
         self.commits.submit(study_id, command).await.map(drop)
     }
 }

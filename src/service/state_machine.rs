@@ -12,7 +12,7 @@ use super::design;
 use super::{ServiceError, ServiceResult};
 use crate::model::extension::trial_value;
 use crate::model::{
-    Measurement, MeasurementSelection, ParameterExtension, Step, StudyConfig, StudyState,
+    Measurement, MeasurementSelection, ParameterExtension, Segment, Step, StudyConfig, StudyState,
     StudyUpdate, TrialState,
 };
 use crate::store::{Store, StudyRecord, StudyTx, TrialRecord, TrialToken};
@@ -27,7 +27,19 @@ pub struct Precomputed {
     pub budgets: Vec<Option<f64>>,
     pub resumes: Vec<(i64, f64)>,
     pub stops: Vec<i64>,
+    /// PBT: paused trials that copy another's checkpoint and go on with new values.
+    pub exploits: Vec<Exploit>,
     pub next_trial_id: i64,
+}
+
+/// PBT's exploit of a paused trial: it copies `parent_id`'s checkpoint before its next
+/// attempt, at `budget`, with `parameters`.
+#[derive(Debug, Clone)]
+pub struct Exploit {
+    pub trial_id: i64,
+    pub parent_id: i64,
+    pub parameters: Assignment,
+    pub budget: f64,
 }
 
 /// A change to one study. Cloned so that a shared transaction that failed can be replayed
@@ -105,6 +117,11 @@ pub enum Command {
         trial_id: i64,
         client_id: String,
         token_hash: String,
+    },
+    /// PBT: the checkpoint the trial's lineage says to copy is copied (its parent may train
+    /// on).
+    CheckpointCopied {
+        trial_id: i64,
     },
 }
 
@@ -320,6 +337,18 @@ impl StudyBatch {
                 self.changed.insert(trial_id);
                 Ok(Reply::Attempt(None))
             }
+            Command::CheckpointCopied { trial_id } => {
+                let trial = self.trial_mut(trial_id).await?;
+                let copied = trial
+                    .lineage
+                    .as_mut()
+                    .is_some_and(|l| l.copying_from.take().is_some());
+                let reply = Reply::Trial(Box::new(trial.clone()));
+                if copied {
+                    self.changed.insert(trial_id);
+                }
+                Ok(reply)
+            }
             Command::IssueToken {
                 trial_id,
                 client_id,
@@ -441,14 +470,23 @@ impl StudyBatch {
         // A scheduler's decisions on paused trials, each taken only if the trial is still
         // paused (another replica's may have taken it): stops first, then promotions into
         // free slots, before new trials.
-        let (points, resumes, stops) = match precomputed {
-            Some(p) => (Some((p.points, p.budgets)), p.resumes, p.stops),
-            None => (None, Vec::new(), Vec::new()),
+        let (points, resumes, stops, exploits) = match precomputed {
+            Some(p) => (Some((p.points, p.budgets)), p.resumes, p.stops, p.exploits),
+            None => (None, Vec::new(), Vec::new(), Vec::new()),
         };
         for trial_id in stops {
             self.stop_paused(trial_id).await?;
         }
         let lease = if dispatched { None } else { self.lease() };
+        // PBT's copies first: they free their parents.
+        for exploit in exploits {
+            if handed.len() >= count || self.free_slots() == 0 {
+                break;
+            }
+            if let Some(trial) = self.exploit_paused(exploit, &client_id, lease).await? {
+                handed.push(trial);
+            }
+        }
         for (trial_id, budget) in resumes {
             if handed.len() >= count || self.free_slots() == 0 {
                 break;
@@ -510,9 +548,7 @@ impl StudyBatch {
     /// The budget a new trial starts at: the lowest rung under a scheduler; `None` (the full
     /// budget) otherwise.
     fn first_rung(&self) -> Option<f64> {
-        self.config.scheduler?;
-        let fidelity = self.config.fidelity.as_ref()?;
-        fidelity.ladder.rungs().first().copied()
+        self.config.rungs()?.first().copied()
     }
 
     /// A scheduler promoted a paused trial: it runs again, the same trial in the same
@@ -539,6 +575,48 @@ impl StudyBatch {
         let trial = trial.clone();
         self.changed.insert(trial_id);
         Ok(Some(trial))
+    }
+
+    /// PBT exploited a paused trial: its lineage gets a segment from the parent's checkpoint
+    /// with the new values (its first values kept as the first segment), the copy is marked
+    /// to be made before its next attempt, and it resumes at the next budget. `None` when it
+    /// is no longer paused, or the values no longer fit the space (it stays paused).
+    async fn exploit_paused(
+        &mut self,
+        exploit: Exploit,
+        client_id: &Option<String>,
+        lease: Option<DateTime<Utc>>,
+    ) -> ServiceResult<Option<TrialRecord>> {
+        if self
+            .config
+            .space
+            .check_assignment(&exploit.parameters)
+            .is_err()
+        {
+            return Ok(None);
+        }
+        let trial = self.trial_mut(exploit.trial_id).await?;
+        if trial.state != TrialState::Paused {
+            return Ok(None);
+        }
+        let mut lineage = trial.lineage.take().unwrap_or_default();
+        if lineage.segments.is_empty() {
+            lineage.segments.push(Segment {
+                from_budget: 0.0,
+                parent: None,
+                parameters: trial.parameters.clone(),
+            });
+        }
+        lineage.segments.push(Segment {
+            from_budget: trial.budget.unwrap_or(0.0),
+            parent: Some(exploit.parent_id),
+            parameters: exploit.parameters.clone(),
+        });
+        lineage.copying_from = Some(exploit.parent_id);
+        trial.lineage = Some(lineage);
+        trial.parameters = exploit.parameters;
+        self.resume_paused(exploit.trial_id, exploit.budget, client_id, lease)
+            .await
     }
 
     /// A scheduler stopped a paused trial: it completes at its rung, with the measurement it
@@ -685,6 +763,7 @@ impl StudyBatch {
             change_seq: 0,
             attempts: 0,
             budget: None,
+            lineage: None,
         };
         self.trials.insert(id, trial.clone());
         self.created.insert(id);

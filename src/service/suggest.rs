@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use augur_optimizer::{Decision, PolicyOutput, PriorStudy};
 
 use super::design::{self, Snapshot};
-use super::state_machine::{Command, Handed, Precomputed, Reply};
+use super::state_machine::{Command, Exploit, Handed, Precomputed, Reply};
 use super::{Caller, Service, ServiceError, ServiceResult, stored_config, unexpected};
 use crate::model::spec::MAX_SUGGEST_VALUES;
 use crate::model::{ClientId, StudyConfig, StudyState, SuggestCount, Trial, TrialState};
@@ -418,6 +418,17 @@ fn precomputed(decided: PolicyOutput, next_trial_id: i64) -> Precomputed {
             }
             Decision::Resume { trial, budget } => out.resumes.push((trial as i64, budget)),
             Decision::Stop { trial } => out.stops.push(trial as i64),
+            Decision::Exploit {
+                trial,
+                parent,
+                parameters,
+                budget,
+            } => out.exploits.push(Exploit {
+                trial_id: trial as i64,
+                parent_id: parent as i64,
+                parameters,
+                budget,
+            }),
         }
     }
     out

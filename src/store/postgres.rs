@@ -113,7 +113,7 @@ const STUDIES_WITH_UNFINISHED: &str = "SELECT s.id AS s_id, s.name AS s_name, s.
      s.n_paused AS s_n_paused, \
      t.study_id, t.id, t.state, t.parameters, t.client_id, t.final_measurement, t.objective, \
      t.infeasible_reason, t.fail_reason, t.early_stopped, t.excluded, t.lease_expires_at, \
-     t.created_at, t.started_at, t.completed_at, t.change_seq, t.attempts, t.budget \
+     t.created_at, t.started_at, t.completed_at, t.change_seq, t.attempts, t.budget, t.lineage \
      FROM studies s LEFT JOIN LATERAL (\
      SELECT t.* FROM (SELECT s.id AS study_id, unnest(s.unfinished_ids) AS id OFFSET 0) AS u \
      JOIN trials t ON t.study_id = u.study_id AND t.id = u.id \
@@ -136,11 +136,11 @@ const STUDIES_WITH_UNFINISHED: &str = "SELECT s.id AS s_id, s.name AS s_name, s.
 const WRITE_STUDIES: &str = "WITH new_trials AS (\
      INSERT INTO trials (study_id, id, state, parameters, client_id, final_measurement, \
      objective, infeasible_reason, fail_reason, early_stopped, excluded, lease_expires_at, \
-     created_at, started_at, completed_at, change_seq, attempts, budget) \
+     created_at, started_at, completed_at, change_seq, attempts, budget, lineage) \
      SELECT * FROM UNNEST($1::bigint[], $2::bigint[], $3::text[], $4::jsonb[], $5::text[], \
      $6::jsonb[], $7::float8[], $8::text[], $9::text[], $10::bool[], $11::bool[], \
      $12::timestamptz[], $13::timestamptz[], $14::timestamptz[], $15::timestamptz[], \
-     $16::bigint[], $17::int[], $18::float8[])\
+     $16::bigint[], $17::int[], $18::float8[], $19::jsonb[])\
      ), changed_trials AS (\
      UPDATE trials AS t SET state = u.state, parameters = u.parameters, \
      client_id = u.client_id, final_measurement = u.final_measurement, objective = u.objective, \
@@ -148,28 +148,28 @@ const WRITE_STUDIES: &str = "WITH new_trials AS (\
      early_stopped = u.early_stopped, excluded = u.excluded, \
      lease_expires_at = u.lease_expires_at, started_at = u.started_at, \
      completed_at = u.completed_at, change_seq = u.change_seq, attempts = u.attempts, \
-     budget = u.budget FROM (SELECT * FROM UNNEST($19::bigint[], $20::bigint[], $21::text[], $22::jsonb[], \
-     $23::text[], $24::jsonb[], $25::float8[], $26::text[], $27::text[], $28::bool[], \
-     $29::bool[], $30::timestamptz[], $31::timestamptz[], $32::timestamptz[], $33::bigint[], \
-     $34::int[], $35::float8[]) AS u(study_id, id, state, parameters, client_id, final_measurement, \
+     budget = u.budget, lineage = u.lineage FROM (SELECT * FROM UNNEST($20::bigint[], $21::bigint[], $22::text[], $23::jsonb[], \
+     $24::text[], $25::jsonb[], $26::float8[], $27::text[], $28::text[], $29::bool[], \
+     $30::bool[], $31::timestamptz[], $32::timestamptz[], $33::timestamptz[], $34::bigint[], \
+     $35::int[], $36::float8[], $37::jsonb[]) AS u(study_id, id, state, parameters, client_id, final_measurement, \
      objective, infeasible_reason, fail_reason, early_stopped, excluded, lease_expires_at, \
-     started_at, completed_at, change_seq, attempts, budget) OFFSET 0) AS u \
+     started_at, completed_at, change_seq, attempts, budget, lineage) OFFSET 0) AS u \
      WHERE t.study_id = u.study_id AND t.id = u.id\
      ), measured AS (\
      INSERT INTO measurements (study_id, trial_id, step, elapsed_secs, metrics, created_at) \
-     SELECT * FROM UNNEST($36::bigint[], $37::bigint[], $38::bigint[], $39::float8[], \
-     $40::jsonb[], $41::timestamptz[]) \
+     SELECT * FROM UNNEST($38::bigint[], $39::bigint[], $40::bigint[], $41::float8[], \
+     $42::jsonb[], $43::timestamptz[]) \
      ON CONFLICT (study_id, trial_id, step) DO UPDATE SET \
      elapsed_secs = excluded.elapsed_secs, metrics = excluded.metrics, \
      created_at = excluded.created_at\
      ), revoked AS (\
-     DELETE FROM api_tokens AS a USING (SELECT * FROM UNNEST($42::bigint[], $43::bigint[]) \
+     DELETE FROM api_tokens AS a USING (SELECT * FROM UNNEST($44::bigint[], $45::bigint[]) \
      AS r(study_id, trial_id) OFFSET 0) AS r \
      WHERE a.study_id = r.study_id AND a.trial_id = r.trial_id\
      ), issued AS (\
      INSERT INTO api_tokens (name, token_hash, study_id, trial_id, created_at) \
-     SELECT * FROM UNNEST($44::text[], $45::text[], $46::bigint[], $47::bigint[], \
-     $48::timestamptz[]) \
+     SELECT * FROM UNNEST($46::text[], $47::text[], $48::bigint[], $49::bigint[], \
+     $50::timestamptz[]) \
      ON CONFLICT (name) DO UPDATE SET token_hash = excluded.token_hash, \
      study_id = excluded.study_id, trial_id = excluded.trial_id, \
      created_at = excluded.created_at\
@@ -179,9 +179,9 @@ const WRITE_STUDIES: &str = "WITH new_trials AS (\
      unfinished_ids = CAST(u.unfinished_ids AS bigint[]), n_requested = u.n_requested, \
      n_active = u.n_active, n_stopping = u.n_stopping, n_completed = u.n_completed, \
      n_infeasible = u.n_infeasible, n_failed = u.n_failed, n_paused = u.n_paused \
-     FROM UNNEST($49::bigint[], $50::text[], $51::text[], $52::jsonb[], $53::bigint[], \
-     $54::timestamptz[], $55::bigint[], $56::text[], $57::bigint[], $58::bigint[], \
-     $59::bigint[], $60::bigint[], $61::bigint[], $62::bigint[], $63::bigint[]) AS u(id, state, state_reason, \
+     FROM UNNEST($51::bigint[], $52::text[], $53::text[], $54::jsonb[], $55::bigint[], \
+     $56::timestamptz[], $57::bigint[], $58::text[], $59::bigint[], $60::bigint[], \
+     $61::bigint[], $62::bigint[], $63::bigint[], $64::bigint[], $65::bigint[]) AS u(id, state, state_reason, \
      spec, next_trial_id, updated_at, change_seq, unfinished_ids, n_requested, n_active, \
      n_stopping, n_completed, n_infeasible, n_failed, n_paused) \
      WHERE s.id = u.id";
@@ -210,6 +210,7 @@ struct TrialColumns {
     change_seq: Vec<i64>,
     attempts: Vec<i32>,
     budget: Vec<Option<f64>>,
+    lineage: Vec<Option<Jsonb>>,
 }
 
 impl TrialColumns {
@@ -236,6 +237,7 @@ impl TrialColumns {
             c.attempts
                 .push(i32::try_from(t.attempts).unwrap_or(i32::MAX));
             c.budget.push(t.budget);
+            c.lineage.push(t.lineage.as_ref().map(to_json).transpose()?);
         }
         Ok(c)
     }
@@ -619,6 +621,7 @@ async fn write_studies(
         .bind(new.change_seq)
         .bind(new.attempts)
         .bind(new.budget)
+        .bind(new.lineage)
         .bind(changed.study_id)
         .bind(changed.id)
         .bind(changed.state)
@@ -636,6 +639,7 @@ async fn write_studies(
         .bind(changed.change_seq)
         .bind(changed.attempts)
         .bind(changed.budget)
+        .bind(changed.lineage)
         .bind(m_study)
         .bind(m_trial)
         .bind(m_step)

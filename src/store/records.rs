@@ -8,7 +8,9 @@ use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 
 use super::{StoreError, StoreResult};
-use crate::model::{Measurement, Role, StudySpec, StudyState, TrialCounts, TrialPoint, TrialState};
+use crate::model::{
+    Lineage, Measurement, Role, StudySpec, StudyState, TrialCounts, TrialPoint, TrialState,
+};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct StudyRecord {
@@ -56,6 +58,8 @@ pub struct TrialRecord {
     pub attempts: u32,
     /// The budget of its latest attempt (multi-fidelity studies); `None`: the full budget.
     pub budget: Option<f64>,
+    /// PBT: its values by segment, and a checkpoint copy its next attempt must make first.
+    pub lineage: Option<Lineage>,
 }
 
 /// A dispatched trial's token for one launch: `name` identifies it (one per trial, replaced
@@ -194,6 +198,7 @@ pub(super) struct TrialRow {
     pub change_seq: i64,
     pub attempts: i32,
     pub budget: Option<f64>,
+    pub lineage: Option<Json<serde_json::Value>>,
 }
 
 impl TryFrom<TrialRow> for TrialRecord {
@@ -212,6 +217,11 @@ impl TryFrom<TrialRow> for TrialRecord {
             .map(|j| serde_json::from_value(j.0))
             .transpose()
             .map_err(|e| corrupt("final_measurement", e.to_string()))?;
+        let lineage = r
+            .lineage
+            .map(|j| serde_json::from_value(j.0))
+            .transpose()
+            .map_err(|e| corrupt("lineage", e.to_string()))?;
         Ok(TrialRecord {
             study_id: r.study_id,
             id: r.id,
@@ -231,6 +241,7 @@ impl TryFrom<TrialRow> for TrialRecord {
             change_seq: r.change_seq,
             attempts: r.attempts.max(0) as u32,
             budget: r.budget,
+            lineage,
         })
     }
 }

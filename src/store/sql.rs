@@ -13,7 +13,7 @@ macro_rules! trial_cols {
     () => {
         "study_id, id, state, parameters, client_id, final_measurement, objective, infeasible_reason, \
          fail_reason, early_stopped, excluded, lease_expires_at, created_at, started_at, completed_at, change_seq, \
-         attempts, budget"
+         attempts, budget, lineage"
     };
 }
 pub(super) use {study_cols, trial_cols};
@@ -113,7 +113,7 @@ pub(super) const SET_DESIGNER_STATE: &str = "UPDATE studies SET designer_state =
 pub(super) const UPSERT_TRIAL: &str = concat!(
     "INSERT INTO trials (",
     trial_cols!(),
-    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) \
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) \
      ON CONFLICT (study_id, id) DO UPDATE SET state = excluded.state, \
      parameters = excluded.parameters, client_id = excluded.client_id, \
      final_measurement = excluded.final_measurement, objective = excluded.objective, \
@@ -121,7 +121,7 @@ pub(super) const UPSERT_TRIAL: &str = concat!(
      early_stopped = excluded.early_stopped, excluded = excluded.excluded, \
      lease_expires_at = excluded.lease_expires_at, started_at = excluded.started_at, \
      completed_at = excluded.completed_at, change_seq = excluded.change_seq, \
-     attempts = excluded.attempts, budget = excluded.budget"
+     attempts = excluded.attempts, budget = excluded.budget, lineage = excluded.lineage"
 );
 pub(super) const UPSERT_MEASUREMENT: &str = "INSERT INTO measurements \
      (study_id, trial_id, step, elapsed_secs, metrics, created_at) VALUES ($1, $2, $3, $4, $5, $6) \
@@ -836,6 +836,7 @@ macro_rules! impl_row_writes {
                         .bind(t.change_seq)
                         .bind(i32::try_from(t.attempts).unwrap_or(i32::MAX))
                         .bind(t.budget)
+                        .bind(t.lineage.as_ref().map(to_json).transpose()?)
                         .execute(&mut *self.tx)
                         .await?;
                 }

@@ -80,6 +80,16 @@ fn spec_with(patch: Value) -> Value {
     s
 }
 
+/// A patch making a PBT study run by a local job, with these `pbt` settings.
+fn pbt(settings: Value) -> Value {
+    json!({
+        "scheduler": "pbt",
+        "fidelity": {"argument": "epochs", "min": 1, "max": 9},
+        "pbt": settings,
+        "trial_job": {"command": ["train"]}
+    })
+}
+
 fn spec_with_parameter(p: Value) -> Value {
     spec_with(json!({"parameters": [p]}))
 }
@@ -316,6 +326,7 @@ async fn bad_study_specs_name_their_field_and_create_nothing(backend: &str) {
             StatusCode::BAD_REQUEST,
             "scheduler",
         ),
+        // PBT copies checkpoints between trials: the service must run them.
         (
             Method::POST,
             "/v1/studies".into(),
@@ -323,7 +334,55 @@ async fn bad_study_specs_name_their_field_and_create_nothing(backend: &str) {
                 json!({"scheduler": "pbt", "fidelity": {"argument": "epochs", "min": 1, "max": 9}}),
             )),
             StatusCode::BAD_REQUEST,
-            "scheduler",
+            "trial_job",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(json!({"pbt": {"population": 4}}))),
+            StatusCode::BAD_REQUEST,
+            "pbt",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(pbt(json!({"population": 1})))),
+            StatusCode::BAD_REQUEST,
+            "pbt.population",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(pbt(json!({"quantile_fraction": 0.6})))),
+            StatusCode::BAD_REQUEST,
+            "pbt.quantile_fraction",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(pbt(json!({"perturbation_interval": 9})))),
+            StatusCode::BAD_REQUEST,
+            "pbt.perturbation_interval",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(pbt(json!({"resample_probability": 2})))),
+            StatusCode::BAD_REQUEST,
+            "pbt.resample_probability",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with({
+                let mut spec = pbt(json!({}));
+                spec["parameters"] = json!([{"id": "opt", "type": "categorical",
+                    "values": ["sgd", "adam"], "children": [{"when": ["sgd"],
+                    "parameters": [{"id": "momentum", "type": "double", "min": 0, "max": 1}]}]}]);
+                spec
+            })),
+            StatusCode::BAD_REQUEST,
+            "parameters[0]",
         ),
         (
             Method::POST,

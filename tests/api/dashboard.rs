@@ -655,6 +655,7 @@ async fn seed_browser_fixture() {
                 change_seq: study.change_seq,
                 attempts: 0,
                 budget: None,
+                lineage: None,
             });
         }
         tx.insert_trials(&trials).await.expect("insert");

@@ -68,6 +68,7 @@ fn trial(study_id: i64, id: i64, state: TrialState, x: f64) -> TrialRecord {
         change_seq: 0,
         attempts: 0,
         budget: None,
+        lineage: None,
     }
 }
 

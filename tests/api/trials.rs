@@ -424,6 +424,7 @@ async fn should_stop_reads_a_bounded_number_of_curves() {
                 change_seq: study.change_seq + 1,
                 attempts: 0,
                 budget: None,
+                lineage: None,
             });
         }
         tx.insert_trials(&trials).await.expect("insert");

@@ -16,6 +16,7 @@ mod job_env;
 mod kube_standin;
 mod kubernetes;
 mod multi_fidelity;
+mod pbt;
 mod run_as;
 mod slurm;
 mod slurm_nodes;
