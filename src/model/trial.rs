@@ -146,6 +146,16 @@ pub struct Trial {
     /// from; absent until the trial first copies another's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lineage: Option<Lineage>,
+    /// In a suggestion only: the trial is handed out again to go on from where it stopped (a
+    /// multi-fidelity promotion, PBT's next segment), at `budget`, with its measurements so
+    /// far; a worker runs it in the trial's own directories and resumes from its checkpoint.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub resume: bool,
+    /// As a study's `best_trial` or in its optimal trials only: no trial is measured at the
+    /// full budget yet (multi-fidelity), so this is the best of the highest rung reached,
+    /// at its `budget`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub provisional: bool,
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub completed_at: Option<DateTime<Utc>>,

@@ -292,6 +292,10 @@ impl Service {
         let mut views = self
             .read_trial_views(study_id, records, Reads::Answer)
             .await?;
+        // Trained before at a smaller budget: it goes on from its checkpoint.
+        for view in &mut views {
+            view.resume = view.budget.is_some() && !view.measurements.is_empty();
+        }
         views.extend(new.into_iter().map(|t| trial_of(t, Vec::new())));
         Ok(views)
     }
@@ -311,7 +315,13 @@ impl Service {
     ) -> ServiceResult<Study> {
         let best_trial = match self.best_trial_record(record.id, &record.spec).await? {
             Some(t) => Some(self.trial_view(record.id, t).await?),
-            None => None,
+            None => match self.provisional_best(record.id, &record.spec).await? {
+                Some(t) => Some(Trial {
+                    provisional: true,
+                    ..self.trial_view(record.id, t).await?
+                }),
+                None => None,
+            },
         };
         Ok(Study {
             annotations: annotations.remove(&record.id).unwrap_or_default(),
@@ -388,6 +398,8 @@ fn trial_of(t: TrialRecord, measurements: Vec<Measurement>) -> Trial {
         attempts: t.attempts,
         budget: t.budget,
         lineage: t.lineage,
+        resume: false,
+        provisional: false,
         created_at: t.created_at,
         started_at: t.started_at,
         completed_at: t.completed_at,

@@ -13,7 +13,61 @@ impl Service {
         let study = self.study_record(study_id).await?;
         let config = stored_config(&study)?;
         let records = self.optimal_records(study_id, &config).await?;
+        if records.is_empty()
+            && let Some(best) = self.provisional_best(study_id, &study.spec).await?
+        {
+            let view = self.trial_view(study_id, best).await?;
+            return Ok(vec![Trial {
+                provisional: true,
+                ..view
+            }]);
+        }
         self.trial_views(study_id, records).await
+    }
+
+    /// Under a scheduler, while no trial is measured at the full budget: the best of the
+    /// highest rung that safe trials reached (paused or stopped there), for the callers to
+    /// show as provisional. One objective only; `None` otherwise.
+    pub(super) async fn provisional_best(
+        &self,
+        study_id: i64,
+        spec: &StudySpec,
+    ) -> ServiceResult<Option<TrialRecord>> {
+        if spec.scheduler.is_none() {
+            return Ok(None);
+        }
+        let config = spec.validate().map_err(super::corrupt_spec(study_id))?;
+        let Some(metric) = config.first_objective().cloned() else {
+            return Ok(None);
+        };
+        if objective_metrics(&config.metrics).len() != 1 {
+            return Ok(None);
+        }
+        let reached: Vec<TrialRecord> = self
+            .store
+            .all_trials(study_id)
+            .await?
+            .into_iter()
+            .filter(|t| {
+                !t.excluded
+                    && t.budget.is_some()
+                    && matches!(t.state, TrialState::Paused | TrialState::Completed)
+            })
+            .filter(|t| {
+                t.final_measurement.as_ref().is_some_and(|m| {
+                    config.metrics.iter().all(|s| m.metrics.contains_key(&s.id))
+                        && is_safe(&config.metrics, &m.metrics)
+                })
+            })
+            .collect();
+        let Some(top) = reached.iter().filter_map(|t| t.budget).reduce(f64::max) else {
+            return Ok(None);
+        };
+        let at_top = reached
+            .into_iter()
+            .filter(|t| t.budget == Some(top))
+            .collect();
+        Ok(best_of(at_top, &metric))
     }
 
     async fn optimal_records(

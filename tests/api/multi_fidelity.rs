@@ -42,7 +42,9 @@ async fn ask_tell_workers_get_promotions_as_the_same_trial_at_a_larger_budget(ba
             .as_array()
             .expect("trials")
             .iter()
-            .all(|t| t["budget"] == 1 && t["parameters"].get("epochs").is_none()),
+            .all(|t| t["budget"] == 1
+                && t["parameters"].get("epochs").is_none()
+                && t.get("resume").is_none()),
         "new trials start at the lowest rung; the budget is no parameter: {first}"
     );
     // A completion below the full budget pauses the trial: no slot held, no best yet.
@@ -53,26 +55,44 @@ async fn ask_tell_workers_get_promotions_as_the_same_trial_at_a_larger_budget(ba
     let study = app.get(&format!("/v1/studies/{id}")).await.body;
     assert_eq!(study["trial_counts"]["paused"], 3, "{study}");
     assert_eq!(study["state"], "active");
-    assert!(
-        study["best_trial"].is_null(),
-        "no trial at the full budget: {study}"
+    assert_eq!(
+        (
+            &study["best_trial"]["id"],
+            &study["best_trial"]["provisional"]
+        ),
+        (&json!(2), &json!(true)),
+        "no trial at the full budget: the best at 1 epoch, marked provisional: {study}"
     );
+    let optimal = app
+        .get(&format!("/v1/studies/{id}/optimal_trials"))
+        .await
+        .body;
+    assert_eq!(optimal["trials"][0]["id"], 2, "{optimal}");
+    assert_eq!(optimal["trials"][0]["provisional"], true, "{optimal}");
 
     // The top third of rung 1 (trial 2) goes on to 3 epochs: the same trial.
     let promoted = suggest(&app, id, 3, Some("w")).await;
     assert_eq!(ids(&promoted["trials"]), vec![2], "{promoted}");
     assert_eq!(promoted["trials"][0]["budget"], 3);
     assert_eq!(promoted["trials"][0]["state"], "active");
+    assert_eq!(
+        promoted["trials"][0]["resume"], true,
+        "a promotion goes on from the checkpoint: {promoted}"
+    );
     report(&app, id, 2, 0.1).await;
     // Nothing else runs or may start: the best of rung 3 goes on to the full budget.
     let top = suggest(&app, id, 1, Some("w")).await;
     assert_eq!(ids(&top["trials"]), vec![2], "{top}");
     assert_eq!(top["trials"][0]["budget"], 9);
+    assert_eq!(top["trials"][0]["resume"], true, "{top}");
     let done = report(&app, id, 2, 0.05).await;
     assert_eq!(
         done["state"], "completed",
         "at the full budget it completes: {done}"
     );
+    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    assert_eq!(study["best_trial"]["id"], 2, "{study}");
+    assert!(study["best_trial"].get("provisional").is_none(), "{study}");
     // Then the rest stop at their rung, and the study ends.
     let last = suggest(&app, id, 1, Some("w")).await;
     assert!(ids(&last["trials"]).is_empty(), "{last}");

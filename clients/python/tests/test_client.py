@@ -491,12 +491,13 @@ def test_a_multi_fidelity_trial_pauses_and_comes_back_at_a_larger_budget(client,
     study = client.create_study(spec)
     first = study.suggest(3, "w")
     assert [t.budget for t in first] == [1, 1, 1]
+    assert not any(t.resume for t in first)
     assert all("epochs" not in t.parameters for t in first)
     for trial, loss in zip(first, [0.5, 0.2, 0.9]):
         done = trial.complete({"loss": loss})
         assert done.state == "paused" and not done.held, "a paused trial is no longer held"
     promoted = study.suggest(3, "w")
-    assert [(t.id, t.budget) for t in promoted] == [(first[1].id, 3)]
+    assert [(t.id, t.budget, t.resume) for t in promoted] == [(first[1].id, 3, True)]
     assert promoted[0].state == "active" and promoted[0].held
     promoted[0].complete({"loss": 0.1})
     top = study.suggest(1, "w")

@@ -746,6 +746,13 @@ class Trial(_Annotated):
         return self.data.get("budget")
 
     @property
+    def resume(self) -> bool:
+        """Whether this suggestion hands the trial out again to go on from where it stopped
+        (a promotion to a larger ``budget``): load its checkpoint and train only what is
+        missing."""
+        return bool(self.data.get("resume", False))
+
+    @property
     def measurements(self) -> List[Dict[str, Any]]:
         return list(self.data.get("measurements") or [])
 
