@@ -530,3 +530,28 @@ async fn the_example_trainer_image_builds_and_its_study_runs_with_the_lines_podm
         );
     }
 }
+
+/// ASHA with the container executor: each rung of a trial is a container of the trainer
+/// image that resumes from the checkpoint in the trial's mounted directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asha_resumes_container_trials_from_their_checkpoints() {
+    let s = setup().await;
+    let mut spec = crate::multi_fidelity::asha_spec("asha-container");
+    let runs = s.runs.path().join("asha");
+    spec["trial_job"] = json!({
+        "executor": "container",
+        "image": s.image,
+        "command": ["python3", "-c", crate::multi_fidelity::TRAINER_PY],
+        "output_dir": runs.display().to_string(),
+    });
+    let id = s.app.create_study(spec).await;
+    let study = s
+        .app
+        .wait_for_state(id, "completed", Duration::from_secs(300))
+        .await;
+    crate::multi_fidelity::assert_ladder_climbed_by_resuming(&s.app, &study, &runs).await;
+    assert!(
+        containers_of(&s.engine, s.runs.path(), id).is_empty(),
+        "no container left"
+    );
+}

@@ -10,8 +10,9 @@ use serde_json::{Value, json};
 
 /// A trainer that resumes: it reads the epochs its checkpoint holds, trains only the missing
 /// ones up to `--epochs` (reporting `epoch=E loss=…` after each), and logs each launch's
-/// range and `AUGUR_BUDGET` to `$TRAINED`.
-const TRAINER_PY: &str = r#"
+/// range and `AUGUR_BUDGET` to `$TRAINED` (or, without it, to `trained.jsonl` in its trial
+/// directory: all a container sees of the host).
+pub(crate) const TRAINER_PY: &str = r#"
 import argparse, json, os, time
 p = argparse.ArgumentParser()
 p.add_argument("--x", type=float, required=True)
@@ -19,7 +20,8 @@ p.add_argument("--epochs", type=int, required=True)
 a = p.parse_args()
 ckpt = os.path.join(os.environ["AIP_CHECKPOINT_DIR"], "epochs")
 start = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
-with open(os.environ["TRAINED"], "a") as f:
+trial_dir = os.path.dirname(os.environ["AIP_CHECKPOINT_DIR"])
+with open(os.environ.get("TRAINED", os.path.join(trial_dir, "trained.jsonl")), "a") as f:
     f.write(json.dumps({"trial": int(os.environ["AUGUR_TRIAL_ID"]), "from": start,
                         "to": a.epochs, "budget": os.environ["AUGUR_BUDGET"]}) + "\n")
 def loss(epoch):
@@ -71,7 +73,7 @@ impl Trainer {
 }
 
 /// A study of 9 configurations, 3 at a time, on rungs 1, 3 and 9 epochs.
-fn asha_spec(name: &str) -> Value {
+pub(crate) fn asha_spec(name: &str) -> Value {
     json!({
         "name": name,
         "algorithm": "random",
@@ -137,7 +139,7 @@ async fn a_pulled_worker_resumes_promoted_trials_from_their_checkpoints() {
 /// What the trainer logged of a finished 9-configuration study on rungs 1, 3, 9: every
 /// launch continued where the trial's last one ended, at a rung, told its budget; 9 trials
 /// at 1 epoch, the top third at 3, one at 9, the best at 3 epochs of those that got there.
-async fn assert_ladder_climbed_by_resuming(
+pub(crate) async fn assert_ladder_climbed_by_resuming(
     app: &common::TestApp,
     study: &Value,
     trained: &std::path::Path,
@@ -319,10 +321,12 @@ async fn a_sigkilled_service_resumes_a_paused_study_and_decides_each_promotion_o
 
 /// Each trial's launches as `(from, to)` epochs, in order, from the trainer's log; each was
 /// told its budget (`AUGUR_BUDGET`, the same as `--epochs`), and every budget is a rung.
+/// The launches the trainer logged in `trained`: a file, or a directory whose trial
+/// directories each hold a `trained.jsonl`. By trial, in the order they ran.
 fn launches(trained: &std::path::Path) -> BTreeMap<i64, Vec<(u64, u64)>> {
     let mut launches: BTreeMap<i64, Vec<(u64, u64)>> = BTreeMap::new();
-    for line in std::fs::read_to_string(trained).expect("trained").lines() {
-        let l: Value = serde_json::from_str(line).expect("json line");
+    for line in logged_lines(trained) {
+        let l: Value = serde_json::from_str(&line).expect("json line");
         let (from, to) = (
             l["from"].as_u64().expect("from"),
             l["to"].as_u64().expect("to"),
@@ -390,4 +394,43 @@ async fn hyperband_brackets_run_to_the_end_resuming_from_checkpoints() {
         (3 + 5 + 3, 1 + 1 + 3),
         "{launches:?}"
     );
+}
+
+/// The lines of `trained`, or of every `trained.jsonl` under it.
+fn logged_lines(trained: &std::path::Path) -> Vec<String> {
+    if trained.is_file() {
+        let text = std::fs::read_to_string(trained).expect("trained");
+        return text.lines().map(str::to_string).collect();
+    }
+    let mut lines = Vec::new();
+    let mut dirs = vec![trained.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read dir").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.file_name().is_some_and(|n| n == "trained.jsonl") {
+                let text = std::fs::read_to_string(&path).expect("trained");
+                lines.extend(text.lines().map(str::to_string));
+            }
+        }
+    }
+    lines
+}
+
+/// ASHA through real Slurm: each rung of a trial is a batch job that resumes from the
+/// trial's checkpoint (the nodes share the file system).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asha_resumes_slurm_trials_from_their_checkpoints() {
+    crate::slurm::require_slurm();
+    let trainer = Trainer::new();
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let mut spec = asha_spec("asha-slurm");
+    spec["trial_job"] = trainer.trial_job(json!({}));
+    spec["trial_job"]["executor"] = json!("slurm");
+    let id = app.create_study(spec).await;
+    let study = app
+        .wait_for_state(id, "completed", Duration::from_secs(300))
+        .await;
+    assert_ladder_climbed_by_resuming(&app, &study, &trainer.trained).await;
 }

@@ -53,7 +53,7 @@ print("step=1 loss=%.12g" % loss)
 
 /// Fails (never skips) unless Slurm's client commands are installed and the controller
 /// answers.
-fn require_slurm() {
+pub(crate) fn require_slurm() {
     let on_path = std::env::var_os("PATH")
         .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("sbatch").is_file()));
     let flag = std::env::var("AUGUR_TEST_SLURM").unwrap_or_default();
