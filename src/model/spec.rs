@@ -87,6 +87,12 @@ pub struct StudySpec {
     /// Population-based training's settings, with `scheduler: pbt`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pbt: Option<PbtSpec>,
+    /// The study's total budget in `fidelity` units (e.g. 800 epochs over all trials): every
+    /// trial counts its latest budget (a trial that resumes from its checkpoint trains only
+    /// the difference). No attempt starts that would go past it; once no new configuration
+    /// fits, the study ends when nothing runs (paused trials end at their rung).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_budget: Option<f64>,
 }
 
 /// Population-based training (`scheduler: pbt`): `population` trials train in segments of
@@ -550,6 +556,8 @@ pub struct StudyConfig {
     pub scheduler: Option<SchedulerName>,
     /// With `scheduler: pbt`: its population and segments.
     pub pbt: Option<augur_optimizer::multi_fidelity::PbtSettings>,
+    /// The study's total budget in fidelity units.
+    pub max_budget: Option<f64>,
 }
 
 impl StudyConfig {
@@ -753,6 +761,7 @@ impl StudySpec {
         }
         let (fidelity, scheduler) = self.multi_fidelity(&ids, early_stopping.is_some())?;
         let pbt = self.pbt(fidelity.as_ref(), max_trials)?;
+        let max_budget = self.max_budget(fidelity.as_ref(), pbt.as_ref())?;
         let algorithm: Algorithm = self.algorithm.into();
         let space = SearchSpace { parameters };
         Ok(StudyConfig {
@@ -781,7 +790,37 @@ impl StudySpec {
             fidelity,
             scheduler,
             pbt,
+            max_budget,
         })
+    }
+
+    /// `max_budget`: in the fidelity's units, enough for the first attempt.
+    fn max_budget(
+        &self,
+        fidelity: Option<&FidelityConfig>,
+        pbt: Option<&augur_optimizer::multi_fidelity::PbtSettings>,
+    ) -> Result<Option<f64>, ValidationError> {
+        let Some(max) = self.max_budget else {
+            return Ok(None);
+        };
+        let Some(fidelity) = fidelity else {
+            return Err(ValidationError::new(
+                "max_budget",
+                "needs a fidelity: it counts the budget units of fidelity.argument",
+            ));
+        };
+        let first = match (self.scheduler, pbt) {
+            (Some(SchedulerName::Pbt), Some(pbt)) => pbt.rungs()[0],
+            (Some(_), _) => fidelity.ladder.rungs()[0],
+            (None, _) => fidelity.ladder.max,
+        };
+        if !(max.is_finite() && max >= first && max <= MAX_BUDGET as f64 * 1000.0) {
+            return Err(ValidationError::new(
+                "max_budget",
+                format!("must be at least the first attempt's budget ({first}) and finite"),
+            ));
+        }
+        Ok(Some(max))
     }
 
     /// `pbt` with `scheduler: pbt`: a population that has a top and a bottom, segments

@@ -242,6 +242,7 @@ pub fn from_vertex(doc: &Json) -> Result<VertexImport, ValidationError> {
         fidelity: None,
         scheduler: None,
         pbt: None,
+        max_budget: None,
     };
     for key in study.keys() {
         let known = [

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use augur_optimizer::multi_fidelity::{Asha, Hyperband, Pbt};
+use augur_optimizer::multi_fidelity::{Asha, BudgetCap, Hyperband, Pbt};
 use augur_optimizer::{
     CompletedTrial, FullBudget, Outcome, Policy, PriorStudy, StepMeasurement, StudyView,
     TrialStatus, TrialView, designer_for,
@@ -16,6 +16,16 @@ use crate::store::TrialRecord;
 /// What a study's trials are decided by: its scheduler over the rungs of its fidelity, else
 /// every trial at the full budget; new points from the study's algorithm.
 pub fn policy_for(config: &StudyConfig) -> Box<dyn Policy> {
+    let policy = scheduler_for(config);
+    match (config.max_budget, config.rungs(), &config.fidelity) {
+        (Some(max), Some(rungs), _) => Box::new(BudgetCap::new(policy, max, rungs)),
+        (Some(max), None, Some(f)) => Box::new(BudgetCap::new(policy, max, vec![f.ladder.max])),
+        _ => policy,
+    }
+}
+
+/// The study's scheduler over its designer, without the study's total budget.
+fn scheduler_for(config: &StudyConfig) -> Box<dyn Policy> {
     let designer = designer_for(config.algorithm);
     // Schedulers rank trials at a rung by the study's first objective metric.
     let metric = config.first_objective().cloned();

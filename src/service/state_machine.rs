@@ -29,6 +29,8 @@ pub struct Precomputed {
     pub stops: Vec<i64>,
     /// PBT: paused trials that copy another's checkpoint and go on with new values.
     pub exploits: Vec<Exploit>,
+    /// No new trial will start again (`max_budget` spent).
+    pub closed: bool,
     pub next_trial_id: i64,
 }
 
@@ -196,6 +198,8 @@ pub(super) struct StudyBatch {
     /// Failed trials this batch made requested again (`Command::Retry`).
     retried_in_batch: u64,
     study_changed: bool,
+    /// The study's policy said no new trial will start again (its `max_budget` is spent).
+    closed: bool,
 }
 
 impl StudyBatch {
@@ -243,6 +247,7 @@ impl StudyBatch {
             tokens: Vec::new(),
             stored_failed: None,
             failed_in_batch: 0,
+            closed: false,
             retried_in_batch: 0,
             study_changed: false,
         };
@@ -413,6 +418,9 @@ impl StudyBatch {
     }
 
     fn budget_left(&self) -> u64 {
+        if self.closed {
+            return 0;
+        }
         self.config
             .trial_budget()
             .saturating_sub(self.created_count())
@@ -471,7 +479,10 @@ impl StudyBatch {
         // paused (another replica's may have taken it): stops first, then promotions into
         // free slots, before new trials.
         let (points, resumes, stops, exploits) = match precomputed {
-            Some(p) => (Some((p.points, p.budgets)), p.resumes, p.stops, p.exploits),
+            Some(p) => {
+                self.closed = p.closed;
+                (Some((p.points, p.budgets)), p.resumes, p.stops, p.exploits)
+            }
             None => (None, Vec::new(), Vec::new(), Vec::new()),
         };
         for trial_id in stops {

@@ -408,6 +408,7 @@ fn suggestions_needed(
 fn precomputed(decided: PolicyOutput, next_trial_id: i64) -> Precomputed {
     let mut out = Precomputed {
         next_trial_id,
+        closed: decided.closed,
         ..Precomputed::default()
     };
     for decision in decided.decisions {

@@ -326,6 +326,21 @@ async fn bad_study_specs_name_their_field_and_create_nothing(backend: &str) {
             StatusCode::BAD_REQUEST,
             "scheduler",
         ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(json!({"max_budget": 100}))),
+            StatusCode::BAD_REQUEST,
+            "max_budget",
+        ),
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(json!({"scheduler": "asha", "max_budget": 0.5,
+                "fidelity": {"argument": "epochs", "min": 1, "max": 9}}))),
+            StatusCode::BAD_REQUEST,
+            "max_budget",
+        ),
         // PBT copies checkpoints between trials: the service must run them.
         (
             Method::POST,

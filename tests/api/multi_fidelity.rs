@@ -12,6 +12,7 @@ on_both_backends!(
     ask_tell_workers_get_promotions_as_the_same_trial_at_a_larger_budget,
     hyperband_starts_brackets_at_different_rungs_and_halves_each_when_it_is_whole,
     a_stopped_study_ends_its_paused_trials_at_their_rung,
+    a_study_starts_no_attempt_past_its_max_budget_and_then_ends,
 );
 
 fn asha_spec() -> Value {
@@ -202,4 +203,50 @@ async fn a_stopped_study_ends_its_paused_trials_at_their_rung(backend: &str) {
         );
         assert!(t["final_measurement"]["metrics"]["loss"].is_number(), "{t}");
     }
+}
+
+/// `max_budget: 8` epochs on rungs 1, 3, 9: attempts start while they fit (a promotion from 1
+/// to 3 costs 2), then no new configuration fits, the paused trials end at their rung and
+/// the study completes with 6 of its 9 configurations, 8 epochs allocated.
+async fn a_study_starts_no_attempt_past_its_max_budget_and_then_ends(backend: &str) {
+    let app = app(backend).await;
+    let mut spec = asha_spec();
+    spec["max_trials"] = json!(9);
+    spec["max_budget"] = json!(8);
+    let id = app.create_study(spec).await;
+    let first = suggest(&app, id, 3, Some("w")).await;
+    assert_eq!(ids(&first["trials"]), vec![1, 2, 3]);
+    for (trial, loss) in [(1, 0.5), (2, 0.2), (3, 0.9)] {
+        report(&app, id, trial, loss).await;
+    }
+    // 3 spent: trial 2 goes on to 3 epochs (2 more), two new ones start at 1.
+    let second = suggest(&app, id, 3, Some("w")).await;
+    assert_eq!(ids(&second["trials"]), vec![2, 4, 5], "{second}");
+    for (trial, loss) in [(2, 0.1), (4, 0.8), (5, 0.7)] {
+        report(&app, id, trial, loss).await;
+    }
+    // 7 spent: one more epoch fits, one new configuration, not three.
+    let third = suggest(&app, id, 3, Some("w")).await;
+    assert_eq!(ids(&third["trials"]), vec![6], "{third}");
+    assert_eq!(third["trials"][0]["budget"], 1);
+    report(&app, id, 6, 0.95).await;
+    // 8 spent: nothing fits (trial 1's promotion would cost 2, trial 2's 6): the paused
+    // trials end at their rung and the study is done.
+    let last = suggest(&app, id, 3, Some("w")).await;
+    assert!(ids(&last["trials"]).is_empty(), "{last}");
+    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    assert_eq!(study["state"], "completed", "{study}");
+    assert_eq!(study["trial_counts"]["completed"], 6, "{study}");
+    assert_eq!(study["trial_counts"]["paused"], 0, "{study}");
+    let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
+    let spent: f64 = trials["trials"]
+        .as_array()
+        .expect("trials")
+        .iter()
+        .filter_map(|t| t["budget"].as_f64())
+        .sum();
+    assert_eq!(spent, 8.0, "{trials}");
+    // None reached 9 epochs: the best is the best at 3, provisional.
+    assert_eq!(study["best_trial"]["id"], 2, "{study}");
+    assert_eq!(study["best_trial"]["provisional"], true, "{study}");
 }

@@ -165,6 +165,9 @@ pub struct PolicyOutput {
     pub decisions: Vec<Decision>,
     /// The designer's state to hand back as `previous_state` next time.
     pub state: Option<serde_json::Value>,
+    /// No new trial will start again (the study's `max_budget` is spent): once nothing runs
+    /// or waits, the study is done.
+    pub closed: bool,
 }
 
 impl PolicyOutput {
@@ -234,6 +237,7 @@ impl Policy for FullBudget {
                 })
                 .collect(),
             state: output.state,
+            closed: false,
         }
     }
 

@@ -98,6 +98,7 @@ impl Policy for EarlyStopping {
         PolicyOutput {
             decisions,
             state: None,
+            ..Default::default()
         }
     }
 

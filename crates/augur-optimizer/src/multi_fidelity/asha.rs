@@ -185,7 +185,11 @@ impl Policy for Asha {
                     .map(|t| Decision::Stop { trial: t.number }),
             );
         }
-        PolicyOutput { decisions, state }
+        PolicyOutput {
+            decisions,
+            state,
+            ..Default::default()
+        }
     }
 
     fn uses_history(&self) -> bool {

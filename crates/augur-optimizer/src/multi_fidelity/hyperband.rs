@@ -149,7 +149,11 @@ impl Policy for Hyperband {
             }
         }
         decisions.extend(stops);
-        PolicyOutput { decisions, state }
+        PolicyOutput {
+            decisions,
+            state,
+            ..Default::default()
+        }
     }
 
     fn uses_history(&self) -> bool {

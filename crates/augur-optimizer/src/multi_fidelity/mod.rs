@@ -5,6 +5,7 @@
 //! at that rung's step (budget units), or the latest one before it.
 
 pub mod asha;
+pub mod budget;
 pub mod hyperband;
 pub mod pbt;
 
@@ -14,6 +15,7 @@ use crate::decision::{TrialStatus, TrialView};
 use crate::designer::{Goal, MetricSpec};
 
 pub use asha::Asha;
+pub use budget::BudgetCap;
 pub use hyperband::Hyperband;
 pub use pbt::{Pbt, PbtSettings};
 

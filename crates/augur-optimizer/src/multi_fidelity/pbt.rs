@@ -254,7 +254,11 @@ impl Policy for Pbt {
             );
         }
         if created < population {
-            return PolicyOutput { decisions, state };
+            return PolicyOutput {
+                decisions,
+                state,
+                ..Default::default()
+            };
         }
         // A segment's end is decided once every member still training got there.
         let alive: Vec<Progress> = study
@@ -299,7 +303,11 @@ impl Policy for Pbt {
         // Copies first: they free the parents.
         let room = slots.saturating_sub(decisions.len());
         decisions.extend(exploits.into_iter().chain(go_on).take(room));
-        PolicyOutput { decisions, state }
+        PolicyOutput {
+            decisions,
+            state,
+            ..Default::default()
+        }
     }
 
     fn uses_history(&self) -> bool {
