@@ -918,6 +918,30 @@ fn vertex_parameter(p: &ParameterInput) -> Json {
     out
 }
 
+/// The trial job as the `job` member of the `CLUSTER_SPEC` and `TF_CONFIG` Augur gives every
+/// replica: Vertex's `CustomJobSpec` JSON (`workerPoolSpecs`, `scheduling`,
+/// `baseOutputDirectory`), as the export writes it, with two differences a trainer may see:
+/// `replicaCount` is a string, as proto3 JSON prints an int64 (and as Vertex's own variables
+/// carry it), and a pool with no image (the local and Slurm executors) has no `imageUri`.
+/// The `args` are the job's, without the trial's parameter arguments (each replica's command
+/// line has those), and the server's own variables (`--job-env`) are not listed.
+pub fn custom_job_spec(job: &TrialJobSpec) -> Json {
+    let mut spec = vertex_trial_job(job);
+    if let Some(pools) = spec["workerPoolSpecs"].as_array_mut() {
+        for pool in pools.iter_mut().filter_map(Json::as_object_mut) {
+            if let Some(n) = pool.get("replicaCount").and_then(Json::as_u64) {
+                pool.insert("replicaCount".into(), json!(n.to_string()));
+            }
+            if let Some(container) = pool.get_mut("containerSpec").and_then(Json::as_object_mut)
+                && container.get("imageUri").and_then(Json::as_str) == Some("")
+            {
+                container.remove("imageUri");
+            }
+        }
+    }
+    spec
+}
+
 fn vertex_trial_job(job: &TrialJobSpec) -> Json {
     // Without worker pools a trial is one replica with everything the job's.
     let single = [Some(WorkerPoolSpec::default())];
