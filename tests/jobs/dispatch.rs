@@ -1005,3 +1005,35 @@ print("loss=1")
     let seen: Value = serde_json::from_str(&seen).expect("JSON");
     assert_eq!(seen, trial["parameters"]);
 }
+
+/// A dispatched study with `study_stopping` ends before `max_trials` once three trials in a
+/// row make no progress; without `should_stop_asap` the trials running then finish (none
+/// fails, none is left), and no new one starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatched_study_stops_when_its_trials_stop_making_progress() {
+    let f = fixture();
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let mut spec = study(&f, "no-progress", 40, 2, &["--sleep=0.05"], json!({}));
+    spec["study_stopping"] = json!({"max_num_trials_no_progress": 3});
+    let id = app.create_study(spec).await;
+    let s = app
+        .wait_for_state(id, "completed", Duration::from_secs(120))
+        .await;
+    let reason = s["state_reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("max_num_trials_no_progress: 3"),
+        "the rule ended it: {s}"
+    );
+    let total = s["trial_counts"]["total"].as_i64().unwrap_or_default();
+    assert!((4..40).contains(&total), "it stopped early: {s}");
+    assert_eq!(
+        s["trial_counts"]["completed"], total,
+        "every trial finished: {s}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let later = app.get(&format!("/v1/studies/{id}")).await.body;
+    assert_eq!(
+        later["trial_counts"]["total"], total,
+        "none started after: {later}"
+    );
+}
