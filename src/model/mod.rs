@@ -27,7 +27,7 @@ pub use spec::{
     AlgorithmName, EarlyStoppingSpec, MeasurementSelection, MetricGoal, MetricSpecInput,
     ParameterInput, StudyConfig, StudySpec, StudyUpdate,
 };
-pub use study_stopping::{FinishedTrial, StudyStopping, StudyStoppingSpec};
+pub use study_stopping::{FinishedTrial, StopVerdict, StudyStopping, StudyStoppingSpec};
 pub use trial::{Measurement, Study, StudyState, Trial, TrialCounts, TrialPoint, TrialState};
 pub use trial_dirs::{StudyDir, StudyKey, TrialDirs};
 

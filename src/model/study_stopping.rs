@@ -37,8 +37,9 @@ pub struct StudyStoppingSpec {
     /// best by more than this, in the objective's units. 0 (the default): any improvement.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_delta_change: Option<f64>,
-    /// When the rule fires: true stops the running trials at once; false (the default)
-    /// lets them finish, starting no new one, and the study ends when they have.
+    /// When a rule of progress fires: true stops the running trials at once; false (the
+    /// default) lets them finish, starting no new one, and the study ends when they have.
+    /// The trials within `max_num_trials` always finish.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub should_stop_asap: bool,
 }
@@ -55,6 +56,15 @@ pub struct StudyStopping {
     /// The goal of the study's objective; `None` for a study with several objectives,
     /// which only `max_num_trials` may stop.
     pub goal: Option<Goal>,
+}
+
+/// Why the study should stop, and whether `should_stop_asap` may stop its running trials:
+/// not for `max_num_trials`, whose trials are all within the count (like `max_trials`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StopVerdict {
+    /// Recorded as the study's `state_reason`.
+    pub reason: String,
+    pub may_interrupt: bool,
 }
 
 /// A completed trial as the rule sees it: its objective value and when it completed.
@@ -173,16 +183,23 @@ impl StudyStopping {
         created: u64,
         completed: &[FinishedTrial],
         now: DateTime<Utc>,
-    ) -> Option<String> {
+    ) -> Option<StopVerdict> {
+        let stop = |reason: String, may_interrupt| {
+            Some(StopVerdict {
+                reason,
+                may_interrupt,
+            })
+        };
         if (completed.len() as u64) < self.min_num_trials {
             return None;
         }
         if let Some(max) = self.max_num_trials
             && created >= max
         {
-            return Some(format!(
-                "study_stopping: {created} trials made (max_num_trials: {max})"
-            ));
+            return stop(
+                format!("study_stopping: {created} trials made (max_num_trials: {max})"),
+                false,
+            );
         }
         let goal = self.goal?;
         let mut best: Option<f64> = None;
@@ -207,19 +224,25 @@ impl StudyStopping {
         if let Some(max) = self.max_num_trials_no_progress
             && without_progress >= max
         {
-            return Some(format!(
-                "study_stopping: {without_progress} completed trials without progress \
-                 (max_num_trials_no_progress: {max})"
-            ));
+            return stop(
+                format!(
+                    "study_stopping: {without_progress} completed trials without progress \
+                     (max_num_trials_no_progress: {max})"
+                ),
+                true,
+            );
         }
         if let (Some(max), Some(at)) = (self.max_duration_no_progress, last_progress)
             && now - at >= max
         {
-            return Some(format!(
-                "study_stopping: no progress for {} s (max_duration_no_progress_secs: {})",
-                (now - at).num_seconds(),
-                max.num_seconds()
-            ));
+            return stop(
+                format!(
+                    "study_stopping: no progress for {} s (max_duration_no_progress_secs: {})",
+                    (now - at).num_seconds(),
+                    max.num_seconds()
+                ),
+                true,
+            );
         }
         None
     }
@@ -260,10 +283,10 @@ mod tests {
         assert_eq!(r.verdict(3, &trials(&[0.5, 0.4, 0.3]), now), None);
         // A new best starts the count again.
         assert_eq!(r.verdict(5, &trials(&[0.5, 0.4, 0.6, 0.3, 0.2]), now), None);
-        let reason = r
-            .verdict(6, &trials(&[0.5, 0.4, 0.6, 0.3, 0.2, 0.1]), now)
-            .unwrap_or_default();
+        let verdict = r.verdict(6, &trials(&[0.5, 0.4, 0.6, 0.3, 0.2, 0.1]), now);
+        let reason = verdict.as_ref().map(|v| v.reason.as_str()).unwrap_or("");
         assert!(reason.contains("max_num_trials_no_progress: 3"), "{reason}");
+        assert!(verdict.is_some_and(|v| v.may_interrupt));
     }
 
     #[test]
@@ -298,10 +321,13 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(r.verdict(3, &trials(&[0.1, 0.2]), at(0)), None);
-        let reason = r
-            .verdict(4, &trials(&[0.1, 0.2]), at(0))
-            .unwrap_or_default();
+        let verdict = r.verdict(4, &trials(&[0.1, 0.2]), at(0));
+        let reason = verdict.as_ref().map(|v| v.reason.as_str()).unwrap_or("");
         assert!(reason.contains("max_num_trials: 4"), "{reason}");
+        assert!(
+            verdict.is_some_and(|v| !v.may_interrupt),
+            "the trials within the count always finish"
+        );
         assert_eq!(
             r.room(1),
             3,

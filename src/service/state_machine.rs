@@ -12,8 +12,8 @@ use super::design;
 use super::{ServiceError, ServiceResult};
 use crate::model::extension::trial_value;
 use crate::model::{
-    FinishedTrial, Measurement, MeasurementSelection, ParameterExtension, Step, StudyConfig,
-    StudyState, StudyUpdate, TrialState,
+    FinishedTrial, Measurement, MeasurementSelection, ParameterExtension, Step, StopVerdict,
+    StudyConfig, StudyState, StudyUpdate, TrialState,
 };
 use crate::store::{Store, StudyRecord, StudyTx, TrialRecord, TrialToken};
 
@@ -184,7 +184,7 @@ pub(super) struct StudyBatch {
     /// every command.
     stopping_due: bool,
     /// Study-level stopping's last answer in this batch: why the study should stop.
-    stopping_verdict: Option<String>,
+    stopping_verdict: Option<StopVerdict>,
 }
 
 impl StudyBatch {
@@ -1210,16 +1210,17 @@ impl StudyBatch {
             self.set_study_state(StudyState::Failed, Some(reason));
             return self.end_paused().await;
         }
-        if let Some(reason) = self.study_stopping_verdict().await? {
+        if let Some(verdict) = self.study_stopping_verdict().await? {
             // Paused trials would need a new run: they end here. With `should_stop_asap` the
             // study ends now (its dispatcher stops its jobs; pulled trials are told to stop
             // by `should_stop`); otherwise once its running trials have finished.
             self.end_paused().await?;
-            let asap = self
-                .config
-                .study_stopping
-                .as_ref()
-                .is_some_and(|s| s.should_stop_asap);
+            let asap = verdict.may_interrupt
+                && self
+                    .config
+                    .study_stopping
+                    .as_ref()
+                    .is_some_and(|s| s.should_stop_asap);
             if asap {
                 let running: Vec<i64> = self
                     .trials
@@ -1239,7 +1240,7 @@ impl StudyBatch {
                 .values()
                 .any(|t| matches!(t.state, TrialState::Active | TrialState::Stopping));
             if asap || !running {
-                self.set_study_state(StudyState::Completed, Some(reason));
+                self.set_study_state(StudyState::Completed, Some(verdict.reason));
             }
             return Ok(());
         }
@@ -1251,7 +1252,7 @@ impl StudyBatch {
 
     /// Study-level stopping's verdict (`model::study_stopping`), asked again only when it
     /// may have changed: the stored completed trials with this batch's over them.
-    async fn study_stopping_verdict(&mut self) -> ServiceResult<Option<String>> {
+    async fn study_stopping_verdict(&mut self) -> ServiceResult<Option<StopVerdict>> {
         let Some(rule) = self.config.study_stopping.clone() else {
             return Ok(None);
         };

@@ -13,6 +13,7 @@ on_both_backends!(
     a_study_stops_after_that_many_trials_without_progress,
     min_num_trials_holds_the_rule_back_until_that_many_completed,
     running_trials_finish_first_unless_should_stop_asap,
+    max_num_trials_is_a_budget_whose_trials_all_finish,
     bad_study_stopping_values_are_named_in_augurs_and_vertexs_terms,
 );
 
@@ -175,4 +176,36 @@ async fn bad_study_stopping_values_are_named_in_augurs_and_vertexs_terms(backend
         !listed.to_string().contains("\"bad\""),
         "nothing was created: {listed}"
     );
+}
+
+async fn max_num_trials_is_a_budget_whose_trials_all_finish(backend: &str) {
+    let app = app(backend).await;
+    let id = app
+        .create_study(stopping_spec(
+            "max-num-trials",
+            3,
+            json!({"max_num_trials": 2, "should_stop_asap": true}),
+        ))
+        .await;
+    // One suggestion of three makes only the two the count allows.
+    assert_eq!(
+        ids(&suggest(&app, id, 3, Some("a")).await["trials"]),
+        [1, 2]
+    );
+    let none = suggest(&app, id, 1, Some("b")).await;
+    assert!(ids(&none["trials"]).is_empty(), "{none}");
+    for trial in [1, 2] {
+        let t = app
+            .get(&format!("/v1/studies/{id}/trials/{trial}"))
+            .await
+            .body;
+        assert_eq!(t["state"], "active", "not stopped, even asap: {t}");
+    }
+    complete(&app, id, 1, 0.3).await;
+    complete(&app, id, 2, 0.2).await;
+    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    assert_eq!(study["state"], "completed", "{study}");
+    assert_eq!(study["trial_counts"]["completed"], 2, "{study}");
+    let reason = study["state_reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("max_num_trials: 2"), "{study}");
 }
