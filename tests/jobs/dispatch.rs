@@ -1072,5 +1072,12 @@ async fn should_stop_asap_ends_a_dispatched_study_and_stops_its_jobs() {
         }
     })
     .await;
-    assert_eq!(common::processes_with(&f.script.display().to_string()), 0);
+    let marker = f.script.display().to_string();
+    common::eventually("no job process left", Duration::from_secs(5), || async {
+        match common::processes_with(&marker) {
+            0 => Ok(()),
+            n => Err(format!("{n} job processes alive")),
+        }
+    })
+    .await;
 }
