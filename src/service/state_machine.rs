@@ -422,7 +422,9 @@ impl StudyBatch {
     ) -> ServiceResult<Reply> {
         // Study-level stopping is asked before any new trial (as Vertex asks it before each
         // suggestion): it may end the study here.
-        self.settle_study_state().await?;
+        if self.config.study_stopping.is_some() {
+            self.settle_study_state().await?;
+        }
         if self.study.state != StudyState::Active {
             return Ok(self.suggested(Vec::new(), 0, false));
         }
