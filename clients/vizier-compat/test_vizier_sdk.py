@@ -246,3 +246,33 @@ def test_errors_arrive_as_vertexs(server: Server, tokens: Dict[str, str]) -> Non
     with pytest.raises(RefreshError):
         vizier_client(server, "not-a-token").get_study(name=study.name)
     writer.delete_study(name=study.name)
+
+
+def test_study_stopping_config_ends_a_study_through_the_generated_client(
+        server: Server, tokens: Dict[str, str]) -> None:
+    """`studyStoppingConfig` as the generated client writes it (wrapper types, a Duration) is
+    kept, read back, and ends the study once a trial makes no progress; a runtime
+    constraint is refused naming the field."""
+    client = vizier_client(server, tokens["writer"])
+    spec = conditional_spec()
+    spec["study_stopping_config"] = {"max_num_trials_no_progress": 1,
+                                     "max_duration_no_progress": {"seconds": 3600}}
+    study = client.create_study(parent=PARENT, study={"display_name": unique("stopping"),
+                                                      "study_spec": spec})
+    kept = study.study_spec.study_stopping_config
+    assert kept.max_num_trials_no_progress == 1
+    assert kept.max_duration_no_progress.total_seconds() == 3600
+    for loss in (0.2, 0.9):  # loss is minimized: 0.9 makes no progress
+        trial = client.suggest_trials(request={"parent": study.name, "suggestion_count": 1,
+                                               "client_id": "w"}).result().trials[0]
+        client.complete_trial(request={"name": trial.name, "final_measurement": {
+            "metrics": [{"metric_id": "loss", "value": loss}]}})
+    assert client.get_study(name=study.name).state.name == "COMPLETED"
+    bad = conditional_spec()
+    bad["study_stopping_config"] = {"maximum_runtime_constraint": {
+        "max_duration": {"seconds": 60}}}
+    with pytest.raises(exceptions.BadRequest) as raised:
+        client.create_study(parent=PARENT, study={"display_name": unique("runtime"),
+                                                  "study_spec": bad})
+    assert "studyStoppingConfig.maximumRuntimeConstraint" in raised.value.message
+    client.delete_study(name=study.name)

@@ -44,9 +44,11 @@ def main():
     tf_config = json.loads(os.environ.get("TF_CONFIG", "{}"))
     task = tf_config.get("task", {})
     print(f"TF_CONFIG task: {json.dumps(task)} cluster: {json.dumps(tf_config.get('cluster', {}))}", flush=True)
+    # The tuning trial this replica belongs to, as Vertex AI sets it (a string: "7").
+    trial = task["trial"]
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     chief = task.get("type", "chief") == "chief"
-    print(f"strategy: {strategy.num_replicas_in_sync} replicas in sync; this is {task.get('type')} {task.get('index')}", flush=True)
+    print(f"strategy: {strategy.num_replicas_in_sync} replicas in sync; this is {task.get('type')} {task.get('index')} of trial {trial}", flush=True)
 
     x, y = make_data()
     split = int(0.8 * len(x))

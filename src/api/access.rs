@@ -175,12 +175,34 @@ pub fn trial_of_path(template: &str, path: &str) -> Option<(i64, i64)> {
 /// The study a request changes, from its route: any method but GET, HEAD and OPTIONS on a
 /// route under `/v1/studies/{study}`. Replicas send such requests to the study's owner.
 pub fn study_changed(method: &Method, template: &str, path: &str) -> Option<i64> {
-    let rest = template.strip_prefix("/v1/studies/{study}")?;
+    let Some(rest) = template.strip_prefix("/v1/studies/{study}") else {
+        return vizier_study_changed(method, template, path);
+    };
     if !(rest.is_empty() || rest.starts_with('/')) {
         return None;
     }
     // The route is one of a study's: its id as clients read it from the path.
     crate::model::request::study_changed_by(method.as_str(), path)
+}
+
+/// The same for Vertex's Vizier routes (`api/vizier`): a change (not GET, HEAD or OPTIONS)
+/// on a route under `/{v1,v1beta1}/projects/{project}/locations/{location}/studies/{study}`,
+/// the study's id being the path's segment after `studies/`. An operation's `:wait` and
+/// `:cancel` only read, and stay where they arrive.
+fn vizier_study_changed(method: &Method, template: &str, path: &str) -> Option<i64> {
+    if [Method::GET, Method::HEAD, Method::OPTIONS].contains(method) {
+        return None;
+    }
+    let rest = ["/v1/", "/v1beta1/"]
+        .iter()
+        .find_map(|v| template.strip_prefix(v))?
+        .strip_prefix("projects/{project}/locations/{location}/studies/{study}")?;
+    if !(rest.is_empty() || rest.starts_with('/')) || rest.contains("/operations/") {
+        return None;
+    }
+    let (_, after) = path.split_once("/studies/")?;
+    let id = after.split(['/', ':', '?']).next()?;
+    id.parse().ok().filter(|id: &i64| *id > 0)
 }
 
 #[cfg(test)]
@@ -246,5 +268,47 @@ mod tests {
         );
         assert_eq!(study_changed(&post, "/v1/studies", "/v1/studies"), None);
         assert_eq!(study_changed(&post, "/v1/tokens", "/v1/tokens"), None);
+    }
+
+    #[test]
+    fn vizier_changes_of_a_study_go_to_its_owner_as_the_rest_apis_do() {
+        let parent = "/projects/{project}/locations/{location}";
+        let study = format!("/v1{parent}/studies/{{study}}");
+        let path = "/v1/projects/p/locations/l/studies/7";
+        assert_eq!(
+            study_changed(
+                &Method::POST,
+                &format!("{study}/trials:suggest"),
+                &format!("{path}/trials:suggest")
+            ),
+            Some(7)
+        );
+        assert_eq!(
+            study_changed(
+                &Method::POST,
+                &format!("/v1beta1{parent}/studies/{{study}}/trials/{{trial}}"),
+                "/v1beta1/projects/p/locations/l/studies/8/trials/2:complete"
+            ),
+            Some(8)
+        );
+        assert_eq!(study_changed(&Method::DELETE, &study, path), Some(7));
+        assert_eq!(study_changed(&Method::GET, &study, path), None, "a read");
+        assert_eq!(
+            study_changed(
+                &Method::POST,
+                &format!("/v1{parent}/studies"),
+                "/v1/projects/p/locations/l/studies"
+            ),
+            None,
+            "a create has no owner yet"
+        );
+        assert_eq!(
+            study_changed(
+                &Method::POST,
+                &format!("{study}/operations/{{operation}}"),
+                &format!("{path}/operations/suggest-1:wait")
+            ),
+            None
+        );
     }
 }

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
+use crate::model::vertex::custom_job_spec;
 use crate::model::{ReplicaId, TrialJobSpec};
 
 /// Where one replica listens. Strings, not a socket address: the Slurm executor fills in
@@ -25,10 +26,13 @@ impl Address {
     }
 }
 
-/// How many replicas each pool has (0: the pool is skipped).
+/// How many replicas each pool has (0: the pool is skipped), and the job they belong to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterLayout {
     pools: Vec<usize>,
+    /// The trial job in Vertex's `CustomJobSpec` JSON: the `job` member of `CLUSTER_SPEC` and
+    /// `TF_CONFIG`, made once per attempt.
+    job: Value,
 }
 
 /// TensorFlow's name for each pool: chief, worker, ps, evaluator.
@@ -40,7 +44,10 @@ impl ClusterLayout {
         for r in job.replicas() {
             pools[r.id.pool] += 1;
         }
-        ClusterLayout { pools }
+        ClusterLayout {
+            pools,
+            job: custom_job_spec(job),
+        }
     }
 
     /// Every replica, the primary first, pool by pool.
@@ -96,7 +103,10 @@ pub fn cluster_env(
             "CLUSTER_SPEC".to_string(),
             cluster_spec(layout, &pools, me, trial_id).to_string(),
         ),
-        ("TF_CONFIG".to_string(), tf_config(&pools, me).to_string()),
+        (
+            "TF_CONFIG".to_string(),
+            tf_config(layout, &pools, me, trial_id).to_string(),
+        ),
         ("MASTER_ADDR".to_string(), primary.host.clone()),
         ("MASTER_PORT".to_string(), primary.port.clone()),
     ];
@@ -114,6 +124,12 @@ pub fn cluster_env(
     env
 }
 
+/// The `task` member of both configurations: the replica's type and index, and the trial's
+/// id as a string, as Vertex sets it in a tuning job's trials.
+fn task(task_type: &str, me: ReplicaId, trial_id: i64) -> Value {
+    json!({"type": task_type, "index": me.index, "trial": trial_id.to_string()})
+}
+
 /// Vertex AI's `CLUSTER_SPEC`.
 fn cluster_spec(
     layout: &ClusterLayout,
@@ -125,22 +141,23 @@ fn cluster_spec(
         .iter()
         .map(|(pool, list)| (format!("workerpool{pool}"), json!(list)))
         .collect();
-    let specs: Vec<Value> = layout
-        .pools
-        .iter()
-        .map(|&n| json!({"replicaCount": n.to_string()}))
-        .collect();
     json!({
         "cluster": cluster,
         "environment": "cloud",
-        "task": {"type": format!("workerpool{}", me.pool), "index": me.index, "trial": trial_id.to_string()},
-        "job": {"workerPoolSpecs": specs},
+        "task": task(&format!("workerpool{}", me.pool), me, trial_id),
+        "job": layout.job,
     })
 }
 
 /// TensorFlow's `TF_CONFIG`: chief, worker and ps in `cluster`; an evaluator is told its
-/// task but is no member of the cluster.
-fn tf_config(pools: &[(usize, Vec<String>)], me: ReplicaId) -> Value {
+/// task but is no member of the cluster. Vertex adds the task's `trial` and the `job`, which
+/// TensorFlow ignores.
+fn tf_config(
+    layout: &ClusterLayout,
+    pools: &[(usize, Vec<String>)],
+    me: ReplicaId,
+    trial_id: i64,
+) -> Value {
     let cluster: BTreeMap<&str, &Vec<String>> = pools
         .iter()
         .filter(|(pool, _)| *pool < 3)
@@ -149,8 +166,9 @@ fn tf_config(pools: &[(usize, Vec<String>)], me: ReplicaId) -> Value {
     let task_type = TF_TASK_TYPES.get(me.pool).copied().unwrap_or("worker");
     json!({
         "cluster": cluster,
-        "task": {"type": task_type, "index": me.index},
+        "task": task(task_type, me, trial_id),
         "environment": "cloud",
+        "job": layout.job,
     })
 }
 
@@ -212,7 +230,17 @@ mod tests {
         assert_eq!(tf["cluster"]["chief"], json!(["h0:1000"]));
         assert_eq!(tf["cluster"]["worker"], json!(["h1:1010", "h1:1011"]));
         assert_eq!(tf["cluster"]["ps"], json!(["h2:1020"]));
-        assert_eq!(tf["task"], json!({"type": "worker", "index": 1}));
+        assert_eq!(
+            tf["task"],
+            json!({"type": "worker", "index": 1, "trial": "7"})
+        );
+        let pools = json!([
+            {"replicaCount": "1", "containerSpec": {"command": ["train"]}, "machineSpec": {"machineType": "n1-standard-4"}},
+            {"replicaCount": "2", "containerSpec": {"command": ["train"]}, "machineSpec": {"machineType": "n1-standard-4"}},
+            {"replicaCount": "1", "containerSpec": {"command": ["train"]}, "machineSpec": {"machineType": "n1-standard-4"}},
+        ]);
+        assert_eq!(tf["job"], json!({"workerPoolSpecs": pools}));
+        assert_eq!(spec["job"], tf["job"], "one job spec in both conventions");
     }
 
     #[test]

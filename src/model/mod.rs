@@ -10,6 +10,7 @@ mod parameters;
 pub mod request;
 mod role;
 pub mod spec;
+pub mod study_stopping;
 pub mod trial;
 pub mod trial_dirs;
 pub mod vertex;
@@ -26,6 +27,7 @@ pub use spec::{
     AlgorithmName, EarlyStoppingSpec, MeasurementSelection, MetricGoal, MetricSpecInput,
     ParameterInput, StudyConfig, StudySpec, StudyUpdate,
 };
+pub use study_stopping::{FinishedTrial, StopVerdict, StudyStopping, StudyStoppingSpec};
 pub use trial::{
     Lineage, Measurement, Segment, Study, StudyState, Trial, TrialCounts, TrialPoint, TrialState,
 };

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::ValidationError;
+use super::study_stopping::{StudyStopping, StudyStoppingSpec};
 
 /// Default lease of a pulled trial: it returns to `requested` after this long without news.
 pub const DEFAULT_TRIAL_LEASE_SECS: i64 = 600;
@@ -54,6 +55,10 @@ pub struct StudySpec {
     pub seed: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub early_stopping: Option<EarlyStoppingSpec>,
+    /// Study-level stopping: end the study before `max_trials` when it stops making
+    /// progress (Vertex's `studyStoppingConfig`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub study_stopping: Option<StudyStoppingSpec>,
     /// Seconds an active pulled trial may go without heartbeat, measurement or completion
     /// before it returns to `requested`.
     #[serde(default = "default_lease")]
@@ -543,6 +548,8 @@ pub struct StudyConfig {
     pub seed: u64,
     /// The early-stopping rule and the metric it reads.
     pub early_stopping: Option<EarlyStopping>,
+    /// Study-level stopping; `None`: the study runs to `max_trials`.
+    pub study_stopping: Option<StudyStopping>,
     pub trial_lease_secs: i64,
     pub suggestion_time_budget: std::time::Duration,
     /// How the service runs each trial itself; `None` for ask/tell studies.
@@ -729,6 +736,15 @@ impl StudySpec {
             .as_ref()
             .map(|e| e.validate(&metrics))
             .transpose()?;
+        let objectives: Vec<Goal> = augur_optimizer::objective_metrics(&metrics)
+            .iter()
+            .map(|m| m.goal)
+            .collect();
+        let study_stopping = self
+            .study_stopping
+            .as_ref()
+            .map(|s| s.validate(&objectives))
+            .transpose()?;
         if !(0..=1000).contains(&self.fail_fast_trials) {
             return Err(ValidationError::new(
                 "fail_fast_trials",
@@ -776,6 +792,7 @@ impl StudySpec {
             measurement_selection: self.measurement_selection,
             seed: self.seed.unwrap_or(0),
             early_stopping,
+            study_stopping,
             trial_lease_secs: self.trial_lease_secs,
             suggestion_time_budget: std::time::Duration::from_secs_f64(
                 self.suggestion_time_budget_secs,

@@ -18,6 +18,7 @@ use super::spec::{
     AlgorithmName, ChildInput, EarlyStoppingSpec, MeasurementSelection, MetricGoal,
     MetricSpecInput, ParameterInput, ParameterType, ScaleName, StoppingRuleName, StudySpec,
 };
+use super::study_stopping::StudyStoppingSpec;
 
 /// A Vertex spec read into Augur's, with what was not carried over.
 #[derive(Debug, Clone, PartialEq)]
@@ -235,6 +236,7 @@ pub fn from_vertex(doc: &Json) -> Result<VertexImport, ValidationError> {
         measurement_selection: measurement_selection(&study)?,
         seed: None,
         early_stopping: early_stopping(&study, &mut warnings)?,
+        study_stopping: study_stopping(&study, &mut warnings)?,
         trial_lease_secs: super::spec::DEFAULT_TRIAL_LEASE_SECS,
         suggestion_time_budget_secs: super::spec::DEFAULT_SUGGESTION_TIME_BUDGET_SECS,
         trial_job: None,
@@ -253,6 +255,7 @@ pub fn from_vertex(doc: &Json) -> Result<VertexImport, ValidationError> {
             "decayCurveStoppingSpec",
             "medianAutomatedStoppingSpec",
             "convexAutomatedStoppingSpec",
+            "studyStoppingConfig",
         ];
         if known.contains(&key.as_str()) {
             continue;
@@ -260,9 +263,6 @@ pub fn from_vertex(doc: &Json) -> Result<VertexImport, ValidationError> {
         warnings.push(match key.as_str() {
             "observationNoise" => {
                 "studySpec.observationNoise: the GP learns the noise itself; ignored".into()
-            }
-            "studyStoppingConfig" => {
-                "studySpec.studyStoppingConfig: Augur stops at maxTrialCount; ignored".into()
             }
             other => format!("studySpec.{other}: not a field Augur uses; ignored"),
         });
@@ -274,8 +274,18 @@ pub fn from_vertex(doc: &Json) -> Result<VertexImport, ValidationError> {
         )?);
     }
     // Whatever Vertex accepts and Augur does not is named here, in Augur's terms.
-    spec.clone().with_seed(0).validate()?;
+    spec.clone().with_seed(0).validate().map_err(vertex_field)?;
     Ok(VertexImport { spec, warnings })
+}
+
+/// An error of Augur's validation, renamed to the Vertex field it came from where the names
+/// differ (`study_stopping.min_num_trials` → `studySpec.studyStoppingConfig.minNumTrials`).
+fn vertex_field(mut e: ValidationError) -> ValidationError {
+    if let Some(rest) = e.field.strip_prefix("study_stopping.") {
+        let name = rest.strip_suffix("_secs").unwrap_or(rest);
+        e.field = format!("studySpec.studyStoppingConfig.{}", camel(name));
+    }
+    e
 }
 
 fn algorithm(study: &Obj<'_>) -> Result<AlgorithmName, ValidationError> {
@@ -350,7 +360,9 @@ fn early_stopping(
     if study.get("convexAutomatedStoppingSpec").is_some() {
         return Err(study.err(
             "convexAutomatedStoppingSpec",
-            "not supported: use medianAutomatedStoppingSpec or decayCurveStoppingSpec",
+            "not supported: Vertex's convex rule records measurements it predicts on the \
+             trials it stops, and Augur keeps only reported ones (see the README); use \
+             medianAutomatedStoppingSpec or decayCurveStoppingSpec",
         ));
     }
     let rules = [
@@ -376,6 +388,63 @@ fn early_stopping(
         }));
     }
     Ok(None)
+}
+
+/// `studyStoppingConfig` as `study_stopping`. The runtime constraints are refused: Augur's
+/// rules have no wall-clock bounds of a whole study, and ignoring one would run a study
+/// longer or shorter than asked.
+fn study_stopping(
+    study: &Obj<'_>,
+    warnings: &mut Vec<String>,
+) -> Result<Option<StudyStoppingSpec>, ValidationError> {
+    let Some(doc) = study.get("studyStoppingConfig") else {
+        return Ok(None);
+    };
+    let config = Obj::new(doc, "studySpec.studyStoppingConfig")?;
+    for key in ["minimumRuntimeConstraint", "maximumRuntimeConstraint"] {
+        if config.get(key).is_some_and(|v| !v.is_null()) {
+            return Err(config.err(
+                key,
+                "not supported: Augur bounds a study by trials and by time without progress \
+                 (maxNumTrials, maxDurationNoProgress), not by a runtime",
+            ));
+        }
+    }
+    warn_unknown(
+        &config,
+        &[
+            "shouldStopAsap",
+            "minNumTrials",
+            "maxNumTrials",
+            "maxNumTrialsNoProgress",
+            "maxDurationNoProgress",
+            "minimumRuntimeConstraint",
+            "maximumRuntimeConstraint",
+        ],
+        warnings,
+    );
+    let should_stop_asap = match config.get("shouldStopAsap") {
+        None | Some(Json::Null) => false,
+        Some(Json::Bool(b)) => *b,
+        Some(_) => return Err(config.err("shouldStopAsap", "must be true or false")),
+    };
+    let max_duration_no_progress_secs = match config.string("maxDurationNoProgress")? {
+        None => None,
+        Some(text) => Some(parse_duration(&text).ok_or_else(|| {
+            config.err(
+                "maxDurationNoProgress",
+                "must be a duration of at least one second, as \"3600s\"",
+            )
+        })? as i64),
+    };
+    Ok(Some(StudyStoppingSpec {
+        min_num_trials: config.int("minNumTrials")?,
+        max_num_trials: config.int("maxNumTrials")?,
+        max_num_trials_no_progress: config.int("maxNumTrialsNoProgress")?,
+        max_duration_no_progress_secs,
+        min_delta_change: None,
+        should_stop_asap,
+    }))
 }
 
 fn parameters(
@@ -839,6 +908,29 @@ pub fn to_vertex(spec: &StudySpec) -> Json {
         };
         study[key] = json!({"useElapsedDuration": false});
     }
+    if let Some(stopping) = &spec.study_stopping {
+        // Int32Value and BoolValue: plain JSON numbers and booleans. `min_delta_change` has
+        // no Vertex field and is left out.
+        let mut config = Map::new();
+        let mut put = |key: &str, value: Option<i64>| {
+            if let Some(v) = value {
+                config.insert(key.into(), json!(v));
+            }
+        };
+        put("minNumTrials", stopping.min_num_trials);
+        put("maxNumTrials", stopping.max_num_trials);
+        put(
+            "maxNumTrialsNoProgress",
+            stopping.max_num_trials_no_progress,
+        );
+        if let Some(secs) = stopping.max_duration_no_progress_secs {
+            config.insert("maxDurationNoProgress".into(), json!(format!("{secs}s")));
+        }
+        if stopping.should_stop_asap {
+            config.insert("shouldStopAsap".into(), json!(true));
+        }
+        study["studyStoppingConfig"] = Json::Object(config);
+    }
     let mut job = json!({
         "displayName": spec.name,
         "maxTrialCount": spec.max_trials,
@@ -918,6 +1010,30 @@ fn vertex_parameter(p: &ParameterInput) -> Json {
         out["conditionalParameterSpecs"] = json!(conditionals);
     }
     out
+}
+
+/// The trial job as the `job` member of the `CLUSTER_SPEC` and `TF_CONFIG` Augur gives every
+/// replica: Vertex's `CustomJobSpec` JSON (`workerPoolSpecs`, `scheduling`,
+/// `baseOutputDirectory`), as the export writes it, with two differences a trainer may see:
+/// `replicaCount` is a string, as proto3 JSON prints an int64 (and as Vertex's own variables
+/// carry it), and a pool with no image (the local and Slurm executors) has no `imageUri`.
+/// The `args` are the job's, without the trial's parameter arguments (each replica's command
+/// line has those), and the server's own variables (`--job-env`) are not listed.
+pub fn custom_job_spec(job: &TrialJobSpec) -> Json {
+    let mut spec = vertex_trial_job(job);
+    if let Some(pools) = spec["workerPoolSpecs"].as_array_mut() {
+        for pool in pools.iter_mut().filter_map(Json::as_object_mut) {
+            if let Some(n) = pool.get("replicaCount").and_then(Json::as_u64) {
+                pool.insert("replicaCount".into(), json!(n.to_string()));
+            }
+            if let Some(container) = pool.get_mut("containerSpec").and_then(Json::as_object_mut)
+                && container.get("imageUri").and_then(Json::as_str) == Some("")
+            {
+                container.remove("imageUri");
+            }
+        }
+    }
+    spec
 }
 
 fn vertex_trial_job(job: &TrialJobSpec) -> Json {
@@ -1387,6 +1503,30 @@ study_spec:
         };
         type Change<'a> = &'a dyn Fn(&mut Json);
         let cases: Vec<(Change<'_>, &str)> = vec![
+            (
+                &|d| {
+                    d["studySpec"]["studyStoppingConfig"] =
+                        json!({"maximumRuntimeConstraint": {"maxDuration": "3600s"}})
+                },
+                "studySpec.studyStoppingConfig.maximumRuntimeConstraint",
+            ),
+            (
+                &|d| {
+                    d["studySpec"]["studyStoppingConfig"] =
+                        json!({"minNumTrials": 9, "maxNumTrials": 3})
+                },
+                "studySpec.studyStoppingConfig.minNumTrials",
+            ),
+            (
+                &|d| {
+                    d["studySpec"]["studyStoppingConfig"] = json!({"maxDurationNoProgress": "soon"})
+                },
+                "studySpec.studyStoppingConfig.maxDurationNoProgress",
+            ),
+            (
+                &|d| d["studySpec"]["studyStoppingConfig"] = json!({"maxNumTrialsNoProgress": 0}),
+                "studySpec.studyStoppingConfig.maxNumTrialsNoProgress",
+            ),
             (
                 &|d| d["studySpec"]["parameters"][0]["scaleType"] = json!("UNIT_CUBIC_SCALE"),
                 "studySpec.parameters[0].scaleType",

@@ -12,8 +12,8 @@ use super::design;
 use super::{ServiceError, ServiceResult};
 use crate::model::extension::trial_value;
 use crate::model::{
-    Measurement, MeasurementSelection, ParameterExtension, Segment, Step, StudyConfig, StudyState,
-    StudyUpdate, TrialState,
+    FinishedTrial, Measurement, MeasurementSelection, ParameterExtension, Segment, Step,
+    StopVerdict, StudyConfig, StudyState, StudyUpdate, TrialState,
 };
 use crate::store::{Store, StudyRecord, StudyTx, TrialRecord, TrialToken};
 
@@ -200,6 +200,12 @@ pub(super) struct StudyBatch {
     study_changed: bool,
     /// The study's policy said no new trial will start again (its `max_budget` is spent).
     closed: bool,
+    /// Study-level stopping must be asked again (a trial completed or was excluded, trials
+    /// are asked for, the study changed): it reads every completed trial, so not after
+    /// every command.
+    stopping_due: bool,
+    /// Study-level stopping's last answer in this batch: why the study should stop.
+    stopping_verdict: Option<StopVerdict>,
 }
 
 impl StudyBatch {
@@ -250,6 +256,8 @@ impl StudyBatch {
             closed: false,
             retried_in_batch: 0,
             study_changed: false,
+            stopping_due: false,
+            stopping_verdict: None,
         };
         batch.expire_leases();
         let mut results = Vec::with_capacity(commands.len());
@@ -269,6 +277,17 @@ impl StudyBatch {
     }
 
     async fn apply(&mut self, command: Command) -> ServiceResult<Reply> {
+        // What may change study-level stopping's verdict (a suggestion asks it first).
+        self.stopping_due |= matches!(
+            command,
+            Command::Suggest { .. }
+                | Command::AddTrial { .. }
+                | Command::Complete { .. }
+                | Command::Fail { .. }
+                | Command::SetExcluded { .. }
+                | Command::Update(_)
+                | Command::Resume
+        );
         match command {
             Command::Suggest {
                 count,
@@ -438,6 +457,11 @@ impl StudyBatch {
         precomputed: Option<Precomputed>,
         dispatched: bool,
     ) -> ServiceResult<Reply> {
+        // Study-level stopping is asked before any new trial (as Vertex asks it before each
+        // suggestion): it may end the study here.
+        if self.config.study_stopping.is_some() {
+            self.settle_study_state().await?;
+        }
         if self.study.state != StudyState::Active {
             return Ok(self.suggested(Vec::new(), 0, false));
         }
@@ -478,13 +502,20 @@ impl StudyBatch {
         // A scheduler's decisions on paused trials, each taken only if the trial is still
         // paused (another replica's may have taken it): stops first, then promotions into
         // free slots, before new trials.
-        let (points, resumes, stops, exploits) = match precomputed {
+        let (points, mut resumes, stops, mut exploits) = match precomputed {
             Some(p) => {
                 self.closed = p.closed;
                 (Some((p.points, p.budgets)), p.resumes, p.stops, p.exploits)
             }
             None => (None, Vec::new(), Vec::new(), Vec::new()),
         };
+        // A study that study-level stopping ends once its running trials finish starts no
+        // new trial and resumes no paused one; requested trials, already made, still run.
+        let stopping = self.stopping_verdict.is_some();
+        if stopping {
+            resumes.clear();
+            exploits.clear();
+        }
         for trial_id in stops {
             self.stop_paused(trial_id).await?;
         }
@@ -529,7 +560,19 @@ impl StudyBatch {
         }
         let resumed = handed.len();
         let wanted = count.saturating_sub(handed.len()) as u64;
-        let new_count = wanted.min(self.free_slots()).min(self.budget_left()) as usize;
+        let room = self
+            .config
+            .study_stopping
+            .as_ref()
+            .map_or(u64::MAX, |rule| rule.room(self.created_count()));
+        let new_count = if stopping {
+            0
+        } else {
+            wanted
+                .min(self.free_slots())
+                .min(self.budget_left())
+                .min(room) as usize
+        };
         if new_count > 0 {
             // The policy's budgets; points chosen here start at the lowest rung.
             let (suggestions, budgets) = match points {
@@ -1260,10 +1303,93 @@ impl StudyBatch {
             self.set_study_state(StudyState::Failed, Some(reason));
             return self.end_paused().await;
         }
+        if let Some(verdict) = self.study_stopping_verdict().await? {
+            // Paused trials would need a new run: they end here. With `should_stop_asap` the
+            // study ends now (its dispatcher stops its jobs; pulled trials are told to stop
+            // by `should_stop`); otherwise once its running trials have finished.
+            self.end_paused().await?;
+            let asap = verdict.may_interrupt
+                && self
+                    .config
+                    .study_stopping
+                    .as_ref()
+                    .is_some_and(|s| s.should_stop_asap);
+            if asap {
+                let running: Vec<i64> = self
+                    .trials
+                    .values()
+                    .filter(|t| t.state == TrialState::Active)
+                    .map(|t| t.id)
+                    .collect();
+                for id in running {
+                    if let Some(trial) = self.trials.get_mut(&id) {
+                        trial.state = TrialState::Stopping;
+                        self.changed.insert(id);
+                    }
+                }
+            }
+            let running = self
+                .trials
+                .values()
+                .any(|t| matches!(t.state, TrialState::Active | TrialState::Stopping));
+            if asap || !running {
+                self.set_study_state(StudyState::Completed, Some(verdict.reason));
+            }
+            return Ok(());
+        }
         if self.budget_left() == 0 && self.unfinished_count() == 0 && self.paused_count() == 0 {
             self.set_study_state(StudyState::Completed, None);
         }
         Ok(())
+    }
+
+    /// Study-level stopping's verdict (`model::study_stopping`), asked again only when it
+    /// may have changed: the stored completed trials with this batch's over them.
+    async fn study_stopping_verdict(&mut self) -> ServiceResult<Option<StopVerdict>> {
+        let Some(rule) = self.config.study_stopping.clone() else {
+            return Ok(None);
+        };
+        if !std::mem::take(&mut self.stopping_due) {
+            return Ok(self.stopping_verdict.clone());
+        }
+        let mut completed: BTreeMap<i64, FinishedTrial> = self
+            .tx
+            .completed_objectives()
+            .await?
+            .into_iter()
+            .map(|(id, objective, completed_at)| {
+                (
+                    id,
+                    FinishedTrial {
+                        objective,
+                        completed_at,
+                    },
+                )
+            })
+            .collect();
+        // This batch's trials are not written yet: theirs is the current word.
+        for (id, trial) in &self.trials {
+            completed.remove(id);
+            if let (TrialState::Completed, false, Some(objective), Some(completed_at)) = (
+                trial.state,
+                trial.excluded,
+                trial.objective,
+                trial.completed_at,
+            ) {
+                completed.insert(
+                    *id,
+                    FinishedTrial {
+                        objective,
+                        completed_at,
+                    },
+                );
+            }
+        }
+        let mut ordered: Vec<(i64, FinishedTrial)> = completed.into_iter().collect();
+        ordered.sort_by_key(|(id, t)| (t.completed_at, *id));
+        let ordered: Vec<FinishedTrial> = ordered.into_iter().map(|(_, t)| t).collect();
+        self.stopping_verdict = rule.verdict(self.created_count(), &ordered, self.now);
+        Ok(self.stopping_verdict.clone())
     }
 
     /// Write the batch and commit; the trials whose tokens were revoked or replaced.

@@ -356,6 +356,9 @@ pub trait StudyTx: Send {
     /// Trials paused at a rung (multi-fidelity), by id.
     async fn paused_trials(&mut self) -> StoreResult<Vec<TrialRecord>>;
     async fn trials_by_id(&mut self, ids: &[i64]) -> StoreResult<Vec<TrialRecord>>;
+    /// `(id, objective, completed_at)` of the completed trials that rank (an objective, not
+    /// excluded), in the order they completed: study-level stopping's input.
+    async fn completed_objectives(&mut self) -> StoreResult<Vec<(i64, f64, DateTime<Utc>)>>;
     async fn count_failed(&mut self) -> StoreResult<u64>;
     async fn measurements(&mut self, trial_id: i64) -> StoreResult<Vec<Measurement>>;
     async fn insert_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()>;

@@ -807,6 +807,16 @@ impl StudyTx for PostgresStudyTx {
         rows.into_iter().map(TrialRecord::try_from).collect()
     }
 
+    async fn completed_objectives(
+        &mut self,
+    ) -> StoreResult<Vec<(i64, f64, chrono::DateTime<chrono::Utc>)>> {
+        self.flush().await?;
+        Ok(sqlx::query_as(COMPLETED_OBJECTIVES)
+            .bind(self.study.id)
+            .fetch_all(&mut *self.tx)
+            .await?)
+    }
+
     async fn count_failed(&mut self) -> StoreResult<u64> {
         self.flush().await?;
         let (n,): (i64,) = sqlx::query_as(COUNT_FAILED)

@@ -103,6 +103,11 @@ pub(super) const PAUSED_TRIALS: &str = concat!(
     trial_cols!(),
     " FROM trials WHERE study_id = $1 AND state = 'paused' ORDER BY id"
 );
+/// Study-level stopping's input: the completed trials that rank (an objective, not
+/// excluded), in the order they completed.
+pub(super) const COMPLETED_OBJECTIVES: &str = "SELECT id, objective, completed_at FROM trials \
+     WHERE study_id = $1 AND state = 'completed' AND objective IS NOT NULL AND excluded = FALSE \
+     AND completed_at IS NOT NULL ORDER BY completed_at, id";
 pub(super) const COUNT_FAILED: &str =
     "SELECT COUNT(*) FROM trials WHERE study_id = $1 AND state = 'failed'";
 pub(super) const MEASUREMENTS_RANGE: &str = "SELECT trial_id, step, elapsed_secs, metrics FROM measurements \
@@ -969,6 +974,15 @@ macro_rules! impl_row_study_tx {
                     }
                 }
                 Ok(out)
+            }
+
+            async fn completed_objectives(
+                &mut self,
+            ) -> StoreResult<Vec<(i64, f64, chrono::DateTime<chrono::Utc>)>> {
+                Ok(sqlx::query_as(COMPLETED_OBJECTIVES)
+                    .bind(self.study.id)
+                    .fetch_all(&mut *self.tx)
+                    .await?)
             }
 
             async fn count_failed(&mut self) -> StoreResult<u64> {

@@ -31,6 +31,7 @@ mod replicas;
 mod roles;
 mod store;
 mod studies;
+mod study_stopping;
 mod suggest;
 mod tls;
 mod tokens;

@@ -596,3 +596,91 @@ async fn a_replica_url_that_is_not_http_is_refused_at_start() {
         Ok(_) => panic!("an ftp replica URL was accepted"),
     }
 }
+
+/// Vertex's Vizier routes are routed as the REST API's study routes are: once a Vizier
+/// study's changes overlap at the replica that does not own it, that replica sends them to
+/// the owner (naming it in the answer), and the owner serves its own; reads stay where they
+/// arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vizier_changes_of_a_study_go_to_its_owner() {
+    let db = common::postgres_db().await;
+    let (a, b) = two_routed(&db).await;
+    let bases = [a.base.as_str(), b.base.as_str()];
+    let parent = "/v1/projects/demo/locations/us-central1";
+    let created = call(
+        &a.base,
+        Method::POST,
+        &format!("{parent}/studies"),
+        Some(json!({"displayName": "vizier-routed", "studySpec": {
+            "metrics": [{"metricId": "acc", "goal": "MAXIMIZE"}],
+            "parameters": [{"parameterId": "x", "doubleValueSpec": {"minValue": 0, "maxValue": 1}}],
+            "algorithm": "RANDOM_SEARCH",
+        }})),
+    )
+    .await;
+    assert_eq!(created.status, StatusCode::OK, "{:?}", created.body);
+    let name = created.body["name"].as_str().expect("name").to_string();
+    let suggest_path = format!("/v1/{name}/trials:suggest");
+    let http = common::http();
+    let mut clients = 0;
+    // Three Vizier suggests at once to one replica, then the other, until one sends on.
+    let mut router = None;
+    'rounds: for _ in 0..5 {
+        for base in bases {
+            let before = metric(base, FORWARDED).await;
+            let answers = futures::future::join_all((0..3).map(|_| {
+                clients += 1;
+                common::call(
+                    &http,
+                    base,
+                    Some(ADMIN),
+                    Method::POST,
+                    &suggest_path,
+                    Some(json!({"suggestionCount": 1, "clientId": format!("w{clients}")})),
+                )
+            }))
+            .await;
+            for answer in answers {
+                assert_eq!(answer.status, StatusCode::OK, "{base}: {:?}", answer.body);
+                assert_eq!(answer.body["done"], true, "{:?}", answer.body);
+            }
+            if metric(base, FORWARDED).await > before {
+                router = Some(base);
+                break 'rounds;
+            }
+        }
+    }
+    let router = router.expect("a replica sent the Vizier study's changes on");
+    let owner = if router == a.base { &b.base } else { &a.base };
+    // The router now sends each change on and names the owner; the owner serves its own.
+    let (router_before, owner_before) = (
+        metric(router, FORWARDED).await,
+        metric(owner, FORWARDED).await,
+    );
+    let answer = http
+        .post(format!("{router}{suggest_path}"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"suggestionCount": 1, "clientId": "one-more"}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(answer.status(), StatusCode::OK);
+    let named = answer
+        .headers()
+        .get(augur::model::request::STUDY_REPLICA_HEADER)
+        .map(|v| v.to_str().expect("ASCII").to_string());
+    assert_eq!(named.as_deref(), Some(owner.as_str()));
+    assert_eq!(metric(router, FORWARDED).await, router_before + 1.0);
+    assert_eq!(metric(owner, FORWARDED).await, owner_before);
+    // A read is served where it arrives, and sees every trial the owner made.
+    let before = metric(router, FORWARDED).await;
+    let trials = call(router, Method::GET, &format!("/v1/{name}/trials"), None).await;
+    assert_eq!(trials.status, StatusCode::OK, "{:?}", trials.body);
+    assert_eq!(
+        trials.body["trials"].as_array().map_or(0, Vec::len),
+        clients + 1,
+        "{:?}",
+        trials.body
+    );
+    assert_eq!(metric(router, FORWARDED).await, before);
+}

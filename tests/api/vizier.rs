@@ -17,6 +17,7 @@ on_both_backends!(
     bad_input_is_refused_naming_the_field,
     a_vizier_study_keeps_augurs_cap_and_budget,
     each_role_may_call_what_the_access_table_declares,
+    a_vizier_study_stops_by_its_study_stopping_config,
 );
 
 const PARENT: &str = "/v1/projects/demo/locations/us-central1";
@@ -434,7 +435,19 @@ async fn bad_input_is_refused_naming_the_field(backend: &str) {
     inverted["parameters"][0]["doubleValueSpec"]["minValue"] = json!(2.0);
     let mut bad_int = spec();
     bad_int["parameters"][1]["integerValueSpec"]["maxValue"] = json!("four");
+    let mut no_progress_zero = spec();
+    no_progress_zero["studyStoppingConfig"] = json!({"maxNumTrialsNoProgress": 0});
+    let mut runtime = spec();
+    runtime["studyStoppingConfig"] = json!({"maximumRuntimeConstraint": {"maxDuration": "60s"}});
     let cases = [
+        (
+            json!({"displayName": "x", "studySpec": no_progress_zero}),
+            "studySpec.studyStoppingConfig.maxNumTrialsNoProgress",
+        ),
+        (
+            json!({"displayName": "x", "studySpec": runtime}),
+            "studySpec.studyStoppingConfig.maximumRuntimeConstraint",
+        ),
         (json!({"studySpec": spec()}), "displayName"),
         (json!({"displayName": "x"}), "studySpec"),
         (
@@ -773,4 +786,69 @@ async fn racing_creates_of_one_name_leave_one_study(backend: &str) {
         &found.body["name"], left[0],
         "the oldest is the one looked up"
     );
+}
+
+/// `studyStoppingConfig` through the Vizier API is Augur's `study_stopping`: kept, read back
+/// in Vizier's form and Augur's, and it ends the study when a trial makes no progress.
+async fn a_vizier_study_stops_by_its_study_stopping_config(backend: &str) {
+    let app = common::spawn_app(common::db(backend).await).await;
+    let mut study_spec = spec();
+    study_spec["studyStoppingConfig"] =
+        json!({"maxNumTrialsNoProgress": 1, "maxDurationNoProgress": "3600s"});
+    let r = vz(
+        &app,
+        None,
+        Method::POST,
+        &format!("{PARENT}/studies"),
+        Some(json!({"displayName": "stopping", "studySpec": study_spec})),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(
+        r.body["studySpec"]["studyStoppingConfig"],
+        json!({"maxNumTrialsNoProgress": 1, "maxDurationNoProgress": "3600s"}),
+        "{}",
+        r.body
+    );
+    let name = r.body["name"].as_str().expect("name").to_string();
+    let id: i64 = name
+        .rsplit('/')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .expect("id");
+    let own = app.get(&format!("/v1/studies/{id}")).await.body;
+    assert_eq!(
+        own["spec"]["study_stopping"],
+        json!({"max_num_trials_no_progress": 1, "max_duration_no_progress_secs": 3600}),
+        "{own}"
+    );
+    // 0.9, then 0.5 (no progress on a maximized metric): the study completes.
+    for acc in [0.9, 0.5] {
+        let op = vz(
+            &app,
+            None,
+            Method::POST,
+            &format!("/v1/{name}/trials:suggest"),
+            Some(json!({"suggestionCount": 1, "clientId": "w"})),
+        )
+        .await;
+        assert_eq!(op.status, StatusCode::OK, "{}", op.body);
+        let trial = op.body["response"]["trials"][0]["name"]
+            .as_str()
+            .expect("a trial")
+            .to_string();
+        let done = vz(
+            &app,
+            None,
+            Method::POST,
+            &format!("/v1/{trial}:complete"),
+            Some(json!({"finalMeasurement": {"metrics": [{"metricId": "acc", "value": acc}]}})),
+        )
+        .await;
+        assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+    }
+    let own = app.get(&format!("/v1/studies/{id}")).await.body;
+    assert_eq!(own["state"], "completed", "{own}");
+    let vizier = vz(&app, None, Method::GET, &format!("/v1/{name}"), None).await;
+    assert_eq!(vizier.body["state"], 3, "COMPLETED: {}", vizier.body);
 }

@@ -948,3 +948,36 @@ fn walk_logs(runs: &Path) -> Vec<String> {
     }
     out
 }
+
+/// `augur study create -f` with a bad `study_stopping` (Augur's spec) or
+/// `studyStoppingConfig` (a Vertex job) fails naming the field, and creates nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn study_create_names_a_bad_study_stopping_field() {
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let cases = [
+        (
+            "augur.yaml",
+            "name: x\nmetrics: [{id: a, goal: maximize}]\nparameters: [{id: p, type: double, min: 0, max: 1}]\nmax_trials: 5\nstudy_stopping: {max_num_trials_no_progress: 2, min_delta_change: -1}\n",
+            "study_stopping.min_delta_change",
+        ),
+        (
+            "vertex.yaml",
+            "displayName: x\nmaxTrialCount: 5\nstudySpec:\n  metrics: [{metricId: a, goal: MAXIMIZE}]\n  parameters: [{parameterId: p, doubleValueSpec: {minValue: 0, maxValue: 1}}]\n  studyStoppingConfig: {minNumTrials: 9, maxNumTrials: 3}\n",
+            "studySpec.studyStoppingConfig.minNumTrials",
+        ),
+    ];
+    for (name, text, field) in cases {
+        let file = dir.path().join(name);
+        std::fs::write(&file, text).expect("write");
+        let (ok, out, err) = augur_async(
+            &app.base,
+            &["study", "create", "-f", &file.display().to_string()],
+        )
+        .await;
+        assert!(!ok, "{name}: {out}");
+        assert!(err.contains(field), "{name}: {field} not in {err}");
+    }
+    let listed = app.get("/v1/studies").await.body;
+    assert_eq!(listed["studies"], serde_json::json!([]), "{listed}");
+}

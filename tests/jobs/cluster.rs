@@ -317,8 +317,43 @@ async fn each_replica_is_told_its_place_in_every_convention() {
         4,
         "every replica its own port: {all:?}"
     );
+    // Every replica's TF_CONFIG: its task with the trial's id (a string, as Vertex's), one
+    // cluster, and the job as Vertex's CustomJobSpec.
+    let pools: Vec<Value> = [1, 2, 1]
+        .iter()
+        .map(|n: &u32| {
+            json!({
+                "replicaCount": n.to_string(),
+                "containerSpec": {
+                    "command": replica_command(&f, "ok"),
+                    "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+                },
+                "machineSpec": {"machineType": "n1-standard-4"},
+            })
+        })
+        .collect();
+    let output = format!("file://{}", f.runs("env").display());
+    let job = json!({
+        "workerPoolSpecs": pools,
+        "baseOutputDirectory": {"outputUriPrefix": output},
+    });
+    for (env, task_type, index) in [
+        (&primary, "chief", 0),
+        (&worker, "worker", 1),
+        (&ps, "ps", 0),
+    ] {
+        let tf: Value = serde_json::from_str(&env["TF_CONFIG"]).expect("TF_CONFIG");
+        assert_eq!(
+            tf["task"],
+            json!({"type": task_type, "index": index, "trial": "1"}),
+            "{tf}"
+        );
+        assert_eq!(tf["job"], job, "{tf}");
+        assert_eq!(tf["environment"], "cloud");
+        let cluster_spec: Value = serde_json::from_str(&env["CLUSTER_SPEC"]).expect("CLUSTER_SPEC");
+        assert_eq!(cluster_spec["job"], job);
+    }
     let tf: Value = serde_json::from_str(&ps["TF_CONFIG"]).expect("TF_CONFIG");
-    assert_eq!(tf["task"], json!({"type": "ps", "index": 0}));
     assert_eq!(tf["cluster"]["chief"], spec["cluster"]["workerpool0"]);
     assert_eq!(tf["cluster"]["worker"], spec["cluster"]["workerpool1"]);
     assert_eq!(

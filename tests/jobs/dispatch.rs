@@ -1005,3 +1005,79 @@ print("loss=1")
     let seen: Value = serde_json::from_str(&seen).expect("JSON");
     assert_eq!(seen, trial["parameters"]);
 }
+
+/// A dispatched study with `study_stopping` ends before `max_trials` once three trials in a
+/// row make no progress; without `should_stop_asap` the trials running then finish (none
+/// fails, none is left), and no new one starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatched_study_stops_when_its_trials_stop_making_progress() {
+    let f = fixture();
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let mut spec = study(&f, "no-progress", 40, 2, &["--sleep=0.05"], json!({}));
+    spec["study_stopping"] = json!({"max_num_trials_no_progress": 3});
+    let id = app.create_study(spec).await;
+    let s = app
+        .wait_for_state(id, "completed", Duration::from_secs(120))
+        .await;
+    let reason = s["state_reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("max_num_trials_no_progress: 3"),
+        "the rule ended it: {s}"
+    );
+    let total = s["trial_counts"]["total"].as_i64().unwrap_or_default();
+    assert!((4..40).contains(&total), "it stopped early: {s}");
+    assert_eq!(
+        s["trial_counts"]["completed"], total,
+        "every trial finished: {s}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let later = app.get(&format!("/v1/studies/{id}")).await.body;
+    assert_eq!(
+        later["trial_counts"]["total"], total,
+        "none started after: {later}"
+    );
+}
+
+/// With `should_stop_asap`, a dispatched study ends as soon as its trials stop making
+/// progress: the dispatcher stops the jobs still running (their trials fail, cancelled) and
+/// leaves nothing unfinished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn should_stop_asap_ends_a_dispatched_study_and_stops_its_jobs() {
+    let f = fixture();
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let mut spec = study(&f, "asap", 40, 3, &["--sleep=0.3"], json!({}));
+    spec["study_stopping"] = json!({"max_num_trials_no_progress": 2, "should_stop_asap": true});
+    let id = app.create_study(spec).await;
+    let s = app
+        .wait_for_state(id, "completed", Duration::from_secs(120))
+        .await;
+    let reason = s["state_reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("max_num_trials_no_progress: 2"), "{s}");
+    let counts = &s["trial_counts"];
+    let total = counts["total"].as_i64().unwrap_or_default();
+    assert!(total < 40, "it stopped early: {s}");
+    common::eventually("no trial left running", Duration::from_secs(20), || async {
+        let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
+        let states: Vec<String> = trials["trials"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|t| t["state"].as_str().map(str::to_string))
+            .collect();
+        if states.iter().all(|s| s == "completed" || s == "failed") {
+            Ok(())
+        } else {
+            Err(format!("{states:?}"))
+        }
+    })
+    .await;
+    let marker = f.script.display().to_string();
+    common::eventually("no job process left", Duration::from_secs(5), || async {
+        match common::processes_with(&marker) {
+            0 => Ok(()),
+            n => Err(format!("{n} job processes alive")),
+        }
+    })
+    .await;
+}

@@ -99,7 +99,10 @@ async fn a_tensorflow_cluster_trains_together_from_the_tf_config_augur_writes() 
             chief.contains("3 replicas in sync"),
             "the chief's collective spans 3: {chief}"
         );
-        assert!(chief.contains("this is chief 0"), "{chief}");
+        assert!(
+            chief.contains(&format!("this is chief 0 of trial {trial}")),
+            "the chief read TF_CONFIG.task.trial: {chief}"
+        );
         for i in 0..2 {
             let worker = log(&format!("workerpool1-{i}")).await;
             let task: serde_json::Value = worker
@@ -108,7 +111,15 @@ async fn a_tensorflow_cluster_trains_together_from_the_tf_config_augur_writes() 
                 .and_then(|rest| rest.split(" cluster: ").next())
                 .and_then(|t| serde_json::from_str(t).ok())
                 .unwrap_or_else(|| panic!("worker {i} printed no TF_CONFIG task: {worker}"));
-            assert_eq!(task, json!({"type": "worker", "index": i}), "worker {i}");
+            assert_eq!(
+                task,
+                json!({"type": "worker", "index": i, "trial": trial.to_string()}),
+                "worker {i}"
+            );
+            assert!(
+                worker.contains(&format!("this is worker {i} of trial {trial}")),
+                "worker {i} read TF_CONFIG.task.trial: {worker}"
+            );
             assert!(
                 worker.contains("3 replicas in sync"),
                 "worker {i}: {worker}"
