@@ -63,7 +63,7 @@ run_on() {
 
   mkdir -p "$artifacts/$label"
   echo "== $label: serving with the $profile build; time limit $limit_ms ms"
-  ARTIFACTS="$artifacts/$label" AUGUR_BROWSER_LIMIT_MS="$limit_ms" node tests/browser/dashboard.mjs "http://127.0.0.1:$port" 1 2 3 4 5 6 7
+  ARTIFACTS="$artifacts/$label" AUGUR_BROWSER_LIMIT_MS="$limit_ms" node tests/browser/dashboard.mjs "http://127.0.0.1:$port" 1 2 3 4 5 6 7 8
   kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=""
 }
 

@@ -737,10 +737,54 @@ async fn seed_browser_fixture() {
             .await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     }
+    // Study 8: population-based training run for real (4 trainers, 3 epochs, the worst
+    // copying the best's checkpoint after each), so a trial page has a lineage.
+    let pbt = app
+        .create_study(json!({
+            "name": "pbt",
+            "algorithm": "random",
+            "metrics": [{"id": "accuracy", "goal": "maximize"}],
+            "parameters": [{"id": "lr", "type": "double", "min": 0.0001, "max": 1.0, "scale": "log"}],
+            "max_trials": 4,
+            "parallel_trials": 4,
+            "seed": 3,
+            "fidelity": {"argument": "epochs", "min": 1, "max": 3},
+            "scheduler": "pbt",
+            "trial_job": {
+                "command": ["python3", "-c", PBT_TRAINER_PY],
+                "output_dir": runs.join("pbt").display().to_string(),
+            }
+        }))
+        .await;
+    let started = std::time::Instant::now();
+    while app.get(&format!("/v1/studies/{pbt}")).await.body["state"] != "completed" {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the PBT study did not complete"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     println!(
-        "seeded studies {small} (60 trials), {multi} (2 metrics), {big} ({large} trials), {hostile} (hostile labels), {cluster} (a cluster trial), {warm} (warm-started), {failed} (every trial failed)"
+        "seeded studies {small} (60 trials), {multi} (2 metrics), {big} ({large} trials), {hostile} (hostile labels), {cluster} (a cluster trial), {warm} (warm-started), {failed} (every trial failed), {pbt} (PBT)"
     );
 }
+
+/// The PBT study's trainer: its checkpoint is an accuracy that each epoch brings closer to 1,
+/// fastest at lr 0.01; it resumes from the epochs its checkpoint holds.
+const PBT_TRAINER_PY: &str = r#"
+import argparse, json, math, os
+p = argparse.ArgumentParser()
+p.add_argument("--lr", type=float)
+p.add_argument("--epochs", type=int)
+a = p.parse_args()
+path = os.path.join(os.environ["AIP_CHECKPOINT_DIR"], "state.json")
+state = json.load(open(path)) if os.path.exists(path) else {"epochs": 0, "acc": 0.0}
+gain = 0.5 * math.exp(-math.log10(a.lr / 0.01) ** 2)
+for epoch in range(state["epochs"] + 1, a.epochs + 1):
+    state = {"epochs": epoch, "acc": 1 - (1 - state["acc"]) * (1 - gain)}
+    json.dump(state, open(path, "w"))
+print("epoch=%d accuracy=%.9f" % (state["epochs"], state["acc"]))
+"#;
 
 /// Categorical values of the hostile study: formulas, HTML links and tags, a number as text.
 const HOSTILE_LABELS: [&str; 6] = [

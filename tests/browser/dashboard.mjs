@@ -11,7 +11,7 @@ import { chromium } from 'playwright-core';
 import { mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 
-const [base, SMALL, MULTI, LARGE, HOSTILE, CLUSTER, WARM, FAILED] = process.argv.slice(2);
+const [base, SMALL, MULTI, LARGE, HOSTILE, CLUSTER, WARM, FAILED, PBT] = process.argv.slice(2);
 const ARTIFACTS = process.env.ARTIFACTS || 'target/browser-artifacts';
 // The target is 1 s for each (printed with every run). Timings depend on what else the machine
 // runs, so the test fails only past LIMIT_MS (a sanity bound unless set lower).
@@ -271,6 +271,24 @@ await test('trial page shows parameters, outcome and learning curve', async () =
   assert(points === bestSmall.measurements.length, `curve points ${points}`);
   assert((await text('#model-dir')).length > 0, 'model dir placeholder');
   await shot('trial.png');
+});
+
+await test('a PBT trial page shows its budget and lineage, linked to its parent', async () => {
+  const trials = (await get(`/v1/studies/${PBT}/trials`)).trials;
+  const child = trials.find((t) => t.lineage);
+  assert(child, 'a trial copied another: ' + JSON.stringify(trials.map((t) => t.lineage)));
+  const segment = child.lineage.segments.find((s) => s.parent != null);
+  await page.goto(`${base}/studies/${PBT}/trials/${child.id}`);
+  await page.waitForFunction(() => window.augur.marks.trial);
+  assert((await text('#trial-outcome')).includes('budget'), 'the budget in the outcome');
+  const rows = await page.locator('#trial-lineage tbody tr').count();
+  assert(rows === child.lineage.segments.length, `${rows} lineage rows`);
+  const href = await page.locator(`#trial-lineage a[href$="/trials/${segment.parent}"]`).count();
+  assert(href >= 1, 'a link to the parent trial');
+  const lr = segment.parameters.lr;
+  const shown = Math.abs(lr) < 1e-3 ? lr.toExponential(4) : String(Number(lr.toPrecision(6)));
+  assert((await text('#trial-lineage')).includes(shown), `the segment's lr ${shown}`);
+  await shot('trial-lineage.png');
 });
 
 await test('compare page puts studies side by side', async () => {

@@ -25,6 +25,7 @@ export async function trialPage() {
       h('div', { class: 'card' }, h('h2', {}, 'Parameters'),
         h('div', { id: 'trial-params' }, keyValueTable(Object.entries(trial.parameters).map(([k, v]) => [k, fmt(v)])))),
       h('div', { class: 'card' }, h('h2', {}, 'Outcome'), h('div', { id: 'trial-outcome' }, keyValueTable(outcome(trial, metrics))))),
+    trial.lineage ? lineageCard(study, trial) : null,
     h('div', { class: 'card' }, h('h2', {}, 'Learning curve'), h('div', { class: 'bar' }, logScaleToggle('chart-trial-curve')), h('div', { id: 'chart-trial-curve', class: 'chart' })),
     h('div', { class: 'grid2' },
       h('div', { class: 'card' }, h('h2', {}, 'Note and tags'), annotationEditor(`/v1/studies/${study}/trials/${trialId}`, trial, 'trial')),
@@ -59,6 +60,7 @@ function outcome(trial, metrics) {
   return [
     ...metrics.map((m) => [m, fmt(finals[m])]),
     ['state', trial.state], ['client', trial.client_id || ''],
+    ...(trial.budget != null ? [['budget', fmt(trial.budget)]] : []),
     ['created', new Date(trial.created_at).toLocaleString()],
     ['started', time(trial.started_at)],
     ['completed', time(trial.completed_at)],
@@ -66,6 +68,23 @@ function outcome(trial, metrics) {
     ...(trial.fail_reason ? [['failure', trial.fail_reason]] : []),
     ...(trial.excluded ? [['excluded', 'hidden from the optimizer']] : []),
   ];
+}
+
+/**
+ * PBT's lineage: the values of each segment, from which budget on, and whose checkpoint it
+ * started from (a link to that trial, whose page shows its own lineage: the parent chain).
+ */
+function lineageCard(study, trial) {
+  const names = [...new Set(trial.lineage.segments.flatMap((s) => Object.keys(s.parameters)))];
+  const rows = trial.lineage.segments.map((s) => h('tr', {},
+    h('td', {}, fmt(s.from_budget)),
+    h('td', {}, s.parent != null ? h('a', { href: `/studies/${study}/trials/${s.parent}` }, `trial ${s.parent}`) : 'its own start'),
+    ...names.map((n) => h('td', {}, fmt(s.parameters[n])))));
+  return h('div', { class: 'card' }, h('h2', {}, 'Lineage (PBT)'),
+    h('table', { class: 'plain', id: 'trial-lineage' },
+      h('thead', {}, h('tr', {}, h('th', {}, 'from budget'), h('th', {}, 'checkpoint from'), ...names.map((n) => h('th', {}, n)))),
+      h('tbody', {}, rows)),
+    trial.lineage.copying_from != null ? h('p', { class: 'muted' }, `copying trial ${trial.lineage.copying_from}'s checkpoint`) : null);
 }
 
 /**
