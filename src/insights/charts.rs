@@ -371,6 +371,9 @@ pub struct LearningCurves {
     pub curves: Vec<Curve>,
     /// Trials with measurements of this metric, shown or not, among those read.
     pub trials_with_curves: usize,
+    /// Multi-fidelity studies: the budgets attempts run at (the steps of the rung chart).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rungs: Option<Vec<f64>>,
 }
 
 /// Intermediate values (learning curves) of a bounded set of trials: the latest, the best
@@ -444,6 +447,7 @@ pub async fn learning_curves(
         metric,
         curves,
         trials_with_curves,
+        rungs: spec.validate().ok().and_then(|config| config.rungs()),
     })
 }
 

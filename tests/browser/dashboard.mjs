@@ -289,6 +289,12 @@ await test('a PBT trial page shows its budget and lineage, linked to its parent'
   const shown = Math.abs(lr) < 1e-3 ? lr.toExponential(4) : String(Number(lr.toPrecision(6)));
   assert((await text('#trial-lineage')).includes(shown), `the segment's lr ${shown}`);
   await shot('trial-lineage.png');
+  // The study page draws the rung chart: each trial's metric at the budgets 1, 2, 3.
+  await page.goto(`${base}/studies/${PBT}`);
+  await page.waitForFunction(() => window.augur.marks.charts && document.getElementById('chart-rungs').data);
+  const rungs = await page.evaluate(() => document.getElementById('chart-rungs').data.map((t) => t.x));
+  assert(rungs.length === 4 && rungs.every((x) => JSON.stringify(x) === '[1,2,3]'), 'rung chart ' + JSON.stringify(rungs));
+  await shot('rungs.png');
 });
 
 await test('compare page puts studies side by side', async () => {

@@ -206,7 +206,35 @@ export class StudyCharts {
       line: c.early_stopped ? { color: '#d64545', dash: 'dash', width: 1.5 } : { color: 'rgba(47,111,222,0.55)', width: 1.2 },
       hovertemplate: `trial ${c.trial}${c.early_stopped ? ' (stopped early)' : ''}<br>step %{x}: %{y}<extra></extra>`,
     })), baseLayout({ xaxis: titled('step'), yaxis: { ...titled(metric), type: yScale('chart-curves') } }), PLOT_CONFIG);
+    if (lc.rungs) drawRungs(P, lc, metric);
   }
+}
+
+/**
+ * The rung chart of a multi-fidelity study: each trial's metric at every rung it reached (the
+ * latest value at or before the rung's step), with how its climb ended: stopped (red ×),
+ * paused (hollow circle) or at the full budget (dot).
+ */
+function drawRungs(P, lc, metric) {
+  const traces = lc.curves.map((c) => {
+    const xs = []; const ys = [];
+    const reached = c.step[c.step.length - 1];
+    for (const rung of lc.rungs) {
+      if (reached < Math.round(rung) - 1e-9) break;
+      let at = -1;
+      for (let i = 0; i < c.step.length && c.step[i] <= rung + 1e-9; i += 1) at = i;
+      if (at >= 0) { xs.push(rung); ys.push(c.value[at]); }
+    }
+    const end = c.state === 'paused' ? 'circle-open' : c.early_stopped ? 'x' : 'circle';
+    const symbols = xs.map((_, i) => (i === xs.length - 1 ? end : 'circle'));
+    const colors = xs.map((_, i) => (i === xs.length - 1 && c.early_stopped ? '#d64545' : 'rgba(47,111,222,0.8)'));
+    return {
+      x: xs, y: ys, mode: 'lines+markers', type: 'scatter', name: 'trial ' + c.trial,
+      line: { color: 'rgba(47,111,222,0.4)', width: 1.2 }, marker: { symbol: symbols, color: colors, size: 8 },
+      hovertemplate: `trial ${c.trial}<br>budget %{x}: %{y}<extra></extra>`,
+    };
+  });
+  P.react('chart-rungs', traces, baseLayout({ showlegend: false, xaxis: { ...titled('budget'), type: 'log', tickvals: lc.rungs }, yaxis: titled(metric) }), PLOT_CONFIG);
 }
 
 function drawImportance(P, insights) {

@@ -151,6 +151,7 @@ function studyLayout(page, controls, table) {
     card('Parallel coordinates', note('Drag along an axis to brush: the table shows only the trials inside every brushed range.'), chart('chart-parcoords')),
     card('Slices', h('div', { id: 'chart-slices', class: 'slices' })),
     card('Learning curves', h('div', { class: 'bar' }, note('Early-stopped trials are drawn dashed in red.'), logScaleToggle('chart-curves')), chart('chart-curves')),
+    info.spec.scheduler ? card('Rungs', note('The metric at each budget a trial reached, one line per trial: a dot where it went on, a red × where the scheduler stopped it, a hollow circle where it waits.'), chart('chart-rungs')) : null,
   ];
 }
 
