@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use augur_optimizer::multi_fidelity::Fidelity;
 use augur_optimizer::{Assignment, FullBudget};
 use chrono::{DateTime, Duration, Utc};
 
@@ -916,7 +917,21 @@ impl StudyBatch {
         measurement: Measurement,
     ) -> ServiceResult<Reply> {
         let lease = self.lease();
+        let rungs = self.config.rungs();
         let trial = self.running_trial(trial_id, "add a measurement to").await?;
+        // An in-process trainer (a pulled trial that cannot stop and resume) trains on past
+        // its budget: it climbs to the highest rung its steps reach, where `should_stop`
+        // ranks it (ASHA's stopping variant) and where a completion counts.
+        if let (Some(rungs), Some(budget), Some(_)) = (rungs, trial.budget, trial.lease_expires_at)
+            && measurement.step as f64 > budget
+            && let Some(reached) = rungs
+                .iter()
+                .rev()
+                .find(|r| Fidelity::step(**r) as i64 <= measurement.step)
+            && *reached > budget
+        {
+            trial.budget = Some(*reached);
+        }
         renew(trial, lease);
         self.record_measurement(trial_id, measurement);
         Ok(self.touched(trial_id))
@@ -942,7 +957,8 @@ impl StudyBatch {
         // A scheduler's trial below the full budget pauses at its rung instead; its result is
         // kept as a measurement at the rung's step, for the scheduler to rank.
         let rung_step = self.rung_step(budget);
-        let done = if self.pauses_at(budget) {
+        // A trial told to stop ends where it is.
+        let done = if !early_stopped && self.pauses_at(budget) {
             TrialState::Paused
         } else {
             TrialState::Completed

@@ -2,11 +2,14 @@
 //! curve, on the metric it names) as a policy (`augur_optimizer::EarlyStopping`), compared
 //! with the latest completed trials' curves.
 
+use augur_optimizer::multi_fidelity::stops_at_rung;
 use augur_optimizer::{Decision, Policy, StudyView};
 
 use super::state_machine::Command;
 use super::{Caller, Service, ServiceError, ServiceResult, design, stored_config};
-use crate::model::{Trial, TrialState};
+use crate::model::spec::SchedulerName;
+use crate::model::{StudyConfig, Trial, TrialState};
+use crate::store::TrialRecord;
 
 /// Completed trials whose curves the early-stopping rule compares a running trial with: the
 /// latest ones, so the rule's cost stays bounded however large the study.
@@ -74,12 +77,12 @@ impl Service {
         if trial.state == TrialState::Stopping {
             return Ok(true);
         }
-        let Some(policy) = &config.early_stopping else {
-            return Ok(false);
-        };
         if trial.state != TrialState::Active {
             return Ok(false);
         }
+        let Some(policy) = &config.early_stopping else {
+            return self.rung_verdict(study_id, &config, trial).await;
+        };
         // The trial and its latest completed peers, with their curves.
         let mut peers = self
             .store
@@ -110,5 +113,32 @@ impl Service {
             .contains(&Decision::Stop {
                 trial: trial_id.max(0) as u64,
             }))
+    }
+
+    /// ASHA's and Hyperband's answer for a trial that trains on past its budget in one
+    /// process (`multi_fidelity::stops_at_rung`): ranked at the highest rung it reached among
+    /// every trial of the study measured there. False for other studies.
+    async fn rung_verdict(
+        &self,
+        study_id: i64,
+        config: &StudyConfig,
+        trial: TrialRecord,
+    ) -> ServiceResult<bool> {
+        let (Some(SchedulerName::Asha | SchedulerName::Hyperband), Some(fidelity), Some(metric)) =
+            (config.scheduler, &config.fidelity, config.first_objective())
+        else {
+            return Ok(false);
+        };
+        let trials = self.store.all_trials(study_id).await?;
+        let rows = match trials.last() {
+            Some(last) => self.store.measurements(study_id, 1, last.id).await?,
+            None => Vec::new(),
+        };
+        let views = design::trial_views(&trials, config, design::curves_by_trial(rows));
+        let number = trial.id.max(0) as u64;
+        let Some(own) = views.iter().find(|t| t.number == number) else {
+            return Ok(false);
+        };
+        Ok(stops_at_rung(&fidelity.ladder, metric, own, &views).unwrap_or(false))
     }
 }

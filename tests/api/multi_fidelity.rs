@@ -13,6 +13,7 @@ on_both_backends!(
     hyperband_starts_brackets_at_different_rungs_and_halves_each_when_it_is_whole,
     a_stopped_study_ends_its_paused_trials_at_their_rung,
     a_study_starts_no_attempt_past_its_max_budget_and_then_ends,
+    in_process_trainers_that_train_on_are_stopped_at_rungs_as_asha_would,
 );
 
 fn asha_spec() -> Value {
@@ -249,4 +250,83 @@ async fn a_study_starts_no_attempt_past_its_max_budget_and_then_ends(backend: &s
     // None reached 9 epochs: the best is the best at 3, provisional.
     assert_eq!(study["best_trial"]["id"], 2, "{study}");
     assert_eq!(study["best_trial"]["provisional"], true, "{study}");
+}
+
+/// Trainers that cannot pause (Optuna-style, in one process) ignore their budget, report
+/// every epoch and ask `should_stop`: ASHA's stopping variant ranks each at the highest rung
+/// it reached among every trial measured there (top ⌈n/η⌉ go on). Four trials report epoch
+/// by epoch in turn: at 1 epoch only the best goes on; it trains alone to 9 and completes at
+/// the full budget; the others end where they were stopped, not paused.
+async fn in_process_trainers_that_train_on_are_stopped_at_rungs_as_asha_would(backend: &str) {
+    let app = app(backend).await;
+    let mut spec = asha_spec();
+    spec["max_trials"] = json!(4);
+    spec["parallel_trials"] = json!(4);
+    let id = app.create_study(spec).await;
+    let handed = suggest(&app, id, 4, Some("w")).await;
+    assert_eq!(ids(&handed["trials"]), vec![1, 2, 3, 4]);
+    let loss = |trial: i64, step: i64| 0.1 * trial as f64 + 1.0 / step as f64;
+    let mut training: Vec<i64> = vec![1, 2, 3, 4];
+    let mut answers = Vec::new();
+    for step in 1..=9i64 {
+        for &trial in &training.clone() {
+            let r = app
+                .post(
+                    &format!("/v1/studies/{id}/trials/{trial}/measurements"),
+                    json!({"step": step, "metrics": {"loss": loss(trial, step)}}),
+                )
+                .await;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+            let stop = app
+                .post(
+                    &format!("/v1/studies/{id}/trials/{trial}/should_stop"),
+                    json!({}),
+                )
+                .await
+                .body["should_stop"]
+                == json!(true);
+            answers.push((step, trial, stop));
+            if stop {
+                training.retain(|t| *t != trial);
+                report(&app, id, trial, loss(trial, step)).await;
+            }
+        }
+    }
+    // At 1 epoch each is ranked among those measured so far: trial 1 (1 of 1) goes on, 2
+    // (second of 2), 3 (third of 3) and 4 (fourth of 4, ⌈4/3⌉ = 2 go on) stop.
+    let at_one: Vec<(i64, bool)> = answers
+        .iter()
+        .filter(|(s, _, _)| *s == 1)
+        .map(|(_, t, stop)| (*t, *stop))
+        .collect();
+    assert_eq!(at_one, [(1, false), (2, true), (3, true), (4, true)]);
+    assert!(
+        answers
+            .iter()
+            .filter(|(_, t, _)| *t == 1)
+            .all(|(_, _, stop)| !stop),
+        "the best trains on to the full budget: {answers:?}"
+    );
+    let done = report(&app, id, 1, loss(1, 9)).await;
+    assert_eq!(
+        done["state"], "completed",
+        "at 9 epochs it completes: {done}"
+    );
+    assert_eq!(done["budget"], 9, "{done}");
+    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    assert_eq!(study["state"], "completed", "{study}");
+    assert_eq!(study["trial_counts"]["paused"], 0, "{study}");
+    assert_eq!(study["best_trial"]["id"], 1, "{study}");
+    assert!(study["best_trial"].get("provisional").is_none(), "{study}");
+    for trial in 2..=4 {
+        let t = app
+            .get(&format!("/v1/studies/{id}/trials/{trial}"))
+            .await
+            .body;
+        assert_eq!(
+            (&t["state"], &t["early_stopped"], &t["budget"]),
+            (&json!("completed"), &json!(true), &json!(1)),
+            "{t}"
+        );
+    }
 }

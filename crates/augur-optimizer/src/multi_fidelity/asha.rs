@@ -203,3 +203,39 @@ impl Policy for Asha {
 
 #[cfg(test)]
 mod tests;
+
+/// ASHA's stopping variant, for a trial that trains on in one process (it cannot pause and
+/// resume): at the highest rung below the full budget that its measurements reached, it goes
+/// on while it is in the top ⌈n/η⌉ of the n trials measured there (itself included), else it
+/// should stop. `None` before its first rung.
+pub fn stops_at_rung(
+    fidelity: &Fidelity,
+    metric: &MetricSpec,
+    trial: &TrialView,
+    peers: &[TrialView],
+) -> Option<bool> {
+    let rungs = fidelity.rungs();
+    let latest = trial.measurements.last()?.step;
+    let k = rungs[..rungs.len().saturating_sub(1)]
+        .iter()
+        .rposition(|r| Fidelity::step(*r) <= latest)?;
+    let step = Fidelity::step(rungs[k]);
+    let reached_k = |t: &&TrialView| t.measurements.iter().any(|m| m.step >= step);
+    let own = crate::multi_fidelity::value_at(trial, metric, rungs[k]);
+    let mut values: Vec<(f64, u64)> = peers
+        .iter()
+        .filter(|t| t.number != trial.number)
+        .filter(reached_k)
+        .map(|t| {
+            (
+                crate::multi_fidelity::value_at(t, metric, rungs[k]),
+                t.number,
+            )
+        })
+        .chain(std::iter::once((own, trial.number)))
+        .collect();
+    values.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let keep = (values.len() as f64 / fidelity.reduction_factor).ceil() as usize;
+    let rank = values.iter().position(|(_, n)| *n == trial.number)?;
+    Some(rank >= keep.max(1))
+}

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::decision::{TrialStatus, TrialView};
 use crate::designer::{Goal, MetricSpec};
 
-pub use asha::Asha;
+pub use asha::{Asha, stops_at_rung};
 pub use budget::BudgetCap;
 pub use hyperband::Hyperband;
 pub use pbt::{Pbt, PbtSettings};

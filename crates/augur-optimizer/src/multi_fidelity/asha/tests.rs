@@ -413,3 +413,56 @@ fn a_model_learns_from_the_highest_rung_with_enough_results() {
     );
     assert_eq!(completed.len(), 5);
 }
+
+/// ASHA's stopping variant ranks a trial that trains on at the highest rung it reached
+/// among every trial measured there: the top ⌈n/η⌉ go on.
+#[test]
+fn a_trial_that_trains_on_stops_unless_in_the_top_third_of_its_rung() {
+    let metric = MetricSpec::new("loss", Goal::Minimize);
+    let view = |number: u64, losses: &[f64]| TrialView {
+        number,
+        parameters: Assignment::new(),
+        status: TrialStatus::Running,
+        excluded: false,
+        budget: Some(1.0),
+        measurements: losses
+            .iter()
+            .enumerate()
+            .map(|(i, l)| StepMeasurement {
+                step: i as u64 + 1,
+                metrics: BTreeMap::from([("loss".to_string(), *l)]),
+            })
+            .collect(),
+        copying_from: None,
+    };
+    // Four trials measured at 3 epochs (rung 3): losses 0.1, 0.2, 0.3 and the one asking.
+    let peers: Vec<TrialView> = [0.1, 0.2, 0.3]
+        .iter()
+        .enumerate()
+        .map(|(i, l)| view(i as u64 + 1, &[0.9, 0.5, *l]))
+        .collect();
+    let at = |losses: &[f64]| stops_at_rung(&FIDELITY, &metric, &view(9, losses), &peers);
+    assert_eq!(at(&[]), None, "nothing measured: no rung yet");
+    // ⌈4/3⌉ = 2 go on at rung 3: the best two.
+    assert_eq!(
+        at(&[0.9, 0.5, 0.15]),
+        Some(false),
+        "second of four at 3 epochs"
+    );
+    assert_eq!(
+        at(&[0.9, 0.5, 0.25]),
+        Some(true),
+        "third of four at 3 epochs"
+    );
+    // At 1 and 2 epochs its rung is 1, where all four have 0.9 (ties by number: it is last
+    // of four, ⌈4/3⌉ = 2 go on).
+    assert_eq!(at(&[0.95]), Some(true));
+    assert_eq!(
+        at(&[0.05, 0.9]),
+        Some(false),
+        "the best at 1 epoch goes on at 2"
+    );
+    // The rung below the full budget is the last that ranks: at 27 epochs it is done.
+    let long: Vec<f64> = (0..27).map(|i| 1.0 - i as f64 / 30.0).collect();
+    assert!(at(&long).is_some());
+}
