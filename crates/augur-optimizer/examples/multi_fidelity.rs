@@ -5,6 +5,7 @@
 //! lasts the epochs it trains, a resumed trial trains only what its checkpoint lacks, and the
 //! policy (`Asha` or `FullBudget`, through `Policy::decide` over a `StudyView`, as the service
 //! asks it) decides whenever a worker is free. Methods: `asha_random` and `asha_gp_bandit`
+//! (and the same with Hyperband: `hyperband_random`, `hyperband_gp_bandit`)
 //! (fidelity 1–27 epochs, η = 3, 81 trials), `full_gp_bandit` and `full_random` (every trial
 //! trains 27 epochs; `--full-trials`, 30 by default). Problems (`multi_fidelity/problems.rs`):
 //! `curves_hartmann3`, learning curves with Hartmann3's regret as the final loss, and
@@ -28,7 +29,7 @@ mod problems;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use augur_optimizer::multi_fidelity::{Asha, Fidelity};
+use augur_optimizer::multi_fidelity::{Asha, Fidelity, Hyperband};
 use augur_optimizer::{
     Algorithm, Assignment, Decision, FullBudget, Goal, MetricSpec, Outcome, Policy, SearchSpace,
     StepMeasurement, StudyView, TrialStatus, TrialView, designer_for,
@@ -51,14 +52,18 @@ const METRIC: &str = "loss";
 enum Method {
     AshaRandom,
     AshaGpBandit,
+    HyperbandRandom,
+    HyperbandGpBandit,
     FullGpBandit,
     FullRandom,
 }
 
 impl Method {
-    const ALL: [Method; 4] = [
+    const ALL: [Method; 6] = [
         Method::AshaRandom,
         Method::AshaGpBandit,
+        Method::HyperbandRandom,
+        Method::HyperbandGpBandit,
         Method::FullGpBandit,
         Method::FullRandom,
     ];
@@ -67,21 +72,33 @@ impl Method {
         match self {
             Method::AshaRandom => "asha_random",
             Method::AshaGpBandit => "asha_gp_bandit",
+            Method::HyperbandRandom => "hyperband_random",
+            Method::HyperbandGpBandit => "hyperband_gp_bandit",
             Method::FullGpBandit => "full_gp_bandit",
             Method::FullRandom => "full_random",
         }
     }
 
+    /// A scheduler's method (ASHA or Hyperband): its trials start below the full budget.
     fn is_asha(self) -> bool {
-        matches!(self, Method::AshaRandom | Method::AshaGpBandit)
+        !matches!(self, Method::FullGpBandit | Method::FullRandom)
     }
 
     fn policy(self, metric: &MetricSpec) -> Box<dyn Policy> {
         let asha =
             |algorithm| Box::new(Asha::new(FIDELITY, metric.clone(), designer_for(algorithm)));
+        let hyperband = |algorithm| -> Box<dyn Policy> {
+            Box::new(Hyperband::new(
+                FIDELITY,
+                metric.clone(),
+                designer_for(algorithm),
+            ))
+        };
         match self {
             Method::AshaRandom => asha(Algorithm::Random),
             Method::AshaGpBandit => asha(Algorithm::GpBandit),
+            Method::HyperbandRandom => hyperband(Algorithm::Random),
+            Method::HyperbandGpBandit => hyperband(Algorithm::GpBandit),
             Method::FullGpBandit => Box::new(FullBudget::of(Algorithm::GpBandit)),
             Method::FullRandom => Box::new(FullBudget::of(Algorithm::Random)),
         }
