@@ -45,6 +45,10 @@ pub struct TrialTable {
     pub tags: Vec<Vec<String>>,
     /// Each trial's note (null when none).
     pub notes: Vec<Option<String>>,
+    /// Multi-fidelity studies: each trial's latest budget (null: the full budget); absent
+    /// when no trial has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budgets: Option<Vec<Option<f64>>>,
 }
 
 /// Every trial of the study as columns, and a cursor for live updates.
@@ -108,6 +112,10 @@ pub async fn trial_table(service: &Service, study_id: i64) -> ServiceResult<Tria
             .collect(),
         values,
         params,
+        budgets: trials
+            .iter()
+            .any(|t| t.budget.is_some())
+            .then(|| trials.iter().map(|t| t.budget).collect()),
     })
 }
 

@@ -312,4 +312,6 @@ pub struct TrialPoint {
     pub final_metrics: Option<BTreeMap<String, f64>>,
     pub early_stopped: bool,
     pub excluded: bool,
+    /// Its latest attempt's budget (multi-fidelity); `None`: the full budget.
+    pub budget: Option<f64>,
 }

@@ -151,6 +151,7 @@ mod tests {
             final_metrics: None,
             early_stopped: false,
             excluded: false,
+            budget: None,
         }
     }
 

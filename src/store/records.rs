@@ -257,6 +257,7 @@ pub(super) struct TrialPointRow {
     pub final_measurement: Option<String>,
     pub early_stopped: bool,
     pub excluded: bool,
+    pub budget: Option<f64>,
 }
 
 impl TryFrom<TrialPointRow> for TrialPoint {
@@ -288,6 +289,7 @@ impl TryFrom<TrialPointRow> for TrialPoint {
             final_metrics,
             early_stopped: r.early_stopped,
             excluded: r.excluded,
+            budget: r.budget,
         })
     }
 }

@@ -64,7 +64,7 @@ pub(super) const CHANGED_TRIALS: &str = concat!(
 macro_rules! trial_point_cols {
     () => {
         "study_id, id, state, CAST(parameters AS TEXT) AS parameters, \
-         CAST(final_measurement AS TEXT) AS final_measurement, early_stopped, excluded"
+         CAST(final_measurement AS TEXT) AS final_measurement, early_stopped, excluded, budget"
     };
 }
 pub(super) const ALL_TRIAL_POINTS: &str = concat!(

@@ -503,6 +503,7 @@ async fn trial_points_are_the_records_light_view(store: Arc<dyn Store>) {
         final_metrics: t.final_measurement.as_ref().map(|m| m.metrics.clone()),
         early_stopped: t.early_stopped,
         excluded: t.excluded,
+        budget: t.budget,
     };
     let all = store.all_trials(study.id).await.expect("all");
     let points = store.trial_points(study.id, None, 0).await.expect("points");

@@ -292,6 +292,8 @@ await test('a PBT trial page shows its budget and lineage, linked to its parent'
   // The study page draws the rung chart: each trial's metric at the budgets 1, 2, 3.
   await page.goto(`${base}/studies/${PBT}`);
   await page.waitForFunction(() => window.augur.marks.charts && document.getElementById('chart-rungs').data);
+  const heads = await page.locator('.vt-head div').allTextContents();
+  assert(heads.some((t) => t.startsWith('budget')), 'a budget column: ' + heads);
   const rungs = await page.evaluate(() => document.getElementById('chart-rungs').data.map((t) => t.x));
   assert(rungs.length === 4 && rungs.every((x) => JSON.stringify(x) === '[1,2,3]'), 'rung chart ' + JSON.stringify(rungs));
   await shot('rungs.png');

@@ -33,6 +33,8 @@ export class TrialColumns {
     /** Tags by row (lists), and notes by row (null when none). */
     this.tags = table.tags;
     this.notes = table.notes;
+    /** Multi-fidelity studies: the latest budget by row (null: the full budget); else null. */
+    this.budgets = table.budgets || null;
     /** Row by trial id. */
     this.rowOf = new Map(this.ids.map((id, row) => [id, row]));
   }
@@ -53,6 +55,8 @@ export class TrialColumns {
     for (const m of this.metrics) this.values[m][row] = finals[m] == null ? null : finals[m];
     for (const p of this.parameters) this.params[p][row] = trial.parameters[p] == null ? null : trial.parameters[p];
     this.tags[row] = trial.tags || [];
+    if (trial.budget != null && !this.budgets) this.budgets = new Array(this.ids.length).fill(null);
+    if (this.budgets) this.budgets[row] = trial.budget == null ? null : trial.budget;
     this.notes[row] = trial.note == null ? null : trial.note;
     const attrs = trial.user_attrs || {};
     for (const name of Object.keys(attrs)) {
@@ -74,6 +78,7 @@ export class TrialColumns {
   cell(key, row) {
     if (key === 'id') return this.ids[row];
     if (key === 'state') return this.states[row];
+    if (key === 'budget') return this.budgets ? this.budgets[row] : null;
     if (key === 'tags') return this.tags[row].length ? this.tags[row].join(', ') : null;
     if (key.startsWith('m:')) return this.values[key.slice(2)][row];
     if (key.startsWith('u:')) {
@@ -203,7 +208,7 @@ function sortRows(rows, columns, key, descending) {
  */
 export function trialTable(study, columns, view) {
   // Recomputed on each redraw: a user attribute may appear with a live change.
-  const columnKeys = () => [['id', 'trial'], ['state', 'state'],
+  const columnKeys = () => [['id', 'trial'], ['state', 'state'], ...(columns.budgets ? [['budget', 'budget']] : []),
     ...columns.metrics.map((m) => ['m:' + m, m]), ...columns.parameters.map((p) => ['p:' + p, p]),
     ['tags', 'tags'], ...columns.attrNames.map((a) => ['u:' + a, a])];
   let keys = columnKeys();
