@@ -17,6 +17,9 @@ use crate::model::{
 };
 use crate::store::{Store, StudyRecord, StudyTx, TrialRecord, TrialToken};
 
+mod optuna;
+pub use optuna::OptunaChange;
+
 /// A policy's decisions, made outside the study's lock from the history as it was when the
 /// study's next trial number was `next_trial_id`: new points, and for a multi-fidelity
 /// scheduler paused trials to resume at a budget and paused trials to stop.
@@ -106,6 +109,8 @@ pub enum Command {
         client_id: String,
         token_hash: String,
     },
+    /// A change of a trial made by an Optuna client (`service/optuna.rs`).
+    Optuna(OptunaChange),
 }
 
 /// How a trial completes.
@@ -148,6 +153,8 @@ pub enum Reply {
     Attempt(Option<u32>),
     /// The token was stored.
     Issued,
+    /// Whether the change was made (Optuna's `set_trial_state_values`).
+    Updated(bool),
 }
 
 /// What a committed batch did besides answering its commands.
@@ -296,6 +303,7 @@ impl StudyBatch {
                 Ok(Reply::Study(Box::new(self.study.clone())))
             }
             Command::Update(update) => self.update(update).await,
+            Command::Optuna(change) => self.optuna(change).await,
             Command::AddParameter(extension) => self.add_parameter(*extension).await,
             Command::Resume => self.resume().await,
             Command::Retry { trial_id } => self.retry(trial_id).await,
