@@ -215,6 +215,7 @@ def test_enqueued_trials_wait_then_run_with_their_parameters(storage: TokenStora
     study.enqueue_trial({"x": 1.5, "lr": 0.01, "n": 2, "kind": "b"}, user_attrs={"why": "seed"})
     waiting = study.get_trials(states=(TrialState.WAITING,))
     assert len(waiting) == 1 and waiting[0].user_attrs == {"why": "seed"}
+    assert waiting[0].datetime_start is None
     study.optimize(objective, n_trials=2)
     first = study.trials[0]
     assert first.state == TrialState.COMPLETE

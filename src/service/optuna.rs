@@ -659,3 +659,47 @@ fn optuna_trial(study_id: i64, metric_ids: &[String], trial: Trial) -> OptunaTri
         intermediate_values,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_optuna_state_reads_back_as_itself_from_augurs() {
+        for state in [
+            OptunaState::Running,
+            OptunaState::Complete,
+            OptunaState::Pruned,
+            OptunaState::Fail,
+            OptunaState::Waiting,
+        ] {
+            let (augur, early_stopped) = state.to_augur();
+            assert_eq!(OptunaState::of(augur, early_stopped), state);
+        }
+    }
+
+    #[test]
+    fn an_optuna_spec_is_valid_and_recognised_as_optunas() {
+        let spec = optuna_spec("s", &[true, false]).expect("a spec");
+        spec.validate().expect("valid");
+        assert!(is_optuna_spec(&spec));
+        let ids: Vec<&str> = spec.metrics.iter().map(|m| m.id.as_str()).collect();
+        assert_eq!(ids, ["value_0", "value_1"]);
+        assert!(optuna_spec("s", &[]).is_err());
+    }
+
+    #[test]
+    fn attributes_split_by_their_prefixes() {
+        let split = split_attrs(BTreeMap::from([
+            ("mine".to_string(), json!(1)),
+            (format!("{SYSTEM_PREFIX}sys"), json!(2)),
+            (format!("{DISTRIBUTION_PREFIX}x"), json!({"name": "F"})),
+        ]));
+        assert_eq!(split.user, BTreeMap::from([("mine".to_string(), json!(1))]));
+        assert_eq!(
+            split.system,
+            BTreeMap::from([("sys".to_string(), json!(2))])
+        );
+        assert_eq!(split.distributions.len(), 1);
+    }
+}

@@ -110,8 +110,11 @@ impl StudyBatch {
                 trial.state = augur_state;
                 trial.early_stopped = early_stopped;
                 trial.lease_expires_at = None;
-                if state == OptunaState::Running {
-                    trial.started_at = Some(started_at.unwrap_or(now));
+                match state {
+                    OptunaState::Running => trial.started_at = Some(started_at.unwrap_or(now)),
+                    // An enqueued trial settles here after its attributes: not started yet.
+                    OptunaState::Waiting => trial.started_at = None,
+                    _ => {}
                 }
                 if state.is_finished() {
                     trial.completed_at = Some(completed_at.unwrap_or(now));
