@@ -39,10 +39,11 @@ class Server:
     """`augur serve` with Optuna's gRPC storage on a second loopback port; with an admin
     token unless `open` (then no token at all: the server is open on loopback)."""
 
-    def __init__(self, database_url: str, log_path: Path, open: bool = False) -> None:
+    def __init__(self, database_url: str, log_path: Path, open: bool = False,
+                 admin: Optional[str] = None) -> None:
         self.database_url = database_url
         self.log_path = log_path
-        self.admin = None if open else "optuna-admin-" + secrets.token_hex(8)
+        self.admin = None if open else admin or "optuna-admin-" + secrets.token_hex(8)
         self.port = free_port()
         self.grpc_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -130,6 +131,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("augur")
     url = os.environ.get("AUGUR_TEST_DATABASE_URL") or f"sqlite://{tmp / 'optuna.db'}"
     srv = Server(url, tmp / "serve.log").start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def replica(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A second `augur serve` on the same database: another replica."""
+    tmp = tmp_path_factory.mktemp("augur-replica")
+    srv = Server(server.database_url, tmp / "serve.log", admin=server.admin).start()
     yield srv
     srv.stop()
 

@@ -257,6 +257,30 @@ def test_several_processes_share_one_study(server: Server, tokens: Dict[str, str
     assert enqueued == [float(i) for i in range(6)]
 
 
+def test_two_replicas_on_one_database_share_a_study(server: Server, replica: Server,
+                                                   tokens: Dict[str, str],
+                                                   storage: TokenStorageProxy) -> None:
+    name = unique("replicas")
+    study = optuna.create_study(study_name=name, storage=storage)
+    for i in range(8):
+        study.enqueue_trial({"x": float(i), "lr": 0.001, "n": 1, "kind": "a"})
+    context = multiprocessing.get_context("spawn")
+    ports = [server.grpc_port, replica.grpc_port] * 2
+    workers = [context.Process(target=_work, args=(port, tokens["writer"], name, 5))
+               for port in ports]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(300)
+        assert w.exitcode == 0
+    trials = optuna.load_study(study_name=name, storage=storage).trials
+    assert sorted(t.number for t in trials) == list(range(20))
+    assert all(t.state == TrialState.COMPLETE for t in trials)
+    enqueued = sorted(t.params["x"] for t in trials if t.params["lr"] == 0.001 and t.params["n"] == 1
+                      and t.params["kind"] == "a" and float(t.params["x"]).is_integer())
+    assert enqueued == [float(i) for i in range(8)]
+
+
 def test_an_optuna_study_is_an_augur_study(server: Server, tokens: Dict[str, str],
                                           storage: TokenStorageProxy) -> None:
     name = unique("visible")
