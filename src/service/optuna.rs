@@ -27,6 +27,9 @@ const SYSTEM_PREFIX: &str = "optuna:system:";
 /// A trial's user attribute under this prefix is the distribution of the parameter named
 /// after it (Optuna's JSON form, as a value).
 const DISTRIBUTION_PREFIX: &str = "optuna:distribution:";
+/// `GetTrials` scans from the oldest unfinished trial a client asks for when it is at most
+/// this many trials below the newest it has.
+const NEAR_SCAN: i64 = 256;
 /// Optuna studies have no trial budget nor cap; Augur's spec needs both (this is its most).
 const UNBOUNDED: i64 = 100_000_000;
 
@@ -538,15 +541,30 @@ impl Service {
     ) -> ServiceResult<Vec<OptunaTrial>> {
         self.check_optuna_study(study_id).await?;
         let ids = self.optuna_metric_ids(study_id).await?;
+        let after = after.max(0);
+        let mut wanted: Vec<i64> = included.iter().copied().filter(|t| *t <= after).collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        // The unfinished trials a client holds are usually just below its newest: one scan
+        // from the oldest reads them with the new ones. A trial left running long ago is
+        // read on its own instead (a scan from it would read every trial since).
+        let scan_from = match wanted.first() {
+            Some(first) if after - first < NEAR_SCAN => first - 1,
+            _ => after,
+        };
         let mut trials: BTreeMap<i64, OptunaTrial> = BTreeMap::new();
         let mut token: Option<String> = None;
         loop {
             let (limit, cursor) = super::paging::page_bounds(Some(1000), token.as_deref())?;
             let records = self
                 .store
-                .list_trials(study_id, None, cursor.max(after.max(0)), limit + 1)
+                .list_trials(study_id, None, cursor.max(scan_from), limit + 1)
                 .await?;
             let (records, next) = super::paging::split_page(records, limit, |t| t.id);
+            let records: Vec<_> = records
+                .into_iter()
+                .filter(|t| t.id > after || wanted.binary_search(&t.id).is_ok())
+                .collect();
             for view in self.trial_views(study_id, records).await? {
                 trials.insert(view.id, optuna_trial(study_id, &ids, view));
             }
@@ -555,15 +573,13 @@ impl Service {
                 None => break,
             }
         }
-        for id in included {
-            if *id <= after.max(0) && !trials.contains_key(id) {
-                match self.get_trial(study_id, *id).await {
-                    Ok(view) => {
-                        trials.insert(*id, optuna_trial(study_id, &ids, view));
-                    }
-                    Err(ServiceError::NotFound(_)) => {}
-                    Err(e) => return Err(e),
+        for id in wanted.iter().filter(|t| **t <= scan_from) {
+            match self.get_trial(study_id, *id).await {
+                Ok(view) => {
+                    trials.insert(*id, optuna_trial(study_id, &ids, view));
                 }
+                Err(ServiceError::NotFound(_)) => {}
+                Err(e) => return Err(e),
             }
         }
         Ok(trials.into_values().collect())
