@@ -65,9 +65,12 @@ def test_study_calls_round_trip(storage: TokenStorageProxy) -> None:
     assert everything[name]._study_id == study_id
     assert everything[name].user_attrs == {"owner": {"team": "ml", "n": 3}}
     assert everything[name].directions == [StudyDirection.MAXIMIZE]
+    storage.get_all_trials(study_id)
     storage.delete_study(study_id)
     with pytest.raises(KeyError):
         storage.get_study_name_from_id(study_id)
+    with pytest.raises(KeyError):
+        storage.get_all_trials(study_id)
     assert name not in {s.study_name for s in storage.get_all_studies()}
 
 

@@ -582,6 +582,10 @@ impl Service {
                 Err(e) => return Err(e),
             }
         }
+        if trials.is_empty() {
+            // Nothing new, or no study any more (deleted since this process read its config).
+            self.study_record(study_id).await?;
+        }
         Ok(trials.into_values().collect())
     }
 
