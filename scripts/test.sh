@@ -48,6 +48,9 @@ scripts/python-client-test.sh
 step "Vertex AI Vizier SDK against a live server (scripts/vizier-sdk-test.sh)"
 scripts/vizier-sdk-test.sh
 
+step "Optuna's GrpcStorageProxy against a live server (scripts/optuna-grpc-test.sh)"
+scripts/optuna-grpc-test.sh
+
 step "dashboard in headless Chromium (scripts/browser-test.sh)"
 # The debug binary `cargo test` already built: a release build would add ~10 minutes to CI.
 # Timings quoted in notes come from `scripts/browser-test.sh` run alone (release).

@@ -81,6 +81,8 @@ pub struct ServerConfig {
     /// Commit lanes (`--commit-lanes`, 1 to 8): transactions this process commits at once.
     /// `None`: one per core, at least 2.
     pub commit_lanes: Option<usize>,
+    /// Where to serve Optuna's gRPC storage (`--optuna-grpc-listen`); `None`: not served.
+    pub optuna_grpc_listen: Option<SocketAddr>,
 }
 
 /// `--tls-cert` and `--tls-key`.
@@ -114,6 +116,7 @@ impl ServerConfig {
             run_jobs_as: None,
             replica_url: None,
             commit_lanes: None,
+            optuna_grpc_listen: None,
         }
     }
 }
@@ -155,6 +158,8 @@ pub struct App {
     service: Service,
     dispatcher: Option<Dispatcher>,
     replicas: Option<std::sync::Arc<crate::service::Replicas>>,
+    /// Optuna's gRPC storage: its listener and the state its calls are checked with.
+    optuna: Option<(TcpListener, AppState)>,
     pub open: bool,
 }
 
@@ -186,6 +191,12 @@ impl App {
         let open = !service.has_api_tokens().await?;
         if open && !config.listen.ip().is_loopback() {
             return Err(AppError::OpenOnNetwork(config.listen));
+        }
+        if let Some(addr) = config.optuna_grpc_listen
+            && open
+            && !addr.ip().is_loopback()
+        {
+            return Err(AppError::OpenOnNetwork(addr));
         }
         let run_as = match &config.run_jobs_as {
             Some(name) => {
@@ -248,6 +259,15 @@ impl App {
             .with_tls(tls.is_some())
             .with_forwarder(forwarder)
             .with_access(access);
+        let optuna = match config.optuna_grpc_listen {
+            Some(addr) => {
+                let listener = TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| AppError::Bind { addr, source })?;
+                Some((listener, state.clone()))
+            }
+            None => None,
+        };
         let router = api::serve_layers(router.split_for_parts().0, state, config.body_limit);
         let dispatcher = config.dispatch.then(|| {
             let dispatch_config = DispatchConfig {
@@ -273,8 +293,16 @@ impl App {
             service,
             dispatcher,
             replicas,
+            optuna,
             open,
         })
+    }
+
+    /// Where Optuna's gRPC storage is served, if it is.
+    pub fn optuna_addr(&self) -> Option<SocketAddr> {
+        self.optuna
+            .as_ref()
+            .and_then(|(listener, _)| listener.local_addr().ok())
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -299,9 +327,23 @@ impl App {
         let dispatching = self.dispatcher.as_ref().map(|d| (d.clone(), d.spawn()));
         let renewal = self.replicas.as_ref().map(|r| r.spawn_renewal());
         let replicas = self.replicas.clone();
+        // Optuna's storage stops with the REST API.
+        let (stopping, stopped) = tokio::sync::watch::channel(false);
+        let optuna = self.optuna.map(|(listener, state)| {
+            let mut stopped = stopped.clone();
+            tokio::spawn(async move {
+                let stop = async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                };
+                if let Err(e) = api::optuna::serve(listener, state, stop).await {
+                    tracing::error!(error = %e, "Optuna's gRPC storage stopped");
+                }
+            })
+        });
         // Leave the replicas before the last requests drain: the others stop routing here.
         let stop = async move {
             stop.await;
+            let _ = stopping.send(true);
             if let Some(renewal) = renewal {
                 renewal.abort();
             }
@@ -313,6 +355,9 @@ impl App {
             crate::serve::serve(self.listener, self.router, self.limits, self.tls, stop).await;
         if let Some((dispatcher, task)) = dispatching {
             dispatcher.shutdown().await;
+            let _ = task.await;
+        }
+        if let Some(task) = optuna {
             let _ = task.await;
         }
         served?;

@@ -169,9 +169,11 @@ fn cookie_token(method: &Method, headers: &axum::http::HeaderMap) -> Option<Stri
         .map(|t| format!("Bearer {t}"))
 }
 
-async fn check(
+/// Who an `Authorization` value (`Bearer <token>`) names: everyone is `open` on an open
+/// server. Shared with Optuna's gRPC storage (`api/optuna/`), which reads the same value from
+/// a call's metadata.
+pub(crate) async fn bearer_caller(
     state: &AppState,
-    route: &Route<'_>,
     authorization: Option<&str>,
 ) -> Result<Caller, ApiError> {
     if state.auth.open {
@@ -182,11 +184,19 @@ async fn check(
         .map(str::trim)
         .filter(|t| !t.is_empty())
         .ok_or(ApiError::Unauthenticated)?;
-    let caller = state
+    state
         .service
         .authenticate(token)
         .await?
-        .ok_or(ApiError::Unauthenticated)?;
+        .ok_or(ApiError::Unauthenticated)
+}
+
+async fn check(
+    state: &AppState,
+    route: &Route<'_>,
+    authorization: Option<&str>,
+) -> Result<Caller, ApiError> {
+    let caller = bearer_caller(state, authorization).await?;
     if let Some(scope) = caller.trial_scope {
         let own = matches!(route.access, Access::RoleOrOwnTrial(_))
             && route

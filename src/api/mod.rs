@@ -11,6 +11,7 @@ mod extract;
 pub mod forward;
 mod guard;
 mod health;
+pub mod optuna;
 pub mod rate_limit;
 mod studies;
 mod tokens;

@@ -213,6 +213,11 @@ pub struct ServeArgs {
     /// worth split between them (docs/scaling.md).
     #[arg(long, env = "AUGUR_COMMIT_LANES", value_parser = clap::value_parser!(u8).range(1..=8))]
     pub commit_lanes: Option<u8>,
+    /// Also serve Optuna's gRPC storage here (e.g. 127.0.0.1:13000), for
+    /// `optuna.storages.GrpcStorageProxy(host=…, port=…)`: its studies are Augur studies.
+    /// Plain gRPC (no TLS); tokens as for the REST API, in `authorization` metadata.
+    #[arg(long, env = "AUGUR_OPTUNA_GRPC_LISTEN")]
+    pub optuna_grpc_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -560,6 +565,7 @@ impl ServeArgs {
             run_jobs_as,
             replica_url,
             commit_lanes,
+            optuna_grpc_listen,
         } = self;
         if let Some(token) = &token {
             crate::service::check_configured_token(token).map_err(CliError::from)?;
@@ -585,6 +591,7 @@ impl ServeArgs {
         config.run_jobs_as = run_jobs_as;
         config.replica_url = replica_url;
         config.commit_lanes = commit_lanes.map(usize::from);
+        config.optuna_grpc_listen = optuna_grpc_listen;
         Ok(config)
     }
 }

@@ -17,6 +17,13 @@ pub async fn serve(config: ServerConfig) -> CliResult<()> {
     };
     tracing::info!(addr = %app.addr(), auth = mode, "augur is serving");
     println!("augur listening on http://{} ({mode})", app.addr());
+    if let Some(addr) = app.optuna_addr() {
+        println!(
+            "Optuna's gRPC storage on {addr}: GrpcStorageProxy(host=\"{}\", port={})",
+            addr.ip(),
+            addr.port()
+        );
+    }
     Ok(app.run().await?)
 }
 

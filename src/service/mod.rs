@@ -28,6 +28,7 @@ mod job_policy;
 mod logs;
 mod operations;
 mod optimal;
+pub mod optuna;
 mod paging;
 mod pareto;
 mod replicas;

@@ -18,6 +18,9 @@ use crate::model::{
 };
 use crate::store::{Store, StudyRecord, StudyTx, TrialRecord, TrialToken};
 
+mod optuna;
+pub use optuna::OptunaChange;
+
 /// A policy's decisions, made outside the study's lock from the history as it was when the
 /// study's next trial number was `next_trial_id`: new points, and for a multi-fidelity
 /// scheduler paused trials to resume at a budget and paused trials to stop.
@@ -126,6 +129,8 @@ pub enum Command {
     CheckpointCopied {
         trial_id: i64,
     },
+    /// A change of a trial made by an Optuna client (`service/optuna.rs`).
+    Optuna(OptunaChange),
 }
 
 /// How a trial completes.
@@ -168,6 +173,8 @@ pub enum Reply {
     Attempt(Option<u32>),
     /// The token was stored.
     Issued,
+    /// Whether the change was made (Optuna's `set_trial_state_values`).
+    Updated(bool),
 }
 
 /// What a committed batch did besides answering its commands.
@@ -338,6 +345,7 @@ impl StudyBatch {
                 Ok(Reply::Study(Box::new(self.study.clone())))
             }
             Command::Update(update) => self.update(update).await,
+            Command::Optuna(change) => self.optuna(change).await,
             Command::AddParameter(extension) => self.add_parameter(*extension).await,
             Command::Resume => self.resume().await,
             Command::Retry { trial_id } => self.retry(trial_id).await,

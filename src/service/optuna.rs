@@ -1,0 +1,725 @@
+//! Optuna's storage (`optuna.storages.GrpcStorageProxy`, served by `api/optuna/`) over
+//! Augur's studies and trials. An Optuna study is an Augur study whose search space is the
+//! one marker parameter [`MARKER_PARAMETER`] (a spec needs one; Optuna's trials bring their
+//! own distributions) and whose metrics are its objectives (`value`, or `value_0`, `value_1`…).
+//! Its trials are Augur trials created by the client: states, parameters (Optuna's internal
+//! float), objective values (the final measurement) and intermediate values (measurements
+//! by step) change in the study's batch, under its lock (`state_machine/optuna.rs`), so
+//! several processes and replicas serialize as for any trial. Distributions and system
+//! attributes are user attributes under reserved prefixes, beside Optuna's own user
+//! attributes; they are written after the change they belong to, and a parameter whose
+//! distribution is not written yet is not shown.
+
+use std::collections::BTreeMap;
+
+use augur_optimizer::Value;
+use chrono::{DateTime, Utc};
+use serde_json::{Value as JsonValue, json};
+
+use super::state_machine::{Command, OptunaChange, Reply};
+use super::{Caller, Service, ServiceError, ServiceResult, not_found_study, unexpected};
+use crate::model::{AnnotationUpdate, Annotations, Measurement, StudySpec, Trial, TrialState};
+
+/// The one parameter of an Optuna study's spec: it marks the study as Optuna's.
+pub const MARKER_PARAMETER: &str = "optuna_storage";
+/// User attributes under this prefix are Optuna's system attributes.
+const SYSTEM_PREFIX: &str = "optuna:system:";
+/// A trial's user attribute under this prefix is the distribution of the parameter named
+/// after it (Optuna's JSON form, as a value).
+const DISTRIBUTION_PREFIX: &str = "optuna:distribution:";
+/// `GetTrials` scans from the oldest unfinished trial a client asks for when it is at most
+/// this many trials below the newest it has.
+const NEAR_SCAN: i64 = 256;
+/// Optuna studies have no trial budget nor cap; Augur's spec needs both (this is its most).
+const UNBOUNDED: i64 = 100_000_000;
+
+/// A trial's state as Optuna names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptunaState {
+    Running,
+    Complete,
+    Pruned,
+    Fail,
+    Waiting,
+}
+
+impl OptunaState {
+    /// Augur's state for it; a pruned trial is a completed one that stopped early.
+    pub(super) fn to_augur(self) -> (TrialState, bool) {
+        match self {
+            OptunaState::Running => (TrialState::Active, false),
+            OptunaState::Complete => (TrialState::Completed, false),
+            OptunaState::Pruned => (TrialState::Completed, true),
+            OptunaState::Fail => (TrialState::Failed, false),
+            OptunaState::Waiting => (TrialState::Requested, false),
+        }
+    }
+
+    /// Optuna's name for an Augur trial's state (Augur's own states Optuna lacks read as
+    /// the nearest: stopping and paused are running, infeasible failed).
+    pub fn of(state: TrialState, early_stopped: bool) -> Self {
+        match state {
+            TrialState::Requested => OptunaState::Waiting,
+            TrialState::Active | TrialState::Stopping | TrialState::Paused => OptunaState::Running,
+            TrialState::Completed if early_stopped => OptunaState::Pruned,
+            TrialState::Completed => OptunaState::Complete,
+            TrialState::Infeasible | TrialState::Failed => OptunaState::Fail,
+        }
+    }
+
+    pub fn is_finished(self) -> bool {
+        matches!(
+            self,
+            OptunaState::Complete | OptunaState::Pruned | OptunaState::Fail
+        )
+    }
+}
+
+/// A study as Optuna sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OptunaStudy {
+    pub id: i64,
+    pub name: String,
+    /// One per objective: true to maximize.
+    pub maximize: Vec<bool>,
+    pub user_attrs: BTreeMap<String, JsonValue>,
+    pub system_attrs: BTreeMap<String, JsonValue>,
+}
+
+/// A trial as Optuna sees it. `number` is Optuna's (from 0); `id` Augur's (from 1).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OptunaTrial {
+    pub study_id: i64,
+    pub id: i64,
+    pub state: OptunaState,
+    pub values: Option<Vec<f64>>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub completed_at: Option<DateTime<Utc>>,
+    /// In the internal (float) form of their distribution.
+    pub params: BTreeMap<String, f64>,
+    pub distributions: BTreeMap<String, JsonValue>,
+    pub user_attrs: BTreeMap<String, JsonValue>,
+    pub system_attrs: BTreeMap<String, JsonValue>,
+    pub intermediate_values: BTreeMap<i64, f64>,
+}
+
+impl OptunaTrial {
+    pub fn number(&self) -> i64 {
+        self.id - 1
+    }
+}
+
+/// What a new trial starts as: nothing (running, from now), or the client's template (an
+/// enqueued or added trial); its `study_id` and `id` are ignored.
+pub type OptunaTemplate = OptunaTrial;
+
+/// The metric ids of a study with `objectives` objectives.
+fn metric_ids(objectives: usize) -> Vec<String> {
+    if objectives == 1 {
+        vec!["value".to_string()]
+    } else {
+        (0..objectives).map(|i| format!("value_{i}")).collect()
+    }
+}
+
+/// The spec of a new Optuna study.
+pub fn optuna_spec(name: &str, maximize: &[bool]) -> ServiceResult<StudySpec> {
+    if maximize.is_empty() {
+        return Err(ServiceError::invalid(
+            "directions",
+            "a study needs at least one direction",
+        ));
+    }
+    let metrics: Vec<JsonValue> = metric_ids(maximize.len())
+        .into_iter()
+        .zip(maximize)
+        .map(|(id, max)| json!({"id": id, "goal": if *max { "maximize" } else { "minimize" }}))
+        .collect();
+    let spec = json!({
+        "name": name,
+        "algorithm": "random",
+        "metrics": metrics,
+        "parameters": [{"id": MARKER_PARAMETER, "type": "categorical", "values": ["grpc"]}],
+        "max_trials": UNBOUNDED,
+        "parallel_trials": UNBOUNDED,
+        "fail_fast_trials": 0,
+    });
+    serde_json::from_value(spec)
+        .map_err(|e| ServiceError::Internal(format!("the spec of an Optuna study: {e}")))
+}
+
+fn is_optuna_spec(spec: &StudySpec) -> bool {
+    spec.parameters.len() == 1 && spec.parameters[0].id == MARKER_PARAMETER
+}
+
+/// Augur user attributes split into Optuna's user attributes, system attributes and (of a
+/// trial) distributions by their prefixes.
+#[derive(Default)]
+struct SplitAttrs {
+    user: BTreeMap<String, JsonValue>,
+    system: BTreeMap<String, JsonValue>,
+    distributions: BTreeMap<String, JsonValue>,
+}
+
+fn split_attrs(attrs: BTreeMap<String, JsonValue>) -> SplitAttrs {
+    let mut split = SplitAttrs::default();
+    for (key, value) in attrs {
+        if let Some(rest) = key.strip_prefix(SYSTEM_PREFIX) {
+            split.system.insert(rest.to_string(), value);
+        } else if let Some(rest) = key.strip_prefix(DISTRIBUTION_PREFIX) {
+            split.distributions.insert(rest.to_string(), value);
+        } else {
+            split.user.insert(key, value);
+        }
+    }
+    split
+}
+
+fn check_finite(values: &[f64], field: &str) -> ServiceResult<()> {
+    if values.iter().all(|v| v.is_finite()) {
+        Ok(())
+    } else {
+        Err(ServiceError::invalid(
+            field,
+            "Augur stores finite values only (no NaN nor infinity)",
+        ))
+    }
+}
+
+impl Service {
+    /// A new Optuna study, or `None` when an Optuna study of that name exists. (Names are
+    /// checked, then the study is created: two processes creating the same name at the same
+    /// instant may both succeed; Augur's own names are not unique.)
+    pub async fn optuna_create_study(
+        &self,
+        actor: &Caller,
+        name: &str,
+        maximize: &[bool],
+    ) -> ServiceResult<Option<i64>> {
+        if self.optuna_study_id(name).await?.is_some() {
+            return Ok(None);
+        }
+        let study = self
+            .create_study(actor, optuna_spec(name, maximize)?)
+            .await?;
+        Ok(Some(study.id))
+    }
+
+    /// The Optuna study of that name (the oldest, if several).
+    pub async fn optuna_study_id(&self, name: &str) -> ServiceResult<Option<i64>> {
+        let mut token: Option<String> = None;
+        loop {
+            let (studies, next) = self.list_optuna_page(Some(name), token.as_deref()).await?;
+            if let Some(found) = studies.into_iter().find(|s| s.name == name) {
+                return Ok(Some(found.id));
+            }
+            match next {
+                Some(next) => token = Some(next),
+                None => return Ok(None),
+            }
+        }
+    }
+
+    /// One page of studies (Optuna's only) whose name contains `name`, and the next page's token.
+    async fn list_optuna_page(
+        &self,
+        name: Option<&str>,
+        token: Option<&str>,
+    ) -> ServiceResult<(Vec<OptunaStudy>, Option<String>)> {
+        let page = self.list_studies(None, name, Some(500), token).await?;
+        let studies = page
+            .items
+            .into_iter()
+            .filter(|s| is_optuna_spec(&s.spec))
+            .map(|s| optuna_study(s.id, s.name, &s.spec, s.annotations))
+            .collect();
+        Ok((studies, page.next_page_token))
+    }
+
+    pub async fn optuna_studies(&self) -> ServiceResult<Vec<OptunaStudy>> {
+        let mut all = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let (studies, next) = self.list_optuna_page(None, token.as_deref()).await?;
+            all.extend(studies);
+            match next {
+                Some(next) => token = Some(next),
+                None => return Ok(all),
+            }
+        }
+    }
+
+    pub async fn optuna_study(&self, study_id: i64) -> ServiceResult<OptunaStudy> {
+        let record = self.study_record(study_id).await?;
+        if !is_optuna_spec(&record.spec) {
+            return Err(not_found_study(study_id));
+        }
+        let annotations = self
+            .store
+            .study_annotations(study_id, study_id)
+            .await?
+            .remove(&study_id)
+            .unwrap_or_default();
+        Ok(optuna_study(
+            record.id,
+            record.name,
+            &record.spec,
+            annotations,
+        ))
+    }
+
+    /// Not found unless the study is an Optuna study (read once per process).
+    async fn check_optuna_study(&self, study_id: i64) -> ServiceResult<()> {
+        let config = self.fixed_config(study_id).await?;
+        let params = config.space.all_parameters();
+        if params.len() == 1 && params[0].id == MARKER_PARAMETER {
+            Ok(())
+        } else {
+            Err(not_found_study(study_id))
+        }
+    }
+
+    pub async fn optuna_delete_study(&self, actor: &Caller, study_id: i64) -> ServiceResult<()> {
+        self.check_optuna_study(study_id).await?;
+        self.delete_study(actor, study_id).await
+    }
+
+    /// Set a study's user attribute (`system`: a system attribute) to a JSON value.
+    pub async fn optuna_set_study_attr(
+        &self,
+        actor: &Caller,
+        study_id: i64,
+        system: bool,
+        key: &str,
+        value: JsonValue,
+    ) -> ServiceResult<()> {
+        self.check_optuna_study(study_id).await?;
+        let key = if system {
+            format!("{SYSTEM_PREFIX}{key}")
+        } else {
+            key.to_string()
+        };
+        self.annotate_study(actor, study_id, attr_update(key, value))
+            .await
+    }
+
+    /// A new trial; its id.
+    pub async fn optuna_create_trial(
+        &self,
+        actor: &Caller,
+        study_id: i64,
+        template: Option<OptunaTemplate>,
+    ) -> ServiceResult<i64> {
+        self.check_optuna_study(study_id).await?;
+        self.check_reporter(actor, study_id, None).await?;
+        let Some(template) = template else {
+            let change = OptunaChange::Create {
+                state: OptunaState::Running,
+                parameters: BTreeMap::new(),
+                final_metrics: None,
+                intermediate: Vec::new(),
+                started_at: None,
+                completed_at: None,
+            };
+            return Ok(self.optuna_change(study_id, change).await?.id);
+        };
+        let config = self.fixed_config(study_id).await?;
+        let ids: Vec<String> = config.metrics.iter().map(|m| m.id.clone()).collect();
+        let final_metrics = match &template.values {
+            Some(values) => Some(self.metrics_of(&ids, values)?),
+            None => None,
+        };
+        let first = ids.first().cloned().unwrap_or_default();
+        let values: Vec<f64> = template.intermediate_values.values().copied().collect();
+        check_finite(&values, "template_trial.intermediate_values")?;
+        let params: Vec<f64> = template.params.values().copied().collect();
+        check_finite(&params, "template_trial.params")?;
+        let intermediate = template
+            .intermediate_values
+            .iter()
+            .map(|(step, value)| Measurement {
+                step: *step,
+                elapsed_secs: None,
+                metrics: BTreeMap::from([(first.clone(), *value)]),
+            })
+            .collect();
+        let parameters = template
+            .params
+            .iter()
+            .map(|(name, v)| (name.clone(), Value::Float(*v)))
+            .collect();
+        // Created running, its attributes written, then put in its state: a worker never
+        // takes an enqueued trial before its fixed parameters are there.
+        let mut attrs: BTreeMap<String, JsonValue> = template.user_attrs;
+        for (key, value) in template.system_attrs {
+            attrs.insert(format!("{SYSTEM_PREFIX}{key}"), value);
+        }
+        for (name, dist) in template.distributions {
+            attrs.insert(format!("{DISTRIBUTION_PREFIX}{name}"), dist);
+        }
+        let direct = attrs.is_empty();
+        let create = OptunaChange::Create {
+            state: if direct {
+                template.state
+            } else {
+                OptunaState::Running
+            },
+            parameters,
+            final_metrics: if direct { final_metrics.clone() } else { None },
+            intermediate,
+            started_at: template.started_at,
+            completed_at: if direct { template.completed_at } else { None },
+        };
+        let trial_id = self.optuna_change(study_id, create).await?.id;
+        if direct {
+            return Ok(trial_id);
+        }
+        let update = AnnotationUpdate {
+            user_attrs: Some(attrs),
+            ..AnnotationUpdate::default()
+        };
+        self.annotate_trial(actor, study_id, trial_id, update)
+            .await?;
+        if template.state != OptunaState::Running {
+            let settle = OptunaChange::SetState {
+                trial_id,
+                state: template.state,
+                final_metrics,
+                from_waiting_only: false,
+                started_at: template.started_at,
+                completed_at: template.completed_at,
+            };
+            self.submit_optuna(study_id, settle).await?;
+        }
+        Ok(trial_id)
+    }
+
+    fn metrics_of(&self, ids: &[String], values: &[f64]) -> ServiceResult<BTreeMap<String, f64>> {
+        if values.len() != ids.len() {
+            return Err(ServiceError::invalid(
+                "values",
+                format!(
+                    "the study has {} objectives and {} values were given",
+                    ids.len(),
+                    values.len()
+                ),
+            ));
+        }
+        check_finite(values, "values")?;
+        Ok(ids.iter().cloned().zip(values.iter().copied()).collect())
+    }
+
+    /// Set a parameter of an unfinished trial, with its distribution (JSON).
+    pub async fn optuna_set_param(
+        &self,
+        actor: &Caller,
+        study_id: i64,
+        trial_id: i64,
+        name: &str,
+        value: f64,
+        distribution: JsonValue,
+    ) -> ServiceResult<()> {
+        self.check_optuna_study(study_id).await?;
+        self.check_reporter(actor, study_id, Some(trial_id)).await?;
+        check_finite(&[value], "param_value_internal")?;
+        let change = OptunaChange::SetParameter {
+            trial_id,
+            name: name.to_string(),
+            value,
+        };
+        self.optuna_change(study_id, change).await?;
+        let key = format!("{DISTRIBUTION_PREFIX}{name}");
+        self.annotate_trial(actor, study_id, trial_id, attr_update(key, distribution))
+            .await
+    }
+
+    /// Optuna's `set_trial_state_values`: false when asked to run a trial that is no longer
+    /// waiting (another worker took it).
+    pub async fn optuna_set_state(
+        &self,
+        actor: &Caller,
+        study_id: i64,
+        trial_id: i64,
+        state: OptunaState,
+        values: Option<Vec<f64>>,
+    ) -> ServiceResult<bool> {
+        self.check_optuna_study(study_id).await?;
+        self.check_reporter(actor, study_id, Some(trial_id)).await?;
+        let config = self.fixed_config(study_id).await?;
+        let ids: Vec<String> = config.metrics.iter().map(|m| m.id.clone()).collect();
+        let final_metrics = match values {
+            Some(values) if state.is_finished() => Some(self.metrics_of(&ids, &values)?),
+            _ => None,
+        };
+        let change = OptunaChange::SetState {
+            trial_id,
+            state,
+            final_metrics,
+            from_waiting_only: state == OptunaState::Running,
+            started_at: None,
+            completed_at: None,
+        };
+        self.submit_optuna(study_id, change).await
+    }
+
+    pub async fn optuna_set_intermediate(
+        &self,
+        actor: &Caller,
+        study_id: i64,
+        trial_id: i64,
+        step: i64,
+        value: f64,
+    ) -> ServiceResult<()> {
+        self.check_optuna_study(study_id).await?;
+        self.check_reporter(actor, study_id, Some(trial_id)).await?;
+        check_finite(&[value], "intermediate_value")?;
+        if step < 0 {
+            return Err(ServiceError::invalid("step", "a step is 0 or more"));
+        }
+        let config = self.fixed_config(study_id).await?;
+        let first = config
+            .metrics
+            .first()
+            .map(|m| m.id.clone())
+            .unwrap_or_default();
+        let change = OptunaChange::SetIntermediate {
+            trial_id,
+            measurement: Measurement {
+                step,
+                elapsed_secs: None,
+                metrics: BTreeMap::from([(first, value)]),
+            },
+        };
+        self.optuna_change(study_id, change).await?;
+        Ok(())
+    }
+
+    /// Set an unfinished trial's user attribute (`system`: a system attribute).
+    pub async fn optuna_set_trial_attr(
+        &self,
+        actor: &Caller,
+        study_id: i64,
+        trial_id: i64,
+        system: bool,
+        key: &str,
+        value: JsonValue,
+    ) -> ServiceResult<()> {
+        self.check_optuna_study(study_id).await?;
+        let record = self.trial_record(study_id, trial_id).await?;
+        if !record.state.is_unfinished() {
+            return Err(ServiceError::conflict(format!(
+                "trial {trial_id} of study {study_id} is already {}",
+                record.state.as_str()
+            )));
+        }
+        let key = if system {
+            format!("{SYSTEM_PREFIX}{key}")
+        } else {
+            key.to_string()
+        };
+        self.annotate_trial(actor, study_id, trial_id, attr_update(key, value))
+            .await
+    }
+
+    pub async fn optuna_trial(&self, study_id: i64, trial_id: i64) -> ServiceResult<OptunaTrial> {
+        self.check_optuna_study(study_id).await?;
+        let trial = self.get_trial(study_id, trial_id).await?;
+        Ok(optuna_trial(
+            study_id,
+            &self.optuna_metric_ids(study_id).await?,
+            trial,
+        ))
+    }
+
+    /// The trials named in `included` and those after `after` (by id), by id: what the
+    /// client's cache asks for (its unfinished trials, and any new ones).
+    pub async fn optuna_trials(
+        &self,
+        study_id: i64,
+        included: &[i64],
+        after: i64,
+    ) -> ServiceResult<Vec<OptunaTrial>> {
+        self.check_optuna_study(study_id).await?;
+        let ids = self.optuna_metric_ids(study_id).await?;
+        let after = after.max(0);
+        let mut wanted: Vec<i64> = included.iter().copied().filter(|t| *t <= after).collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        // The unfinished trials a client holds are usually just below its newest: one scan
+        // from the oldest reads them with the new ones. A trial left running long ago is
+        // read on its own instead (a scan from it would read every trial since).
+        let scan_from = match wanted.first() {
+            Some(first) if after - first < NEAR_SCAN => first - 1,
+            _ => after,
+        };
+        let mut trials: BTreeMap<i64, OptunaTrial> = BTreeMap::new();
+        let mut token: Option<String> = None;
+        loop {
+            let (limit, cursor) = super::paging::page_bounds(Some(1000), token.as_deref())?;
+            let records = self
+                .store
+                .list_trials(study_id, None, cursor.max(scan_from), limit + 1)
+                .await?;
+            let (records, next) = super::paging::split_page(records, limit, |t| t.id);
+            let records: Vec<_> = records
+                .into_iter()
+                .filter(|t| t.id > after || wanted.binary_search(&t.id).is_ok())
+                .collect();
+            for view in self.trial_views(study_id, records).await? {
+                trials.insert(view.id, optuna_trial(study_id, &ids, view));
+            }
+            match next {
+                Some(next) => token = Some(next),
+                None => break,
+            }
+        }
+        for id in wanted.iter().filter(|t| **t <= scan_from) {
+            match self.get_trial(study_id, *id).await {
+                Ok(view) => {
+                    trials.insert(*id, optuna_trial(study_id, &ids, view));
+                }
+                Err(ServiceError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if trials.is_empty() {
+            // Nothing new, or no study any more (deleted since this process read its config).
+            self.study_record(study_id).await?;
+        }
+        Ok(trials.into_values().collect())
+    }
+
+    async fn optuna_metric_ids(&self, study_id: i64) -> ServiceResult<Vec<String>> {
+        let config = self.fixed_config(study_id).await?;
+        Ok(config.metrics.iter().map(|m| m.id.clone()).collect())
+    }
+
+    async fn optuna_change(
+        &self,
+        study_id: i64,
+        change: OptunaChange,
+    ) -> ServiceResult<crate::store::TrialRecord> {
+        self.change_trial_record(study_id, Command::Optuna(change))
+            .await
+    }
+
+    /// A change whose answer is whether it was made.
+    async fn submit_optuna(&self, study_id: i64, change: OptunaChange) -> ServiceResult<bool> {
+        match self
+            .commits
+            .submit(study_id, Command::Optuna(change))
+            .await?
+        {
+            Reply::Updated(updated) => Ok(updated),
+            Reply::Trial(_) => Ok(true),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+fn attr_update(key: String, value: JsonValue) -> AnnotationUpdate {
+    AnnotationUpdate {
+        user_attrs: Some(BTreeMap::from([(key, value)])),
+        ..AnnotationUpdate::default()
+    }
+}
+
+fn optuna_study(id: i64, name: String, spec: &StudySpec, notes: Annotations) -> OptunaStudy {
+    let attrs = split_attrs(notes.user_attrs);
+    OptunaStudy {
+        id,
+        name,
+        maximize: spec
+            .metrics
+            .iter()
+            .map(|m| m.goal == crate::model::MetricGoal::Maximize)
+            .collect(),
+        user_attrs: attrs.user,
+        system_attrs: attrs.system,
+    }
+}
+
+/// An Augur trial as Optuna sees it; `metric_ids` are the study's objectives in order. A
+/// parameter shows with its distribution only (the two are written one after the other).
+fn optuna_trial(study_id: i64, metric_ids: &[String], trial: Trial) -> OptunaTrial {
+    let state = OptunaState::of(trial.state, trial.early_stopped);
+    let mut attrs = split_attrs(trial.annotations.user_attrs);
+    let mut params = BTreeMap::new();
+    for (name, value) in &trial.parameters {
+        if let (true, Some(v)) = (attrs.distributions.contains_key(name), value.as_f64()) {
+            params.insert(name.clone(), v);
+        }
+    }
+    attrs
+        .distributions
+        .retain(|name, _| params.contains_key(name));
+    let values = trial.final_measurement.as_ref().and_then(|m| {
+        metric_ids
+            .iter()
+            .map(|id| m.metrics.get(id).copied())
+            .collect::<Option<Vec<f64>>>()
+    });
+    let first = metric_ids.first();
+    let intermediate_values = trial
+        .measurements
+        .iter()
+        .filter_map(|m| Some((m.step, *m.metrics.get(first?)?)))
+        .collect();
+    OptunaTrial {
+        study_id,
+        id: trial.id,
+        state,
+        values,
+        started_at: trial.started_at,
+        completed_at: trial.completed_at,
+        params,
+        distributions: attrs.distributions,
+        user_attrs: attrs.user,
+        system_attrs: attrs.system,
+        intermediate_values,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_optuna_state_reads_back_as_itself_from_augurs() {
+        for state in [
+            OptunaState::Running,
+            OptunaState::Complete,
+            OptunaState::Pruned,
+            OptunaState::Fail,
+            OptunaState::Waiting,
+        ] {
+            let (augur, early_stopped) = state.to_augur();
+            assert_eq!(OptunaState::of(augur, early_stopped), state);
+        }
+    }
+
+    #[test]
+    fn an_optuna_spec_is_valid_and_recognised_as_optunas() {
+        let spec = optuna_spec("s", &[true, false]).expect("a spec");
+        spec.validate().expect("valid");
+        assert!(is_optuna_spec(&spec));
+        let ids: Vec<&str> = spec.metrics.iter().map(|m| m.id.as_str()).collect();
+        assert_eq!(ids, ["value_0", "value_1"]);
+        assert!(optuna_spec("s", &[]).is_err());
+    }
+
+    #[test]
+    fn attributes_split_by_their_prefixes() {
+        let split = split_attrs(BTreeMap::from([
+            ("mine".to_string(), json!(1)),
+            (format!("{SYSTEM_PREFIX}sys"), json!(2)),
+            (format!("{DISTRIBUTION_PREFIX}x"), json!({"name": "F"})),
+        ]));
+        assert_eq!(split.user, BTreeMap::from([("mine".to_string(), json!(1))]));
+        assert_eq!(
+            split.system,
+            BTreeMap::from([("sys".to_string(), json!(2))])
+        );
+        assert_eq!(split.distributions.len(), 1);
+    }
+}
