@@ -127,6 +127,14 @@ impl StudyView<'_> {
             .collect()
     }
 
+    /// Ends every paused trial at its rung: a scheduler that will promote none of them.
+    pub fn stop_paused(&self) -> impl Iterator<Item = Decision> + '_ {
+        self.trials
+            .iter()
+            .filter(|t| t.status == TrialStatus::Paused)
+            .map(|t| Decision::Stop { trial: t.number })
+    }
+
     /// The points of trials not finished (running or paused): known points, unknown results.
     pub fn pending(&self) -> Vec<Assignment> {
         self.trials

@@ -177,13 +177,7 @@ impl Policy for Asha {
                 .promotion(&rungs, study.trials, &HashSet::new(), true)
                 .is_none();
         if settled {
-            decisions.extend(
-                study
-                    .trials
-                    .iter()
-                    .filter(|t| t.status == TrialStatus::Paused)
-                    .map(|t| Decision::Stop { trial: t.number }),
-            );
+            decisions.extend(study.stop_paused());
         }
         PolicyOutput {
             decisions,

@@ -101,13 +101,7 @@ impl Policy for BudgetCap {
             .iter()
             .any(|t| t.status == TrialStatus::Running);
         if closed && !running && decisions.is_empty() {
-            decisions.extend(
-                study
-                    .trials
-                    .iter()
-                    .filter(|t| t.status == TrialStatus::Paused)
-                    .map(|t| Decision::Stop { trial: t.number }),
-            );
+            decisions.extend(study.stop_paused());
         }
         PolicyOutput {
             decisions,

@@ -9,6 +9,8 @@
 //! ranked by when it is copied: a parent waits, paused, until every copy of its checkpoint is
 //! done ([`TrialView::copying_from`]).
 
+use std::collections::HashMap;
+
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 
 use crate::decision::{Decision, Policy, PolicyOutput, StudyView, TrialStatus, TrialView};
@@ -68,9 +70,15 @@ impl Pbt {
     /// What a paused trial at the end of segment `k` does, once every member got there:
     /// exploit a parent (bottom quantile), wait (a parent whose checkpoint is still to be
     /// copied), or go on.
-    fn next_for(&self, study: &StudyView<'_>, rungs: &[f64], trial: &TrialView, k: usize) -> Next {
-        let ranked = ranked_at(study.trials, rungs, k, &self.metric);
-        let exploit = exploits_at(&ranked, self.settings.quantile_fraction, study.seed, k);
+    /// `exploit`: the segment's exploit pairs (`exploits_at`).
+    fn next_for(
+        &self,
+        study: &StudyView<'_>,
+        rungs: &[f64],
+        trial: &TrialView,
+        k: usize,
+        exploit: &[(u64, u64)],
+    ) -> Next {
         if let Some((_, parent)) = exploit.iter().find(|(child, _)| *child == trial.number) {
             let Some(parent) = study.trials.iter().find(|t| t.number == *parent) else {
                 return Next::GoOn;
@@ -274,6 +282,8 @@ impl Policy for Pbt {
         };
         let mut exploits = Vec::new();
         let mut go_on = Vec::new();
+        // Each segment end's exploit pairs, ranked once for all its paused trials.
+        let mut pairs: HashMap<usize, Vec<(u64, u64)>> = HashMap::new();
         for trial in study.trials {
             let Progress::Ended {
                 done: k,
@@ -286,7 +296,11 @@ impl Policy for Pbt {
                 continue;
             }
             let budget = rungs[k + 1];
-            match self.next_for(study, &rungs, trial, k) {
+            let exploit = pairs.entry(k).or_insert_with(|| {
+                let ranked = ranked_at(study.trials, &rungs, k, &self.metric);
+                exploits_at(&ranked, self.settings.quantile_fraction, study.seed, k)
+            });
+            match self.next_for(study, &rungs, trial, k, exploit) {
                 Next::Exploit { parent, parameters } => exploits.push(Decision::Exploit {
                     trial: trial.number,
                     parent,
