@@ -25,7 +25,7 @@ pub mod design;
 mod error;
 mod group_commit;
 mod job_policy;
-mod logs;
+pub mod logs;
 mod operations;
 mod optimal;
 pub mod optuna;

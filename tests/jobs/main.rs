@@ -20,5 +20,6 @@ mod pbt;
 mod run_as;
 mod slurm;
 mod slurm_nodes;
+mod tensorboard;
 mod tensorflow;
 mod worker;
