@@ -6,7 +6,8 @@
 //! policy (`Asha` or `FullBudget`, through `Policy::decide` over a `StudyView`, as the service
 //! asks it) decides whenever a worker is free. Methods: `asha_random` and `asha_gp_bandit`
 //! (and the same with Hyperband: `hyperband_random`, `hyperband_gp_bandit`)
-//! (fidelity 1–27 epochs, η = 3, 81 trials), `full_gp_bandit` and `full_random` (every trial
+//! (fidelity 1–27 epochs, η = 3, 81 trials), ASHA with the full-budget methods' compute as
+//! its `max_budget` and no trial limit (`asha_random_max_budget`, `asha_gp_bandit_max_budget`), `full_gp_bandit` and `full_random` (every trial
 //! trains 27 epochs; `--full-trials`, 30 by default). Problems (`multi_fidelity/problems.rs`):
 //! `curves_hartmann3`, learning curves with Hartmann3's regret as the final loss, and
 //! `mlp_two_moons`, an MLP trained by SGD whose validation loss is the metric.
