@@ -1,7 +1,8 @@
 //! Slurm across hosts: slurmctld and `augur serve` on node1, a slurmd on each of node2,
 //! node3 and node4 (`scripts/test-cluster.sh slurm`), sharing the file system as nodes on NFS
 //! do. A cluster trial with `slurm.nodes: 3` puts one replica on each node, and each reaches
-//! the others at the addresses its `CLUSTER_SPEC` gives.
+//! the others at the addresses its `CLUSTER_SPEC` gives; TensorFlow trains one model across
+//! three nodes; a node lost mid-trial is survived by the retry on the nodes left.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -364,4 +365,129 @@ async fn a_node_lost_mid_trial_fails_the_attempt_and_the_retry_resumes_on_the_no
             "a replica outlived its trial on {node}"
         );
     }
+}
+
+/// TensorFlow's `MultiWorkerMirroredStrategy` across three Slurm nodes: the chief on one,
+/// its two workers on the others, synchronised through the `TF_CONFIG` Augur wrote from the
+/// allocation's hosts (`examples/distributed/tf_train.py`, the real TensorFlow of
+/// `scripts/tf-venv.sh`); the trial completes with the chief's validation loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tensorflow_trains_one_model_across_three_slurm_nodes() {
+    let python = tokio::task::spawn_blocking(crate::tensorflow::python_with_tensorflow)
+        .await
+        .expect("venv");
+    let cluster = TestCluster::up(4);
+    let conf = cluster.slurm("node1", &["node2", "node3", "node4"]);
+    let dir = cluster.dir.join("slurm-tensorflow");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("test directory");
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/distributed");
+    let addr = cluster.addr("node1");
+    let base = format!("http://{addr}:8080");
+    let _server = KillOnDrop(
+        cluster
+            .command("node1", common::augur_bin())
+            .args([
+                "serve",
+                "--token",
+                ADMIN,
+                "--listen",
+                &format!("{addr}:8080"),
+            ])
+            .arg("--database-url")
+            .arg(format!("sqlite://{}", dir.join("augur.db").display()))
+            .env("SLURM_CONF", &conf)
+            .env("AUGUR_LOG", "warn")
+            .env_remove("AUGUR_TOKEN")
+            .stdout(std::process::Stdio::null())
+            .stderr(cluster.log("slurm-tensorflow-augur.log"))
+            .spawn()
+            .expect("augur serve"),
+    );
+    let spec = json!({
+        "name": "tensorflow-nodes", "algorithm": "random",
+        "metrics": [{"id": "val_loss", "goal": "minimize"}],
+        "parameters": [
+            {"id": "learning_rate", "type": "double", "min": 0.001, "max": 0.01, "scale": "log"},
+            {"id": "units", "type": "integer", "min": 8, "max": 16}
+        ],
+        "max_trials": 1, "parallel_trials": 1, "seed": 5,
+        "trial_job": {
+            "executor": "slurm",
+            "command": [python.display().to_string(), example.join("tf_train.py").display().to_string(), "--epochs=2"],
+            "worker_pools": [{"replicas": 1}, {"replicas": 2}],
+            "slurm": {"nodes": 3},
+            "env": {"PYTHONUNBUFFERED": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"},
+            "timeout_secs": 900,
+            "output_dir": dir.join("runs").display().to_string()
+        }
+    });
+    let node1 = cluster.runtime("node1", 1);
+    let study: Value = node1
+        .run(async move {
+            let http = common::http();
+            common::eventually("ready", Duration::from_secs(30), || async {
+                match http.get(format!("{base}/readyz")).send().await {
+                    Ok(r) if r.status().is_success() => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            })
+            .await;
+            let post = reqwest::Method::POST;
+            let created =
+                common::call(&http, &base, Some(ADMIN), post, "/v1/studies", Some(spec)).await;
+            assert_eq!(created.status, 201, "{}", created.body);
+            let id = created.body["id"].as_i64().expect("id");
+            common::eventually("the study ends", Duration::from_secs(900), || async {
+                let get = reqwest::Method::GET;
+                let path = format!("/v1/studies/{id}");
+                let study = common::call(&http, &base, Some(ADMIN), get, &path, None).await;
+                match study.body["state"].as_str() {
+                    Some("active") | None => Err(format!("{}", study.body)),
+                    Some(_) => Ok(study.body),
+                }
+            })
+            .await
+        })
+        .await;
+    let mut logs = String::new();
+    let mut pending = vec![dir.join("runs")];
+    while let Some(path) = pending.pop() {
+        if path.is_dir() {
+            pending.extend(
+                std::fs::read_dir(&path)
+                    .expect("dir")
+                    .flatten()
+                    .map(|e| e.path()),
+            );
+        } else if path.extension().is_some_and(|e| e == "log") {
+            logs.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
+        }
+    }
+    assert_eq!(study["trial_counts"]["completed"], 1, "{study}\n{logs}");
+    let loss = study["best_trial"]["final_measurement"]["metrics"]["val_loss"].as_f64();
+    assert!(loss.is_some_and(f64::is_finite), "{study}");
+    assert_eq!(
+        logs.matches("3 replicas in sync").count(),
+        3,
+        "chief and both workers in one collective:\n{logs}"
+    );
+    // The cluster TF_CONFIG names: one host per replica, the three nodes.
+    let cluster_spec: Value = logs
+        .lines()
+        .find_map(|l| l.split(" cluster: ").nth(1))
+        .and_then(|c| serde_json::from_str(c).ok())
+        .unwrap_or_else(|| panic!("no TF_CONFIG printed:\n{logs}"));
+    let hosts: BTreeSet<String> = cluster_spec
+        .as_object()
+        .into_iter()
+        .flat_map(|pools| pools.values())
+        .flat_map(|addresses| addresses.as_array().cloned().unwrap_or_default())
+        .filter_map(|a| a.as_str()?.rsplit_once(':').map(|(h, _)| h.to_string()))
+        .collect();
+    assert_eq!(
+        hosts,
+        BTreeSet::from(["node2".to_string(), "node3".into(), "node4".into()]),
+        "{cluster_spec}"
+    );
 }
