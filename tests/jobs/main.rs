@@ -18,6 +18,7 @@ mod kubernetes;
 mod multi_fidelity;
 mod pbt;
 mod run_as;
+mod runner_failover;
 mod slurm;
 mod slurm_nodes;
 mod tensorboard;
