@@ -218,16 +218,17 @@ async fn wait_ended(clients: &NodeRuntime, base: String, id: i64) -> (Value, Val
                         .body
                 }
             };
-            let study = common::eventually("the study completes", Duration::from_secs(180), || {
-                let get = get.clone();
-                async move {
+            let study = common::eventually(
+                "the study completes",
+                Duration::from_secs(180),
+                || async move {
                     let s = get(format!("/v1/studies/{id}")).await;
                     match s["state"].as_str() {
                         Some("active") | None => Err(format!("{s}")),
                         Some(_) => Ok(s),
                     }
-                }
-            })
+                },
+            )
             .await;
             (study, get(format!("/v1/studies/{id}/trials")).await)
         })
