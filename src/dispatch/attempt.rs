@@ -68,8 +68,26 @@ pub(super) async fn run_attempt(
                 if unrecorded.is_empty() {
                     continue;
                 }
-                for m in unrecorded.drain(..) {
-                    report(&**reporter, trial_id, m).await;
+                // Reported while listening for an interrupt: a report that waits out an
+                // outage must not keep running a job its runner was told to stop (a runner
+                // that lost its lease stops its jobs before another replica reruns them).
+                // What is not recorded yet stays for the outcome (reports are safe to repeat).
+                let batch = unrecorded.clone();
+                let reporting = async {
+                    for m in batch {
+                        report(&**reporter, trial_id, m).await;
+                    }
+                };
+                tokio::select! {
+                    () = reporting => unrecorded.clear(),
+                    changed = interrupt.changed() => {
+                        let what = if changed.is_ok() { *interrupt.borrow() } else { Interrupt::Shutdown };
+                        if what != Interrupt::None {
+                            job.stop(STOP_GRACE).await;
+                            break Attempt::Interrupted(what);
+                        }
+                        continue;
+                    }
                 }
                 if setup.early_stopping && let Ok(true) = reporter.should_stop(trial_id).await {
                     job.stop(STOP_GRACE).await;

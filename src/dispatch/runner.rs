@@ -19,8 +19,14 @@ use crate::model::{ClientId, StudyState, TrialJobSpec};
 use crate::model::{StudyDir, StudyKey};
 use crate::service::{DispatchedTrial, RunnerStudy, Service, hash_token, new_token};
 
-/// How often the runner renews its lease (`service::RUNNER_LEASE_TTL`).
-const RENEW_EVERY: Duration = Duration::from_secs(5);
+/// How often the runner renews its lease (`service::RUNNER_LEASE_TTL`, 15 s).
+const RENEW_EVERY: Duration = Duration::from_secs(3);
+/// How long one renewal may take (a database cut off answers nothing).
+const RENEW_TIMEOUT: Duration = Duration::from_secs(2);
+/// A runner that has not renewed its lease for this long stops its jobs and ends: once the
+/// lease lapses another replica may take the study and run those trials again, and a job
+/// may take `STOP_GRACE` (5 s) to stop. 8 + 5 < 15.
+const FENCE_AFTER: Duration = Duration::from_secs(8);
 /// Re-read the study at least this often (changes made through another replica).
 const RECHECK_EVERY: Duration = Duration::from_secs(1);
 /// The `client_id` of dispatched trials.
@@ -38,7 +44,7 @@ pub async fn run_study(
         config,
         executors,
         study_id,
-        interrupt_trials: watch::channel(Interrupt::None).0,
+        interrupt_trials: Arc::new(watch::channel(Interrupt::None).0),
         tasks: JoinSet::new(),
         running: HashSet::new(),
         deferred: HashMap::new(),
@@ -63,7 +69,8 @@ struct StudyRunner {
     config: Arc<DispatchConfig>,
     executors: ExecutorContext,
     study_id: i64,
-    interrupt_trials: watch::Sender<Interrupt>,
+    /// Shared with the lease keeper, which stops the trials itself when the lease is lost.
+    interrupt_trials: Arc<watch::Sender<Interrupt>>,
     tasks: JoinSet<(i64, TrialEnd)>,
     running: HashSet<i64>,
     /// Trials handed out again while their last task is still ending (a paused trial that a
@@ -82,7 +89,16 @@ struct StudyRunner {
 
 impl StudyRunner {
     async fn run(mut self, mut wake: watch::Receiver<Interrupt>) {
-        let mut renew = tokio::time::interval(RENEW_EVERY);
+        // Kept apart from this loop, whose reads can each wait out a database's timeout.
+        let (lost_tx, mut lost) = watch::channel(false);
+        let keeper = tokio::spawn(keep_lease(
+            self.service.clone(),
+            self.study_id,
+            self.config.owner.clone(),
+            self.interrupt_trials.clone(),
+            lost_tx,
+        ));
+        let _keeper = AbortOnDrop(keeper);
         loop {
             if self.stale && !self.refresh().await {
                 tokio::time::sleep(RECHECK_EVERY).await;
@@ -105,7 +121,7 @@ impl StudyRunner {
             };
             self.resume_once(&setup).await;
             self.fill_slots(&study, &setup).await;
-            if let Next::Stop(how) = self.next_event(&mut wake, &mut renew).await {
+            if let Next::Stop(how) = self.next_event(&mut wake, &mut lost).await {
                 return self.stop_all(how).await;
             }
         }
@@ -260,7 +276,7 @@ impl StudyRunner {
     async fn next_event(
         &mut self,
         wake: &mut watch::Receiver<Interrupt>,
-        renew: &mut tokio::time::Interval,
+        lost: &mut watch::Receiver<bool>,
     ) -> Next {
         tokio::select! {
             Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
@@ -285,15 +301,7 @@ impl StudyRunner {
                 let what = if changed.is_ok() { *wake.borrow() } else { Interrupt::Shutdown };
                 if what == Interrupt::None { Next::Continue } else { Next::Stop(what) }
             }
-            _ = renew.tick() => {
-                let kept = self.service.claim_runner(self.study_id, &self.config.owner).await;
-                if matches!(kept, Ok(false)) {
-                    tracing::warn!(study_id = self.study_id, "lost the runner lease; stopping this runner");
-                    Next::Stop(Interrupt::Shutdown)
-                } else {
-                    Next::Continue
-                }
-            }
+            _ = lost.changed() => Next::Stop(Interrupt::Shutdown),
             _ = tokio::time::sleep(RECHECK_EVERY) => {
                 self.stale = true;
                 Next::Continue
@@ -305,5 +313,53 @@ impl StudyRunner {
     async fn stop_all(mut self, how: Interrupt) {
         let _ = self.interrupt_trials.send(how);
         while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Aborts its task when dropped (the runner's lease keeper ends with the runner).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Renew the study's runner lease every `RENEW_EVERY` until it is lost: another owner holds
+/// it, or it could not be renewed for `FENCE_AFTER` (a replica cut from the database cannot
+/// know whether another has taken the study). Then the trials are stopped at once, left to be
+/// resumed by whoever runs the study next, and the runner is told (`lost`).
+async fn keep_lease(
+    service: Service,
+    study_id: i64,
+    owner: String,
+    interrupt_trials: Arc<watch::Sender<Interrupt>>,
+    lost: watch::Sender<bool>,
+) {
+    let mut renewed_at = tokio::time::Instant::now();
+    let mut every = tokio::time::interval(RENEW_EVERY);
+    every.tick().await;
+    loop {
+        every.tick().await;
+        let kept =
+            tokio::time::timeout(RENEW_TIMEOUT, service.claim_runner(study_id, &owner)).await;
+        let why = match kept {
+            Ok(Ok(true)) => {
+                renewed_at = tokio::time::Instant::now();
+                continue;
+            }
+            Ok(Ok(false)) => "another owner holds the runner lease".to_string(),
+            Ok(Err(e)) if renewed_at.elapsed() >= FENCE_AFTER => {
+                format!("cannot renew the runner lease: {e}")
+            }
+            Err(_) if renewed_at.elapsed() >= FENCE_AFTER => {
+                "cannot renew the runner lease: no answer".to_string()
+            }
+            _ => continue,
+        };
+        tracing::warn!(study_id, reason = %why, "stopping this runner's jobs: another replica may take the study");
+        interrupt_trials.send_replace(Interrupt::Shutdown);
+        let _ = lost.send(true);
+        return;
     }
 }

@@ -254,13 +254,12 @@ log end
 /// ever runs on both nodes at once (from the events' times), each completes once, and after
 /// the link heals nothing of the study is left on either node.
 ///
-/// Fails today, and is kept as the reproduction (docs/scaling.md, "Known gaps"): the cut
-/// runner does not fence itself; the survivor's clean-up of the leftover job kills the cut
-/// runner's processes (the test cluster's nodes share one PID namespace); and the cut runner,
-/// once healed, records that attempt's failure for the trials the survivor is running (its
-/// reports carry no proof that it still holds the runner lease), so both trials end failed.
+/// Its first run showed the gap this closes: the cut runner went on with its jobs (its
+/// measurement reports waiting out the outage kept it from hearing any stop), the survivor's
+/// clean-up of the leftover jobs killed them (the test cluster's nodes share one PID
+/// namespace), and the healed runner recorded that failure for the trials the survivor was
+/// running: both ended failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known gap: a runner cut from the database neither fences itself nor is fenced (see its doc)"]
 async fn a_runner_cut_from_the_database_stops_its_jobs_before_another_takes_them() {
     let cluster = TestCluster::up(3);
     let pg = NodePostgres::start(&cluster, "node3", PG_PORT);
