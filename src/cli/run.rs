@@ -25,12 +25,25 @@ pub enum RunEnd {
     Interrupted,
 }
 
+/// What `augur run` passes on to its embedded server.
+pub struct RunOptions {
+    /// Variables of this environment passed on to every trial.
+    pub job_env: Vec<String>,
+    pub executors: crate::dispatch::settings::ExecutorSettings,
+    /// Webhooks (`--notify-*`).
+    pub notify: crate::app::NotifyConfig,
+}
+
 pub async fn run_study_file(
     file: &Path,
     database_url: &str,
-    job_env: Vec<String>,
-    executors: crate::dispatch::settings::ExecutorSettings,
+    options: RunOptions,
 ) -> CliResult<RunEnd> {
+    let RunOptions {
+        job_env,
+        executors,
+        notify,
+    } = options;
     // Relative paths in the spec (and trial directories) are the spec file's neighbours.
     let base_dir = match file.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
@@ -50,6 +63,7 @@ pub async fn run_study_file(
     config.base_dir = Some(base_dir.clone());
     config.job_env = job_env;
     config.executors = executors;
+    config.notify = notify;
     let app = App::build(config).await?;
     let service = app.service().clone();
     let actor = crate::service::Caller::local("cli:run");
