@@ -410,7 +410,7 @@ mod tests {
             "not a url",
             "unix:/x",
         ] {
-            let err = spec(bad).validate("notifications[0]").unwrap_err();
+            let err = spec(bad).validate("notifications[0]").expect_err("refused");
             assert_eq!(err.field, "notifications[0].url", "{bad}: {err}");
         }
     }
@@ -419,21 +419,21 @@ mod tests {
     fn events_must_be_named_once_and_not_be_empty() {
         let mut s = spec("https://example.com");
         s.events = vec![];
-        assert_eq!(s.validate("n").unwrap_err().field, "n.events");
+        assert_eq!(s.validate("n").expect_err("refused").field, "n.events");
         s.events = vec![
             NotificationEvent::TrialFailed,
             NotificationEvent::TrialFailed,
         ];
-        assert_eq!(s.validate("n").unwrap_err().field, "n.events[1]");
+        assert_eq!(s.validate("n").expect_err("refused").field, "n.events[1]");
     }
 
     #[test]
     fn a_redacted_or_empty_secret_is_refused_and_the_secret_never_printed() {
         let mut s = spec("https://example.com");
         s.secret = Some(REDACTED_SECRET.into());
-        assert_eq!(s.validate("n").unwrap_err().field, "n.secret");
+        assert_eq!(s.validate("n").expect_err("refused").field, "n.secret");
         s.secret = Some(String::new());
-        assert_eq!(s.validate("n").unwrap_err().field, "n.secret");
+        assert_eq!(s.validate("n").expect_err("refused").field, "n.secret");
         let s = spec("https://example.com");
         assert!(!format!("{s:?}").contains("s3cret"));
         assert_eq!(s.redacted().secret.as_deref(), Some(REDACTED_SECRET));
@@ -458,7 +458,7 @@ mod tests {
             "http://2130706433/",
         ] {
             let url = url::Url::parse(bad).expect("url");
-            let err = none.check_url(&url, "n.url").unwrap_err();
+            let err = none.check_url(&url, "n.url").expect_err("refused");
             assert_eq!(err.field, "n.url", "{bad}");
         }
         let ok = url::Url::parse("https://hooks.slack.com/services/x").expect("url");
