@@ -510,3 +510,28 @@ async fn shutdown_signal() {
     let terminate = std::future::pending::<()>();
     tokio::select! { _ = ctrl_c => {}, _ = terminate => {} }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_default_webhook_is_refused_naming_its_flag() {
+        let config = |url: &str, events: &[&str], allow: &[&str]| NotifyConfig {
+            url: Some(url.into()),
+            events: events.iter().map(|e| e.to_string()).collect(),
+            allow_hosts: allow.iter().map(|h| h.to_string()).collect(),
+            ..Default::default()
+        };
+        let refused = |c: NotifyConfig| c.settings().err().map(|e| e.to_string());
+        let loopback = refused(config("http://127.0.0.1:9/", &[], &[]));
+        assert!(loopback.is_some_and(|e| e.starts_with("--notify-url")));
+        let scheme = refused(config("ftp://example.com/", &[], &[]));
+        assert!(scheme.is_some_and(|e| e.starts_with("--notify-url")));
+        let event = refused(config("https://example.com/", &["trial_done"], &[]));
+        assert!(event.is_some_and(|e| e.starts_with("--notify-events")));
+        let allowed = config("http://127.0.0.1:9/", &["study_failed"], &["127.0.0.1"]);
+        let settings = allowed.settings().expect("allowed");
+        assert!(settings.default.is_some_and(|d| d.events.len() == 1));
+    }
+}

@@ -25,6 +25,9 @@ pub enum RunEnd {
     Interrupted,
 }
 
+/// How long `augur run` waits, once its study ended, for its webhooks to be delivered.
+const NOTIFY_GRACE: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// What `augur run` passes on to its embedded server.
 pub struct RunOptions {
     /// Variables of this environment passed on to every trial.
@@ -92,6 +95,13 @@ pub async fn run_study_file(
     let interrupted = follow_progress(&service, &study).await?;
     let _ = stop_tx.send(());
     let _ = server.await;
+    // The study's last webhooks (its completion) go out before the process ends.
+    if !service.settle_notifications(NOTIFY_GRACE).await {
+        eprintln!(
+            "some notifications were not delivered within {} s",
+            NOTIFY_GRACE.as_secs()
+        );
+    }
     let study = service.get_study(study.id).await?;
     print_outcome(&service, &study, &study_dir, interrupted).await?;
     if study.state == StudyState::Failed {

@@ -20,6 +20,7 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -102,6 +103,9 @@ pub(super) struct StudyNews {
 #[derive(Clone, Default)]
 pub(super) struct Notifier {
     queue: Arc<OnceLock<mpsc::Sender<StudyNews>>>,
+    /// News queued or being handled, and calls not yet done (delivered or given up): what
+    /// [`Service::settle_notifications`] waits for.
+    outstanding: Arc<AtomicUsize>,
 }
 
 impl Notifier {
@@ -110,7 +114,9 @@ impl Notifier {
         let (Some(news), Some(queue)) = (news, self.queue.get()) else {
             return;
         };
+        self.outstanding.fetch_add(1, Ordering::SeqCst);
         if let Err(error) = queue.try_send(news) {
+            self.outstanding.fetch_sub(1, Ordering::SeqCst);
             metrics::counter!("augur_notifications_dropped_total").increment(1);
             tracing::warn!(%error, "notification queue full: news of a study dropped");
         }
@@ -149,8 +155,28 @@ impl Service {
         if self.notifier.queue.set(sender).is_err() {
             return Ok(());
         }
-        tokio::spawn(run_sender(self.clone(), settings, http, receiver));
+        tokio::spawn(run_sender(
+            self.clone(),
+            settings,
+            http,
+            receiver,
+            self.notifier.outstanding.clone(),
+        ));
         Ok(())
+    }
+
+    /// Wait (at most `within`) until every webhook call of the news committed so far is
+    /// done, delivered or given up: for `augur run`, whose server ends with its study.
+    /// Whether it settled.
+    pub async fn settle_notifications(&self, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        while self.notifier.outstanding.load(Ordering::SeqCst) > 0 {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        true
     }
 
     /// A study's webhook calls, oldest first, a page at a time.
@@ -257,9 +283,12 @@ async fn run_sender(
     settings: Arc<NotifySettings>,
     http: reqwest::Client,
     mut receiver: mpsc::Receiver<StudyNews>,
+    outstanding: Arc<AtomicUsize>,
 ) {
     let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
     while let Some(news) = receiver.recv().await {
+        // This news is handled once every call it makes has been counted.
+        let _handled = Outstanding(outstanding.clone());
         let (targets, target_kind) = if !news.targets.is_empty() {
             (news.targets.clone(), DeliveryTarget::Study)
         } else if let Some(default) = &settings.default {
@@ -283,12 +312,24 @@ async fn run_sender(
                     target_kind,
                     event: event.clone(),
                 };
+                outstanding.fetch_add(1, Ordering::SeqCst);
+                let done = Outstanding(outstanding.clone());
                 tokio::spawn(async move {
                     call.deliver().await;
                     drop(permit);
+                    drop(done);
                 });
             }
         }
+    }
+}
+
+/// One unit of outstanding work, counted down when dropped (also if its task panics).
+struct Outstanding(Arc<AtomicUsize>);
+
+impl Drop for Outstanding {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -26,6 +26,7 @@ on_both_backends!(
     an_unreachable_receiver_does_not_slow_the_study,
     refused_urls_answer_400_naming_the_field,
     a_loopback_url_is_refused_at_send_time_by_a_server_that_does_not_allow_it,
+    the_server_default_hears_of_studies_that_name_no_webhook,
 );
 
 const SECRET: &str = "webhook-secret-of-the-test";
@@ -532,4 +533,53 @@ async fn a_loopback_url_is_refused_at_send_time_by_a_server_that_does_not_allow_
     let error = delivery["last_error"].as_str().unwrap_or_default();
     assert!(error.contains("--notify-allow-hosts"), "{delivery}");
     assert!(got.got().is_empty(), "{:?}", got.got());
+}
+
+/// The server's default webhook (`--notify-url`, `--notify-events study_failed`,
+/// `--notify-secret-file`) hears of a study that names none: it fails
+/// (`max_failed_trials: 1`), and only that is sent, signed; its delivery shows the URL's
+/// origin only (the path of a Slack webhook is its token).
+async fn the_server_default_hears_of_studies_that_name_no_webhook(backend: &str) {
+    let (url, got) = receiver(0).await;
+    let app = spawn_app_configured(common::db(backend).await, |c| {
+        c.notify.allow_hosts = vec!["127.0.0.1".into()];
+        c.notify.url = Some(url.clone());
+        c.notify.events = vec!["study_failed".into()];
+        c.notify.secret = Some(SECRET.into());
+    })
+    .await;
+    let mut spec = common::x_spec("failing", ("loss", "minimize"), 5, 1, 3);
+    spec["max_failed_trials"] = json!(1);
+    let study = app.create_study(spec).await;
+    let trial = suggest(&app, study, 1).await[0];
+    fail(&app, study, trial).await;
+    app.wait_for_state(study, "failed", Duration::from_secs(10))
+        .await;
+    let delivery = eventually("delivered", Duration::from_secs(10), || async {
+        let list = deliveries(&app, study).await;
+        match list.as_slice() {
+            [d] if d["state"] == "delivered" => Ok(d.clone()),
+            _ => Err(format!("{list:?}")),
+        }
+    })
+    .await;
+    assert_eq!(delivery["target"], "server", "{delivery}");
+    assert_eq!(delivery["event"], "study_failed", "{delivery}");
+    let origin = url.trim_end_matches("/hook");
+    assert_eq!(delivery["url"], origin, "{delivery}");
+    let received = got.got();
+    assert_eq!(received.len(), 1, "only study_failed: {received:?}");
+    let body = received[0].json();
+    assert_eq!(body["event"], "study_failed");
+    assert_eq!(body["study"]["state"], "failed");
+    assert!(
+        body["study"]["state_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("max_failed_trials")),
+        "{body}"
+    );
+    assert_eq!(
+        received[0].signature.as_deref(),
+        Some(hmac_hex(SECRET, &received[0].body).as_str())
+    );
 }
