@@ -102,7 +102,9 @@ pub(super) struct StudyNews {
 /// started ([`Service::start_notifications`]); until then news is not kept.
 #[derive(Clone, Default)]
 pub(super) struct Notifier {
-    queue: Arc<OnceLock<mpsc::Sender<StudyNews>>>,
+    /// The sender's queue, and whether the server has a default webhook (without one, a
+    /// study that names none has nobody to tell).
+    queue: Arc<OnceLock<(mpsc::Sender<StudyNews>, bool)>>,
     /// News queued or being handled, and calls not yet done (delivered or given up): what
     /// [`Service::settle_notifications`] waits for.
     outstanding: Arc<AtomicUsize>,
@@ -111,9 +113,12 @@ pub(super) struct Notifier {
 impl Notifier {
     /// Hand the news on without waiting: a full queue drops it.
     pub fn offer(&self, news: Option<StudyNews>) {
-        let (Some(news), Some(queue)) = (news, self.queue.get()) else {
+        let (Some(news), Some((queue, default))) = (news, self.queue.get()) else {
             return;
         };
+        if news.targets.is_empty() && !default {
+            return;
+        }
         self.outstanding.fetch_add(1, Ordering::SeqCst);
         if let Err(error) = queue.try_send(news) {
             self.outstanding.fetch_sub(1, Ordering::SeqCst);
@@ -152,7 +157,8 @@ impl Service {
         let settings = self.notify_settings.clone();
         let http = http_client(&settings)?;
         let (sender, receiver) = mpsc::channel(QUEUE_CAPACITY);
-        if self.notifier.queue.set(sender).is_err() {
+        let default = settings.default.is_some();
+        if self.notifier.queue.set((sender, default)).is_err() {
             return Ok(());
         }
         tokio::spawn(run_sender(
