@@ -274,13 +274,34 @@ impl reqwest::dns::Resolve for CheckedResolver {
                 })
                 .collect();
             if allowed.is_empty() {
-                let why = refused.unwrap_or_else(|| format!("{host} resolved to no address"));
-                return Err(why.into());
+                let error: Box<dyn std::error::Error + Send + Sync> = match refused {
+                    Some(why) => Box::new(RefusedAddress(why)),
+                    None => format!("{host} resolved to no address").into(),
+                };
+                return Err(error);
             }
             let addrs: reqwest::dns::Addrs = Box::new(allowed.into_iter());
             Ok(addrs)
         })
     }
+}
+
+/// A host that resolved only to addresses a webhook may not reach: the same next time, so
+/// the call is not tried again.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct RefusedAddress(String);
+
+/// Whether `error` or one of its causes is a [`RefusedAddress`].
+fn is_refused_address(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        if e.is::<RefusedAddress>() {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
 }
 
 /// Read the queue until every sender is gone.
@@ -572,8 +593,7 @@ impl Call {
             }
             Err(error) => {
                 let why = error_chain(&error);
-                // The resolver refused the host's addresses: the same next time.
-                if why.contains("--notify-allow-hosts") {
+                if is_refused_address(&error) {
                     Attempt::GiveUp(None, why)
                 } else {
                     Attempt::Retry(None, why)
@@ -695,8 +715,9 @@ mod tests {
             .post(format!("http://localhost:{port}/hook"))
             .send()
             .await;
-        let error = sent.err().map(|e| error_chain(&e)).unwrap_or_default();
-        assert!(error.contains("--notify-allow-hosts"), "{error}");
+        let error = sent.expect_err("refused");
+        assert!(is_refused_address(&error), "{}", error_chain(&error));
+        assert!(error_chain(&error).contains("--notify-allow-hosts"));
     }
 
     #[test]
