@@ -83,6 +83,95 @@ pub struct ServerConfig {
     pub commit_lanes: Option<usize>,
     /// Where to serve Optuna's gRPC storage (`--optuna-grpc-listen`); `None`: not served.
     pub optuna_grpc_listen: Option<SocketAddr>,
+    /// Webhooks: the server's default and the hosts they may reach (`--notify-*`).
+    pub notify: NotifyConfig,
+}
+
+/// The operator's webhook settings (`--notify-url`, `--notify-events`,
+/// `--notify-secret-file`, `--notify-allow-hosts`), checked by `App::build`.
+#[derive(Debug, Clone)]
+pub struct NotifyConfig {
+    /// Called for every study that names no webhook of its own.
+    pub url: Option<String>,
+    /// The events the default webhook is called for; empty: all.
+    pub events: Vec<String>,
+    /// Signs the default webhook's bodies.
+    pub secret: Option<String>,
+    /// Hosts webhooks may reach even on loopback, link-local or unspecified addresses.
+    pub allow_hosts: Vec<String>,
+    /// Attempts per call, the first included.
+    pub attempts: u32,
+    /// The wait before the second attempt (doubling after each).
+    pub first_backoff: Duration,
+    /// One attempt's limit.
+    pub timeout: Duration,
+}
+
+impl Default for NotifyConfig {
+    fn default() -> Self {
+        let defaults = crate::service::NotifySettings::default();
+        Self {
+            url: None,
+            events: Vec::new(),
+            secret: None,
+            allow_hosts: Vec::new(),
+            attempts: defaults.attempts,
+            first_backoff: defaults.first_backoff,
+            timeout: defaults.timeout,
+        }
+    }
+}
+
+impl NotifyConfig {
+    /// The service's settings, or what is wrong, naming the flag.
+    fn settings(&self) -> Result<crate::service::NotifySettings, AppError> {
+        use crate::model::{NotificationEvent, NotificationSpec, NotifyHosts};
+        let hosts = NotifyHosts::allowing(self.allow_hosts.iter().cloned());
+        let default = match &self.url {
+            None => None,
+            Some(url) => {
+                let events = if self.events.is_empty() {
+                    NotificationEvent::ALL.to_vec()
+                } else {
+                    self.events
+                        .iter()
+                        .map(|e| {
+                            NotificationEvent::parse(e.trim()).ok_or_else(|| {
+                                AppError::Notify(format!(
+                                    "--notify-events: {e:?} is none of study_completed, \
+                                     study_failed, trial_failed, best_improved"
+                                ))
+                            })
+                        })
+                        .collect::<Result<_, _>>()?
+                };
+                let spec = NotificationSpec {
+                    url: url.clone(),
+                    events,
+                    secret: self.secret.clone(),
+                };
+                let target = spec.validate("notify").map_err(|e| {
+                    let flag = match e.field.rsplit('.').next() {
+                        Some("url") => "--notify-url",
+                        Some("secret") => "--notify-secret-file",
+                        _ => "--notify-events",
+                    };
+                    AppError::Notify(format!("{flag}: {}", e.message))
+                })?;
+                hosts
+                    .check_url(&target.url, "--notify-url")
+                    .map_err(|e| AppError::Notify(e.to_string()))?;
+                Some(target)
+            }
+        };
+        Ok(crate::service::NotifySettings {
+            default,
+            hosts,
+            attempts: self.attempts.max(1),
+            first_backoff: self.first_backoff,
+            timeout: self.timeout,
+        })
+    }
 }
 
 /// `--tls-cert` and `--tls-key`.
@@ -117,6 +206,7 @@ impl ServerConfig {
             replica_url: None,
             commit_lanes: None,
             optuna_grpc_listen: None,
+            notify: NotifyConfig::default(),
         }
     }
 }
@@ -144,6 +234,8 @@ pub enum AppError {
     ReplicaUrl(String),
     #[error("{0}")]
     JobPolicy(String),
+    #[error("{0}")]
+    Notify(String),
     #[error("server error: {0}")]
     Serve(#[from] std::io::Error),
 }
@@ -184,7 +276,12 @@ impl App {
         for warning in policy.warnings() {
             tracing::warn!("{warning}");
         }
-        let service = service.with_job_policy(policy);
+        let service = service
+            .with_job_policy(policy)
+            .with_notify_settings(config.notify.settings()?);
+        // The webhooks' HTTP client asks for the process's TLS provider.
+        crate::serve::install_tls_provider();
+        service.start_notifications().map_err(AppError::Notify)?;
         if let Some(token) = &config.token {
             service.register_configured_token(token).await?;
         }
@@ -412,4 +509,29 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     let terminate = std::future::pending::<()>();
     tokio::select! { _ = ctrl_c => {}, _ = terminate => {} }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_default_webhook_is_refused_naming_its_flag() {
+        let config = |url: &str, events: &[&str], allow: &[&str]| NotifyConfig {
+            url: Some(url.into()),
+            events: events.iter().map(|e| e.to_string()).collect(),
+            allow_hosts: allow.iter().map(|h| h.to_string()).collect(),
+            ..Default::default()
+        };
+        let refused = |c: NotifyConfig| c.settings().err().map(|e| e.to_string());
+        let loopback = refused(config("http://127.0.0.1:9/", &[], &[]));
+        assert!(loopback.is_some_and(|e| e.starts_with("--notify-url")));
+        let scheme = refused(config("ftp://example.com/", &[], &[]));
+        assert!(scheme.is_some_and(|e| e.starts_with("--notify-url")));
+        let event = refused(config("https://example.com/", &["trial_done"], &[]));
+        assert!(event.is_some_and(|e| e.starts_with("--notify-events")));
+        let allowed = config("http://127.0.0.1:9/", &["study_failed"], &["127.0.0.1"]);
+        let settings = allowed.settings().expect("allowed");
+        assert!(settings.default.is_some_and(|d| d.events.len() == 1));
+    }
 }

@@ -11,6 +11,7 @@ mod extract;
 pub mod forward;
 mod guard;
 mod health;
+mod notifications;
 pub mod optuna;
 pub mod rate_limit;
 mod studies;
@@ -144,6 +145,7 @@ impl utoipa::Modify for BearerAuth {
 pub fn routes() -> AccessRouter {
     AccessRouter::with_openapi(ApiDoc::openapi())
         .merge(studies::router())
+        .merge(notifications::router())
         .merge(trials::router())
         .merge(health::router())
         .merge(charts::router())

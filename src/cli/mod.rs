@@ -124,6 +124,50 @@ impl KubeArgs {
     }
 }
 
+/// Webhooks (`serve` and `run`): the server's default, and the hosts webhooks may reach.
+#[derive(Debug, Clone, clap::Args)]
+pub struct NotifyArgs {
+    /// Call this webhook (http or https) for every study that names no `notifications` of
+    /// its own: a signed JSON POST with a Slack-compatible `text`.
+    #[arg(long, env = "AUGUR_NOTIFY_URL")]
+    pub notify_url: Option<String>,
+    /// The events --notify-url is called for (comma-separated): study_completed,
+    /// study_failed, trial_failed, best_improved. Default: all.
+    #[arg(long, env = "AUGUR_NOTIFY_EVENTS", value_delimiter = ',')]
+    pub notify_events: Vec<String>,
+    /// A file holding the secret that signs --notify-url's bodies (HMAC-SHA256 in
+    /// X-Augur-Signature); its surrounding whitespace is ignored.
+    #[arg(long, env = "AUGUR_NOTIFY_SECRET_FILE")]
+    pub notify_secret_file: Option<PathBuf>,
+    /// Hosts webhooks may reach although they are (or resolve to) loopback, link-local or
+    /// unspecified addresses, refused otherwise (comma-separated names or addresses as a
+    /// URL writes them, e.g. 127.0.0.1,hooks.internal).
+    #[arg(long, env = "AUGUR_NOTIFY_ALLOW_HOSTS", value_delimiter = ',')]
+    pub notify_allow_hosts: Vec<String>,
+}
+
+impl NotifyArgs {
+    /// The server's webhook settings; the secret read from its file.
+    fn config(self) -> Result<crate::app::NotifyConfig, CliError> {
+        let secret = match &self.notify_secret_file {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .map_err(|e| CliError::file(path, e))?
+                    .trim()
+                    .to_string(),
+            ),
+            None => None,
+        };
+        Ok(crate::app::NotifyConfig {
+            url: self.notify_url,
+            events: self.notify_events,
+            secret,
+            allow_hosts: self.notify_allow_hosts,
+            ..Default::default()
+        })
+    }
+}
+
 /// `augur serve`'s options (boxed in [`Command`]: there are many).
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
@@ -219,6 +263,8 @@ pub struct ServeArgs {
     /// Plain gRPC (no TLS); tokens as for the REST API, in `authorization` metadata.
     #[arg(long, env = "AUGUR_OPTUNA_GRPC_LISTEN")]
     pub optuna_grpc_listen: Option<SocketAddr>,
+    #[command(flatten)]
+    pub notify: NotifyArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -260,6 +306,8 @@ pub enum Command {
         job_env: Vec<String>,
         #[command(flatten)]
         executors: ExecutorArgs,
+        #[command(flatten)]
+        notify: NotifyArgs,
     },
     /// Keep N trials of a study running on this machine (pulled through the API).
     Worker {
@@ -501,8 +549,14 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             database_url,
             job_env,
             executors,
+            notify,
         } => {
-            match run::run_study_file(&file, &database_url, job_env, executors.settings()).await? {
+            let run = run::RunOptions {
+                job_env,
+                executors: executors.settings(),
+                notify: notify.config()?,
+            };
+            match run::run_study_file(&file, &database_url, run).await? {
                 run::RunEnd::Finished => Ok(()),
                 run::RunEnd::Interrupted => Err(Failure::Interrupted),
             }
@@ -579,6 +633,7 @@ impl ServeArgs {
             replica_url,
             commit_lanes,
             optuna_grpc_listen,
+            notify,
         } = self;
         if let Some(token) = &token {
             crate::service::check_configured_token(token).map_err(CliError::from)?;
@@ -605,6 +660,7 @@ impl ServeArgs {
         config.replica_url = replica_url;
         config.commit_lanes = commit_lanes.map(usize::from);
         config.optuna_grpc_listen = optuna_grpc_listen;
+        config.notify = notify.config()?;
         Ok(config)
     }
 }

@@ -25,12 +25,28 @@ pub enum RunEnd {
     Interrupted,
 }
 
+/// How long `augur run` waits, once its study ended, for its webhooks to be delivered.
+const NOTIFY_GRACE: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// What `augur run` passes on to its embedded server.
+pub struct RunOptions {
+    /// Variables of this environment passed on to every trial.
+    pub job_env: Vec<String>,
+    pub executors: crate::dispatch::settings::ExecutorSettings,
+    /// Webhooks (`--notify-*`).
+    pub notify: crate::app::NotifyConfig,
+}
+
 pub async fn run_study_file(
     file: &Path,
     database_url: &str,
-    job_env: Vec<String>,
-    executors: crate::dispatch::settings::ExecutorSettings,
+    options: RunOptions,
 ) -> CliResult<RunEnd> {
+    let RunOptions {
+        job_env,
+        executors,
+        notify,
+    } = options;
     // Relative paths in the spec (and trial directories) are the spec file's neighbours.
     let base_dir = match file.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
@@ -50,6 +66,7 @@ pub async fn run_study_file(
     config.base_dir = Some(base_dir.clone());
     config.job_env = job_env;
     config.executors = executors;
+    config.notify = notify;
     let app = App::build(config).await?;
     let service = app.service().clone();
     let actor = crate::service::Caller::local("cli:run");
@@ -78,6 +95,13 @@ pub async fn run_study_file(
     let interrupted = follow_progress(&service, &study).await?;
     let _ = stop_tx.send(());
     let _ = server.await;
+    // The study's last webhooks (its completion) go out before the process ends.
+    if !service.settle_notifications(NOTIFY_GRACE).await {
+        eprintln!(
+            "some notifications were not delivered within {} s",
+            NOTIFY_GRACE.as_secs()
+        );
+    }
     let study = service.get_study(study.id).await?;
     print_outcome(&service, &study, &study_dir, interrupted).await?;
     if study.state == StudyState::Failed {

@@ -6,6 +6,7 @@ pub mod executor;
 pub mod extension;
 pub mod image;
 pub mod job;
+pub mod notification;
 mod parameters;
 pub mod request;
 mod role;
@@ -20,6 +21,10 @@ pub use executor::{ExecutorName, ExecutorSpec, KubernetesOptions, SlurmOptions};
 pub use extension::{ExtensionError, ParameterExtension};
 pub use job::{
     ArgStyle, OutputLayout, ReplicaId, ReplicaPlan, Resources, TrialJobSpec, WorkerPoolSpec,
+};
+pub use notification::{
+    DeliveryState, DeliveryTarget, NotificationDelivery, NotificationEvent, NotificationSpec,
+    NotificationTarget, NotifyHosts,
 };
 pub use request::{ClientId, Step, SuggestCount};
 pub use role::{AuditEvent, Role, TokenInfo};

@@ -98,6 +98,10 @@ pub struct StudySpec {
     /// fits, the study ends when nothing runs (paused trials end at their rung).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_budget: Option<f64>,
+    /// Webhooks called when the study completes or fails, a trial fails, or a better trial
+    /// is found (at most 8). Their secrets are shown as `[redacted]` when the study is read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notifications: Vec<super::NotificationSpec>,
 }
 
 /// Population-based training (`scheduler: pbt`): `population` trials train in segments of
@@ -571,6 +575,8 @@ pub struct StudyConfig {
     pub pbt: Option<augur_optimizer::multi_fidelity::PbtSettings>,
     /// The study's total budget in fidelity units.
     pub max_budget: Option<f64>,
+    /// The study's webhooks (`notifications`), beside `spec`'s by position.
+    pub notifications: Vec<super::NotificationTarget>,
 }
 
 impl StudyConfig {
@@ -784,6 +790,7 @@ impl StudySpec {
         let (fidelity, scheduler) = self.multi_fidelity(&ids, early_stopping.is_some())?;
         let pbt = self.pbt(fidelity.as_ref(), max_trials)?;
         let max_budget = self.max_budget(fidelity.as_ref(), pbt.as_ref())?;
+        let notifications = self.notifications()?;
         let algorithm: Algorithm = self.algorithm.into();
         let space = SearchSpace { parameters };
         Ok(StudyConfig {
@@ -814,7 +821,37 @@ impl StudySpec {
             scheduler,
             pbt,
             max_budget,
+            notifications,
         })
+    }
+
+    /// `notifications`: at most [`super::notification::MAX_NOTIFICATIONS`], each checked
+    /// (the hosts they may reach are the server's to decide, `NotifyHosts`).
+    fn notifications(&self) -> Result<Vec<super::NotificationTarget>, ValidationError> {
+        let max = super::notification::MAX_NOTIFICATIONS;
+        if self.notifications.len() > max {
+            return Err(ValidationError::new(
+                "notifications",
+                format!("at most {max} webhooks"),
+            ));
+        }
+        self.notifications
+            .iter()
+            .enumerate()
+            .map(|(i, n)| n.validate(&format!("notifications[{i}]")))
+            .collect()
+    }
+
+    /// The spec as the API shows it: each webhook's secret replaced by `[redacted]`.
+    pub fn redacted(&self) -> StudySpec {
+        StudySpec {
+            notifications: self
+                .notifications
+                .iter()
+                .map(super::NotificationSpec::redacted)
+                .collect(),
+            ..self.clone()
+        }
     }
 
     /// `max_budget`: in the fidelity's units, enough for the first attempt.

@@ -245,6 +245,7 @@ pub fn from_vertex(doc: &Json) -> Result<VertexImport, ValidationError> {
         scheduler: None,
         pbt: None,
         max_budget: None,
+        notifications: Vec::new(),
     };
     for key in study.keys() {
         let known = [

@@ -26,6 +26,7 @@ use std::sync::{Arc, OnceLock};
 
 use tokio::sync::{mpsc, oneshot};
 
+use super::notifications::Notifier;
 use super::state_machine::{BatchOutcome, Command, Reply, StudyBatch};
 use super::tokens::TokenCache;
 use super::{ServiceError, ServiceResult};
@@ -59,15 +60,18 @@ pub(super) struct GroupCommit {
     lanes: Arc<OnceLock<Vec<mpsc::UnboundedSender<Job>>>>,
     /// Told of the trial tokens each batch revoked or replaced.
     tokens: TokenCache,
+    /// Handed each committed batch's news for webhooks.
+    notifier: Notifier,
 }
 
 impl GroupCommit {
-    pub fn new(store: Arc<dyn Store>, tokens: TokenCache) -> Self {
+    pub fn new(store: Arc<dyn Store>, tokens: TokenCache, notifier: Notifier) -> Self {
         Self {
             store,
             lane_count: lane_count(),
             lanes: Arc::default(),
             tokens,
+            notifier,
         }
     }
 
@@ -84,7 +88,11 @@ impl GroupCommit {
             (0..self.lane_count)
                 .map(|_| {
                     let (sender, receiver) = mpsc::unbounded_channel();
-                    tokio::spawn(run_lane(self.store.clone(), self.tokens.clone(), receiver));
+                    let after = Announce {
+                        tokens: self.tokens.clone(),
+                        notifier: self.notifier.clone(),
+                    };
+                    tokio::spawn(run_lane(self.store.clone(), after, receiver));
                     sender
                 })
                 .collect()
@@ -105,9 +113,15 @@ fn lane_stopped() -> ServiceError {
     ServiceError::Internal("the commit lane stopped".into())
 }
 
+/// Who hears of a committed batch besides its callers.
+struct Announce {
+    tokens: TokenCache,
+    notifier: Notifier,
+}
+
 async fn run_lane(
     store: Arc<dyn Store>,
-    tokens: TokenCache,
+    tokens: Announce,
     mut receiver: mpsc::UnboundedReceiver<Job>,
 ) {
     let mut deferred: Vec<Job> = Vec::new();
@@ -180,7 +194,7 @@ fn by_study(jobs: Vec<Job>) -> Vec<StudyJobs> {
 
 /// One transaction for all `jobs`; each gets its own result, sent only after the commit.
 /// Returns the jobs of studies another transaction held, for the next round.
-async fn apply_jobs(store: &dyn Store, tokens: &TokenCache, jobs: Vec<Job>) -> Vec<Job> {
+async fn apply_jobs(store: &dyn Store, tokens: &Announce, jobs: Vec<Job>) -> Vec<Job> {
     metrics::histogram!("augur_group_commit_batch_size").record(jobs.len() as f64);
     let groups = by_study(jobs);
     let started = std::time::Instant::now();
@@ -293,13 +307,17 @@ async fn apply_group(
 }
 
 /// Answer each command of a committed study batch.
-fn announce(tokens: &TokenCache, group: StudyJobs, outcome: BatchOutcome) {
+fn announce(after: &Announce, group: StudyJobs, outcome: BatchOutcome) {
     // Before anyone hears of the commit: a finished trial's token is refused from the moment
     // its completion is acknowledged.
-    tokens.forget_trials(group.study_id, &outcome.tokens_changed);
+    after
+        .tokens
+        .forget_trials(group.study_id, &outcome.tokens_changed);
     for (reply, result) in group.replies.into_iter().zip(outcome.replies) {
         let _ = reply.send(result);
     }
+    // Never waits: webhooks are called by a task of their own.
+    after.notifier.offer(outcome.news);
 }
 
 /// A shared transaction failed before its commit (so nothing of it was written): apply each
@@ -307,7 +325,7 @@ fn announce(tokens: &TokenCache, group: StudyJobs, outcome: BatchOutcome) {
 /// last study tried) is that study's alone; unless the database is out of reach.
 async fn replay_alone(
     store: &dyn Store,
-    tokens: &TokenCache,
+    tokens: &Announce,
     applied: Vec<(StudyJobs, BatchOutcome)>,
     rest: Vec<StudyJobs>,
     error: ServiceError,

@@ -11,6 +11,8 @@
 //! - `runners.rs`: what the dispatcher asks (its studies, leases, attempts, resumable trials);
 //! - `tokens.rs`: minting, hashing and checking API tokens (roles, the auth cache, trial
 //!   tokens for pulled trials); `audit.rs`: the audit trail; `logs.rs`: dispatched trials' logs;
+//! - `notifications.rs`: webhooks called after a batch commits (a study's end, a failed trial,
+//!   a new best), from a background task;
 //! - `snapshots.rs`: the dashboard's cache of a study's trials; `operations.rs`: readiness
 //!   and counts for `/metrics`;
 //! - `state_machine.rs`: the one place where trials change state and the cap is enforced,
@@ -26,6 +28,7 @@ mod error;
 mod group_commit;
 mod job_policy;
 pub mod logs;
+mod notifications;
 mod operations;
 mod optimal;
 pub mod optuna;
@@ -48,6 +51,7 @@ use std::sync::{Arc, Mutex};
 
 pub use error::{ServiceError, ServiceResult};
 pub use job_policy::{JobPolicy, KubernetesPolicy};
+pub use notifications::{NotifySettings, SIGNATURE_HEADER, signature};
 pub use operations::PoolConnections;
 pub use paging::{Changes, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Page, cursor_after_seq};
 pub use replicas::{Peer, Replicas};
@@ -90,6 +94,10 @@ pub struct Service {
     runs_base: Arc<PathBuf>,
     /// The commands a `trial_job` may run (`--job-commands`).
     job_policy: Arc<JobPolicy>,
+    /// Where committed batches leave news for webhooks (`notifications.rs`).
+    notifier: notifications::Notifier,
+    /// The operator's settings for webhooks (`--notify-*`).
+    notify_settings: Arc<NotifySettings>,
 }
 
 impl Service {
@@ -97,8 +105,11 @@ impl Service {
     /// no) `output_dir` live.
     pub fn new(store: Arc<dyn Store>, runs_base: PathBuf) -> Self {
         let tokens = tokens::TokenCache::default();
+        let notifier = notifications::Notifier::default();
         Self {
-            commits: GroupCommit::new(store.clone(), tokens.clone()),
+            commits: GroupCommit::new(store.clone(), tokens.clone(), notifier.clone()),
+            notifier,
+            notify_settings: Arc::default(),
             store,
             design_locks: Arc::default(),
             design_slots: Arc::new(tokio::sync::Semaphore::new(
@@ -355,7 +366,8 @@ fn study_of(record: StudyRecord, best_trial: Option<Trial>) -> Study {
         name: record.name,
         state: record.state,
         state_reason: record.state_reason,
-        spec: record.spec,
+        // Webhooks' secrets are kept, never shown.
+        spec: record.spec.redacted(),
         trial_counts: record.trial_counts,
         best_trial,
         created_by: record.created_by,

@@ -98,7 +98,8 @@ impl Service {
         });
         Ok(StudySnapshot {
             id: record.id,
-            spec: record.spec,
+            // Handed to the dashboard's charts: no webhook secret leaves the service.
+            spec: record.spec.redacted(),
             change_seq: record.change_seq,
             trials,
         })

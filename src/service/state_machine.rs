@@ -10,6 +10,7 @@ use augur_optimizer::{Assignment, FullBudget};
 use chrono::{DateTime, Duration, Utc};
 
 use super::design;
+use super::notifications::{Happened, StudyNews};
 use super::{ServiceError, ServiceResult};
 use crate::model::extension::trial_value;
 use crate::model::{
@@ -183,11 +184,15 @@ pub(super) struct BatchOutcome {
     /// Trials whose tokens were revoked (the trial finished or went back to `requested`) or
     /// replaced (a new launch or token): their old tokens must be forgotten by the cache.
     pub tokens_changed: Vec<i64>,
+    /// What webhooks may hear of (`notifications.rs`), handed on after the commit.
+    pub news: Option<StudyNews>,
 }
 
 pub(super) struct StudyBatch {
     tx: Box<dyn StudyTx>,
     study: StudyRecord,
+    /// The study's state before the batch: a change to completed or failed is news.
+    initial_state: StudyState,
     config: StudyConfig,
     now: DateTime<Utc>,
     /// Every trial this batch has loaded or created, by id.
@@ -250,6 +255,7 @@ impl StudyBatch {
         let unfinished = tx.unfinished_trials().await?;
         let mut batch = StudyBatch {
             tx,
+            initial_state: study.state,
             study,
             config,
             now: Utc::now(),
@@ -274,11 +280,12 @@ impl StudyBatch {
             batch.settle_study_state().await?;
             results.push(result);
         }
-        let (tokens_changed, tx) = batch.write().await?;
+        let (tokens_changed, news, tx) = batch.write().await?;
         Ok((
             BatchOutcome {
                 replies: results,
                 tokens_changed,
+                news,
             },
             tx,
         ))
@@ -1416,9 +1423,9 @@ impl StudyBatch {
         Ok(self.stopping_verdict.clone())
     }
 
-    /// Write the batch and commit; the trials whose tokens were revoked or replaced.
-    /// Sends the batch's writes; the trials whose tokens changed, and the transaction.
-    async fn write(mut self) -> ServiceResult<(Vec<i64>, Box<dyn StudyTx>)> {
+    /// Sends the batch's writes; the trials whose tokens changed, the batch's news for
+    /// webhooks, and the transaction.
+    async fn write(mut self) -> ServiceResult<(Vec<i64>, Option<StudyNews>, Box<dyn StudyTx>)> {
         let touched_trials = !self.created.is_empty() || !self.changed.is_empty();
         if touched_trials || self.study_changed {
             self.study.change_seq += 1;
@@ -1441,6 +1448,7 @@ impl StudyBatch {
             .filter(|id| !self.created.contains(id))
             .filter_map(|id| self.trials.get(id).cloned())
             .collect();
+        let news = self.news(&created, &changed);
         for trial in &created {
             self.study.trial_counts.moved(None, trial.state);
         }
@@ -1472,7 +1480,41 @@ impl StudyBatch {
         self.tx.replace_trial_tokens(&self.tokens, self.now).await?;
         let mut tokens_changed = finished;
         tokens_changed.extend(self.tokens.iter().map(|t| t.trial_id));
-        Ok((tokens_changed, self.tx))
+        Ok((tokens_changed, news, self.tx))
+    }
+
+    /// What of this batch webhooks may hear of: trials that failed or completed with an
+    /// objective's value in it, and the study's completing or failing. `None`: nothing.
+    fn news(&self, created: &[TrialRecord], changed: &[TrialRecord]) -> Option<StudyNews> {
+        let mut happened = Vec::new();
+        for trial in created.iter().chain(changed) {
+            let was = self.stored_states.get(&trial.id).copied();
+            if was == Some(trial.state) {
+                continue;
+            }
+            match trial.state {
+                TrialState::Failed => happened.push(Happened::TrialFailed(Box::new(trial.clone()))),
+                TrialState::Completed if trial.objective.is_some() && !trial.excluded => {
+                    happened.push(Happened::TrialCompleted(Box::new(trial.clone())))
+                }
+                _ => {}
+            }
+        }
+        let ended = matches!(self.study.state, StudyState::Completed | StudyState::Failed);
+        if ended && self.study.state != self.initial_state {
+            happened.push(Happened::StudyEnded);
+        }
+        if happened.is_empty() {
+            return None;
+        }
+        Some(StudyNews {
+            study_id: self.study.id,
+            study_name: self.study.name.clone(),
+            state: self.study.state,
+            state_reason: self.study.state_reason.clone(),
+            targets: self.config.notifications.clone(),
+            happened,
+        })
     }
 }
 

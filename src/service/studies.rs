@@ -14,6 +14,7 @@ impl Service {
     pub async fn create_study(&self, actor: &Caller, spec: StudySpec) -> ServiceResult<Study> {
         let spec = spec.with_seed(rand::random::<u32>() as u64);
         spec.validate()?;
+        self.check_notification_hosts(&spec)?;
         for (i, prior) in spec.prior_studies.iter().enumerate() {
             if self.store.get_study(*prior).await?.is_none() {
                 return Err(ServiceError::invalid(
@@ -74,7 +75,8 @@ impl Service {
                     stored.seed = None;
                 }
                 let resumable = matches!(study.state, StudyState::Active | StudyState::Completed);
-                if stored == spec && resumable {
+                // The stored spec is shown with its webhooks' secrets redacted.
+                if stored == spec.redacted() && resumable {
                     return Ok((study, true));
                 }
             }

@@ -12,7 +12,8 @@ use chrono::{DateTime, Utc};
 
 pub use postgres::PostgresStore;
 pub use records::{
-    AuditEntry, AuditRecord, ReplicaRecord, StudyRecord, TokenRecord, TrialRecord, TrialToken,
+    AuditEntry, AuditRecord, DeliveryProgress, DeliveryRecord, NewDelivery, ReplicaRecord,
+    StudyRecord, TokenRecord, TrialRecord, TrialToken,
 };
 pub use sqlite::SqliteStore;
 
@@ -275,6 +276,17 @@ pub trait Store: Send + Sync + 'static {
     async fn insert_audit(&self, entry: &AuditEntry) -> StoreResult<()>;
     /// Audit entries with id > `after_id`, oldest first, at most `limit`.
     async fn list_audit(&self, after_id: i64, limit: i64) -> StoreResult<Vec<AuditRecord>>;
+    /// Record a webhook call before its first attempt; its id.
+    async fn insert_delivery(&self, delivery: &NewDelivery) -> StoreResult<i64>;
+    /// Record how a webhook call went so far.
+    async fn update_delivery(&self, id: i64, progress: &DeliveryProgress) -> StoreResult<()>;
+    /// A study's webhook calls with id > `after_id`, oldest first, at most `limit`.
+    async fn list_deliveries(
+        &self,
+        study_id: i64,
+        after_id: i64,
+        limit: i64,
+    ) -> StoreResult<Vec<DeliveryRecord>>;
     async fn delete_token(&self, name: &str) -> StoreResult<bool>;
     /// Insert, or replace the token of the same name (one statement: a trial's token is
     /// renewed on every attempt).

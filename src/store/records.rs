@@ -117,6 +117,80 @@ pub struct AuditRecord {
     pub entry: AuditEntry,
 }
 
+/// A webhook call as first written: an event of a study to one URL, no attempt yet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewDelivery {
+    pub study_id: i64,
+    /// `study_completed`, `study_failed`, `trial_failed`, `best_improved`.
+    pub event: String,
+    pub trial_id: Option<i64>,
+    /// `study` (the study's own webhook) or `server` (the server's default).
+    pub target: String,
+    /// As shown: the server's default URL is shown without its path (it may hold a token).
+    pub url: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// How a webhook call went so far.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeliveryProgress {
+    /// `pending`, `delivered` or `failed`.
+    pub state: String,
+    pub attempts: i32,
+    /// The last answer's HTTP status, if one came.
+    pub last_status: Option<i32>,
+    /// Why the last attempt failed, if it did.
+    pub last_error: Option<String>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A stored webhook call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeliveryRecord {
+    pub id: i64,
+    pub delivery: NewDelivery,
+    pub progress: DeliveryProgress,
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct DeliveryRow {
+    pub id: i64,
+    pub study_id: i64,
+    pub event: String,
+    pub trial_id: Option<i64>,
+    pub target: String,
+    pub url: String,
+    pub state: String,
+    pub attempts: i32,
+    pub last_status: Option<i32>,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl From<DeliveryRow> for DeliveryRecord {
+    fn from(r: DeliveryRow) -> Self {
+        DeliveryRecord {
+            id: r.id,
+            delivery: NewDelivery {
+                study_id: r.study_id,
+                event: r.event,
+                trial_id: r.trial_id,
+                target: r.target,
+                url: r.url,
+                created_at: r.created_at,
+            },
+            progress: DeliveryProgress {
+                state: r.state,
+                attempts: r.attempts,
+                last_status: r.last_status,
+                last_error: r.last_error,
+                updated_at: r.updated_at,
+            },
+        }
+    }
+}
+
 /// A server process sharing the database, and the URL the others reach it at.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplicaRecord {

@@ -160,6 +160,15 @@ pub(super) const INSERT_AUDIT: &str = "INSERT INTO audit_events \
      (at, actor, action, study_id, trial_id, detail) VALUES ($1, $2, $3, $4, $5, $6)";
 pub(super) const LIST_AUDIT: &str = "SELECT id, at, actor, action, study_id, trial_id, detail \
      FROM audit_events WHERE id > $1 ORDER BY id LIMIT $2";
+/// A webhook call, before its first attempt.
+pub(super) const INSERT_DELIVERY: &str = "INSERT INTO notification_deliveries \
+     (study_id, event, trial_id, target, url, state, attempts, created_at, updated_at) \
+     VALUES ($1, $2, $3, $4, $5, 'pending', 0, $6, $6) RETURNING id";
+pub(super) const UPDATE_DELIVERY: &str = "UPDATE notification_deliveries \
+     SET state = $2, attempts = $3, last_status = $4, last_error = $5, updated_at = $6 WHERE id = $1";
+pub(super) const LIST_DELIVERIES: &str = "SELECT id, study_id, event, trial_id, target, url, \
+     state, attempts, last_status, last_error, created_at, updated_at \
+     FROM notification_deliveries WHERE study_id = $1 AND id > $2 ORDER BY id LIMIT $3";
 pub(super) const CLAIM_RUNNER: &str = "INSERT INTO study_runners (study_id, owner, expires_at) VALUES ($1, $2, $3) \
      ON CONFLICT (study_id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at \
      WHERE study_runners.owner = excluded.owner OR study_runners.expires_at < $4";
@@ -219,13 +228,14 @@ macro_rules! impl_sql_store {
             Measurement, StudySpec, StudyState, TrialCounts, TrialPoint, TrialState,
         };
         use $crate::store::records::{
-            AuditRow, MeasurementRow, StudyRow, TokenRow, TrialPointRow, TrialRow,
+            AuditRow, DeliveryRow, MeasurementRow, StudyRow, TokenRow, TrialPointRow, TrialRow,
             annotations_by_key, to_json,
         };
         use $crate::store::sql::*;
         use $crate::store::{
-            AuditEntry, AuditRecord, ReplicaRecord, StoreResult, StudiesTx, StudyLock, StudyRecord,
-            StudyTx, TokenRecord, TrialRecord, TrialToken,
+            AuditEntry, AuditRecord, DeliveryProgress, DeliveryRecord, NewDelivery, ReplicaRecord,
+            StoreResult, StudiesTx, StudyLock, StudyRecord, StudyTx, TokenRecord, TrialRecord,
+            TrialToken,
         };
 
         fn trials_from(rows: Vec<TrialRow>) -> StoreResult<Vec<TrialRecord>> {
@@ -692,6 +702,54 @@ macro_rules! impl_sql_store {
             #[tracing::instrument(skip_all)]
             async fn list_audit(&self, after_id: i64, limit: i64) -> StoreResult<Vec<AuditRecord>> {
                 let rows: Vec<AuditRow> = sqlx::query_as(LIST_AUDIT)
+                    .bind(after_id)
+                    .bind(limit)
+                    .fetch_all(&self.pool)
+                    .await?;
+                Ok(rows.into_iter().map(Into::into).collect())
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn insert_delivery(&self, delivery: &NewDelivery) -> StoreResult<i64> {
+                let id: i64 = sqlx::query_scalar(INSERT_DELIVERY)
+                    .bind(delivery.study_id)
+                    .bind(&delivery.event)
+                    .bind(delivery.trial_id)
+                    .bind(&delivery.target)
+                    .bind(&delivery.url)
+                    .bind(delivery.created_at)
+                    .fetch_one(&self.pool)
+                    .await?;
+                Ok(id)
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn update_delivery(
+                &self,
+                id: i64,
+                progress: &DeliveryProgress,
+            ) -> StoreResult<()> {
+                sqlx::query(UPDATE_DELIVERY)
+                    .bind(id)
+                    .bind(&progress.state)
+                    .bind(progress.attempts)
+                    .bind(progress.last_status)
+                    .bind(&progress.last_error)
+                    .bind(progress.updated_at)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(())
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn list_deliveries(
+                &self,
+                study_id: i64,
+                after_id: i64,
+                limit: i64,
+            ) -> StoreResult<Vec<DeliveryRecord>> {
+                let rows: Vec<DeliveryRow> = sqlx::query_as(LIST_DELIVERIES)
+                    .bind(study_id)
                     .bind(after_id)
                     .bind(limit)
                     .fetch_all(&self.pool)

@@ -22,6 +22,7 @@ mod limits;
 mod login;
 mod multi_fidelity;
 mod multi_node;
+mod notifications;
 mod openapi;
 mod outage;
 mod ownership;

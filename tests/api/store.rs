@@ -8,7 +8,10 @@ use std::sync::Arc;
 
 use augur::model::TrialPoint;
 use augur::model::{Measurement, Role, StudySpec, StudyState, TrialState};
-use augur::store::{AuditEntry, Store, StudiesTx, StudyLock, StudyTx, TrialRecord, TrialToken};
+use augur::store::{
+    AuditEntry, DeliveryProgress, NewDelivery, Store, StudiesTx, StudyLock, StudyTx, TrialRecord,
+    TrialToken,
+};
 use augur_optimizer::Value;
 use chrono::{DateTime, Duration, Utc};
 
@@ -27,6 +30,7 @@ on_both_backends!(store:
     audit_entries_are_kept_in_order_and_outlive_their_study,
     one_transaction_changes_several_studies,
     a_paused_trial_keeps_its_budget_and_is_counted,
+    notification_deliveries_record_their_attempts_and_go_with_their_study,
 );
 
 fn spec(name: &str) -> StudySpec {
@@ -947,6 +951,81 @@ async fn audit_entries_are_kept_in_order_and_outlive_their_study(store: Arc<dyn 
     let page = store.list_audit(all[0].id, 1).await.expect("page");
     assert_eq!(page.len(), 1);
     assert_eq!(page[0].entry.action, "trial.add");
+}
+
+async fn notification_deliveries_record_their_attempts_and_go_with_their_study(
+    store: Arc<dyn Store>,
+) {
+    let study = store
+        .insert_study(&spec("hooked"), Some("alice"), now())
+        .await
+        .expect("insert");
+    let other = store
+        .insert_study(&spec("other"), Some("alice"), now())
+        .await
+        .expect("insert");
+    let delivery = |study_id: i64, event: &str, trial_id: Option<i64>| NewDelivery {
+        study_id,
+        event: event.into(),
+        trial_id,
+        target: "study".into(),
+        url: "https://hooks.example.com/a".into(),
+        created_at: now(),
+    };
+    let failed = delivery(study.id, "trial_failed", Some(3));
+    let first = store
+        .insert_delivery(&failed)
+        .await
+        .expect("insert delivery");
+    let second = store
+        .insert_delivery(&delivery(study.id, "study_completed", None))
+        .await
+        .expect("insert delivery");
+    store
+        .insert_delivery(&delivery(other.id, "study_failed", None))
+        .await
+        .expect("insert delivery");
+    assert!(first < second);
+    let fresh = store.list_deliveries(study.id, 0, 10).await.expect("list");
+    assert_eq!(fresh.len(), 2);
+    assert_eq!(fresh[0].delivery, failed);
+    assert_eq!(fresh[0].progress.state, "pending");
+    assert_eq!(fresh[0].progress.attempts, 0);
+    let progress = DeliveryProgress {
+        state: "failed".into(),
+        attempts: 5,
+        last_status: Some(503),
+        last_error: Some("answered 503 Service Unavailable".into()),
+        updated_at: now(),
+    };
+    store
+        .update_delivery(first, &progress)
+        .await
+        .expect("update");
+    let listed = store.list_deliveries(study.id, 0, 10).await.expect("list");
+    assert_eq!(listed[0].progress, progress);
+    assert_eq!(listed[1].progress.state, "pending");
+    let page = store
+        .list_deliveries(study.id, first, 1)
+        .await
+        .expect("page");
+    assert_eq!(page.iter().map(|d| d.id).collect::<Vec<_>>(), [second]);
+    assert!(store.delete_study(study.id).await.expect("delete"));
+    assert!(
+        store
+            .list_deliveries(study.id, 0, 10)
+            .await
+            .expect("list")
+            .is_empty()
+    );
+    assert_eq!(
+        store
+            .list_deliveries(other.id, 0, 10)
+            .await
+            .expect("list")
+            .len(),
+        1
+    );
 }
 
 fn locked(lock: StudyLock) -> Box<dyn StudyTx> {
