@@ -7,6 +7,7 @@ pub mod access;
 pub mod auth;
 mod charts;
 pub mod error;
+pub mod exec;
 mod extract;
 pub mod forward;
 mod guard;
@@ -114,7 +115,12 @@ impl AppState {
         license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
     // Recursive schemas are referenced, not inlined: they must be listed here.
-    components(schemas(crate::model::spec::ChildInput, crate::model::spec::ParameterInput)),
+    components(schemas(
+        crate::model::spec::ChildInput,
+        crate::model::spec::ParameterInput,
+        exec::ExecStart,
+        exec::ExecControl
+    )),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
     tags(
@@ -145,6 +151,7 @@ pub fn routes() -> AccessRouter {
     AccessRouter::with_openapi(ApiDoc::openapi())
         .merge(studies::router())
         .merge(trials::router())
+        .merge(exec::router())
         .merge(health::router())
         .merge(charts::router())
         .merge(tokens::router())

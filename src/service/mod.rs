@@ -23,6 +23,7 @@ mod audit;
 mod checks;
 pub mod design;
 mod error;
+pub mod exec;
 mod group_commit;
 mod job_policy;
 mod logs;
@@ -90,6 +91,9 @@ pub struct Service {
     runs_base: Arc<PathBuf>,
     /// The commands a `trial_job` may run (`--job-commands`).
     job_policy: Arc<JobPolicy>,
+    /// Opens exec sessions in running trials (`exec`): the dispatcher's executors, when this
+    /// process dispatches.
+    trial_exec: exec::ExecHook,
 }
 
 impl Service {
@@ -110,6 +114,7 @@ impl Service {
             tokens,
             runs_base: Arc::new(runs_base),
             job_policy: Arc::default(),
+            trial_exec: Arc::default(),
         }
     }
 
