@@ -19,7 +19,7 @@ use tokio::process::Command;
 use tokio::sync::mpsc;
 
 use super::cluster::Address;
-use super::exec::{SessionProcess, refused, refused_replica};
+use super::exec::{ExecVia, SessionProcess, refused, refused_replica};
 use super::executor::write_private;
 use super::executor::{
     Executor, ExecutorContext, ExecutorError, JobRequest, ReplicaRequest, RunningJob,
@@ -338,7 +338,7 @@ impl Executor for ContainerExecutor {
         handle: &JobHandle,
         _target: &ExecTarget,
         request: &ExecRequest,
-    ) -> Result<SessionProcess, ExecRefused> {
+    ) -> Result<ExecVia, ExecRefused> {
         let JobHandle::Containers { names, .. } = handle else {
             return Err(refused(format!("not a container job: {handle}")));
         };
@@ -350,10 +350,10 @@ impl Executor for ContainerExecutor {
                 request.replica.name()
             ))
         })?;
-        Ok(SessionProcess {
+        Ok(ExecVia::Process(SessionProcess {
             argv: self.context.containers.exec_argv(name, request),
             ..SessionProcess::default()
-        })
+        }))
     }
 }
 

@@ -36,6 +36,13 @@ pub struct SessionProcess {
     pub user: Option<(u32, u32)>,
 }
 
+/// How an executor reaches a replica: a local process to start (the command itself, or a
+/// tool that carries it there), or a session it opened itself (an API's stream).
+pub enum ExecVia {
+    Process(SessionProcess),
+    Session(ExecSession),
+}
+
 /// Opens sessions through the executor each trial's study names.
 pub struct DispatchExec {
     context: ExecutorContext,
@@ -57,9 +64,11 @@ impl TrialExec for DispatchExec {
         let handle: JobHandle = target.handle.parse().map_err(|e| refused(format!("{e}")))?;
         let executor =
             executor_for(&target.job, &self.context).map_err(|e| refused(e.to_string()))?;
-        let process = executor.exec(&handle, target, request).await?;
-        spawn_session(process, request)
-            .map_err(|e| refused(format!("cannot start {:?}: {e}", process_name(request))))
+        match executor.exec(&handle, target, request).await? {
+            ExecVia::Session(session) => Ok(session),
+            ExecVia::Process(process) => spawn_session(process, request)
+                .map_err(|e| refused(format!("cannot start {:?}: {e}", process_name(request)))),
+        }
     }
 }
 
@@ -219,7 +228,7 @@ async fn write_all(to: &mut (impl AsyncWrite + Unpin), bytes: &[u8]) -> std::io:
 
 /// Read `from` into `tx` as `wrap`ped chunks until its end (a PTY ends with EIO once the
 /// last process holding it is gone).
-async fn forward(
+pub(super) async fn forward(
     mut from: Box<dyn AsyncRead + Send + Unpin>,
     tx: mpsc::Sender<ExecOutput>,
     wrap: fn(Vec<u8>) -> ExecOutput,
@@ -306,6 +315,15 @@ fn exit_of(status: std::io::Result<ExitStatus>) -> ExecExit {
             (None, None) => ExecExit::Exited(255),
         },
         Err(_) => ExecExit::Exited(255),
+    }
+}
+
+/// The key a terminal turns into `signal` for its foreground job, if there is one.
+pub(super) fn terminal_key(signal: ExecSignal) -> Option<u8> {
+    match signal {
+        ExecSignal::Interrupt => Some(0x03),
+        ExecSignal::Quit => Some(0x1c),
+        _ => None,
     }
 }
 

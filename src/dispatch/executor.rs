@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use super::cluster::{Address, ClusterLayout, cluster_env};
 use super::container::{ContainerEngine, ContainerExecutor};
-use super::exec::SessionProcess;
+use super::exec::ExecVia;
 use super::gpus::GpuPool;
 use super::kubernetes::{KubeConnection, KubernetesExecutor};
 use super::local::{LocalExecutor, RunAs};
@@ -198,13 +198,14 @@ pub trait Executor: Send + Sync {
 
     /// How a session's command reaches `request.replica` of the running attempt `handle`
     /// (as `RunningJob::handle` gave it): the local process that runs it (`dispatch::exec`
-    /// starts it). An executor that cannot reach its replicas refuses, saying so.
+    /// starts it), or a session of its own. An executor that cannot reach its replicas
+    /// refuses, saying so.
     async fn exec(
         &self,
         handle: &JobHandle,
         target: &ExecTarget,
         request: &ExecRequest,
-    ) -> Result<SessionProcess, ExecRefused> {
+    ) -> Result<ExecVia, ExecRefused> {
         let _ = (handle, target, request);
         Err(super::exec::refused(
             "this executor cannot open a session in its trials' replicas",

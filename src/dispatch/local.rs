@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 
 use super::cluster::Address;
 use super::container::ContainerEngine;
-use super::exec::{SessionProcess, refused, refused_replica};
+use super::exec::{ExecVia, SessionProcess, refused, refused_replica};
 use super::executor::{
     Executor, ExecutorContext, ExecutorError, JobExit, JobRequest, ReplicaRequest, RunningJob,
 };
@@ -201,7 +201,7 @@ impl Executor for LocalExecutor {
         handle: &JobHandle,
         target: &ExecTarget,
         request: &ExecRequest,
-    ) -> Result<SessionProcess, ExecRefused> {
+    ) -> Result<ExecVia, ExecRefused> {
         let JobHandle::ProcessGroups(groups) = handle else {
             return Err(refused(format!("not a local job: {handle}")));
         };
@@ -209,6 +209,7 @@ impl Executor for LocalExecutor {
         tokio::task::spawn_blocking(move || replica_process(&groups, &target, &request))
             .await
             .map_err(|e| refused(format!("exec task: {e}")))?
+            .map(ExecVia::Process)
     }
 }
 

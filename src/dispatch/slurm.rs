@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::cluster::Address;
-use super::exec::{SessionProcess, refused, refused_replica};
+use super::exec::{ExecVia, SessionProcess, refused, refused_replica};
 use super::executor::write_private;
 use super::executor::{Executor, ExecutorError, JobExit, JobRequest, ReplicaRequest, RunningJob};
 use crate::model::SlurmOptions;
@@ -464,7 +464,7 @@ impl Executor for SlurmExecutor {
         handle: &JobHandle,
         target: &ExecTarget,
         request: &ExecRequest,
-    ) -> Result<SessionProcess, ExecRefused> {
+    ) -> Result<ExecVia, ExecRefused> {
         let JobHandle::Slurm { job_id } = handle else {
             return Err(refused(format!("not a Slurm job: {handle}")));
         };
@@ -491,10 +491,10 @@ impl Executor for SlurmExecutor {
                 field(&text, "JobState")
             )));
         }
-        Ok(SessionProcess {
+        Ok(ExecVia::Process(SessionProcess {
             argv: srun_exec_argv(job_id, field(&text, "Command"), request),
             ..SessionProcess::default()
-        })
+        }))
     }
 }
 
