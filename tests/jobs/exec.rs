@@ -596,3 +596,93 @@ async fn exec_runs_a_step_in_a_slurm_trials_job() {
     app.wait_for_state(study, "completed", Duration::from_secs(60))
         .await;
 }
+
+/// `augur trial shell` as a user runs it, on a terminal of its own (a PTY this test holds):
+/// keys reach the remote shell as typed, the remote terminal has this one's size and follows
+/// its resize (SIGWINCH), Ctrl-C interrupts the remote command, not `augur`, and `augur`
+/// exits with the shell's status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn augur_trial_shell_on_a_terminal_passes_keys_size_and_ctrl_c_through() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = common::spawn_app_with(common::sqlite_db(), Some(ADMIN)).await;
+    let runs = tempfile::tempdir().expect("runs");
+    let study = app
+        .create_study(study_spec("cli-shell", runs.path(), waiting_trainer()))
+        .await;
+    until_exec_works(&app.base, ADMIN, study, 1).await;
+
+    let (pty, pts) = pty_process::open().expect("a pty");
+    pty.resize(pty_process::Size::new(30, 100)).expect("size");
+    let mut augur = pty_process::Command::new(common::augur_bin())
+        .args(["trial", "shell", &study.to_string(), "1", "--", "/bin/sh"])
+        .env("AUGUR_URL", &app.base)
+        .env("AUGUR_TOKEN", ADMIN)
+        .kill_on_drop(true)
+        .spawn(pts)
+        .expect("augur trial shell");
+    let (mut reader, mut writer) = pty.into_split();
+    let (tx, mut screen) = tokio::sync::mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 4096];
+        while let Ok(n) = reader.read(&mut buf).await {
+            if n == 0
+                || tx
+                    .send(String::from_utf8_lossy(&buf[..n]).into_owned())
+                    .is_err()
+            {
+                return;
+            }
+        }
+    });
+    let mut seen = String::new();
+    let mut expect = async |needle: &str| {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        while !seen.contains(needle) {
+            match tokio::time::timeout_at(deadline, screen.recv()).await {
+                Ok(Some(text)) => seen.push_str(&text),
+                _ => panic!("no {needle:?} on the terminal: {seen:?}"),
+            }
+        }
+        let at = seen.find(needle).map_or(0, |i| i + needle.len());
+        seen = seen[at..].to_string();
+    };
+
+    writer
+        .write_all(b"stty size; echo \"in trial $AUGUR_TRIAL_ID\"\n")
+        .await
+        .expect("type");
+    expect("30 100").await;
+    expect("in trial 1").await;
+    writer
+        .resize(pty_process::Size::new(41, 120))
+        .expect("resize");
+    // The resize travels as SIGWINCH here, then a control message there.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    writer.write_all(b"stty size\n").await.expect("type");
+    expect("41 120").await;
+    writer
+        .write_all(b"sleep 100; echo \"slept $?\"\n")
+        .await
+        .expect("type");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    writer.write_all(b"\x03").await.expect("Ctrl-C");
+    writer
+        .write_all(b"echo \"after $?\"\n")
+        .await
+        .expect("type");
+    expect("after 130").await;
+    writer.write_all(b"exit 4\n").await.expect("type");
+    let status = tokio::time::timeout(Duration::from_secs(15), augur.wait())
+        .await
+        .expect("augur ends with the shell")
+        .expect("status");
+    assert_eq!(status.code(), Some(4));
+
+    std::fs::write(
+        common::study_dir(runs.path(), study).join("1/model/done"),
+        "",
+    )
+    .expect("done");
+    app.wait_for_state(study, "completed", Duration::from_secs(30))
+        .await;
+}
