@@ -44,14 +44,30 @@ pub async fn augur_with(
     args: &[&str],
     stdin: &str,
 ) -> (Option<i32>, String, String) {
+    augur_env(url, token, args, stdin, &[]).await
+}
+
+/// `augur_with`, with more variables in `augur`'s environment (`AUGUR_CA_CERT`).
+pub async fn augur_env(
+    url: &str,
+    token: &str,
+    args: &[&str],
+    stdin: &str,
+    env: &[(&str, &str)],
+) -> (Option<i32>, String, String) {
     let (url, token, stdin) = (url.to_string(), token.to_string(), stdin.to_string());
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     tokio::task::spawn_blocking(move || {
         use std::io::Write;
         let mut child = Command::new(common::augur_bin())
             .args(&args)
             .env("AUGUR_URL", &url)
             .env("AUGUR_TOKEN", &token)
+            .envs(env)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -685,4 +701,62 @@ async fn augur_trial_shell_on_a_terminal_passes_keys_size_and_ctrl_c_through() {
     .expect("done");
     app.wait_for_state(study, "completed", Duration::from_secs(30))
         .await;
+}
+
+/// Over HTTPS (`wss://`), the CLI trusts the server's own certificate with `--ca-cert`
+/// (`AUGUR_CA_CERT`), as its other commands do, and refuses it without.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_over_tls_trusts_the_certificate_given() {
+    let dir = tempfile::tempdir().expect("dir");
+    let made =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("certificate");
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, made.cert.pem()).expect("cert");
+    std::fs::write(&key, made.signing_key.serialize_pem()).expect("key");
+    let app = common::spawn_app_configured(common::sqlite_db(), {
+        let (cert, key) = (cert.clone(), key.clone());
+        move |c| {
+            c.token = Some(ADMIN.into());
+            c.tls = Some(augur::app::TlsFiles { cert, key });
+        }
+    })
+    .await;
+    let url = format!("https://localhost:{}", app.addr.port());
+    let runs = tempfile::tempdir().expect("runs");
+    let spec = dir.path().join("study.json");
+    std::fs::write(
+        &spec,
+        study_spec("tls", runs.path(), waiting_trainer()).to_string(),
+    )
+    .expect("spec");
+    let ca = cert.display().to_string();
+    let trusted = [("AUGUR_CA_CERT", ca.as_str())];
+    let spec = spec.display().to_string();
+    let (code, out, err) =
+        augur_env(&url, ADMIN, &["study", "create", "-f", &spec], "", &trusted).await;
+    assert_eq!(code, Some(0), "{out} {err}");
+
+    let args = [
+        "trial",
+        "exec",
+        "1",
+        "1",
+        "--",
+        "/bin/sh",
+        "-c",
+        "echo \"over tls $AUGUR_TRIAL_ID\"",
+    ];
+    let out = common::eventually("a session over TLS", Duration::from_secs(30), || async {
+        match augur_env(&url, ADMIN, &args, "", &trusted).await {
+            (Some(0), out, _) => Ok(out),
+            (code, out, err) => Err(format!("{code:?} {out} {err}")),
+        }
+    })
+    .await;
+    assert_eq!(out, "over tls 1\n");
+    let (code, _, err) = augur_env(&url, ADMIN, &args, "", &[]).await;
+    assert_eq!(code, Some(1), "a certificate nobody vouches for: {err}");
+    assert!(err.contains("TLS") || err.contains("certificate"), "{err}");
+
+    std::fs::write(common::study_dir(runs.path(), 1).join("1/model/done"), "").expect("done");
 }
