@@ -6,7 +6,9 @@
 //!
 //! Only the study's creator or an admin may open one, and only into a trial this server's
 //! dispatcher runs and that is running now: a pulled trial (ask/tell, `augur worker`) runs
-//! where its client put it, out of the server's reach. Each session is in the audit trail.
+//! where its client put it, out of the server's reach. A server that allows only some
+//! commands (`--job-commands`) allows a session on its machine or Slurm only those too
+//! (`JobPolicy::check_exec`). Each session is in the audit trail.
 
 use std::sync::{Arc, OnceLock};
 
@@ -232,6 +234,7 @@ impl Service {
         replica: Option<&str>,
     ) -> ServiceResult<ExecSession> {
         let request = exec_request(&target.job, command, tty, size, replica)?;
+        self.job_policy.check_exec(&target.job, &request.command)?;
         let Some(exec) = self.trial_exec.get() else {
             return Err(ServiceError::Conflict {
                 message: "this server runs no dispatcher (`augur serve --no-dispatch`?): \
