@@ -22,6 +22,7 @@ use axum::extract::ws::{
 };
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
+use futures::{Sink, SinkExt, StreamExt};
 use serde::Deserialize;
 use serde_json::json;
 use utoipa::ToSchema;
@@ -150,21 +151,27 @@ async fn run_session(mut socket: WebSocket, service: Service, actor: Caller, tar
             start.replica.as_deref(),
         )
         .await;
-    let mut session = match opened {
+    let session = match opened {
         Ok(session) => session,
         Err(e) => return send_error(&mut socket, e.into()).await,
     };
+    let (mut sink, stream) = socket.split();
+    // The client's messages go to the command from a task of their own: a command that
+    // does not read its stdin while its output waits to be sent must not stop the output.
+    let (refused_tx, mut refused) = tokio::sync::mpsc::channel::<ApiError>(1);
+    let reader = tokio::spawn(carry_input(stream, session.input, refused_tx));
+    let mut output = session.output;
     loop {
         tokio::select! {
-            out = session.output.recv() => match out {
+            out = output.recv() => match out {
                 Some(ExecOutput::Stdout(bytes)) => {
-                    if send_tagged(&mut socket, STDOUT_TAG, bytes).await.is_err() {
-                        return;
+                    if send_tagged(&mut sink, STDOUT_TAG, bytes).await.is_err() {
+                        break;
                     }
                 }
                 Some(ExecOutput::Stderr(bytes)) => {
-                    if send_tagged(&mut socket, STDERR_TAG, bytes).await.is_err() {
-                        return;
+                    if send_tagged(&mut sink, STDERR_TAG, bytes).await.is_err() {
+                        break;
                     }
                 }
                 Some(ExecOutput::Exit(exit)) => {
@@ -173,27 +180,45 @@ async fn run_session(mut socket: WebSocket, service: Service, actor: Caller, tar
                         ExecExit::Signaled(s) => (exit.status(), Some(s)),
                     };
                     let message = json!({"type": "exit", "code": code, "signal": signal});
-                    let _ = socket.send(Message::text(message.to_string())).await;
-                    let _ = socket.send(Message::Close(None)).await;
+                    let _ = sink.send(Message::text(message.to_string())).await;
+                    let _ = sink.send(Message::Close(None)).await;
+                    break;
+                }
+                None => break,
+            },
+            Some(error) = refused.recv() => {
+                send_error(&mut sink, error).await;
+                break;
+            }
+        }
+    }
+    // Gone, or refused: the session's input closes, which ends its command.
+    reader.abort();
+}
+
+/// The client's messages as the session's input, until it goes (closes, or its connection
+/// breaks: dropping `input` then ends the command) or sends a message that is no control
+/// (told through `refused`).
+async fn carry_input(
+    mut stream: futures::stream::SplitStream<WebSocket>,
+    input: tokio::sync::mpsc::Sender<ExecInput>,
+    refused: tokio::sync::mpsc::Sender<ApiError>,
+) {
+    while let Some(message) = stream.next().await {
+        let next = match message {
+            Ok(Message::Binary(bytes)) => ExecInput::Stdin(bytes.to_vec()),
+            Ok(Message::Text(text)) => match control(text.as_str()) {
+                Ok(input) => input,
+                Err(e) => {
+                    let _ = refused.send(e).await;
                     return;
                 }
-                None => return,
             },
-            message = socket.recv() => match message {
-                Some(Ok(Message::Binary(bytes))) => {
-                    let _ = session.input.send(ExecInput::Stdin(bytes.to_vec())).await;
-                }
-                Some(Ok(Message::Text(text))) => match control(text.as_str()) {
-                    Ok(input) => {
-                        let _ = session.input.send(input).await;
-                    }
-                    Err(e) => return send_error(&mut socket, e).await,
-                },
-                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
-                // Gone (closed, or the connection broke): the session's command goes too
-                // (dropping `session` closes its input).
-                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return,
-            },
+            Ok(Message::Ping(_) | Message::Pong(_)) => continue,
+            Ok(Message::Close(_)) | Err(_) => return,
+        };
+        if input.send(next).await.is_err() {
+            return;
         }
     }
 }
@@ -220,7 +245,11 @@ fn control(text: &str) -> Result<ExecInput, ApiError> {
     })
 }
 
-async fn send_tagged(socket: &mut WebSocket, tag: u8, bytes: Vec<u8>) -> Result<(), axum::Error> {
+async fn send_tagged(
+    socket: &mut (impl Sink<Message, Error = axum::Error> + Unpin),
+    tag: u8,
+    bytes: Vec<u8>,
+) -> Result<(), axum::Error> {
     let mut data = Vec::with_capacity(bytes.len() + 1);
     data.push(tag);
     data.extend_from_slice(&bytes);
@@ -229,7 +258,10 @@ async fn send_tagged(socket: &mut WebSocket, tag: u8, bytes: Vec<u8>) -> Result<
 
 /// Tell the client why the session ended before its command did (as the API renders
 /// errors, with the status it would have had), and close.
-async fn send_error(socket: &mut WebSocket, error: ApiError) {
+async fn send_error(
+    socket: &mut (impl Sink<Message, Error = axum::Error> + Unpin),
+    error: ApiError,
+) {
     let response = error.into_response();
     let status = response.status().as_u16();
     let body = axum::body::to_bytes(response.into_body(), 64 * 1024)

@@ -56,67 +56,91 @@ pub async fn run_exec(options: ExecOptions<'_>) -> CliResult<i32> {
         .map_err(lost)?;
     // Raw mode while the session runs (restored when dropped, on every path out).
     let _raw = if options.tty { RawMode::enter() } else { None };
-    let mut stdin = read_stdin();
-    let mut resized = window_changes(options.tty);
-    // Without a terminal, Ctrl-C here is SIGINT there (in raw mode it is a key).
-    let forward_ctrl_c = !options.tty;
-    let mut stdin_open = true;
+    // Input goes from a task of its own: output must be read while the server waits for
+    // the command to take its stdin.
+    let sender = tokio::spawn(send_input(sink, options.tty));
+    let ended = read_output(&mut stream).await;
+    sender.abort();
+    ended
+}
+
+/// Print the session's output until its exit status (or its error).
+async fn read_output(
+    stream: &mut (
+             impl futures::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin
+         ),
+) -> CliResult<i32> {
+    let closed =
+        || CliError::Connection("the server closed the session before the command's exit".into());
     loop {
-        tokio::select! {
-            message = stream.next() => {
-                let message = match message {
-                    Some(Ok(message)) => message,
-                    Some(Err(e)) => return Err(lost(e)),
-                    None => return Err(CliError::Connection("the server closed the session before the command's exit".into())),
-                };
-                match message {
-                    Message::Binary(data) => {
-                        let (tag, bytes) = data.split_first().map_or((0, &[][..]), |(t, b)| (*t, b));
-                        if tag == STDERR_TAG {
-                            let mut err = std::io::stderr().lock();
-                            let _ = err.write_all(bytes);
-                            let _ = err.flush();
-                        } else if tag == STDOUT_TAG {
-                            let mut out = std::io::stdout().lock();
-                            let _ = out.write_all(bytes);
-                            let _ = out.flush();
-                        }
-                    }
-                    Message::Text(text) => {
-                        let value: Value = serde_json::from_str(text.as_str()).unwrap_or_default();
-                        match value["type"].as_str() {
-                            Some("exit") => {
-                                return Ok(value["code"].as_i64().map_or(255, |c| c as i32));
-                            }
-                            Some("error") => return Err(api_error(&value)),
-                            _ => {}
-                        }
-                    }
-                    Message::Close(_) => {
-                        return Err(CliError::Connection("the server closed the session before the command's exit".into()));
-                    }
+        let message = match stream.next().await {
+            Some(Ok(message)) => message,
+            Some(Err(e)) => return Err(lost(e)),
+            None => return Err(closed()),
+        };
+        match message {
+            Message::Binary(data) => {
+                let (tag, bytes) = data.split_first().map_or((0, &[][..]), |(t, b)| (*t, b));
+                if tag == STDERR_TAG {
+                    let mut err = std::io::stderr().lock();
+                    let _ = err.write_all(bytes);
+                    let _ = err.flush();
+                } else if tag == STDOUT_TAG {
+                    let mut out = std::io::stdout().lock();
+                    let _ = out.write_all(bytes);
+                    let _ = out.flush();
+                }
+            }
+            Message::Text(text) => {
+                let value: Value = serde_json::from_str(text.as_str()).unwrap_or_default();
+                match value["type"].as_str() {
+                    Some("exit") => return Ok(value["code"].as_i64().map_or(255, |c| c as i32)),
+                    Some("error") => return Err(api_error(&value)),
                     _ => {}
                 }
             }
+            Message::Close(_) => return Err(closed()),
+            _ => {}
+        }
+    }
+}
+
+/// Send this process's stdin (its end as `eof` without a terminal), Ctrl-C as SIGINT
+/// (without a terminal: in raw mode it is a key like any other) and the terminal's resizes.
+/// Ends when the connection does.
+async fn send_input(
+    mut sink: impl futures::Sink<Message, Error = tokio_tungstenite::tungstenite::Error> + Unpin,
+    tty: bool,
+) {
+    let mut stdin = read_stdin();
+    let mut resized = window_changes(tty);
+    let mut stdin_open = true;
+    loop {
+        let message = tokio::select! {
             chunk = stdin.recv(), if stdin_open => match chunk {
-                Some(bytes) => sink.send(Message::binary(bytes)).await.map_err(lost)?,
+                Some(bytes) => Message::binary(bytes),
                 None => {
                     stdin_open = false;
-                    if !options.tty {
-                        sink.send(Message::text(json!({"type": "eof"}).to_string())).await.map_err(lost)?;
+                    if tty {
+                        continue;
                     }
+                    Message::text(json!({"type": "eof"}).to_string())
                 }
             },
-            _ = tokio::signal::ctrl_c(), if forward_ctrl_c => {
-                let signal = json!({"type": "signal", "signal": "INT"});
-                sink.send(Message::text(signal.to_string())).await.map_err(lost)?;
+            _ = tokio::signal::ctrl_c(), if !tty => {
+                Message::text(json!({"type": "signal", "signal": "INT"}).to_string())
             }
             Some(()) = resized.recv() => {
-                if let Some((rows, cols)) = terminal_size() {
-                    let resize = json!({"type": "resize", "rows": rows, "cols": cols});
-                    sink.send(Message::text(resize.to_string())).await.map_err(lost)?;
-                }
+                let Some((rows, cols)) = terminal_size() else {
+                    continue;
+                };
+                Message::text(json!({"type": "resize", "rows": rows, "cols": cols}).to_string())
             }
+            // Nothing more to send (a terminal session whose stdin ended).
+            else => return,
+        };
+        if sink.send(message).await.is_err() {
+            return;
         }
     }
 }

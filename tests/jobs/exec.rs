@@ -73,10 +73,17 @@ pub async fn augur_env(
             .stderr(Stdio::piped())
             .spawn()
             .expect("run augur");
-        if let Some(mut input) = child.stdin.take() {
-            let _ = input.write_all(stdin.as_bytes());
-        }
+        // Written from a thread of its own, while the output is read: a big input must not
+        // wait for the output to be read, nor the reverse.
+        let writer = child.stdin.take().map(|mut input| {
+            std::thread::spawn(move || {
+                let _ = input.write_all(stdin.as_bytes());
+            })
+        });
         let out = child.wait_with_output().expect("augur output");
+        if let Some(writer) = writer {
+            let _ = writer.join();
+        }
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -168,6 +175,17 @@ async fn exec_runs_a_command_in_a_running_local_trial_and_refuses_the_rest(backe
     )
     .await;
     assert_eq!((code, out.as_str()), (Some(0), "hello\nthere"), "{err}");
+    // Much more than a pipe holds, both ways at once: the output flows while the command
+    // waits for its input, and the other way round.
+    let big: String = (0..1_500_000).map(|i| format!("line {i}\n")).collect();
+    let args = ["trial", "exec", &s, "1", "--", "cat"];
+    let cat = augur_with(&url, &owner, &args, &big);
+    let (code, out, err) = tokio::time::timeout(Duration::from_secs(120), cat)
+        .await
+        .expect("the data flows both ways at once (no deadlock)");
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out.len(), big.len());
+    assert!(out == big, "the output differs from the input");
     // An admin may too.
     let (code, _, err) =
         augur_with(&url, ADMIN, &["trial", "exec", &s, "1", "--", "true"], "").await;
