@@ -179,6 +179,9 @@ cmd_slurm() {
         echo "SelectType=select/cons_tres"
         echo "SelectTypeParameters=CR_Core"
         echo "ReturnToService=2"
+        # A node that stops answering is DOWN within seconds, not the default 5 minutes: the
+        # tests take nodes down mid-trial.
+        echo "SlurmdTimeout=10"
         echo "SchedulerType=sched/backfill"
         echo "JobAcctGatherType=jobacct_gather/none"
         echo "AccountingStorageType=accounting_storage/none"

@@ -1,4 +1,5 @@
-//! `/v1/studies`: create, list, get, change, stop, delete; suggest; optimal trials.
+//! `/v1/studies`: create, list, get, change, stop, delete; suggest; optimal trials; where
+//! the trials' directories are.
 
 use super::access::{Access, AccessRouter};
 use axum::Json;
@@ -18,6 +19,7 @@ use crate::model::Role;
 use crate::model::{
     ClientId, ParameterExtension, Study, StudySpec, StudyState, StudyUpdate, SuggestCount, Trial,
 };
+use crate::service::logs::StudyDirectories;
 
 pub fn router() -> AccessRouter {
     // Changes need a writer here; the service lets only the study's creator (or an admin)
@@ -33,6 +35,7 @@ pub fn router() -> AccessRouter {
         .routes(write, routes!(add_parameter))
         .routes(write, routes!(suggest_trials))
         .routes(read, routes!(optimal_trials))
+        .routes(read, routes!(study_directories))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -309,6 +312,24 @@ pub async fn suggest_trials(
         study_state: out.study_state,
         retry_after_secs: out.retry_after_secs,
     }))
+}
+
+/// Where a dispatched study's trials keep their files on the server's machine, each path
+/// with `{trial}` for a trial's id: what `augur tensorboard` shows, on a machine that sees
+/// the same file system.
+#[utoipa::path(get, path = "/v1/studies/{study}/directories", tag = "studies",
+    params(("study" = String, Path, description = STUDY_ID)),
+    responses(
+        (status = 200, description = "The study's directories", body = StudyDirectories),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 404, description = "No such study, or its trials are not dispatched (no trial_job)", body = ErrorBody),
+    ))]
+pub async fn study_directories(
+    State(state): State<AppState>,
+    Path(study): Path<String>,
+) -> ApiResult<Json<StudyDirectories>> {
+    let id = parse_id(&study, "study")?;
+    Ok(Json(state.service.study_directories(id).await?))
 }
 
 /// The best completed trial, or the Pareto set of a study with several metrics.

@@ -9,6 +9,7 @@ mod exec;
 mod run;
 mod server;
 mod study;
+mod tensorboard;
 mod validate;
 mod worker;
 
@@ -295,6 +296,15 @@ pub enum Command {
         #[command(subcommand)]
         command: TrialCommand,
     },
+    /// TensorBoard over a dispatched study's trials (runs `trial-<id>`, kept current as
+    /// trials start), on a machine that sees the trials' directories; the dashboard links
+    /// to it while it runs.
+    Tensorboard {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(flatten)]
+        args: tensorboard::TensorboardArgs,
+    },
     /// Print the OpenAPI document the server serves.
     Openapi,
 }
@@ -578,6 +588,9 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             session(&client, study, trial, replica, command, true).await
         }
         Command::Trial { client, command } => Ok(trial_command(&client.client()?, command).await?),
+        Command::Tensorboard { client, args } => {
+            Ok(tensorboard::run_tensorboard(&client.client()?, args).await?)
+        }
         Command::Openapi => {
             print!("{}", crate::app::openapi_yaml());
             Ok(())

@@ -280,6 +280,10 @@ fn sbatch_args(
         // sbatch would copy the server's whole environment into the job: the script
         // exports exactly the request's variables instead.
         "--export=NONE".to_string(),
+        // A job whose node fails ends as NODE_FAIL, and Augur's own retry (counted against
+        // `max_retries`, a new token) runs it again at once: Slurm's requeue would hold it
+        // for minutes (BeginTime) and run it uncounted. `sbatch_args: [--requeue]` wins.
+        "--no-requeue".to_string(),
     ];
     if request.cluster.is_some() {
         args.push(format!("--ntasks={}", request.replicas.len()));
@@ -886,6 +890,7 @@ mod tests {
                 "--output=/runs 100%%/2/job.log",
                 "--open-mode=append",
                 "--export=NONE",
+                "--no-requeue",
                 "--partition=debug",
                 "--account=ml",
                 "--mem=1G",

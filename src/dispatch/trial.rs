@@ -76,13 +76,13 @@ pub enum TrialEnd {
 }
 
 /// Write the trial's `job.handle` (`TrialDirs::handle_file`), never through a link, on a
-/// blocking thread (file IO stays off the async workers).
+/// blocking thread (file IO stays off the async workers). Replaced whole, in one step: an
+/// empty handle means a launch whose failure was counted, so a service killed while
+/// writing must not leave one (it would take the launch it was recording for a failure).
 pub(super) async fn write_handle(dirs: &TrialDirs, handle: String) -> std::io::Result<()> {
-    use std::io::Write;
     let (base, path) = (dirs.base.clone(), dirs.handle_file());
     tokio::task::spawn_blocking(move || {
-        trial_files::open_file(&base, &path, FileAccess::Rewrite(0o644))?
-            .write_all(handle.as_bytes())
+        trial_files::replace_file(&base, &path, handle.as_bytes(), 0o644)
     })
     .await
     .map_err(std::io::Error::other)?

@@ -500,6 +500,10 @@ pub struct StudyUpdate {
     pub parallel_trials: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_failed_trials: Option<i64>,
+    /// A multi-fidelity study's total budget, in budget units (raise it to let a study whose
+    /// budget is spent go on; trials already ended at their rung stay ended).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_budget: Option<f64>,
     /// The study's note (plain text; empty removes it). Changes in any state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
@@ -523,11 +527,13 @@ impl StudyUpdate {
         }
     }
 
-    /// Whether it changes the budget (`max_trials`, `parallel_trials`, `max_failed_trials`).
+    /// Whether it changes the budget (`max_trials`, `parallel_trials`, `max_failed_trials`,
+    /// `max_budget`).
     pub fn changes_budget(&self) -> bool {
         self.max_trials.is_some()
             || self.parallel_trials.is_some()
             || self.max_failed_trials.is_some()
+            || self.max_budget.is_some()
     }
 }
 
@@ -1003,6 +1009,9 @@ impl StudySpec {
         if let Some(v) = update.max_failed_trials {
             positive(v, "max_failed_trials")?;
             next.max_failed_trials = Some(v);
+        }
+        if let Some(v) = update.max_budget {
+            next.max_budget = Some(v);
         }
         let config = next.validate()?;
         Ok((next, config))

@@ -90,7 +90,13 @@ pub struct TrialDirs {
 
 impl TrialDirs {
     pub fn new(study: &StudyDir, trial_id: i64) -> TrialDirs {
-        let root = study.dir.join(trial_id.to_string());
+        TrialDirs::named(study, &trial_id.to_string())
+    }
+
+    /// The directories of the trial whose directory is `name`: `TrialDirs::new`'s, or with
+    /// a placeholder such as `{trial}` for a template a client fills in.
+    pub fn named(study: &StudyDir, name: &str) -> TrialDirs {
+        let root = study.dir.join(name);
         TrialDirs {
             base: study.base.clone(),
             model: root.join("model"),

@@ -1,7 +1,11 @@
 //! The logs of dispatched trials: stdout and stderr of every attempt, kept in the trial's
-//! directory (`model::trial_dirs`), served from their tail.
+//! directory (`model::trial_dirs`), served from their tail; and where those directories are
+//! (`augur tensorboard` reads them).
 
 use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use super::trial_files::{self, FileAccess};
 use super::{Service, ServiceError, ServiceResult};
@@ -57,7 +61,40 @@ impl Service {
     }
 }
 
+/// Where a dispatched study's trials keep their files on the server's machine (or the file
+/// system it shares with the executors): each path with `{trial}` for a trial's id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct StudyDirectories {
+    /// The study's directory.
+    pub study: String,
+    /// A trial's directory (its job's log, `job.handle`, the params file).
+    pub trial: String,
+    /// `AIP_MODEL_DIR`.
+    pub model: String,
+    /// `AIP_CHECKPOINT_DIR`.
+    pub checkpoints: String,
+    /// `AIP_TENSORBOARD_LOG_DIR`: what `augur tensorboard` shows.
+    pub tensorboard: String,
+}
+
+/// What a trial's id stands for in `StudyDirectories`' paths.
+pub const TRIAL_PLACEHOLDER: &str = "{trial}";
+
 impl Service {
+    /// Where the study's trials keep their files (a study with a `trial_job`).
+    pub async fn study_directories(&self, study_id: i64) -> ServiceResult<StudyDirectories> {
+        let dir = self.dispatched_study_dir(study_id, "directories").await?.0;
+        let dirs = TrialDirs::named(&dir, TRIAL_PLACEHOLDER);
+        let shown = |p: &Path| p.display().to_string();
+        Ok(StudyDirectories {
+            study: shown(&dir.dir),
+            trial: shown(&dirs.root),
+            model: shown(&dirs.model),
+            checkpoints: shown(&dirs.checkpoints),
+            tensorboard: shown(&dirs.logs),
+        })
+    }
+
     /// The directories of a trial of a study with a `trial_job`, and that job; `what` (e.g.
     /// `logs`) names what was asked for in the error of a study without one.
     pub(super) async fn dispatched_trial_dirs(
@@ -66,8 +103,18 @@ impl Service {
         trial_id: i64,
         what: &str,
     ) -> ServiceResult<(TrialDirs, TrialJobSpec)> {
-        let study = self.study_record(study_id).await?;
+        let (dir, job) = self.dispatched_study_dir(study_id, what).await?;
         self.trial_record(study_id, trial_id).await?;
+        Ok((TrialDirs::new(&dir, trial_id), job))
+    }
+
+    /// The directory of a study with a `trial_job`, and that job.
+    async fn dispatched_study_dir(
+        &self,
+        study_id: i64,
+        what: &str,
+    ) -> ServiceResult<(StudyDir, TrialJobSpec)> {
+        let study = self.study_record(study_id).await?;
         let Some(job) = study.spec.trial_job else {
             return Err(ServiceError::NotFound(format!(
                 "{what} of study {study_id}: it has no trial_job, so its trials' {what} are kept \
@@ -82,7 +129,7 @@ impl Service {
             },
             Some(&job),
         );
-        Ok((TrialDirs::new(&dir, trial_id), job))
+        Ok((dir, job))
     }
 }
 

@@ -26,7 +26,7 @@ mod error;
 pub mod exec;
 mod group_commit;
 mod job_policy;
-mod logs;
+pub mod logs;
 mod operations;
 mod optimal;
 pub mod optuna;

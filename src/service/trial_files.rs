@@ -17,7 +17,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Component, Path};
 
 use nix::errno::Errno;
-use nix::fcntl::{OFlag, openat};
+use nix::fcntl::{OFlag, openat, renameat};
 use nix::sys::stat::{FileStat, Mode, SFlag, fstat, mkdirat};
 
 /// How a file below a trial's directory is opened.
@@ -239,6 +239,49 @@ pub fn open_file(base: &Path, path: &Path, access: FileAccess) -> io::Result<Fil
     Ok(file)
 }
 
+/// Replace the server's file `path` below `base` with `contents` (mode `mode`) in one step:
+/// written whole to a new file beside it, then renamed over it, so that a reader, or the
+/// server after it was killed meanwhile, finds the old contents or the new, never a file
+/// cut short (`open_file`'s `Rewrite` empties the file first).
+pub fn replace_file(base: &Path, path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{}: not a file path", path.display()),
+        ));
+    };
+    let dir_fd = open_dir(base, dir, DirOwner::Server, true)?;
+    // The directory is the server's alone: nobody else makes names in it.
+    let mut temp = std::ffi::OsString::from(".");
+    temp.push(name);
+    temp.push(format!(
+        ".{}-{}.tmp",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let temp = Path::new(&temp);
+    let flags =
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let fd =
+        openat(&dir_fd, temp, flags, Mode::from_bits_truncate(mode)).map_err(|e| os(path, e))?;
+    let mut file = File::from(fd);
+    let written = file
+        .set_permissions(std::fs::Permissions::from_mode(mode))
+        .and_then(|()| file.write_all(contents));
+    drop(file);
+    match written.and_then(|()| renameat(&dir_fd, temp, &dir_fd, name).map_err(|e| os(path, e))) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = nix::unistd::unlinkat(&dir_fd, temp, nix::unistd::UnlinkatFlags::NoRemoveDir);
+            Err(e)
+        }
+    }
+}
+
 /// A regular file the job left in one of its directories (its artifacts).
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobFile {
@@ -424,6 +467,49 @@ mod tests {
             0,
             "the trial directory is writable by the server only"
         );
+    }
+
+    #[test]
+    fn a_replaced_file_is_never_seen_cut_short() {
+        // A restarted dispatcher reads an empty job handle as a launch whose failure was
+        // counted: a server killed between emptying the file and writing it must not
+        // leave it empty. A reader racing the writer sees what a restart would.
+        let tmp = tempfile::tempdir().expect("tmp");
+        let base = tmp.path().join("runs");
+        let handle = base.join("study-1/7/job.handle");
+        replace_file(&base, &handle, b"local:100", 0o644).expect("first");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (base, handle, stop) = (base.clone(), handle.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let (mut reads, mut short) = (0u32, 0u32);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let mut text = String::new();
+                    open_file(&base, &handle, FileAccess::Read)
+                        .expect("read")
+                        .read_to_string(&mut text)
+                        .expect("read");
+                    reads += 1;
+                    if !text.starts_with("local:") || text.len() != 9 {
+                        short += 1;
+                    }
+                }
+                (reads, short)
+            })
+        };
+        for i in 0..3000 {
+            let text = format!("local:{}", 100 + i % 900);
+            replace_file(&base, &handle, text.as_bytes(), 0o644).expect("replace");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (reads, short) = reader.join().expect("reader");
+        assert!(reads > 0);
+        assert_eq!(short, 0, "{short} of {reads} reads saw a file cut short");
+        let names: Vec<_> = std::fs::read_dir(base.join("study-1/7"))
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names, ["job.handle"], "no temporary file is left behind");
     }
 
     #[test]

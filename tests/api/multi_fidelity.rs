@@ -13,6 +13,7 @@ on_both_backends!(
     hyperband_starts_brackets_at_different_rungs_and_halves_each_when_it_is_whole,
     a_stopped_study_ends_its_paused_trials_at_their_rung,
     a_study_starts_no_attempt_past_its_max_budget_and_then_ends,
+    a_raised_max_budget_lets_promotions_that_did_not_fit_go_on,
     in_process_trainers_that_train_on_are_stopped_at_rungs_as_asha_would,
 );
 
@@ -250,6 +251,92 @@ async fn a_study_starts_no_attempt_past_its_max_budget_and_then_ends(backend: &s
     // None reached 9 epochs: the best is the best at 3, provisional.
     assert_eq!(study["best_trial"]["id"], 2, "{study}");
     assert_eq!(study["best_trial"]["provisional"], true, "{study}");
+    // Raised, the completed study goes on with new configurations; the trials it ended at
+    // their rung stay ended.
+    let raised = app
+        .call(
+            reqwest::Method::PATCH,
+            &format!("/v1/studies/{id}"),
+            Some(json!({"max_budget": 10})),
+        )
+        .await;
+    assert_eq!(raised.status, StatusCode::OK, "{}", raised.body);
+    assert_eq!(raised.body["state"], "active", "{}", raised.body);
+    let more = suggest(&app, id, 3, Some("w")).await;
+    assert_eq!(ids(&more["trials"]), vec![7, 8], "two epochs left: {more}");
+    assert!(
+        more["trials"]
+            .as_array()
+            .expect("trials")
+            .iter()
+            .all(|t| t["budget"] == 1),
+        "{more}"
+    );
+}
+
+/// `max_budget: 4` on rungs 1, 3, 9: after three trials at 1 epoch, trial 2's promotion (2
+/// more) does not fit, one new trial does. Raised with PATCH to 10 while that trial runs,
+/// the promotion fits and is the next suggestion. A bad value names the field.
+async fn a_raised_max_budget_lets_promotions_that_did_not_fit_go_on(backend: &str) {
+    let app = app(backend).await;
+    let mut spec = asha_spec();
+    spec["max_trials"] = json!(9);
+    spec["max_budget"] = json!(4);
+    let id = app.create_study(spec).await;
+    let first = suggest(&app, id, 3, Some("w")).await;
+    assert_eq!(ids(&first["trials"]), vec![1, 2, 3]);
+    for (trial, loss) in [(1, 0.5), (2, 0.2), (3, 0.9)] {
+        report(&app, id, trial, loss).await;
+    }
+    let second = suggest(&app, id, 3, Some("w")).await;
+    assert_eq!(ids(&second["trials"]), vec![4], "one epoch left: {second}");
+    let patch = |body: Value| {
+        let app = &app;
+        async move {
+            app.call(
+                reqwest::Method::PATCH,
+                &format!("/v1/studies/{id}"),
+                Some(body),
+            )
+            .await
+        }
+    };
+    for (bad, why) in [
+        (json!(0.5), "below the first rung"),
+        (json!(-3), "negative"),
+    ] {
+        let r = patch(json!({"max_budget": bad})).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{why}: {}", r.body);
+        assert_eq!(r.body["error"]["field"], "max_budget", "{why}: {}", r.body);
+    }
+    let raised = patch(json!({"max_budget": 10})).await;
+    assert_eq!(raised.status, StatusCode::OK, "{}", raised.body);
+    assert_eq!(raised.body["spec"]["max_budget"], 10.0, "{}", raised.body);
+    report(&app, id, 4, 0.8).await;
+    let third = suggest(&app, id, 3, Some("w")).await;
+    let promoted = third["trials"]
+        .as_array()
+        .expect("trials")
+        .iter()
+        .find(|t| t["id"] == 2)
+        .unwrap_or_else(|| panic!("trial 2's promotion fits now: {third}"));
+    assert_eq!(promoted["budget"], 3, "{third}");
+    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    assert_eq!(study["state"], "active", "{study}");
+
+    // Only a multi-fidelity study has a total budget.
+    let plain = app
+        .create_study(common::x_spec("plain", ("loss", "minimize"), 3, 3, 5))
+        .await;
+    let r = app
+        .call(
+            reqwest::Method::PATCH,
+            &format!("/v1/studies/{plain}"),
+            Some(json!({"max_budget": 10})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.body);
+    assert_eq!(r.body["error"]["field"], "max_budget", "{}", r.body);
 }
 
 /// Trainers that cannot pause (Optuna-style, in one process) ignore their budget, report

@@ -299,6 +299,25 @@ await test('a PBT trial page shows its budget and lineage, linked to its parent'
   await shot('rungs.png');
 });
 
+await test('a trial page links to the TensorBoard augur tensorboard names, only an http(s) one', async () => {
+  const setUrl = (url) => api('PATCH', `/v1/studies/${SMALL}`, { user_attrs: { 'augur:tensorboard_url': url } });
+  const linkOf = async () => {
+    await page.goto(`${base}/studies/${SMALL}/trials/1`);
+    await page.waitForFunction(() => window.augur.marks.trial);
+    const link = page.locator('#tensorboard-link');
+    return (await link.count()) ? link.getAttribute('href') : null;
+  };
+  try {
+    assert((await linkOf()) === null, 'no link while none runs');
+    await setUrl('http://127.0.0.1:6006/');
+    assert((await linkOf()) === 'http://127.0.0.1:6006/', 'the link');
+    await setUrl('javascript:alert(1)');
+    assert((await linkOf()) === null, 'no javascript: link');
+  } finally {
+    await setUrl(null);
+  }
+});
+
 await test('compare page puts studies side by side', async () => {
   await page.goto(`${base}/compare?studies=${SMALL},${MULTI}`);
   await page.waitForFunction(() => window.augur.marks.charts);

@@ -73,6 +73,39 @@ impl TestCluster {
         self.script(&["heal", a, b]);
     }
 
+    /// Every process on `node` SIGKILLed at once, as when the machine loses power: its
+    /// slurmd, the steps it ran and their tasks. Its address stays (nothing answers there).
+    pub fn kill_node(&self, node: &str) {
+        let pids = Command::new("ip")
+            .args(["netns", "pids", node])
+            .output()
+            .expect("ip netns pids");
+        for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
+            if let Ok(pid) = pid.parse::<i32>() {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+
+    /// The processes on `node` whose command line contains `text`.
+    pub fn processes_on(&self, node: &str, text: &str) -> Vec<i32> {
+        let pids = Command::new("ip")
+            .args(["netns", "pids", node])
+            .output()
+            .expect("ip netns pids");
+        String::from_utf8_lossy(&pids.stdout)
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+            .filter(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains(text))
+            })
+            .collect()
+    }
+
     /// slurmctld on `controller` and a slurmd on each of `nodes`, every node idle: the
     /// `slurm.conf` to give as `SLURM_CONF`.
     pub fn slurm(&self, controller: &str, nodes: &[&str]) -> PathBuf {

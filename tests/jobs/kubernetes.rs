@@ -7,7 +7,8 @@
 //! image that cannot be pulled, eviction, a vanished pod, a Job past its deadline), stop
 //! deleting everything with propagation Background, adoption of an existing attempt, a
 //! restarted service deleting its leftovers, the golden manifests of a 3-pool trial and their
-//! validation against the official schemas.
+//! validation against the official schemas; and ASHA's rungs as attempts that resume from the
+//! trial's checkpoint directory on the output volume.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -1098,4 +1099,146 @@ async fn exec_runs_a_command_in_a_replicas_pod_through_the_pod_api() {
         panic!("a replica without a pod");
     };
     assert_eq!(refused.field.as_deref(), Some("replica"), "{refused}");
+}
+
+/// One launch the multi-fidelity kubelet below ran: the trial, the epochs its checkpoint
+/// directory held before and after, the budget it was told, and that directory.
+#[derive(Debug, Clone)]
+struct Launch {
+    trial: i64,
+    from: u64,
+    to: u64,
+    budget_env: String,
+    checkpoint_dir: String,
+}
+
+/// ASHA on Kubernetes: each rung is a new attempt (Jobs of its own) of the same trial, told
+/// its budget (`--epochs=`, `AUGUR_BUDGET`) and given the same `AIP_CHECKPOINT_DIR` on the
+/// output volume. The kubelet here trains as a resuming trainer does, from what that
+/// directory holds (kept per directory, as a volume would): every launch goes on where the
+/// trial's last one ended, 9 trials at 1 epoch, the top third at 3, the best of those at 9.
+#[tokio::test]
+async fn asha_on_kubernetes_resumes_each_trial_from_its_checkpoint_on_the_output_volume() {
+    let standin = Arc::new(StandIn::start().await);
+    let launches = Arc::new(std::sync::Mutex::new(Vec::<Launch>::new()));
+    let loss = |x: f64, epochs: u64| (x - 0.3).abs() + 1.0 / epochs as f64;
+    let _kubelet = {
+        let (standin, launches) = (standin.clone(), launches.clone());
+        tokio::spawn(async move {
+            let mut handled = std::collections::HashSet::new();
+            let mut volume: BTreeMap<String, u64> = BTreeMap::new();
+            loop {
+                for pod in standin.objects(Kind::Pod) {
+                    let name = pod["metadata"]["name"].as_str().unwrap_or("").to_string();
+                    let gated = pod["spec"]["schedulingGates"]
+                        .as_array()
+                        .is_some_and(|g| !g.is_empty());
+                    if gated || !handled.insert(name.clone()) {
+                        continue;
+                    }
+                    standin.run(&name);
+                    let env = standin.container_env(&name);
+                    let argv = standin.container_argv(&name);
+                    let arg = |key: &str| -> Option<String> {
+                        argv.iter()
+                            .find_map(|a| a.strip_prefix(&format!("--{key}=")))
+                            .map(str::to_string)
+                    };
+                    let to: u64 = arg("epochs").and_then(|e| e.parse().ok()).unwrap_or(0);
+                    let x: f64 = arg("x").and_then(|v| v.parse().ok()).unwrap_or(1.0);
+                    let dir = env.get("AIP_CHECKPOINT_DIR").cloned().unwrap_or_default();
+                    let from = volume.get(&dir).copied().unwrap_or(0);
+                    for epoch in from + 1..=to {
+                        standin.print(&name, &format!("epoch={epoch} loss={}", loss(x, epoch)));
+                    }
+                    volume.insert(dir.clone(), to.max(from));
+                    launches.lock().expect("launches").push(Launch {
+                        trial: env
+                            .get("AUGUR_TRIAL_ID")
+                            .and_then(|t| t.parse().ok())
+                            .unwrap_or(0),
+                        from,
+                        to,
+                        budget_env: env.get("AUGUR_BUDGET").cloned().unwrap_or_default(),
+                        checkpoint_dir: dir,
+                    });
+                    standin.exit(&name, 0);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let db = common::sqlite_db();
+    let runs = tempfile::tempdir().expect("temp dir");
+    let mut config = augur::ServerConfig::new(db.url.clone(), "127.0.0.1:0".parse().expect("addr"));
+    config.public_url = Some("http://augur.augur.svc:8080".into());
+    config.base_dir = Some(runs.path().to_path_buf());
+    config.kubernetes_policy.claims = vec!["augur-runs".into()];
+    config.executors.kubernetes = KubeSettings {
+        namespace: Some(NS.into()),
+        kubeconfig: Some(standin.kubeconfig("ignored")),
+        context: None,
+    };
+    let server = augur::App::build(config).await.expect("server starts");
+    let addr = server.addr();
+    tokio::spawn(server.run());
+    let app = TestApp {
+        addr,
+        base: format!("http://{addr}"),
+        http: common::http(),
+        token: None,
+        db,
+    };
+    let mut spec = crate::multi_fidelity::asha_spec("asha-on-kubernetes");
+    spec["trial_job"] = json!({
+        "executor": "kubernetes",
+        "image": "registry.example/trainer:1.4",
+        "command": ["python3", "train.py"],
+        "output_dir": "asha",
+        "kubernetes": {"output_volume": {"persistent_volume_claim": {"claim_name": "augur-runs", "mount_path": "/mnt/runs"}}},
+    });
+    let id = app.create_study(spec).await;
+    let study = app
+        .wait_for_state(id, "completed", Duration::from_secs(120))
+        .await;
+    assert_eq!(study["trial_counts"]["completed"], 9, "{study}");
+    assert_eq!(study["trial_counts"]["paused"], 0, "{study}");
+    let launches = launches.lock().expect("launches").clone();
+    let mut by_trial: BTreeMap<i64, Vec<Launch>> = BTreeMap::new();
+    for l in launches {
+        by_trial.entry(l.trial).or_default().push(l);
+    }
+    assert_eq!(by_trial.len(), 9, "{by_trial:?}");
+    let mut dirs = std::collections::HashSet::new();
+    for (trial, ls) in &by_trial {
+        let mut trained = 0;
+        for l in ls {
+            assert_eq!(
+                l.from, trained,
+                "trial {trial} trained again what it had: {ls:?}"
+            );
+            assert!([1, 3, 9].contains(&l.to), "budgets are rungs: {ls:?}");
+            assert_eq!(l.budget_env, l.to.to_string(), "AUGUR_BUDGET: {ls:?}");
+            assert_eq!(
+                l.checkpoint_dir, ls[0].checkpoint_dir,
+                "one checkpoint dir: {ls:?}"
+            );
+            trained = l.to;
+        }
+        assert!(
+            ls[0].checkpoint_dir.starts_with("/mnt/runs/asha/")
+                && dirs.insert(&ls[0].checkpoint_dir),
+            "each trial's own directory on the volume: {ls:?}"
+        );
+    }
+    let reached = |epochs: u64| {
+        by_trial
+            .values()
+            .filter(|ls| ls.last().is_some_and(|l| l.to >= epochs))
+            .count()
+    };
+    assert_eq!((reached(3), reached(9)), (3, 1), "{by_trial:?}");
+    standin
+        .wait_until("every attempt deleted", |s| s.names(Kind::Job).is_empty())
+        .await;
 }

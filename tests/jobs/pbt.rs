@@ -1,6 +1,7 @@
-//! Population-based training with real trainer processes on the local executor: at each
-//! segment's end the worst trial copies the best one's checkpoint into its own directory and
-//! goes on with its values perturbed; the others go on from their own.
+//! Population-based training with real trainer processes on the local executor (and as
+//! batch jobs of a real Slurm): at each segment's end the worst trial copies the best one's
+//! checkpoint into its own directory and goes on with its values perturbed; the others go on
+//! from their own.
 
 use crate::common;
 
@@ -70,6 +71,20 @@ fn launches(trained: &std::path::Path) -> BTreeMap<i64, Vec<Launch>> {
 }
 
 async fn the_worst_copies_the_best_at_every_segment_end(backend: &str) {
+    the_worst_copies_the_best_on(backend, "local").await;
+}
+
+on_both_backends!(the_worst_copies_the_best_at_every_segment_end);
+
+/// The same through real Slurm: each segment a batch job, the copy made by the server on the
+/// file system the nodes share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pbt_on_slurm_copies_the_best_checkpoint_into_the_worst_trial() {
+    crate::slurm::require_slurm();
+    the_worst_copies_the_best_on("sqlite", "slurm").await;
+}
+
+async fn the_worst_copies_the_best_on(backend: &str, executor: &str) {
     let dir = tempfile::tempdir().expect("temp dir");
     let script = dir.path().join("trainer.py");
     std::fs::write(&script, TRAINER_PY).expect("write trainer");
@@ -89,6 +104,7 @@ async fn the_worst_copies_the_best_at_every_segment_end(backend: &str) {
             "scheduler": "pbt",
             "pbt": {"quantile_fraction": 0.25, "resample_probability": 0},
             "trial_job": {
+                "executor": executor,
                 "command": ["python3", script.display().to_string()],
                 "env": {"TRAINED": trained.display().to_string()},
                 "output_dir": dir.path().join("runs").display().to_string()
@@ -96,7 +112,7 @@ async fn the_worst_copies_the_best_at_every_segment_end(backend: &str) {
         }))
         .await;
     let study = app
-        .wait_for_state(id, "completed", Duration::from_secs(120))
+        .wait_for_state(id, "completed", Duration::from_secs(300))
         .await;
     assert_eq!(study["trial_counts"]["completed"], 4, "{study}");
     let launches = launches(&trained);
@@ -175,5 +191,3 @@ async fn the_worst_copies_the_best_at_every_segment_end(backend: &str) {
         .map(|(t, _)| *t);
     assert_eq!(study["best_trial"]["id"].as_i64(), best, "{study}");
 }
-
-on_both_backends!(the_worst_copies_the_best_at_every_segment_end);

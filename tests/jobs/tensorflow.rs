@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::common;
 
 /// The venv's interpreter (made on first use: ~280 MB from PyPI).
-fn python_with_tensorflow() -> PathBuf {
+pub fn python_with_tensorflow() -> PathBuf {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/tf-venv.sh");
     let out = Command::new(&script)
         .output()

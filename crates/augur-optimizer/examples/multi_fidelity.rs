@@ -6,7 +6,8 @@
 //! policy (`Asha` or `FullBudget`, through `Policy::decide` over a `StudyView`, as the service
 //! asks it) decides whenever a worker is free. Methods: `asha_random` and `asha_gp_bandit`
 //! (and the same with Hyperband: `hyperband_random`, `hyperband_gp_bandit`)
-//! (fidelity 1–27 epochs, η = 3, 81 trials), `full_gp_bandit` and `full_random` (every trial
+//! (fidelity 1–27 epochs, η = 3, 81 trials), ASHA with the full-budget methods' compute as
+//! its `max_budget` and no trial limit (`asha_random_max_budget`, `asha_gp_bandit_max_budget`), `full_gp_bandit` and `full_random` (every trial
 //! trains 27 epochs; `--full-trials`, 30 by default). Problems (`multi_fidelity/problems.rs`):
 //! `curves_hartmann3`, learning curves with Hartmann3's regret as the final loss, and
 //! `mlp_two_moons`, an MLP trained by SGD whose validation loss is the metric.
@@ -20,7 +21,15 @@
 //! time a trial completes the full budget: budget units consumed so far (epochs, summed over
 //! workers, running attempts included), simulated time, and the best full-budget loss yet.
 //! With `--table`: per problem and method, medians over seeds with a seeded bootstrap 95%
-//! interval, and ASHA's decision time with 10,000 trials (the JSON lines go to `--jsonl`).
+//! interval, and ASHA's decision time with 10,000 trials (the JSON lines go to `--jsonl`);
+//! `--references a.jsonl,b.jsonl` adds reference optimizers' runs (the same JSON lines) as
+//! rows of their own.
+//!
+//! `--oracle PROBLEM` trains for another program instead (the Python references,
+//! `benches/quality/multi_fidelity_reference.py`): each line read, `{"trial": N,
+//! "parameters": {…}, "to": E}`, trains trial N on from its checkpoint to epoch E and answers
+//! `{"losses": [the metric after each new epoch]}`, so that every optimizer trains the same
+//! problems, bit for bit.
 
 // The crate root resolves `mod` beside itself; the module lives in `multi_fidelity/`.
 #[path = "multi_fidelity/problems.rs"]
@@ -29,7 +38,7 @@ mod problems;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use augur_optimizer::multi_fidelity::{Asha, Fidelity, Hyperband};
+use augur_optimizer::multi_fidelity::{Asha, BudgetCap, Fidelity, Hyperband};
 use augur_optimizer::{
     Algorithm, Assignment, Decision, FullBudget, Goal, MetricSpec, Outcome, Policy, SearchSpace,
     StepMeasurement, StudyView, TrialStatus, TrialView, designer_for,
@@ -54,16 +63,21 @@ enum Method {
     AshaGpBandit,
     HyperbandRandom,
     HyperbandGpBandit,
+    /// ASHA with the full-budget methods' compute as its `max_budget` and no trial limit.
+    AshaRandomCapped,
+    AshaGpBanditCapped,
     FullGpBandit,
     FullRandom,
 }
 
 impl Method {
-    const ALL: [Method; 6] = [
+    const ALL: [Method; 8] = [
         Method::AshaRandom,
         Method::AshaGpBandit,
         Method::HyperbandRandom,
         Method::HyperbandGpBandit,
+        Method::AshaRandomCapped,
+        Method::AshaGpBanditCapped,
         Method::FullGpBandit,
         Method::FullRandom,
     ];
@@ -74,6 +88,8 @@ impl Method {
             Method::AshaGpBandit => "asha_gp_bandit",
             Method::HyperbandRandom => "hyperband_random",
             Method::HyperbandGpBandit => "hyperband_gp_bandit",
+            Method::AshaRandomCapped => "asha_random_max_budget",
+            Method::AshaGpBanditCapped => "asha_gp_bandit_max_budget",
             Method::FullGpBandit => "full_gp_bandit",
             Method::FullRandom => "full_random",
         }
@@ -84,7 +100,13 @@ impl Method {
         !matches!(self, Method::FullGpBandit | Method::FullRandom)
     }
 
-    fn policy(self, metric: &MetricSpec) -> Box<dyn Policy> {
+    /// With `max_budget`: a budget cap instead of `ASHA_TRIALS`.
+    fn is_capped(self) -> bool {
+        matches!(self, Method::AshaRandomCapped | Method::AshaGpBanditCapped)
+    }
+
+    /// `cap`: the `max_budget` of a capped method.
+    fn policy(self, metric: &MetricSpec, cap: f64) -> Box<dyn Policy> {
         let asha =
             |algorithm| Box::new(Asha::new(FIDELITY, metric.clone(), designer_for(algorithm)));
         let hyperband = |algorithm| -> Box<dyn Policy> {
@@ -99,6 +121,16 @@ impl Method {
             Method::AshaGpBandit => asha(Algorithm::GpBandit),
             Method::HyperbandRandom => hyperband(Algorithm::Random),
             Method::HyperbandGpBandit => hyperband(Algorithm::GpBandit),
+            Method::AshaRandomCapped => Box::new(BudgetCap::new(
+                asha(Algorithm::Random),
+                cap,
+                FIDELITY.rungs(),
+            )),
+            Method::AshaGpBanditCapped => Box::new(BudgetCap::new(
+                asha(Algorithm::GpBandit),
+                cap,
+                FIDELITY.rungs(),
+            )),
             Method::FullGpBandit => Box::new(FullBudget::of(Algorithm::GpBandit)),
             Method::FullRandom => Box::new(FullBudget::of(Algorithm::Random)),
         }
@@ -116,10 +148,12 @@ struct CurvePoint {
     best: f64,
 }
 
-/// One study's record.
+/// One study's record: of one of our methods, or of a reference optimizer's (read from
+/// `--references`, written by `benches/quality/multi_fidelity_reference.py`).
 struct Run {
-    problem: &'static str,
-    method: Method,
+    problem: String,
+    /// `Method::name`, or the reference's name (e.g. `optuna_tpe_hyperband`).
+    method: String,
     seed: u64,
     trials: usize,
     /// Budget units trained in all.
@@ -172,7 +206,7 @@ impl Run {
             .map(|p| [p.compute, p.wall, p.best])
             .collect();
         serde_json::json!({
-            "problem": self.problem, "method": self.method.name(), "seed": self.seed,
+            "problem": self.problem, "method": self.method, "seed": self.seed,
             "workers": WORKERS, "trials": self.trials, "compute": self.compute,
             "wall": self.wall, "attempts": self.attempts, "decide_ms": self.decide_ms,
             "decide_ms_total": self.decide_ms_total,
@@ -354,8 +388,12 @@ fn view<'a>(
 fn run_study(problem: &dyn Problem, method: Method, seed: u64, full_trials: u64) -> Run {
     let space = problem.space();
     let metrics = [MetricSpec::new(METRIC, Goal::Minimize)];
-    let policy = method.policy(&metrics[0]);
-    let max_trials = if method.is_asha() {
+    let cap = full_trials as f64 * FIDELITY.max;
+    let policy = method.policy(&metrics[0], cap);
+    let max_trials = if method.is_capped() {
+        // Never the limit: the budget is.
+        100_000
+    } else if method.is_asha() {
         ASHA_TRIALS
     } else {
         full_trials
@@ -393,8 +431,8 @@ fn run_study(problem: &dyn Problem, method: Method, seed: u64, full_trials: u64)
         }
     }
     Run {
-        problem: problem.name(),
-        method,
+        problem: problem.name().to_string(),
+        method: method.name().to_string(),
         seed,
         trials: sim.trials.len(),
         compute: sim.trained,
@@ -630,8 +668,18 @@ fn arg(args: &[String], name: &str) -> Option<String> {
 
 /// The table for one problem: medians over seeds and their bootstrap intervals.
 fn print_table(problem: &dyn Problem, runs: &[Run], full_trials: u64) {
-    let by = |m: Method| -> Vec<&Run> { runs.iter().filter(|r| r.method == m).collect() };
-    let (asha_random, full_gp) = (by(Method::AshaRandom), by(Method::FullGpBandit));
+    let by = |m: &str| -> Vec<&Run> { runs.iter().filter(|r| r.method == m).collect() };
+    let (asha_random, full_gp) = (
+        by(Method::AshaRandom.name()),
+        by(Method::FullGpBandit.name()),
+    );
+    // Ours first, then the references in the order they were read.
+    let mut methods: Vec<&str> = Method::ALL.iter().map(|m| m.name()).collect();
+    for r in runs {
+        if !methods.contains(&r.method.as_str()) {
+            methods.push(&r.method);
+        }
+    }
     let seed_ref = |refs: &[&Run], seed: u64, f: &dyn Fn(&Run) -> f64| -> f64 {
         refs.iter()
             .find(|r| r.seed == seed)
@@ -662,7 +710,7 @@ fn print_table(problem: &dyn Problem, runs: &[Run], full_trials: u64) {
          | best @ asha_random's wall | final best | compute to reach target | reached | ÷ full_gp's compute |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
-    for method in Method::ALL {
+    for method in methods {
         let mine = by(method);
         if mine.is_empty() {
             continue;
@@ -673,7 +721,7 @@ fn print_table(problem: &dyn Problem, runs: &[Run], full_trials: u64) {
         let ratio = median(&to_reach) / gp_compute;
         println!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {reached}/{} | {} |",
-            method.name(),
+            method,
             sig(median(&column(&|r| r.compute))),
             sig(median(&column(&|r| r.wall))),
             cell(&column(&|r| r.best_at_compute(seed_ref(
@@ -708,7 +756,7 @@ fn print_table(problem: &dyn Problem, runs: &[Run], full_trials: u64) {
             let per_rung: Vec<String> = (0..FIDELITY.rungs().len())
                 .map(|k| {
                     sig(median(
-                        &by(m)
+                        &by(m.name())
                             .iter()
                             .map(|r| r.attempts[k] as f64)
                             .collect::<Vec<_>>(),
@@ -722,6 +770,96 @@ fn print_table(problem: &dyn Problem, runs: &[Run], full_trials: u64) {
         "\nAttempts per rung (1 / 3 / 9 / 27 epochs, medians): {}.",
         attempts.join("; ")
     );
+}
+
+/// The problem named `name` (its full name or a prefix).
+fn problem_named(all: &[Box<dyn Problem>], name: &str) -> Option<usize> {
+    all.iter().position(|p| p.name().starts_with(name))
+}
+
+/// Answer training requests on stdin for the Python references (see the module's doc).
+fn serve_oracle(problem: &dyn Problem) {
+    use std::io::{BufRead, Write};
+    #[derive(serde::Deserialize)]
+    struct Request {
+        trial: u64,
+        parameters: Assignment,
+        to: u64,
+    }
+    let mut checkpoints: BTreeMap<u64, Checkpoint> = BTreeMap::new();
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { return };
+        let answer = match serde_json::from_str::<Request>(&line) {
+            Ok(r) => {
+                let checkpoint = checkpoints.entry(r.trial).or_default();
+                let losses = problem.train(&r.parameters, checkpoint, r.to);
+                serde_json::json!({ "losses": losses })
+            }
+            Err(e) => serde_json::json!({ "error": e.to_string() }),
+        };
+        if writeln!(out, "{answer}")
+            .and_then(|()| out.flush())
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Reference runs from JSON lines files (as `Run::json` writes them).
+fn read_references(paths: &str) -> Vec<Run> {
+    let mut runs = Vec::new();
+    for path in paths.split(',').filter(|p| !p.is_empty()) {
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
+            eprintln!("--references {path}: {e}");
+            std::process::exit(2);
+        });
+        for (i, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| {
+                eprintln!("{path}:{}: {e}", i + 1);
+                std::process::exit(2);
+            });
+            let number = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+            let curve = v["curve"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|p| {
+                    Some(CurvePoint {
+                        compute: p[0].as_f64()?,
+                        wall: p[1].as_f64()?,
+                        best: p[2].as_f64()?,
+                    })
+                })
+                .collect();
+            runs.push(Run {
+                problem: v["problem"].as_str().unwrap_or_default().to_string(),
+                method: v["method"].as_str().unwrap_or_default().to_string(),
+                seed: v["seed"].as_u64().unwrap_or_default(),
+                trials: v["trials"].as_u64().unwrap_or_default() as usize,
+                compute: number("compute"),
+                wall: number("wall"),
+                attempts: v["attempts"]
+                    .as_array()
+                    .map(Vec::as_slice)
+                    .unwrap_or_default()
+                    .iter()
+                    .filter_map(|a| a.as_u64().map(|a| a as usize))
+                    .collect(),
+                decide_ms: number("decide_ms"),
+                decide_ms_total: number("decide_ms_total"),
+                curve,
+            });
+        }
+    }
+    runs
 }
 
 fn main() {
@@ -746,6 +884,16 @@ fn main() {
         }),
         Box::new(MlpTrainer::new()),
     ];
+    if let Some(name) = arg(&args, "--oracle") {
+        let Some(i) = problem_named(&all, &name) else {
+            eprintln!("--oracle {name}: no such problem");
+            std::process::exit(2);
+        };
+        return serve_oracle(all[i].as_ref());
+    }
+    let mut references = arg(&args, "--references")
+        .map(|paths| read_references(&paths))
+        .unwrap_or_default();
     let problems: Vec<&dyn Problem> = all
         .iter()
         .map(|p| p.as_ref())
@@ -767,6 +915,11 @@ fn main() {
                 runs.push(run);
             }
         }
+        let (theirs, rest): (Vec<Run>, Vec<Run>) = references
+            .into_iter()
+            .partition(|r| r.problem == problem.name());
+        references = rest;
+        runs.extend(theirs);
         tables.push((problem, runs));
     }
     if !table {

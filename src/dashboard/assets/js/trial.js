@@ -20,7 +20,8 @@ export async function trialPage() {
   const metrics = info.spec.metrics.map((m) => m.id);
   $('#main').replaceChildren(
     h('h1', {}, h('a', { href: `/studies/${study}` }, info.name), ` › trial ${trialId} `, stateBadge(trial.state),
-      trial.early_stopped ? h('span', { class: 'muted' }, ' stopped early') : null),
+      trial.early_stopped ? h('span', { class: 'muted' }, ' stopped early') : null,
+      tensorboardLink(info, trialId)),
     h('div', { class: 'grid2' },
       h('div', { class: 'card' }, h('h2', {}, 'Parameters'),
         h('div', { id: 'trial-params' }, keyValueTable(Object.entries(trial.parameters).map(([k, v]) => [k, fmt(v)])))),
@@ -42,6 +43,16 @@ export async function trialPage() {
     showArtifacts(study, trialId).catch((e) => { $('#artifacts').replaceChildren(h('p', { class: 'error' }, String(e.message || e))); });
   }
   await drawLearningCurve(trial, metrics);
+}
+
+/** A link to the TensorBoard `augur tensorboard` runs over the study (it names itself in
+ * the study's user attribute `augur:tensorboard_url` while it runs), whose run for this trial
+ * is `trial-<id>`; only an http(s) address is a link. */
+function tensorboardLink(info, trialId) {
+  const url = (info.user_attrs || {})['augur:tensorboard_url'];
+  if (typeof url !== 'string' || !/^https?:\/\//i.test(url)) return null;
+  return h('a', { id: 'tensorboard-link', class: 'tensorboard-link', href: url, target: '_blank', rel: 'noopener noreferrer',
+    title: `TensorBoard: this trial is the run trial-${trialId}` }, 'TensorBoard ↗');
 }
 
 /** Where a study's trial directories are in its output_dir (`model/trial_dirs.rs`): named by
