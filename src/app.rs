@@ -375,7 +375,9 @@ impl App {
                 executors: config.executors.clone(),
                 run_as,
             };
-            Dispatcher::new(service.clone(), dispatch_config)
+            let dispatcher = Dispatcher::new(service.clone(), dispatch_config);
+            service.set_trial_exec(dispatcher.trial_exec());
+            dispatcher
         });
         Ok(App {
             addr,

@@ -31,5 +31,6 @@ async fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
         Err(augur::cli::Failure::Interrupted) => std::process::ExitCode::from(130),
+        Err(augur::cli::Failure::Status(code)) => std::process::ExitCode::from(code),
     }
 }

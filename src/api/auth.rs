@@ -155,7 +155,8 @@ struct Route<'a> {
 /// The token from the dashboard's cookie, as a bearer header would carry it. Only for
 /// reads: a cookie rides along on cross-site requests, so it must never authorize a change.
 fn cookie_token(method: &Method, headers: &axum::http::HeaderMap) -> Option<String> {
-    if !matches!(*method, Method::GET | Method::HEAD) {
+    // A WebSocket's GET runs commands (`api::exec`): a change, never the cookie's.
+    if !matches!(*method, Method::GET | Method::HEAD) || super::guard::is_websocket(headers) {
         return None;
     }
     let prefix = format!("{TOKEN_COOKIE}=");

@@ -69,7 +69,10 @@ fn check(
             host.unwrap_or("(none)")
         )));
     }
-    let changes_state = !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
+    // A WebSocket (a session in a trial, `api::exec`) runs commands: a GET that changes
+    // what a page may not.
+    let changes_state =
+        !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) || is_websocket(headers);
     if changes_state && let Some(site) = foreign_site(headers) {
         return Err(ApiError::denied(format!(
             "a page of another site (Sec-Fetch-Site: {site}) may not change anything here"
@@ -88,6 +91,17 @@ fn check(
         }
     }
     Ok(())
+}
+
+/// Whether the request asks to become a WebSocket (`Upgrade: websocket`).
+pub(super) fn is_websocket(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(axum::http::header::UPGRADE)
+        .iter()
+        .any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.eq_ignore_ascii_case("websocket"))
+        })
 }
 
 /// `Sec-Fetch-Site` when a browser says the request comes from a page of another site or
@@ -126,5 +140,46 @@ mod tests {
         assert!(!same_authority("http://127.0.0.1:8081", "127.0.0.1:8080"));
         assert!(!same_authority("http://evil.example", "127.0.0.1:8080"));
         assert!(!same_authority("null", "127.0.0.1:8080"));
+    }
+
+    /// A WebSocket runs commands in a trial (`api::exec`): a page of another origin may not
+    /// open one, though its method is GET; the server's own pages and clients without
+    /// `Origin` may.
+    #[test]
+    fn a_websocket_from_another_origin_is_refused_like_a_change() {
+        let headers = |origin: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(
+                axum::http::header::UPGRADE,
+                "websocket".parse().expect("value"),
+            );
+            if !origin.is_empty() {
+                h.insert(ORIGIN, origin.parse().expect("value"));
+            }
+            h
+        };
+        let path = "/v1/studies/1/trials/1/exec";
+        let host = Some("127.0.0.1:8080");
+        let url = "http://127.0.0.1:8080";
+        let get = &Method::GET;
+        assert!(check(false, get, path, host, &headers("http://evil.example"), url).is_err());
+        assert!(
+            check(
+                false,
+                get,
+                path,
+                host,
+                &headers("http://127.0.0.1:8080"),
+                url
+            )
+            .is_ok()
+        );
+        assert!(check(false, get, path, host, &headers(""), url).is_ok());
+        let mut plain = headers("http://evil.example");
+        plain.remove(axum::http::header::UPGRADE);
+        assert!(
+            check(false, get, path, host, &plain, url).is_ok(),
+            "a plain GET is a read"
+        );
     }
 }

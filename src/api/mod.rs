@@ -7,6 +7,7 @@ pub mod access;
 pub mod auth;
 mod charts;
 pub mod error;
+pub mod exec;
 mod extract;
 pub mod forward;
 mod guard;
@@ -115,7 +116,12 @@ impl AppState {
         license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
     // Recursive schemas are referenced, not inlined: they must be listed here.
-    components(schemas(crate::model::spec::ChildInput, crate::model::spec::ParameterInput)),
+    components(schemas(
+        crate::model::spec::ChildInput,
+        crate::model::spec::ParameterInput,
+        exec::ExecStart,
+        exec::ExecControl
+    )),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
     tags(
@@ -147,6 +153,7 @@ pub fn routes() -> AccessRouter {
         .merge(studies::router())
         .merge(notifications::router())
         .merge(trials::router())
+        .merge(exec::router())
         .merge(health::router())
         .merge(charts::router())
         .merge(tokens::router())

@@ -5,6 +5,7 @@ mod client;
 mod csv;
 mod duration;
 mod error;
+mod exec;
 mod run;
 mod server;
 mod study;
@@ -460,6 +461,31 @@ pub enum TrialCommand {
         #[arg(long)]
         replica: Option<String>,
     },
+    /// Run a command in a running trial's replica, through the server: its stdout and
+    /// stderr, and its exit status as this command's (Ctrl-C is passed on as SIGINT). The
+    /// study's creator or an admin; trials this server's dispatcher runs.
+    Exec {
+        study: i64,
+        trial: i64,
+        /// A replica of a cluster trial, e.g. `workerpool1-0` (default: the primary).
+        #[arg(long)]
+        replica: Option<String>,
+        /// The command and its arguments (not through a shell).
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// An interactive shell in a running trial's replica (a terminal: resized with this
+    /// one, Ctrl-C passed through), bash when it has one, sh otherwise.
+    Shell {
+        study: i64,
+        trial: i64,
+        /// A replica of a cluster trial, e.g. `workerpool1-0` (default: the primary).
+        #[arg(long)]
+        replica: Option<String>,
+        /// Run this instead of the shell (on the terminal all the same).
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -529,6 +555,8 @@ pub enum Failure {
     /// Ctrl-C before the work was done: status 130, as a shell reports SIGINT, so that a
     /// script's `augur run … && next-step` does not go on with an unfinished study.
     Interrupted,
+    /// `augur trial exec`'s command ended with this status: the same.
+    Status(u8),
 }
 
 impl From<CliError> for Failure {
@@ -585,6 +613,33 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 command,
             };
             Ok(worker::run_worker(http, options).await?)
+        }
+        Command::Trial {
+            client,
+            command:
+                TrialCommand::Exec {
+                    study,
+                    trial,
+                    replica,
+                    command,
+                },
+        } => session(&client, study, trial, replica, command, false).await,
+        Command::Trial {
+            client,
+            command:
+                TrialCommand::Shell {
+                    study,
+                    trial,
+                    replica,
+                    command,
+                },
+        } => {
+            let command = if command.is_empty() {
+                DEFAULT_SHELL.iter().map(|w| w.to_string()).collect()
+            } else {
+                command
+            };
+            session(&client, study, trial, replica, command, true).await
         }
         Command::Trial { client, command } => Ok(trial_command(&client.client()?, command).await?),
         Command::Tensorboard { client, args } => {
@@ -665,8 +720,44 @@ impl ServeArgs {
     }
 }
 
+/// What `augur trial shell` runs: bash when the replica has it, sh otherwise.
+const DEFAULT_SHELL: [&str; 3] = [
+    "/bin/sh",
+    "-c",
+    "if command -v bash >/dev/null 2>&1; then exec bash -i; else exec sh -i; fi",
+];
+
+/// `augur trial exec` and `shell`: the command's status is this process's.
+async fn session(
+    client: &ClientArgs,
+    study: i64,
+    trial: i64,
+    replica: Option<String>,
+    command: Vec<String>,
+    tty: bool,
+) -> Result<(), Failure> {
+    let options = exec::ExecOptions {
+        url: &client.url,
+        token: client.token.as_deref(),
+        ca_cert: client.ca_cert.as_deref(),
+        study,
+        trial,
+        replica,
+        command,
+        tty,
+    };
+    match exec::run_exec(options).await? {
+        0 => Ok(()),
+        code => Err(Failure::Status(code.clamp(1, 255) as u8)),
+    }
+}
+
 async fn trial_command(http: &Client, command: TrialCommand) -> CliResult<()> {
     match command {
+        // Sessions need the client's settings, not its HTTP client (`session`).
+        TrialCommand::Exec { .. } | TrialCommand::Shell { .. } => Err(CliError::Usage(
+            "exec and shell run through `augur trial`'s session".into(),
+        )),
         TrialCommand::Retry { study, trial } => {
             let path = format!("/v1/studies/{study}/trials/{trial}/retry");
             let t = http.call(reqwest::Method::POST, &path, None).await?;

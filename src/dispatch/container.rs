@@ -19,12 +19,14 @@ use tokio::process::Command;
 use tokio::sync::mpsc;
 
 use super::cluster::Address;
+use super::exec::{ExecVia, SessionProcess, refused, refused_replica};
 use super::executor::write_private;
 use super::executor::{
     Executor, ExecutorContext, ExecutorError, JobRequest, ReplicaRequest, RunningJob,
 };
 use super::local::{Launch, LocalCluster, loopback_addresses, reserve_machine, spawn_replica};
 use crate::model::ReplicaId;
+use crate::service::exec::{ExecRefused, ExecRequest, ExecTarget};
 
 /// How the server runs containers: the engine's program and the options the operator gives it
 /// (`--container-engine`, `--container-engine-arg`, `--container-run-arg`). Never from a
@@ -126,6 +128,19 @@ impl ContainerEngine {
                 .collect(),
             _ => Vec::new(),
         }
+    }
+
+    /// The engine's `exec` of a session's command in container `name`.
+    fn exec_argv(&self, name: &str, request: &ExecRequest) -> Vec<String> {
+        let mut argv = vec![self.program.clone()];
+        argv.extend(self.global_args.iter().cloned());
+        argv.extend(["exec".to_string(), "--interactive".to_string()]);
+        if request.tty {
+            argv.push("--tty".to_string());
+        }
+        argv.push(name.to_string());
+        argv.extend(request.command.iter().cloned());
+        argv
     }
 
     /// The engine's `run` for one replica, attached (its output is the replica's).
@@ -313,6 +328,32 @@ impl Executor for ContainerExecutor {
             );
             engine.remove(&leftovers).await;
         }
+    }
+
+    /// `<engine> exec -i [-t] <container> <command…>`: the replica's container, with its own
+    /// environment, working directory and user; with `-t` the engine's client runs on the
+    /// session's terminal, which it hands on to the container.
+    async fn exec(
+        &self,
+        handle: &JobHandle,
+        _target: &ExecTarget,
+        request: &ExecRequest,
+    ) -> Result<ExecVia, ExecRefused> {
+        let JobHandle::Containers { names, .. } = handle else {
+            return Err(refused(format!("not a container job: {handle}")));
+        };
+        // Names end `-<replica>-<nonce>` (`container_name`).
+        let marker = format!("-{}-", request.replica.name());
+        let name = names.iter().find(|n| n.contains(&marker)).ok_or_else(|| {
+            refused_replica(format!(
+                "replica {} has no container in this attempt",
+                request.replica.name()
+            ))
+        })?;
+        Ok(ExecVia::Process(SessionProcess {
+            argv: self.context.containers.exec_argv(name, request),
+            ..SessionProcess::default()
+        }))
     }
 }
 

@@ -13,12 +13,14 @@ use tokio::sync::mpsc;
 
 use super::cluster::{Address, ClusterLayout, cluster_env};
 use super::container::{ContainerEngine, ContainerExecutor};
+use super::exec::ExecVia;
 use super::gpus::GpuPool;
 use super::kubernetes::{KubeConnection, KubernetesExecutor};
 use super::local::{LocalExecutor, RunAs};
 use super::ports::PortRegistry;
 use super::slurm::SlurmExecutor;
 use crate::model::{ExecutorSpec, ReplicaId, Resources, TrialJobSpec};
+use crate::service::exec::{ExecRefused, ExecRequest, ExecTarget};
 
 /// One run (attempt) of a trial's job: its replicas, the primary first.
 #[derive(Debug, Clone)]
@@ -193,6 +195,22 @@ pub trait Executor: Send + Sync {
     /// gave it) for this trial, so that a resumed trial never runs twice. A handle of
     /// another executor's kind is none of its jobs: left alone.
     async fn clean_up_stale(&self, handle: &JobHandle, study_id: i64, trial_id: i64);
+
+    /// How a session's command reaches `request.replica` of the running attempt `handle`
+    /// (as `RunningJob::handle` gave it): the local process that runs it (`dispatch::exec`
+    /// starts it), or a session of its own. An executor that cannot reach its replicas
+    /// refuses, saying so.
+    async fn exec(
+        &self,
+        handle: &JobHandle,
+        target: &ExecTarget,
+        request: &ExecRequest,
+    ) -> Result<ExecVia, ExecRefused> {
+        let _ = (handle, target, request);
+        Err(super::exec::refused(
+            "this executor cannot open a session in its trials' replicas",
+        ))
+    }
 }
 
 #[async_trait]

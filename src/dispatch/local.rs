@@ -23,12 +23,14 @@ use tokio::sync::mpsc;
 
 use super::cluster::Address;
 use super::container::ContainerEngine;
+use super::exec::{ExecVia, SessionProcess, refused, refused_replica};
 use super::executor::{
     Executor, ExecutorContext, ExecutorError, JobExit, JobRequest, ReplicaRequest, RunningJob,
 };
 use super::gpus::GpuLease;
 use super::ports::PortLease;
 use crate::model::ReplicaId;
+use crate::service::exec::{ExecRefused, ExecRequest, ExecTarget};
 
 /// The user local jobs run as (`--run-jobs-as`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,6 +192,102 @@ impl Executor for LocalExecutor {
             }
         }
     }
+
+    /// The command runs beside the replica, as it does: with its process's environment,
+    /// working directory and user, read from `/proc` (so a session sees what the replica
+    /// sees, `--run-jobs-as`'s user included).
+    async fn exec(
+        &self,
+        handle: &JobHandle,
+        target: &ExecTarget,
+        request: &ExecRequest,
+    ) -> Result<ExecVia, ExecRefused> {
+        let JobHandle::ProcessGroups(groups) = handle else {
+            return Err(refused(format!("not a local job: {handle}")));
+        };
+        let (groups, target, request) = (groups.clone(), target.clone(), request.clone());
+        tokio::task::spawn_blocking(move || replica_process(&groups, &target, &request))
+            .await
+            .map_err(|e| refused(format!("exec task: {e}")))?
+            .map(ExecVia::Process)
+    }
+}
+
+/// The session's process for a local replica: the replica's leader (its process group's
+/// first process, whose id is the group's) is found among `groups` by the trial's marks in
+/// its environment (as `clean_up_stale` does: process ids are reused) and its replica's
+/// name (`AUGUR_REPLICA`; a one-replica trial has none and is the primary).
+fn replica_process(
+    groups: &[i32],
+    target: &ExecTarget,
+    request: &ExecRequest,
+) -> Result<SessionProcess, ExecRefused> {
+    use std::os::unix::ffi::OsStrExt;
+    let marks = [
+        format!("AUGUR_STUDY_ID={}", target.study_id),
+        format!("AUGUR_TRIAL_ID={}", target.trial_id),
+    ];
+    let wanted = request.replica.name();
+    for &pid in groups {
+        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        let vars: Vec<&[u8]> = environ
+            .split(|b| *b == 0)
+            .filter(|v| !v.is_empty())
+            .collect();
+        if !marks.iter().all(|m| vars.contains(&m.as_bytes())) {
+            continue;
+        }
+        let name = vars
+            .iter()
+            .find_map(|v| v.strip_prefix(b"AUGUR_REPLICA="))
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_else(|| ReplicaId::PRIMARY.name());
+        if name != wanted {
+            continue;
+        }
+        let env = vars
+            .iter()
+            .filter_map(|v| {
+                let at = v.iter().position(|b| *b == b'=')?;
+                Some((
+                    std::ffi::OsStr::from_bytes(&v[..at]).to_os_string(),
+                    std::ffi::OsStr::from_bytes(&v[at + 1..]).to_os_string(),
+                ))
+            })
+            .collect();
+        let workdir = std::fs::read_link(format!("/proc/{pid}/cwd")).ok();
+        let user = process_user(pid).filter(|&(uid, _)| uid != nix::unistd::geteuid().as_raw());
+        let mut argv = request.command.clone();
+        if argv.is_empty() {
+            argv.push("/bin/sh".into());
+        }
+        return Ok(SessionProcess {
+            argv,
+            env: Some(env),
+            workdir,
+            user,
+        });
+    }
+    Err(refused_replica(format!(
+        "replica {wanted} of trial {} has no running process on this machine (it has just \
+         ended, or another replica of the server runs it)",
+        target.trial_id
+    )))
+}
+
+/// The real uid and gid of process `pid` (`Uid:`/`Gid:` of `/proc/<pid>/status`).
+fn process_user(pid: i32) -> Option<(u32, u32)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let first = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|v| v.parse::<u32>().ok())
+    };
+    Some((first("Uid:")?, first("Gid:")?))
 }
 
 /// What a cluster holds of this machine while it runs: the GPUs its replicas asked for

@@ -13,6 +13,7 @@ pub mod collect;
 pub mod container;
 pub mod environment;
 pub mod error;
+pub mod exec;
 pub mod executor;
 pub mod gpus;
 pub mod handle;
@@ -81,6 +82,11 @@ impl Dispatcher {
             runners: Arc::default(),
             shutdown: watch::channel(false).0,
         }
+    }
+
+    /// Opens exec sessions in the trials this dispatcher runs, through its executors.
+    pub fn trial_exec(&self) -> std::sync::Arc<exec::DispatchExec> {
+        exec::DispatchExec::new(self.executors.clone())
     }
 
     /// Run until `shutdown` is called: scan for dispatchable studies, start runners.

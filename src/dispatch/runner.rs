@@ -30,7 +30,7 @@ const FENCE_AFTER: Duration = Duration::from_secs(8);
 /// Re-read the study at least this often (changes made through another replica).
 const RECHECK_EVERY: Duration = Duration::from_secs(1);
 /// The `client_id` of dispatched trials.
-pub const RUNNER_CLIENT: &str = "augur-dispatcher";
+pub const RUNNER_CLIENT: &str = crate::service::exec::DISPATCHER_CLIENT_ID;
 
 pub async fn run_study(
     service: Service,

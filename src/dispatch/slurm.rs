@@ -19,10 +19,12 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::cluster::Address;
+use super::exec::{ExecVia, SessionProcess, refused, refused_replica};
 use super::executor::write_private;
 use super::executor::{Executor, ExecutorError, JobExit, JobRequest, ReplicaRequest, RunningJob};
 use crate::model::SlurmOptions;
 use crate::model::{ReplicaId, Resources};
+use crate::service::exec::{ExecRefused, ExecRequest, ExecTarget};
 
 /// How often a job's state is asked of the controller, and its output file read.
 const POLL: Duration = Duration::from_millis(500);
@@ -457,6 +459,75 @@ impl Executor for SlurmExecutor {
             let _ = run("scancel", &[id.to_string()]).await;
         }
     }
+
+    /// A step of its own in the attempt's running job (`srun --jobid --overlap`, beside the
+    /// trial's step, on its resources), on the primary's node, with the environment and
+    /// working directory of the job's batch script (its `cd` and `export` lines).
+    async fn exec(
+        &self,
+        handle: &JobHandle,
+        target: &ExecTarget,
+        request: &ExecRequest,
+    ) -> Result<ExecVia, ExecRefused> {
+        let JobHandle::Slurm { job_id } = handle else {
+            return Err(refused(format!("not a Slurm job: {handle}")));
+        };
+        if request.replica != ReplicaId::PRIMARY {
+            return Err(refused_replica(
+                "on Slurm a session opens in the primary replica's task only (workerpool0-0)",
+            ));
+        }
+        let text = run(
+            "scontrol",
+            &["show".into(), "job".into(), job_id.clone(), "-o".into()],
+        )
+        .await
+        .map_err(|e| refused(format!("Slurm job {job_id}: {e}")))?;
+        if field(&text, "JobName") != job_name(target.study_id, target.trial_id) {
+            return Err(refused(format!(
+                "Slurm job {job_id} is not trial {}'s",
+                target.trial_id
+            )));
+        }
+        if field(&text, "JobState") != "RUNNING" {
+            return Err(refused(format!(
+                "Slurm job {job_id} is {}, not running",
+                field(&text, "JobState")
+            )));
+        }
+        Ok(ExecVia::Process(SessionProcess {
+            argv: srun_exec_argv(job_id, field(&text, "Command"), request),
+            ..SessionProcess::default()
+        }))
+    }
+}
+
+/// `srun` for a session in job `job_id` whose batch script is `script`: one task on the
+/// job's first node (the primary's), its own step beside the trial's (`--overlap`), the
+/// script's `cd` and `export` lines read first (what the trial's command saw).
+fn srun_exec_argv(job_id: &str, script: &str, request: &ExecRequest) -> Vec<String> {
+    let mut argv: Vec<String> = [
+        "srun",
+        "--overlap",
+        "--quiet",
+        "--ntasks=1",
+        "--nodes=1",
+        "--relative=0",
+    ]
+    .map(str::to_string)
+    .to_vec();
+    argv.push(format!("--jobid={job_id}"));
+    if request.tty {
+        argv.push("--pty".to_string());
+    }
+    argv.extend([
+        "/bin/bash".to_string(),
+        "-c".to_string(),
+        r#"source <(grep -E '^(cd|export) ' "$0") && exec "$@""#.to_string(),
+        script.to_string(),
+    ]);
+    argv.extend(request.command.iter().cloned());
+    argv
 }
 
 /// Send the lines appended to `path` after `offset` until `done`, then the rest.

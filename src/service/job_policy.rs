@@ -208,6 +208,25 @@ impl JobPolicy {
         Ok(())
     }
 
+    /// Whether a session (`service::exec`) may run `command` in a trial of `job`: in a
+    /// container (executors `container`, `kubernetes`) whatever runs there is confined to
+    /// the allowed image; on this machine or Slurm, a server that allows only some commands
+    /// allows a session only those too (or a session would run what no trial may).
+    pub fn check_exec(&self, job: &TrialJobSpec, command: &[String]) -> ServiceResult<()> {
+        if job.executor.runs_images()
+            || (self.command_prefixes.is_empty() && self.image_entries.is_empty())
+            || self.command_prefixes.iter().any(|p| allows(p, command))
+        {
+            return Ok(());
+        }
+        Err(refused(
+            "commands",
+            "--job-commands",
+            &self.command_prefixes,
+            "command".to_string(),
+        ))
+    }
+
     fn check_image(&self, run: &PoolRun<'_>) -> ServiceResult<()> {
         let allowed = run
             .image
@@ -451,6 +470,38 @@ fn allows(prefix: &str, command: &[impl AsRef<str>]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A session in a trial runs only what a trial could: on this machine, the allowed
+    /// commands; in a container, anything (the allowed image confines it).
+    #[test]
+    fn a_session_on_this_machine_runs_only_allowed_commands() {
+        let policy = JobPolicy::new(vec!["/opt/tools/".into()], vec!["localhost/trainer".into()])
+            .expect("policy");
+        let local: TrialJobSpec = serde_json::from_value(serde_json::json!({
+            "command": ["/opt/tools/train"]
+        }))
+        .expect("job");
+        let container: TrialJobSpec = serde_json::from_value(serde_json::json!({
+            "executor": "container", "image": "localhost/trainer:1", "command": ["train"]
+        }))
+        .expect("job");
+        assert!(
+            policy
+                .check_exec(&local, &argv(&["/opt/tools/py-spy", "dump"]))
+                .is_ok()
+        );
+        let refused = policy.check_exec(&local, &argv(&["/bin/sh"]));
+        assert!(
+            matches!(refused, Err(ServiceError::PermissionDenied { field: Some(ref f), .. }) if f == "command"),
+            "{refused:?}"
+        );
+        assert!(policy.check_exec(&container, &argv(&["/bin/sh"])).is_ok());
+        assert!(
+            JobPolicy::default()
+                .check_exec(&local, &argv(&["/bin/sh"]))
+                .is_ok()
+        );
+    }
 
     fn argv(words: &[&str]) -> Vec<String> {
         words.iter().map(|w| w.to_string()).collect()

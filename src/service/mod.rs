@@ -25,6 +25,7 @@ mod audit;
 mod checks;
 pub mod design;
 mod error;
+pub mod exec;
 mod group_commit;
 mod job_policy;
 pub mod logs;
@@ -98,6 +99,9 @@ pub struct Service {
     notifier: notifications::Notifier,
     /// The operator's settings for webhooks (`--notify-*`).
     notify_settings: Arc<NotifySettings>,
+    /// Opens exec sessions in running trials (`exec`): the dispatcher's executors, when this
+    /// process dispatches.
+    trial_exec: exec::ExecHook,
 }
 
 impl Service {
@@ -121,6 +125,7 @@ impl Service {
             tokens,
             runs_base: Arc::new(runs_base),
             job_policy: Arc::default(),
+            trial_exec: Arc::default(),
         }
     }
 

@@ -15,6 +15,7 @@
 //! | PATCH a trial                                    | 403    | yes (its own)    | 403      | yes   | its user attributes |
 //! | POST …/parameters (grow the search space)        | 403    | yes (its own)    | 403      | yes   | 403         |
 //! | POST …/trials/{trial}/token                      | 403    | yes (its own)    | 403      | yes   | 403         |
+//! | GET …/trials/{trial}/exec (a WebSocket session)  | 403    | yes (its own)    | 403      | yes   | 403         |
 //!
 //! The study is the writer's: the operator stands for every other writer, whose asks and
 //! tells to another's study are refused (issue 26, finding 8).
@@ -132,7 +133,8 @@ fn allowed(who: Who, method: &Method, path: &str) -> bool {
     if path.starts_with("/v1/tokens") || path == "/v1/audit" {
         return who == Who::Admin;
     }
-    if *method == Method::GET {
+    // A session in a trial (a WebSocket's GET) runs commands there: a change of the study.
+    if *method == Method::GET && !path.ends_with("/exec") {
         return true;
     }
     if who == Who::Reader {

@@ -12,7 +12,14 @@
 //! their image, get evicted, or vanish; and they read a container's environment as the
 //! kubelet would resolve it (downward-API annotations, Secret keys, `$(VAR)` expansion).
 //!
-//! Not modelled: scheduling (a pod runs when a test says, but never while it has a scheduling
+//! `exec` into a running pod runs the command as a process of this machine (there is no
+//! container) with the container's environment as `container_env` resolves it, over the
+//! channel protocol (`v5.channel.k8s.io`, or v4): stdin on channel 0 (closed by `255 0` on
+//! v5), stdout 1, stderr 2, the final `Status` on 3 (`NonZeroExitCode` with its `ExitCode`
+//! cause).
+//!
+//! Not modelled: a terminal in `exec` (`tty=true` is refused) and its resizes, the image's
+//! files, user and working directory in `exec`; scheduling (a pod runs when a test says, but never while it has a scheduling
 //! gate), real DNS and networking, the kubelet and container runtimes, admission (no
 //! validation: the manifests are checked against the official schemas separately), RBAC and
 //! authentication (any bearer token is accepted), quotas and limit ranges, field selectors,
@@ -133,6 +140,56 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, Store> {
         self.store.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    fn object(&self, kind: Kind, name: &str) -> Option<Value> {
+        self.lock()
+            .objects
+            .iter()
+            .find(|((k, _, n), _)| *k == kind && n == name)
+            .map(|(_, v)| v.clone())
+    }
+
+    /// The environment of a pod's container as the kubelet resolves it: plain values with
+    /// `$(VAR)` expanded (and `$$` read as `$`), downward-API annotations, Secret keys.
+    /// Panics on a reference that cannot be resolved (the container would not start).
+    fn container_env(&self, pod: &str) -> BTreeMap<String, String> {
+        let object = self.object(Kind::Pod, pod).expect("pod");
+        let mut env = BTreeMap::new();
+        let vars = object["spec"]["containers"][0]["env"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for var in vars {
+            let name = var["name"].as_str().expect("env name").to_string();
+            let value = if let Some(value) = var["value"].as_str() {
+                expand(value, &env)
+            } else if let Some(path) = var["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                let key = path
+                    .strip_prefix("metadata.annotations['")
+                    .and_then(|k| k.strip_suffix("']"))
+                    .unwrap_or_else(|| panic!("unsupported fieldRef {path}"));
+                object["metadata"]["annotations"][key]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{pod}: no annotation {key} for {name}"))
+                    .to_string()
+            } else if let Some(secret) = var["valueFrom"]["secretKeyRef"]["name"].as_str() {
+                let key = var["valueFrom"]["secretKeyRef"]["key"]
+                    .as_str()
+                    .expect("key");
+                let secret = self
+                    .object(Kind::Secret, secret)
+                    .unwrap_or_else(|| panic!("{pod}: no Secret {secret}"));
+                secret["stringData"][key]
+                    .as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| panic!("{pod}: no key {key} in the Secret"))
+            } else {
+                panic!("{pod}: unsupported env source for {name}: {var}");
+            };
+            env.insert(name, value);
+        }
+        env
+    }
 }
 
 /// The running stand-in.
@@ -158,6 +215,7 @@ impl StandIn {
         };
         let app = Router::new()
             .route("/api/v1/namespaces/{ns}/pods/{name}/log", get(pod_log))
+            .route("/api/v1/namespaces/{ns}/pods/{name}/exec", get(pod_exec))
             .route(
                 "/api/v1/namespaces/{ns}/{resource}",
                 get(list_or_watch).post(create),
@@ -472,42 +530,7 @@ impl StandIn {
     /// `$(VAR)` expanded (and `$$` read as `$`), downward-API annotations, Secret keys.
     /// Panics on a reference that cannot be resolved (the container would not start).
     pub fn container_env(&self, pod: &str) -> BTreeMap<String, String> {
-        let object = self.get(Kind::Pod, pod).expect("pod");
-        let mut env = BTreeMap::new();
-        let vars = object["spec"]["containers"][0]["env"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        for var in vars {
-            let name = var["name"].as_str().expect("env name").to_string();
-            let value = if let Some(value) = var["value"].as_str() {
-                expand(value, &env)
-            } else if let Some(path) = var["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
-                let key = path
-                    .strip_prefix("metadata.annotations['")
-                    .and_then(|k| k.strip_suffix("']"))
-                    .unwrap_or_else(|| panic!("unsupported fieldRef {path}"));
-                object["metadata"]["annotations"][key]
-                    .as_str()
-                    .unwrap_or_else(|| panic!("{pod}: no annotation {key} for {name}"))
-                    .to_string()
-            } else if let Some(secret) = var["valueFrom"]["secretKeyRef"]["name"].as_str() {
-                let key = var["valueFrom"]["secretKeyRef"]["key"]
-                    .as_str()
-                    .expect("key");
-                let secret = self
-                    .get(Kind::Secret, secret)
-                    .unwrap_or_else(|| panic!("{pod}: no Secret {secret}"));
-                secret["stringData"][key]
-                    .as_str()
-                    .map(str::to_string)
-                    .unwrap_or_else(|| panic!("{pod}: no key {key} in the Secret"))
-            } else {
-                panic!("{pod}: unsupported env source for {name}: {var}");
-            };
-            env.insert(name, value);
-        }
-        env
+        self.shared.container_env(pod)
     }
 
     /// The container's command and arguments as the kubelet runs them (`$$` read as `$`).
@@ -1096,4 +1119,164 @@ fn base64(bytes: &[u8]) -> String {
         }
     }
     out
+}
+
+/// `GET …/pods/{name}/exec?command=…&stdin=…`: see the module header.
+async fn pod_exec(
+    State(shared): State<Shared>,
+    Path((ns, name)): Path<(String, String)>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+    upgrade: axum::extract::ws::WebSocketUpgrade,
+) -> Response {
+    let pod = shared
+        .lock()
+        .objects
+        .get(&(Kind::Pod, ns, name.clone()))
+        .cloned();
+    let Some(pod) = pod else {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("pods \"{name}\" not found"),
+        );
+    };
+    if pod["status"]["phase"] != "Running" {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            format!("pod {name} is not running"),
+        );
+    }
+    let pairs: Vec<(String, String)> = form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+        .into_owned()
+        .collect();
+    let command: Vec<String> = pairs
+        .iter()
+        .filter(|(k, _)| k == "command")
+        .map(|(_, v)| v.clone())
+        .collect();
+    if pairs.iter().any(|(k, v)| k == "tty" && v == "true") {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "the stand-in has no terminals".into(),
+        );
+    }
+    if command.is_empty() {
+        return status(StatusCode::BAD_REQUEST, "BadRequest", "no command".into());
+    }
+    let env = shared.container_env(&name);
+    upgrade
+        .protocols(["v5.channel.k8s.io", "v4.channel.k8s.io"])
+        .on_upgrade(move |socket| run_exec(socket, command, env))
+}
+
+/// Run `command` for an `exec` stream (see the module header).
+async fn run_exec(
+    mut socket: axum::extract::ws::WebSocket,
+    command: Vec<String>,
+    env: BTreeMap<String, String>,
+) {
+    use axum::extract::ws::Message;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exit_status = |status: Value| {
+        let mut data = vec![3u8];
+        data.extend(status.to_string().into_bytes());
+        Message::Binary(data.into())
+    };
+    let spawned = tokio::process::Command::new(&command[0])
+        .args(&command[1..])
+        .env_clear()
+        .envs(env)
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            let failure = json!({"metadata": {}, "status": "Failure", "reason": "InternalError",
+                "message": format!("exec failed: {e}")});
+            let _ = socket.send(exit_status(failure)).await;
+            return;
+        }
+    };
+    let mut stdin = child.stdin.take();
+    let (tx, mut output) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
+    for (channel, pipe) in [
+        (
+            1u8,
+            child
+                .stdout
+                .take()
+                .map(|p| Box::new(p) as Box<dyn tokio::io::AsyncRead + Send + Unpin>),
+        ),
+        (
+            2u8,
+            child
+                .stderr
+                .take()
+                .map(|p| Box::new(p) as Box<dyn tokio::io::AsyncRead + Send + Unpin>),
+        ),
+    ] {
+        let Some(mut pipe) = pipe else { continue };
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 8192];
+            while let Ok(n) = pipe.read(&mut buf).await {
+                if n == 0 {
+                    return;
+                }
+                let mut data = vec![channel];
+                data.extend_from_slice(&buf[..n]);
+                if tx.send(data).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    drop(tx);
+    loop {
+        tokio::select! {
+            data = output.recv() => match data {
+                Some(data) => {
+                    if socket.send(Message::Binary(data.into())).await.is_err() {
+                        return;
+                    }
+                }
+                None => break,
+            },
+            message = socket.recv() => match message {
+                Some(Ok(Message::Binary(data))) => match data.first() {
+                    Some(0) => {
+                        if let Some(pipe) = stdin.as_mut() {
+                            let _ = pipe.write_all(&data[1..]).await;
+                            let _ = pipe.flush().await;
+                        }
+                    }
+                    Some(255) if data.get(1) == Some(&0) => stdin = None,
+                    _ => {}
+                },
+                Some(Ok(Message::Close(_)) | Err(_)) | None => return,
+                Some(Ok(_)) => {}
+            },
+        }
+    }
+    let code = child
+        .wait()
+        .await
+        .ok()
+        .and_then(|s| s.code())
+        .unwrap_or(255);
+    let status = if code == 0 {
+        json!({"metadata": {}, "status": "Success"})
+    } else {
+        json!({"metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
+            "message": format!("command terminated with non-zero exit code: exit code {code}"),
+            "details": {"causes": [{"reason": "ExitCode", "message": code.to_string()}]}})
+    };
+    let _ = socket.send(exit_status(status)).await;
+    let _ = socket.send(Message::Close(None)).await;
 }

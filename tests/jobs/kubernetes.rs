@@ -1007,6 +1007,100 @@ async fn a_restarted_service_deletes_the_attempt_it_left_and_runs_the_trial_agai
     server.kill();
 }
 
+/// `augur trial exec` into a pod goes through the pod API's `exec` (the real client against
+/// the stand-in, which runs the command here with the container's environment): the replica
+/// asked for, its stdout and stderr apart, stdin to its end (protocol v5's close), the exit
+/// code from the final Status; a replica without a running pod is refused.
+#[tokio::test]
+async fn exec_runs_a_command_in_a_replicas_pod_through_the_pod_api() {
+    use augur::dispatch::exec::ExecVia;
+    use augur::service::exec::{ExecExit, ExecInput, ExecOutput, ExecRequest, ExecTarget};
+    let pools = [1, 2];
+    let rig = rig(job_spec(&pools, json!({}))).await;
+    let (request, job, _stdout) = rig.launch(1).await;
+    rig.run_all(1, &pools).await;
+    let key = StudyKey {
+        id: 3,
+        created_at: STUDY_CREATED.parse().expect("time"),
+    };
+    let study = StudyDir::below(rig.dir.path().join("runs"), key, OutputLayout::Study);
+    let target = ExecTarget {
+        study_id: request.study_id,
+        trial_id: request.trial_id,
+        job: rig.job.clone(),
+        dirs: TrialDirs::new(&study, 7),
+        handle: job.handle().to_string(),
+    };
+    let exec = |replica: ReplicaId| ExecRequest {
+        command: vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            "echo \"$AUGUR_REPLICA\"; cat; echo oops >&2; exit 7".into(),
+        ],
+        tty: false,
+        rows: 24,
+        cols: 80,
+        replica,
+    };
+    let via = rig
+        .executor
+        .exec(
+            &job.handle(),
+            &target,
+            &exec(ReplicaId { pool: 1, index: 1 }),
+        )
+        .await
+        .expect("a session");
+    let ExecVia::Session(mut session) = via else {
+        panic!("the pod API's exec is a session of its own, not a local process");
+    };
+    session
+        .input
+        .send(ExecInput::Stdin(b"typed\n".to_vec()))
+        .await
+        .expect("stdin");
+    session.input.send(ExecInput::Eof).await.expect("eof");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let exit = loop {
+        let next = tokio::time::timeout(Duration::from_secs(20), session.output.recv())
+            .await
+            .expect("output in time")
+            .expect("an exit before the end");
+        match next {
+            ExecOutput::Stdout(b) => out.extend(b),
+            ExecOutput::Stderr(b) => err.extend(b),
+            ExecOutput::Exit(exit) => break exit,
+        }
+    };
+    assert_eq!(String::from_utf8_lossy(&out), "workerpool1-1\ntyped\n");
+    assert_eq!(String::from_utf8_lossy(&err), "oops\n");
+    assert_eq!(exit, ExecExit::Exited(7));
+    let exec_path = "/api/v1/namespaces/augur-trials/pods/";
+    assert!(
+        rig.standin
+            .requests()
+            .iter()
+            .any(|(_, p)| p.starts_with(exec_path)
+                && p.contains("/exec?")
+                && p.contains("container=trainer")),
+        "{:?}",
+        rig.standin.requests()
+    );
+
+    let refused = rig
+        .executor
+        .exec(
+            &job.handle(),
+            &target,
+            &exec(ReplicaId { pool: 1, index: 5 }),
+        )
+        .await;
+    let Err(refused) = refused else {
+        panic!("a replica without a pod");
+    };
+    assert_eq!(refused.field.as_deref(), Some("replica"), "{refused}");
+}
+
 /// One launch the multi-fidelity kubelet below ran: the trial, the epochs its checkpoint
 /// directory held before and after, the budget it was told, and that directory.
 #[derive(Debug, Clone)]

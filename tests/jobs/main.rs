@@ -12,6 +12,7 @@ mod cli;
 mod cluster;
 mod container;
 mod dispatch;
+mod exec;
 mod job_env;
 mod kube_standin;
 mod kubernetes;

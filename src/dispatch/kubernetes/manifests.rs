@@ -55,6 +55,8 @@ pub const ENV_ANNOTATION_PREFIX: &str = "env.augur.dev/";
 pub const TOKEN_KEY: &str = "AUGUR_TRIAL_TOKEN";
 /// The annotation (and label) the Job controller gives each pod of an Indexed Job.
 pub const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
+/// The label the Job controller gives a Job's pods: the Job's name.
+pub const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
 
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "augur";
@@ -102,7 +104,12 @@ impl AttemptNames {
     }
 
     pub fn job(&self, pool: usize) -> String {
-        format!("{}-wp{pool}", self.base)
+        Self::job_of(&self.base, pool)
+    }
+
+    /// The Job of `pool` in the attempt whose objects are named `attempt` (a job handle's).
+    pub fn job_of(attempt: &str, pool: usize) -> String {
+        format!("{attempt}-wp{pool}")
     }
 
     /// A replica's stable address: the pod's hostname (`<job>-<index>`, set by the Job

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::SinkExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -36,13 +37,20 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use self::watch::{Driver, Followers};
+use super::exec::{ExecVia, forward, refused, refused_replica, terminal_key};
 use super::executor::open_log;
 use super::executor::{Executor, ExecutorError, JobExit, JobRequest, RunningJob};
 use crate::model::{ReplicaId, TrialJobSpec};
+use crate::service::exec::{
+    ExecExit, ExecInput, ExecOutput, ExecRefused, ExecRequest, ExecSession, ExecTarget,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
+use kube::api::{AttachParams, AttachedProcess, TerminalSize};
 use manifests::{
     AttemptManifests, LABEL_ATTEMPT, LABEL_MANAGED_BY, LABEL_STUDY, LABEL_TRIAL, attempt_manifests,
     attempt_selector, trial_selector,
 };
+use manifests::{AttemptNames, COMPLETION_INDEX, CONTAINER, JOB_NAME_LABEL};
 
 /// How long a pod may wait for its image unless the spec says (`image_pull_timeout_secs`).
 pub const DEFAULT_IMAGE_PULL_TIMEOUT: Duration = Duration::from_secs(300);
@@ -385,6 +393,173 @@ impl Executor for KubernetesExecutor {
         // A resumed trial never runs twice: its old pods are gone before the new ones start.
         apis.pods_gone(&selector, POD_GONE_WAIT, |_| true).await;
     }
+
+    /// The pod API's `exec` (a WebSocket through the API server) in the container of the
+    /// replica's running pod: the environment, directory and user the image and the spec
+    /// give it. Kubernetes has no signals in `exec`: with a terminal, INT and QUIT are its
+    /// keys (Ctrl-C, Ctrl-\\); without one they cannot be sent.
+    async fn exec(
+        &self,
+        handle: &JobHandle,
+        _target: &ExecTarget,
+        request: &ExecRequest,
+    ) -> Result<ExecVia, ExecRefused> {
+        let JobHandle::Kubernetes { namespace, attempt } = handle else {
+            return Err(refused(format!("not a Kubernetes job: {handle}")));
+        };
+        let apis = self
+            .apis(Some(namespace.as_str()))
+            .await
+            .map_err(|e| refused(e.to_string()))?;
+        let job = AttemptNames::job_of(attempt, request.replica.pool);
+        let params = ListParams::default().labels(&format!("{JOB_NAME_LABEL}={job}"));
+        let pods = apis
+            .pods
+            .list(&params)
+            .await
+            .map_err(|e| refused(format!("the pods of {job}: {e}")))?;
+        let index = request.replica.index.to_string();
+        let pod = pods
+            .items
+            .into_iter()
+            .find(|p| {
+                p.labels().get(COMPLETION_INDEX) == Some(&index)
+                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            })
+            .ok_or_else(|| {
+                refused_replica(format!(
+                    "replica {} has no running pod in {namespace}",
+                    request.replica.name()
+                ))
+            })?;
+        let attach = AttachParams {
+            container: Some(CONTAINER.to_string()),
+            stdin: true,
+            stdout: true,
+            stderr: !request.tty,
+            tty: request.tty,
+            ..AttachParams::default()
+        };
+        let attached = apis
+            .pods
+            .exec(&pod.name_any(), request.command.clone(), &attach)
+            .await
+            .map_err(|e| refused(format!("exec in pod {}: {e}", pod.name_any())))?;
+        Ok(ExecVia::Session(attached_session(attached, request)))
+    }
+}
+
+/// A session over a pod's `exec` stream: stdin to it (its end closes the pod's stdin, on
+/// protocol v5), output and the exit code (from the final `Status`) back, resizes to its
+/// terminal; the stream is aborted when the client goes.
+fn attached_session(mut attached: AttachedProcess, request: &ExecRequest) -> ExecSession {
+    let (input_tx, mut input_rx) = mpsc::channel::<ExecInput>(64);
+    let (output_tx, output_rx) = mpsc::channel::<ExecOutput>(64);
+    let tty = request.tty;
+    let mut stdin = attached.stdin();
+    let stdout = attached.stdout();
+    let stderr = attached.stderr();
+    let mut resize = attached.terminal_size();
+    let status = attached.take_status();
+    if let (Some(resize), true) = (resize.as_mut(), tty) {
+        let _ = resize.try_send(TerminalSize {
+            width: request.cols,
+            height: request.rows,
+        });
+    }
+    tokio::spawn(async move {
+        let mut readers = tokio::task::JoinSet::new();
+        if let Some(out) = stdout {
+            readers.spawn(forward(
+                Box::new(out),
+                output_tx.clone(),
+                ExecOutput::Stdout,
+            ));
+        }
+        if let Some(err) = stderr {
+            readers.spawn(forward(
+                Box::new(err),
+                output_tx.clone(),
+                ExecOutput::Stderr,
+            ));
+        }
+        let mut status = std::pin::pin!(async move {
+            match status {
+                Some(status) => status.await,
+                None => None,
+            }
+        });
+        let status = loop {
+            tokio::select! {
+                status = &mut status => break status,
+                message = input_rx.recv() => match message {
+                    Some(ExecInput::Stdin(bytes)) => {
+                        if let Some(writer) = stdin.as_mut()
+                            && (writer.write_all(&bytes).await.is_err() || writer.flush().await.is_err())
+                        {
+                            stdin = None;
+                        }
+                    }
+                    Some(ExecInput::Eof) => {
+                        if let Some(mut writer) = stdin.take() {
+                            let _ = writer.shutdown().await;
+                        }
+                    }
+                    Some(ExecInput::Resize { rows, cols }) => {
+                        if let Some(resize) = resize.as_mut() {
+                            let _ = resize.send(TerminalSize { width: cols, height: rows }).await;
+                        }
+                    }
+                    Some(ExecInput::Signal(signal)) => {
+                        if let (Some(writer), Some(key), true) = (stdin.as_mut(), terminal_key(signal), tty) {
+                            let _ = writer.write_all(&[key]).await;
+                            let _ = writer.flush().await;
+                        }
+                    }
+                    None => {
+                        // The client went away: so does the stream (the API server ends the
+                        // command with it).
+                        attached.abort();
+                        return;
+                    }
+                },
+            }
+        };
+        let drained = tokio::time::timeout(LOG_DRAIN, async {
+            while readers.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            readers.abort_all();
+        }
+        let _ = output_tx
+            .send(ExecOutput::Exit(exit_of_status(status.as_ref())))
+            .await;
+    });
+    ExecSession {
+        input: input_tx,
+        output: output_rx,
+    }
+}
+
+/// The exit of an `exec` from its final `Status`: `Success`, or the `ExitCode` cause of a
+/// `NonZeroExitCode` failure; 255 when the stream ended without one (the pod went).
+fn exit_of_status(status: Option<&Status>) -> ExecExit {
+    let Some(status) = status else {
+        return ExecExit::Exited(255);
+    };
+    if status.status.as_deref() == Some("Success") {
+        return ExecExit::Exited(0);
+    }
+    let code = status
+        .details
+        .as_ref()
+        .and_then(|d| d.causes.as_ref())
+        .into_iter()
+        .flatten()
+        .find(|c| c.reason.as_deref() == Some("ExitCode"))
+        .and_then(|c| c.message.as_deref()?.parse::<i32>().ok());
+    ExecExit::Exited(code.unwrap_or(255))
 }
 
 /// Pods report to `AUGUR_URL`: a loopback address reaches no server from a pod.
