@@ -618,12 +618,14 @@ impl Service {
 }
 
 /// A distribution's kind as Optuna compares them: its class (Optuna's deprecated classes read
-/// as the ones that replaced them) and, for numbers, whether it is on a log scale.
+/// as the ones that replaced them) and, for numbers, whether it is on a log scale. A class
+/// this server does not know (a later Optuna's) is compared by its name alone.
 #[derive(Debug, PartialEq, Eq)]
 enum DistributionKind {
     Float { log: bool },
     Int { log: bool },
     Categorical,
+    Other(String),
 }
 
 /// The kind of a distribution in Optuna's JSON form (`{"name": …, "attributes": {…}}`, as
@@ -654,7 +656,7 @@ fn distribution_kind(dist: &JsonValue) -> ServiceResult<(DistributionKind, &Json
         "LogUniformDistribution" => DistributionKind::Float { log: true },
         "IntUniformDistribution" => DistributionKind::Int { log: false },
         "IntLogUniformDistribution" => DistributionKind::Int { log: true },
-        _ => return Err(unknown()),
+        other => DistributionKind::Other(other.to_string()),
     };
     Ok((kind, attributes))
 }
@@ -705,6 +707,7 @@ fn check_distribution_compatibility(old: &JsonValue, new: &JsonValue) -> Service
             }
             Ok(())
         }
+        (DistributionKind::Other(a), DistributionKind::Other(b)) if a == b => Ok(()),
         _ => refuse("Cannot set different distribution kind to the same parameter name."),
     }
 }
@@ -854,6 +857,10 @@ mod tests {
         let int_uniform = json!({"name": "IntUniformDistribution",
                                  "attributes": {"low": 0, "high": 3, "step": 1}});
         assert!(ok(&int_uniform, &int(0, 9, false)));
+        // A class of a later Optuna: by its name.
+        let later = json!({"name": "LaterDistribution", "attributes": {}});
+        assert!(ok(&later, &later));
+        assert!(!ok(&later, &float(0.0, 1.0, false)));
     }
 
     #[test]
