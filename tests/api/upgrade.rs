@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 const OUTPUT_LAYOUT_MIGRATION: i64 = 20261203000001;
 
 /// The migration that makes Optuna's study names unique.
-const OPTUNA_STORAGE_MIGRATION: i64 = 20261207000001;
+const OPTUNA_STORAGE_MIGRATION: i64 = 20261207000002;
 
 on_both_backends!(
     studies_from_before_the_per_study_layout_keep_their_trial_directories,
