@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List
 
 import grpc
@@ -146,6 +148,90 @@ def test_trial_calls_round_trip(storage: TokenStorageProxy) -> None:
     assert states == [TrialState.COMPLETE, TrialState.FAIL]
     with pytest.raises(KeyError):
         storage.get_trial_id_from_study_id_trial_number(study_id, 7)
+
+
+def _distribution_outcomes(store: Any) -> List[Any]:
+    """Set parameters of a second trial against the first's distributions, as an Optuna
+    program whose search space changed would: what each call raised, then the params kept."""
+    study_id = store.create_new_study([StudyDirection.MINIMIZE], unique("dists"))
+    first = store.create_new_trial(study_id)
+    store.set_trial_param(first, "x", 0.5, FloatDistribution(0, 1))
+    store.set_trial_param(first, "lr", 0.01, FloatDistribution(1e-4, 1, log=True))
+    store.set_trial_param(first, "n", 2, IntDistribution(1, 8))
+    store.set_trial_param(first, "c", 0, CategoricalDistribution(["a", "b", None]))
+    second = store.create_new_trial(study_id)
+    outcomes: List[Any] = []
+
+    def attempt(trial_id: int, name: str, value: float, dist: Any) -> None:
+        try:
+            store.set_trial_param(trial_id, name, value, dist)
+            outcomes.append((name, "ok"))
+        except Exception as e:  # noqa: BLE001 - the exception's class is what is compared
+            outcomes.append((name, type(e).__name__))
+
+    attempt(second, "x", 3.0, FloatDistribution(-5, 5))                   # another range
+    attempt(second, "x", 1, IntDistribution(0, 1))                        # another class
+    attempt(second, "x", 0.5, FloatDistribution(0.1, 1, log=True))       # another scale
+    attempt(second, "lr", 0.5, FloatDistribution(0.1, 1))                 # log lost
+    attempt(second, "n", 3, IntDistribution(1, 16, log=True))             # log gained
+    attempt(second, "n", 3, FloatDistribution(1, 16))                     # int to float
+    attempt(second, "n", 5, IntDistribution(0, 50, step=5))               # another step
+    attempt(second, "c", 1, CategoricalDistribution(["a", "c", None]))    # other choices
+    attempt(second, "c", 1, CategoricalDistribution(["b", "a", None]))    # other order
+    attempt(second, "c", 0, FloatDistribution(0, 1))                      # not categorical
+    attempt(second, "c", 1, CategoricalDistribution(["a", "b", None]))    # the same
+    attempt(second, "new", 0.5, FloatDistribution(0, 1))                  # a new name
+    attempt(10**12 + 7, "x", 1, IntDistribution(0, 1))                    # no such trial
+    store.set_trial_state_values(second, TrialState.COMPLETE, [1.0])
+    attempt(second, "x", 1, IntDistribution(0, 1))                        # finished first
+    outcomes.append(store.get_trial(second).params)
+    return outcomes
+
+
+def test_incompatible_distributions_raise_optunas_value_error(storage: TokenStorageProxy) -> None:
+    ours = _distribution_outcomes(storage)
+    theirs = _distribution_outcomes(optuna.storages.InMemoryStorage())
+    assert ours == theirs
+    assert ("x", "ValueError") in ours and ("c", "ValueError") in ours
+    # And in a study: a suggest that changes a parameter's kind fails as Optuna's does.
+    study = optuna.create_study(study_name=unique("dists"), storage=storage)
+    study.optimize(lambda t: t.suggest_float("p", 0, 1), n_trials=1)
+    with pytest.raises(ValueError):
+        study.optimize(lambda t: t.suggest_int("p", 0, 1), n_trials=1)
+
+
+def test_concurrent_creates_of_one_name_make_one_study(server: Server, tokens: Dict[str, str]) -> None:
+    """16 clients create one name at the same instant: one creates it, the others get
+    DuplicatedStudyError; with load_if_exists=True all 16 get that one study."""
+    def race(name: str, load_if_exists: bool) -> List[Any]:
+        start = threading.Barrier(16)
+
+        def create(_: int) -> Any:
+            proxy = TokenStorageProxy(host="127.0.0.1", port=server.grpc_port,
+                                      token=tokens["writer"])
+            proxy.get_all_studies()  # connected before the barrier
+            start.wait()
+            try:
+                study = optuna.create_study(study_name=name, storage=proxy,
+                                            load_if_exists=load_if_exists)
+                return proxy.get_study_id_from_name(study.study_name)
+            except DuplicatedStudyError:
+                return "duplicate"
+
+        with ThreadPoolExecutor(16) as pool:
+            return list(pool.map(create, range(16)))
+
+    name = unique("race")
+    outcomes = race(name, False)
+    created = [o for o in outcomes if o != "duplicate"]
+    assert len(created) == 1 and outcomes.count("duplicate") == 15, outcomes
+    loaded_name = unique("race-load")
+    loaded = race(loaded_name, True)
+    assert len(set(loaded)) == 1 and "duplicate" not in loaded, loaded
+    for n, study_id in [(name, created[0]), (loaded_name, loaded[0])]:
+        status, page = server.call("GET", f"/v1/studies?name={n}", tokens["reader"])
+        assert status == 200, page
+        assert [s["id"] for s in page["studies"] if s["name"] == n] == [study_id]
 
 
 def test_get_trials_sends_only_what_the_cache_asks_for(storage: TokenStorageProxy) -> None:

@@ -187,37 +187,24 @@ fn check_finite(values: &[f64], field: &str) -> ServiceResult<()> {
 }
 
 impl Service {
-    /// A new Optuna study, or `None` when an Optuna study of that name exists. (Names are
-    /// checked, then the study is created: two processes creating the same name at the same
-    /// instant may both succeed; Augur's own names are not unique.)
+    /// A new Optuna study, or `None` when an Optuna study of that name exists: of several
+    /// processes creating one name at once, one creates it and the others get `None`
+    /// (Optuna's names are unique; Augur's own are not, so the store keeps Optuna's apart).
     pub async fn optuna_create_study(
         &self,
         actor: &Caller,
         name: &str,
         maximize: &[bool],
     ) -> ServiceResult<Option<i64>> {
-        if self.optuna_study_id(name).await?.is_some() {
-            return Ok(None);
-        }
         let study = self
-            .create_study(actor, optuna_spec(name, maximize)?)
+            .create_optuna_study(actor, optuna_spec(name, maximize)?)
             .await?;
-        Ok(Some(study.id))
+        Ok(study.map(|s| s.id))
     }
 
-    /// The Optuna study of that name (the oldest, if several).
+    /// The Optuna study of that name.
     pub async fn optuna_study_id(&self, name: &str) -> ServiceResult<Option<i64>> {
-        let mut token: Option<String> = None;
-        loop {
-            let (studies, next) = self.list_optuna_page(Some(name), token.as_deref()).await?;
-            if let Some(found) = studies.into_iter().find(|s| s.name == name) {
-                return Ok(Some(found.id));
-            }
-            match next {
-                Some(next) => token = Some(next),
-                None => return Ok(None),
-            }
-        }
+        Ok(self.store.optuna_study_id(name).await?)
     }
 
     /// One page of studies (Optuna's only) whose name contains `name`, and the next page's token.
@@ -422,13 +409,26 @@ impl Service {
         self.check_optuna_study(study_id).await?;
         self.check_reporter(actor, study_id, Some(trial_id)).await?;
         check_finite(&[value], "param_value_internal")?;
+        let key = format!("{DISTRIBUTION_PREFIX}{name}");
+        if let Some(first) = self.store.first_trial_attr(study_id, &key).await?
+            && let Err(incompatible) = check_distribution_compatibility(&first, &distribution)
+        {
+            // As Optuna's storages: a missing or finished trial is that error, not this one.
+            let record = self.trial_record(study_id, trial_id).await?;
+            if OptunaState::of(record.state, record.early_stopped).is_finished() {
+                return Err(ServiceError::conflict(format!(
+                    "trial {trial_id} of study {study_id} is already {}",
+                    record.state.as_str()
+                )));
+            }
+            return Err(incompatible);
+        }
         let change = OptunaChange::SetParameter {
             trial_id,
             name: name.to_string(),
             value,
         };
         self.optuna_change(study_id, change).await?;
-        let key = format!("{DISTRIBUTION_PREFIX}{name}");
         self.annotate_trial(actor, study_id, trial_id, attr_update(key, distribution))
             .await
     }
@@ -617,6 +617,101 @@ impl Service {
     }
 }
 
+/// A distribution's kind as Optuna compares them: its class (Optuna's deprecated classes read
+/// as the ones that replaced them) and, for numbers, whether it is on a log scale. A class
+/// this server does not know (a later Optuna's) is compared by its name alone.
+#[derive(Debug, PartialEq, Eq)]
+enum DistributionKind {
+    Float { log: bool },
+    Int { log: bool },
+    Categorical,
+    Other(String),
+}
+
+/// The kind of a distribution in Optuna's JSON form (`{"name": …, "attributes": {…}}`, as
+/// `optuna.distributions.distribution_to_json` writes it), and its attributes.
+fn distribution_kind(dist: &JsonValue) -> ServiceResult<(DistributionKind, &JsonValue)> {
+    let unknown = || {
+        ServiceError::invalid(
+            "distribution",
+            format!("not a distribution of Optuna's: {dist}"),
+        )
+    };
+    let name = dist
+        .get("name")
+        .and_then(JsonValue::as_str)
+        .ok_or_else(unknown)?;
+    let attributes = dist.get("attributes").ok_or_else(unknown)?;
+    let log = attributes
+        .get("log")
+        .and_then(JsonValue::as_bool)
+        .unwrap_or(false);
+    let kind = match name {
+        "FloatDistribution" => DistributionKind::Float { log },
+        "IntDistribution" => DistributionKind::Int { log },
+        "CategoricalDistribution" => DistributionKind::Categorical,
+        "UniformDistribution" | "DiscreteUniformDistribution" => {
+            DistributionKind::Float { log: false }
+        }
+        "LogUniformDistribution" => DistributionKind::Float { log: true },
+        "IntUniformDistribution" => DistributionKind::Int { log: false },
+        "IntLogUniformDistribution" => DistributionKind::Int { log: true },
+        other => DistributionKind::Other(other.to_string()),
+    };
+    Ok((kind, attributes))
+}
+
+/// Two choices equal as Python's `==` has them (Optuna compares its choices' tuples): numbers
+/// by value (`1 == 1.0`), and `true`/`false` equal to 1 and 0.
+fn python_equal(a: &JsonValue, b: &JsonValue) -> bool {
+    let number = |v: &JsonValue| match v {
+        JsonValue::Bool(b) => Some(f64::from(u8::from(*b))),
+        JsonValue::Number(n) => n.as_f64(),
+        _ => None,
+    };
+    match (number(a), number(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+/// Optuna's `check_distribution_compatibility`: a parameter's distribution in a study must be
+/// of the class of the first one set (`old`), with the same `log` for numbers and the same
+/// choices, in order, for categories; the ranges may differ. Its refusal is Optuna's
+/// `ValueError` (`INVALID_ARGUMENT`).
+fn check_distribution_compatibility(old: &JsonValue, new: &JsonValue) -> ServiceResult<()> {
+    let (old_kind, old_attrs) = distribution_kind(old)?;
+    let (new_kind, new_attrs) = distribution_kind(new)?;
+    let refuse = |message: &str| Err(ServiceError::invalid("distribution", message));
+    match (&old_kind, &new_kind) {
+        (DistributionKind::Float { log: a }, DistributionKind::Float { log: b })
+        | (DistributionKind::Int { log: a }, DistributionKind::Int { log: b }) => {
+            if a != b {
+                return refuse(
+                    "Cannot set different log configuration to the same parameter name.",
+                );
+            }
+            Ok(())
+        }
+        (DistributionKind::Categorical, DistributionKind::Categorical) => {
+            let choices = |attrs: &JsonValue| {
+                attrs
+                    .get("choices")
+                    .and_then(JsonValue::as_array)
+                    .cloned()
+                    .unwrap_or_default()
+            };
+            let (a, b) = (choices(old_attrs), choices(new_attrs));
+            if a.len() != b.len() || !a.iter().zip(&b).all(|(x, y)| python_equal(x, y)) {
+                return refuse("CategoricalDistribution does not support dynamic value space.");
+            }
+            Ok(())
+        }
+        (DistributionKind::Other(a), DistributionKind::Other(b)) if a == b => Ok(()),
+        _ => refuse("Cannot set different distribution kind to the same parameter name."),
+    }
+}
+
 fn attr_update(key: String, value: JsonValue) -> AnnotationUpdate {
     AnnotationUpdate {
         user_attrs: Some(BTreeMap::from([(key, value)])),
@@ -706,6 +801,81 @@ mod tests {
         let ids: Vec<&str> = spec.metrics.iter().map(|m| m.id.as_str()).collect();
         assert_eq!(ids, ["value_0", "value_1"]);
         assert!(optuna_spec("s", &[]).is_err());
+    }
+
+    fn float(low: f64, high: f64, log: bool) -> JsonValue {
+        json!({"name": "FloatDistribution",
+               "attributes": {"low": low, "high": high, "log": log, "step": null}})
+    }
+
+    fn int(low: i64, high: i64, log: bool) -> JsonValue {
+        json!({"name": "IntDistribution",
+               "attributes": {"low": low, "high": high, "log": log, "step": 1}})
+    }
+
+    fn categorical(choices: JsonValue) -> JsonValue {
+        json!({"name": "CategoricalDistribution", "attributes": {"choices": choices}})
+    }
+
+    #[test]
+    fn distributions_are_compatible_as_optunas_check_says() {
+        let ok = |a: &JsonValue, b: &JsonValue| check_distribution_compatibility(a, b).is_ok();
+        // Ranges may change; the class, log scale and choices may not.
+        assert!(ok(&float(0.0, 1.0, false), &float(-5.0, 5.0, false)));
+        assert!(ok(&int(1, 8, true), &int(2, 100, true)));
+        assert!(ok(
+            &categorical(json!(["a", null, 3.5])),
+            &categorical(json!(["a", null, 3.5]))
+        ));
+        assert!(!ok(&float(0.0, 1.0, false), &int(0, 1, false)));
+        assert!(!ok(&int(0, 1, false), &categorical(json!([0, 1]))));
+        assert!(!ok(&categorical(json!([0, 1])), &float(0.0, 1.0, false)));
+        assert!(!ok(&float(1e-5, 1.0, false), &float(1e-5, 1.0, true)));
+        assert!(!ok(&int(1, 8, true), &int(1, 8, false)));
+        assert!(!ok(
+            &categorical(json!(["a", "b"])),
+            &categorical(json!(["a", "c"]))
+        ));
+        assert!(!ok(
+            &categorical(json!(["a", "b"])),
+            &categorical(json!(["b", "a"]))
+        ));
+        assert!(!ok(
+            &categorical(json!(["a"])),
+            &categorical(json!(["a", "b"]))
+        ));
+        // Python's equality: 1 == 1.0 == True.
+        assert!(ok(
+            &categorical(json!([1, false])),
+            &categorical(json!([1.0, 0]))
+        ));
+        // Optuna's deprecated classes are the ones that replaced them.
+        let log_uniform = json!({"name": "LogUniformDistribution",
+                                 "attributes": {"low": 0.1, "high": 1.0}});
+        assert!(ok(&log_uniform, &float(0.5, 2.0, true)));
+        assert!(!ok(&log_uniform, &float(0.5, 2.0, false)));
+        let int_uniform = json!({"name": "IntUniformDistribution",
+                                 "attributes": {"low": 0, "high": 3, "step": 1}});
+        assert!(ok(&int_uniform, &int(0, 9, false)));
+        // A class of a later Optuna: by its name.
+        let later = json!({"name": "LaterDistribution", "attributes": {}});
+        assert!(ok(&later, &later));
+        assert!(!ok(&later, &float(0.0, 1.0, false)));
+    }
+
+    #[test]
+    fn an_incompatible_distribution_is_an_invalid_argument_naming_optunas_reason() {
+        let refused = check_distribution_compatibility(&float(0.0, 1.0, false), &int(0, 1, false));
+        let Err(ServiceError::Invalid(error)) = refused else {
+            panic!("expected Invalid, got {refused:?}");
+        };
+        assert_eq!(error.field, "distribution");
+        assert!(
+            error.message.contains("different distribution kind"),
+            "{error:?}"
+        );
+        let garbled = check_distribution_compatibility(&json!({"x": 1}), &float(0.0, 1.0, false));
+        assert!(matches!(garbled, Err(ServiceError::Invalid(_))));
     }
 
     #[test]

@@ -12,6 +12,36 @@ impl Service {
     /// server's machines, so only operators and admins may create one (and its command must
     /// be one the server allows, `--job-commands`).
     pub async fn create_study(&self, actor: &Caller, spec: StudySpec) -> ServiceResult<Study> {
+        let spec = self.checked_new_spec(actor, spec).await?;
+        let record = self
+            .store
+            // To the millisecond: the study's directory is named by it (`StudyKey`), and
+            // PostgreSQL keeps microseconds, SQLite the nanoseconds.
+            .insert_study(&spec, Some(&actor.name), Utc::now().trunc_subsecs(3))
+            .await?;
+        Ok(self.created_study(actor, record).await)
+    }
+
+    /// [`Service::create_study`] for an Optuna study: `None`, and nothing created, when an
+    /// Optuna study of its name exists (the store checks and takes the name in one step).
+    pub(super) async fn create_optuna_study(
+        &self,
+        actor: &Caller,
+        spec: StudySpec,
+    ) -> ServiceResult<Option<Study>> {
+        let spec = self.checked_new_spec(actor, spec).await?;
+        let record = self
+            .store
+            .insert_optuna_study(&spec, Some(&actor.name), Utc::now().trunc_subsecs(3))
+            .await?;
+        Ok(match record {
+            Some(record) => Some(self.created_study(actor, record).await),
+            None => None,
+        })
+    }
+
+    /// A new study's spec, seeded and validated, if `actor` may create it.
+    async fn checked_new_spec(&self, actor: &Caller, spec: StudySpec) -> ServiceResult<StudySpec> {
         let spec = spec.with_seed(rand::random::<u32>() as u64);
         spec.validate()?;
         self.check_notification_hosts(&spec)?;
@@ -36,12 +66,11 @@ impl Service {
             }
             self.job_policy.check(job, actor.role)?;
         }
-        let record = self
-            .store
-            // To the millisecond: the study's directory is named by it (`StudyKey`), and
-            // PostgreSQL keeps microseconds, SQLite the nanoseconds.
-            .insert_study(&spec, Some(&actor.name), Utc::now().trunc_subsecs(3))
-            .await?;
+        Ok(spec)
+    }
+
+    /// What follows a new study's insert: the dispatcher told, the audit log written.
+    async fn created_study(&self, actor: &Caller, record: crate::store::StudyRecord) -> Study {
         self.notify(record.id);
         self.audit(
             actor,
@@ -53,7 +82,7 @@ impl Service {
         .await;
         // A new study has no best trial: nothing to read after the insert (an outage now
         // would answer 503, "nothing was done", for a study that exists).
-        Ok(super::study_of(record, None))
+        super::study_of(record, None)
     }
 
     /// The study an earlier run of the same spec made (same name and spec, active or

@@ -142,6 +142,23 @@ pub trait Store: Send + Sync + 'static {
         now: DateTime<Utc>,
     ) -> StoreResult<StudyRecord>;
     async fn get_study(&self, study_id: i64) -> StoreResult<Option<StudyRecord>>;
+    /// A new active Optuna study: `None`, and nothing inserted, when an Optuna study of
+    /// `spec.name` exists (Optuna's names are unique, checked and taken in one statement).
+    async fn insert_optuna_study(
+        &self,
+        spec: &StudySpec,
+        created_by: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Option<StudyRecord>>;
+    /// The Optuna study of that name.
+    async fn optuna_study_id(&self, name: &str) -> StoreResult<Option<i64>>;
+    /// The user attribute `name` of the study's first trial (by id) that has one.
+    async fn first_trial_attr(
+        &self,
+        study_id: i64,
+        name: &str,
+    ) -> StoreResult<Option<serde_json::Value>>;
+
     /// Studies with id > `after_id`, by id, at most `limit`.
     async fn list_studies(
         &self,

@@ -23,6 +23,14 @@ pub(super) const INSERT_STUDY: &str = concat!(
      VALUES ($1, 'active', $2, 1, $4, $3, $3) RETURNING ",
     study_cols!()
 );
+/// An Optuna study: its name also in `optuna_name`, unique, so of two creating one name at
+/// once one inserts and the other gets no row back.
+pub(super) const INSERT_OPTUNA_STUDY: &str = concat!(
+    "INSERT INTO studies (name, optuna_name, state, spec, next_trial_id, created_by, created_at, updated_at) \
+     VALUES ($1, $1, 'active', $2, 1, $4, $3, $3) ON CONFLICT (optuna_name) DO NOTHING RETURNING ",
+    study_cols!()
+);
+pub(super) const OPTUNA_STUDY_ID: &str = "SELECT id FROM studies WHERE optuna_name = $1";
 pub(super) const GET_STUDY: &str = concat!("SELECT ", study_cols!(), " FROM studies WHERE id = $1");
 pub(super) const LIST_STUDIES: &str = concat!(
     "SELECT ",
@@ -217,6 +225,10 @@ pub(super) const SET_TAGS: &str = "INSERT INTO annotations (study_id, trial_id, 
      DO UPDATE SET tags = excluded.tags, updated_at = excluded.updated_at";
 pub(super) const SET_USER_ATTR: &str = "INSERT INTO user_attrs (study_id, trial_id, name, value) \
      VALUES ($1, $2, $3, $4) ON CONFLICT (study_id, trial_id, name) DO UPDATE SET value = excluded.value";
+/// The value of a study's first trial (by id, trials only) holding the user attribute `name`:
+/// one seek in `user_attrs_study_name_idx`.
+pub(super) const FIRST_TRIAL_ATTR: &str = "SELECT value FROM user_attrs \
+     WHERE study_id = $1 AND name = $2 AND trial_id > 0 ORDER BY trial_id LIMIT 1";
 pub(super) const DELETE_USER_ATTR: &str =
     "DELETE FROM user_attrs WHERE study_id = $1 AND trial_id = $2 AND name = $3";
 pub(super) const COUNT_USER_ATTRS: &str =
@@ -292,6 +304,57 @@ macro_rules! impl_sql_store {
                     .await
                     .map_err($crate::store::StoreError::after_sending)?;
                 row.try_into()
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn insert_optuna_study(
+                &self,
+                spec: &StudySpec,
+                created_by: Option<&str>,
+                now: chrono::DateTime<chrono::Utc>,
+            ) -> StoreResult<Option<StudyRecord>> {
+                let spec_json = to_json(spec)?;
+                let mut conn = self.pool.acquire().await?;
+                let row: Option<StudyRow> = sqlx::query_as(INSERT_OPTUNA_STUDY)
+                    .bind(&spec.name)
+                    .bind(spec_json)
+                    .bind(now)
+                    .bind(created_by)
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err($crate::store::StoreError::after_sending)?;
+                row.map(StudyRecord::try_from).transpose()
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn optuna_study_id(&self, name: &str) -> StoreResult<Option<i64>> {
+                let id: Option<(i64,)> = sqlx::query_as(OPTUNA_STUDY_ID)
+                    .bind(name)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                Ok(id.map(|(id,)| id))
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn first_trial_attr(
+                &self,
+                study_id: i64,
+                name: &str,
+            ) -> StoreResult<Option<serde_json::Value>> {
+                let value: Option<(String,)> = sqlx::query_as(FIRST_TRIAL_ATTR)
+                    .bind(study_id)
+                    .bind(name)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                value
+                    .map(|(text,)| {
+                        serde_json::from_str(&text).map_err(|e| {
+                            $crate::store::StoreError::Corrupt(format!(
+                                "user attribute {name} of study {study_id}: {e}"
+                            ))
+                        })
+                    })
+                    .transpose()
             }
 
             #[tracing::instrument(skip_all)]

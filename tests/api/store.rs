@@ -31,6 +31,8 @@ on_both_backends!(store:
     one_transaction_changes_several_studies,
     a_paused_trial_keeps_its_budget_and_is_counted,
     notification_deliveries_record_their_attempts_and_go_with_their_study,
+    optuna_names_are_taken_once_by_concurrent_creates,
+    the_first_trial_attr_of_a_name_is_the_lowest_trials,
 );
 
 fn spec(name: &str) -> StudySpec {
@@ -1215,4 +1217,86 @@ async fn a_paused_trial_keeps_its_budget_and_is_counted(store: Arc<dyn Store>) {
         .trial_counts;
     assert_eq!((counts.paused, counts.active, counts.total), (1, 1, 2));
     assert_eq!(store.count_all_trials().await.expect("count").paused, 1);
+}
+
+/// Optuna's study names are unique where Augur's are not: of 8 creates of one name at once
+/// exactly one inserts; Augur's own studies of that name do not count; deleting the study
+/// frees the name.
+async fn optuna_names_are_taken_once_by_concurrent_creates(store: Arc<dyn Store>) {
+    let name = format!("optuna-race-{}", store.backend());
+    let optuna = augur::service::optuna::optuna_spec(&name, &[false]).expect("spec");
+    let plain = store
+        .insert_study(&spec(&name), None, now())
+        .await
+        .expect("an Augur study of that name");
+    let created = futures::future::join_all((0..8).map(|_| {
+        let (store, optuna) = (store.clone(), optuna.clone());
+        async move { store.insert_optuna_study(&optuna, None, now()).await }
+    }))
+    .await;
+    let ids: Vec<i64> = created
+        .into_iter()
+        .filter_map(|r| r.expect("insert or nothing"))
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(ids.len(), 1, "exactly one create wins: {ids:?}");
+    assert_ne!(ids[0], plain.id);
+    assert_eq!(
+        store.optuna_study_id(&name).await.expect("id"),
+        Some(ids[0])
+    );
+    assert_eq!(
+        store.optuna_study_id("no-such-study").await.expect("id"),
+        None
+    );
+    assert!(store.delete_study(ids[0]).await.expect("delete"));
+    assert_eq!(store.optuna_study_id(&name).await.expect("id"), None);
+    let again = store
+        .insert_optuna_study(&optuna, None, now())
+        .await
+        .expect("insert")
+        .expect("the name is free again");
+    assert_eq!(
+        store.optuna_study_id(&name).await.expect("id"),
+        Some(again.id)
+    );
+}
+
+/// `first_trial_attr` reads the attribute of the study's lowest trial holding it (Optuna's
+/// reference distribution), never the study's own (trial 0).
+async fn the_first_trial_attr_of_a_name_is_the_lowest_trials(store: Arc<dyn Store>) {
+    let study = store
+        .insert_study(&spec("first-attr"), None, now())
+        .await
+        .expect("study");
+    let set = |trial_id: i64, value: serde_json::Value| {
+        let store = store.clone();
+        async move {
+            let update = augur::model::AnnotationUpdate {
+                user_attrs: Some(BTreeMap::from([("d".to_string(), value)])),
+                ..Default::default()
+            };
+            assert!(
+                store
+                    .annotate(study.id, trial_id, &update, 100, now())
+                    .await
+                    .expect("annotate")
+            );
+        }
+    };
+    assert_eq!(
+        store.first_trial_attr(study.id, "d").await.expect("read"),
+        None
+    );
+    set(0, serde_json::json!("study's own")).await;
+    set(7, serde_json::json!({"n": 7})).await;
+    set(3, serde_json::json!({"n": 3})).await;
+    assert_eq!(
+        store.first_trial_attr(study.id, "d").await.expect("read"),
+        Some(serde_json::json!({"n": 3}))
+    );
+    assert_eq!(
+        store.first_trial_attr(study.id, "e").await.expect("read"),
+        None
+    );
 }

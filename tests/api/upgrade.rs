@@ -8,7 +8,29 @@ use serde_json::{Value, json};
 /// The migration that keeps older studies' trial directories where they are.
 const OUTPUT_LAYOUT_MIGRATION: i64 = 20261203000001;
 
-on_both_backends!(studies_from_before_the_per_study_layout_keep_their_trial_directories);
+/// The migration that makes Optuna's study names unique.
+const OPTUNA_STORAGE_MIGRATION: i64 = 20261207000002;
+
+on_both_backends!(
+    studies_from_before_the_per_study_layout_keep_their_trial_directories,
+    optuna_studies_from_before_unique_names_keep_the_oldest_of_a_name,
+);
+
+/// Run one statement on the database at `url`; the rows it touched.
+async fn run_sql(backend: &str, url: &str, sql: &'static str) -> u64 {
+    match backend {
+        "sqlite" => {
+            let pool = sqlx::SqlitePool::connect(url).await.expect("sqlite");
+            let done = sqlx::query(sql).execute(&pool).await.expect(sql);
+            done.rows_affected()
+        }
+        _ => {
+            let pool = sqlx::PgPool::connect(url).await.expect("postgres");
+            let done = sqlx::query(sql).execute(&pool).await.expect(sql);
+            done.rows_affected()
+        }
+    }
+}
 
 /// Undo the record of one migration, as if the database came from a binary older than it,
 /// so that the next server to start applies it to what is stored.
@@ -109,4 +131,38 @@ async fn studies_from_before_the_per_study_layout_keep_their_trial_directories(b
     );
     let bad = create(json!({"command": ["true"], "output_layout": "nested"})).await;
     assert_eq!(bad.status, reqwest::StatusCode::BAD_REQUEST, "{}", bad.body);
+}
+
+/// Before Optuna's names were unique, two processes could create one name at once: after the
+/// upgrade the oldest Optuna study of a name is the one Optuna finds, the name stays taken,
+/// and Augur's own studies of that name are no Optuna study.
+async fn optuna_studies_from_before_unique_names_keep_the_oldest_of_a_name(backend: &str) {
+    let db = common::db(backend).await;
+    let store = augur::store::connect(&db.url).await.expect("store");
+    let optuna = augur::service::optuna::optuna_spec("raced", &[false]).expect("spec");
+    let plain: augur::model::StudySpec =
+        serde_json::from_value(common::x_spec("raced", ("acc", "maximize"), 10, 3, 1))
+            .expect("spec");
+    let now = chrono::Utc::now();
+    // As an older binary stored them: no Optuna name kept apart.
+    store.insert_study(&plain, None, now).await.expect("study");
+    let oldest = store.insert_study(&optuna, None, now).await.expect("study");
+    store.insert_study(&optuna, None, now).await.expect("study");
+    drop(store);
+    for sql in [
+        "DROP INDEX user_attrs_study_name_idx",
+        "DROP INDEX studies_optuna_name_idx",
+        "ALTER TABLE studies DROP COLUMN optuna_name",
+    ] {
+        run_sql(backend, &db.url, sql).await;
+    }
+    forget_migration(backend, &db.url, OPTUNA_STORAGE_MIGRATION).await;
+
+    let store = augur::store::connect(&db.url).await.expect("the upgrade");
+    assert_eq!(
+        store.optuna_study_id("raced").await.expect("id"),
+        Some(oldest.id)
+    );
+    let again = store.insert_optuna_study(&optuna, None, now).await;
+    assert!(again.expect("insert").is_none(), "the name stays taken");
 }
