@@ -681,6 +681,14 @@ fn kubelet_skipping(
 }
 
 async fn server_on(standin: &StandIn) -> (TestApp, tempfile::TempDir) {
+    server_configured(standin, |_| {}).await
+}
+
+/// [`server_on`], with more of the server's configuration set by `configure`.
+async fn server_configured(
+    standin: &StandIn,
+    configure: impl FnOnce(&mut augur::ServerConfig),
+) -> (TestApp, tempfile::TempDir) {
     let db = common::sqlite_db();
     let runs = tempfile::tempdir().expect("temp dir");
     let mut config = augur::ServerConfig::new(db.url.clone(), "127.0.0.1:0".parse().expect("addr"));
@@ -691,6 +699,7 @@ async fn server_on(standin: &StandIn) -> (TestApp, tempfile::TempDir) {
         kubeconfig: Some(standin.kubeconfig("ignored")),
         context: None,
     };
+    configure(&mut config);
     let app = augur::App::build(config).await.expect("server starts");
     let addr = app.addr();
     tokio::spawn(app.run());
@@ -1168,27 +1177,10 @@ async fn asha_on_kubernetes_resumes_each_trial_from_its_checkpoint_on_the_output
             }
         })
     };
-    let db = common::sqlite_db();
-    let runs = tempfile::tempdir().expect("temp dir");
-    let mut config = augur::ServerConfig::new(db.url.clone(), "127.0.0.1:0".parse().expect("addr"));
-    config.public_url = Some("http://augur.augur.svc:8080".into());
-    config.base_dir = Some(runs.path().to_path_buf());
-    config.kubernetes_policy.claims = vec!["augur-runs".into()];
-    config.executors.kubernetes = KubeSettings {
-        namespace: Some(NS.into()),
-        kubeconfig: Some(standin.kubeconfig("ignored")),
-        context: None,
-    };
-    let server = augur::App::build(config).await.expect("server starts");
-    let addr = server.addr();
-    tokio::spawn(server.run());
-    let app = TestApp {
-        addr,
-        base: format!("http://{addr}"),
-        http: common::http(),
-        token: None,
-        db,
-    };
+    let (app, _runs) = server_configured(&standin, |config| {
+        config.kubernetes_policy.claims = vec!["augur-runs".into()];
+    })
+    .await;
     let mut spec = crate::multi_fidelity::asha_spec("asha-on-kubernetes");
     spec["trial_job"] = json!({
         "executor": "kubernetes",

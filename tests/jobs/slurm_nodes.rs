@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::common::{self, KillOnDrop, TestCluster};
+use std::path::{Path, PathBuf};
+
+use crate::common::{self, KillOnDrop, NodeRuntime, TestCluster};
 
 const ADMIN: &str = "slurm-nodes-admin-token";
 
@@ -48,33 +50,8 @@ if me == "workerpool0-0":
 async fn a_three_node_cluster_trial_puts_a_replica_on_each_node_and_they_reach_each_other() {
     let cluster = TestCluster::up(4);
     let conf = cluster.slurm("node1", &["node2", "node3", "node4"]);
-    let dir = cluster.dir.join("slurm-nodes");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("test directory");
-    let script = dir.join("replica.py");
-    std::fs::write(&script, REPLICA_PY).expect("script");
-    let addr = cluster.addr("node1");
-    let base = format!("http://{addr}:8080");
-    let _server = KillOnDrop(
-        cluster
-            .command("node1", common::augur_bin())
-            .args([
-                "serve",
-                "--token",
-                ADMIN,
-                "--listen",
-                &format!("{addr}:8080"),
-            ])
-            .arg("--database-url")
-            .arg(format!("sqlite://{}", dir.join("augur.db").display()))
-            .env("SLURM_CONF", &conf)
-            .env("AUGUR_LOG", "warn")
-            .env_remove("AUGUR_TOKEN")
-            .stdout(std::process::Stdio::null())
-            .stderr(cluster.log("slurm-nodes-augur.log"))
-            .spawn()
-            .expect("augur serve"),
-    );
+    let (dir, script) = fresh_dir(&cluster, "slurm-nodes", "replica.py", REPLICA_PY);
+    let (_server, base) = serve_on_node1(&cluster, &dir, &conf, "slurm-nodes-augur.log");
     let spec = json!({
         "name": "three-nodes", "algorithm": "random",
         "metrics": [{"id": "loss", "goal": "minimize"}],
@@ -89,40 +66,8 @@ async fn a_three_node_cluster_trial_puts_a_replica_on_each_node_and_they_reach_e
         }
     });
     let node1 = cluster.runtime("node1", 1);
-    let state: Value = node1
-        .run(async move {
-            let http = common::http();
-            common::eventually("ready", Duration::from_secs(30), || async {
-                match http.get(format!("{base}/readyz")).send().await {
-                    Ok(r) if r.status().is_success() => Ok(()),
-                    other => Err(format!("{other:?}")),
-                }
-            })
-            .await;
-            let post = reqwest::Method::POST;
-            let created =
-                common::call(&http, &base, Some(ADMIN), post, "/v1/studies", Some(spec)).await;
-            assert_eq!(created.status, 201, "{}", created.body);
-            let id = created.body["id"].as_i64().expect("id");
-            common::eventually("the study completes", Duration::from_secs(120), || async {
-                let get = reqwest::Method::GET;
-                let study = common::call(
-                    &http,
-                    &base,
-                    Some(ADMIN),
-                    get,
-                    &format!("/v1/studies/{id}"),
-                    None,
-                )
-                .await;
-                match study.body["state"].as_str() {
-                    Some("active") | None => Err(format!("{}", study.body)),
-                    Some(_) => Ok(study.body),
-                }
-            })
-            .await
-        })
-        .await;
+    let id = create_study(&node1, &base, spec).await;
+    let state = wait_ended(&node1, &base, id, Duration::from_secs(120)).await;
     // Every replica's log, from the shared file system.
     let mut logs = String::new();
     let mut pending = vec![dir.join("runs")];
@@ -203,34 +148,9 @@ async fn a_node_lost_mid_trial_fails_the_attempt_and_the_retry_resumes_on_the_no
     let cluster = TestCluster::up(5);
     let workers = ["node2", "node3", "node4", "node5"];
     let conf = cluster.slurm("node1", &workers);
-    let dir = cluster.dir.join("slurm-node-lost");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("test directory");
-    let script = dir.join("replica.py");
-    std::fs::write(&script, CHECKPOINTING_PY).expect("script");
+    let (dir, script) = fresh_dir(&cluster, "slurm-node-lost", "replica.py", CHECKPOINTING_PY);
     let events = dir.join("events.jsonl");
-    let addr = cluster.addr("node1");
-    let base = format!("http://{addr}:8080");
-    let _server = KillOnDrop(
-        cluster
-            .command("node1", common::augur_bin())
-            .args([
-                "serve",
-                "--token",
-                ADMIN,
-                "--listen",
-                &format!("{addr}:8080"),
-            ])
-            .arg("--database-url")
-            .arg(format!("sqlite://{}", dir.join("augur.db").display()))
-            .env("SLURM_CONF", &conf)
-            .env("AUGUR_LOG", "warn")
-            .env_remove("AUGUR_TOKEN")
-            .stdout(std::process::Stdio::null())
-            .stderr(cluster.log("slurm-node-lost-augur.log"))
-            .spawn()
-            .expect("augur serve"),
-    );
+    let (_server, base) = serve_on_node1(&cluster, &dir, &conf, "slurm-node-lost-augur.log");
     let spec = json!({
         "name": "node-lost", "algorithm": "random",
         "metrics": [{"id": "loss", "goal": "minimize"}],
@@ -257,26 +177,7 @@ async fn a_node_lost_mid_trial_fails_the_attempt_and_the_retry_resumes_on_the_no
         }
     };
     let node1 = cluster.runtime("node1", 1);
-    let http = common::http();
-    let id = {
-        let (http, base) = (http.clone(), base.clone());
-        node1
-            .run(async move {
-                common::eventually("ready", Duration::from_secs(30), || async {
-                    match http.get(format!("{base}/readyz")).send().await {
-                        Ok(r) if r.status().is_success() => Ok(()),
-                        other => Err(format!("{other:?}")),
-                    }
-                })
-                .await;
-                let post = reqwest::Method::POST;
-                let created =
-                    common::call(&http, &base, Some(ADMIN), post, "/v1/studies", Some(spec)).await;
-                assert_eq!(created.status, 201, "{}", created.body);
-                created.body["id"].as_i64().expect("id")
-            })
-            .await
-    };
+    let id = create_study(&node1, &base, spec).await;
     // Three epochs saved: the primary's node goes.
     let lost = common::eventually("three epochs trained", Duration::from_secs(120), || {
         let read_events = read_events.clone();
@@ -311,20 +212,7 @@ async fn a_node_lost_mid_trial_fails_the_attempt_and_the_retry_resumes_on_the_no
         }
     })
     .await;
-    let study: Value = node1
-        .run(async move {
-            common::eventually("the study ends", Duration::from_secs(240), || async {
-                let get = reqwest::Method::GET;
-                let path = format!("/v1/studies/{id}");
-                let study = common::call(&http, &base, Some(ADMIN), get, &path, None).await;
-                match study.body["state"].as_str() {
-                    Some("active") | None => Err(format!("{}", study.body)),
-                    Some(_) => Ok(study.body),
-                }
-            })
-            .await
-        })
-        .await;
+    let study = wait_ended(&node1, &base, id, Duration::from_secs(240)).await;
     let events = read_events();
     let report: Vec<String> = events.iter().map(Value::to_string).collect();
     println!(
@@ -382,28 +270,7 @@ async fn tensorflow_trains_one_model_across_three_slurm_nodes() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("test directory");
     let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/distributed");
-    let addr = cluster.addr("node1");
-    let base = format!("http://{addr}:8080");
-    let _server = KillOnDrop(
-        cluster
-            .command("node1", common::augur_bin())
-            .args([
-                "serve",
-                "--token",
-                ADMIN,
-                "--listen",
-                &format!("{addr}:8080"),
-            ])
-            .arg("--database-url")
-            .arg(format!("sqlite://{}", dir.join("augur.db").display()))
-            .env("SLURM_CONF", &conf)
-            .env("AUGUR_LOG", "warn")
-            .env_remove("AUGUR_TOKEN")
-            .stdout(std::process::Stdio::null())
-            .stderr(cluster.log("slurm-tensorflow-augur.log"))
-            .spawn()
-            .expect("augur serve"),
-    );
+    let (_server, base) = serve_on_node1(&cluster, &dir, &conf, "slurm-tensorflow-augur.log");
     let spec = json!({
         "name": "tensorflow-nodes", "algorithm": "random",
         "metrics": [{"id": "val_loss", "goal": "minimize"}],
@@ -423,33 +290,8 @@ async fn tensorflow_trains_one_model_across_three_slurm_nodes() {
         }
     });
     let node1 = cluster.runtime("node1", 1);
-    let study: Value = node1
-        .run(async move {
-            let http = common::http();
-            common::eventually("ready", Duration::from_secs(30), || async {
-                match http.get(format!("{base}/readyz")).send().await {
-                    Ok(r) if r.status().is_success() => Ok(()),
-                    other => Err(format!("{other:?}")),
-                }
-            })
-            .await;
-            let post = reqwest::Method::POST;
-            let created =
-                common::call(&http, &base, Some(ADMIN), post, "/v1/studies", Some(spec)).await;
-            assert_eq!(created.status, 201, "{}", created.body);
-            let id = created.body["id"].as_i64().expect("id");
-            common::eventually("the study ends", Duration::from_secs(900), || async {
-                let get = reqwest::Method::GET;
-                let path = format!("/v1/studies/{id}");
-                let study = common::call(&http, &base, Some(ADMIN), get, &path, None).await;
-                match study.body["state"].as_str() {
-                    Some("active") | None => Err(format!("{}", study.body)),
-                    Some(_) => Ok(study.body),
-                }
-            })
-            .await
-        })
-        .await;
+    let id = create_study(&node1, &base, spec).await;
+    let study = wait_ended(&node1, &base, id, Duration::from_secs(900)).await;
     let mut logs = String::new();
     let mut pending = vec![dir.join("runs")];
     while let Some(path) = pending.pop() {
@@ -490,4 +332,89 @@ async fn tensorflow_trains_one_model_across_three_slurm_nodes() {
         BTreeSet::from(["node2".to_string(), "node3".into(), "node4".into()]),
         "{cluster_spec}"
     );
+}
+
+/// A fresh directory `name` under the cluster's, holding `script` as `file`: the directory
+/// and the script's path.
+fn fresh_dir(cluster: &TestCluster, name: &str, file: &str, script: &str) -> (PathBuf, PathBuf) {
+    let dir = cluster.dir.join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("test directory");
+    let path = dir.join(file);
+    std::fs::write(&path, script).expect("script");
+    (dir, path)
+}
+
+/// `augur serve` on node1 (its SQLite file in `dir`, Slurm's `conf`), logging to `log`: the
+/// server and its URL.
+fn serve_on_node1(
+    cluster: &TestCluster,
+    dir: &Path,
+    conf: &Path,
+    log: &str,
+) -> (KillOnDrop, String) {
+    let addr = cluster.addr("node1");
+    let server = KillOnDrop(
+        cluster
+            .command("node1", common::augur_bin())
+            .args([
+                "serve",
+                "--token",
+                ADMIN,
+                "--listen",
+                &format!("{addr}:8080"),
+            ])
+            .arg("--database-url")
+            .arg(format!("sqlite://{}", dir.join("augur.db").display()))
+            .env("SLURM_CONF", conf)
+            .env("AUGUR_LOG", "warn")
+            .env_remove("AUGUR_TOKEN")
+            .stdout(std::process::Stdio::null())
+            .stderr(cluster.log(log))
+            .spawn()
+            .expect("augur serve"),
+    );
+    (server, format!("http://{addr}:8080"))
+}
+
+/// Create `spec` through `base` (from node1) once the server is ready: the study's id.
+async fn create_study(node1: &NodeRuntime, base: &str, spec: Value) -> i64 {
+    let base = base.to_string();
+    node1
+        .run(async move {
+            let http = common::http();
+            common::eventually("ready", Duration::from_secs(30), || async {
+                match http.get(format!("{base}/readyz")).send().await {
+                    Ok(r) if r.status().is_success() => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            })
+            .await;
+            let post = reqwest::Method::POST;
+            let created =
+                common::call(&http, &base, Some(ADMIN), post, "/v1/studies", Some(spec)).await;
+            assert_eq!(created.status, 201, "{}", created.body);
+            created.body["id"].as_i64().expect("id")
+        })
+        .await
+}
+
+/// The study once it is no longer active (from node1), waiting at most `limit`.
+async fn wait_ended(node1: &NodeRuntime, base: &str, id: i64, limit: Duration) -> Value {
+    let base = base.to_string();
+    node1
+        .run(async move {
+            let http = common::http();
+            common::eventually("the study ends", limit, || async {
+                let get = reqwest::Method::GET;
+                let path = format!("/v1/studies/{id}");
+                let study = common::call(&http, &base, Some(ADMIN), get, &path, None).await;
+                match study.body["state"].as_str() {
+                    Some("active") | None => Err(format!("{}", study.body)),
+                    Some(_) => Ok(study.body),
+                }
+            })
+            .await
+        })
+        .await
 }
