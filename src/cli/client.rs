@@ -149,6 +149,12 @@ impl Client {
             sent = self.send(sent_to, &method, path, body).await;
         }
         let response = sent.map_err(|e| {
+            if let Some(why) = tls_refusal(&e) {
+                return CliError::Untrusted(format!(
+                    "the server at {sent_to} was refused at the TLS handshake ({why}): give its \
+                     certificate, or its CA's, with --ca-cert (AUGUR_CA_CERT)"
+                ));
+            }
             CliError::Connection(if e.is_connect() || e.is_timeout() {
                 format!("cannot reach the Augur server at {sent_to} (is `augur serve` running? set --url or AUGUR_URL)")
             } else {
@@ -249,6 +255,27 @@ impl Client {
             }
         }
     }
+}
+
+/// The TLS refusal behind a failed request (an untrusted certificate, or one for another
+/// name), if that is what it was.
+fn tls_refusal(e: &reqwest::Error) -> Option<String> {
+    use tokio_rustls::rustls::Error as TlsError;
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if let Some(tls) = err.downcast_ref::<TlsError>() {
+            return Some(tls.to_string());
+        }
+        // rustls' error travels inside io::Errors (nested), whose `source` skips it.
+        source = match err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => err.source(),
+        };
+    }
+    None
 }
 
 /// Whether a client of `base` follows a replica that names `owner`: an http(s) URL with no

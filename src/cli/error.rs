@@ -20,6 +20,10 @@ pub enum CliError {
     /// The server could not be reached, or its answer not read.
     #[error("{0}")]
     Connection(String),
+    /// The server's certificate was refused (not trusted, or not for that name): trying again
+    /// does not help, unlike a `Connection` error.
+    #[error("{0}")]
+    Untrusted(String),
     /// A file given on the command line could not be read or parsed.
     #[error("{}: {message}", path.display())]
     File { path: PathBuf, message: String },

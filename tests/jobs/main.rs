@@ -18,6 +18,7 @@ mod kube_standin;
 mod kubernetes;
 mod multi_fidelity;
 mod pbt;
+mod remote_worker;
 mod run_as;
 mod runner_failover;
 mod slurm;
