@@ -103,6 +103,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--augur-bin", required=True)
     parser.add_argument("--augur-pg", help="postgres://… database for Augur (optional)")
+    parser.add_argument("--optuna-pg",
+                        help="postgresql+psycopg2://… database for Optuna's RDBStorage (optional)")
     parser.add_argument("--trials", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--fill-threads", type=int, default=8)
@@ -132,6 +134,14 @@ def main() -> None:
         return proc, lambda: GrpcStorageProxy(host="127.0.0.1", port=port)
 
     setups.append(("Optuna run_grpc_proxy_server + RDB SQLite", optuna_grpc))
+    if args.optuna_pg:
+        fill(lambda: RDBStorage(args.optuna_pg), "load", args.trials, 1)
+
+        def optuna_grpc_pg() -> Tuple[Any, Callable[[], Any]]:
+            proc, port = optuna_server(args.optuna_pg, args.log)
+            return proc, lambda: GrpcStorageProxy(host="127.0.0.1", port=port)
+
+        setups.append(("Optuna run_grpc_proxy_server + RDB PostgreSQL", optuna_grpc_pg))
     setups.append(("Optuna RDBStorage, SQLite (direct)", lambda: (None, lambda: RDBStorage(rdb_url))))
 
     rows = []
