@@ -111,6 +111,14 @@ pub(super) struct Notifier {
 }
 
 impl Notifier {
+    /// Whether news of a study with these webhooks would be sent: the sender is started and
+    /// there is somebody to tell.
+    pub fn listens(&self, targets: &[NotificationTarget]) -> bool {
+        self.queue
+            .get()
+            .is_some_and(|(_, default)| *default || !targets.is_empty())
+    }
+
     /// Hand the news on without waiting: a full queue drops it.
     pub fn offer(&self, news: Option<StudyNews>) {
         let (Some(news), Some((queue, default))) = (news, self.queue.get()) else {

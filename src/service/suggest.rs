@@ -78,6 +78,8 @@ enum Asker {
     Dispatcher {
         client_id: ClientId,
         launch_tokens: Vec<String>,
+        /// The dispatcher's owner id: it must hold the study's runner lease.
+        runner: String,
     },
 }
 
@@ -122,6 +124,7 @@ impl Service {
     pub async fn suggest_dispatched(
         &self,
         study_id: i64,
+        runner: &str,
         client_id: ClientId,
         launch_tokens: Vec<String>,
     ) -> ServiceResult<DispatchedSuggestions> {
@@ -129,6 +132,7 @@ impl Service {
         let asker = Asker::Dispatcher {
             client_id,
             launch_tokens,
+            runner: runner.to_string(),
         };
         let handed = self.suggest_as(study_id, count, asker).await?;
         Ok(DispatchedSuggestions {
@@ -144,12 +148,13 @@ impl Service {
     /// The trials handed out, the study's state, and whether to ask again later.
     async fn suggest_as(&self, study_id: i64, count: usize, asker: Asker) -> ServiceResult<Handed> {
         let fixed = self.fixed_config(study_id).await?;
-        let (client_id, dispatched, launch_tokens) = match asker {
-            Asker::Worker(client) => (client, false, Vec::new()),
+        let (client_id, dispatched, launch_tokens, runner) = match asker {
+            Asker::Worker(client) => (client, false, Vec::new(), None),
             Asker::Dispatcher {
                 client_id,
                 launch_tokens,
-            } => (Some(client_id), true, launch_tokens),
+                runner,
+            } => (Some(client_id), true, launch_tokens, Some(runner)),
         };
         // Model-based designers read a snapshot and think outside the study's lock; the
         // design lock keeps this process's suggestions for the study one at a time, from
@@ -191,7 +196,8 @@ impl Service {
                 precomputed,
                 dispatched,
                 launch_tokens: launch_tokens.clone(),
-            };
+            }
+            .by_runner(runner.as_deref());
             match self.commits.submit(study_id, command).await? {
                 Reply::Suggested(handed) => return Ok(handed),
                 Reply::Stale => {

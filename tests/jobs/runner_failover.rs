@@ -355,3 +355,95 @@ async fn a_runner_cut_from_the_database_stops_its_jobs_before_another_takes_them
         );
     }
 }
+
+/// The first run of each trial trains 4 s, a later run 20 s; each reports `loss` as the node's
+/// number and the trial's (`loss=2.1`: node2, trial 1), so the value says who ran it.
+const FROZEN_TRAINER_SH: &str = r#"
+node=$(hostname | tr -dc 0-9)
+echo "start $AUGUR_TRIAL_ID $(hostname)" >> "$EVENTS"
+if [ -e "$EVENTS.$AUGUR_TRIAL_ID" ]; then sleep 20; else touch "$EVENTS.$AUGUR_TRIAL_ID"; sleep 4; fi
+echo "end $AUGUR_TRIAL_ID $(hostname)" >> "$EVENTS"
+echo "loss=$node.$AUGUR_TRIAL_ID"
+"#;
+
+/// The replica running a study's trials freezes (SIGSTOP, as a stopped VM or a long GC pause
+/// does) for longer than its runner lease; its jobs end meanwhile. The other replica takes
+/// the study and runs the trials again; then the frozen one wakes with its jobs' outcomes in
+/// hand. Those are stale: the study's batch refuses what a dispatcher reports for a study
+/// whose runner lease it no longer holds, so each trial ends once, with the value of the run
+/// of the replica that held the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_runner_that_wakes_after_losing_its_lease_records_nothing() {
+    let cluster = TestCluster::up(3);
+    let pg = NodePostgres::start(&cluster, "node3", PG_PORT);
+    let (dir, script, events_file) = test_dir(&cluster, "runner-frozen", FROZEN_TRAINER_SH);
+    let (_replicas, bases, clients, id) =
+        deploy(&cluster, &pg, &dir, &script, &events_file, 2).await;
+    let frozen = common::eventually("two trials started", Duration::from_secs(60), || async {
+        let started: Vec<_> = events(&events_file)
+            .into_iter()
+            .filter(|e| e.0 == "start")
+            .collect();
+        match started.as_slice() {
+            [a, b, ..] if a.2 == b.2 => Ok(a.2.clone()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let survivor = if frozen == "node1" { "node2" } else { "node1" };
+    let server = cluster.processes_on(&frozen, "serve");
+    assert!(!server.is_empty(), "augur serve on {frozen}");
+    let signal = |signal| {
+        for pid in &server {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), signal);
+        }
+    };
+    signal(nix::sys::signal::Signal::SIGSTOP);
+    common::eventually(
+        "the survivor runs both",
+        Duration::from_secs(60),
+        || async {
+            let on_survivor = events(&events_file)
+                .iter()
+                .filter(|e| e.0 == "start" && e.2 == survivor)
+                .count();
+            if on_survivor >= 2 {
+                Ok(())
+            } else {
+                Err(format!("{on_survivor}"))
+            }
+        },
+    )
+    .await;
+    signal(nix::sys::signal::Signal::SIGCONT);
+    let base = bases[if survivor == "node1" { 0 } else { 1 }].clone();
+    let (study, trials) = wait_ended(&clients, base, id).await;
+    let log = events(&events_file);
+    println!(
+        "\n== runner frozen: {frozen} stopped past its lease, {survivor} took over ==\n{log:?}\n{trials}"
+    );
+    assert_eq!(study["trial_counts"]["completed"], 2, "{study}");
+    let node = |name: &str| {
+        name.trim_start_matches("node")
+            .parse::<f64>()
+            .expect("node")
+    };
+    for t in trials["trials"].as_array().expect("trials") {
+        let loss = t["final_measurement"]["metrics"]["loss"]
+            .as_f64()
+            .expect("loss");
+        assert_eq!(
+            loss.trunc(),
+            node(survivor),
+            "trial {} ended with the value of {frozen}'s stale run, not {survivor}'s: {t}",
+            t["id"]
+        );
+    }
+    let script = script.display().to_string();
+    for node in ["node1", "node2"] {
+        assert!(
+            cluster.processes_on(node, &script).is_empty(),
+            "a job outlived the study on {node}"
+        );
+    }
+}

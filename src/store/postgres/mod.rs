@@ -552,6 +552,13 @@ impl StudyTx for PostgresStudyTx {
         Ok(n.max(0) as u64)
     }
 
+    async fn runner_lease(&mut self) -> StoreResult<Option<(String, Time)>> {
+        Ok(sqlx::query_as(super::sql::RUNNER_LEASE)
+            .bind(self.study.id)
+            .fetch_optional(&mut *self.tx)
+            .await?)
+    }
+
     async fn measurements(&mut self, trial_id: i64) -> StoreResult<Vec<Measurement>> {
         self.flush().await?;
         let rows: Vec<MeasurementRow> = sqlx::query_as(MEASUREMENTS_RANGE)
