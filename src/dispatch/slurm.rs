@@ -362,8 +362,10 @@ async fn squeue_state(job_id: &str) -> Result<String, ExecutorError> {
 /// Append `text` to the job's log below `base` (which Slurm appends the job's output to),
 /// never through a link.
 async fn append_log(base: &Path, path: &Path, text: &str) -> Result<u64, ExecutorError> {
-    let failed =
-        |e: std::io::Error| ExecutorError::Launch(format!("log file {}: {e}", path.display()));
+    let failed = |source| ExecutorError::File {
+        path: path.display().to_string(),
+        source,
+    };
     let mut file = super::executor::open_log(base, path).await?;
     file.write_all(text.as_bytes()).await.map_err(failed)?;
     file.flush().await.map_err(failed)?;
@@ -385,7 +387,10 @@ impl Executor for SlurmExecutor {
         let private = |path: PathBuf, text: String| async move {
             write_private(&request.output_base, &path, &text)
                 .await
-                .map_err(|e| ExecutorError::Launch(format!("{}: {e}", path.display())))
+                .map_err(|source| ExecutorError::File {
+                    path: path.display().to_string(),
+                    source,
+                })
         };
         private(files.script.clone(), batch_script(request, &files)?).await?;
         if request.cluster.is_some() {

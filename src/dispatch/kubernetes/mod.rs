@@ -97,41 +97,64 @@ impl KubeConnection {
             .get_or_try_init(|| connect(&self.settings))
             .await
             .cloned()
-            .map_err(|e| ExecutorError::Launch(format!("kubernetes: {e}")))
+            .map_err(ExecutorError::KubernetesConnect)
     }
 }
 
-async fn connect(settings: &KubeSettings) -> Result<(Client, String), String> {
+/// Why no client could be made from the operator's settings (shared: the first try's error
+/// is every later caller's too).
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: String,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("no kubeconfig and not in a cluster: {0}")]
+    Infer(#[source] kube::config::InferConfigError),
+    #[error("client: {0}")]
+    Client(#[source] kube::Error),
+}
+
+async fn connect(settings: &KubeSettings) -> Result<(Client, String), Arc<ConnectError>> {
     let options = KubeConfigOptions {
         context: settings.context.clone(),
         cluster: None,
         user: None,
     };
+    let kubeconfig_error = |path: &str| {
+        let path = path.to_string();
+        move |source| Arc::new(ConnectError::Kubeconfig { path, source })
+    };
     let config = match &settings.kubeconfig {
         Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path)
-                .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?;
+            let shown = path.display().to_string();
+            let kubeconfig = Kubeconfig::read_from(path).map_err(kubeconfig_error(&shown))?;
             Config::from_custom_kubeconfig(kubeconfig, &options)
                 .await
-                .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?
+                .map_err(kubeconfig_error(&shown))?
         }
         None if settings.context.is_some() => Config::from_kubeconfig(&options)
             .await
-            .map_err(|e| format!("kubeconfig: {e}"))?,
+            .map_err(kubeconfig_error("(default)"))?,
         None => Config::infer()
             .await
-            .map_err(|e| format!("no kubeconfig and not in a cluster: {e}"))?,
+            .map_err(|e| Arc::new(ConnectError::Infer(e)))?,
     };
     let namespace = settings
         .namespace
         .clone()
         .unwrap_or_else(|| config.default_namespace.clone());
-    let client = Client::try_from(config).map_err(|e| format!("client: {e}"))?;
+    let client = Client::try_from(config).map_err(|e| Arc::new(ConnectError::Client(e)))?;
     Ok((client, namespace))
 }
 
-fn api_error(what: &str, e: kube::Error) -> ExecutorError {
-    ExecutorError::Launch(format!("kubernetes: {what}: {e}"))
+fn api_error(what: &str, source: kube::Error) -> ExecutorError {
+    ExecutorError::Kubernetes {
+        what: what.to_string(),
+        source,
+    }
 }
 
 /// The four kinds of object an attempt has, in its namespace.
@@ -586,7 +609,10 @@ async fn write_log_headers(request: &JobRequest) -> Result<(), ExecutorError> {
         let mut log = open_log(&request.output_base, &replica.log_path).await?;
         log.write_all(request.log_header(replica).as_bytes())
             .await
-            .map_err(|e| ExecutorError::Launch(e.to_string()))?;
+            .map_err(|source| ExecutorError::File {
+                path: replica.log_path.display().to_string(),
+                source,
+            })?;
     }
     Ok(())
 }
