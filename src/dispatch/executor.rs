@@ -271,6 +271,24 @@ pub async fn write_private(
 
 /// Open the server's log `path` below `base` to append to (made when missing), never
 /// through a link (`service::trial_files`).
+/// Each replica's log starts each attempt with a header (`JobRequest::log_header`), written
+/// here for every executor before it launches; the job's output follows it.
+pub async fn write_log_headers(request: &JobRequest) -> Result<(), ExecutorError> {
+    use tokio::io::AsyncWriteExt;
+    for replica in &request.replicas {
+        let mut log = open_log(&request.output_base, &replica.log_path).await?;
+        let failed = |source| ExecutorError::File {
+            path: replica.log_path.display().to_string(),
+            source,
+        };
+        log.write_all(request.log_header(replica).as_bytes())
+            .await
+            .map_err(failed)?;
+        log.flush().await.map_err(failed)?;
+    }
+    Ok(())
+}
+
 pub async fn open_log(
     base: &std::path::Path,
     path: &std::path::Path,

@@ -375,13 +375,8 @@ pub(super) async fn spawn_replica(
         .argv
         .split_first()
         .ok_or_else(|| ExecutorError::Launch("empty command".into()))?;
-    let mut log = super::executor::open_log(&request.output_base, &replica.log_path).await?;
-    log.write_all(request.log_header(replica).as_bytes())
-        .await
-        .map_err(|source| ExecutorError::File {
-            path: replica.log_path.display().to_string(),
-            source,
-        })?;
+    // Its header is written already (`attempt.rs`, for every executor).
+    let log = super::executor::open_log(&request.output_base, &replica.log_path).await?;
     let mut command = Command::new(program);
     command
         .args(args)

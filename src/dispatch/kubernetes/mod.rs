@@ -38,7 +38,6 @@ use tokio::time::Instant;
 
 use self::watch::{Driver, Followers};
 use super::exec::{ExecVia, forward, refused, refused_replica, terminal_key};
-use super::executor::open_log;
 use super::executor::{Executor, ExecutorError, JobExit, JobRequest, RunningJob};
 use crate::model::{ReplicaId, TrialJobSpec};
 use crate::service::exec::{
@@ -321,7 +320,6 @@ impl Executor for KubernetesExecutor {
         let apis = self.apis(None).await?;
         let manifests = attempt_manifests(request, &self.job, &apis.namespace)?;
         warn_if_unreachable(request);
-        write_log_headers(request).await?;
         // Only one attempt of a trial runs: an earlier one's leftovers go first.
         let others = format!(
             "{},{LABEL_ATTEMPT}!={}",
@@ -601,20 +599,6 @@ fn warn_if_unreachable(request: &JobRequest) {
              --public-url (metrics from the primary's stdout still work)"
         );
     }
-}
-
-/// Each replica's log starts each attempt with a header, as with the local executor.
-async fn write_log_headers(request: &JobRequest) -> Result<(), ExecutorError> {
-    for replica in &request.replicas {
-        let mut log = open_log(&request.output_base, &replica.log_path).await?;
-        log.write_all(request.log_header(replica).as_bytes())
-            .await
-            .map_err(|source| ExecutorError::File {
-                path: replica.log_path.display().to_string(),
-                source,
-            })?;
-    }
-    Ok(())
 }
 
 /// The created (or adopted) Jobs: uid → pool, and the names by pool.
