@@ -205,6 +205,41 @@ async fn deploy(
     (replicas, bases, clients, id)
 }
 
+/// The node on which the study's first two trials started (both on one: its runner's).
+async fn two_started_on_one_node(events_file: &std::path::Path) -> String {
+    common::eventually("two trials started", Duration::from_secs(60), || async {
+        let started: Vec<_> = events(events_file)
+            .into_iter()
+            .filter(|e| e.0 == "start")
+            .collect();
+        match started.as_slice() {
+            [a, b, ..] if a.2 == b.2 => Ok(a.2.clone()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+}
+
+/// Once two trials have started on `node` (the one that took the study over).
+async fn two_started_on(events_file: &std::path::Path, node: &str) {
+    common::eventually(
+        "the survivor runs both",
+        Duration::from_secs(60),
+        || async {
+            let on_node = events(events_file)
+                .iter()
+                .filter(|e| e.0 == "start" && e.2 == node)
+                .count();
+            if on_node >= 2 {
+                Ok(())
+            } else {
+                Err(format!("{on_node}"))
+            }
+        },
+    )
+    .await;
+}
+
 /// The study, once it has ended, and its trials, read from `base` on `clients`.
 async fn wait_ended(clients: &NodeRuntime, base: String, id: i64) -> (Value, Value) {
     clients
@@ -281,36 +316,11 @@ async fn a_runner_cut_from_the_database_stops_its_jobs_before_another_takes_them
             })
             .collect()
     };
-    let cut = common::eventually("two trials started", Duration::from_secs(60), || async {
-        let started: Vec<_> = timed(&events_file)
-            .into_iter()
-            .filter(|e| e.0 == "start")
-            .collect();
-        match started.as_slice() {
-            [a, b, ..] if a.2 == b.2 => Ok(a.2.clone()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    let cut = two_started_on_one_node(&events_file).await;
     let survivor = if cut == "node1" { "node2" } else { "node1" };
     cluster.cut(&cut, "node3");
     cluster.cut(&cut, survivor);
-    common::eventually(
-        "the survivor runs both",
-        Duration::from_secs(60),
-        || async {
-            let on_survivor = timed(&events_file)
-                .iter()
-                .filter(|e| e.0 == "start" && e.2 == survivor)
-                .count();
-            if on_survivor >= 2 {
-                Ok(())
-            } else {
-                Err(format!("{on_survivor}"))
-            }
-        },
-    )
-    .await;
+    two_started_on(&events_file, survivor).await;
     cluster.heal(&cut, "node3");
     cluster.heal(&cut, survivor);
     let base = bases[if survivor == "node1" { 0 } else { 1 }].clone();
@@ -379,17 +389,7 @@ async fn a_frozen_runner_that_wakes_after_losing_its_lease_records_nothing() {
     let (dir, script, events_file) = test_dir(&cluster, "runner-frozen", FROZEN_TRAINER_SH);
     let (_replicas, bases, clients, id) =
         deploy(&cluster, &pg, &dir, &script, &events_file, 2).await;
-    let frozen = common::eventually("two trials started", Duration::from_secs(60), || async {
-        let started: Vec<_> = events(&events_file)
-            .into_iter()
-            .filter(|e| e.0 == "start")
-            .collect();
-        match started.as_slice() {
-            [a, b, ..] if a.2 == b.2 => Ok(a.2.clone()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    let frozen = two_started_on_one_node(&events_file).await;
     let survivor = if frozen == "node1" { "node2" } else { "node1" };
     let server = cluster.processes_on(&frozen, "serve");
     assert!(!server.is_empty(), "augur serve on {frozen}");
@@ -399,22 +399,7 @@ async fn a_frozen_runner_that_wakes_after_losing_its_lease_records_nothing() {
         }
     };
     signal(nix::sys::signal::Signal::SIGSTOP);
-    common::eventually(
-        "the survivor runs both",
-        Duration::from_secs(60),
-        || async {
-            let on_survivor = events(&events_file)
-                .iter()
-                .filter(|e| e.0 == "start" && e.2 == survivor)
-                .count();
-            if on_survivor >= 2 {
-                Ok(())
-            } else {
-                Err(format!("{on_survivor}"))
-            }
-        },
-    )
-    .await;
+    two_started_on(&events_file, survivor).await;
     signal(nix::sys::signal::Signal::SIGCONT);
     let base = bases[if survivor == "node1" { 0 } else { 1 }].clone();
     let (study, trials) = wait_ended(&clients, base, id).await;
