@@ -447,9 +447,15 @@ impl Service {
         })
     }
 
-    /// Whether `trial_id` is the study's best trial now (one objective only).
+    /// Whether `trial_id` is the study's best trial now; with several objectives, whether it
+    /// is on the Pareto front (`optimal_trials`).
     async fn is_best(&self, study_id: i64, trial_id: i64) -> ServiceResult<bool> {
         let study = self.study_record(study_id).await?;
+        let config = super::stored_config(&study)?;
+        if augur_optimizer::objective_metrics(&config.metrics).len() > 1 {
+            let front = self.optimal_records(study_id, &config).await?;
+            return Ok(front.iter().any(|t| t.id == trial_id));
+        }
         Ok(self
             .best_trial_record(study_id, &study.spec)
             .await?

@@ -27,6 +27,7 @@ on_both_backends!(
     refused_urls_answer_400_naming_the_field,
     a_loopback_url_is_refused_at_send_time_by_a_server_that_does_not_allow_it,
     the_server_default_hears_of_studies_that_name_no_webhook,
+    a_multi_objective_study_announces_each_trial_that_joins_the_pareto_front,
 );
 
 const SECRET: &str = "webhook-secret-of-the-test";
@@ -262,6 +263,72 @@ async fn events_reach_a_receiver_that_verifies_their_signature(backend: &str) {
         assert_eq!(d["url"], url.as_str(), "{d}");
         assert_eq!(d["target"], "study", "{d}");
     }
+}
+
+/// With two objectives, `best_improved` is a trial that joined the Pareto front (the study's
+/// `optimal_trials`): of four completions, the dominated one is not announced.
+async fn a_multi_objective_study_announces_each_trial_that_joins_the_pareto_front(backend: &str) {
+    let app = app_allowing_loopback(backend).await;
+    let (url, got) = receiver(0).await;
+    let mut spec = study_with_webhook("fronted", &url, 4, json!(["best_improved"]));
+    spec["metrics"] = json!([
+        {"id": "loss", "goal": "minimize"},
+        {"id": "accuracy", "goal": "maximize"}
+    ]);
+    let study = app.create_study(spec).await;
+    let trials = suggest(&app, study, 4).await;
+    let announced = |n: usize| {
+        let got = got.clone();
+        async move {
+            eventually("announcements", Duration::from_secs(10), || async {
+                let ids: Vec<i64> = got
+                    .got()
+                    .iter()
+                    .map(|r| r.json()["trial"]["id"].as_i64().expect("trial id"))
+                    .collect();
+                if ids.len() >= n {
+                    Ok(ids)
+                } else {
+                    Err(format!("{ids:?}"))
+                }
+            })
+            .await
+        }
+    };
+    // (loss, accuracy): the first; one it dominates; one beside it on the front; one that
+    // dominates both.
+    let results = [(0.5, 0.5), (0.6, 0.4), (0.3, 0.3), (0.2, 0.9)];
+    let mut expected = Vec::new();
+    for (trial, (loss, accuracy)) in trials.iter().zip(results) {
+        let r = app
+            .post(
+                &format!("/v1/studies/{study}/trials/{trial}/complete"),
+                json!({"metrics": {"loss": loss, "accuracy": accuracy}}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+        if (loss, accuracy) != (0.6, 0.4) {
+            expected.push(*trial);
+            // Each read after its own completion: the front it joined, not a later one.
+            assert_eq!(announced(expected.len()).await, expected);
+        }
+    }
+    app.wait_for_state(study, "completed", Duration::from_secs(10))
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(announced(expected.len()).await, expected, "nothing more");
+    let front = app
+        .get(&format!("/v1/studies/{study}/optimal_trials"))
+        .await;
+    assert_eq!(front.status, StatusCode::OK, "{}", front.body);
+    let mut on_front: Vec<i64> = front.body["trials"]
+        .as_array()
+        .expect("optimal trials")
+        .iter()
+        .map(|t| t["id"].as_i64().expect("id"))
+        .collect();
+    on_front.sort();
+    assert_eq!(on_front, [trials[3]], "the last dominates every other");
 }
 
 /// A receiver that answers 500 to the first request gets the same signed body again, and
