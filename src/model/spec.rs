@@ -518,6 +518,9 @@ pub struct StudyUpdate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<BTreeMap<String, serde_json::Value>>)]
     pub user_attrs: Option<BTreeMap<String, serde_json::Value>>,
+    /// The study's webhooks, all of them (`[]` removes them), checked as at creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notifications: Option<Vec<super::NotificationSpec>>,
 }
 
 impl StudyUpdate {
@@ -533,11 +536,25 @@ impl StudyUpdate {
 
     /// Whether it changes the budget (`max_trials`, `parallel_trials`, `max_failed_trials`,
     /// `max_budget`).
-    pub fn changes_budget(&self) -> bool {
+    /// Whether what is left (after `take_annotations`) changes the study's spec: its budget
+    /// or its webhooks.
+    pub fn changes_spec(&self) -> bool {
         self.max_trials.is_some()
             || self.parallel_trials.is_some()
             || self.max_failed_trials.is_some()
             || self.max_budget.is_some()
+            || self.notifications.is_some()
+    }
+
+    /// The update as the audit trail keeps it: webhook secrets hidden.
+    pub fn redacted(&self) -> StudyUpdate {
+        StudyUpdate {
+            notifications: self
+                .notifications
+                .as_ref()
+                .map(|n| n.iter().map(super::NotificationSpec::redacted).collect()),
+            ..self.clone()
+        }
     }
 }
 
@@ -1076,6 +1093,9 @@ impl StudySpec {
         }
         if let Some(v) = update.max_budget {
             next.max_budget = Some(v);
+        }
+        if let Some(notifications) = &update.notifications {
+            next.notifications = notifications.clone();
         }
         let config = next.validate()?;
         Ok((next, config))

@@ -146,9 +146,9 @@ impl Service {
     /// The hosts a study's webhooks may reach (checked when a study is created).
     pub(super) fn check_notification_hosts(
         &self,
-        spec: &crate::model::StudySpec,
+        notifications: &[crate::model::NotificationSpec],
     ) -> ServiceResult<()> {
-        for (i, n) in spec.notifications.iter().enumerate() {
+        for (i, n) in notifications.iter().enumerate() {
             let field = format!("notifications[{i}].url");
             let url = crate::model::notification::parse_url(&n.url, &field)?;
             self.notify_settings.hosts.check_url(&url, &field)?;
