@@ -1,27 +1,5 @@
 //! Sending a study's changes to the replica that takes them (`service/replicas.rs` says
 //! why, and which replica that is). Only with `--replica-url`.
-//!
-//! A change is any request but GET, HEAD and OPTIONS under `/v1/studies/{study}`. Only a
-//! study whose changes overlap is routed: one that has two changes in flight at this
-//! replica at once, and for `HOT_FOR` after it last had. A study with one client at a time
-//! never meets itself on another replica, and sending its changes on would only add a hop
-//! (measured: 100 studies with one client each lost a fifth of their rate to it); a study
-//! with many clients behind a balancer takes turns on its row lock across replicas unless
-//! its changes go to one of them. The replica a client reached checks the request first (the browser guard, the token, its
-//! role, the rate limit) and then, if another replica owns the study, sends it on with the
-//! replicas' secret in `x-augur-replica` and relays the answer. The owner checks the token
-//! again (handlers need the caller), skips the rate limit (already taken) and never sends a
-//! forwarded request further. If the owner refuses the connection, the request is served
-//! here (the study's row lock keeps that correct); if it fails after it was sent, whether
-//! the change was applied is unknown, and most changes are not safe to apply twice: the
-//! client gets `500` with code `unanswered` (not `503`, which says nothing was done).
-//!
-//! Every answer to a change of a study another replica owns, forwarded or served here,
-//! names the owner in `augur-study-replica`: a client that follows it (ours do) sends the
-//! study's next changes straight there and saves the hop, which is most of what a second
-//! replica costs one busy study on a small machine (docs/scaling.md), and a client that
-//! started while the study was quiet joins the others at its owner. The owner's URL is the
-//! one this replica already sends the client's token to.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -55,6 +33,28 @@ const PRUNE_AT: usize = 10_000;
 pub struct FromPeer;
 
 /// This replica's routing: the live replicas and a client to reach them.
+///
+/// A change is any request but GET, HEAD and OPTIONS under `/v1/studies/{study}`. Only a
+/// study whose changes overlap is routed: one that has two changes in flight at this
+/// replica at once, and for `HOT_FOR` after it last had. A study with one client at a time
+/// never meets itself on another replica, and sending its changes on would only add a hop
+/// (measured: 100 studies with one client each lost a fifth of their rate to it); a study
+/// with many clients behind a balancer takes turns on its row lock across replicas unless
+/// its changes go to one of them. The replica a client reached checks the request first (the browser guard, the token, its
+/// role, the rate limit) and then, if another replica owns the study, sends it on with the
+/// replicas' secret in `x-augur-replica` and relays the answer. The owner checks the token
+/// again (handlers need the caller), skips the rate limit (already taken) and never sends a
+/// forwarded request further. If the owner refuses the connection, the request is served
+/// here (the study's row lock keeps that correct); if it fails after it was sent, whether
+/// the change was applied is unknown, and most changes are not safe to apply twice: the
+/// client gets `500` with code `unanswered` (not `503`, which says nothing was done).
+///
+/// Every answer to a change of a study another replica owns, forwarded or served here,
+/// names the owner in `augur-study-replica`: a client that follows it (ours do) sends the
+/// study's next changes straight there and saves the hop, which is most of what a second
+/// replica costs one busy study on a small machine (docs/scaling.md), and a client that
+/// started while the study was quiet joins the others at its owner. The owner's URL is the
+/// one this replica already sends the client's token to.
 #[derive(Clone)]
 pub struct Forwarder {
     replicas: Arc<Replicas>,

@@ -3,23 +3,6 @@
 //! applies them in one transaction: each study's commands as one batch under that study's
 //! lock (`state_machine.rs`), all committed together. Each caller gets its answer only after
 //! that commit.
-//!
-//! Why: a durable commit costs a disk flush (~4 ms here), and changes to one study are
-//! serialized by its row lock anyway, so one transaction per request caps a study at a few
-//! hundred changes per second, and one transaction per study and batch caps a server with many
-//! busy studies alike (each batch then holds one or two commands). Sharing the flush across
-//! studies spreads it over every waiting request.
-//!
-//! A study always goes to the same lane (its id modulo the number of lanes), so its batches
-//! stay in order. One lane per core (at least 2, at most 8): more lanes commit more, smaller
-//! batches, and on a machine whose cores PostgreSQL shares that costs more than it overlaps
-//! (measured on 2 cores, 100 studies × 64 clients: 1, 2, 3, 4 lanes gave 1,870, 1,764,
-//! 1,647, 1,492 trials/s); two keep one study's lock wait from holding up every other study.
-//!
-//! Replicas on one PostgreSQL: a lane locks its first study waiting, as one study's batcher
-//! did, and every further study with `SKIP LOCKED`, so it never waits while holding locks
-//! (no deadlock between replicas) and a study another replica is committing does not hold
-//! up this lane's other studies: its commands go first into the lane's next transaction.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -51,6 +34,24 @@ struct Job {
     reply: oneshot::Sender<ServiceResult<Reply>>,
 }
 
+/// The commit lanes of this process.
+///
+/// Why: a durable commit costs a disk flush (~4 ms here), and changes to one study are
+/// serialized by its row lock anyway, so one transaction per request caps a study at a few
+/// hundred changes per second, and one transaction per study and batch caps a server with many
+/// busy studies alike (each batch then holds one or two commands). Sharing the flush across
+/// studies spreads it over every waiting request.
+///
+/// A study always goes to the same lane (its id modulo the number of lanes), so its batches
+/// stay in order. One lane per core (at least 2, at most 8): more lanes commit more, smaller
+/// batches, and on a machine whose cores PostgreSQL shares that costs more than it overlaps
+/// (measured on 2 cores, 100 studies × 64 clients: 1, 2, 3, 4 lanes gave 1,870, 1,764,
+/// 1,647, 1,492 trials/s); two keep one study's lock wait from holding up every other study.
+///
+/// Replicas on one PostgreSQL: a lane locks its first study waiting, as one study's batcher
+/// did, and every further study with `SKIP LOCKED`, so it never waits while holding locks
+/// (no deadlock between replicas) and a study another replica is committing does not hold
+/// up this lane's other studies: its commands go first into the lane's next transaction.
 #[derive(Clone)]
 pub(super) struct GroupCommit {
     store: Arc<dyn Store>,

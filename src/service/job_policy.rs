@@ -1,31 +1,6 @@
 //! What a study's `trial_job` may run (`augur serve --job-commands`, `--job-images`,
 //! `--job-env-allow`) and where on Kubernetes (`--kubernetes-service-accounts`,
 //! `--kubernetes-namespaces`, `--kubernetes-claims`).
-//!
-//! Without a command or image list, any program (for operators and admins). With one, every
-//! replica's program must be allowed: on this machine or Slurm (executors `local`, `slurm`)
-//! its command must start with one of the allowed command prefixes, with no placeholder
-//! (`${p}`) in the words the prefix covers (a placeholder is filled in per trial: a
-//! categorical `../../bin/sh` would leave the allowed directory), and its `env` may set only
-//! variables known to load no code (`PYTHONUNBUFFERED`, `OMP_NUM_THREADS`, …) and those the
-//! operator allows (`--job-env-allow`): an allow-list, since interpreters and libraries read
-//! many variables that run code (`HOME` finds Python's `.pth` files, `BASH_FUNC_*%%` defines
-//! shell functions, `OPENSSL_CONF` and `GCONV_PATH` load modules). In a container (executors
-//! `container`, `kubernetes`) its image must be allowed: the image is what runs, whatever its
-//! command. A kind with no list of its own is refused while the other has one: an operator
-//! who limits commands does not mean to allow any image, nor the reverse. Each worker pool's
-//! own command, image and `env` are checked.
-//!
-//! A command prefix is either whole arguments (`/usr/bin/python3 /opt/trainers/train.py`:
-//! the command's first arguments must be exactly these) or a directory (ending in `/`:
-//! `/opt/trainers/`: the program must be an absolute path inside it, without `..`). Relative
-//! programs and scripts resolve against the job's `workdir`, which the spec chooses: allow
-//! absolute paths. An allowed image is matched by its parts ([`AllowedImages`]).
-//!
-//! On Kubernetes, a pod's service account, namespace and volume claim decide what it can
-//! reach (the server's own account reads its Secrets; the database's claim holds its files):
-//! a spec may name them only from the operator's lists, or with an admin's token, and never
-//! the server's own service account.
 
 use super::{ServiceError, ServiceResult};
 use std::collections::BTreeMap;
@@ -76,6 +51,32 @@ const SYSTEM_BIN_DIRS: [&str; 7] = [
     "/usr/local/sbin/",
 ];
 
+/// The operator's lists, checked against every worker pool of a `trial_job`.
+///
+/// Without a command or image list, any program (for operators and admins). With one, every
+/// replica's program must be allowed: on this machine or Slurm (executors `local`, `slurm`)
+/// its command must start with one of the allowed command prefixes, with no placeholder
+/// (`${p}`) in the words the prefix covers (a placeholder is filled in per trial: a
+/// categorical `../../bin/sh` would leave the allowed directory), and its `env` may set only
+/// variables known to load no code (`PYTHONUNBUFFERED`, `OMP_NUM_THREADS`, …) and those the
+/// operator allows (`--job-env-allow`): an allow-list, since interpreters and libraries read
+/// many variables that run code (`HOME` finds Python's `.pth` files, `BASH_FUNC_*%%` defines
+/// shell functions, `OPENSSL_CONF` and `GCONV_PATH` load modules). In a container (executors
+/// `container`, `kubernetes`) its image must be allowed: the image is what runs, whatever its
+/// command. A kind with no list of its own is refused while the other has one: an operator
+/// who limits commands does not mean to allow any image, nor the reverse. Each worker pool's
+/// own command, image and `env` are checked.
+///
+/// A command prefix is either whole arguments (`/usr/bin/python3 /opt/trainers/train.py`:
+/// the command's first arguments must be exactly these) or a directory (ending in `/`:
+/// `/opt/trainers/`: the program must be an absolute path inside it, without `..`). Relative
+/// programs and scripts resolve against the job's `workdir`, which the spec chooses: allow
+/// absolute paths. An allowed image is matched by its parts ([`AllowedImages`]).
+///
+/// On Kubernetes, a pod's service account, namespace and volume claim decide what it can
+/// reach (the server's own account reads its Secrets; the database's claim holds its files):
+/// a spec may name them only from the operator's lists, or with an admin's token, and never
+/// the server's own service account.
 #[derive(Debug, Clone, Default)]
 pub struct JobPolicy {
     /// Allowed command prefixes (`--job-commands`).

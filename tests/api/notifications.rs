@@ -395,9 +395,9 @@ async fn a_patch_replaces_the_webhooks_of_a_running_study(backend: &str) {
         .filter(|e| e["action"] == "study.update")
         .collect();
     assert!(
-        updates
-            .iter()
-            .any(|e| e["detail"].as_str().is_some_and(|d| d.contains(&second_url))),
+        updates.iter().any(|e| e["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains(&second_url))),
         "the change is audited: {updates:?}"
     );
     assert!(

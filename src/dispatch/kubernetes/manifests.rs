@@ -3,22 +3,6 @@
 //! stable name (`<job>-<index>.<service>`), and one Secret holding the attempt's trial token
 //! and the server variables passed on by name (`--job-env`, which may be keys).
 //! Pure: the same request always gives the same objects (the golden test pins them).
-//!
-//! **Per-replica environment in an Indexed Job.** Every pod of an Indexed Job is made from
-//! one template, so the pods of a pool cannot be given different `env` values, yet
-//! `CLUSTER_SPEC`, `TF_CONFIG`, `AUGUR_REPLICA`, `RANK` and a worker's metric file differ
-//! per replica, and `RANK` is not even a function of the completion index that Kubernetes'
-//! `$(VAR)` expansion could spell (a worker's rank is its index + 1). So: a variable whose
-//! value is the same for every replica of the pool is a plain `value`; one that differs is
-//! read through the downward API from the pod's own annotation `env.augur.dev/<NAME>`
-//! (`valueFrom.fieldRef`), and the pool's pods are created behind a scheduling gate
-//! (`augur.dev/replica-env`). The executor, watching the attempt's pods, writes each pod's
-//! annotations from [`AttemptManifests::per_index`] (exactly what `cluster_env` says that
-//! replica is told) and removes the gate in one patch; only then is the pod scheduled, and
-//! the kubelet resolves the variables when it starts the container. Kueue ungates pods the
-//! same way after writing per-pod placement. Pools of one replica (the primary always) need
-//! no gate. No init container, no shell in the image, no wrapper binary: any image runs
-//! unchanged, and every replica sees exactly the variables the local executor would give it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -146,6 +130,22 @@ pub fn attempt_selector(study_id: i64, trial_id: i64, attempt: u32) -> String {
 }
 
 /// Everything one attempt creates.
+///
+/// **Per-replica environment in an Indexed Job.** Every pod of an Indexed Job is made from
+/// one template, so the pods of a pool cannot be given different `env` values, yet
+/// `CLUSTER_SPEC`, `TF_CONFIG`, `AUGUR_REPLICA`, `RANK` and a worker's metric file differ
+/// per replica, and `RANK` is not even a function of the completion index that Kubernetes'
+/// `$(VAR)` expansion could spell (a worker's rank is its index + 1). So: a variable whose
+/// value is the same for every replica of the pool is a plain `value`; one that differs is
+/// read through the downward API from the pod's own annotation `env.augur.dev/<NAME>`
+/// (`valueFrom.fieldRef`), and the pool's pods are created behind a scheduling gate
+/// (`augur.dev/replica-env`). The executor, watching the attempt's pods, writes each pod's
+/// annotations from [`AttemptManifests::per_index`] (exactly what `cluster_env` says that
+/// replica is told) and removes the gate in one patch; only then is the pod scheduled, and
+/// the kubelet resolves the variables when it starts the container. Kueue ungates pods the
+/// same way after writing per-pod placement. Pools of one replica (the primary always) need
+/// no gate. No init container, no shell in the image, no wrapper binary: any image runs
+/// unchanged, and every replica sees exactly the variables the local executor would give it.
 #[derive(Debug, Clone)]
 pub struct AttemptManifests {
     pub names: AttemptNames,
