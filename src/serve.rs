@@ -1,20 +1,6 @@
 //! The accept loop (`app.rs` serves through it): HTTP/1.1 over TCP or TLS, with what
-//! `axum::serve` lacks against clients that hold connections (issue 10, finding 12):
-//! - a request's head must arrive within `header_read_timeout` of its first byte;
-//! - a connection on which no byte moves either way for `idle_timeout` is closed (a body
-//!   trickled in, an answer never read, a connection no request comes on). Not after the
-//!   header-read timeout (hyper's own clock, which runs from the opening or the last
-//!   answer): clients keep idle connections for up to 90 s (reqwest, Go), some of them
-//!   never used (hyper's pool keeps a connection it opened for a request that another one
-//!   then took), and a client that sends on a connection as the server closes it fails a
-//!   POST it cannot safely send again (seen under load: `connection closed before message
-//!   completed`);
-//! - at most `max_connections` are open at once; past that a new one is answered `503` with
-//!   `Retry-After` (plain HTTP) or closed (TLS), not queued;
-//! - a TLS handshake must finish within `header_read_timeout` too.
-//!
-//! Shutdown: stop accepting, let open connections finish their requests (graceful), then
-//! return.
+//! `axum::serve` lacks against clients that hold connections (issue 10, finding 12; the
+//! rules are on [`serve`]).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -48,6 +34,22 @@ pub struct ConnectionLimits {
 }
 
 /// Serve `router` on `listener` until `stop` resolves.
+///
+/// - a request's head must arrive within `header_read_timeout` of its first byte;
+/// - a connection on which no byte moves either way for `idle_timeout` is closed (a body
+///   trickled in, an answer never read, a connection no request comes on). Not after the
+///   header-read timeout (hyper's own clock, which runs from the opening or the last
+///   answer): clients keep idle connections for up to 90 s (reqwest, Go), some of them
+///   never used (hyper's pool keeps a connection it opened for a request that another one
+///   then took), and a client that sends on a connection as the server closes it fails a
+///   POST it cannot safely send again (seen under load: `connection closed before message
+///   completed`);
+/// - at most `max_connections` are open at once; past that a new one is answered `503` with
+///   `Retry-After` (plain HTTP) or closed (TLS), not queued;
+/// - a TLS handshake must finish within `header_read_timeout` too.
+///
+/// Shutdown: stop accepting, let open connections finish their requests (graceful), then
+/// return.
 pub async fn serve(
     listener: TcpListener,
     router: Router,

@@ -2,20 +2,6 @@
 //! replica, over a WebSocket (`augur trial exec`, `augur trial shell`). Who may, and on which
 //! trials, is checked before the upgrade (`Service::exec_target`), so a refusal is an
 //! ordinary JSON error; the session itself is opened by the service over the executors.
-//!
-//! The protocol, after the upgrade:
-//! - the client's first message is a text message, [`ExecStart`]: the command, `tty`, the
-//!   terminal's `rows` and `cols`, the `replica` (the primary by default);
-//! - then binary messages are the command's stdin; text messages are controls
-//!   ([`ExecControl`]): `{"type": "resize", "rows", "cols"}`, `{"type": "signal",
-//!   "signal": "INT"}` (also TERM, KILL, HUP, QUIT), `{"type": "eof"}` (closes stdin);
-//! - the server sends binary messages whose first byte says the stream (1 stdout, 2 stderr;
-//!   a terminal has only 1) and whose rest is its bytes, then one text message
-//!   `{"type": "exit", "code": N, "signal": S or null}` (`code` as a shell reports it, 128 +
-//!   the signal for a killed command), or `{"type": "error", "status", "error": {code,
-//!   message, field}}` when the session could not start; then it closes.
-//!
-//! A client that goes away ends the session: its command's process group is killed.
 
 use axum::extract::ws::{
     Message, WebSocket, WebSocketUpgrade, rejection::WebSocketUpgradeRejection,
@@ -99,6 +85,19 @@ pub enum ExecControl {
         (status = 404, description = "No such study or trial", body = ErrorBody),
         (status = 409, description = "The trial is not running (`state`), or not run by this server's dispatcher (`trial`: a pulled or ask/tell trial)", body = ErrorBody),
     ))]
+/// The protocol, after the upgrade:
+/// - the client's first message is a text message, [`ExecStart`]: the command, `tty`, the
+///   terminal's `rows` and `cols`, the `replica` (the primary by default);
+/// - then binary messages are the command's stdin; text messages are controls
+///   ([`ExecControl`]): `{"type": "resize", "rows", "cols"}`, `{"type": "signal",
+///   "signal": "INT"}` (also TERM, KILL, HUP, QUIT), `{"type": "eof"}` (closes stdin);
+/// - the server sends binary messages whose first byte says the stream (1 stdout, 2 stderr;
+///   a terminal has only 1) and whose rest is its bytes, then one text message
+///   `{"type": "exit", "code": N, "signal": S or null}` (`code` as a shell reports it, 128 +
+///   the signal for a killed command), or `{"type": "error", "status", "error": {code,
+///   message, field}}` when the session could not start; then it closes.
+///
+/// A client that goes away ends the session: its command's process group is killed.
 pub async fn exec_trial(
     State(state): State<AppState>,
     Actor(actor): Actor,

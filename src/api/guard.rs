@@ -1,16 +1,6 @@
 //! What a web browser may ask of this server. A page from any site can make the user's
-//! browser send requests here, so two rules hold before auth is even asked:
-//! - a request that changes something (any method but GET, HEAD, OPTIONS) coming from a page
-//!   of another origin (its `Origin` header), or that the browser says comes from another
-//!   site (`Sec-Fetch-Site: cross-site` or `same-site`, with or without `Origin`), is
-//!   refused: without it, a drive-by page could stop or delete studies, create one whose
-//!   `trial_job` runs a command, or sign the user in or out of the dashboard;
-//! - a server that runs open (loopback, no token) answers only loopback host names: a page
-//!   whose own name an attacker re-points at 127.0.0.1 (DNS rebinding) reaches this server
-//!   as its "same origin", with `Host: evil.example`.
-//!
-//! JSON bodies must also say they are JSON (`ApiJson` answers 415), because a page can send
-//! `text/plain` or no Content-Type at all without asking the server first (no preflight).
+//! browser send requests here, so two rules hold before auth is even asked (on
+//! [`refuse_foreign_requests`]).
 
 use axum::extract::{Request, State};
 use axum::http::header::{HOST, ORIGIN};
@@ -22,6 +12,17 @@ use super::AppState;
 use super::error::ApiError;
 use crate::model::request::is_loopback_host;
 
+/// - a request that changes something (any method but GET, HEAD, OPTIONS) coming from a page
+///   of another origin (its `Origin` header), or that the browser says comes from another
+///   site (`Sec-Fetch-Site: cross-site` or `same-site`, with or without `Origin`), is
+///   refused: without it, a drive-by page could stop or delete studies, create one whose
+///   `trial_job` runs a command, or sign the user in or out of the dashboard;
+/// - a server that runs open (loopback, no token) answers only loopback host names: a page
+///   whose own name an attacker re-points at 127.0.0.1 (DNS rebinding) reaches this server
+///   as its "same origin", with `Host: evil.example`.
+///
+/// JSON bodies must also say they are JSON (`ApiJson` answers 415), because a page can send
+/// `text/plain` or no Content-Type at all without asking the server first (no preflight).
 pub async fn refuse_foreign_requests(
     State(state): State<AppState>,
     request: Request,

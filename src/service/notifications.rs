@@ -1,22 +1,6 @@
 //! Notifications: webhooks called when a study completes or fails, a trial fails, or a
 //! completed trial becomes the study's best (`model/notification.rs` has the spec and the
 //! rule on hosts).
-//!
-//! Never in the study's way: a committed batch (`group_commit.rs`, after the commit, as the
-//! audit trail is written after a change) offers what happened to a bounded queue without
-//! waiting ([`Notifier::offer`]; a full queue drops the news, logged and counted in
-//! `augur_notifications_dropped_total`). One background task reads the queue, decides which
-//! webhooks hear of it (the study's own `notifications`, or the server's default
-//! `--notify-url` for a study that names none), whether a completion is a new best (the
-//! service's best-trial logic, read after the commit: a burst of completions may fold into
-//! its latest best), and hands each call to a task of its own. Each call is a JSON POST with
-//! a Slack-compatible `text`, signed with HMAC-SHA256 of the exact body
-//! (`X-Augur-Signature: sha256=<hex>`), retried with exponential backoff on no answer, a 5xx,
-//! 408 or 429 (at most `attempts`), never following a redirect, and refused when its host
-//! resolves to a loopback, link-local or unspecified address the operator did not allow
-//! (checked on the resolved addresses themselves, so a name that rebinds to 127.0.0.1 is
-//! refused too). Every call and its attempts are stored (`notification_deliveries`) and
-//! listed by `GET /v1/studies/{study}/notifications`.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -100,6 +84,22 @@ pub(super) struct StudyNews {
 
 /// Where committed batches put their news: a bounded queue, read by the sender once it is
 /// started ([`Service::start_notifications`]); until then news is not kept.
+///
+/// Never in the study's way: a committed batch (`group_commit.rs`, after the commit, as the
+/// audit trail is written after a change) offers what happened to a bounded queue without
+/// waiting ([`Notifier::offer`]; a full queue drops the news, logged and counted in
+/// `augur_notifications_dropped_total`). One background task reads the queue, decides which
+/// webhooks hear of it (the study's own `notifications`, or the server's default
+/// `--notify-url` for a study that names none), whether a completion is a new best (the
+/// service's best-trial logic, read after the commit: a burst of completions may fold into
+/// its latest best), and hands each call to a task of its own. Each call is a JSON POST with
+/// a Slack-compatible `text`, signed with HMAC-SHA256 of the exact body
+/// (`X-Augur-Signature: sha256=<hex>`), retried with exponential backoff on no answer, a 5xx,
+/// 408 or 429 (at most `attempts`), never following a redirect, and refused when its host
+/// resolves to a loopback, link-local or unspecified address the operator did not allow
+/// (checked on the resolved addresses themselves, so a name that rebinds to 127.0.0.1 is
+/// refused too). Every call and its attempts are stored (`notification_deliveries`) and
+/// listed by `GET /v1/studies/{study}/notifications`.
 #[derive(Clone, Default)]
 pub(super) struct Notifier {
     /// The sender's queue, and whether the server has a default webhook (without one, a

@@ -1,16 +1,4 @@
 //! Replicas sharing one database, and which of them a study's changes go to.
-//!
-//! Every study command is applied under the study's row lock, so any replica may serve any
-//! request: routing is for speed, never for correctness. Two replicas sending commands of
-//! one study each commit half a batch, taking turns on the lock; sent to one replica, the
-//! same commands share its commits (`group_commit.rs`). So each replica started with
-//! `--replica-url` renews a lease row (`replicas`) and reads the live ones, and a study's
-//! owner is the live replica that scores highest for it (rendezvous hashing): every replica
-//! that sees the same live set picks the same owner, and a replica joining or leaving moves
-//! only its own share of the studies. While the sets differ (for a few seconds around a
-//! change), two replicas may both take a study's commands: still correct, only slower.
-//! Requests are forwarded with a secret all replicas read from the database, which lets the
-//! owner trust that the forwarder already admitted the request (its rate limit).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -39,6 +27,18 @@ pub struct Peer {
 }
 
 /// This process's place among the replicas: its lease, the live set, the shared secret.
+///
+/// Every study command is applied under the study's row lock, so any replica may serve any
+/// request: routing is for speed, never for correctness. Two replicas sending commands of
+/// one study each commit half a batch, taking turns on the lock; sent to one replica, the
+/// same commands share its commits (`group_commit.rs`). So each replica started with
+/// `--replica-url` renews a lease row (`replicas`) and reads the live ones, and a study's
+/// owner is the live replica that scores highest for it (rendezvous hashing): every replica
+/// that sees the same live set picks the same owner, and a replica joining or leaving moves
+/// only its own share of the studies. While the sets differ (for a few seconds around a
+/// change), two replicas may both take a study's commands: still correct, only slower.
+/// Requests are forwarded with a secret all replicas read from the database, which lets the
+/// owner trust that the forwarder already admitted the request (its rate limit).
 pub struct Replicas {
     service: Service,
     me: ReplicaRecord,
