@@ -7,13 +7,18 @@
 //! asks it) decides whenever a worker is free. Methods: `asha_random` and `asha_gp_bandit`
 //! (and the same with Hyperband: `hyperband_random`, `hyperband_gp_bandit`)
 //! (fidelity 1–27 epochs, η = 3, 81 trials), ASHA with the full-budget methods' compute as
-//! its `max_budget` and no trial limit (`asha_random_max_budget`, `asha_gp_bandit_max_budget`), `full_gp_bandit` and `full_random` (every trial
+//! its `max_budget` and no trial limit (`asha_random_max_budget`, `asha_gp_bandit_max_budget`),
+//! the GP over configuration × budget as the designer (`ModelHistory::BudgetFeature`:
+//! `asha_gp_budget`, `hyperband_gp_budget`, `asha_gp_budget_max_budget`), Hyperband with
+//! BOHB's highest-rung GP (`hyperband_gp_rung`), `full_gp_bandit` and `full_random` (every trial
 //! trains 27 epochs; `--full-trials`, 30 by default). Problems (`multi_fidelity/problems.rs`):
 //! `curves_hartmann3`, learning curves with Hartmann3's regret as the final loss, and
 //! `mlp_two_moons`, an MLP trained by SGD whose validation loss is the metric.
 //!
 //! `cargo run --release -p augur-optimizer --example multi_fidelity -- [--seeds N]
-//! [--first-seed S] [--problems a,b] [--full-trials N] [--table [--jsonl FILE]]`
+//! [--first-seed S] [--problems a,b] [--methods a,b] [--full-trials N] [--table [--jsonl FILE]]`
+//! (`--methods`: only these of ours, with asha_random and full_gp_bandit, which the table
+//! pairs every run with)
 //!
 //! Without `--table`: one JSON line per study, `{"problem", "method", "seed", "workers",
 //! "trials", "compute", "wall", "attempts": [attempts started per rung], "decide_ms":
@@ -38,7 +43,7 @@ mod problems;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use augur_optimizer::multi_fidelity::{Asha, BudgetCap, Fidelity, Hyperband};
+use augur_optimizer::multi_fidelity::{Asha, BudgetCap, Fidelity, Hyperband, ModelHistory};
 use augur_optimizer::{
     Algorithm, Assignment, Decision, FullBudget, Goal, MetricSpec, Outcome, Policy, SearchSpace,
     StepMeasurement, StudyView, TrialStatus, TrialView, designer_for,
@@ -66,18 +71,28 @@ enum Method {
     /// ASHA with the full-budget methods' compute as its `max_budget` and no trial limit.
     AshaRandomCapped,
     AshaGpBanditCapped,
+    /// The GP over configuration × budget (`ModelHistory::BudgetFeature`) as the designer.
+    AshaGpBudget,
+    HyperbandGpBudget,
+    AshaGpBudgetCapped,
+    /// Hyperband whose GP learns from the highest rung with enough results (BOHB's rule).
+    HyperbandGpRung,
     FullGpBandit,
     FullRandom,
 }
 
 impl Method {
-    const ALL: [Method; 8] = [
+    const ALL: [Method; 12] = [
         Method::AshaRandom,
         Method::AshaGpBandit,
         Method::HyperbandRandom,
         Method::HyperbandGpBandit,
         Method::AshaRandomCapped,
         Method::AshaGpBanditCapped,
+        Method::AshaGpBudget,
+        Method::HyperbandGpBudget,
+        Method::AshaGpBudgetCapped,
+        Method::HyperbandGpRung,
         Method::FullGpBandit,
         Method::FullRandom,
     ];
@@ -90,6 +105,10 @@ impl Method {
             Method::HyperbandGpBandit => "hyperband_gp_bandit",
             Method::AshaRandomCapped => "asha_random_max_budget",
             Method::AshaGpBanditCapped => "asha_gp_bandit_max_budget",
+            Method::AshaGpBudget => "asha_gp_budget",
+            Method::HyperbandGpBudget => "hyperband_gp_budget",
+            Method::AshaGpBudgetCapped => "asha_gp_budget_max_budget",
+            Method::HyperbandGpRung => "hyperband_gp_rung",
             Method::FullGpBandit => "full_gp_bandit",
             Method::FullRandom => "full_random",
         }
@@ -102,25 +121,34 @@ impl Method {
 
     /// With `max_budget`: a budget cap instead of `ASHA_TRIALS`.
     fn is_capped(self) -> bool {
-        matches!(self, Method::AshaRandomCapped | Method::AshaGpBanditCapped)
+        matches!(
+            self,
+            Method::AshaRandomCapped | Method::AshaGpBanditCapped | Method::AshaGpBudgetCapped
+        )
     }
 
     /// `cap`: the `max_budget` of a capped method.
     fn policy(self, metric: &MetricSpec, cap: f64) -> Box<dyn Policy> {
         let asha =
             |algorithm| Box::new(Asha::new(FIDELITY, metric.clone(), designer_for(algorithm)));
-        let hyperband = |algorithm| -> Box<dyn Policy> {
-            Box::new(Hyperband::new(
-                FIDELITY,
-                metric.clone(),
-                designer_for(algorithm),
-            ))
-        };
+        let asha_budget = || Box::new(Asha::of(FIDELITY, metric.clone(), Algorithm::GpBandit));
+        let hyperband =
+            |algorithm| Hyperband::new(FIDELITY, metric.clone(), designer_for(algorithm));
         match self {
             Method::AshaRandom => asha(Algorithm::Random),
             Method::AshaGpBandit => asha(Algorithm::GpBandit),
-            Method::HyperbandRandom => hyperband(Algorithm::Random),
-            Method::HyperbandGpBandit => hyperband(Algorithm::GpBandit),
+            Method::HyperbandRandom => Box::new(hyperband(Algorithm::Random)),
+            Method::HyperbandGpBandit => Box::new(hyperband(Algorithm::GpBandit)),
+            Method::AshaGpBudget => asha_budget(),
+            Method::HyperbandGpBudget => {
+                Box::new(Hyperband::of(FIDELITY, metric.clone(), Algorithm::GpBandit))
+            }
+            Method::AshaGpBudgetCapped => {
+                Box::new(BudgetCap::new(asha_budget(), cap, FIDELITY.rungs()))
+            }
+            Method::HyperbandGpRung => {
+                Box::new(hyperband(Algorithm::GpBandit).with_history(ModelHistory::HighestRung))
+            }
             Method::AshaRandomCapped => Box::new(BudgetCap::new(
                 asha(Algorithm::Random),
                 cap,
@@ -751,7 +779,7 @@ fn print_table(problem: &dyn Problem, runs: &[Run], full_trials: u64) {
     }
     let attempts: Vec<String> = Method::ALL
         .iter()
-        .filter(|m| m.is_asha())
+        .filter(|m| m.is_asha() && !by(m.name()).is_empty())
         .map(|&m| {
             let per_rung: Vec<String> = (0..FIDELITY.rungs().len())
                 .map(|k| {
@@ -878,6 +906,11 @@ fn main() {
     let table = args.iter().any(|a| a == "--table");
     let jsonl = arg(&args, "--jsonl");
     let wanted = arg(&args, "--problems").unwrap_or_else(|| "all".into());
+    // The reference methods (asha_random, full_gp_bandit) are always run: the table pairs
+    // every run with theirs.
+    let methods = arg(&args, "--methods")
+        .map(|m| format!("{m},asha_random,full_gp_bandit"))
+        .unwrap_or_else(|| "all".into());
     let all: Vec<Box<dyn Problem>> = vec![
         Box::new(LearningCurves {
             full_budget: Fidelity::step(FIDELITY.max),
@@ -904,7 +937,10 @@ fn main() {
     for &problem in &problems {
         check_resume_is_exact(problem);
         let mut runs = Vec::new();
-        for method in Method::ALL {
+        for method in Method::ALL
+            .into_iter()
+            .filter(|m| methods == "all" || methods.split(',').any(|w| w == m.name()))
+        {
             for seed in first_seed..first_seed + seeds {
                 let run = run_study(problem, method, seed, full_trials);
                 if table {
