@@ -226,10 +226,14 @@ mod tests {
     use crate::decision::StepMeasurement;
     use crate::designer::{DesignerInput, Goal};
 
+    /// What a designer was given: the space's number of parameters, the history, the
+    /// pending points.
+    type Seen = (usize, Vec<CompletedTrial>, Vec<Assignment>);
+
     /// A designer that records what it was given and suggests the space's centre.
     #[derive(Default)]
     struct Recorder {
-        seen: std::sync::Mutex<Vec<(usize, Vec<CompletedTrial>, Vec<Assignment>)>>,
+        seen: std::sync::Mutex<Vec<Seen>>,
     }
 
     impl Designer for Recorder {
