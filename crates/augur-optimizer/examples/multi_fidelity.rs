@@ -602,8 +602,9 @@ fn check_resume_is_exact(problem: &dyn Problem) {
 /// Wall ms of `Asha::decide` with one free slot on a 10,000-trial view shaped as ASHA leaves
 /// it (every rung's top ⌊n/η⌋ went on; 4 trials run): (nothing due, so the policy scans every
 /// rung and asks its designer for a new trial; one promotion due) for the random designer,
-/// and the first case again with gp_bandit as the designer (`gp_calls` calls).
-fn decide_overhead(calls: usize, gp_calls: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+/// and the first case again with gp_bandit as the designer (`gp_calls` calls), learning
+/// from the highest rung (`Asha::new`) and over configuration × budget (`Asha::of`).
+fn decide_overhead(calls: usize, gp_calls: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) {
     const TRIALS: usize = 10_000;
     let curves = LearningCurves {
         full_budget: Fidelity::step(FIDELITY.max),
@@ -673,6 +674,12 @@ fn decide_overhead(calls: usize, gp_calls: usize) -> (Vec<f64>, Vec<f64>, Vec<f6
     let asha = |algorithm| Asha::new(FIDELITY, metrics[0].clone(), designer_for(algorithm));
     let none_due = time(&asha(Algorithm::Random), &trials, calls, false);
     let gp = time(&asha(Algorithm::GpBandit), &trials, gp_calls, false);
+    let budget_gp = time(
+        &Asha::of(FIDELITY, metrics[0].clone(), Algorithm::GpBandit),
+        &trials,
+        gp_calls,
+        false,
+    );
     // A trial that just ended rung 0 as well as the best there: it is due at once.
     let best = (0..ended)
         .min_by(|&i, &j| {
@@ -685,7 +692,7 @@ fn decide_overhead(calls: usize, gp_calls: usize) -> (Vec<f64>, Vec<f64>, Vec<f6
     due.number = TRIALS as u64 + 1;
     trials.push(due);
     let one_due = time(&asha(Algorithm::Random), &trials, calls, true);
-    (none_due, one_due, gp)
+    (none_due, one_due, gp, budget_gp)
 }
 
 fn arg(args: &[String], name: &str) -> Option<String> {
@@ -979,14 +986,15 @@ fn main() {
     for (problem, runs) in &tables {
         print_table(*problem, runs, full_trials);
     }
-    let (none_due, one_due, gp) = decide_overhead(200, 5);
+    let (none_due, one_due, gp, budget_gp) = decide_overhead(200, 5);
     let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
     println!(
         "\n### ASHA's decision time, 10,000 trials in the view (one free slot)\n\n\
          | case | calls | median ms | max ms |\n|---|---|---|---|\n\
          | nothing due, random designer | {} | {:.3} | {:.3} |\n\
          | one promotion due | {} | {:.3} | {:.3} |\n\
-         | nothing due, gp_bandit designer | {} | {:.1} | {:.1} |",
+         | nothing due, gp_bandit designer (highest rung) | {} | {:.1} | {:.1} |\n\
+         | nothing due, gp_bandit designer (configuration × budget) | {} | {:.1} | {:.1} |",
         none_due.len(),
         median(&none_due),
         max(&none_due),
@@ -996,5 +1004,8 @@ fn main() {
         gp.len(),
         median(&gp),
         max(&gp),
+        budget_gp.len(),
+        median(&budget_gp),
+        max(&budget_gp),
     );
 }
