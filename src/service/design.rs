@@ -24,15 +24,19 @@ pub fn policy_for(config: &StudyConfig) -> Box<dyn Policy> {
     }
 }
 
-/// The study's scheduler over its designer, without the study's total budget.
+/// The study's scheduler over its designer, without the study's total budget. ASHA and
+/// Hyperband pick their designer for the algorithm themselves (`Asha::of`): with gp_bandit,
+/// a GP over configuration × budget.
 fn scheduler_for(config: &StudyConfig) -> Box<dyn Policy> {
     let designer = designer_for(config.algorithm);
     // Schedulers rank trials at a rung by the study's first objective metric.
     let metric = config.first_objective().cloned();
     match (config.scheduler, &config.fidelity, metric) {
-        (Some(SchedulerName::Asha), Some(f), Some(m)) => Box::new(Asha::new(f.ladder, m, designer)),
+        (Some(SchedulerName::Asha), Some(f), Some(m)) => {
+            Box::new(Asha::of(f.ladder, m, config.algorithm))
+        }
         (Some(SchedulerName::Hyperband), Some(f), Some(m)) => {
-            Box::new(Hyperband::new(f.ladder, m, designer))
+            Box::new(Hyperband::of(f.ladder, m, config.algorithm))
         }
         (Some(SchedulerName::Pbt), Some(_), Some(m)) => match config.pbt {
             Some(settings) => Box::new(Pbt::new(settings, m, designer)),

@@ -7,13 +7,18 @@
 //! asks it) decides whenever a worker is free. Methods: `asha_random` and `asha_gp_bandit`
 //! (and the same with Hyperband: `hyperband_random`, `hyperband_gp_bandit`)
 //! (fidelity 1–27 epochs, η = 3, 81 trials), ASHA with the full-budget methods' compute as
-//! its `max_budget` and no trial limit (`asha_random_max_budget`, `asha_gp_bandit_max_budget`), `full_gp_bandit` and `full_random` (every trial
+//! its `max_budget` and no trial limit (`asha_random_max_budget`, `asha_gp_bandit_max_budget`),
+//! the GP over configuration × budget as the designer (`ModelHistory::BudgetFeature`:
+//! `asha_gp_budget`, `hyperband_gp_budget`, `asha_gp_budget_max_budget`), Hyperband with
+//! BOHB's highest-rung GP (`hyperband_gp_rung`), `full_gp_bandit` and `full_random` (every trial
 //! trains 27 epochs; `--full-trials`, 30 by default). Problems (`multi_fidelity/problems.rs`):
 //! `curves_hartmann3`, learning curves with Hartmann3's regret as the final loss, and
 //! `mlp_two_moons`, an MLP trained by SGD whose validation loss is the metric.
 //!
 //! `cargo run --release -p augur-optimizer --example multi_fidelity -- [--seeds N]
-//! [--first-seed S] [--problems a,b] [--full-trials N] [--table [--jsonl FILE]]`
+//! [--first-seed S] [--problems a,b] [--methods a,b] [--full-trials N] [--table [--jsonl FILE]]`
+//! (`--methods`: only these of ours, with asha_random and full_gp_bandit, which the table
+//! pairs every run with)
 //!
 //! Without `--table`: one JSON line per study, `{"problem", "method", "seed", "workers",
 //! "trials", "compute", "wall", "attempts": [attempts started per rung], "decide_ms":
@@ -38,7 +43,7 @@ mod problems;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use augur_optimizer::multi_fidelity::{Asha, BudgetCap, Fidelity, Hyperband};
+use augur_optimizer::multi_fidelity::{Asha, BudgetCap, Fidelity, Hyperband, ModelHistory};
 use augur_optimizer::{
     Algorithm, Assignment, Decision, FullBudget, Goal, MetricSpec, Outcome, Policy, SearchSpace,
     StepMeasurement, StudyView, TrialStatus, TrialView, designer_for,
@@ -66,18 +71,28 @@ enum Method {
     /// ASHA with the full-budget methods' compute as its `max_budget` and no trial limit.
     AshaRandomCapped,
     AshaGpBanditCapped,
+    /// The GP over configuration × budget (`ModelHistory::BudgetFeature`) as the designer.
+    AshaGpBudget,
+    HyperbandGpBudget,
+    AshaGpBudgetCapped,
+    /// Hyperband whose GP learns from the highest rung with enough results (BOHB's rule).
+    HyperbandGpRung,
     FullGpBandit,
     FullRandom,
 }
 
 impl Method {
-    const ALL: [Method; 8] = [
+    const ALL: [Method; 12] = [
         Method::AshaRandom,
         Method::AshaGpBandit,
         Method::HyperbandRandom,
         Method::HyperbandGpBandit,
         Method::AshaRandomCapped,
         Method::AshaGpBanditCapped,
+        Method::AshaGpBudget,
+        Method::HyperbandGpBudget,
+        Method::AshaGpBudgetCapped,
+        Method::HyperbandGpRung,
         Method::FullGpBandit,
         Method::FullRandom,
     ];
@@ -90,6 +105,10 @@ impl Method {
             Method::HyperbandGpBandit => "hyperband_gp_bandit",
             Method::AshaRandomCapped => "asha_random_max_budget",
             Method::AshaGpBanditCapped => "asha_gp_bandit_max_budget",
+            Method::AshaGpBudget => "asha_gp_budget",
+            Method::HyperbandGpBudget => "hyperband_gp_budget",
+            Method::AshaGpBudgetCapped => "asha_gp_budget_max_budget",
+            Method::HyperbandGpRung => "hyperband_gp_rung",
             Method::FullGpBandit => "full_gp_bandit",
             Method::FullRandom => "full_random",
         }
@@ -102,25 +121,34 @@ impl Method {
 
     /// With `max_budget`: a budget cap instead of `ASHA_TRIALS`.
     fn is_capped(self) -> bool {
-        matches!(self, Method::AshaRandomCapped | Method::AshaGpBanditCapped)
+        matches!(
+            self,
+            Method::AshaRandomCapped | Method::AshaGpBanditCapped | Method::AshaGpBudgetCapped
+        )
     }
 
     /// `cap`: the `max_budget` of a capped method.
     fn policy(self, metric: &MetricSpec, cap: f64) -> Box<dyn Policy> {
         let asha =
             |algorithm| Box::new(Asha::new(FIDELITY, metric.clone(), designer_for(algorithm)));
-        let hyperband = |algorithm| -> Box<dyn Policy> {
-            Box::new(Hyperband::new(
-                FIDELITY,
-                metric.clone(),
-                designer_for(algorithm),
-            ))
-        };
+        let asha_budget = || Box::new(Asha::of(FIDELITY, metric.clone(), Algorithm::GpBandit));
+        let hyperband =
+            |algorithm| Hyperband::new(FIDELITY, metric.clone(), designer_for(algorithm));
         match self {
             Method::AshaRandom => asha(Algorithm::Random),
             Method::AshaGpBandit => asha(Algorithm::GpBandit),
-            Method::HyperbandRandom => hyperband(Algorithm::Random),
-            Method::HyperbandGpBandit => hyperband(Algorithm::GpBandit),
+            Method::HyperbandRandom => Box::new(hyperband(Algorithm::Random)),
+            Method::HyperbandGpBandit => Box::new(hyperband(Algorithm::GpBandit)),
+            Method::AshaGpBudget => asha_budget(),
+            Method::HyperbandGpBudget => {
+                Box::new(Hyperband::of(FIDELITY, metric.clone(), Algorithm::GpBandit))
+            }
+            Method::AshaGpBudgetCapped => {
+                Box::new(BudgetCap::new(asha_budget(), cap, FIDELITY.rungs()))
+            }
+            Method::HyperbandGpRung => {
+                Box::new(hyperband(Algorithm::GpBandit).with_history(ModelHistory::HighestRung))
+            }
             Method::AshaRandomCapped => Box::new(BudgetCap::new(
                 asha(Algorithm::Random),
                 cap,
@@ -574,8 +602,9 @@ fn check_resume_is_exact(problem: &dyn Problem) {
 /// Wall ms of `Asha::decide` with one free slot on a 10,000-trial view shaped as ASHA leaves
 /// it (every rung's top ⌊n/η⌋ went on; 4 trials run): (nothing due, so the policy scans every
 /// rung and asks its designer for a new trial; one promotion due) for the random designer,
-/// and the first case again with gp_bandit as the designer (`gp_calls` calls).
-fn decide_overhead(calls: usize, gp_calls: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+/// and the first case again with gp_bandit as the designer (`gp_calls` calls), learning
+/// from the highest rung (`Asha::new`) and over configuration × budget (`Asha::of`).
+fn decide_overhead(calls: usize, gp_calls: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) {
     const TRIALS: usize = 10_000;
     let curves = LearningCurves {
         full_budget: Fidelity::step(FIDELITY.max),
@@ -645,6 +674,12 @@ fn decide_overhead(calls: usize, gp_calls: usize) -> (Vec<f64>, Vec<f64>, Vec<f6
     let asha = |algorithm| Asha::new(FIDELITY, metrics[0].clone(), designer_for(algorithm));
     let none_due = time(&asha(Algorithm::Random), &trials, calls, false);
     let gp = time(&asha(Algorithm::GpBandit), &trials, gp_calls, false);
+    let budget_gp = time(
+        &Asha::of(FIDELITY, metrics[0].clone(), Algorithm::GpBandit),
+        &trials,
+        gp_calls,
+        false,
+    );
     // A trial that just ended rung 0 as well as the best there: it is due at once.
     let best = (0..ended)
         .min_by(|&i, &j| {
@@ -657,7 +692,7 @@ fn decide_overhead(calls: usize, gp_calls: usize) -> (Vec<f64>, Vec<f64>, Vec<f6
     due.number = TRIALS as u64 + 1;
     trials.push(due);
     let one_due = time(&asha(Algorithm::Random), &trials, calls, true);
-    (none_due, one_due, gp)
+    (none_due, one_due, gp, budget_gp)
 }
 
 fn arg(args: &[String], name: &str) -> Option<String> {
@@ -751,7 +786,7 @@ fn print_table(problem: &dyn Problem, runs: &[Run], full_trials: u64) {
     }
     let attempts: Vec<String> = Method::ALL
         .iter()
-        .filter(|m| m.is_asha())
+        .filter(|m| m.is_asha() && !by(m.name()).is_empty())
         .map(|&m| {
             let per_rung: Vec<String> = (0..FIDELITY.rungs().len())
                 .map(|k| {
@@ -878,6 +913,11 @@ fn main() {
     let table = args.iter().any(|a| a == "--table");
     let jsonl = arg(&args, "--jsonl");
     let wanted = arg(&args, "--problems").unwrap_or_else(|| "all".into());
+    // The reference methods (asha_random, full_gp_bandit) are always run: the table pairs
+    // every run with theirs.
+    let methods = arg(&args, "--methods")
+        .map(|m| format!("{m},asha_random,full_gp_bandit"))
+        .unwrap_or_else(|| "all".into());
     let all: Vec<Box<dyn Problem>> = vec![
         Box::new(LearningCurves {
             full_budget: Fidelity::step(FIDELITY.max),
@@ -904,7 +944,10 @@ fn main() {
     for &problem in &problems {
         check_resume_is_exact(problem);
         let mut runs = Vec::new();
-        for method in Method::ALL {
+        for method in Method::ALL
+            .into_iter()
+            .filter(|m| methods == "all" || methods.split(',').any(|w| w == m.name()))
+        {
             for seed in first_seed..first_seed + seeds {
                 let run = run_study(problem, method, seed, full_trials);
                 if table {
@@ -943,14 +986,15 @@ fn main() {
     for (problem, runs) in &tables {
         print_table(*problem, runs, full_trials);
     }
-    let (none_due, one_due, gp) = decide_overhead(200, 5);
+    let (none_due, one_due, gp, budget_gp) = decide_overhead(200, 5);
     let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
     println!(
         "\n### ASHA's decision time, 10,000 trials in the view (one free slot)\n\n\
          | case | calls | median ms | max ms |\n|---|---|---|---|\n\
          | nothing due, random designer | {} | {:.3} | {:.3} |\n\
          | one promotion due | {} | {:.3} | {:.3} |\n\
-         | nothing due, gp_bandit designer | {} | {:.1} | {:.1} |",
+         | nothing due, gp_bandit designer (highest rung) | {} | {:.1} | {:.1} |\n\
+         | nothing due, gp_bandit designer (configuration × budget) | {} | {:.1} | {:.1} |",
         none_due.len(),
         median(&none_due),
         max(&none_due),
@@ -960,5 +1004,8 @@ fn main() {
         gp.len(),
         median(&gp),
         max(&gp),
+        budget_gp.len(),
+        median(&budget_gp),
+        max(&budget_gp),
     );
 }

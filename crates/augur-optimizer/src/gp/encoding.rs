@@ -11,11 +11,21 @@
 //! An inactive conditional parameter sets its feature to a fixed value ([`INACTIVE`] for
 //! numbers, the extra level `k` for a categorical), so every trial has a point of the same
 //! dimension and trials that share a branch are compared only on what they share.
+//!
+//! A *context* parameter (a double whose id starts with [`CONTEXT_PREFIX`], which the
+//! service's ids cannot) is an input the model learns over but the search does not choose:
+//! [`Encoder::pin_context`] sets its feature to 1 (its maximum) in every candidate. A
+//! multi-fidelity scheduler's GP over configuration × budget has the budget as one, so that
+//! it proposes configurations by their predicted value at the full budget
+//! ([`crate::multi_fidelity::history`]). Spaces without one encode as before.
 
 use crate::space::{Assignment, Parameter, ParameterKind, SearchSpace, Value};
 
 /// Value of the feature of an inactive numeric parameter.
 pub const INACTIVE: f64 = 0.5;
+
+/// The id prefix of a context parameter (see the module's doc).
+pub const CONTEXT_PREFIX: &str = "augur:";
 
 /// Where the feature of one parameter is.
 #[derive(Debug, Clone)]
@@ -30,13 +40,19 @@ pub struct Encoder {
     /// Feature layout per parameter id, in `all_parameters` order.
     slots: Vec<(String, ParameterKind, Slot)>,
     dim: usize,
+    /// Features of the context parameters, pinned to 1 in every candidate.
+    context: Vec<usize>,
 }
 
 impl Encoder {
     pub fn new(space: &SearchSpace) -> Self {
         let mut slots = Vec::new();
+        let mut context = Vec::new();
         let mut offset = 0;
         for p in space.all_parameters() {
+            if p.id.starts_with(CONTEXT_PREFIX) && matches!(p.kind, ParameterKind::Double { .. }) {
+                context.push(offset);
+            }
             slots.push((p.id.clone(), p.kind.clone(), Slot { offset }));
             offset += 1;
         }
@@ -44,6 +60,24 @@ impl Encoder {
             space: space.clone(),
             slots,
             dim: offset,
+            context,
+        }
+    }
+
+    /// Whether the space has context parameters (see the module's doc).
+    pub fn has_context(&self) -> bool {
+        !self.context.is_empty()
+    }
+
+    /// Whether feature `i` is a context feature.
+    pub fn is_context(&self, i: usize) -> bool {
+        self.context.contains(&i)
+    }
+
+    /// Sets every context feature of the candidate `x` to 1, its maximum.
+    pub fn pin_context(&self, x: &mut [f64]) {
+        for &i in &self.context {
+            x[i] = 1.0;
         }
     }
 
@@ -359,5 +393,26 @@ mod tests {
         assert!(enc.accepts(&a), "other parameters do not matter");
         a.insert("d1".into(), Value::Float(-1.0));
         assert!(!enc.accepts(&a), "log scale, below the minimum");
+    }
+
+    #[test]
+    fn only_context_doubles_are_pinned_and_other_spaces_have_none() {
+        let mut space = every_kind_space();
+        assert!(!Encoder::new(&space).has_context());
+        space.parameters.push(p(
+            "augur:budget",
+            ParameterKind::Double {
+                min: 0.0,
+                max: 1.0,
+                scale: Scale::Linear,
+            },
+        ));
+        let enc = Encoder::new(&space);
+        assert!(enc.has_context());
+        let mut x = vec![0.25; enc.dim()];
+        enc.pin_context(&mut x);
+        assert_eq!(x[enc.dim() - 1], 1.0);
+        assert!(x[..enc.dim() - 1].iter().all(|v| *v == 0.25), "{x:?}");
+        assert!(enc.is_context(enc.dim() - 1) && !enc.is_context(0));
     }
 }

@@ -88,7 +88,13 @@ impl Model {
         let no_gain = |x: &[f64]| {
             m == 1 && this.objectives[0].predict(&[x.to_vec()]).0[0] <= scorer.incumbent
         };
-        let numeric: Vec<bool> = feasible.levels.iter().map(Option::is_none).collect();
+        // A context feature is pinned to its maximum, not on a face by choice.
+        let numeric: Vec<bool> = feasible
+            .levels
+            .iter()
+            .enumerate()
+            .map(|(i, l)| l.is_none() && !encoder.is_context(i))
+            .collect();
         let revisit = Revisit {
             numeric: &numeric,
             radius: config.boundary_revisit_radius,
@@ -225,6 +231,10 @@ impl Model {
             }
         }
         population.truncate(2 * population_size);
+        // An observed point (at a lower budget, say) is a candidate with its context pinned.
+        for x in &mut population {
+            feasible.encoder.pin_context(x);
+        }
         population
     }
 }
@@ -303,9 +313,10 @@ impl<'a> Feasible<'a> {
         }
     }
 
-    /// The nearest feasible point to `x` (clamped, rounded, snapped).
+    /// The nearest feasible point to `x` (clamped, rounded, snapped), with its context
+    /// features pinned (see [`Encoder::pin_context`]).
     fn project(&self, x: Vec<f64>) -> Vec<f64> {
-        let x: Vec<f64> = x
+        let mut x: Vec<f64> = x
             .into_iter()
             .zip(&self.levels)
             .map(|(v, l)| match l {
@@ -313,6 +324,7 @@ impl<'a> Feasible<'a> {
                 None => v.clamp(0.0, 1.0),
             })
             .collect();
+        self.encoder.pin_context(&mut x);
         if self.continuous {
             x
         } else {

@@ -1169,3 +1169,70 @@ fn trended_batches_are_distinct_valid_and_deterministic() {
     let plain = plain.objectives[0].posterior.as_ref().expect("posterior");
     assert!(plain.trend().is_none());
 }
+
+/// A context input (a multi-fidelity study's budget) is learned over but never chosen:
+/// every suggestion, on a space of doubles and on one with an integer, has it at its
+/// maximum, and the configuration part goes where the model expects the best value there.
+#[test]
+fn a_context_parameter_is_learned_over_and_pinned_to_its_maximum_in_suggestions() {
+    let parameter_x = |kind: ParameterKind| Parameter {
+        id: "x".into(),
+        kind,
+        children: vec![],
+    };
+    let budget = Parameter {
+        id: "augur:budget".into(),
+        kind: ParameterKind::Double {
+            min: 0.0,
+            max: 1.0,
+            scale: Scale::Linear,
+        },
+        children: vec![],
+    };
+    let metrics = [minimize("loss")];
+    for x_kind in [
+        ParameterKind::Double {
+            min: 0.0,
+            max: 1.0,
+            scale: Scale::Linear,
+        },
+        ParameterKind::Integer {
+            min: 0,
+            max: 20,
+            scale: Scale::Linear,
+        },
+    ] {
+        let space = SearchSpace {
+            parameters: vec![parameter_x(x_kind.clone()), budget.clone()],
+        };
+        // Loss (x − 0.7)² + (1 − u)·0.5: lower budgets are worse everywhere. Eight
+        // configurations at budgets 0 and ½, three of them (none near 0.7) at the full one.
+        let completed: Vec<CompletedTrial> = (0..16)
+            .map(|i| ((i % 8) as f64 / 7.0, (i / 8) as f64 / 2.0))
+            .chain([(0.0, 1.0), (2.0 / 7.0, 1.0), (1.0, 1.0)])
+            .map(|(x, u)| {
+                let x_value = match x_kind {
+                    ParameterKind::Integer { .. } => Value::Int((x * 20.0).round() as i64),
+                    _ => Value::Float(x),
+                };
+                let x = x_kind.to_unit(&x_value).unwrap_or(0.0);
+                CompletedTrial {
+                    parameters: [
+                        ("x".to_string(), x_value),
+                        ("augur:budget".to_string(), Value::Float(u)),
+                    ]
+                    .into(),
+                    outcome: measured(&[("loss", (x - 0.7).powi(2) + (1.0 - u) * 0.5)]),
+                }
+            })
+            .collect();
+        let out =
+            GpBanditDesigner::default().suggest(&input(&space, &metrics, &completed, &[], 3, 1));
+        assert_eq!(out.suggestions.len(), 3);
+        for a in &out.suggestions {
+            assert_eq!(a["augur:budget"].as_f64(), Some(1.0), "{a:?}");
+        }
+        let first = x_kind.to_unit(&out.suggestions[0]["x"]).unwrap_or(0.0);
+        assert!((first - 0.7).abs() < 0.2, "{:?}", out.suggestions[0]);
+    }
+}

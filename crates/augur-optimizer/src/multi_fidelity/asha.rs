@@ -6,17 +6,18 @@
 use std::collections::HashSet;
 
 use crate::decision::{Decision, Policy, PolicyOutput, StudyView, TrialStatus, TrialView};
-use crate::designer::{CompletedTrial, Designer, MetricSpec, Outcome};
+use crate::designer::{Algorithm, Designer, MetricSpec};
+use crate::multi_fidelity::history::{ModelHistory, scheduler_designer, suggest_new};
 use crate::multi_fidelity::{Fidelity, Progress, progress, ranked_at};
-use crate::space::Assignment;
 
 /// The ASHA scheduler; new configurations come from `designer`, which learns from the
-/// highest rung with enough results (BOHB-style) when it uses history.
+/// history [`ModelHistory`] says when it uses history.
 pub struct Asha {
     pub fidelity: Fidelity,
     /// The metric trials are ranked by at each rung.
     pub metric: MetricSpec,
     designer: Box<dyn Designer>,
+    history: ModelHistory,
 }
 
 impl Asha {
@@ -25,7 +26,21 @@ impl Asha {
             fidelity,
             metric,
             designer,
+            history: ModelHistory::HighestRung,
         }
+    }
+
+    /// The same scheduler with its designer given `history`.
+    pub fn with_history(self, history: ModelHistory) -> Self {
+        Asha { history, ..self }
+    }
+
+    /// ASHA as a study with `scheduler: asha` and `algorithm` gets it: its designer and
+    /// history from [`scheduler_designer`] (for gp_bandit, the GP over configuration ×
+    /// budget).
+    pub fn of(fidelity: Fidelity, metric: MetricSpec, algorithm: Algorithm) -> Self {
+        let (designer, history) = scheduler_designer(algorithm);
+        Asha::new(fidelity, metric, designer).with_history(history)
     }
 
     /// The paused trial to promote now and the rung it leaves, if one is due: from the top
@@ -64,67 +79,6 @@ impl Asha {
         }
         None
     }
-
-    /// What the designer learns from: every trial's result at the highest rung that enough
-    /// trials reached (the space's dimension + 2, as BOHB), else at the lowest; the trials
-    /// without a result there that still run are pending (a paused one has a result already,
-    /// at a lower rung, and most are never promoted: counting them as pending would steer
-    /// the search away from regions it has measured).
-    fn history(
-        &self,
-        study: &StudyView<'_>,
-        rungs: &[f64],
-    ) -> (Vec<CompletedTrial>, Vec<Assignment>) {
-        let enough = study.space.all_parameters().len() + 2;
-        let reached = |k: usize| -> Vec<&TrialView> {
-            study
-                .trials
-                .iter()
-                .filter(|t| !t.excluded)
-                .filter(|t| {
-                    progress(rungs, t)
-                        .rungs_done()
-                        .is_some_and(|done| done >= k)
-                })
-                .collect()
-        };
-        let rung = (0..rungs.len())
-            .rev()
-            .find(|&k| reached(k).len() >= enough)
-            .unwrap_or(0);
-        let with_result = reached(rung);
-        let numbers: HashSet<u64> = with_result.iter().map(|t| t.number).collect();
-        let step = Fidelity::step(rungs[rung]);
-        let completed = with_result
-            .into_iter()
-            .map(|t| CompletedTrial {
-                parameters: t.parameters.clone(),
-                outcome: outcome_at(t, study.metrics, step),
-            })
-            .collect();
-        let pending = study
-            .trials
-            .iter()
-            .filter(|t| !numbers.contains(&t.number))
-            .filter(|t| t.status == TrialStatus::Running)
-            .map(|t| t.parameters.clone())
-            .collect();
-        (completed, pending)
-    }
-}
-
-/// A trial's outcome at a rung's `step`: its latest measurement up to it with every metric
-/// of the study, else failed (when it failed) or infeasible.
-fn outcome_at(trial: &TrialView, metrics: &[MetricSpec], step: u64) -> Outcome {
-    let measured = trial
-        .measurements
-        .iter()
-        .rfind(|m| m.step <= step && metrics.iter().all(|spec| m.metrics.contains_key(&spec.id)));
-    match (measured, &trial.status) {
-        (Some(m), _) => Outcome::Measured(m.metrics.clone()),
-        (None, TrialStatus::Finished(Outcome::Failed)) => Outcome::Failed,
-        (None, _) => Outcome::Infeasible,
-    }
 }
 
 impl Policy for Asha {
@@ -151,14 +105,7 @@ impl Policy for Asha {
         let new = ((slots - decisions.len()) as u64).min(new_left) as usize;
         let mut state = None;
         if new > 0 {
-            let (completed, pending) = if self.designer.uses_history() {
-                self.history(study, &rungs)
-            } else {
-                (Vec::new(), Vec::new())
-            };
-            let output = self
-                .designer
-                .suggest(&study.designer_input(&completed, &pending, new));
+            let output = suggest_new(self.designer.as_ref(), self.history, study, &rungs, new);
             state = output.state;
             decisions.extend(
                 output

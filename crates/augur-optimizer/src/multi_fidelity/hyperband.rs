@@ -5,16 +5,18 @@
 //! when every trial meant to reach it has: its top ⌊n/η⌋ go on, the rest stop there.
 
 use crate::decision::{Decision, Policy, PolicyOutput, StudyView, TrialStatus, TrialView};
-use crate::designer::{Designer, MetricSpec};
+use crate::designer::{Algorithm, Designer, MetricSpec};
+use crate::multi_fidelity::history::{ModelHistory, scheduler_designer, suggest_new};
 use crate::multi_fidelity::{Fidelity, progress, ranked_at};
 
-/// The Hyperband scheduler; new configurations come from `designer` (given no history: the
-/// brackets decide which configurations go on).
+/// The Hyperband scheduler; new configurations come from `designer`, given the history
+/// [`ModelHistory`] says (none by default: the brackets decide which configurations go on).
 pub struct Hyperband {
     pub fidelity: Fidelity,
     /// The metric trials are ranked by at each rung.
     pub metric: MetricSpec,
     designer: Box<dyn Designer>,
+    history: ModelHistory,
 }
 
 /// Where a trial number falls: its bracket's instance (the cycle it is in), the bracket
@@ -32,7 +34,21 @@ impl Hyperband {
             fidelity,
             metric,
             designer,
+            history: ModelHistory::None,
         }
+    }
+
+    /// The same scheduler with its designer given `history`.
+    pub fn with_history(self, history: ModelHistory) -> Self {
+        Hyperband { history, ..self }
+    }
+
+    /// Hyperband as a study with `scheduler: hyperband` and `algorithm` gets it: its
+    /// designer and history from [`scheduler_designer`] (for gp_bandit, the GP over
+    /// configuration × budget).
+    pub fn of(fidelity: Fidelity, metric: MetricSpec, algorithm: Algorithm) -> Self {
+        let (designer, history) = scheduler_designer(algorithm);
+        Hyperband::new(fidelity, metric, designer).with_history(history)
     }
 
     /// Configurations bracket `b` starts with, of `rungs` rungs: ⌈(S+1)/(b+1)·η^b⌉, S the
@@ -138,7 +154,7 @@ impl Policy for Hyperband {
         let mut state = None;
         if new > 0 {
             // Each new trial starts at its bracket's first rung, by the number it will get.
-            let output = self.designer.suggest(&study.designer_input(&[], &[], new));
+            let output = suggest_new(self.designer.as_ref(), self.history, study, &rungs, new);
             state = output.state;
             for (i, parameters) in output.suggestions.into_iter().enumerate() {
                 let slot = self.slot(rungs.len(), study.next_trial_number.max(1) + i as u64);

@@ -6,6 +6,7 @@
 
 pub mod asha;
 pub mod budget;
+pub mod history;
 pub mod hyperband;
 pub mod pbt;
 
@@ -16,6 +17,7 @@ use crate::designer::{Goal, MetricSpec};
 
 pub use asha::{Asha, stops_at_rung};
 pub use budget::BudgetCap;
+pub use history::ModelHistory;
 pub use hyperband::Hyperband;
 pub use pbt::{Pbt, PbtSettings};
 

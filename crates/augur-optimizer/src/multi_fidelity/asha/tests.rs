@@ -6,8 +6,9 @@ use std::collections::{BTreeMap, HashSet};
 
 use super::*;
 use crate::decision::{StepMeasurement, TrialStatus};
-use crate::designer::{Algorithm, Goal, designer_for};
-use crate::space::{SearchSpace, Value};
+use crate::designer::{Algorithm, Goal, Outcome, designer_for};
+use crate::multi_fidelity::history::highest_rung;
+use crate::space::{Assignment, SearchSpace, Value};
 
 const MAX_TRIALS: u64 = 81;
 const FIDELITY: Fidelity = Fidelity {
@@ -377,12 +378,7 @@ fn a_model_learns_from_the_highest_rung_with_enough_results() {
         prior_studies: &[],
         desired_min_safe_trials_fraction: None,
     };
-    let asha = Asha::new(
-        FIDELITY,
-        metrics[0].clone(),
-        designer_for(Algorithm::GpBandit),
-    );
-    let (completed, pending) = asha.history(&study, &FIDELITY.rungs());
+    let (completed, pending) = highest_rung(&study, &FIDELITY.rungs());
     let learned: Vec<(Assignment, Outcome)> = completed
         .into_iter()
         .map(|c| (c.parameters, c.outcome))
@@ -404,7 +400,7 @@ fn a_model_learns_from_the_highest_rung_with_enough_results() {
     // Three results at rung 1 are too few: the model learns from rung 0, where trials 1-5
     // have one (trial 7 runs it still).
     let fewer: Vec<TrialView> = trials.iter().filter(|t| t.number != 6).cloned().collect();
-    let (completed, _) = asha.history(
+    let (completed, _) = highest_rung(
         &StudyView {
             trials: &fewer,
             ..study.clone()
