@@ -44,7 +44,7 @@ pub struct WorkerOptions {
 fn worker_executor(job: &TrialJobSpec, options: &WorkerOptions) -> CliResult<Arc<dyn Executor>> {
     let context = ExecutorContext::new(&options.executors, None);
     Ok(match job.executor {
-        ExecutorSpec::Container { .. } => executor_for(job, &context)
+        ExecutorSpec::Container { .. } | ExecutorSpec::Pool(_) => executor_for(job, &context)
             .map_err(|e| CliError::Dispatch(DispatchError::Executor(e)))?,
         ExecutorSpec::Local | ExecutorSpec::Slurm(_) | ExecutorSpec::Kubernetes { .. } => {
             Arc::new(LocalExecutor::new(context))

@@ -423,15 +423,40 @@ impl StudyBatch {
 
     /// Active trials whose lease ran out go back to `requested`, same parameters, so that
     /// another worker takes them.
+    ///
+    /// A pool study's trial (`executor: pool`) counts each lease that ran out as a lost
+    /// launch (`attempts`): once more were lost than `max_retries` allows, it fails instead
+    /// of going back, so a trial that kills its workers is not passed around for ever. The
+    /// next worker's launches continue the count (`PoolLease::lost_attempts`).
     fn expire_leases(&mut self) {
+        let pool_retries = self
+            .config
+            .trial_job
+            .as_ref()
+            .filter(|job| job.executor.pool().is_some())
+            .map(|job| job.max_retries);
         for trial in self.trials.values_mut() {
             let expired = trial.lease_expires_at.is_some_and(|at| at <= self.now);
             if trial.state.is_unfinished() && trial.state != TrialState::Requested && expired {
+                trial.lease_expires_at = None;
+                self.changed.insert(trial.id);
+                if let Some(max_retries) = pool_retries {
+                    trial.attempts += 1;
+                    if trial.attempts > max_retries {
+                        trial.state = TrialState::Failed;
+                        trial.fail_reason = Some(format!(
+                            "its pool worker was lost (no heartbeat for trial_lease_secs) {} \
+                             time(s), more than max_retries ({max_retries}) allows",
+                            trial.attempts
+                        ));
+                        trial.completed_at = Some(self.now);
+                        self.failed_in_batch += 1;
+                        continue;
+                    }
+                }
                 trial.state = TrialState::Requested;
                 trial.client_id = None;
-                trial.lease_expires_at = None;
                 trial.started_at = None;
-                self.changed.insert(trial.id);
             }
         }
     }

@@ -73,7 +73,7 @@ pub struct DispatchedSuggestions {
 
 /// Who asks: a worker (resumes the trials it holds, gets a lease) or the study's own
 /// dispatcher (its first launches counted with these token hashes, no lease).
-enum Asker {
+pub(super) enum Asker {
     Worker(Option<ClientId>),
     Dispatcher {
         client_id: ClientId,
@@ -142,7 +142,12 @@ impl Service {
     }
 
     /// The trials handed out, the study's state, and whether to ask again later.
-    async fn suggest_as(&self, study_id: i64, count: usize, asker: Asker) -> ServiceResult<Handed> {
+    pub(super) async fn suggest_as(
+        &self,
+        study_id: i64,
+        count: usize,
+        asker: Asker,
+    ) -> ServiceResult<Handed> {
         let fixed = self.fixed_config(study_id).await?;
         let (client_id, dispatched, launch_tokens) = match asker {
             Asker::Worker(client) => (client, false, Vec::new()),

@@ -225,8 +225,12 @@ impl Service {
             }
             Completion::Infeasible(_) => {}
         }
-        self.change_trial_record(study_id, Command::Complete { trial_id, outcome })
-            .await
+        let record = self
+            .change_trial_record(study_id, Command::Complete { trial_id, outcome })
+            .await?;
+        // A slot freed: a pool's waiting leases look again.
+        self.pools.wake();
+        Ok(record)
     }
 
     /// `actor` fails a trial (see `check_reporter` for who may); audited with the reason.
@@ -243,6 +247,7 @@ impl Service {
         let record = self
             .change_trial_record(study_id, Command::Fail { trial_id, reason })
             .await?;
+        self.pools.wake();
         self.audit_trial(actor, "trial.fail", study_id, trial_id, detail)
             .await;
         self.answer_view(study_id, record).await
