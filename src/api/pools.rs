@@ -68,7 +68,7 @@ pub async fn get_pool(
 }
 
 /// A worker joins the pool (its first report) or says it is still there, with its slots,
-/// GPUs and busy slots (`augur worker --pool` reports every 5 s and at each change). Its
+/// GPUs and busy slots (`augur worker --pool` reports every 2 s and at each change). Its
 /// slot-seconds since its last report are counted busy or idle by its busy count then.
 #[utoipa::path(put, path = "/v1/pools/{pool}/workers/{worker}", tag = "pools",
     request_body = WorkerReport,

@@ -11,9 +11,9 @@ use super::Trial;
 
 /// A worker is shown gone, and its slots no longer counted, once it has not reported for
 /// this long (it reports every [`WORKER_REPORT_EVERY_SECS`]).
-pub const WORKER_GONE_AFTER_SECS: i64 = 15;
+pub const WORKER_GONE_AFTER_SECS: i64 = 6;
 /// How often `augur worker --pool` reports its slots, besides each change of its busy count.
-pub const WORKER_REPORT_EVERY_SECS: u64 = 5;
+pub const WORKER_REPORT_EVERY_SECS: u64 = 2;
 
 /// A worker's report of itself (`PUT /v1/pools/{pool}/workers/{worker}`): it registers the
 /// worker in the pool on first use, and renews it after.
@@ -43,7 +43,7 @@ pub struct PoolWorker {
     /// Slots running a trial at its last report.
     pub busy: u32,
     pub idle: u32,
-    /// Reported within the last 15 seconds; a gone worker's slots are not counted.
+    /// Reported within the last 6 seconds; a gone worker's slots are not counted.
     pub live: bool,
     pub registered_at: DateTime<Utc>,
     pub last_seen_at: DateTime<Utc>,
@@ -80,7 +80,7 @@ pub struct PoolUsage {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct PoolSummary {
     pub name: String,
-    /// Workers that reported within the last 15 seconds, and those gone.
+    /// Workers that reported within the last 6 seconds, and those gone.
     pub workers: u32,
     pub workers_gone: u32,
     /// Live workers' slots, busy and idle.
