@@ -103,6 +103,10 @@ pub struct LeaseRequest {
     /// 30 seconds).
     #[serde(default)]
     pub wait_secs: Option<f64>,
+    /// The slot's first ask since its worker started: a trial the slot still holds (its
+    /// worker was restarted with the same id) comes back first.
+    #[serde(default)]
+    pub resume: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -147,6 +151,7 @@ pub async fn lease_trial(
             &worker,
             request.slot,
             Duration::from_secs_f64(wait),
+            request.resume,
         )
         .await?;
     Ok(Json(LeaseResponse { lease }))

@@ -240,11 +240,15 @@ impl Worker {
     }
 }
 
-/// The worker's reports: at each change of its busy count, and every few seconds.
+/// Changes of the busy count within this long go in one report: short trials would
+/// otherwise send two reports each, writes that compete with the trials' own.
+const REPORT_COALESCE: Duration = Duration::from_millis(500);
+
+/// The worker's reports: soon after its busy count changes, and every few seconds.
 async fn report_loop(worker: Arc<Worker>) {
     loop {
         tokio::select! {
-            _ = worker.changed.notified() => {}
+            _ = worker.changed.notified() => tokio::time::sleep(REPORT_COALESCE).await,
             _ = tokio::time::sleep(Duration::from_secs(WORKER_REPORT_EVERY_SECS)) => {}
         }
         if let Err(error) = worker.report().await {
@@ -260,15 +264,18 @@ async fn run_slot(
     mut interrupt: watch::Receiver<Interrupt>,
 ) -> CliResult<()> {
     let path = worker.path("/lease");
+    // The first ask resumes what this slot held before a restart (same --client-id).
+    let mut resume = true;
     loop {
         if *interrupt.borrow() != Interrupt::None {
             return Ok(());
         }
-        let body = json!({"slot": slot, "wait_secs": LEASE_WAIT_SECS});
+        let body = json!({"slot": slot, "wait_secs": LEASE_WAIT_SECS, "resume": resume});
         let answer = tokio::select! {
             answer = worker.client.call(Method::POST, &path, Some(&body)) => answer?,
             _ = interrupt.changed() => return Ok(()),
         };
+        resume = false;
         if answer["lease"].is_null() {
             continue;
         }

@@ -19,9 +19,9 @@ use std::time::Duration;
 use chrono::{DateTime, TimeZone, Utc};
 use tokio::sync::Notify;
 
-use super::state_machine::{Command, Reply};
+use super::state_machine::Command;
 use super::suggest::Asker;
-use super::{Caller, Service, ServiceError, ServiceResult, hash_token, new_token, unexpected};
+use super::{Caller, Service, ServiceError, ServiceResult, hash_token, new_token};
 use crate::model::executor::check_pool_name;
 use crate::model::pool::{
     PoolDetail, PoolLease, PoolStudy, PoolSummary, PoolUsage, PoolWorker, WORKER_GONE_AFTER_SECS,
@@ -35,16 +35,21 @@ pub const MAX_LEASE_WAIT: Duration = Duration::from_secs(30);
 /// A waiting lease looks again this often even if nothing here woke it: another replica's
 /// changes, and leases running out, wake nothing in this process.
 const RESCAN_EVERY: Duration = Duration::from_millis(500);
+/// How often a pool's full studies have their leases looked at (`expire_pool_leases`).
+const EXPIRY_PROBE_EVERY: Duration = Duration::from_secs(1);
 /// The usage a pool's detail shows: the last hour.
 const USAGE_WINDOW_MS: i64 = 3_600_000;
 
-/// What the pools share in this process: a wake-up for waiting leases, and one pick at a
-/// time per pool, so that each pick sees the trials the one before it handed out (without
-/// it, slots asking at once would all pick the same study).
+/// What the pools share in this process: a wake-up for waiting leases, and the picks in
+/// flight by study. Slots asking at once would otherwise all read the same counts and pick
+/// the same study; a reservation counts as a running trial of its study until its suggest
+/// has committed (and the study's counts show it).
 #[derive(Clone, Default)]
 pub(super) struct Pools {
     wakeup: Arc<Notify>,
-    picking: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+    in_flight: Arc<Mutex<HashMap<i64, u64>>>,
+    /// When each pool's full studies last had their leases looked at.
+    probed: Arc<Mutex<HashMap<String, std::time::Instant>>>,
 }
 
 impl Pools {
@@ -54,9 +59,54 @@ impl Pools {
         self.wakeup.notify_waiters();
     }
 
-    fn pick_lock(&self, pool: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut map = self.picking.lock().unwrap_or_else(|e| e.into_inner());
-        map.entry(pool.to_string()).or_default().clone()
+    /// The fairest of `studies` not yet `tried` with room (any with `resume`), reserved.
+    fn reserve(&self, studies: &[StudyRecord], tried: &[i64], resume: bool) -> Option<i64> {
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        let mut candidates: Vec<Candidate> = studies
+            .iter()
+            .filter(|s| !tried.contains(&s.id))
+            .filter_map(|study| {
+                let (_, weight) = pool_of(study)?;
+                let (running, handed, pending) = pending_of(study);
+                let flying = in_flight.get(&study.id).copied().unwrap_or(0);
+                Some(Candidate {
+                    study_id: study.id,
+                    weight,
+                    running: running + flying,
+                    handed: handed + flying,
+                    pending: pending.saturating_sub(flying),
+                })
+            })
+            .filter(|c| resume || c.pending > 0)
+            .collect();
+        fair_order(&mut candidates);
+        let chosen = candidates.first()?.study_id;
+        *in_flight.entry(chosen).or_default() += 1;
+        Some(chosen)
+    }
+
+    /// Whether it is time to look at `pool`'s full studies' leases (and the time noted).
+    fn probe_due(&self, pool: &str) -> bool {
+        let mut probed = self.probed.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        match probed.get(pool) {
+            Some(at) if now.duration_since(*at) < EXPIRY_PROBE_EVERY => false,
+            _ => {
+                probed.insert(pool.to_string(), now);
+                true
+            }
+        }
+    }
+
+    /// A reserved pick is done (its suggest committed, or found no room).
+    fn release(&self, study_id: i64) {
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = in_flight.get_mut(&study_id) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                in_flight.remove(&study_id);
+            }
+        }
     }
 }
 
@@ -205,6 +255,7 @@ impl Service {
         worker: &str,
         slot: u32,
         wait: Duration,
+        resume: bool,
     ) -> ServiceResult<Option<PoolLease>> {
         Self::check_pool_runner(actor)?;
         check_pool(pool)?;
@@ -215,14 +266,21 @@ impl Service {
         let client_id = ClientId::try_from(format!("{worker}/{slot}"))
             .map_err(|e| ServiceError::invalid("worker", e.message))?;
         let deadline = tokio::time::Instant::now() + wait.min(MAX_LEASE_WAIT);
+        let mut resume = resume;
         loop {
             // Listen before looking, so that a wake-up between the two is not missed.
             let woken = self.pools.wakeup.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            if let Some(lease) = self.pick_pool_trial(actor, pool, &client_id).await? {
+            // Only the first look resumes: a held trial does not go away while we wait.
+            let resume_now = std::mem::take(&mut resume);
+            if let Some(lease) = self
+                .pick_pool_trial(actor, pool, &client_id, resume_now)
+                .await?
+            {
                 return Ok(Some(lease));
             }
+            self.expire_pool_leases(pool).await?;
             let now = tokio::time::Instant::now();
             if now >= deadline {
                 return Ok(None);
@@ -235,81 +293,98 @@ impl Service {
     }
 
     /// One pick: the pool's studies in fair order, each asked for one trial until one gives
-    /// it, under the pool's pick lock.
+    /// it. Picks run at once (their suggests share commits); each sees the others in flight
+    /// through the pool's reservations, as if their trials were already running.
     async fn pick_pool_trial(
         &self,
         actor: &Caller,
         pool: &str,
         client_id: &ClientId,
+        resume: bool,
     ) -> ServiceResult<Option<PoolLease>> {
-        let lock = self.pools.pick_lock(pool);
-        let _one_at_a_time = lock.lock().await;
-        let mut candidates: Vec<Candidate> = self
-            .pool_studies(pool)
-            .await?
-            .iter()
-            .filter_map(|study| {
-                let (_, weight) = pool_of(study)?;
-                let (running, handed, pending) = pending_of(study);
-                Some(Candidate {
-                    study_id: study.id,
-                    weight,
-                    running,
-                    handed,
-                    pending,
-                })
-            })
-            .collect();
-        // A study whose counts say it is full may still hold a trial whose lease ran out;
-        // its own next batch (a heartbeat of its running trials) sends it back, and then
-        // it counts as pending here.
-        candidates.retain(|c| c.pending > 0);
-        fair_order(&mut candidates);
-        for candidate in candidates {
-            let asker = Asker::Worker(Some(client_id.clone()));
-            let handed = match self.suggest_as(candidate.study_id, 1, asker).await {
+        let mut studies = self.pool_studies(pool).await?;
+        if resume {
+            // A restarted worker's slot gets back the trial it still holds (the suggest
+            // path answers a client with its held trials), before anything new.
+            let mut holding = None;
+            for study in &studies {
+                if !self
+                    .resumable_trials(study.id, client_id.as_str())
+                    .await?
+                    .is_empty()
+                {
+                    holding = Some(study.id);
+                    break;
+                }
+            }
+            if let Some(id) = holding {
+                studies.retain(|s| s.id == id);
+            }
+        }
+        let mut tried = Vec::new();
+        loop {
+            let Some(study_id) = self.pools.reserve(&studies, &tried, resume) else {
+                return Ok(None);
+            };
+            tried.push(study_id);
+            let token = new_token();
+            let asker = Asker::PoolSlot {
+                client_id: client_id.clone(),
+                token_hash: hash_token(&token),
+            };
+            let handed = self.suggest_as(study_id, 1, asker).await;
+            self.pools.release(study_id);
+            let handed = match handed {
                 Ok(handed) => handed,
                 // Deleted since it was listed.
                 Err(ServiceError::NotFound(_)) => continue,
                 Err(e) => return Err(e),
             };
-            let Some(record) = handed.trials.first().cloned() else {
+            let Some(trial_id) = handed.trials.first().map(|t| t.id) else {
                 continue;
             };
-            let trial_id = record.id;
             let trial = self
-                .handed_trial_views(candidate.study_id, handed.trials, handed.created)
+                .handed_trial_views(study_id, handed.trials, handed.created)
                 .await
                 .map_err(ServiceError::after_commit)?
                 .into_iter()
                 .find(|t| t.id == trial_id)
                 .ok_or_else(|| ServiceError::Internal("a handed trial went missing".into()))?;
-            let token = new_token();
-            let command = Command::IssueToken {
-                trial_id,
-                client_id: client_id.as_str().to_string(),
-                token_hash: hash_token(&token),
-            };
-            match self.commits.submit(candidate.study_id, command).await? {
-                Reply::Issued => {}
-                other => return Err(unexpected(other)),
-            }
             // Off the lease's path: a slot waits for its trial, not for the audit trail.
             let (this, actor) = (self.clone(), actor.clone());
             let detail = Some(format!("pool {pool}, slot {}", client_id.as_str()));
-            let study_id = candidate.study_id;
             tokio::spawn(async move {
                 this.audit_trial(&actor, "trial.lease", study_id, trial_id, detail)
                     .await;
             });
             metrics::counter!("augur_pool_leases_total", "pool" => pool.to_string()).increment(1);
             return Ok(Some(PoolLease {
-                study_id: candidate.study_id,
+                study_id,
                 trial,
                 token,
             }));
         }
-        Ok(None)
+    }
+
+    /// A study whose running trials fill its cap gets no pick, and if their worker died
+    /// they report nothing either: no batch would ever see their leases run out. So a slot
+    /// that found nothing has such studies' leases looked at, at most once per
+    /// [`EXPIRY_PROBE_EVERY`] per pool in this process.
+    async fn expire_pool_leases(&self, pool: &str) -> ServiceResult<()> {
+        if !self.pools.probe_due(pool) {
+            return Ok(());
+        }
+        for study in self.pool_studies(pool).await? {
+            let (running, _, pending) = pending_of(&study);
+            if pending > 0 || running == 0 {
+                continue;
+            }
+            match self.commits.submit(study.id, Command::ExpireLeases).await {
+                Ok(_) | Err(ServiceError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// Active studies whose trials `pool` runs (`None`: of every pool).

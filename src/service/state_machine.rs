@@ -65,6 +65,9 @@ pub enum Command {
         /// For the dispatcher: the first launch of each trial handed out is counted here,
         /// with the token whose hash is at the trial's position (none past the end).
         launch_tokens: Vec<String>,
+        /// For a pool worker's slot: the trial at each position gets the token of this hash
+        /// (replacing any earlier one), its launches not counted (the worker counts them).
+        lease_tokens: Vec<String>,
     },
     /// Add a trial with chosen parameters, completed when `final_measurement` is given.
     AddTrial {
@@ -125,6 +128,10 @@ pub enum Command {
         client_id: String,
         token_hash: String,
     },
+    /// Nothing but what every batch does first: send back the trials whose leases ran out.
+    /// A pool asks it of a study whose trials all hold their slots and report nothing (their
+    /// worker died): no other command would come to free them.
+    ExpireLeases,
     /// PBT: the checkpoint the trial's lineage says to copy is copied (its parent may train
     /// on).
     CheckpointCopied {
@@ -310,11 +317,18 @@ impl StudyBatch {
                 precomputed,
                 dispatched,
                 launch_tokens,
+                lease_tokens,
             } => {
                 let reply = self
                     .suggest(count, client_id, precomputed, dispatched)
                     .await?;
-                Ok(self.count_first_launches(reply, launch_tokens))
+                let reply = self.count_first_launches(reply, launch_tokens);
+                if let Reply::Suggested(handed) = &reply {
+                    for (trial, hash) in handed.trials.iter().zip(lease_tokens) {
+                        self.tokens.push(self.trial_token(trial.id, hash));
+                    }
+                }
+                Ok(reply)
             }
             Command::AddTrial {
                 parameters,
@@ -344,6 +358,8 @@ impl StudyBatch {
                 trial.excluded = excluded;
                 Ok(self.touched(trial_id))
             }
+            // The batch expired the leases at its start.
+            Command::ExpireLeases => Ok(Reply::Updated(true)),
             Command::Stop => {
                 if self.study.state == StudyState::Active {
                     self.set_study_state(StudyState::Stopped, Some("stopped by a user".into()));

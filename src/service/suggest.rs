@@ -75,6 +75,12 @@ pub struct DispatchedSuggestions {
 /// dispatcher (its first launches counted with these token hashes, no lease).
 pub(super) enum Asker {
     Worker(Option<ClientId>),
+    /// A pool worker's slot (`pools.rs`): a worker whose trial is also given, in the same
+    /// batch, the token with this hash, which reports to it alone.
+    PoolSlot {
+        client_id: ClientId,
+        token_hash: String,
+    },
     Dispatcher {
         client_id: ClientId,
         launch_tokens: Vec<String>,
@@ -149,12 +155,16 @@ impl Service {
         asker: Asker,
     ) -> ServiceResult<Handed> {
         let fixed = self.fixed_config(study_id).await?;
-        let (client_id, dispatched, launch_tokens) = match asker {
-            Asker::Worker(client) => (client, false, Vec::new()),
+        let (client_id, dispatched, launch_tokens, lease_tokens) = match asker {
+            Asker::Worker(client) => (client, false, Vec::new(), Vec::new()),
+            Asker::PoolSlot {
+                client_id,
+                token_hash,
+            } => (Some(client_id), false, Vec::new(), vec![token_hash]),
             Asker::Dispatcher {
                 client_id,
                 launch_tokens,
-            } => (Some(client_id), true, launch_tokens),
+            } => (Some(client_id), true, launch_tokens, Vec::new()),
         };
         // Model-based designers read a snapshot and think outside the study's lock; the
         // design lock keeps this process's suggestions for the study one at a time, from
@@ -196,6 +206,7 @@ impl Service {
                 precomputed,
                 dispatched,
                 launch_tokens: launch_tokens.clone(),
+                lease_tokens: lease_tokens.clone(),
             };
             match self.commits.submit(study_id, command).await? {
                 Reply::Suggested(handed) => return Ok(handed),

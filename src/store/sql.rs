@@ -955,13 +955,16 @@ macro_rules! impl_sql_store {
                 max_gap_ms: i64,
             ) -> StoreResult<()> {
                 let minute_ms = now_ms - now_ms.rem_euclid(60_000);
+                // One commit for both (the first statement writes, so SQLite takes its
+                // write lock at once: no read-to-write upgrade to deadlock on).
+                let mut tx = self.pool.begin().await?;
                 sqlx::query(ADD_POOL_USAGE)
                     .bind(&report.pool)
                     .bind(&report.worker)
                     .bind(minute_ms)
                     .bind(now_ms)
                     .bind(max_gap_ms)
-                    .execute(&self.pool)
+                    .execute(&mut *tx)
                     .await?;
                 sqlx::query(REPORT_POOL_WORKER)
                     .bind(&report.pool)
@@ -972,8 +975,9 @@ macro_rules! impl_sql_store {
                     .bind(report.busy)
                     .bind(now_ms)
                     .bind(max_gap_ms)
-                    .execute(&self.pool)
+                    .execute(&mut *tx)
                     .await?;
+                tx.commit().await?;
                 Ok(())
             }
 

@@ -218,6 +218,29 @@ async fn pools_show_workers_queue_and_usage_and_the_dispatcher_leaves_them_alone
     assert_eq!(own.status, StatusCode::OK, "{}", own.body);
     let pool = app.get("/v1/pools/shape").await.body;
     assert_eq!(pool["queue_length"], 2, "the slot is free again: {pool}");
+
+    // The dashboard's pools page: its shell, and the module that draws it from the above.
+    let page = app
+        .http
+        .get(format!("{}/pools", app.base))
+        .send()
+        .await
+        .expect("page");
+    assert_eq!(page.status(), StatusCode::OK);
+    assert!(
+        page.text()
+            .await
+            .expect("html")
+            .contains(r#"data-page="pools""#)
+    );
+    let module = app
+        .http
+        .get(format!("{}/dashboard/js/pools.js", app.base))
+        .send()
+        .await
+        .expect("js");
+    assert_eq!(module.status(), StatusCode::OK);
+    assert!(module.text().await.expect("js").contains("/v1/pools/"));
 }
 
 /// A lease that finds every study at its cap waits; a trial's completion answers it at

@@ -215,8 +215,11 @@ async fn ten_studies_share_a_pool_fairly_within_their_caps_through_a_lost_worker
     assert!(trial_of_d, "the worker that joined late ran trials");
 
     let runs = read_runs(&events);
-    // Exactly once to completion: one trainer ended per trial, and the killed trials
-    // started twice (once on c, then again elsewhere).
+    // Exactly once to completion: the server completed each trial once (a second
+    // completion is refused), and one trainer ran to its end per trial, but for c's: a
+    // trainer of c's may have ended just before c died, its end never reported, and then
+    // the trial ran again elsewhere (at least once, as any worker that can die between its
+    // trial's exit and its report).
     let mut ended: BTreeMap<(i64, i64), usize> = BTreeMap::new();
     let mut starts: BTreeMap<(i64, i64), usize> = BTreeMap::new();
     for run in &runs {
@@ -228,11 +231,20 @@ async fn ten_studies_share_a_pool_fairly_within_their_caps_through_a_lost_worker
     assert_eq!(
         ended.len(),
         STUDIES * TRIALS_PER_STUDY,
-        "every trial ended once"
+        "every trial ran to its end"
     );
-    assert!(
-        ended.values().all(|&n| n == 1),
-        "a trial ran twice to its end: {ended:?}"
+    let twice: Vec<_> = ended
+        .iter()
+        .filter(|(t, n)| **n > 1 && !killed.contains(t))
+        .collect();
+    assert!(twice.is_empty(), "trials ran twice to their end: {twice:?}");
+    let reran = ended
+        .iter()
+        .filter(|(t, n)| **n > 1 && killed.contains(t))
+        .count();
+    eprintln!(
+        "{} trials lost with c, {reran} of them had ended unreported",
+        killed.len()
     );
     for trial in &killed {
         assert_eq!(
