@@ -169,7 +169,7 @@ fn check_pool(pool: &str) -> ServiceResult<()> {
 fn check_worker(worker: &str) -> ServiceResult<()> {
     // `<worker>/<slot>` is the slot's client id, which the suggest path checks.
     ClientId::try_from(format!("{worker}/0"))
-        .map_err(|e| ServiceError::invalid("worker", format!("{}", e.message)))?;
+        .map_err(|e| ServiceError::invalid("worker", e.message))?;
     if worker.is_empty() || worker.len() > 200 || worker.contains('/') {
         return Err(ServiceError::invalid(
             "worker",
