@@ -194,10 +194,23 @@ impl Worker {
         let refused = if job.executor.pool().is_none() {
             Some("the study's trial_job is not executor: pool".to_string())
         } else {
-            self.policy
-                .check(&job, Role::Operator)
-                .err()
-                .map(|e| format!("{e}"))
+            self.policy.check(&job, Role::Operator).err().map(|e| {
+                let (message, field) = match e {
+                    crate::service::ServiceError::PermissionDenied { message, field } => {
+                        (message, field)
+                    }
+                    other => (other.to_string(), None),
+                };
+                // The policy speaks as the server it usually serves.
+                let message = message.replace("this server", "this worker");
+                format!(
+                    "its own allow-lists (--job-commands {:?}, --job-images {:?}) refuse {}: \
+                     {message}",
+                    self.options.job_commands,
+                    self.options.job_images,
+                    field.as_deref().unwrap_or("the job"),
+                )
+            })
         };
         let key = StudyKey {
             id: study.id,

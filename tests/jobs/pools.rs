@@ -394,3 +394,93 @@ fn now_nanos() -> i64 {
         .expect("clock")
         .as_nanos() as i64
 }
+
+/// A cluster trial's replica: records its name and GPUs in the trial's model directory; the
+/// primary waits for the other replica's record (replicas stop when the primary exits).
+const CLUSTER_TRAINER: &str = r#"#!/bin/sh
+echo "$CUDA_VISIBLE_DEVICES" > "$AIP_MODEL_DIR/replica-$AUGUR_REPLICA"
+if [ "$AUGUR_REPLICA" = "workerpool0-0" ]; then
+    for i in $(seq 100); do
+        [ -e "$AIP_MODEL_DIR/replica-workerpool1-0" ] && break
+        sleep 0.05
+    done
+    echo "loss=0.5"
+else
+    sleep 30
+fi
+"#;
+
+/// A whole cluster (two replicas, one GPU each) runs on one pool worker, each replica with a
+/// GPU of the worker's `--gpus` of its own; a study whose command the worker's
+/// `--job-commands` do not allow has its trial failed by the worker, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_worker_runs_clusters_on_its_gpus_and_refuses_what_its_lists_forbid() {
+    let dir = tempfile::tempdir().expect("dir");
+    let trainer = dir.path().join("cluster.sh");
+    std::fs::write(&trainer, CLUSTER_TRAINER).expect("trainer");
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let mut cluster = pool_spec("cluster", "gpus", &trainer, 2);
+    cluster["parallel_trials"] = json!(1);
+    cluster["trial_job"]["worker_pools"] = json!([{"replicas": 1}, {"replicas": 1}]);
+    cluster["trial_job"]["resources"] = json!({"gpu": 1});
+    let cluster = app.create_study(cluster).await;
+    let mut forbidden = common::x_spec("forbidden", ("loss", "minimize"), 1, 1, 1);
+    forbidden["trial_job"] = json!({"executor": "pool", "pool": "gpus", "command": ["true"]});
+    let forbidden = app.create_study(forbidden).await;
+
+    let _worker = common::KillOnDrop(
+        Command::new(common::augur_bin())
+            .args([
+                "worker", "--url", &app.base, "--pool", "gpus", "--slots", "2",
+            ])
+            .args(["--client-id", "g", "--gpus", "0,1", "--job-commands", "sh"])
+            .arg("--output-dir")
+            .arg(dir.path().join("runs"))
+            .env_remove("AUGUR_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn pool worker"),
+    );
+    app.wait_for_state(cluster, "completed", Duration::from_secs(60))
+        .await;
+    for trial in 1..=2 {
+        let model =
+            common::study_dir(&dir.path().join("runs"), cluster).join(format!("{trial}/model"));
+        let gpus = |replica: &str| {
+            std::fs::read_to_string(model.join(format!("replica-{replica}")))
+                .expect("replica record")
+                .trim()
+                .to_string()
+        };
+        let (primary, worker) = (gpus("workerpool0-0"), gpus("workerpool1-0"));
+        let mut seen = [primary.clone(), worker.clone()];
+        seen.sort();
+        assert_eq!(
+            seen,
+            ["0", "1"],
+            "trial {trial}: each replica a GPU of its own"
+        );
+    }
+    let refused = common::eventually(
+        "the forbidden trial failed",
+        Duration::from_secs(30),
+        || async {
+            let trial = app
+                .get(&format!("/v1/studies/{forbidden}/trials/1"))
+                .await
+                .body;
+            if trial["state"] == "failed" {
+                Ok(trial)
+            } else {
+                Err(trial.to_string())
+            }
+        },
+    )
+    .await;
+    let reason = refused["fail_reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("pool worker g") && reason.contains("--job-commands"),
+        "{reason}"
+    );
+}
