@@ -273,13 +273,32 @@ async fn a_waiting_lease_is_answered_when_a_slot_frees(backend: &str) {
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let done = app
+    // A worker completes with the measurements it read at the trial's exit, in one request
+    // (not with metrics besides: then they would not be chosen from).
+    let path = format!("/v1/studies/{id}/trials/{trial}/complete");
+    let last =
+        json!([{"step": 1, "metrics": {"loss": 2.0}}, {"step": 2, "metrics": {"loss": 1.5}}]);
+    let both = app
         .post(
-            &format!("/v1/studies/{id}/trials/{trial}/complete"),
-            json!({"metrics": {"loss": 1.0}}),
+            &path,
+            json!({"measurements": last, "metrics": {"loss": 1.0}}),
         )
         .await;
+    assert_eq!(both.status, StatusCode::BAD_REQUEST, "{}", both.body);
+    assert_eq!(both.body["error"]["field"], "measurements", "{}", both.body);
+    let done = app.post(&path, json!({"measurements": last})).await;
     assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+    assert_eq!(
+        done.body["measurements"].as_array().map(Vec::len),
+        Some(2),
+        "{}",
+        done.body
+    );
+    assert_eq!(
+        done.body["final_measurement"]["metrics"]["loss"], 1.5,
+        "{}",
+        done.body
+    );
     let completed_at = Instant::now();
     let (next, answered_at) = waiting.await.expect("lease task");
     assert_eq!(
