@@ -7,6 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${AUGUR_TF_VENV:-$PWD/target/tf-venv}"
 want="tensorflow-cpu==2.21.* tf-keras==2.21.* cloudml-hypertune==0.1.0.dev6 tensorboard==2.21.*"
+# Several tests in one binary run this at once: without the lock each would remove and refill the
+# same venv under the others (pip then reads half-written metadata and fails).
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
 if [ ! -f "$venv/.complete" ] || [ "$(cat "$venv/.complete")" != "$want" ]; then
   echo "tf-venv: installing $want into $venv" >&2
   rm -rf "$venv"

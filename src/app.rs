@@ -226,12 +226,14 @@ pub enum AppError {
         "refusing to serve on {0} without a token: set AUGUR_TOKEN (or --token), or create one with `augur token create`; only a loopback address may run open"
     )]
     OpenOnNetwork(SocketAddr),
-    #[error("{0}")]
-    Tls(String),
-    #[error("{0}")]
-    RunAs(String),
+    #[error(transparent)]
+    Tls(#[from] crate::serve::TlsError),
+    #[error(transparent)]
+    RunAs(#[from] crate::dispatch::local::RunAsError),
     #[error("--replica-url: {0}")]
     ReplicaUrl(String),
+    #[error("--replica-url: {0}")]
+    Forwarder(#[from] api::forward::ForwarderError),
     #[error("{0}")]
     JobPolicy(String),
     #[error("{0}")]
@@ -296,15 +298,11 @@ impl App {
             return Err(AppError::OpenOnNetwork(addr));
         }
         let run_as = match &config.run_jobs_as {
-            Some(name) => {
-                Some(crate::dispatch::local::RunAs::lookup(name).map_err(AppError::RunAs)?)
-            }
+            Some(name) => Some(crate::dispatch::local::RunAs::lookup(name)?),
             None => None,
         };
         let tls = match &config.tls {
-            Some(files) => {
-                Some(crate::serve::tls_acceptor(&files.cert, &files.key).map_err(AppError::Tls)?)
-            }
+            Some(files) => Some(crate::serve::tls_acceptor(&files.cert, &files.key)?),
             None => None,
         };
         let listener = TcpListener::bind(config.listen)
@@ -344,8 +342,7 @@ impl App {
                     .await?;
                 let trust = config.tls.as_ref().map(|files| files.cert.as_path());
                 let forwarder =
-                    api::forward::Forwarder::new(replicas.clone(), config.body_limit, trust)
-                        .map_err(AppError::ReplicaUrl)?;
+                    api::forward::Forwarder::new(replicas.clone(), config.body_limit, trust)?;
                 (Some(replicas), Some(forwarder))
             }
             None => (None, None),

@@ -348,29 +348,56 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
     }
 }
 
+/// Why the server's certificate and key make no TLS acceptor.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("--tls-cert {path}: {source}")]
+    Certificate {
+        path: String,
+        #[source]
+        source: rustls_pki_types::pem::Error,
+    },
+    #[error("--tls-cert {0}: no certificate in it")]
+    NoCertificate(String),
+    #[error("--tls-key {path}: {source}")]
+    Key {
+        path: String,
+        #[source]
+        source: rustls_pki_types::pem::Error,
+    },
+    #[error("--tls-cert/--tls-key: {0}")]
+    Rustls(#[source] tokio_rustls::rustls::Error),
+}
+
 /// A TLS acceptor from PEM files: the certificate chain and its private key.
-pub fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<TlsAcceptor, String> {
+pub fn tls_acceptor(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Result<TlsAcceptor, TlsError> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer};
     use tokio_rustls::rustls;
+    let cert_path = cert.display().to_string();
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
         .and_then(|certs| certs.collect::<Result<_, _>>())
-        .map_err(|e| format!("--tls-cert {}: {e}", cert.display()))?;
+        .map_err(|source| TlsError::Certificate {
+            path: cert_path.clone(),
+            source,
+        })?;
     if chain.is_empty() {
-        return Err(format!(
-            "--tls-cert {}: no certificate in it",
-            cert.display()
-        ));
+        return Err(TlsError::NoCertificate(cert_path));
     }
-    let key = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| format!("--tls-key {}: {e}", key.display()))?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|source| TlsError::Key {
+        path: key.display().to_string(),
+        source,
+    })?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS: {e}"))?
+        .map_err(TlsError::Rustls)?
         .with_no_client_auth()
         .with_single_cert(chain, key)
-        .map_err(|e| format!("--tls-cert/--tls-key: {e}"))?;
+        .map_err(TlsError::Rustls)?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }

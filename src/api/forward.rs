@@ -114,6 +114,25 @@ impl Drop for InFlight {
     }
 }
 
+/// Why no client for the other replicas could be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwarderError {
+    #[error("{path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Certificate {
+        path: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("cannot build the replicas' HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
+}
+
 impl Forwarder {
     /// `trust`: a PEM certificate to trust besides the system's roots (the replicas'
     /// own `--tls-cert`, when they serve HTTPS with a certificate of their own).
@@ -121,7 +140,7 @@ impl Forwarder {
         replicas: Arc<Replicas>,
         body_limit: usize,
         trust: Option<&Path>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ForwarderError> {
         crate::serve::install_tls_provider();
         let mut builder = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
@@ -130,14 +149,20 @@ impl Forwarder {
             .pool_idle_timeout(Duration::from_secs(5))
             .redirect(reqwest::redirect::Policy::none());
         if let Some(path) = trust {
-            let pem = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            let cert = reqwest::Certificate::from_pem(&pem)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let shown = path.display().to_string();
+            let pem = std::fs::read(path).map_err(|source| ForwarderError::Read {
+                path: shown.clone(),
+                source,
+            })?;
+            let cert = reqwest::Certificate::from_pem(&pem).map_err(|source| {
+                ForwarderError::Certificate {
+                    path: shown,
+                    source,
+                }
+            })?;
             builder = builder.tls_certs_merge([cert]);
         }
-        let http = builder
-            .build()
-            .map_err(|e| format!("cannot build the replicas' HTTP client: {e}"))?;
+        let http = builder.build().map_err(ForwarderError::Client)?;
         Ok(Self {
             replicas,
             http,

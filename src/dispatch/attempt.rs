@@ -41,6 +41,9 @@ pub(super) async fn run_attempt(
     interrupt: &mut watch::Receiver<Interrupt>,
 ) -> (Attempt, Vec<Measurement>) {
     let (stdout_tx, mut stdout_rx) = mpsc::unbounded_channel::<String>();
+    if let Err(e) = super::executor::write_log_headers(request).await {
+        return (Attempt::LaunchFailed(e.to_string()), Vec::new());
+    }
     let mut job = match setup.executor.launch(request, stdout_tx).await {
         Ok(job) => job,
         Err(e) => return (Attempt::LaunchFailed(e.to_string()), Vec::new()),

@@ -390,7 +390,10 @@ impl ContainerExecutor {
             .join(format!("{name}.env"));
         write_private(&request.output_base, &env_file, &env_file_text(&env)?)
             .await
-            .map_err(|e| ExecutorError::Launch(format!("{}: {e}", env_file.display())))?;
+            .map_err(|source| ExecutorError::File {
+                path: env_file.display().to_string(),
+                source,
+            })?;
         let run = ContainerRun {
             name,
             study_id: request.study_id,

@@ -153,6 +153,30 @@ impl JobExit {
 pub enum ExecutorError {
     #[error("could not start the job: {0}")]
     Launch(String),
+    /// The job's program could not be started.
+    #[error("could not start the job: {program}: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file of the job's (its log, batch script, environment file) could not be written.
+    #[error("could not start the job: {path}: {source}")]
+    File {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// No Kubernetes client could be made from the operator's settings.
+    #[error("could not start the job: kubernetes: {0}")]
+    KubernetesConnect(#[source] std::sync::Arc<super::kubernetes::ConnectError>),
+    /// The Kubernetes API refused a call or could not be reached.
+    #[error("could not start the job: kubernetes: {what}: {source}")]
+    Kubernetes {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
     /// A command the executor runs (`sbatch`, `scontrol`, …) failed or could not start.
     #[error("{program}: {message}")]
     Command { program: String, message: String },
@@ -254,6 +278,24 @@ pub async fn write_private(
 
 /// Open the server's log `path` below `base` to append to (made when missing), never
 /// through a link (`service::trial_files`).
+/// Each replica's log starts each attempt with a header (`JobRequest::log_header`), written
+/// here for every executor before it launches; the job's output follows it.
+pub async fn write_log_headers(request: &JobRequest) -> Result<(), ExecutorError> {
+    use tokio::io::AsyncWriteExt;
+    for replica in &request.replicas {
+        let mut log = open_log(&request.output_base, &replica.log_path).await?;
+        let failed = |source| ExecutorError::File {
+            path: replica.log_path.display().to_string(),
+            source,
+        };
+        log.write_all(request.log_header(replica).as_bytes())
+            .await
+            .map_err(failed)?;
+        log.flush().await.map_err(failed)?;
+    }
+    Ok(())
+}
+
 pub async fn open_log(
     base: &std::path::Path,
     path: &std::path::Path,
@@ -261,9 +303,13 @@ pub async fn open_log(
     use crate::service::trial_files::{FileAccess, open_file};
     let (base, path) = (base.to_path_buf(), path.to_path_buf());
     let shown = path.display().to_string();
+    let file_error = |source| ExecutorError::File {
+        path: shown.clone(),
+        source,
+    };
     tokio::task::spawn_blocking(move || open_file(&base, &path, FileAccess::Append))
         .await
-        .map_err(|e| ExecutorError::Launch(format!("log file {shown}: {e}")))?
+        .map_err(|e| file_error(std::io::Error::other(e)))?
         .map(tokio::fs::File::from_std)
-        .map_err(|e| ExecutorError::Launch(format!("log file: {e}")))
+        .map_err(file_error)
 }

@@ -41,9 +41,22 @@ pub struct RunAs {
     pub home: std::path::PathBuf,
 }
 
+/// Why `--run-jobs-as` names no user jobs can run as.
+#[derive(Debug, thiserror::Error)]
+pub enum RunAsError {
+    #[error("--run-jobs-as {0}: no such user")]
+    NoSuchUser(String),
+    #[error("--run-jobs-as {name}: {source}")]
+    Lookup {
+        name: String,
+        #[source]
+        source: nix::Error,
+    },
+}
+
 impl RunAs {
     /// The user of this name, from the system's user database.
-    pub fn lookup(name: &str) -> Result<RunAs, String> {
+    pub fn lookup(name: &str) -> Result<RunAs, RunAsError> {
         match nix::unistd::User::from_name(name) {
             Ok(Some(user)) => Ok(RunAs {
                 name: user.name,
@@ -51,8 +64,11 @@ impl RunAs {
                 gid: user.gid.as_raw(),
                 home: user.dir,
             }),
-            Ok(None) => Err(format!("--run-jobs-as {name}: no such user")),
-            Err(e) => Err(format!("--run-jobs-as {name}: {e}")),
+            Ok(None) => Err(RunAsError::NoSuchUser(name.to_string())),
+            Err(source) => Err(RunAsError::Lookup {
+                name: name.to_string(),
+                source,
+            }),
         }
     }
 
@@ -359,10 +375,8 @@ pub(super) async fn spawn_replica(
         .argv
         .split_first()
         .ok_or_else(|| ExecutorError::Launch("empty command".into()))?;
-    let mut log = super::executor::open_log(&request.output_base, &replica.log_path).await?;
-    log.write_all(request.log_header(replica).as_bytes())
-        .await
-        .map_err(|e| ExecutorError::Launch(e.to_string()))?;
+    // Its header is written already (`attempt.rs`, for every executor).
+    let log = super::executor::open_log(&request.output_base, &replica.log_path).await?;
     let mut command = Command::new(program);
     command
         .args(args)
@@ -383,9 +397,10 @@ pub(super) async fn spawn_replica(
         // groups are given).
         command.uid(user.uid).gid(user.gid);
     }
-    let mut child = command
-        .spawn()
-        .map_err(|e| ExecutorError::Launch(format!("{program}: {e}")))?;
+    let mut child = command.spawn().map_err(|source| ExecutorError::Spawn {
+        program: program.to_string(),
+        source,
+    })?;
     let pgid = child.id().map(|id| id as i32).unwrap_or(0);
     let (log_lines, log_rx) = mpsc::unbounded_channel::<String>();
     if let Some(out) = child.stdout.take() {

@@ -77,14 +77,20 @@ pub trait TrialReporter: Send + Sync {
 pub struct ServiceReporter {
     pub service: Service,
     pub study_id: i64,
+    /// The dispatcher's owner id: its reports count only while it holds the runner lease.
+    pub owner: String,
 }
 
 #[async_trait]
 impl TrialReporter for ServiceReporter {
     async fn measurement(&self, trial_id: i64, measurement: Measurement) -> DispatchResult<()> {
         Ok(patiently("measurement", || {
-            self.service
-                .record_measurement(self.study_id, trial_id, measurement.clone())
+            self.service.record_measurement(
+                self.study_id,
+                &self.owner,
+                trial_id,
+                measurement.clone(),
+            )
         })
         .await?)
     }
@@ -93,7 +99,7 @@ impl TrialReporter for ServiceReporter {
         let completed = patiently("completion", || {
             let outcome = Completion::Selected(last.clone());
             self.service
-                .record_completion(self.study_id, trial_id, outcome)
+                .record_completion(self.study_id, &self.owner, trial_id, outcome)
         })
         .await;
         match completed {
@@ -108,7 +114,7 @@ impl TrialReporter for ServiceReporter {
     async fn fail(&self, trial_id: i64, reason: String) -> DispatchResult<()> {
         let failed = patiently("failure", || {
             self.service
-                .record_failure(self.study_id, trial_id, reason.clone())
+                .record_failure(self.study_id, &self.owner, trial_id, reason.clone())
         })
         .await;
         match failed {
@@ -139,8 +145,13 @@ impl TrialReporter for ServiceReporter {
     ) -> DispatchResult<Option<AttemptStart>> {
         let token = new_token();
         let number = patiently("launch", || {
-            self.service
-                .start_attempt(self.study_id, trial_id, max_attempts, hash_token(&token))
+            self.service.start_attempt(
+                self.study_id,
+                &self.owner,
+                trial_id,
+                max_attempts,
+                hash_token(&token),
+            )
         })
         .await?;
         Ok(number.map(|number| AttemptStart {
@@ -151,14 +162,16 @@ impl TrialReporter for ServiceReporter {
 
     async fn refund_attempt(&self, trial_id: i64) -> DispatchResult<()> {
         Ok(patiently("refund", || {
-            self.service.refund_attempt(self.study_id, trial_id)
+            self.service
+                .refund_attempt(self.study_id, &self.owner, trial_id)
         })
         .await?)
     }
 
     async fn checkpoint_copied(&self, trial_id: i64) -> DispatchResult<()> {
         Ok(patiently("checkpoint copied", || {
-            self.service.checkpoint_copied(self.study_id, trial_id)
+            self.service
+                .checkpoint_copied(self.study_id, &self.owner, trial_id)
         })
         .await?)
     }

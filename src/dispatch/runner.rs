@@ -182,6 +182,7 @@ impl StudyRunner {
             reporter: Arc::new(ServiceReporter {
                 service: self.service.clone(),
                 study_id: self.study_id,
+                owner: self.config.owner.clone(),
             }),
         })
     }
@@ -228,7 +229,7 @@ impl StudyRunner {
         let suggested = match client {
             Ok(client) => {
                 self.service
-                    .suggest_dispatched(self.study_id, client, hashes)
+                    .suggest_dispatched(self.study_id, &self.config.owner, client, hashes)
                     .await
             }
             Err(e) => Err(e.into()),

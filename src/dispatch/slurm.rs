@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::process::Command;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -235,16 +235,14 @@ case "$SLURM_PROCID" in
         let argv: Vec<String> = replica.argv.iter().map(|w| quote(w)).collect();
         s.push_str(&format!("  argv=({})\n", argv.join(" ")));
         s.push_str(&format!(
-            "  log={}\n  header={}\n  ;;\n",
+            "  log={}\n  ;;\n",
             quote(&replica.log_path.display().to_string()),
-            quote(request.log_header(replica).trim_end()),
         ));
     }
     s.push_str(&format!(
         r#"*) echo "augur: no replica for task $SLURM_PROCID" >&2; exit 98 ;;
 esac
 # The primary writes to the job's own log, which Augur follows for its metrics.
-[ "$SLURM_PROCID" = 0 ] || echo "$header" >>"$log"
 exec >>"$log" 2>&1
 if [ "$SLURM_PROCID" = 0 ]; then
   "${{argv[@]}}"
@@ -359,15 +357,18 @@ async fn squeue_state(job_id: &str) -> Result<String, ExecutorError> {
     .await
 }
 
-/// Append `text` to the job's log below `base` (which Slurm appends the job's output to),
-/// never through a link.
-async fn append_log(base: &Path, path: &Path, text: &str) -> Result<u64, ExecutorError> {
-    let failed =
-        |e: std::io::Error| ExecutorError::Launch(format!("log file {}: {e}", path.display()));
-    let mut file = super::executor::open_log(base, path).await?;
-    file.write_all(text.as_bytes()).await.map_err(failed)?;
-    file.flush().await.map_err(failed)?;
-    Ok(file.metadata().await.map_err(failed)?.len())
+/// Where the job's log below `base` ends (Slurm appends the job's output after it), opened
+/// without following a link.
+async fn log_end(base: &Path, path: &Path) -> Result<u64, ExecutorError> {
+    let file = super::executor::open_log(base, path).await?;
+    let metadata = file
+        .metadata()
+        .await
+        .map_err(|source| ExecutorError::File {
+            path: path.display().to_string(),
+            source,
+        })?;
+    Ok(metadata.len())
 }
 
 #[async_trait]
@@ -385,7 +386,10 @@ impl Executor for SlurmExecutor {
         let private = |path: PathBuf, text: String| async move {
             write_private(&request.output_base, &path, &text)
                 .await
-                .map_err(|e| ExecutorError::Launch(format!("{}: {e}", path.display())))
+                .map_err(|source| ExecutorError::File {
+                    path: path.display().to_string(),
+                    source,
+                })
         };
         private(files.script.clone(), batch_script(request, &files)?).await?;
         if request.cluster.is_some() {
@@ -395,13 +399,8 @@ impl Executor for SlurmExecutor {
             )
             .await?;
         }
-        // The same header as a local job's log; the job's output is read from after it.
-        let offset = append_log(
-            &request.output_base,
-            &primary.log_path,
-            &request.log_header(primary),
-        )
-        .await?;
+        // The job's output is read from after the attempt's header (`attempt.rs`).
+        let offset = log_end(&request.output_base, &primary.log_path).await?;
         let args = sbatch_args(
             request,
             &self.options,

@@ -518,6 +518,9 @@ pub struct StudyUpdate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<BTreeMap<String, serde_json::Value>>)]
     pub user_attrs: Option<BTreeMap<String, serde_json::Value>>,
+    /// The study's webhooks, all of them (`[]` removes them), checked as at creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notifications: Option<Vec<super::NotificationSpec>>,
 }
 
 impl StudyUpdate {
@@ -533,11 +536,25 @@ impl StudyUpdate {
 
     /// Whether it changes the budget (`max_trials`, `parallel_trials`, `max_failed_trials`,
     /// `max_budget`).
-    pub fn changes_budget(&self) -> bool {
+    /// Whether what is left (after `take_annotations`) changes the study's spec: its budget
+    /// or its webhooks.
+    pub fn changes_spec(&self) -> bool {
         self.max_trials.is_some()
             || self.parallel_trials.is_some()
             || self.max_failed_trials.is_some()
             || self.max_budget.is_some()
+            || self.notifications.is_some()
+    }
+
+    /// The update as the audit trail keeps it: webhook secrets hidden.
+    pub fn redacted(&self) -> StudyUpdate {
+        StudyUpdate {
+            notifications: self
+                .notifications
+                .as_ref()
+                .map(|n| n.iter().map(super::NotificationSpec::redacted).collect()),
+            ..self.clone()
+        }
     }
 }
 
@@ -656,6 +673,70 @@ pub(super) fn check_id(id: &str, field: &str) -> Result<(), ValidationError> {
 impl StudySpec {
     /// Validate and convert. `seed` must already be filled in (see [`StudySpec::with_seed`]).
     pub fn validate(&self) -> Result<StudyConfig, ValidationError> {
+        self.check_name()?;
+        let metrics = self.metric_specs()?;
+        let (parameters, ids) = self.parameter_tree()?;
+        let max_trials = positive(self.max_trials, "max_trials")?;
+        let parallel_trials = positive(self.parallel_trials, "parallel_trials")?;
+        let max_failed_trials = self
+            .max_failed_trials
+            .map(|v| positive(v, "max_failed_trials"))
+            .transpose()?;
+        let early_stopping = self
+            .early_stopping
+            .as_ref()
+            .map(|e| e.validate(&metrics))
+            .transpose()?;
+        let objectives: Vec<Goal> = augur_optimizer::objective_metrics(&metrics)
+            .iter()
+            .map(|m| m.goal)
+            .collect();
+        let study_stopping = self
+            .study_stopping
+            .as_ref()
+            .map(|s| s.validate(&objectives))
+            .transpose()?;
+        self.check_limits()?;
+        let (fidelity, scheduler) = self.multi_fidelity(&ids, early_stopping.is_some())?;
+        let pbt = self.pbt(fidelity.as_ref(), max_trials)?;
+        let max_budget = self.max_budget(fidelity.as_ref(), pbt.as_ref())?;
+        let notifications = self.notifications()?;
+        let algorithm: Algorithm = self.algorithm.into();
+        let space = SearchSpace { parameters };
+        Ok(StudyConfig {
+            parameter_count: ids.len(),
+            algorithm,
+            metrics,
+            space,
+            max_trials,
+            parallel_trials,
+            max_failed_trials,
+            fail_fast_trials: self.fail_fast_trials as u64,
+            measurement_selection: self.measurement_selection,
+            seed: self.seed.unwrap_or(0),
+            early_stopping,
+            study_stopping,
+            trial_lease_secs: self.trial_lease_secs,
+            suggestion_time_budget: std::time::Duration::from_secs_f64(
+                self.suggestion_time_budget_secs,
+            ),
+            trial_job: self.trial_job.clone(),
+            prior_studies: self.prior_studies.clone(),
+            desired_min_safe_trials_fraction: self
+                .metrics
+                .iter()
+                .filter_map(|m| m.desired_min_safe_trials_fraction)
+                .reduce(f64::max),
+            fidelity,
+            scheduler,
+            pbt,
+            max_budget,
+            notifications,
+        })
+    }
+
+    /// `name`: 1-256 printable characters.
+    fn check_name(&self) -> Result<(), ValidationError> {
         if self.name.trim().is_empty() || self.name.len() > 256 {
             return Err(ValidationError::new(
                 "name",
@@ -670,6 +751,11 @@ impl StudySpec {
                 "must not hold control characters (escape sequences, NUL, line breaks)",
             ));
         }
+        Ok(())
+    }
+
+    /// `metrics`: at least one, ids unique, safety settings consistent.
+    fn metric_specs(&self) -> Result<Vec<MetricSpec>, ValidationError> {
         if self.metrics.is_empty() {
             return Err(ValidationError::new(
                 "metrics",
@@ -717,6 +803,14 @@ impl StudySpec {
                 safety_threshold: m.safety_threshold,
             });
         }
+        Ok(metrics)
+    }
+
+    /// `parameters` converted, with the id of every parameter of the tree (children
+    /// included) once.
+    fn parameter_tree(
+        &self,
+    ) -> Result<(Vec<augur_optimizer::Parameter>, BTreeSet<String>), ValidationError> {
         if self.parameters.is_empty() {
             return Err(ValidationError::new(
                 "parameters",
@@ -737,26 +831,11 @@ impl StudySpec {
                 ),
             ));
         }
-        let max_trials = positive(self.max_trials, "max_trials")?;
-        let parallel_trials = positive(self.parallel_trials, "parallel_trials")?;
-        let max_failed_trials = self
-            .max_failed_trials
-            .map(|v| positive(v, "max_failed_trials"))
-            .transpose()?;
-        let early_stopping = self
-            .early_stopping
-            .as_ref()
-            .map(|e| e.validate(&metrics))
-            .transpose()?;
-        let objectives: Vec<Goal> = augur_optimizer::objective_metrics(&metrics)
-            .iter()
-            .map(|m| m.goal)
-            .collect();
-        let study_stopping = self
-            .study_stopping
-            .as_ref()
-            .map(|s| s.validate(&objectives))
-            .transpose()?;
+        Ok((parameters, ids))
+    }
+
+    /// The knobs with a range of their own, the trial job and the prior studies.
+    fn check_limits(&self) -> Result<(), ValidationError> {
         if !(0..=1000).contains(&self.fail_fast_trials) {
             return Err(ValidationError::new(
                 "fail_fast_trials",
@@ -787,42 +866,7 @@ impl StudySpec {
                 "must be a study id",
             ));
         }
-        let (fidelity, scheduler) = self.multi_fidelity(&ids, early_stopping.is_some())?;
-        let pbt = self.pbt(fidelity.as_ref(), max_trials)?;
-        let max_budget = self.max_budget(fidelity.as_ref(), pbt.as_ref())?;
-        let notifications = self.notifications()?;
-        let algorithm: Algorithm = self.algorithm.into();
-        let space = SearchSpace { parameters };
-        Ok(StudyConfig {
-            parameter_count: ids.len(),
-            algorithm,
-            metrics,
-            space,
-            max_trials,
-            parallel_trials,
-            max_failed_trials,
-            fail_fast_trials: self.fail_fast_trials as u64,
-            measurement_selection: self.measurement_selection,
-            seed: self.seed.unwrap_or(0),
-            early_stopping,
-            study_stopping,
-            trial_lease_secs: self.trial_lease_secs,
-            suggestion_time_budget: std::time::Duration::from_secs_f64(
-                self.suggestion_time_budget_secs,
-            ),
-            trial_job: self.trial_job.clone(),
-            prior_studies: self.prior_studies.clone(),
-            desired_min_safe_trials_fraction: self
-                .metrics
-                .iter()
-                .filter_map(|m| m.desired_min_safe_trials_fraction)
-                .reduce(f64::max),
-            fidelity,
-            scheduler,
-            pbt,
-            max_budget,
-            notifications,
-        })
+        Ok(())
     }
 
     /// `notifications`: at most [`super::notification::MAX_NOTIFICATIONS`], each checked
@@ -1056,6 +1100,9 @@ impl StudySpec {
         }
         if let Some(v) = update.max_budget {
             next.max_budget = Some(v);
+        }
+        if let Some(notifications) = &update.notifications {
+            next.notifications = notifications.clone();
         }
         let config = next.validate()?;
         Ok((next, config))

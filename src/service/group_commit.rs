@@ -222,7 +222,7 @@ async fn apply_jobs(store: &dyn Store, tokens: &Announce, jobs: Vec<Job>) -> Vec
             std::mem::take(&mut rest)
         };
         // Only the first lock may wait: this transaction holds none yet.
-        let step = apply_group(tx, &group, first, &prefetch).await;
+        let step = apply_group(tx, &group, first, &prefetch, &tokens.notifier).await;
         first = false;
         tx = match step {
             Ok(GroupStep::Applied(back, outcome)) => {
@@ -293,6 +293,7 @@ async fn apply_group(
     group: &StudyJobs,
     wait: bool,
     prefetch: &[i64],
+    notifier: &Notifier,
 ) -> ServiceResult<GroupStep> {
     if !prefetch.is_empty() {
         tx.prefetch(prefetch).await?;
@@ -302,7 +303,8 @@ async fn apply_group(
         StudyLock::Missing(back) => return Ok(GroupStep::Missing(back)),
         StudyLock::Busy(back) => return Ok(GroupStep::Busy(back)),
     };
-    let (outcome, locked) = StudyBatch::apply_locked(locked, group.commands.clone()).await?;
+    let (outcome, locked) =
+        StudyBatch::apply_locked(locked, group.commands.clone(), notifier).await?;
     Ok(GroupStep::Applied(locked.release().await?, outcome))
 }
 
@@ -341,7 +343,13 @@ async fn replay_alone(
         return;
     }
     for group in groups {
-        let result = StudyBatch::run(store, group.study_id, group.commands.clone()).await;
+        let result = StudyBatch::run(
+            store,
+            group.study_id,
+            group.commands.clone(),
+            &tokens.notifier,
+        )
+        .await;
         match result {
             Ok(outcome) => announce(tokens, group, outcome),
             Err(error) => {

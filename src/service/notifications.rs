@@ -111,6 +111,14 @@ pub(super) struct Notifier {
 }
 
 impl Notifier {
+    /// Whether news of a study with these webhooks would be sent: the sender is started and
+    /// there is somebody to tell.
+    pub fn listens(&self, targets: &[NotificationTarget]) -> bool {
+        self.queue
+            .get()
+            .is_some_and(|(_, default)| *default || !targets.is_empty())
+    }
+
     /// Hand the news on without waiting: a full queue drops it.
     pub fn offer(&self, news: Option<StudyNews>) {
         let (Some(news), Some((queue, default))) = (news, self.queue.get()) else {
@@ -138,9 +146,9 @@ impl Service {
     /// The hosts a study's webhooks may reach (checked when a study is created).
     pub(super) fn check_notification_hosts(
         &self,
-        spec: &crate::model::StudySpec,
+        notifications: &[crate::model::NotificationSpec],
     ) -> ServiceResult<()> {
-        for (i, n) in spec.notifications.iter().enumerate() {
+        for (i, n) in notifications.iter().enumerate() {
             let field = format!("notifications[{i}].url");
             let url = crate::model::notification::parse_url(&n.url, &field)?;
             self.notify_settings.hosts.check_url(&url, &field)?;
@@ -439,9 +447,15 @@ impl Service {
         })
     }
 
-    /// Whether `trial_id` is the study's best trial now (one objective only).
+    /// Whether `trial_id` is the study's best trial now; with several objectives, whether it
+    /// is on the Pareto front (`optimal_trials`).
     async fn is_best(&self, study_id: i64, trial_id: i64) -> ServiceResult<bool> {
         let study = self.study_record(study_id).await?;
+        let config = super::stored_config(&study)?;
+        if augur_optimizer::objective_metrics(&config.metrics).len() > 1 {
+            let front = self.optimal_records(study_id, &config).await?;
+            return Ok(front.iter().any(|t| t.id == trial_id));
+        }
         Ok(self
             .best_trial_record(study_id, &study.spec)
             .await?

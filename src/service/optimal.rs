@@ -70,7 +70,7 @@ impl Service {
         Ok(best_of(at_top, &metric))
     }
 
-    async fn optimal_records(
+    pub(super) async fn optimal_records(
         &self,
         study_id: i64,
         config: &StudyConfig,

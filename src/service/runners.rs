@@ -132,10 +132,12 @@ impl Service {
     }
 
     /// Count a launch of a dispatched trial, up to `max_attempts`, and store the token it
-    /// reports with. `None`: no launch left.
+    /// reports with, for `runner` while it holds the study's runner lease (as every report of
+    /// a dispatcher). `None`: no launch left.
     pub async fn start_attempt(
         &self,
         study_id: i64,
+        runner: &str,
         trial_id: i64,
         max_attempts: u32,
         token_hash: String,
@@ -144,7 +146,8 @@ impl Service {
             trial_id,
             max_attempts,
             token_hash,
-        };
+        }
+        .by_runner(Some(runner));
         match self.commits.submit(study_id, command).await? {
             Reply::Attempt(number) => Ok(number),
             other => Err(unexpected(other)),
@@ -153,14 +156,24 @@ impl Service {
 
     /// Give back a launch that the service ended itself (shutdown, or a leftover job killed
     /// after a restart).
-    pub async fn refund_attempt(&self, study_id: i64, trial_id: i64) -> ServiceResult<()> {
-        let command = Command::RefundAttempt { trial_id };
+    pub async fn refund_attempt(
+        &self,
+        study_id: i64,
+        runner: &str,
+        trial_id: i64,
+    ) -> ServiceResult<()> {
+        let command = Command::RefundAttempt { trial_id }.by_runner(Some(runner));
         self.commits.submit(study_id, command).await.map(drop)
     }
 
     /// PBT: the trial's checkpoint copy is made; the trial it copied may train on.
-    pub async fn checkpoint_copied(&self, study_id: i64, trial_id: i64) -> ServiceResult<()> {
-        let command = Command::CheckpointCopied { trial_id };
+    pub async fn checkpoint_copied(
+        &self,
+        study_id: i64,
+        runner: &str,
+        trial_id: i64,
+    ) -> ServiceResult<()> {
+        let command = Command::CheckpointCopied { trial_id }.by_runner(Some(runner));
         self.commits.submit(study_id, command).await.map(drop)
     }
 }

@@ -10,7 +10,7 @@ use augur_optimizer::{Assignment, FullBudget};
 use chrono::{DateTime, Duration, Utc};
 
 use super::design;
-use super::notifications::{Happened, StudyNews};
+use super::notifications::{Happened, Notifier, StudyNews};
 use super::{ServiceError, ServiceResult};
 use crate::model::extension::trial_value;
 use crate::model::{
@@ -139,6 +139,27 @@ pub enum Command {
     },
     /// A change of a trial made by an Optuna client (`service/optuna.rs`).
     Optuna(OptunaChange),
+    /// `command` from the study's dispatcher `owner`: applied only while `owner` holds the
+    /// study's runner lease. A runner that froze (a stopped VM) past its lease wakes with
+    /// outcomes of jobs another replica has run again since: those must not count.
+    AsRunner {
+        owner: String,
+        command: Box<Command>,
+    },
+}
+
+impl Command {
+    /// This command, applied only while `runner` (a dispatcher's owner id) holds the
+    /// study's runner lease; `None`: as it is.
+    pub fn by_runner(self, runner: Option<&str>) -> Command {
+        match runner {
+            Some(owner) => Command::AsRunner {
+                owner: owner.to_string(),
+                command: Box::new(self),
+            },
+            None => self,
+        }
+    }
 }
 
 /// How a trial completes.
@@ -226,6 +247,8 @@ pub(super) struct StudyBatch {
     stopping_due: bool,
     /// Study-level stopping's last answer in this batch: why the study should stop.
     stopping_verdict: Option<StopVerdict>,
+    /// The dispatcher found holding the study's runner lease in this batch.
+    runner_checked: Option<String>,
 }
 
 impl StudyBatch {
@@ -235,11 +258,12 @@ impl StudyBatch {
         store: &dyn Store,
         study_id: i64,
         commands: Vec<Command>,
+        notifier: &Notifier,
     ) -> ServiceResult<BatchOutcome> {
         let Some(tx) = store.begin_study(study_id).await? else {
             return Err(ServiceError::NotFound(format!("study {study_id}")));
         };
-        let (outcome, tx) = Self::apply_locked(tx, commands).await?;
+        let (outcome, tx) = Self::apply_locked(tx, commands, notifier).await?;
         tx.commit()
             .await
             .map_err(|e| ServiceError::from(e).during_commit())?;
@@ -248,10 +272,11 @@ impl StudyBatch {
 
     /// Apply `commands` to the study `tx` holds, writing but not committing: the caller
     /// commits, maybe with other studies (`group_commit.rs`), and only then may anyone hear
-    /// of the outcome.
+    /// of the outcome (and `notifier`, of what it listens to).
     pub async fn apply_locked(
         mut tx: Box<dyn StudyTx>,
         commands: Vec<Command>,
+        notifier: &Notifier,
     ) -> ServiceResult<(BatchOutcome, Box<dyn StudyTx>)> {
         let study = tx.study().clone();
         let study_id = study.id;
@@ -279,6 +304,7 @@ impl StudyBatch {
             study_changed: false,
             stopping_due: false,
             stopping_verdict: None,
+            runner_checked: None,
         };
         batch.expire_leases();
         let mut results = Vec::with_capacity(commands.len());
@@ -287,7 +313,8 @@ impl StudyBatch {
             batch.settle_study_state().await?;
             results.push(result);
         }
-        let (tokens_changed, news, tx) = batch.write().await?;
+        let listened = notifier.listens(&batch.config.notifications);
+        let (tokens_changed, news, tx) = batch.write(listened).await?;
         Ok((
             BatchOutcome {
                 replies: results,
@@ -299,6 +326,13 @@ impl StudyBatch {
     }
 
     async fn apply(&mut self, command: Command) -> ServiceResult<Reply> {
+        let command = match command {
+            Command::AsRunner { owner, command } => {
+                self.check_runner(&owner).await?;
+                *command
+            }
+            command => command,
+        };
         // What may change study-level stopping's verdict (a suggestion asks it first).
         self.stopping_due |= matches!(
             command,
@@ -369,6 +403,9 @@ impl StudyBatch {
             }
             Command::Update(update) => self.update(update).await,
             Command::Optuna(change) => self.optuna(change).await,
+            Command::AsRunner { .. } => Err(ServiceError::Internal(
+                "a runner's command wraps another runner's".into(),
+            )),
             Command::AddParameter(extension) => self.add_parameter(*extension).await,
             Command::Resume => self.resume().await,
             Command::Retry { trial_id } => self.retry(trial_id).await,
@@ -1464,9 +1501,36 @@ impl StudyBatch {
         Ok(self.stopping_verdict.clone())
     }
 
+    /// Refuse the commands of a dispatcher that no longer holds the study's runner lease (one
+    /// taken over by another, or lapsed: then another may take it at any moment). Read in the
+    /// study's transaction, whose row lock orders it with the new owner's commands.
+    async fn check_runner(&mut self, owner: &str) -> ServiceResult<()> {
+        if self.runner_checked.as_deref() == Some(owner) {
+            return Ok(());
+        }
+        let lease = self.tx.runner_lease().await?;
+        match lease {
+            Some((holder, expires_at)) if holder == owner && expires_at > self.now => {
+                self.runner_checked = Some(holder);
+                Ok(())
+            }
+            _ => Err(ServiceError::Conflict {
+                message: format!(
+                    "study {}'s runner lease is no longer held by {owner}: another dispatcher \
+                     may be running its trials",
+                    self.study.id
+                ),
+                field: Some("runner".into()),
+            }),
+        }
+    }
+
     /// Sends the batch's writes; the trials whose tokens changed, the batch's news for
     /// webhooks, and the transaction.
-    async fn write(mut self) -> ServiceResult<(Vec<i64>, Option<StudyNews>, Box<dyn StudyTx>)> {
+    async fn write(
+        mut self,
+        listened: bool,
+    ) -> ServiceResult<(Vec<i64>, Option<StudyNews>, Box<dyn StudyTx>)> {
         let touched_trials = !self.created.is_empty() || !self.changed.is_empty();
         if touched_trials || self.study_changed {
             self.study.change_seq += 1;
@@ -1489,7 +1553,12 @@ impl StudyBatch {
             .filter(|id| !self.created.contains(id))
             .filter_map(|id| self.trials.get(id).cloned())
             .collect();
-        let news = self.news(&created, &changed);
+        // Without anyone to tell, no news is gathered (it clones the finished trials).
+        let news = if listened {
+            self.news(&created, &changed)
+        } else {
+            None
+        };
         for trial in &created {
             self.study.trial_counts.moved(None, trial.state);
         }

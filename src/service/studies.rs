@@ -44,7 +44,7 @@ impl Service {
     async fn checked_new_spec(&self, actor: &Caller, spec: StudySpec) -> ServiceResult<StudySpec> {
         let spec = spec.with_seed(rand::random::<u32>() as u64);
         spec.validate()?;
-        self.check_notification_hosts(&spec)?;
+        self.check_notification_hosts(&spec.notifications)?;
         for (i, prior) in spec.prior_studies.iter().enumerate() {
             if self.store.get_study(*prior).await?.is_none() {
                 return Err(ServiceError::invalid(
@@ -194,12 +194,15 @@ impl Service {
         if !annotations.is_empty() {
             // Any state may be annotated: a finished study gets its note afterwards.
             self.annotate_study(actor, study_id, annotations).await?;
-            if !update.changes_budget() {
+            if !update.changes_spec() {
                 return self.get_study(study_id).await;
             }
         }
         self.check_manager(actor, study_id).await?;
-        let detail = serde_json::to_string(&update).ok();
+        if let Some(notifications) = &update.notifications {
+            self.check_notification_hosts(notifications)?;
+        }
+        let detail = serde_json::to_string(&update.redacted()).ok();
         // The answer is a `study_view`: it carries the annotations just written.
         let study = self.change_study(study_id, Command::Update(update)).await?;
         self.audit(actor, "study.update", Some(study_id), None, detail)

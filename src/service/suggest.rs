@@ -84,6 +84,8 @@ pub(super) enum Asker {
     Dispatcher {
         client_id: ClientId,
         launch_tokens: Vec<String>,
+        /// The dispatcher's owner id: it must hold the study's runner lease.
+        runner: String,
     },
 }
 
@@ -128,6 +130,7 @@ impl Service {
     pub async fn suggest_dispatched(
         &self,
         study_id: i64,
+        runner: &str,
         client_id: ClientId,
         launch_tokens: Vec<String>,
     ) -> ServiceResult<DispatchedSuggestions> {
@@ -135,6 +138,7 @@ impl Service {
         let asker = Asker::Dispatcher {
             client_id,
             launch_tokens,
+            runner: runner.to_string(),
         };
         let handed = self.suggest_as(study_id, count, asker).await?;
         Ok(DispatchedSuggestions {
@@ -155,16 +159,17 @@ impl Service {
         asker: Asker,
     ) -> ServiceResult<Handed> {
         let fixed = self.fixed_config(study_id).await?;
-        let (client_id, dispatched, launch_tokens, lease_tokens) = match asker {
-            Asker::Worker(client) => (client, false, Vec::new(), Vec::new()),
+        let (client_id, dispatched, launch_tokens, lease_tokens, runner) = match asker {
+            Asker::Worker(client) => (client, false, Vec::new(), Vec::new(), None),
             Asker::PoolSlot {
                 client_id,
                 token_hash,
-            } => (Some(client_id), false, Vec::new(), vec![token_hash]),
+            } => (Some(client_id), false, Vec::new(), vec![token_hash], None),
             Asker::Dispatcher {
                 client_id,
                 launch_tokens,
-            } => (Some(client_id), true, launch_tokens, Vec::new()),
+                runner,
+            } => (Some(client_id), true, launch_tokens, Vec::new(), Some(runner)),
         };
         // Model-based designers read a snapshot and think outside the study's lock; the
         // design lock keeps this process's suggestions for the study one at a time, from
@@ -207,7 +212,8 @@ impl Service {
                 dispatched,
                 launch_tokens: launch_tokens.clone(),
                 lease_tokens: lease_tokens.clone(),
-            };
+            }
+            .by_runner(runner.as_deref());
             match self.commits.submit(study_id, command).await? {
                 Reply::Suggested(handed) => return Ok(handed),
                 Reply::Stale => {

@@ -128,20 +128,22 @@ impl Service {
     ) -> ServiceResult<Trial> {
         self.check_reporter(actor, study_id, Some(trial_id)).await?;
         let record = self
-            .measurement_command(study_id, trial_id, measurement)
+            .measurement_command(study_id, trial_id, measurement, None)
             .await?;
         self.answer_view(study_id, record).await
     }
 
     /// `add_measurement` without the trial's view (a read of all its measurements): for the
-    /// study runner, which reports every 250 ms and needs no answer.
+    /// study runner `runner` (while it holds the study's runner lease), which reports every
+    /// 250 ms and needs no answer.
     pub async fn record_measurement(
         &self,
         study_id: i64,
+        runner: &str,
         trial_id: i64,
         measurement: Measurement,
     ) -> ServiceResult<()> {
-        self.measurement_command(study_id, trial_id, measurement)
+        self.measurement_command(study_id, trial_id, measurement, Some(runner))
             .await
             .map(drop)
     }
@@ -151,13 +153,15 @@ impl Service {
         study_id: i64,
         trial_id: i64,
         measurement: Measurement,
+        runner: Option<&str>,
     ) -> ServiceResult<TrialRecord> {
         let config = self.fixed_config(study_id).await?;
         check_measurement(&config, &measurement)?;
         let command = Command::AddMeasurement {
             trial_id,
             measurement,
-        };
+        }
+        .by_runner(runner);
         self.change_trial_record(study_id, command).await
     }
 
@@ -181,7 +185,9 @@ impl Service {
             Completion::Infeasible(reason) => Some(format!("infeasible: {reason}")),
             Completion::Selected(_) => Some("by measurement selection".into()),
         };
-        let record = self.completion_command(study_id, trial_id, outcome).await?;
+        let record = self
+            .completion_command(study_id, trial_id, outcome, None)
+            .await?;
         if !self.is_own_reporter(actor, study_id).await {
             self.audit_trial(actor, "trial.complete", study_id, trial_id, detail)
                 .await;
@@ -189,14 +195,15 @@ impl Service {
         self.answer_view(study_id, record).await
     }
 
-    /// `complete_trial` without the trial's view (see `record_measurement`).
+    /// `complete_trial` without the trial's view, for `runner` (see `record_measurement`).
     pub async fn record_completion(
         &self,
         study_id: i64,
+        runner: &str,
         trial_id: i64,
         outcome: Completion,
     ) -> ServiceResult<()> {
-        self.completion_command(study_id, trial_id, outcome)
+        self.completion_command(study_id, trial_id, outcome, Some(runner))
             .await
             .map(drop)
     }
@@ -206,6 +213,7 @@ impl Service {
         study_id: i64,
         trial_id: i64,
         outcome: Completion,
+        runner: Option<&str>,
     ) -> ServiceResult<TrialRecord> {
         let config = self.fixed_config(study_id).await?;
         match &outcome {
@@ -225,9 +233,8 @@ impl Service {
             }
             Completion::Infeasible(_) => {}
         }
-        let record = self
-            .change_trial_record(study_id, Command::Complete { trial_id, outcome })
-            .await?;
+        let command = Command::Complete { trial_id, outcome }.by_runner(runner);
+        let record = self.change_trial_record(study_id, command).await?;
         // A slot freed: a pool's waiting leases look again.
         self.pools.wake();
         Ok(record)
@@ -253,16 +260,16 @@ impl Service {
         self.answer_view(study_id, record).await
     }
 
-    /// `fail_trial` without the trial's view (see `record_measurement`).
+    /// `fail_trial` without the trial's view, for `runner` (see `record_measurement`).
     pub async fn record_failure(
         &self,
         study_id: i64,
+        runner: &str,
         trial_id: i64,
         reason: String,
     ) -> ServiceResult<()> {
-        self.change_trial_record(study_id, Command::Fail { trial_id, reason })
-            .await
-            .map(drop)
+        let command = Command::Fail { trial_id, reason }.by_runner(Some(runner));
+        self.change_trial_record(study_id, command).await.map(drop)
     }
 
     /// Extend a running trial's lease (see `check_reporter` for who may). Not audited: it

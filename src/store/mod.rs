@@ -404,6 +404,8 @@ pub trait StudyTx: Send {
     /// excluded), in the order they completed: study-level stopping's input.
     async fn completed_objectives(&mut self) -> StoreResult<Vec<(i64, f64, DateTime<Utc>)>>;
     async fn count_failed(&mut self) -> StoreResult<u64>;
+    /// The study's runner lease as this transaction sees it: `(owner, expires_at)`.
+    async fn runner_lease(&mut self) -> StoreResult<Option<(String, DateTime<Utc>)>>;
     async fn measurements(&mut self, trial_id: i64) -> StoreResult<Vec<Measurement>>;
     async fn insert_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()>;
     /// Writes every mutable column of each trial.

@@ -180,6 +180,8 @@ pub(super) const LIST_DELIVERIES: &str = "SELECT id, study_id, event, trial_id, 
 pub(super) const CLAIM_RUNNER: &str = "INSERT INTO study_runners (study_id, owner, expires_at) VALUES ($1, $2, $3) \
      ON CONFLICT (study_id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at \
      WHERE study_runners.owner = excluded.owner OR study_runners.expires_at < $4";
+pub(super) const RUNNER_LEASE: &str =
+    "SELECT owner, expires_at FROM study_runners WHERE study_id = $1";
 pub(super) const RELEASE_RUNNER: &str =
     "DELETE FROM study_runners WHERE study_id = $1 AND owner = $2";
 /// A replica's lease: taken or renewed by the replica itself.
@@ -1206,6 +1208,15 @@ macro_rules! impl_row_study_tx {
                     .fetch_all(&mut *self.tx)
                     .await?;
                 trials_from(rows)
+            }
+
+            async fn runner_lease(
+                &mut self,
+            ) -> StoreResult<Option<(String, chrono::DateTime<chrono::Utc>)>> {
+                Ok(sqlx::query_as(RUNNER_LEASE)
+                    .bind(self.study.id)
+                    .fetch_optional(&mut *self.tx)
+                    .await?)
             }
 
             async fn paused_trials(&mut self) -> StoreResult<Vec<TrialRecord>> {

@@ -27,6 +27,8 @@ on_both_backends!(
     refused_urls_answer_400_naming_the_field,
     a_loopback_url_is_refused_at_send_time_by_a_server_that_does_not_allow_it,
     the_server_default_hears_of_studies_that_name_no_webhook,
+    a_multi_objective_study_announces_each_trial_that_joins_the_pareto_front,
+    a_patch_replaces_the_webhooks_of_a_running_study,
 );
 
 const SECRET: &str = "webhook-secret-of-the-test";
@@ -262,6 +264,168 @@ async fn events_reach_a_receiver_that_verifies_their_signature(backend: &str) {
         assert_eq!(d["url"], url.as_str(), "{d}");
         assert_eq!(d["target"], "study", "{d}");
     }
+}
+
+/// With two objectives, `best_improved` is a trial that joined the Pareto front (the study's
+/// `optimal_trials`): of four completions, the dominated one is not announced.
+async fn a_multi_objective_study_announces_each_trial_that_joins_the_pareto_front(backend: &str) {
+    let app = app_allowing_loopback(backend).await;
+    let (url, got) = receiver(0).await;
+    let mut spec = study_with_webhook("fronted", &url, 4, json!(["best_improved"]));
+    spec["metrics"] = json!([
+        {"id": "loss", "goal": "minimize"},
+        {"id": "accuracy", "goal": "maximize"}
+    ]);
+    let study = app.create_study(spec).await;
+    let trials = suggest(&app, study, 4).await;
+    let announced = |n: usize| {
+        let got = got.clone();
+        async move {
+            eventually("announcements", Duration::from_secs(10), || async {
+                let ids: Vec<i64> = got
+                    .got()
+                    .iter()
+                    .map(|r| r.json()["trial"]["id"].as_i64().expect("trial id"))
+                    .collect();
+                if ids.len() >= n {
+                    Ok(ids)
+                } else {
+                    Err(format!("{ids:?}"))
+                }
+            })
+            .await
+        }
+    };
+    // (loss, accuracy): the first; one it dominates; one beside it on the front; one that
+    // dominates both.
+    let results = [(0.5, 0.5), (0.6, 0.4), (0.3, 0.3), (0.2, 0.9)];
+    let mut expected = Vec::new();
+    for (trial, (loss, accuracy)) in trials.iter().zip(results) {
+        let r = app
+            .post(
+                &format!("/v1/studies/{study}/trials/{trial}/complete"),
+                json!({"metrics": {"loss": loss, "accuracy": accuracy}}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+        if (loss, accuracy) != (0.6, 0.4) {
+            expected.push(*trial);
+            // Each read after its own completion: the front it joined, not a later one.
+            assert_eq!(announced(expected.len()).await, expected);
+        }
+    }
+    app.wait_for_state(study, "completed", Duration::from_secs(10))
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(announced(expected.len()).await, expected, "nothing more");
+    let front = app
+        .get(&format!("/v1/studies/{study}/optimal_trials"))
+        .await;
+    assert_eq!(front.status, StatusCode::OK, "{}", front.body);
+    let mut on_front: Vec<i64> = front.body["trials"]
+        .as_array()
+        .expect("optimal trials")
+        .iter()
+        .map(|t| t["id"].as_i64().expect("id"))
+        .collect();
+    on_front.sort();
+    assert_eq!(on_front, [trials[3]], "the last dominates every other");
+}
+
+/// `PATCH {"notifications": […]}` replaces a running study's webhooks (checked as at
+/// creation: a loopback URL this server may not call is refused naming the field, and the
+/// study keeps its webhooks); the audit trail does not hold the new secret; `[]` removes them.
+async fn a_patch_replaces_the_webhooks_of_a_running_study(backend: &str) {
+    let app = app_allowing_loopback(backend).await;
+    let (first_url, first) = receiver(0).await;
+    let (second_url, second) = receiver(0).await;
+    let spec = study_with_webhook("patched", &first_url, 3, json!(["trial_failed"]));
+    let study = app.create_study(spec).await;
+    let trials = suggest(&app, study, 3).await;
+    fail(&app, study, trials[0]).await;
+
+    let refused = app
+        .patch(
+            &format!("/v1/studies/{study}"),
+            json!({"notifications": [{"url": "http://169.254.169.254/hook"}]}),
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.body);
+    assert_eq!(refused.body["error"]["field"], "notifications[0].url");
+    let patched = app
+        .patch(
+            &format!("/v1/studies/{study}"),
+            json!({"notifications": [{
+                "url": second_url, "events": ["trial_failed"], "secret": "a-new-secret-for-the-hook"
+            }]}),
+        )
+        .await;
+    assert_eq!(patched.status, StatusCode::OK, "{}", patched.body);
+    assert_eq!(
+        patched.body["spec"]["notifications"][0]["url"],
+        second_url.as_str()
+    );
+    assert_eq!(
+        patched.body["spec"]["notifications"][0]["secret"],
+        "[redacted]"
+    );
+    fail(&app, study, trials[1]).await;
+    let to_second = eventually(
+        "the new webhook called",
+        Duration::from_secs(10),
+        || async {
+            match second.got().as_slice() {
+                [one] => Ok(one.clone()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    assert_eq!(to_second.json()["trial"]["id"], trials[1]);
+    assert_eq!(
+        to_second.signature.as_deref(),
+        Some(hmac_hex("a-new-secret-for-the-hook", &to_second.body).as_str())
+    );
+    let audit = app.get("/v1/audit?page_size=1000").await;
+    assert_eq!(audit.status, StatusCode::OK, "{}", audit.body);
+    let updates: Vec<&Value> = audit.body["events"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter(|e| e["action"] == "study.update")
+        .collect();
+    assert!(
+        updates
+            .iter()
+            .any(|e| e["detail"].as_str().is_some_and(|d| d.contains(&second_url))),
+        "the change is audited: {updates:?}"
+    );
+    assert!(
+        !audit.body.to_string().contains("a-new-secret-for-the-hook"),
+        "{}",
+        audit.body
+    );
+
+    let removed = app
+        .patch(
+            &format!("/v1/studies/{study}"),
+            json!({"notifications": []}),
+        )
+        .await;
+    assert_eq!(removed.status, StatusCode::OK, "{}", removed.body);
+    fail(&app, study, trials[2]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let firsts: Vec<i64> = first
+        .got()
+        .iter()
+        .map(|r| r.json()["trial"]["id"].as_i64().expect("trial"))
+        .collect();
+    assert_eq!(
+        firsts,
+        [trials[0]],
+        "the first webhook heard only the first failure"
+    );
+    assert_eq!(second.got().len(), 1, "none after the removal");
 }
 
 /// A receiver that answers 500 to the first request gets the same signed body again, and

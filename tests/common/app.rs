@@ -71,6 +71,10 @@ impl TestApp {
         self.call(Method::POST, path, Some(body)).await
     }
 
+    pub async fn patch(&self, path: &str, body: Value) -> Response {
+        self.call(Method::PATCH, path, Some(body)).await
+    }
+
     /// Create a study and return its id; panics unless 201.
     pub async fn create_study(&self, spec: Value) -> i64 {
         let r = self.post("/v1/studies", spec).await;

@@ -139,6 +139,10 @@ impl Rig {
     ) {
         let request = request(&self.job, self.dir.path(), attempt);
         let (tx, rx) = mpsc::unbounded_channel();
+        // As a trial's attempt does for every executor.
+        augur::dispatch::executor::write_log_headers(&request)
+            .await
+            .expect("log headers");
         let job = self
             .executor
             .launch(&request, tx)

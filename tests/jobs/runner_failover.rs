@@ -205,6 +205,41 @@ async fn deploy(
     (replicas, bases, clients, id)
 }
 
+/// The node on which the study's first two trials started (both on one: its runner's).
+async fn two_started_on_one_node(events_file: &std::path::Path) -> String {
+    common::eventually("two trials started", Duration::from_secs(60), || async {
+        let started: Vec<_> = events(events_file)
+            .into_iter()
+            .filter(|e| e.0 == "start")
+            .collect();
+        match started.as_slice() {
+            [a, b, ..] if a.2 == b.2 => Ok(a.2.clone()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+}
+
+/// Once two trials have started on `node` (the one that took the study over).
+async fn two_started_on(events_file: &std::path::Path, node: &str) {
+    common::eventually(
+        "the survivor runs both",
+        Duration::from_secs(60),
+        || async {
+            let on_node = events(events_file)
+                .iter()
+                .filter(|e| e.0 == "start" && e.2 == node)
+                .count();
+            if on_node >= 2 {
+                Ok(())
+            } else {
+                Err(format!("{on_node}"))
+            }
+        },
+    )
+    .await;
+}
+
 /// The study, once it has ended, and its trials, read from `base` on `clients`.
 async fn wait_ended(clients: &NodeRuntime, base: String, id: i64) -> (Value, Value) {
     clients
@@ -281,36 +316,11 @@ async fn a_runner_cut_from_the_database_stops_its_jobs_before_another_takes_them
             })
             .collect()
     };
-    let cut = common::eventually("two trials started", Duration::from_secs(60), || async {
-        let started: Vec<_> = timed(&events_file)
-            .into_iter()
-            .filter(|e| e.0 == "start")
-            .collect();
-        match started.as_slice() {
-            [a, b, ..] if a.2 == b.2 => Ok(a.2.clone()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    let cut = two_started_on_one_node(&events_file).await;
     let survivor = if cut == "node1" { "node2" } else { "node1" };
     cluster.cut(&cut, "node3");
     cluster.cut(&cut, survivor);
-    common::eventually(
-        "the survivor runs both",
-        Duration::from_secs(60),
-        || async {
-            let on_survivor = timed(&events_file)
-                .iter()
-                .filter(|e| e.0 == "start" && e.2 == survivor)
-                .count();
-            if on_survivor >= 2 {
-                Ok(())
-            } else {
-                Err(format!("{on_survivor}"))
-            }
-        },
-    )
-    .await;
+    two_started_on(&events_file, survivor).await;
     cluster.heal(&cut, "node3");
     cluster.heal(&cut, survivor);
     let base = bases[if survivor == "node1" { 0 } else { 1 }].clone();
@@ -346,6 +356,73 @@ async fn a_runner_cut_from_the_database_stops_its_jobs_before_another_takes_them
                 );
             }
         }
+    }
+    let script = script.display().to_string();
+    for node in ["node1", "node2"] {
+        assert!(
+            cluster.processes_on(node, &script).is_empty(),
+            "a job outlived the study on {node}"
+        );
+    }
+}
+
+/// The first run of each trial trains 4 s, a later run 20 s; each reports `loss` as the node's
+/// number and the trial's (`loss=2.1`: node2, trial 1), so the value says who ran it.
+const FROZEN_TRAINER_SH: &str = r#"
+node=$(hostname | tr -dc 0-9)
+echo "start $AUGUR_TRIAL_ID $(hostname)" >> "$EVENTS"
+if [ -e "$EVENTS.$AUGUR_TRIAL_ID" ]; then sleep 20; else touch "$EVENTS.$AUGUR_TRIAL_ID"; sleep 4; fi
+echo "end $AUGUR_TRIAL_ID $(hostname)" >> "$EVENTS"
+echo "loss=$node.$AUGUR_TRIAL_ID"
+"#;
+
+/// The replica running a study's trials freezes (SIGSTOP, as a stopped VM or a long GC pause
+/// does) for longer than its runner lease; its jobs end meanwhile. The other replica takes
+/// the study and runs the trials again; then the frozen one wakes with its jobs' outcomes in
+/// hand. Those are stale: the study's batch refuses what a dispatcher reports for a study
+/// whose runner lease it no longer holds, so each trial ends once, with the value of the run
+/// of the replica that held the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_runner_that_wakes_after_losing_its_lease_records_nothing() {
+    let cluster = TestCluster::up(3);
+    let pg = NodePostgres::start(&cluster, "node3", PG_PORT);
+    let (dir, script, events_file) = test_dir(&cluster, "runner-frozen", FROZEN_TRAINER_SH);
+    let (_replicas, bases, clients, id) =
+        deploy(&cluster, &pg, &dir, &script, &events_file, 2).await;
+    let frozen = two_started_on_one_node(&events_file).await;
+    let survivor = if frozen == "node1" { "node2" } else { "node1" };
+    let server = cluster.processes_on(&frozen, "serve");
+    assert!(!server.is_empty(), "augur serve on {frozen}");
+    let signal = |signal| {
+        for pid in &server {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), signal);
+        }
+    };
+    signal(nix::sys::signal::Signal::SIGSTOP);
+    two_started_on(&events_file, survivor).await;
+    signal(nix::sys::signal::Signal::SIGCONT);
+    let base = bases[if survivor == "node1" { 0 } else { 1 }].clone();
+    let (study, trials) = wait_ended(&clients, base, id).await;
+    let log = events(&events_file);
+    println!(
+        "\n== runner frozen: {frozen} stopped past its lease, {survivor} took over ==\n{log:?}\n{trials}"
+    );
+    assert_eq!(study["trial_counts"]["completed"], 2, "{study}");
+    let node = |name: &str| {
+        name.trim_start_matches("node")
+            .parse::<f64>()
+            .expect("node")
+    };
+    for t in trials["trials"].as_array().expect("trials") {
+        let loss = t["final_measurement"]["metrics"]["loss"]
+            .as_f64()
+            .expect("loss");
+        assert_eq!(
+            loss.trunc(),
+            node(survivor),
+            "trial {} ended with the value of {frozen}'s stale run, not {survivor}'s: {t}",
+            t["id"]
+        );
     }
     let script = script.display().to_string();
     for node in ["node1", "node2"] {

@@ -36,7 +36,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::super::cluster::Address;
 use super::super::executor::{ExecutorError, JobRequest, ReplicaRequest};
-use crate::model::executor::{OutputVolume, Toleration};
+use crate::model::executor::{KubernetesOptions, OutputVolume, Toleration};
 use crate::model::job::CLUSTER_ENV;
 use crate::model::job::is_inherited_env;
 use crate::model::{
@@ -174,56 +174,22 @@ pub fn attempt_manifests(
     namespace: &str,
 ) -> Result<AttemptManifests, ExecutorError> {
     let names = AttemptNames::new(request.study_id, request.trial_id, request.attempt);
-    let labels = attempt_labels(request.study_id, request.trial_id, request.attempt);
-    let options = job.executor.kubernetes().cloned().unwrap_or_default();
-    let output = PodOutput::of(job);
-    // The token and what the server passes on by name go in the Secret, not in the Jobs.
-    let spec_names: Vec<String> = (0..job.worker_pools.len().max(1))
-        .flat_map(|pool| pool_spec_env(job, pool))
-        .collect();
-    let mut secret_data: BTreeMap<String, String> = BTreeMap::new();
-    for (name, value) in &request.env {
-        if name == TOKEN_KEY || passed_on(name, &spec_names) {
-            secret_data.insert(name.clone(), value.clone());
-        }
-    }
-    let secret_keys: Vec<String> = secret_data.keys().cloned().collect();
-    let address = |id: ReplicaId| Address {
-        host: names.replica_host(id),
-        port: CLUSTER_PORT.to_string(),
+    let secret_data = secret_data(request, job);
+    let attempt = Attempt {
+        names: &names,
+        namespace,
+        labels: attempt_labels(request.study_id, request.trial_id, request.attempt),
+        options: job.executor.kubernetes().cloned().unwrap_or_default(),
+        output: PodOutput::of(job),
+        secret_keys: secret_data.keys().cloned().collect(),
     };
-    let meta = |name: String, labels: BTreeMap<String, String>| ObjectMeta {
-        name: Some(name),
-        namespace: Some(namespace.to_string()),
-        labels: Some(labels),
-        ..Default::default()
-    };
-
     let secret = (!secret_data.is_empty()).then(|| Secret {
-        metadata: meta(names.secret().to_string(), labels.clone()),
+        metadata: attempt.meta(names.secret(), attempt.labels.clone()),
         type_: Some("Opaque".to_string()),
         string_data: Some(secret_data),
         ..Default::default()
     });
-    let service = Service {
-        metadata: meta(names.service().to_string(), labels.clone()),
-        spec: Some(ServiceSpec {
-            cluster_ip: Some("None".to_string()),
-            selector: Some(labels.clone()),
-            // Replicas must find each other while they start, before any is "ready".
-            publish_not_ready_addresses: Some(true),
-            ports: Some(vec![ServicePort {
-                name: Some("cluster".to_string()),
-                port: i32::from(CLUSTER_PORT),
-                target_port: Some(IntOrString::Int(i32::from(CLUSTER_PORT))),
-                protocol: Some("TCP".to_string()),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-
+    let service = attempt.headless_service();
     let mut pools: BTreeMap<usize, Vec<&ReplicaRequest>> = BTreeMap::new();
     for replica in &request.replicas {
         pools.entry(replica.id.pool).or_default().push(replica);
@@ -241,20 +207,126 @@ pub fn attempt_manifests(
                 "the Job name {job_name} leaves no room for its pods' hostnames"
             )));
         }
+        let (env, own) = attempt.pool_env(request, job, pool, &replicas);
+        let gated = !own.is_empty();
+        if gated {
+            per_index.insert(pool, own);
+        }
+        let container = attempt.container(request, job, pool, first, env)?;
+        let pod = attempt.pod_spec(container, gated);
+        jobs.push((pool, attempt.indexed_job(job, pool, replicas.len(), pod)?));
+    }
+    Ok(AttemptManifests {
+        names,
+        secret,
+        service,
+        jobs,
+        per_index,
+    })
+}
+
+/// What the token and the variables the server passes on by name are: they go in the
+/// attempt's Secret, not in its Jobs.
+fn secret_data(request: &JobRequest, job: &TrialJobSpec) -> BTreeMap<String, String> {
+    let spec_names: Vec<String> = (0..job.worker_pools.len().max(1))
+        .flat_map(|pool| pool_spec_env(job, pool))
+        .collect();
+    request
+        .env
+        .iter()
+        .filter(|(name, _)| name == TOKEN_KEY || passed_on(name, &spec_names))
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect()
+}
+
+/// What every object of one attempt shares.
+struct Attempt<'a> {
+    names: &'a AttemptNames,
+    namespace: &'a str,
+    labels: BTreeMap<String, String>,
+    options: KubernetesOptions,
+    output: PodOutput,
+    /// The variables the attempt's Secret holds.
+    secret_keys: Vec<String>,
+}
+
+impl Attempt<'_> {
+    fn meta(&self, name: &str, labels: BTreeMap<String, String>) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(self.namespace.to_string()),
+            labels: Some(labels),
+            ..Default::default()
+        }
+    }
+
+    /// The headless Service that gives each replica its stable address.
+    fn headless_service(&self) -> Service {
+        Service {
+            metadata: self.meta(self.names.service(), self.labels.clone()),
+            spec: Some(ServiceSpec {
+                cluster_ip: Some("None".to_string()),
+                selector: Some(self.labels.clone()),
+                // Replicas must find each other while they start, before any is "ready".
+                publish_not_ready_addresses: Some(true),
+                ports: Some(vec![ServicePort {
+                    name: Some("cluster".to_string()),
+                    port: i32::from(CLUSTER_PORT),
+                    target_port: Some(IntOrString::Int(i32::from(CLUSTER_PORT))),
+                    protocol: Some("TCP".to_string()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// The pool's variables: those all its replicas share (the Job's template), and each
+    /// replica's own where they differ (set through the scheduling gate; empty: none).
+    fn pool_env(
+        &self,
+        request: &JobRequest,
+        job: &TrialJobSpec,
+        pool: usize,
+        replicas: &[&ReplicaRequest],
+    ) -> (Vec<EnvVar>, Vec<BTreeMap<String, String>>) {
+        let address = |id: ReplicaId| Address {
+            host: self.names.replica_host(id),
+            port: CLUSTER_PORT.to_string(),
+        };
         let spec_env = pool_spec_env(job, pool);
         let envs: Vec<BTreeMap<String, String>> = replicas
             .iter()
-            .map(|r| pod_env(request, r, &address, &output, &spec_env, &secret_keys))
+            .map(|r| {
+                pod_env(
+                    request,
+                    r,
+                    &address,
+                    &self.output,
+                    &spec_env,
+                    &self.secret_keys,
+                )
+            })
             .collect();
         // A pool's own `env` wins over a passed-on variable of the same name.
-        let from_secret: Vec<&String> = secret_keys
+        let from_secret: Vec<&String> = self
+            .secret_keys
             .iter()
             .filter(|k| !spec_env.contains(k))
             .collect();
-        let (env, own) = split_env(&envs, names.secret(), &from_secret);
-        if !own.is_empty() {
-            per_index.insert(pool, own);
-        }
+        split_env(&envs, self.names.secret(), &from_secret)
+    }
+
+    /// The trainer's container of `pool`'s pods.
+    fn container(
+        &self,
+        request: &JobRequest,
+        job: &TrialJobSpec,
+        pool: usize,
+        first: &ReplicaRequest,
+        env: Vec<EnvVar>,
+    ) -> Result<Container, ExecutorError> {
         let image = job
             .worker_pools
             .get(pool)
@@ -267,10 +339,7 @@ pub fn attempt_manifests(
             .argv
             .split_first()
             .ok_or_else(|| ExecutorError::Launch("empty command".into()))?;
-        let mut pod_labels = options.labels.clone();
-        pod_labels.extend(labels.clone());
-        pod_labels.insert(LABEL_POOL.to_string(), pool.to_string());
-        let container = Container {
+        Ok(Container {
             name: CONTAINER.to_string(),
             image: Some(image),
             command: Some(vec![literal(program)]),
@@ -285,18 +354,23 @@ pub fn attempt_manifests(
                     ..Default::default()
                 }]
             }),
-            volume_mounts: output.mount.clone().map(|m| vec![m]),
+            volume_mounts: self.output.mount.clone().map(|m| vec![m]),
             working_dir: request
                 .workdir
                 .as_ref()
                 .filter(|d| d.is_absolute())
                 .map(|d| d.display().to_string()),
             ..Default::default()
-        };
-        let pod = PodSpec {
+        })
+    }
+
+    /// A pod of the attempt; `gated`: held until each replica's own variables are set.
+    fn pod_spec(&self, container: Container, gated: bool) -> PodSpec {
+        let options = &self.options;
+        PodSpec {
             containers: vec![container],
             restart_policy: Some("Never".to_string()),
-            subdomain: Some(names.service().to_string()),
+            subdomain: Some(self.names.service().to_string()),
             // Jobs start from a clean environment: no variables for every Service of the
             // namespace, and no API credentials unless the spec names an account.
             enable_service_links: Some(false),
@@ -314,52 +388,54 @@ pub fn attempt_manifests(
                     .collect()
             }),
             termination_grace_period_seconds: Some(TERMINATION_GRACE_SECS),
-            scheduling_gates: per_index.contains_key(&pool).then(|| {
+            scheduling_gates: gated.then(|| {
                 vec![PodSchedulingGate {
                     name: ENV_GATE.to_string(),
                 }]
             }),
-            volumes: output.volume.clone().map(|v| vec![v]),
+            volumes: self.output.volume.clone().map(|v| vec![v]),
             ..Default::default()
-        };
-        let count = i32::try_from(replicas.len())
-            .map_err(|_| ExecutorError::Launch("too many replicas".into()))?;
-        let mut job_labels = labels.clone();
-        job_labels.insert(LABEL_POOL.to_string(), pool.to_string());
-        jobs.push((
-            pool,
-            Job {
-                metadata: meta(job_name, job_labels),
-                spec: Some(JobSpec {
-                    completion_mode: Some("Indexed".to_string()),
-                    completions: Some(count),
-                    parallelism: Some(count),
-                    // Augur owns retries: a failed pod fails the attempt.
-                    backoff_limit: Some(0),
-                    active_deadline_seconds: job.timeout_secs.and_then(|t| i64::try_from(t).ok()),
-                    ttl_seconds_after_finished: Some(TTL_AFTER_FINISHED_SECS),
-                    template: PodTemplateSpec {
-                        metadata: Some(ObjectMeta {
-                            labels: Some(pod_labels),
-                            annotations: (!options.annotations.is_empty())
-                                .then(|| options.annotations.clone()),
-                            ..Default::default()
-                        }),
-                        spec: Some(pod),
-                    },
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-        ));
+        }
     }
-    Ok(AttemptManifests {
-        names,
-        secret,
-        service,
-        jobs,
-        per_index,
-    })
+
+    /// `pool`'s Indexed Job of `count` pods.
+    fn indexed_job(
+        &self,
+        job: &TrialJobSpec,
+        pool: usize,
+        count: usize,
+        pod: PodSpec,
+    ) -> Result<Job, ExecutorError> {
+        let count =
+            i32::try_from(count).map_err(|_| ExecutorError::Launch("too many replicas".into()))?;
+        let mut job_labels = self.labels.clone();
+        job_labels.insert(LABEL_POOL.to_string(), pool.to_string());
+        let mut pod_labels = self.options.labels.clone();
+        pod_labels.extend(job_labels.clone());
+        Ok(Job {
+            metadata: self.meta(&self.names.job(pool), job_labels),
+            spec: Some(JobSpec {
+                completion_mode: Some("Indexed".to_string()),
+                completions: Some(count),
+                parallelism: Some(count),
+                // Augur owns retries: a failed pod fails the attempt.
+                backoff_limit: Some(0),
+                active_deadline_seconds: job.timeout_secs.and_then(|t| i64::try_from(t).ok()),
+                ttl_seconds_after_finished: Some(TTL_AFTER_FINISHED_SECS),
+                template: PodTemplateSpec {
+                    metadata: Some(ObjectMeta {
+                        labels: Some(pod_labels),
+                        annotations: (!self.options.annotations.is_empty())
+                            .then(|| self.options.annotations.clone()),
+                        ..Default::default()
+                    }),
+                    spec: Some(pod),
+                },
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
 }
 
 /// Where a trial's `AIP_*` directories are as its pods see them, and what is mounted there.

@@ -38,7 +38,6 @@ use tokio::time::Instant;
 
 use self::watch::{Driver, Followers};
 use super::exec::{ExecVia, forward, refused, refused_replica, terminal_key};
-use super::executor::open_log;
 use super::executor::{Executor, ExecutorError, JobExit, JobRequest, RunningJob};
 use crate::model::{ReplicaId, TrialJobSpec};
 use crate::service::exec::{
@@ -97,41 +96,64 @@ impl KubeConnection {
             .get_or_try_init(|| connect(&self.settings))
             .await
             .cloned()
-            .map_err(|e| ExecutorError::Launch(format!("kubernetes: {e}")))
+            .map_err(ExecutorError::KubernetesConnect)
     }
 }
 
-async fn connect(settings: &KubeSettings) -> Result<(Client, String), String> {
+/// Why no client could be made from the operator's settings (shared: the first try's error
+/// is every later caller's too).
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: String,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("no kubeconfig and not in a cluster: {0}")]
+    Infer(#[source] kube::config::InferConfigError),
+    #[error("client: {0}")]
+    Client(#[source] kube::Error),
+}
+
+async fn connect(settings: &KubeSettings) -> Result<(Client, String), Arc<ConnectError>> {
     let options = KubeConfigOptions {
         context: settings.context.clone(),
         cluster: None,
         user: None,
     };
+    let kubeconfig_error = |path: &str| {
+        let path = path.to_string();
+        move |source| Arc::new(ConnectError::Kubeconfig { path, source })
+    };
     let config = match &settings.kubeconfig {
         Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path)
-                .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?;
+            let shown = path.display().to_string();
+            let kubeconfig = Kubeconfig::read_from(path).map_err(kubeconfig_error(&shown))?;
             Config::from_custom_kubeconfig(kubeconfig, &options)
                 .await
-                .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?
+                .map_err(kubeconfig_error(&shown))?
         }
         None if settings.context.is_some() => Config::from_kubeconfig(&options)
             .await
-            .map_err(|e| format!("kubeconfig: {e}"))?,
+            .map_err(kubeconfig_error("(default)"))?,
         None => Config::infer()
             .await
-            .map_err(|e| format!("no kubeconfig and not in a cluster: {e}"))?,
+            .map_err(|e| Arc::new(ConnectError::Infer(e)))?,
     };
     let namespace = settings
         .namespace
         .clone()
         .unwrap_or_else(|| config.default_namespace.clone());
-    let client = Client::try_from(config).map_err(|e| format!("client: {e}"))?;
+    let client = Client::try_from(config).map_err(|e| Arc::new(ConnectError::Client(e)))?;
     Ok((client, namespace))
 }
 
-fn api_error(what: &str, e: kube::Error) -> ExecutorError {
-    ExecutorError::Launch(format!("kubernetes: {what}: {e}"))
+fn api_error(what: &str, source: kube::Error) -> ExecutorError {
+    ExecutorError::Kubernetes {
+        what: what.to_string(),
+        source,
+    }
 }
 
 /// The four kinds of object an attempt has, in its namespace.
@@ -298,7 +320,6 @@ impl Executor for KubernetesExecutor {
         let apis = self.apis(None).await?;
         let manifests = attempt_manifests(request, &self.job, &apis.namespace)?;
         warn_if_unreachable(request);
-        write_log_headers(request).await?;
         // Only one attempt of a trial runs: an earlier one's leftovers go first.
         let others = format!(
             "{},{LABEL_ATTEMPT}!={}",
@@ -578,17 +599,6 @@ fn warn_if_unreachable(request: &JobRequest) {
              --public-url (metrics from the primary's stdout still work)"
         );
     }
-}
-
-/// Each replica's log starts each attempt with a header, as with the local executor.
-async fn write_log_headers(request: &JobRequest) -> Result<(), ExecutorError> {
-    for replica in &request.replicas {
-        let mut log = open_log(&request.output_base, &replica.log_path).await?;
-        log.write_all(request.log_header(replica).as_bytes())
-            .await
-            .map_err(|e| ExecutorError::Launch(e.to_string()))?;
-    }
-    Ok(())
 }
 
 /// The created (or adopted) Jobs: uid → pool, and the names by pool.

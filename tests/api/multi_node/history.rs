@@ -493,6 +493,11 @@ pub fn report(title: &str, ops: &[Op], faults: &[Fault], checks: &[Check], extra
              recovery (healed → 90% of before) {back}\n",
             fault.from, fault.to, fault.what
         );
+        // One line per fault for `benches/multi_node.sh`'s table.
+        out += &format!(
+            "recovery-row | {title} | {:.0} s | {before:.1} | {during:.1} | {back} |\n",
+            fault.to - fault.from
+        );
     }
     let seconds = last.ceil() as usize;
     let per_second: Vec<String> = (0..seconds)

@@ -10,6 +10,10 @@ use sqlx::{FromRow, Row};
 
 use super::sql::{impl_sql_store, trial_cols};
 
+mod writes;
+
+use writes::{StudyWrites, Time, write_studies};
+
 pub struct PostgresStore {
     /// Reads and single statements: the request handlers' pool.
     pool: PgPool,
@@ -119,129 +123,6 @@ const STUDIES_WITH_UNFINISHED: &str = "SELECT s.id AS s_id, s.name AS s_name, s.
      JOIN trials t ON t.study_id = u.study_id AND t.id = u.id \
      WHERE t.state IN ('requested', 'active', 'stopping')) AS t ON TRUE \
      WHERE s.id = ANY($1) ORDER BY s.id, t.id";
-
-/// All the writes of a transaction's studies, as one statement: new trials, changed trials
-/// (every mutable column), measurements (replacing any at the same trial and step), the
-/// tokens of trials that finished (deleted) or were launched (replaced), and each study row
-/// (with its unfinished trials' ids, as text, and its trial counts). Each column travels as an
-/// array that `UNNEST` zips back into rows, with the study id of each. The parts touch
-/// different rows, as data-modifying CTEs must.
-///
-/// The changed trials are found by primary key, row by row, whatever the statistics say: the
-/// keys come from behind an `OFFSET 0` fence, so there is no `study_id = $1` for the planner
-/// to scan a whole study with. (While a study grows faster than autovacuum analyzes the
-/// table, the statistics say the study has a handful of trials, and such a scan made each
-/// batch O(trials): throughput fell from ~3,600 to ~800 trials/s at 30,000.) Nor may a plan
-/// cached while the table was small (see `BEGIN`).
-const WRITE_STUDIES: &str = "WITH new_trials AS (\
-     INSERT INTO trials (study_id, id, state, parameters, client_id, final_measurement, \
-     objective, infeasible_reason, fail_reason, early_stopped, excluded, lease_expires_at, \
-     created_at, started_at, completed_at, change_seq, attempts, budget, lineage) \
-     SELECT * FROM UNNEST($1::bigint[], $2::bigint[], $3::text[], $4::jsonb[], $5::text[], \
-     $6::jsonb[], $7::float8[], $8::text[], $9::text[], $10::bool[], $11::bool[], \
-     $12::timestamptz[], $13::timestamptz[], $14::timestamptz[], $15::timestamptz[], \
-     $16::bigint[], $17::int[], $18::float8[], $19::jsonb[])\
-     ), changed_trials AS (\
-     UPDATE trials AS t SET state = u.state, parameters = u.parameters, \
-     client_id = u.client_id, final_measurement = u.final_measurement, objective = u.objective, \
-     infeasible_reason = u.infeasible_reason, fail_reason = u.fail_reason, \
-     early_stopped = u.early_stopped, excluded = u.excluded, \
-     lease_expires_at = u.lease_expires_at, started_at = u.started_at, \
-     completed_at = u.completed_at, change_seq = u.change_seq, attempts = u.attempts, \
-     budget = u.budget, lineage = u.lineage FROM (SELECT * FROM UNNEST($20::bigint[], $21::bigint[], $22::text[], $23::jsonb[], \
-     $24::text[], $25::jsonb[], $26::float8[], $27::text[], $28::text[], $29::bool[], \
-     $30::bool[], $31::timestamptz[], $32::timestamptz[], $33::timestamptz[], $34::bigint[], \
-     $35::int[], $36::float8[], $37::jsonb[]) AS u(study_id, id, state, parameters, client_id, final_measurement, \
-     objective, infeasible_reason, fail_reason, early_stopped, excluded, lease_expires_at, \
-     started_at, completed_at, change_seq, attempts, budget, lineage) OFFSET 0) AS u \
-     WHERE t.study_id = u.study_id AND t.id = u.id\
-     ), measured AS (\
-     INSERT INTO measurements (study_id, trial_id, step, elapsed_secs, metrics, created_at) \
-     SELECT * FROM UNNEST($38::bigint[], $39::bigint[], $40::bigint[], $41::float8[], \
-     $42::jsonb[], $43::timestamptz[]) \
-     ON CONFLICT (study_id, trial_id, step) DO UPDATE SET \
-     elapsed_secs = excluded.elapsed_secs, metrics = excluded.metrics, \
-     created_at = excluded.created_at\
-     ), revoked AS (\
-     DELETE FROM api_tokens AS a USING (SELECT * FROM UNNEST($44::bigint[], $45::bigint[]) \
-     AS r(study_id, trial_id) OFFSET 0) AS r \
-     WHERE a.study_id = r.study_id AND a.trial_id = r.trial_id\
-     ), issued AS (\
-     INSERT INTO api_tokens (name, token_hash, study_id, trial_id, created_at) \
-     SELECT * FROM UNNEST($46::text[], $47::text[], $48::bigint[], $49::bigint[], \
-     $50::timestamptz[]) \
-     ON CONFLICT (name) DO UPDATE SET token_hash = excluded.token_hash, \
-     study_id = excluded.study_id, trial_id = excluded.trial_id, \
-     created_at = excluded.created_at\
-     ) \
-     UPDATE studies AS s SET state = u.state, state_reason = u.state_reason, spec = u.spec, \
-     next_trial_id = u.next_trial_id, updated_at = u.updated_at, change_seq = u.change_seq, \
-     unfinished_ids = CAST(u.unfinished_ids AS bigint[]), n_requested = u.n_requested, \
-     n_active = u.n_active, n_stopping = u.n_stopping, n_completed = u.n_completed, \
-     n_infeasible = u.n_infeasible, n_failed = u.n_failed, n_paused = u.n_paused \
-     FROM UNNEST($51::bigint[], $52::text[], $53::text[], $54::jsonb[], $55::bigint[], \
-     $56::timestamptz[], $57::bigint[], $58::text[], $59::bigint[], $60::bigint[], \
-     $61::bigint[], $62::bigint[], $63::bigint[], $64::bigint[], $65::bigint[]) AS u(id, state, state_reason, \
-     spec, next_trial_id, updated_at, change_seq, unfinished_ids, n_requested, n_active, \
-     n_stopping, n_completed, n_infeasible, n_failed, n_paused) \
-     WHERE s.id = u.id";
-
-type Jsonb = sqlx::types::Json<serde_json::Value>;
-type Time = chrono::DateTime<chrono::Utc>;
-
-/// A batch of trials, column by column.
-#[derive(Default)]
-struct TrialColumns {
-    study_id: Vec<i64>,
-    id: Vec<i64>,
-    state: Vec<&'static str>,
-    parameters: Vec<Jsonb>,
-    client_id: Vec<Option<String>>,
-    final_measurement: Vec<Option<Jsonb>>,
-    objective: Vec<Option<f64>>,
-    infeasible_reason: Vec<Option<String>>,
-    fail_reason: Vec<Option<String>>,
-    early_stopped: Vec<bool>,
-    excluded: Vec<bool>,
-    lease_expires_at: Vec<Option<Time>>,
-    created_at: Vec<Time>,
-    started_at: Vec<Option<Time>>,
-    completed_at: Vec<Option<Time>>,
-    change_seq: Vec<i64>,
-    attempts: Vec<i32>,
-    budget: Vec<Option<f64>>,
-    lineage: Vec<Option<Jsonb>>,
-}
-
-impl TrialColumns {
-    fn of<'a>(trials: impl IntoIterator<Item = &'a TrialRecord>) -> StoreResult<Self> {
-        let mut c = TrialColumns::default();
-        for t in trials {
-            c.study_id.push(t.study_id);
-            c.id.push(t.id);
-            c.state.push(t.state.as_str());
-            c.parameters.push(to_json(&t.parameters)?);
-            c.client_id.push(t.client_id.clone());
-            c.final_measurement
-                .push(t.final_measurement.as_ref().map(to_json).transpose()?);
-            c.objective.push(t.objective);
-            c.infeasible_reason.push(t.infeasible_reason.clone());
-            c.fail_reason.push(t.fail_reason.clone());
-            c.early_stopped.push(t.early_stopped);
-            c.excluded.push(t.excluded);
-            c.lease_expires_at.push(t.lease_expires_at);
-            c.created_at.push(t.created_at);
-            c.started_at.push(t.started_at);
-            c.completed_at.push(t.completed_at);
-            c.change_seq.push(t.change_seq);
-            c.attempts
-                .push(i32::try_from(t.attempts).unwrap_or(i32::MAX));
-            c.budget.push(t.budget);
-            c.lineage.push(t.lineage.as_ref().map(to_json).transpose()?);
-        }
-        Ok(c)
-    }
-}
 
 /// Studies locked one by one in one transaction, which `BEGIN`s with the first lock.
 pub struct PostgresStudiesTx {
@@ -518,161 +399,6 @@ pub struct PostgresStudyTx {
     tokens_at: Option<Time>,
 }
 
-/// One study's writes, ready to be sent with other studies' (`write_studies`).
-struct StudyWrites {
-    study: StudyRecord,
-    unfinished_ids: Vec<i64>,
-    new_trials: Vec<TrialRecord>,
-    changed_trials: Vec<TrialRecord>,
-    /// At most one per (trial, step): one statement may not touch a row twice.
-    measurements: Vec<(i64, Measurement)>,
-    measured_at: Time,
-    revoked: Vec<i64>,
-    /// At most one per name.
-    tokens: Vec<TrialToken>,
-    tokens_at: Time,
-}
-
-/// Send `writes` (of distinct studies) as one statement.
-async fn write_studies(
-    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
-    writes: &[StudyWrites],
-) -> StoreResult<()> {
-    if writes.is_empty() {
-        return Ok(());
-    }
-    let new = TrialColumns::of(writes.iter().flat_map(|w| &w.new_trials))?;
-    let changed = TrialColumns::of(writes.iter().flat_map(|w| &w.changed_trials))?;
-    let (mut m_study, mut m_trial, mut m_step, mut m_elapsed, mut m_metrics, mut m_at) = (
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-    );
-    let (mut r_study, mut r_trial) = (Vec::new(), Vec::new());
-    let (mut k_name, mut k_hash, mut k_study, mut k_trial, mut k_at) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut studies: [Vec<i64>; 10] = Default::default();
-    let (mut s_state, mut s_reason, mut s_spec, mut s_updated, mut s_unfinished) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for w in writes {
-        let id = w.study.id;
-        for (trial_id, m) in &w.measurements {
-            m_study.push(id);
-            m_trial.push(*trial_id);
-            m_step.push(m.step);
-            m_elapsed.push(m.elapsed_secs);
-            m_metrics.push(to_json(&m.metrics)?);
-            m_at.push(w.measured_at);
-        }
-        for trial_id in &w.revoked {
-            r_study.push(id);
-            r_trial.push(*trial_id);
-        }
-        for t in &w.tokens {
-            k_name.push(t.name.as_str());
-            k_hash.push(t.hash.as_str());
-            k_study.push(id);
-            k_trial.push(t.trial_id);
-            k_at.push(w.tokens_at);
-        }
-        let counts = w.study.trial_counts.columns();
-        let numbers = [id, w.study.next_trial_id, w.study.change_seq];
-        for (column, value) in studies.iter_mut().zip(numbers.into_iter().chain(counts)) {
-            column.push(value);
-        }
-        s_state.push(w.study.state.as_str());
-        s_reason.push(w.study.state_reason.clone());
-        s_spec.push(to_json(&w.study.spec)?);
-        s_updated.push(w.study.updated_at);
-        let ids: Vec<String> = w.unfinished_ids.iter().map(i64::to_string).collect();
-        s_unfinished.push(format!("{{{}}}", ids.join(",")));
-    }
-    let [
-        s_id,
-        s_next,
-        s_seq,
-        n_req,
-        n_act,
-        n_stop,
-        n_comp,
-        n_inf,
-        n_fail,
-        n_paused,
-    ] = studies;
-    sqlx::query(WRITE_STUDIES)
-        .bind(new.study_id)
-        .bind(new.id)
-        .bind(new.state)
-        .bind(new.parameters)
-        .bind(new.client_id)
-        .bind(new.final_measurement)
-        .bind(new.objective)
-        .bind(new.infeasible_reason)
-        .bind(new.fail_reason)
-        .bind(new.early_stopped)
-        .bind(new.excluded)
-        .bind(new.lease_expires_at)
-        .bind(new.created_at)
-        .bind(new.started_at)
-        .bind(new.completed_at)
-        .bind(new.change_seq)
-        .bind(new.attempts)
-        .bind(new.budget)
-        .bind(new.lineage)
-        .bind(changed.study_id)
-        .bind(changed.id)
-        .bind(changed.state)
-        .bind(changed.parameters)
-        .bind(changed.client_id)
-        .bind(changed.final_measurement)
-        .bind(changed.objective)
-        .bind(changed.infeasible_reason)
-        .bind(changed.fail_reason)
-        .bind(changed.early_stopped)
-        .bind(changed.excluded)
-        .bind(changed.lease_expires_at)
-        .bind(changed.started_at)
-        .bind(changed.completed_at)
-        .bind(changed.change_seq)
-        .bind(changed.attempts)
-        .bind(changed.budget)
-        .bind(changed.lineage)
-        .bind(m_study)
-        .bind(m_trial)
-        .bind(m_step)
-        .bind(m_elapsed)
-        .bind(m_metrics)
-        .bind(m_at)
-        .bind(r_study)
-        .bind(r_trial)
-        .bind(k_name)
-        .bind(k_hash)
-        .bind(k_study)
-        .bind(k_trial)
-        .bind(k_at)
-        .bind(s_id)
-        .bind(s_state)
-        .bind(s_reason)
-        .bind(s_spec)
-        .bind(s_next)
-        .bind(s_updated)
-        .bind(s_seq)
-        .bind(s_unfinished)
-        .bind(n_req)
-        .bind(n_act)
-        .bind(n_stop)
-        .bind(n_comp)
-        .bind(n_inf)
-        .bind(n_fail)
-        .bind(n_paused)
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
-}
-
 impl PostgresStudyTx {
     /// The transaction on a study just locked and read.
     fn locked(
@@ -824,6 +550,13 @@ impl StudyTx for PostgresStudyTx {
             .fetch_one(&mut *self.tx)
             .await?;
         Ok(n.max(0) as u64)
+    }
+
+    async fn runner_lease(&mut self) -> StoreResult<Option<(String, Time)>> {
+        Ok(sqlx::query_as(super::sql::RUNNER_LEASE)
+            .bind(self.study.id)
+            .fetch_optional(&mut *self.tx)
+            .await?)
     }
 
     async fn measurements(&mut self, trial_id: i64) -> StoreResult<Vec<Measurement>> {
