@@ -169,7 +169,13 @@ impl Service {
                 client_id,
                 launch_tokens,
                 runner,
-            } => (Some(client_id), true, launch_tokens, Vec::new(), Some(runner)),
+            } => (
+                Some(client_id),
+                true,
+                launch_tokens,
+                Vec::new(),
+                Some(runner),
+            ),
         };
         // Model-based designers read a snapshot and think outside the study's lock; the
         // design lock keeps this process's suggestions for the study one at a time, from
