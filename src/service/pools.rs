@@ -7,7 +7,9 @@
 //! client (`suggest_as`), so `parallel_trials` and `max_trials` are enforced where they
 //! always are (`state_machine.rs`). A leased trial is a pulled trial: it has a lease, which
 //! a dead worker stops renewing, and then it goes back to `requested` for another worker
-//! (a lost launch counted against `max_retries`, see `StudyBatch::expire_leases`).
+//! (a lost launch counted against `max_retries`, see `StudyBatch::expire_leases`). A
+//! worker restarted with the same id asks with `resume` first and gets back the trials its
+//! slots still hold.
 //!
 //! Workers report themselves ([`Service::report_pool_worker`]): the store keeps their slots,
 //! GPUs and busy count, and adds up busy and idle slot-seconds (utilisation).
@@ -387,7 +389,7 @@ impl Service {
         Ok(())
     }
 
-    /// Active studies whose trials `pool` runs (`None`: of every pool).
+    /// Active studies whose trials `pool` runs.
     async fn pool_studies(&self, pool: &str) -> ServiceResult<Vec<StudyRecord>> {
         Ok(self
             .active_pool_studies()

@@ -480,7 +480,7 @@ impl StudyBatch {
     /// A pool study's trial (`executor: pool`) counts each lease that ran out as a lost
     /// launch (`attempts`): once more were lost than `max_retries` allows, it fails instead
     /// of going back, so a trial that kills its workers is not passed around for ever. The
-    /// next worker's launches continue the count (`PoolLease::lost_attempts`).
+    /// next worker's launches continue the count (the leased trial's `attempts`).
     fn expire_leases(&mut self) {
         let pool_retries = self
             .config
