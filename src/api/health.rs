@@ -94,6 +94,10 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     // it: the recorder is shared by every app in the process (tests run several), a pool is not.
     let mut text = state.metrics.render();
     text.push_str(&connection_gauges(&state.service.store_connections()));
+    match state.service.list_pools().await {
+        Ok(pools) => text.push_str(&pool_gauges(&pools)),
+        Err(error) => tracing::warn!(%error, "could not read the pools for /metrics"),
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 
@@ -123,4 +127,53 @@ pub async fn openapi_yaml(State(state): State<AppState>) -> impl IntoResponse {
         [(header::CONTENT_TYPE, "application/yaml")],
         state.openapi_yaml.to_string(),
     )
+}
+
+/// `augur_pool_slots{pool,state}` (live workers' slots, busy and idle),
+/// `augur_pool_queue_length{pool}` (trials waiting for a slot) and `augur_pool_workers{pool}`
+/// in Prometheus text format, read from the store at scrape time like the trial counts.
+fn pool_gauges(pools: &[crate::model::pool::PoolSummary]) -> String {
+    use std::fmt::Write;
+    if pools.is_empty() {
+        return String::new();
+    }
+    let mut text = String::from(
+        "# HELP augur_pool_slots Slots of a pool's live workers, busy or idle.\n\
+         # TYPE augur_pool_slots gauge\n",
+    );
+    // Pool names are letters, digits, '-', '_' and '.': nothing to escape in a label.
+    for p in pools {
+        let _ = writeln!(
+            text,
+            "augur_pool_slots{{pool=\"{}\",state=\"busy\"}} {}",
+            p.name, p.busy_slots
+        );
+        let _ = writeln!(
+            text,
+            "augur_pool_slots{{pool=\"{}\",state=\"idle\"}} {}",
+            p.name, p.idle_slots
+        );
+    }
+    text.push_str(
+        "# HELP augur_pool_queue_length Trials waiting for a pool's slots.\n\
+         # TYPE augur_pool_queue_length gauge\n",
+    );
+    for p in pools {
+        let _ = writeln!(
+            text,
+            "augur_pool_queue_length{{pool=\"{}\"}} {}",
+            p.name, p.queue_length
+        );
+    }
+    text.push_str(
+        "# HELP augur_pool_workers Live workers of a pool.\n# TYPE augur_pool_workers gauge\n",
+    );
+    for p in pools {
+        let _ = writeln!(
+            text,
+            "augur_pool_workers{{pool=\"{}\"}} {}",
+            p.name, p.workers
+        );
+    }
+    text
 }

@@ -14,6 +14,7 @@ mod guard;
 mod health;
 mod notifications;
 pub mod optuna;
+mod pools;
 pub mod rate_limit;
 mod studies;
 mod tokens;
@@ -130,6 +131,7 @@ impl AppState {
         (name = "operations", description = "Health, readiness, metrics, this document"),
         (name = "dashboard", description = "The web dashboard's pages and the chart data they draw"),
         (name = "tokens", description = "Tokens with roles and the audit trail (an admin's)"),
+        (name = "pools", description = "Worker pools shared by studies: workers, queues, utilisation, leases"),
     )
 )]
 struct ApiDoc;
@@ -152,6 +154,7 @@ pub fn routes() -> AccessRouter {
     AccessRouter::with_openapi(ApiDoc::openapi())
         .merge(studies::router())
         .merge(notifications::router())
+        .merge(pools::router())
         .merge(trials::router())
         .merge(exec::router())
         .merge(health::router())

@@ -305,6 +305,11 @@ pub struct CompleteRequest {
     /// The trial ran but its point is infeasible: why, at most 4096 bytes (longer: 400
     /// naming `infeasible_reason`).
     pub infeasible_reason: Option<String>,
+    /// Without `metrics`: measurements to record first, in the same change, before the
+    /// final one is chosen (what a worker read at its trial's exit, sent with the
+    /// completion instead of one request each).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub measurements: Vec<MeasurementRequest>,
 }
 
 #[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
@@ -515,6 +520,21 @@ pub async fn complete_trial(
     ApiJson(req): ApiJson<CompleteRequest>,
 ) -> ApiResult<Json<Trial>> {
     let (study, trial) = ids(&study, &trial)?;
+    if !req.measurements.is_empty() && (req.metrics.is_some() || req.infeasible_reason.is_some()) {
+        return Err(ApiError::invalid(
+            "measurements",
+            "send measurements only to have the final one chosen from them (without metrics \
+             or infeasible_reason)",
+        ));
+    }
+    let mut last = Vec::with_capacity(req.measurements.len());
+    for m in req.measurements {
+        last.push(Measurement {
+            step: Step::try_from(m.step)?.get(),
+            elapsed_secs: m.elapsed_secs,
+            metrics: m.metrics,
+        });
+    }
     let outcome = match (req.metrics, req.infeasible_reason) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(
@@ -527,7 +547,7 @@ pub async fn complete_trial(
             step: req.step.map(Step::try_from).transpose()?,
         },
         (None, Some(reason)) => Completion::Infeasible(reason),
-        (None, None) => Completion::Selected(Vec::new()),
+        (None, None) => Completion::Selected(last),
     };
     Ok(Json(
         state

@@ -69,6 +69,18 @@ impl Client {
         })
     }
 
+    /// The same client (its connections shared), calling with `token` instead of its own:
+    /// a pool worker reports to a leased trial with the trial's token.
+    pub fn with_token(&self, token: &str) -> Client {
+        Client {
+            http: self.http.clone(),
+            base: self.base.clone(),
+            token: Some(token.to_string()),
+            patient: self.patient,
+            owners: Mutex::default(),
+        }
+    }
+
     /// The same client, retrying through outages (see `patient`).
     pub fn patient(mut self) -> Self {
         self.patient = true;

@@ -6,6 +6,7 @@ mod csv;
 mod duration;
 mod error;
 mod exec;
+mod pool_worker;
 mod run;
 mod server;
 mod study;
@@ -310,13 +311,32 @@ pub enum Command {
         #[command(flatten)]
         notify: NotifyArgs,
     },
-    /// Keep N trials of a study running on this machine (pulled through the API).
+    /// Keep N trials of a study running on this machine (pulled through the API), or, with
+    /// --pool, N trials of whichever studies a named worker pool serves.
     Worker {
         #[command(flatten)]
         client: ClientArgs,
         /// The study's id, or its name (the one active study of that name).
+        #[arg(long, required_unless_present = "pool", conflicts_with = "pool")]
+        study: Option<String>,
+        /// Join this worker pool (created by its first worker or study) and run the trials
+        /// of every study whose trial_job says `executor: pool, pool: NAME`, with their own
+        /// commands, under this worker's --job-commands / --job-images (an operator's
+        /// token). No command after `--`.
         #[arg(long)]
-        study: String,
+        pool: Option<String>,
+        /// With --pool: run only trial commands that start with one of these (repeatable,
+        /// or comma-separated; as `augur serve --job-commands`). Default: any.
+        #[arg(long = "job-commands", value_delimiter = ',', requires = "pool")]
+        job_commands: Vec<String>,
+        /// With --pool: run only images that start with one of these (as `augur serve
+        /// --job-images`).
+        #[arg(long = "job-images", value_delimiter = ',', requires = "pool")]
+        job_images: Vec<String>,
+        /// With --pool and --job-commands: variables a study's env may set besides those
+        /// that load no code (as `augur serve --job-env-allow`).
+        #[arg(long = "job-env-allow", value_delimiter = ',', requires = "pool")]
+        job_env_allow: Vec<String>,
         /// Trials run at once.
         #[arg(long, default_value_t = 1)]
         slots: usize,
@@ -333,8 +353,9 @@ pub enum Command {
         env: Vec<String>,
         #[command(flatten)]
         executors: ExecutorArgs,
-        /// The training command; values are appended as --<id>=<value>.
-        #[arg(last = true, required = true)]
+        /// The training command; values are appended as --<id>=<value> (not with --pool:
+        /// a pool runs each study's own command).
+        #[arg(last = true, required_unless_present = "pool", conflicts_with = "pool")]
         command: Vec<String>,
     },
     /// Trials (through the HTTP API).
@@ -592,6 +613,10 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Worker {
             client,
             study,
+            pool,
+            job_commands,
+            job_images,
+            job_env_allow,
             slots,
             client_id,
             output_dir,
@@ -602,6 +627,21 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             // Every call a worker makes is safe to repeat: it rides out outages.
             let http = client.client()?.patient();
             let client_id = client_id.unwrap_or_else(worker::default_client_id);
+            if let Some(pool) = pool {
+                let options = pool_worker::PoolWorkerOptions {
+                    pool,
+                    slots,
+                    client_id,
+                    output_dir,
+                    env,
+                    executors: executors.settings(),
+                    job_commands,
+                    job_images,
+                    job_env_allow,
+                };
+                return Ok(pool_worker::run_pool_worker(http, options).await?);
+            }
+            let study = study.ok_or_else(|| CliError::Usage("give --study or --pool".into()))?;
             let study = study::resolve_study(&http, &study).await?;
             let options = worker::WorkerOptions {
                 study_id: study,

@@ -44,7 +44,7 @@ pub struct WorkerOptions {
 fn worker_executor(job: &TrialJobSpec, options: &WorkerOptions) -> CliResult<Arc<dyn Executor>> {
     let context = ExecutorContext::new(&options.executors, None);
     Ok(match job.executor {
-        ExecutorSpec::Container { .. } => executor_for(job, &context)
+        ExecutorSpec::Container { .. } | ExecutorSpec::Pool(_) => executor_for(job, &context)
             .map_err(|e| CliError::Dispatch(DispatchError::Executor(e)))?,
         ExecutorSpec::Local | ExecutorSpec::Slurm(_) | ExecutorSpec::Kubernetes { .. } => {
             Arc::new(LocalExecutor::new(context))
@@ -53,7 +53,7 @@ fn worker_executor(job: &TrialJobSpec, options: &WorkerOptions) -> CliResult<Arc
 }
 
 /// What a trial's environment starts from: the inherited allow-list, then `--env`.
-fn trial_base_env(options: &[String]) -> CliResult<Vec<(String, String)>> {
+pub(super) fn trial_base_env(options: &[String]) -> CliResult<Vec<(String, String)>> {
     let mut pass_on = Vec::new();
     let mut set = Vec::new();
     for item in options {
@@ -120,12 +120,7 @@ pub async fn run_worker(client: Client, options: WorkerOptions) -> CliResult<()>
     let client = Arc::new(client);
     let metric_pattern = TrialSetup::metric_pattern(&job)?;
     let executor = worker_executor(&job, &options)?;
-    let reporter = Arc::new(HttpReporter {
-        client: client.clone(),
-        study_id: study.id,
-        attempts: Default::default(),
-        holders: Default::default(),
-    });
+    let reporter = Arc::new(HttpReporter::new(client.clone(), study.id));
     let setup = Arc::new(TrialSetup {
         study_id: study.id,
         study_created_at: study.created_at,
@@ -264,7 +259,7 @@ async fn run_slot(
 }
 
 /// Reports a pulled trial's outcome over the HTTP API.
-struct HttpReporter {
+pub(super) struct HttpReporter {
     client: Arc<Client>,
     study_id: i64,
     /// Launches per trial, counted by this worker process only: the API counts the launches
@@ -274,9 +269,56 @@ struct HttpReporter {
     /// The slot's client id each running trial was suggested to: the server gives a
     /// trial's token only to its holder.
     holders: std::sync::Mutex<std::collections::HashMap<i64, String>>,
+    /// Trials leased from a pool (`augur worker --pool`): the token the lease came with and
+    /// a client that reports with it. A pool worker's own token may not report to another
+    /// creator's study; the trial's token may, to that trial alone.
+    leased: std::sync::Mutex<std::collections::HashMap<i64, (Arc<Client>, String)>>,
 }
 
 impl HttpReporter {
+    pub(super) fn new(client: Arc<Client>, study_id: i64) -> Self {
+        HttpReporter {
+            client,
+            study_id,
+            attempts: Default::default(),
+            holders: Default::default(),
+            leased: Default::default(),
+        }
+    }
+
+    /// A trial leased from a pool: reported with `token` from here on, its launches counted
+    /// from `lost` (those lost with earlier workers, which the server counted).
+    pub(super) fn lease(&self, trial_id: i64, token: &str, lost: u32) {
+        if let Ok(mut leased) = self.leased.lock() {
+            leased.insert(
+                trial_id,
+                (Arc::new(self.client.with_token(token)), token.into()),
+            );
+        }
+        if let Ok(mut attempts) = self.attempts.lock() {
+            attempts.insert(trial_id, lost);
+        }
+    }
+
+    /// The trial's lease is over (it ended here).
+    pub(super) fn end_lease(&self, trial_id: i64) {
+        if let Ok(mut leased) = self.leased.lock() {
+            leased.remove(&trial_id);
+        }
+        if let Ok(mut attempts) = self.attempts.lock() {
+            attempts.remove(&trial_id);
+        }
+    }
+
+    /// The client that reports to this trial: with the trial's own token when leased.
+    pub(super) fn client_for(&self, trial_id: i64) -> Arc<Client> {
+        self.leased
+            .lock()
+            .ok()
+            .and_then(|l| l.get(&trial_id).map(|(c, _)| c.clone()))
+            .unwrap_or_else(|| self.client.clone())
+    }
+
     fn path(&self, trial_id: i64, action: &str) -> String {
         format!("/v1/studies/{}/trials/{trial_id}{action}", self.study_id)
     }
@@ -296,6 +338,14 @@ impl HttpReporter {
     /// A token that may only report to this trial, from the server (never this worker's
     /// own). `None` from a server too old to issue one: the trial then gets no token.
     async fn trial_token(&self, trial_id: i64) -> DispatchResult<Option<String>> {
+        if let Some(token) = self
+            .leased
+            .lock()
+            .ok()
+            .and_then(|l| l.get(&trial_id).map(|(_, t)| t.clone()))
+        {
+            return Ok(Some(token));
+        }
         let client_id = self
             .holders
             .lock()
@@ -332,7 +382,7 @@ impl HttpReporter {
 impl TrialReporter for HttpReporter {
     async fn measurement(&self, trial_id: i64, measurement: Measurement) -> DispatchResult<()> {
         let body = serde_json::to_value(&measurement).map_err(remote)?;
-        self.client
+        self.client_for(trial_id)
             .call(
                 Method::POST,
                 &self.path(trial_id, "/measurements"),
@@ -344,13 +394,34 @@ impl TrialReporter for HttpReporter {
     }
 
     async fn complete_with(&self, trial_id: i64, last: Vec<Measurement>) -> DispatchResult<bool> {
+        // The last measurements with the completion, in one request and one change.
+        let body = json!({"measurements": &last});
+        let (status, answer) = self
+            .client_for(trial_id)
+            .call_status(Method::POST, &self.path(trial_id, "/complete"), Some(&body))
+            .await
+            .map_err(remote)?;
+        match status {
+            s if s.is_success() => return Ok(true),
+            StatusCode::CONFLICT => return Ok(true),
+            // Refused (a server older than `measurements` in a completion, a measurement
+            // it does not take, nothing to select): as before, one request each, each
+            // refusal logged, then the completion alone.
+            StatusCode::BAD_REQUEST => {}
+            s => {
+                return Err(remote(format!(
+                    "complete: {s}: {}",
+                    answer["error"]["message"]
+                )));
+            }
+        }
         for measurement in last {
             if let Err(e) = self.measurement(trial_id, measurement).await {
                 tracing::warn!(trial_id, error = %e, "could not record a measurement");
             }
         }
         let (status, body) = self
-            .client
+            .client_for(trial_id)
             .call_status(
                 Method::POST,
                 &self.path(trial_id, "/complete"),
@@ -371,7 +442,7 @@ impl TrialReporter for HttpReporter {
 
     async fn fail(&self, trial_id: i64, reason: String) -> DispatchResult<()> {
         let (status, body) = self
-            .client
+            .client_for(trial_id)
             .call_status(
                 Method::POST,
                 &self.path(trial_id, "/fail"),
@@ -391,7 +462,7 @@ impl TrialReporter for HttpReporter {
 
     async fn should_stop(&self, trial_id: i64) -> DispatchResult<bool> {
         let v = self
-            .client
+            .client_for(trial_id)
             .call(Method::POST, &self.path(trial_id, "/should_stop"), None)
             .await
             .map_err(remote)?;
@@ -400,7 +471,7 @@ impl TrialReporter for HttpReporter {
 
     async fn finished(&self, trial_id: i64) -> DispatchResult<bool> {
         let v = self
-            .client
+            .client_for(trial_id)
             .call(Method::GET, &self.path(trial_id, ""), None)
             .await
             .map_err(remote)?;

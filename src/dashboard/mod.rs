@@ -1,5 +1,5 @@
-//! The web dashboard: HTML pages at `/`, `/studies/{study}`, `/studies/{study}/trials/{trial}`
-//! and `/compare`, a login form for token-protected servers, and the embedded assets. Each
+//! The web dashboard: HTML pages at `/`, `/studies/{study}`, `/studies/{study}/trials/{trial}`,
+//! `/compare` and `/pools`, a login form for token-protected servers, and the embedded assets. Each
 //! page is a small shell that loads `main.js`; the JavaScript modules of `assets/js/` (one per
 //! page and per part, no build step, served from [`MODULES`]) draw it from the JSON API
 //! (`/v1/...`, including the aggregates of `insights/charts.rs`) and keep the study page live
@@ -38,6 +38,7 @@ const MODULES: &[(&str, &str)] = &[
     ("dom.js", include_str!("assets/js/dom.js")),
     ("live.js", include_str!("assets/js/live.js")),
     ("marks.js", include_str!("assets/js/marks.js")),
+    ("pools.js", include_str!("assets/js/pools.js")),
     ("studies.js", include_str!("assets/js/studies.js")),
     ("study.js", include_str!("assets/js/study.js")),
     ("study-charts.js", include_str!("assets/js/study-charts.js")),
@@ -77,6 +78,7 @@ pub fn router() -> AccessRouter {
         .routes(read, routes!(study_page))
         .routes(read, routes!(trial_page))
         .routes(read, routes!(compare_page))
+        .routes(read, routes!(pools_page))
         .routes(Access::Public, routes!(login_page, login))
         .routes(Access::Public, routes!(logout))
         .routes(Access::Public, routes!(js_module))
@@ -114,7 +116,7 @@ fn page(open: bool, title: &str, kind: &str, data: &[(&str, i64)]) -> Html<Strin
 <script type="module" src="/dashboard/js/{ENTRY_MODULE}?v={VERSION}"></script>
 {preloads}</head>
 <body data-page="{kind}" data-version="{VERSION}"{attrs}>
-<header class="top"><a class="brand" href="/">Augur</a><nav><a href="/">Studies</a><a href="/compare">Compare</a></nav>{sign_out}</header>
+<header class="top"><a class="brand" href="/">Augur</a><nav><a href="/">Studies</a><a href="/compare">Compare</a><a href="/pools">Pools</a></nav>{sign_out}</header>
 <main id="main"><p class="muted">Loading…</p></main>
 </body>
 </html>
@@ -219,6 +221,18 @@ pub struct CompareQuery {
     ))]
 pub async fn compare_page(State(state): State<AppState>) -> Html<String> {
     page(state.auth.open, "Compare", "compare", &[])
+}
+
+/// Worker pools: each pool's workers (slots and GPUs busy and idle, last seen), the
+/// studies waiting for its slots, and its busy and idle slot-seconds per minute.
+#[utoipa::path(get, path = "/pools", tag = "dashboard",
+    responses(
+        (status = 200, description = "The pools page", content_type = "text/html", body = String),
+        (status = 303, description = "No valid token, from a browser: to the login form"),
+        (status = 401, description = "No valid token, from a client that does not ask for HTML", body = crate::api::error::ErrorBody),
+    ))]
+pub async fn pools_page(State(state): State<AppState>) -> Html<String> {
+    page(state.auth.open, "Pools", "pools", &[])
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

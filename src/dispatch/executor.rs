@@ -201,6 +201,13 @@ pub fn executor_for(
             job.clone(),
         ))),
         ExecutorSpec::Container { .. } => Ok(Arc::new(ContainerExecutor::new(context.clone()))),
+        // Only a pool's worker (`augur worker --pool`) runs these, on its own machine: in a
+        // container when the study names an image, else as local processes. The server's
+        // dispatcher never takes a pool study (`Service::dispatched_study_ids`).
+        ExecutorSpec::Pool(options) if options.image.is_some() => {
+            Ok(Arc::new(ContainerExecutor::new(context.clone())))
+        }
+        ExecutorSpec::Pool(_) => Ok(Arc::new(LocalExecutor::new(context.clone()))),
     }
 }
 

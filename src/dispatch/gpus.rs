@@ -61,6 +61,11 @@ impl GpuPool {
         self.devices.len()
     }
 
+    /// The devices' ids, as `CUDA_VISIBLE_DEVICES` names them.
+    pub fn devices(&self) -> &[String] {
+        &self.devices
+    }
+
     pub fn is_empty(&self) -> bool {
         self.devices.is_empty()
     }

@@ -152,7 +152,11 @@ impl Dispatcher {
             None => {
                 if let Ok(Some(study)) = self.service.runner_study(study_id).await
                     && study.state == StudyState::Active
-                    && study.config.trial_job.is_some()
+                    && study
+                        .config
+                        .trial_job
+                        .as_ref()
+                        .is_some_and(|job| job.executor.pool().is_none())
                 {
                     self.start_runner(study_id).await;
                 }

@@ -104,11 +104,13 @@ impl StudyRunner {
                 tokio::time::sleep(RECHECK_EVERY).await;
                 continue;
             }
-            let Some(study) = self
-                .current
-                .clone()
-                .filter(|s| s.state == StudyState::Active && s.config.trial_job.is_some())
-            else {
+            let Some(study) = self.current.clone().filter(|s| {
+                s.state == StudyState::Active
+                    && s.config
+                        .trial_job
+                        .as_ref()
+                        .is_some_and(|job| job.executor.pool().is_none())
+            }) else {
                 // Stopped, failed or deleted: cancel what runs. Completed: nothing runs.
                 return self.stop_all(Interrupt::Cancel).await;
             };

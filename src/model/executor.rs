@@ -27,6 +27,52 @@ pub enum ExecutorSpec {
         image: Option<String>,
         options: KubernetesOptions,
     },
+    /// Run by the workers of a named pool (`augur worker --pool NAME`), never by the
+    /// server's own dispatcher: each worker runs the study's command (or `image`, in a
+    /// container) under its own allow-lists.
+    Pool(PoolOptions),
+}
+
+/// Options of the pool executor: which pool runs the study's trials, the study's share of
+/// it, and optionally an image each replica runs in (a container on the worker's machine).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PoolOptions {
+    /// The pool's name (`trial_job.pool`): what `augur worker --pool` names.
+    pub name: String,
+    /// The study's weight in the pool's fair share (`trial_job.pool_weight`, default 1): a
+    /// free slot goes to the study with the fewest running trials per unit of weight.
+    pub weight: Option<f64>,
+    /// An image every replica runs in, on the worker (checked against its `--job-images`).
+    pub image: Option<String>,
+}
+
+/// Longest pool name.
+pub const MAX_POOL_NAME_LEN: usize = 64;
+
+/// A pool's name: 1-64 letters, digits, `-`, `_` or `.`, starting with a letter or digit
+/// (it is a path segment: `/v1/pools/{pool}`).
+pub fn check_pool_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_POOL_NAME_LEN
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "must name a pool: 1-{MAX_POOL_NAME_LEN} letters, digits, '-', '_' or '.', \
+             starting with a letter or digit"
+        ))
+    }
+}
+
+impl PoolOptions {
+    /// The weight in the fair share (1 unless given).
+    pub fn weight(&self) -> f64 {
+        self.weight.unwrap_or(1.0)
+    }
 }
 
 impl ExecutorSpec {
@@ -36,20 +82,33 @@ impl ExecutorSpec {
             ExecutorSpec::Slurm(_) => ExecutorName::Slurm,
             ExecutorSpec::Container { .. } => ExecutorName::Container,
             ExecutorSpec::Kubernetes { .. } => ExecutorName::Kubernetes,
+            ExecutorSpec::Pool(_) => ExecutorName::Pool,
         }
     }
 
-    /// Whether replicas run from a container image (one required for each).
+    /// Whether replicas run from a container image (one required for each): a pool's
+    /// when it names one.
     pub fn runs_images(&self) -> bool {
-        self.name().runs_images()
+        match self {
+            ExecutorSpec::Pool(options) => options.image.is_some(),
+            _ => self.name().runs_images(),
+        }
+    }
+
+    /// The pool's options, when the study's trials are run by a pool's workers.
+    pub fn pool(&self) -> Option<&PoolOptions> {
+        match self {
+            ExecutorSpec::Pool(options) => Some(options),
+            _ => None,
+        }
     }
 
     /// The image of every replica that names none of its own.
     pub fn image(&self) -> Option<&str> {
         match self {
-            ExecutorSpec::Container { image } | ExecutorSpec::Kubernetes { image, .. } => {
-                image.as_deref()
-            }
+            ExecutorSpec::Container { image }
+            | ExecutorSpec::Kubernetes { image, .. }
+            | ExecutorSpec::Pool(PoolOptions { image, .. }) => image.as_deref(),
             ExecutorSpec::Local | ExecutorSpec::Slurm(_) => None,
         }
     }
@@ -80,6 +139,26 @@ impl ExecutorSpec {
                 }
                 validate_pod_metadata(options)
             }
+            ExecutorSpec::Pool(options) => {
+                if options.name.is_empty() {
+                    return Err(ValidationError::new(
+                        "trial_job.pool",
+                        "executor: pool needs the pool's name (what `augur worker --pool` names)",
+                    ));
+                }
+                check_pool_name(&options.name)
+                    .map_err(|why| ValidationError::new("trial_job.pool", why))?;
+                if options
+                    .weight
+                    .is_some_and(|w| !(w.is_finite() && w > 0.0 && w <= 1000.0))
+                {
+                    return Err(ValidationError::new(
+                        "trial_job.pool_weight",
+                        "must be a number above 0 (at most 1000)",
+                    ));
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -92,6 +171,8 @@ pub struct ExecutorFields {
     pub slurm: Option<SlurmOptions>,
     pub kubernetes: Option<KubernetesOptions>,
     pub image: Option<String>,
+    pub pool: Option<String>,
+    pub pool_weight: Option<f64>,
 }
 
 impl TryFrom<ExecutorFields> for ExecutorSpec {
@@ -104,16 +185,21 @@ impl TryFrom<ExecutorFields> for ExecutorSpec {
             slurm,
             kubernetes,
             image,
+            pool,
+            pool_weight,
         } = fields;
+        if (pool.is_some() || pool_weight.is_some()) && executor != ExecutorName::Pool {
+            return Err("`pool` and `pool_weight` apply to executor: pool only".into());
+        }
         if slurm.is_some() && executor != ExecutorName::Slurm {
             return Err("`slurm` applies to executor: slurm only".into());
         }
         if kubernetes.is_some() && executor != ExecutorName::Kubernetes {
             return Err("`kubernetes` applies to executor: kubernetes only".into());
         }
-        if image.is_some() && !executor.runs_images() {
+        if image.is_some() && !executor.runs_images() && executor != ExecutorName::Pool {
             return Err(
-                "`image` applies to executors that run images: container, kubernetes".into(),
+                "`image` applies to executors that run images: container, kubernetes, pool".into(),
             );
         }
         Ok(match executor {
@@ -124,6 +210,12 @@ impl TryFrom<ExecutorFields> for ExecutorSpec {
                 image,
                 options: kubernetes.unwrap_or_default(),
             },
+            // A missing name is refused by `validate`, naming `trial_job.pool`.
+            ExecutorName::Pool => ExecutorSpec::Pool(PoolOptions {
+                name: pool.unwrap_or_default(),
+                weight: pool_weight,
+                image,
+            }),
         })
     }
 }
@@ -131,8 +223,14 @@ impl TryFrom<ExecutorFields> for ExecutorSpec {
 impl From<ExecutorSpec> for ExecutorFields {
     fn from(spec: ExecutorSpec) -> Self {
         let executor = spec.name();
+        let (mut pool, mut pool_weight) = (None, None);
         let (slurm, kubernetes, image) = match spec {
             ExecutorSpec::Local => (None, None, None),
+            ExecutorSpec::Pool(options) => {
+                pool = Some(options.name);
+                pool_weight = options.weight;
+                (None, None, options.image)
+            }
             ExecutorSpec::Slurm(options) => (
                 Some(options).filter(|o| *o != SlurmOptions::default()),
                 None,
@@ -150,6 +248,8 @@ impl From<ExecutorSpec> for ExecutorFields {
             slurm,
             kubernetes,
             image,
+            pool,
+            pool_weight,
         }
     }
 }
@@ -166,6 +266,8 @@ pub enum ExecutorName {
     Kubernetes,
     /// A local container per replica (Podman or Docker) of the job's `image`.
     Container,
+    /// The workers of a named pool (`augur worker --pool`), shared by many studies.
+    Pool,
 }
 
 impl ExecutorName {

@@ -368,6 +368,15 @@ pub struct TrialJobFields {
     pub image: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubernetesOptions>,
+    /// With `executor: pool`, the pool whose workers run this study's trials (`augur worker
+    /// --pool NAME`); created when a study or a worker first names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// With `executor: pool`, this study's weight in the pool's fair share (default 1; above
+    /// 0, at most 1000): a free slot goes to the study with the fewest running trials per
+    /// unit of weight.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_weight: Option<f64>,
     /// Each trial a training cluster (DESIGN §4.1): pool 0 the primary (one replica), pools
     /// 1-3 workers, parameter servers, evaluators; `null` skips a pool. Absent: one replica.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -384,6 +393,8 @@ impl TryFrom<TrialJobFields> for TrialJobSpec {
             slurm: f.slurm,
             kubernetes: f.kubernetes,
             image: f.image,
+            pool: f.pool,
+            pool_weight: f.pool_weight,
         })?;
         Ok(TrialJobSpec {
             executor,
@@ -411,6 +422,8 @@ impl From<TrialJobSpec> for TrialJobFields {
             slurm,
             kubernetes,
             image,
+            pool,
+            pool_weight,
         } = job.executor.into();
         TrialJobFields {
             executor,
@@ -429,6 +442,8 @@ impl From<TrialJobSpec> for TrialJobFields {
             resources: job.resources,
             image,
             kubernetes,
+            pool,
+            pool_weight,
             worker_pools: job.worker_pools,
         }
     }

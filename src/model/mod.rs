@@ -8,6 +8,7 @@ pub mod image;
 pub mod job;
 pub mod notification;
 mod parameters;
+pub mod pool;
 pub mod request;
 mod role;
 pub mod spec;

@@ -35,6 +35,7 @@ mod optimal;
 pub mod optuna;
 mod paging;
 mod pareto;
+mod pools;
 mod replicas;
 mod runners;
 mod snapshots;
@@ -55,6 +56,7 @@ pub use job_policy::{JobPolicy, KubernetesPolicy};
 pub use notifications::{NotifySettings, SIGNATURE_HEADER, signature};
 pub use operations::PoolConnections;
 pub use paging::{Changes, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Page, cursor_after_seq};
+pub use pools::MAX_LEASE_WAIT;
 pub use replicas::{Peer, Replicas};
 pub use runners::{DispatchedTrial, RUNNER_LEASE_TTL, RunnerStudy};
 pub use snapshots::StudySnapshot;
@@ -102,6 +104,8 @@ pub struct Service {
     /// Opens exec sessions in running trials (`exec`): the dispatcher's executors, when this
     /// process dispatches.
     trial_exec: exec::ExecHook,
+    /// Worker pools' waiting leases and their one-pick-at-a-time locks (`pools.rs`).
+    pools: pools::Pools,
 }
 
 impl Service {
@@ -126,6 +130,7 @@ impl Service {
             runs_base: Arc::new(runs_base),
             job_policy: Arc::default(),
             trial_exec: Arc::default(),
+            pools: pools::Pools::default(),
         }
     }
 
@@ -148,6 +153,8 @@ impl Service {
     }
 
     fn notify(&self, study_id: i64) {
+        // A new or changed study may have room for a pool's waiting slots.
+        self.pools.wake();
         // No subscriber is fine: then nothing is dispatched in this process.
         let _ = self.events.send(study_id);
     }

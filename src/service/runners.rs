@@ -62,7 +62,8 @@ impl Service {
         }))
     }
 
-    /// Ids of the active studies with a `trial_job`: the ones some replica must run.
+    /// Ids of the active studies with a `trial_job`: the ones some replica must run. A pool
+    /// study's trials are its pool's workers' (`pools.rs`), never a dispatcher's.
     pub async fn dispatched_study_ids(&self) -> ServiceResult<Vec<i64>> {
         let mut ids = Vec::new();
         let mut after = 0;
@@ -76,7 +77,12 @@ impl Service {
             };
             ids.extend(
                 page.iter()
-                    .filter(|s| s.spec.trial_job.is_some())
+                    .filter(|s| {
+                        s.spec
+                            .trial_job
+                            .as_ref()
+                            .is_some_and(|job| job.executor.pool().is_none())
+                    })
                     .map(|s| s.id),
             );
             after = last;

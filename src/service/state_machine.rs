@@ -65,6 +65,9 @@ pub enum Command {
         /// For the dispatcher: the first launch of each trial handed out is counted here,
         /// with the token whose hash is at the trial's position (none past the end).
         launch_tokens: Vec<String>,
+        /// For a pool worker's slot: the trial at each position gets the token of this hash
+        /// (replacing any earlier one), its launches not counted (the worker counts them).
+        lease_tokens: Vec<String>,
     },
     /// Add a trial with chosen parameters, completed when `final_measurement` is given.
     AddTrial {
@@ -125,6 +128,10 @@ pub enum Command {
         client_id: String,
         token_hash: String,
     },
+    /// Nothing but what every batch does first: send back the trials whose leases ran out.
+    /// A pool asks it of a study whose trials all hold their slots and report nothing (their
+    /// worker died): no other command would come to free them.
+    ExpireLeases,
     /// PBT: the checkpoint the trial's lineage says to copy is copied (its parent may train
     /// on).
     CheckpointCopied {
@@ -344,11 +351,18 @@ impl StudyBatch {
                 precomputed,
                 dispatched,
                 launch_tokens,
+                lease_tokens,
             } => {
                 let reply = self
                     .suggest(count, client_id, precomputed, dispatched)
                     .await?;
-                Ok(self.count_first_launches(reply, launch_tokens))
+                let reply = self.count_first_launches(reply, launch_tokens);
+                if let Reply::Suggested(handed) = &reply {
+                    for (trial, hash) in handed.trials.iter().zip(lease_tokens) {
+                        self.tokens.push(self.trial_token(trial.id, hash));
+                    }
+                }
+                Ok(reply)
             }
             Command::AddTrial {
                 parameters,
@@ -378,6 +392,8 @@ impl StudyBatch {
                 trial.excluded = excluded;
                 Ok(self.touched(trial_id))
             }
+            // The batch expired the leases at its start.
+            Command::ExpireLeases => Ok(Reply::Updated(true)),
             Command::Stop => {
                 if self.study.state == StudyState::Active {
                     self.set_study_state(StudyState::Stopped, Some("stopped by a user".into()));
@@ -460,15 +476,40 @@ impl StudyBatch {
 
     /// Active trials whose lease ran out go back to `requested`, same parameters, so that
     /// another worker takes them.
+    ///
+    /// A pool study's trial (`executor: pool`) counts each lease that ran out as a lost
+    /// launch (`attempts`): once more were lost than `max_retries` allows, it fails instead
+    /// of going back, so a trial that kills its workers is not passed around for ever. The
+    /// next worker's launches continue the count (the leased trial's `attempts`).
     fn expire_leases(&mut self) {
+        let pool_retries = self
+            .config
+            .trial_job
+            .as_ref()
+            .filter(|job| job.executor.pool().is_some())
+            .map(|job| job.max_retries);
         for trial in self.trials.values_mut() {
             let expired = trial.lease_expires_at.is_some_and(|at| at <= self.now);
             if trial.state.is_unfinished() && trial.state != TrialState::Requested && expired {
+                trial.lease_expires_at = None;
+                self.changed.insert(trial.id);
+                if let Some(max_retries) = pool_retries {
+                    trial.attempts += 1;
+                    if trial.attempts > max_retries {
+                        trial.state = TrialState::Failed;
+                        trial.fail_reason = Some(format!(
+                            "its pool worker was lost (no heartbeat for trial_lease_secs) {} \
+                             time(s), more than max_retries ({max_retries}) allows",
+                            trial.attempts
+                        ));
+                        trial.completed_at = Some(self.now);
+                        self.failed_in_batch += 1;
+                        continue;
+                    }
+                }
                 trial.state = TrialState::Requested;
                 trial.client_id = None;
-                trial.lease_expires_at = None;
                 trial.started_at = None;
-                self.changed.insert(trial.id);
             }
         }
     }

@@ -64,7 +64,11 @@ impl Service {
                     field: Some("trial_job".into()),
                 });
             }
-            self.job_policy.check(job, actor.role)?;
+            // A pool's workers run its studies under their own allow-lists
+            // (`augur worker --job-commands`), not on this server's machines.
+            if job.executor.pool().is_none() {
+                self.job_policy.check(job, actor.role)?;
+            }
         }
         Ok(spec)
     }

@@ -73,8 +73,14 @@ pub struct DispatchedSuggestions {
 
 /// Who asks: a worker (resumes the trials it holds, gets a lease) or the study's own
 /// dispatcher (its first launches counted with these token hashes, no lease).
-enum Asker {
+pub(super) enum Asker {
     Worker(Option<ClientId>),
+    /// A pool worker's slot (`pools.rs`): a worker whose trial is also given, in the same
+    /// batch, the token with this hash, which reports to it alone.
+    PoolSlot {
+        client_id: ClientId,
+        token_hash: String,
+    },
     Dispatcher {
         client_id: ClientId,
         launch_tokens: Vec<String>,
@@ -146,15 +152,30 @@ impl Service {
     }
 
     /// The trials handed out, the study's state, and whether to ask again later.
-    async fn suggest_as(&self, study_id: i64, count: usize, asker: Asker) -> ServiceResult<Handed> {
+    pub(super) async fn suggest_as(
+        &self,
+        study_id: i64,
+        count: usize,
+        asker: Asker,
+    ) -> ServiceResult<Handed> {
         let fixed = self.fixed_config(study_id).await?;
-        let (client_id, dispatched, launch_tokens, runner) = match asker {
-            Asker::Worker(client) => (client, false, Vec::new(), None),
+        let (client_id, dispatched, launch_tokens, lease_tokens, runner) = match asker {
+            Asker::Worker(client) => (client, false, Vec::new(), Vec::new(), None),
+            Asker::PoolSlot {
+                client_id,
+                token_hash,
+            } => (Some(client_id), false, Vec::new(), vec![token_hash], None),
             Asker::Dispatcher {
                 client_id,
                 launch_tokens,
                 runner,
-            } => (Some(client_id), true, launch_tokens, Some(runner)),
+            } => (
+                Some(client_id),
+                true,
+                launch_tokens,
+                Vec::new(),
+                Some(runner),
+            ),
         };
         // Model-based designers read a snapshot and think outside the study's lock; the
         // design lock keeps this process's suggestions for the study one at a time, from
@@ -196,6 +217,7 @@ impl Service {
                 precomputed,
                 dispatched,
                 launch_tokens: launch_tokens.clone(),
+                lease_tokens: lease_tokens.clone(),
             }
             .by_runner(runner.as_deref());
             match self.commits.submit(study_id, command).await? {

@@ -234,7 +234,10 @@ impl Service {
             Completion::Infeasible(_) => {}
         }
         let command = Command::Complete { trial_id, outcome }.by_runner(runner);
-        self.change_trial_record(study_id, command).await
+        let record = self.change_trial_record(study_id, command).await?;
+        // A slot freed: a pool's waiting leases look again.
+        self.pools.wake();
+        Ok(record)
     }
 
     /// `actor` fails a trial (see `check_reporter` for who may); audited with the reason.
@@ -251,6 +254,7 @@ impl Service {
         let record = self
             .change_trial_record(study_id, Command::Fail { trial_id, reason })
             .await?;
+        self.pools.wake();
         self.audit_trial(actor, "trial.fail", study_id, trial_id, detail)
             .await;
         self.answer_view(study_id, record).await

@@ -12,8 +12,9 @@ use chrono::{DateTime, Utc};
 
 pub use postgres::PostgresStore;
 pub use records::{
-    AuditEntry, AuditRecord, DeliveryProgress, DeliveryRecord, NewDelivery, ReplicaRecord,
-    StudyRecord, TokenRecord, TrialRecord, TrialToken,
+    AuditEntry, AuditRecord, DeliveryProgress, DeliveryRecord, NewDelivery, PoolUsageRecord,
+    PoolWorkerRecord, PoolWorkerReport, ReplicaRecord, StudyRecord, TokenRecord, TrialRecord,
+    TrialToken,
 };
 pub use sqlite::SqliteStore;
 
@@ -333,6 +334,20 @@ pub trait Store: Send + Sync + 'static {
         now: DateTime<Utc>,
         ttl: chrono::Duration,
     ) -> StoreResult<Vec<ReplicaRecord>>;
+    /// Register or renew a pool worker (`augur worker --pool`) at `now_ms`: the slot-seconds
+    /// since its last report (at most `max_gap_ms` of them) are added, busy and idle by the
+    /// busy count it reported then, to its totals and to its pool's minute.
+    async fn report_pool_worker(
+        &self,
+        report: &PoolWorkerReport,
+        now_ms: i64,
+        max_gap_ms: i64,
+    ) -> StoreResult<()>;
+    /// The workers of `pool` (of every pool with `None`), by pool and id.
+    async fn list_pool_workers(&self, pool: Option<&str>) -> StoreResult<Vec<PoolWorkerRecord>>;
+    /// `pool`'s busy and idle slot-seconds per minute since `since_ms`, oldest first.
+    async fn list_pool_usage(&self, pool: &str, since_ms: i64)
+    -> StoreResult<Vec<PoolUsageRecord>>;
     /// A replica leaving: the others stop routing to it at once.
     async fn remove_replica(&self, id: &str) -> StoreResult<()>;
     /// The secret replicas forward with: `candidate` if none was stored yet, else the stored one.

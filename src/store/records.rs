@@ -472,3 +472,40 @@ pub(super) fn annotations_by_key(
     }
     Ok(out)
 }
+
+/// A pool worker's report (`augur worker --pool`): what it has and how much of it is busy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolWorkerReport {
+    pub pool: String,
+    pub worker: String,
+    pub host: String,
+    pub slots: i64,
+    /// JSON array of its GPU ids.
+    pub gpus: String,
+    /// Busy slots now (at most `slots`).
+    pub busy: i64,
+}
+
+/// A pool worker as stored: its last report and its slot-seconds so far.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct PoolWorkerRecord {
+    pub pool: String,
+    pub worker: String,
+    pub host: String,
+    pub slots: i64,
+    pub gpus: String,
+    pub busy: i64,
+    pub registered_at_ms: i64,
+    pub last_seen_ms: i64,
+    pub busy_slot_secs: f64,
+    pub idle_slot_secs: f64,
+}
+
+/// A pool's busy and idle slot-seconds in one minute.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct PoolUsageRecord {
+    /// The minute's start, Unix milliseconds.
+    pub minute_ms: i64,
+    pub busy_slot_secs: f64,
+    pub idle_slot_secs: f64,
+}

@@ -195,6 +195,73 @@ pub(super) const REMOVE_REPLICA: &str = "DELETE FROM replicas WHERE id = $1";
 pub(super) const OFFER_REPLICA_SECRET: &str =
     "INSERT INTO replica_secret (id, secret) VALUES (1, $1) ON CONFLICT (id) DO NOTHING";
 pub(super) const REPLICA_SECRET: &str = "SELECT secret FROM replica_secret WHERE id = 1";
+/// The time since a pool worker's last report, at most `$max` ms (a worker gone a while
+/// is not counted idle all that time): `$now` and `$max` are the statement's parameters.
+macro_rules! pool_gap {
+    ($now:literal, $last:literal, $max:literal) => {
+        concat!(
+            "(CASE WHEN ",
+            $now,
+            " - ",
+            $last,
+            " > ",
+            $max,
+            " THEN ",
+            $max,
+            " WHEN ",
+            $now,
+            " - ",
+            $last,
+            " < 0 THEN 0 ELSE ",
+            $now,
+            " - ",
+            $last,
+            " END)"
+        )
+    };
+}
+/// A pool worker's slot-seconds since its last report, added to its pool's minute (`$3`)
+/// before the report itself replaces its busy count (`REPORT_POOL_WORKER`).
+pub(super) const ADD_POOL_USAGE: &str = concat!(
+    "INSERT INTO pool_usage (pool, minute_ms, busy_slot_secs, idle_slot_secs) \
+     SELECT pool, $3, busy * gap / 1000.0, (slots - busy) * gap / 1000.0 FROM \
+     (SELECT pool, slots, busy, ",
+    pool_gap!("$4", "last_seen_ms", "$5"),
+    " AS gap FROM pool_workers WHERE pool = $1 AND worker = $2) AS w WHERE gap > 0 \
+     ON CONFLICT (pool, minute_ms) DO UPDATE SET \
+     busy_slot_secs = pool_usage.busy_slot_secs + excluded.busy_slot_secs, \
+     idle_slot_secs = pool_usage.idle_slot_secs + excluded.idle_slot_secs"
+);
+/// Register or renew a pool worker; the time since its last report (at most `$8` ms) is
+/// added to its busy and idle slot-seconds by the busy count it reported then.
+pub(super) const REPORT_POOL_WORKER: &str = concat!(
+    "INSERT INTO pool_workers (pool, worker, host, slots, gpus, busy, registered_at_ms, last_seen_ms) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $7) ON CONFLICT (pool, worker) DO UPDATE SET \
+     busy_slot_secs = pool_workers.busy_slot_secs + pool_workers.busy * ",
+    pool_gap!("excluded.last_seen_ms", "pool_workers.last_seen_ms", "$8"),
+    " / 1000.0, idle_slot_secs = pool_workers.idle_slot_secs + (pool_workers.slots - pool_workers.busy) * ",
+    pool_gap!("excluded.last_seen_ms", "pool_workers.last_seen_ms", "$8"),
+    " / 1000.0, host = excluded.host, slots = excluded.slots, gpus = excluded.gpus, \
+     busy = excluded.busy, last_seen_ms = excluded.last_seen_ms"
+);
+macro_rules! pool_worker_cols {
+    () => {
+        "pool, worker, host, slots, gpus, busy, registered_at_ms, last_seen_ms, busy_slot_secs, \
+         idle_slot_secs"
+    };
+}
+pub(super) const LIST_POOL_WORKERS: &str = concat!(
+    "SELECT ",
+    pool_worker_cols!(),
+    " FROM pool_workers ORDER BY pool, worker"
+);
+pub(super) const LIST_WORKERS_OF_POOL: &str = concat!(
+    "SELECT ",
+    pool_worker_cols!(),
+    " FROM pool_workers WHERE pool = $1 ORDER BY worker"
+);
+pub(super) const LIST_POOL_USAGE: &str = "SELECT minute_ms, busy_slot_secs, idle_slot_secs \
+     FROM pool_usage WHERE pool = $1 AND minute_ms >= $2 ORDER BY minute_ms";
 pub(super) const REPLACE_TOKEN: &str = "INSERT INTO api_tokens (name, token_hash, study_id, trial_id, created_at) \
      VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE SET token_hash = excluded.token_hash, \
      study_id = excluded.study_id, trial_id = excluded.trial_id, created_at = excluded.created_at, \
@@ -247,9 +314,9 @@ macro_rules! impl_sql_store {
         };
         use $crate::store::sql::*;
         use $crate::store::{
-            AuditEntry, AuditRecord, DeliveryProgress, DeliveryRecord, NewDelivery, ReplicaRecord,
-            StoreResult, StudiesTx, StudyLock, StudyRecord, StudyTx, TokenRecord, TrialRecord,
-            TrialToken,
+            AuditEntry, AuditRecord, DeliveryProgress, DeliveryRecord, NewDelivery,
+            PoolUsageRecord, PoolWorkerRecord, PoolWorkerReport, ReplicaRecord, StoreResult,
+            StudiesTx, StudyLock, StudyRecord, StudyTx, TokenRecord, TrialRecord, TrialToken,
         };
 
         fn trials_from(rows: Vec<TrialRow>) -> StoreResult<Vec<TrialRecord>> {
@@ -880,6 +947,73 @@ macro_rules! impl_sql_store {
                     .into_iter()
                     .map(|(id, url)| ReplicaRecord { id, url })
                     .collect())
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn report_pool_worker(
+                &self,
+                report: &PoolWorkerReport,
+                now_ms: i64,
+                max_gap_ms: i64,
+            ) -> StoreResult<()> {
+                let minute_ms = now_ms - now_ms.rem_euclid(60_000);
+                // One commit for both (the first statement writes, so SQLite takes its
+                // write lock at once: no read-to-write upgrade to deadlock on).
+                let mut tx = self.pool.begin().await?;
+                sqlx::query(ADD_POOL_USAGE)
+                    .bind(&report.pool)
+                    .bind(&report.worker)
+                    .bind(minute_ms)
+                    .bind(now_ms)
+                    .bind(max_gap_ms)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(REPORT_POOL_WORKER)
+                    .bind(&report.pool)
+                    .bind(&report.worker)
+                    .bind(&report.host)
+                    .bind(report.slots)
+                    .bind(&report.gpus)
+                    .bind(report.busy)
+                    .bind(now_ms)
+                    .bind(max_gap_ms)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(())
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn list_pool_workers(
+                &self,
+                pool: Option<&str>,
+            ) -> StoreResult<Vec<PoolWorkerRecord>> {
+                Ok(match pool {
+                    Some(pool) => {
+                        sqlx::query_as(LIST_WORKERS_OF_POOL)
+                            .bind(pool)
+                            .fetch_all(&self.pool)
+                            .await?
+                    }
+                    None => {
+                        sqlx::query_as(LIST_POOL_WORKERS)
+                            .fetch_all(&self.pool)
+                            .await?
+                    }
+                })
+            }
+
+            #[tracing::instrument(skip_all)]
+            async fn list_pool_usage(
+                &self,
+                pool: &str,
+                since_ms: i64,
+            ) -> StoreResult<Vec<PoolUsageRecord>> {
+                Ok(sqlx::query_as(LIST_POOL_USAGE)
+                    .bind(pool)
+                    .bind(since_ms)
+                    .fetch_all(&self.pool)
+                    .await?)
             }
 
             #[tracing::instrument(skip_all)]

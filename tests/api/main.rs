@@ -27,6 +27,7 @@ mod openapi;
 mod outage;
 mod ownership;
 mod parameters;
+mod pools;
 mod repeats;
 mod replicas;
 mod roles;

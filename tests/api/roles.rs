@@ -16,6 +16,7 @@
 //! | POST …/parameters (grow the search space)        | 403    | yes (its own)    | 403      | yes   | 403         |
 //! | POST …/trials/{trial}/token                      | 403    | yes (its own)    | 403      | yes   | 403         |
 //! | GET …/trials/{trial}/exec (a WebSocket session)  | 403    | yes (its own)    | 403      | yes   | 403         |
+//! | PUT /v1/pools/{pool}/workers/{worker}, POST …/lease (a pool worker runs trials) | 403 | 403 | yes | yes | 403 |
 //!
 //! The study is the writer's: the operator stands for every other writer, whose asks and
 //! tells to another's study are refused (issue 26, finding 8).
@@ -137,6 +138,10 @@ fn allowed(who: Who, method: &Method, path: &str) -> bool {
     if *method == Method::GET && !path.ends_with("/exec") {
         return true;
     }
+    // A pool's workers run trials of any study in the pool: an operator's or an admin's.
+    if path.starts_with("/v1/pools/") {
+        return matches!(who, Who::Operator | Who::Admin);
+    }
     if who == Who::Reader {
         return false;
     }
@@ -257,7 +262,9 @@ async fn every_route_answers_each_role_as_the_table_says(backend: &str) {
             let concrete = path
                 .replace("{study}", &study.to_string())
                 .replace("{trial}", &trial.to_string())
-                .replace("{name}", name);
+                .replace("{name}", name)
+                .replace("{pool}", "role-table")
+                .replace("{worker}", "w");
             // Bodies that parse, so that a refusal is about who asks, not what: `{}` but for
             // the one change that needs a field.
             let body = match method {

@@ -18,6 +18,7 @@ mod kube_standin;
 mod kubernetes;
 mod multi_fidelity;
 mod pbt;
+mod pools;
 mod remote_worker;
 mod run_as;
 mod runner_failover;

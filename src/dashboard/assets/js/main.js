@@ -4,11 +4,12 @@
 
 import { showError } from './dom.js';
 import { comparePage } from './compare.js';
+import { poolsPage } from './pools.js';
 import { studiesPage } from './studies.js';
 import { studyPage } from './study.js';
 import { trialPage } from './trial.js';
 
-const pages = { studies: studiesPage, study: studyPage, trial: trialPage, compare: comparePage };
+const pages = { studies: studiesPage, study: studyPage, trial: trialPage, compare: comparePage, pools: poolsPage };
 
 // Module scripts run once the document is parsed: the body and its data-* are there.
 const page = pages[document.body.dataset.page];
