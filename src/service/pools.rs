@@ -401,19 +401,7 @@ impl Service {
 
     /// Every active study run by a pool.
     async fn active_pool_studies(&self) -> ServiceResult<Vec<StudyRecord>> {
-        let mut studies = Vec::new();
-        let mut after = 0;
-        loop {
-            let page = self
-                .store
-                .list_studies(Some(StudyState::Active), None, after, 500)
-                .await?;
-            let Some(last) = page.last().map(|s| s.id) else {
-                return Ok(studies);
-            };
-            studies.extend(page.into_iter().filter(|s| pool_of(s).is_some()));
-            after = last;
-        }
+        self.active_studies_where(|s| pool_of(s).is_some()).await
     }
 
     /// Every pool a worker or an active study names, in short, by name.

@@ -8,7 +8,7 @@ use chrono::Utc;
 use super::state_machine::{Command, Reply};
 use super::{Service, ServiceResult, stored_config, unexpected};
 use crate::model::{StudyConfig, StudyState, TrialState};
-use crate::store::TrialRecord;
+use crate::store::{StudyRecord, TrialRecord};
 
 /// A runner lease lasts this long unless renewed; another replica may take the study over
 /// once it is this old.
@@ -65,7 +65,23 @@ impl Service {
     /// Ids of the active studies with a `trial_job`: the ones some replica must run. A pool
     /// study's trials are its pool's workers' (`pools.rs`), never a dispatcher's.
     pub async fn dispatched_study_ids(&self) -> ServiceResult<Vec<i64>> {
-        let mut ids = Vec::new();
+        let dispatched = self
+            .active_studies_where(|s| {
+                s.spec
+                    .trial_job
+                    .as_ref()
+                    .is_some_and(|job| job.executor.pool().is_none())
+            })
+            .await?;
+        Ok(dispatched.iter().map(|s| s.id).collect())
+    }
+
+    /// The active studies that `keep` keeps, read page by page.
+    pub(super) async fn active_studies_where(
+        &self,
+        keep: impl Fn(&StudyRecord) -> bool,
+    ) -> ServiceResult<Vec<StudyRecord>> {
+        let mut studies = Vec::new();
         let mut after = 0;
         loop {
             let page = self
@@ -73,18 +89,9 @@ impl Service {
                 .list_studies(Some(StudyState::Active), None, after, 500)
                 .await?;
             let Some(last) = page.last().map(|s| s.id) else {
-                return Ok(ids);
+                return Ok(studies);
             };
-            ids.extend(
-                page.iter()
-                    .filter(|s| {
-                        s.spec
-                            .trial_job
-                            .as_ref()
-                            .is_some_and(|job| job.executor.pool().is_none())
-                    })
-                    .map(|s| s.id),
-            );
+            studies.extend(page.into_iter().filter(|s| keep(s)));
             after = last;
         }
     }
