@@ -1,18 +1,8 @@
 //! Worker pools (DESIGN §4.4): `augur worker --pool NAME` workers take the trials of every
 //! active study whose `trial_job` names the pool (`executor: pool`), shared fairly between
-//! them. A worker's slot asks for "the next trial of any study in the pool"
-//! ([`Service::lease_pool_trial`], a long poll): the study with the fewest running trials
-//! per unit of weight (`trial_job.pool_weight`) goes first, the one that has been handed
-//! fewest trials breaking ties, and each is asked through the same suggest path as a pulled
-//! client (`suggest_as`), so `parallel_trials` and `max_trials` are enforced where they
-//! always are (`state_machine.rs`). A leased trial is a pulled trial: it has a lease, which
-//! a dead worker stops renewing, and then it goes back to `requested` for another worker
-//! (a lost launch counted against `max_retries`, see `StudyBatch::expire_leases`). A
-//! worker restarted with the same id asks with `resume` first and gets back the trials its
-//! slots still hold.
-//!
-//! Workers report themselves ([`Service::report_pool_worker`]): the store keeps their slots,
-//! GPUs and busy count, and adds up busy and idle slot-seconds (utilisation).
+//! them ([`Service::lease_pool_trial`]). Workers report themselves
+//! ([`Service::report_pool_worker`]): the store keeps their slots, GPUs and busy count, and
+//! adds up busy and idle slot-seconds (utilisation).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -250,6 +240,16 @@ impl Service {
     /// The next trial of any study in `pool` for `worker`'s `slot`, waiting up to `wait`
     /// for one (`None`: none came). The studies are asked in their fair order
     /// ([`fair_order`]) through the suggest path, each capped there.
+    ///
+    /// A worker's slot asks for "the next trial of any study in the pool" (a long poll): the
+    /// study with the fewest running trials per unit of weight (`trial_job.pool_weight`) goes
+    /// first, the one that has been handed fewest trials breaking ties, and each is asked
+    /// through the same suggest path as a pulled client (`suggest_as`), so `parallel_trials`
+    /// and `max_trials` are enforced where they always are (`state_machine.rs`). A leased
+    /// trial is a pulled trial: it has a lease, which a dead worker stops renewing, and then
+    /// it goes back to `requested` for another worker (a lost launch counted against
+    /// `max_retries`, see `StudyBatch::expire_leases`). A worker restarted with the same id
+    /// asks with `resume` first and gets back the trials its slots still hold.
     pub async fn lease_pool_trial(
         &self,
         actor: &Caller,
