@@ -51,8 +51,9 @@ impl Pools {
         self.wakeup.notify_waiters();
     }
 
-    /// The fairest of `studies` not yet `tried` with room (any with `resume`), reserved.
-    fn reserve(&self, studies: &[StudyRecord], tried: &[i64], resume: bool) -> Option<i64> {
+    /// The fairest of `studies` not yet `tried` with room (any with `resume`), reserved
+    /// until the returned pick is dropped.
+    fn reserve(&self, studies: &[StudyRecord], tried: &[i64], resume: bool) -> Option<Pick> {
         let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
         let mut candidates: Vec<Candidate> = studies
             .iter()
@@ -74,7 +75,10 @@ impl Pools {
         fair_order(&mut candidates);
         let chosen = candidates.first()?.study_id;
         *in_flight.entry(chosen).or_default() += 1;
-        Some(chosen)
+        Some(Pick {
+            pools: self.clone(),
+            study_id: chosen,
+        })
     }
 
     /// Whether it is time to look at `pool`'s full studies' leases (and the time noted).
@@ -90,7 +94,7 @@ impl Pools {
         }
     }
 
-    /// A reserved pick is done (its suggest committed, or found no room).
+    /// A reserved pick is done (see [`Pick`]).
     fn release(&self, study_id: i64) {
         let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(n) = in_flight.get_mut(&study_id) {
@@ -99,6 +103,20 @@ impl Pools {
                 in_flight.remove(&study_id);
             }
         }
+    }
+}
+
+/// A pick in flight: it counts as a running trial of its study until dropped, when its
+/// suggest has committed or found no room, or when the lease request was cancelled mid-way
+/// (the worker died or hung up), which must give the room back too.
+struct Pick {
+    pools: Pools,
+    study_id: i64,
+}
+
+impl Drop for Pick {
+    fn drop(&mut self) {
+        self.pools.release(self.study_id);
     }
 }
 
@@ -325,9 +343,10 @@ impl Service {
         }
         let mut tried = Vec::new();
         loop {
-            let Some(study_id) = self.pools.reserve(&studies, &tried, resume) else {
+            let Some(pick) = self.pools.reserve(&studies, &tried, resume) else {
                 return Ok(None);
             };
+            let study_id = pick.study_id;
             tried.push(study_id);
             let token = new_token();
             let asker = Asker::PoolSlot {
@@ -335,7 +354,7 @@ impl Service {
                 token_hash: hash_token(&token),
             };
             let handed = self.suggest_as(study_id, 1, asker).await;
-            self.pools.release(study_id);
+            drop(pick);
             let handed = match handed {
                 Ok(handed) => handed,
                 // Deleted since it was listed.
@@ -549,6 +568,49 @@ mod tests {
     fn order(mut c: Vec<Candidate>) -> Vec<i64> {
         fair_order(&mut c);
         c.iter().map(|c| c.study_id).collect()
+    }
+
+    fn pool_study(id: i64, parallel_trials: i64) -> StudyRecord {
+        let spec = serde_json::json!({
+            "name": format!("s{id}"), "algorithm": "random",
+            "metrics": [{"id": "loss", "goal": "minimize"}],
+            "parameters": [{"id": "x", "type": "double", "min": 0, "max": 1}],
+            "max_trials": 20, "parallel_trials": parallel_trials,
+            "trial_job": {"executor": "pool", "pool": "shared", "command": ["true"]}
+        });
+        StudyRecord {
+            id,
+            name: format!("s{id}"),
+            state: StudyState::Active,
+            state_reason: None,
+            spec: serde_json::from_value(spec).expect("spec"),
+            next_trial_id: 1,
+            change_seq: 0,
+            designer_state: None,
+            created_by: None,
+            created_at: Utc::now(),
+            updated_at: Utc::now(),
+            trial_counts: Default::default(),
+        }
+    }
+
+    /// A pick abandoned mid-way (its lease request cancelled: the worker died or hung up
+    /// while its slot's suggest ran) must not hold its study's room for ever: a pool test
+    /// once saw a study wait 60 s with one trial running under a cap of 2.
+    #[test]
+    fn a_pick_dropped_before_it_finished_gives_its_room_back() {
+        let pools = Pools::default();
+        let studies = [pool_study(1, 1)];
+        let pick = pools.reserve(&studies, &[], false).expect("room for one");
+        assert!(
+            pools.reserve(&studies, &[], false).is_none(),
+            "the cap of 1 is taken by the pick in flight"
+        );
+        drop(pick);
+        assert!(
+            pools.reserve(&studies, &[], false).is_some(),
+            "the room is back once the pick is gone"
+        );
     }
 
     #[test]
