@@ -137,43 +137,53 @@ fn pool_gauges(pools: &[crate::model::pool::PoolSummary]) -> String {
     if pools.is_empty() {
         return String::new();
     }
-    let mut text = String::from(
-        "# HELP augur_pool_slots Slots of a pool's live workers, busy or idle.\n\
-         # TYPE augur_pool_slots gauge\n",
+    // One gauge: its help, then a sample per (labels, value). Pool names are letters, digits,
+    // '-', '_' and '.': nothing to escape in a label.
+    let gauge = |text: &mut String, name: &str, help: &str, samples: &[(String, u64)]| {
+        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (labels, value) in samples {
+            let _ = writeln!(text, "{name}{{{labels}}} {value}");
+        }
+    };
+    let pool = |p: &crate::model::pool::PoolSummary| format!("pool=\"{}\"", p.name);
+    let mut text = String::new();
+    let slots: Vec<(String, u64)> = pools
+        .iter()
+        .flat_map(|p| {
+            [
+                (
+                    format!("{},state=\"busy\"", pool(p)),
+                    u64::from(p.busy_slots),
+                ),
+                (
+                    format!("{},state=\"idle\"", pool(p)),
+                    u64::from(p.idle_slots),
+                ),
+            ]
+        })
+        .collect();
+    gauge(
+        &mut text,
+        "augur_pool_slots",
+        "Slots of a pool's live workers, busy or idle.",
+        &slots,
     );
-    // Pool names are letters, digits, '-', '_' and '.': nothing to escape in a label.
-    for p in pools {
-        let _ = writeln!(
-            text,
-            "augur_pool_slots{{pool=\"{}\",state=\"busy\"}} {}",
-            p.name, p.busy_slots
-        );
-        let _ = writeln!(
-            text,
-            "augur_pool_slots{{pool=\"{}\",state=\"idle\"}} {}",
-            p.name, p.idle_slots
-        );
-    }
-    text.push_str(
-        "# HELP augur_pool_queue_length Trials waiting for a pool's slots.\n\
-         # TYPE augur_pool_queue_length gauge\n",
+    let queue: Vec<(String, u64)> = pools.iter().map(|p| (pool(p), p.queue_length)).collect();
+    gauge(
+        &mut text,
+        "augur_pool_queue_length",
+        "Trials waiting for a pool's slots.",
+        &queue,
     );
-    for p in pools {
-        let _ = writeln!(
-            text,
-            "augur_pool_queue_length{{pool=\"{}\"}} {}",
-            p.name, p.queue_length
-        );
-    }
-    text.push_str(
-        "# HELP augur_pool_workers Live workers of a pool.\n# TYPE augur_pool_workers gauge\n",
+    let workers: Vec<(String, u64)> = pools
+        .iter()
+        .map(|p| (pool(p), u64::from(p.workers)))
+        .collect();
+    gauge(
+        &mut text,
+        "augur_pool_workers",
+        "Live workers of a pool.",
+        &workers,
     );
-    for p in pools {
-        let _ = writeln!(
-            text,
-            "augur_pool_workers{{pool=\"{}\"}} {}",
-            p.name, p.workers
-        );
-    }
     text
 }
