@@ -6,6 +6,7 @@ mod csv;
 mod duration;
 mod error;
 mod exec;
+mod lease;
 mod pool_worker;
 mod run;
 mod server;

@@ -22,6 +22,7 @@ use tokio::sync::{Mutex, Notify, watch};
 
 use super::client::Client;
 use super::error::{CliError, CliResult};
+use super::lease::LeaseKeeper;
 use super::worker::{HttpReporter, trial_base_env};
 use crate::dispatch::DispatchError;
 use crate::dispatch::executor::{ExecutorContext, executor_for};
@@ -332,17 +333,8 @@ async fn run_leased(
         return outcome.map(drop);
     }
     // Keep the lease while the trial runs (a trial may go long without measurements).
-    let beat = {
-        let client = client.clone();
-        let path = format!("/v1/studies/{study_id}/trials/{trial_id}/heartbeat");
-        let every = run.lease / 3;
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                let _ = client.call_status(Method::POST, &path, None).await;
-            }
-        })
-    };
+    let path = format!("/v1/studies/{study_id}/trials/{trial_id}");
+    let (keeper, trial_interrupt) = LeaseKeeper::start(client, &path, run.lease, interrupt);
     let trial = DispatchedTrial {
         id: trial_id,
         parameters: lease.trial.parameters.clone(),
@@ -350,8 +342,8 @@ async fn run_leased(
         budget: lease.trial.budget,
         copy_from: None,
     };
-    let end = run_trial(run.setup.clone(), trial, None, interrupt).await;
-    beat.abort();
+    let end = run_trial(run.setup.clone(), trial, None, trial_interrupt).await;
+    drop(keeper);
     run.reporter.end_lease(trial_id);
     eprintln!("slot {slot}: study {study_id} trial {trial_id}: {end:?}");
     Ok(())

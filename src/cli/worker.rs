@@ -15,6 +15,7 @@ use tokio::sync::watch;
 
 use super::client::Client;
 use super::error::{CliError, CliResult};
+use super::lease::LeaseKeeper;
 use crate::dispatch::executor::{Executor, ExecutorContext, executor_for};
 use crate::dispatch::local::LocalExecutor;
 use crate::dispatch::reporter::{AttemptStart, TrialReporter};
@@ -224,16 +225,9 @@ async fn run_slot(
         let parameters = serde_json::from_value(trial["parameters"].clone())
             .map_err(|e| CliError::Connection(format!("trial {trial_id}: {e}")))?;
         // Keep the lease while the trial runs (a trial may go long without measurements).
-        let beat = {
-            let client = client.clone();
-            let path = format!("/v1/studies/{}/trials/{trial_id}/heartbeat", setup.study_id);
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(lease / 3).await;
-                    let _ = client.call_status(Method::POST, &path, None).await;
-                }
-            })
-        };
+        let path = format!("/v1/studies/{}/trials/{trial_id}", setup.study_id);
+        let (keeper, trial_interrupt) =
+            LeaseKeeper::start(client.clone(), &path, lease, interrupt.clone());
         reporter.hold(trial_id, &client_id);
         // A multi-fidelity trial's budget: a promotion resumes the same trial, in the same
         // directories, at a larger one.
@@ -245,8 +239,8 @@ async fn run_slot(
             budget,
             copy_from: trial["lineage"]["copying_from"].as_i64(),
         };
-        let end = run_trial(setup.clone(), run, None, interrupt.clone()).await;
-        beat.abort();
+        let end = run_trial(setup.clone(), run, None, trial_interrupt).await;
+        drop(keeper);
         reporter.release(trial_id);
         eprintln!("trial {trial_id}: {end:?}");
         ran += 1;

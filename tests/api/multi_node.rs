@@ -648,3 +648,198 @@ async fn a_cut_workers_trial_is_requeued_after_its_lease_and_completed_once() {
     assert_eq!(completed, TRIALS, "{trials:?}");
     assert_eq!(trials.len() as i64, TRIALS);
 }
+
+/// One line of the pool test's trainer: what a trainer process did, where and when.
+#[derive(Debug)]
+struct TrainerEvent {
+    kind: String,
+    host: String,
+    trial: i64,
+    nanos: i64,
+}
+
+fn trainer_events(path: &std::path::Path) -> Vec<TrainerEvent> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let [kind, host, trial, nanos] = f[..] else {
+                return None;
+            };
+            Some(TrainerEvent {
+                kind: kind.to_string(),
+                host: host.to_string(),
+                trial: trial.parse().ok()?,
+                nanos: nanos.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+/// `augur worker --pool` on node5 and node4, the trials' directories on the nodes' shared
+/// file system. node5 is cut from both replicas while its trainer runs (one that would go on
+/// for 20 s): node5's worker stops the trainer before its lease (5 s) can run out, so the
+/// trial, requeued to node4, never has two trainers in its directory at once; node4
+/// completes it, every trial is completed once, and once healed no trainer is left on node5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_pool_worker_stops_its_trainer_before_its_trial_is_requeued() {
+    const TRIALS: i64 = 4;
+    const LEASE_SECS: u64 = 5;
+    let deployment = Deployment::start().await;
+    let cluster = &deployment.cluster;
+    let work = cluster.dir.join("pool-workers");
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("workers' directory");
+    let events = work.join("events.log");
+    let trainer = work.join("trainer.sh");
+    std::fs::write(
+        &trainer,
+        format!(
+            r#"ev={events}
+h=$(hostname)
+echo "start $h $AUGUR_TRIAL_ID $(date +%s%N)" >> "$ev"
+if [ "$h" = node5 ]; then
+  i=0
+  while [ $i -lt 100 ]; do
+    echo "alive $h $AUGUR_TRIAL_ID $(date +%s%N)" >> "$ev"
+    sleep 0.2
+    i=$((i + 1))
+  done
+  echo accuracy=0.1
+else
+  sleep 0.5
+  echo accuracy=0.2
+fi
+"#,
+            events = events.display()
+        ),
+    )
+    .expect("trainer");
+    let mut spec = common::x_spec("pool-cut", ("accuracy", "maximize"), TRIALS, 2, 7);
+    spec["trial_lease_secs"] = json!(LEASE_SECS);
+    spec["trial_job"] = json!({
+        "executor": "pool",
+        "pool": "cut",
+        "command": ["sh", trainer.display().to_string()],
+        "output_dir": work.join("runs").display().to_string(),
+        "max_retries": 2,
+    });
+    let base = deployment.bases[0].clone();
+    let study: i64 = deployment
+        .clients
+        .run(async move {
+            let created = common::call(
+                &common::http(),
+                &base,
+                Some(ADMIN),
+                reqwest::Method::POST,
+                "/v1/studies",
+                Some(spec),
+            )
+            .await;
+            assert_eq!(created.status, 201, "{}", created.body);
+            created.body["id"].as_i64().expect("study id")
+        })
+        .await;
+    let url = format!("http://node1:{RELAYED_SERVE_PORT}");
+    let worker = |node: &str| {
+        let child = cluster
+            .command(node, common::augur_bin())
+            .args(["worker", "--url", &url, "--pool", "cut", "--slots", "1"])
+            .args(["--client-id", node, "--job-commands", "sh"])
+            .env("AUGUR_TOKEN", ADMIN)
+            .env("AUGUR_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(cluster.log(&format!("{node}-pool-worker.log")))
+            .spawn()
+            .expect("augur worker --pool");
+        KillOnDrop(child)
+    };
+    let trials_now = || deployment.final_trials(study);
+    let cut_worker = worker("node5");
+    let held = common::eventually("node5 trains a trial", Duration::from_secs(30), || async {
+        trainer_events(&events)
+            .iter()
+            .find(|e| e.kind == "alive" && e.host == "node5")
+            .map(|e| e.trial)
+            .ok_or_else(|| "no trainer on node5 yet".to_string())
+    })
+    .await;
+    let cut_at = Instant::now();
+    cluster.cut("node5", "node1");
+    cluster.cut("node5", "node2");
+    let other_worker = worker("node4");
+    let completed = common::eventually(
+        "every trial completed by node4",
+        Duration::from_secs(60),
+        || async {
+            let trials = trials_now().await;
+            let done = trials.iter().filter(|t| t["state"] == "completed").count() as i64;
+            if done == TRIALS {
+                Ok(trials)
+            } else {
+                Err(format!("{done} of {TRIALS} completed: {trials:?}"))
+            }
+        },
+    )
+    .await;
+    let done_after = cut_at.elapsed();
+    cluster.heal("node5", "node1");
+    cluster.heal("node5", "node2");
+    // Healed: node5's worker reaches the server again and finds nothing left to run.
+    tokio::time::sleep(Duration::from_secs(LEASE_SECS)).await;
+    let trainers_left = std::process::Command::new("pgrep")
+        .args(["-f", &trainer.display().to_string()])
+        .output()
+        .expect("pgrep");
+    drop(other_worker);
+    drop(cut_worker);
+    let all = trainer_events(&events);
+    let last_alive_on_node5 = all
+        .iter()
+        .filter(|e| e.host == "node5" && e.trial == held)
+        .map(|e| e.nanos)
+        .max()
+        .expect("node5's events");
+    let started_on_node4 = all
+        .iter()
+        .filter(|e| e.kind == "start" && e.host == "node4" && e.trial == held)
+        .map(|e| e.nanos)
+        .min();
+    let trial = completed
+        .iter()
+        .find(|t| t["id"] == held)
+        .cloned()
+        .expect("the held trial");
+    println!(
+        "\n== multi-node: a pool worker cut from the server ==\nnode5 trained trial {held}; cut; \
+         node5's trainer last wrote {:.2} s after the cut, node4 started it {:.2} s after; \
+         every trial completed {:.1} s after the cut (lease {LEASE_SECS} s)",
+        (last_alive_on_node5 - cut_nanos(cut_at)) as f64 / 1e9,
+        started_on_node4.map_or(f64::NAN, |s| (s - cut_nanos(cut_at)) as f64 / 1e9),
+        done_after.as_secs_f64(),
+    );
+    assert_eq!(trial["client_id"], "node4/0", "{trial}");
+    assert_eq!(trial["final_measurement"]["metrics"]["accuracy"], 0.2);
+    let started_on_node4 = started_on_node4.expect("node4 ran the held trial");
+    assert!(
+        last_alive_on_node5 < started_on_node4,
+        "node5's trainer of trial {held} still ran when node4 started it"
+    );
+    assert!(
+        trainers_left.stdout.is_empty(),
+        "trainers left after healing: {}",
+        String::from_utf8_lossy(&trainers_left.stdout)
+    );
+    assert_eq!(completed.len() as i64, TRIALS, "{completed:?}");
+}
+
+/// `cut_at` on the trainers' clock (nanoseconds since the epoch).
+fn cut_nanos(cut_at: Instant) -> i64 {
+    let since = cut_at.elapsed();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos() as i64;
+    now - since.as_nanos() as i64
+}
