@@ -94,6 +94,9 @@ struct AttemptFiles {
     replica_script: PathBuf,
     /// Where the primary replica's exit code is written (a cluster's job ends with it).
     primary_exit: PathBuf,
+    /// A cluster's hosts and ports, rank by rank, as the batch script found them (an
+    /// `export` line): what a session in a replica other than the first needs.
+    cluster: PathBuf,
 }
 
 impl AttemptFiles {
@@ -103,11 +106,17 @@ impl AttemptFiles {
             .parent()
             .map(Path::to_path_buf)
             .unwrap_or_default();
-        let n = request.attempt;
+        AttemptFiles::beside(&dir.join(format!("slurm-attempt-{}.sh", request.attempt)))
+    }
+
+    /// The files of the attempt whose batch script is `script`.
+    fn beside(script: &Path) -> AttemptFiles {
+        let stem = script.with_extension("").display().to_string();
         AttemptFiles {
-            script: dir.join(format!("slurm-attempt-{n}.sh")),
-            replica_script: dir.join(format!("slurm-attempt-{n}-replica.sh")),
-            primary_exit: dir.join(format!("slurm-attempt-{n}.primary-exit")),
+            script: script.to_path_buf(),
+            replica_script: PathBuf::from(format!("{stem}-replica.sh")),
+            primary_exit: PathBuf::from(format!("{stem}.primary-exit")),
+            cluster: PathBuf::from(format!("{stem}.cluster")),
         }
     }
 }
@@ -168,6 +177,7 @@ for spec in ${{SLURM_TASKS_PER_NODE//,/ }}; do
   done
 done
 export AUGUR_CLUSTER_HOSTS="${{hosts[*]}}" AUGUR_CLUSTER_PORTS="${{ports[*]}}"
+printf "export AUGUR_CLUSTER_HOSTS='%s' AUGUR_CLUSTER_PORTS='%s'\n" "${{hosts[*]}}" "${{ports[*]}}" > {cluster_file}
 rm -f {exit_file}
 srun --ntasks={tasks} --distribution=block --kill-on-bad-exit=1 --export=ALL /bin/bash {replica_script}
 code=$?
@@ -176,6 +186,7 @@ if [ -s {exit_file} ]; then exit "$(cat {exit_file})"; fi
 exit $(( code == 0 ? 1 : code ))
 "#,
         exit_file = quote(&files.primary_exit.display().to_string()),
+        cluster_file = quote(&files.cluster.display().to_string()),
         replica_script = quote(&files.replica_script.display().to_string()),
         tasks = layout.len(),
     ));
@@ -186,7 +197,9 @@ exit $(( code == 0 ? 1 : code ))
 /// `SLURM_PROCID`, fills the hosts and ports of the allocation into the cluster
 /// configuration (placeholders `__AUGUR_HOST_k__`/`__AUGUR_PORT_k__`), writes to its
 /// replica's log, and runs the replica's command. The primary records its exit code and
-/// then stops the other tasks.
+/// then stops the other tasks. With `AUGUR_SESSION_RANK` (a session's step, see
+/// [`srun_replica_exec_argv`]) it sets up that replica's environment and runs its own
+/// arguments instead.
 fn replica_script(request: &JobRequest, files: &AttemptFiles) -> Result<String, ExecutorError> {
     let placeholder = |id: ReplicaId| {
         let rank = request
@@ -211,7 +224,7 @@ fill() {
   done
   printf '%s' "$v"
 }
-case "$SLURM_PROCID" in
+case "${AUGUR_SESSION_RANK:-$SLURM_PROCID}" in
 "#,
     );
     for (rank, replica) in request.replicas.iter().enumerate() {
@@ -242,6 +255,10 @@ case "$SLURM_PROCID" in
     s.push_str(&format!(
         r#"*) echo "augur: no replica for task $SLURM_PROCID" >&2; exit 98 ;;
 esac
+if [ -n "$AUGUR_SESSION_RANK" ]; then
+  unset AUGUR_SESSION_RANK
+  exec "$@"
+fi
 # The primary writes to the job's own log, which Augur follows for its metrics.
 exec >>"$log" 2>&1
 if [ "$SLURM_PROCID" = 0 ]; then
@@ -471,11 +488,6 @@ impl Executor for SlurmExecutor {
         let JobHandle::Slurm { job_id } = handle else {
             return Err(refused(format!("not a Slurm job: {handle}")));
         };
-        if request.replica != ReplicaId::PRIMARY {
-            return Err(refused_replica(
-                "on Slurm a session opens in the primary replica's task only (workerpool0-0)",
-            ));
-        }
         let text = run(
             "scontrol",
             &["show".into(), "job".into(), job_id.clone(), "-o".into()],
@@ -494,11 +506,83 @@ impl Executor for SlurmExecutor {
                 field(&text, "JobState")
             )));
         }
+        let script = field(&text, "Command");
+        let argv = if target.job.is_cluster() {
+            let rank = target
+                .job
+                .replicas()
+                .iter()
+                .position(|plan| plan.id == request.replica)
+                .ok_or_else(|| {
+                    refused_replica(format!(
+                        "the trial has no replica {}",
+                        request.replica.name()
+                    ))
+                })?;
+            let files = AttemptFiles::beside(Path::new(script));
+            let hosts = tokio::fs::read_to_string(&files.cluster)
+                .await
+                .map_err(|_| refused("the trial's cluster is still starting: try again"))?;
+            let host = cluster_host(&hosts, rank)
+                .ok_or_else(|| refused(format!("no host of rank {rank} in {hosts:?}")))?;
+            srun_replica_exec_argv(job_id, host, &files, rank, request)
+        } else if request.replica == ReplicaId::PRIMARY {
+            srun_exec_argv(job_id, script, request)
+        } else {
+            return Err(refused_replica(format!(
+                "the trial has one replica ({}), not {}",
+                ReplicaId::PRIMARY.name(),
+                request.replica.name()
+            )));
+        };
         Ok(ExecVia::Process(SessionProcess {
-            argv: srun_exec_argv(job_id, field(&text, "Command"), request),
+            argv,
             ..SessionProcess::default()
         }))
     }
+}
+
+/// The host of rank `rank` in a cluster file's `export AUGUR_CLUSTER_HOSTS='h0 h1 …'` line.
+fn cluster_host(text: &str, rank: usize) -> Option<&str> {
+    let hosts = text
+        .split("AUGUR_CLUSTER_HOSTS='")
+        .nth(1)?
+        .split('\'')
+        .next()?;
+    hosts.split_whitespace().nth(rank)
+}
+
+/// `srun` for a session in replica `rank` of a cluster trial's job: one task on that
+/// replica's node, its own step (`--overlap`), which runs the attempt's replica script as
+/// that replica would (the batch script's `cd` and `export` lines, the cluster's hosts and
+/// ports, then the replica's own environment), with the session's command instead of the
+/// replica's.
+fn srun_replica_exec_argv(
+    job_id: &str,
+    host: &str,
+    files: &AttemptFiles,
+    rank: usize,
+    request: &ExecRequest,
+) -> Vec<String> {
+    let mut argv: Vec<String> = ["srun", "--overlap", "--quiet", "--ntasks=1", "--nodes=1"]
+        .map(str::to_string)
+        .to_vec();
+    argv.push(format!("--jobid={job_id}"));
+    argv.push(format!("--nodelist={host}"));
+    if request.tty {
+        argv.push("--pty".to_string());
+    }
+    argv.extend([
+        "/bin/bash".to_string(),
+        "-c".to_string(),
+        r#"source <(grep -E '^(cd|export) ' "$0") && source "$1" && script=$2 && export AUGUR_SESSION_RANK=$3 && shift 3 && exec /bin/bash "$script" "$@""#.to_string(),
+        files.script.display().to_string(),
+        files.cluster.display().to_string(),
+        files.replica_script.display().to_string(),
+        rank.to_string(),
+    ]);
+    argv.extend(request.command.iter().cloned());
+    argv
 }
 
 /// `srun` for a session in job `job_id` whose batch script is `script`: one task on the
@@ -894,6 +978,34 @@ mod tests {
                 "--account=ml",
                 "--mem=1G",
                 "/runs/2/slurm-attempt-1.sh"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_replicas_session_runs_its_script_on_its_host() {
+        let text = "export AUGUR_CLUSTER_HOSTS='n2 n3 n3' AUGUR_CLUSTER_PORTS='1 1 2'\n";
+        assert_eq!(cluster_host(text, 2), Some("n3"));
+        assert_eq!(cluster_host(text, 3), None);
+        let files = AttemptFiles::beside(Path::new("/t/slurm-attempt-2.sh"));
+        assert_eq!(files.cluster, Path::new("/t/slurm-attempt-2.cluster"));
+        let request = ExecRequest {
+            command: vec!["nvidia-smi".into()],
+            tty: false,
+            rows: 24,
+            cols: 80,
+            replica: ReplicaId::PRIMARY,
+        };
+        let argv = srun_replica_exec_argv("7", "n3", &files, 2, &request);
+        assert!(argv.contains(&"--nodelist=n3".to_string()), "{argv:?}");
+        assert_eq!(
+            argv[argv.len() - 5..],
+            [
+                "/t/slurm-attempt-2.sh",
+                "/t/slurm-attempt-2.cluster",
+                "/t/slurm-attempt-2-replica.sh",
+                "2",
+                "nvidia-smi"
             ]
         );
     }

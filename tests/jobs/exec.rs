@@ -640,6 +640,95 @@ async fn exec_runs_a_step_in_a_slurm_trials_job() {
         .await;
 }
 
+/// A Slurm cluster trial: a session in any replica runs as a step of the job on that
+/// replica's node, with that replica's own environment (its `AUGUR_REPLICA` and its cluster
+/// configuration with the allocation's hosts and ports filled in), on a terminal too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_reaches_each_replica_of_a_slurm_cluster_trial() {
+    crate::slurm::require_slurm();
+    let app = common::spawn_app_with(common::sqlite_db(), Some(ADMIN)).await;
+    let runs = tempfile::tempdir().expect("runs");
+    let mut spec = study_spec("slurm-cluster", runs.path(), waiting_trainer());
+    spec["trial_job"]["executor"] = json!("slurm");
+    spec["trial_job"]["worker_pools"] = json!([{"replicas": 1}, {"replicas": 1}]);
+    let study = app.create_study(spec).await;
+    let s = study.to_string();
+    until_exec_works(&app.base, ADMIN, study, 1).await;
+
+    let show = "echo \"$AUGUR_REPLICA on $(hostname) job $SLURM_JOB_ID\"; echo \"$CLUSTER_SPEC\"";
+    let mut jobs = Vec::new();
+    for replica in ["workerpool0-0", "workerpool1-0"] {
+        let (code, out, err) = augur_with(
+            &app.base,
+            ADMIN,
+            &[
+                "trial",
+                "exec",
+                &s,
+                "1",
+                "--replica",
+                replica,
+                "--",
+                "/bin/sh",
+                "-c",
+                show,
+            ],
+            "",
+        )
+        .await;
+        assert_eq!(code, Some(0), "{out} {err}");
+        let mut lines = out.lines();
+        let first = lines.next().unwrap_or_default();
+        let expected = format!("{replica} on {} job ", hostname());
+        assert!(first.starts_with(&expected), "{out} {err}");
+        jobs.push(first.rsplit(' ').next().unwrap_or_default().to_string());
+        let cluster: Value = serde_json::from_str(lines.next().unwrap_or_default())
+            .unwrap_or_else(|e| panic!("CLUSTER_SPEC {out}: {e}"));
+        let text = cluster.to_string();
+        assert!(!text.contains("__AUGUR_"), "placeholders left: {text}");
+        assert!(text.contains(&hostname()), "{text}");
+    }
+    assert_eq!(jobs[0], jobs[1], "one job: {jobs:?}");
+    let start = json!({"command": ["/bin/sh", "-c", "tty; echo \"in $AUGUR_REPLICA\""], "tty": true, "replica": "workerpool1-0"});
+    let mut shell = RawSession::open(&app, ADMIN, study, start).await;
+    shell.expect("/dev/pts/").await;
+    shell.expect("in workerpool1-0").await;
+    assert_eq!(shell.exit().await["code"], 0);
+    let (code, _, err) = augur_with(
+        &app.base,
+        ADMIN,
+        &[
+            "trial",
+            "exec",
+            &s,
+            "1",
+            "--replica",
+            "workerpool3-0",
+            "--",
+            "true",
+        ],
+        "",
+    )
+    .await;
+    assert_ne!(code, Some(0));
+    assert!(err.contains("(replica)"), "{err}");
+
+    std::fs::write(
+        common::study_dir(runs.path(), study).join("1/model/done"),
+        "",
+    )
+    .expect("done");
+    app.wait_for_state(study, "completed", Duration::from_secs(60))
+        .await;
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .expect("hostname")
+        .trim()
+        .to_string()
+}
+
 /// `augur trial shell` as a user runs it, on a terminal of its own (a PTY this test holds):
 /// keys reach the remote shell as typed, the remote terminal has this one's size and follows
 /// its resize (SIGWINCH), Ctrl-C interrupts the remote command, not `augur`, and `augur`

@@ -336,6 +336,73 @@ async fn tensorflow_trains_one_model_across_three_slurm_nodes() {
 
 /// A fresh directory `name` under the cluster's, holding `script` as `file`: the directory
 /// and the script's path.
+/// `augur trial exec --replica R` into a 3-node cluster trial, from node1: each session runs
+/// on its replica's node (the one the replica itself reports), with that replica's
+/// environment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_in_each_replica_runs_on_that_replicas_node() {
+    let cluster = TestCluster::up(4);
+    let conf = cluster.slurm("node1", &["node2", "node3", "node4"]);
+    // Each replica says where it runs, then waits until a session marks the trial done.
+    let trainer = "echo \"$AUGUR_REPLICA $(hostname)\" >> \"$AIP_MODEL_DIR/../replica-hosts\"; \
+                   while [ ! -f \"$AIP_MODEL_DIR/done\" ]; do sleep 0.2; done; echo loss=1";
+    let (dir, _) = fresh_dir(&cluster, "slurm-exec", "unused", "");
+    let (_server, base) = serve_on_node1(&cluster, &dir, &conf, "slurm-exec-augur.log");
+    let spec = json!({
+        "name": "exec-nodes", "algorithm": "random",
+        "metrics": [{"id": "loss", "goal": "minimize"}],
+        "parameters": [{"id": "x", "type": "double", "min": 0, "max": 1}],
+        "max_trials": 1, "parallel_trials": 1, "seed": 5,
+        "trial_job": {
+            "executor": "slurm",
+            "command": ["/bin/sh", "-c", trainer],
+            "worker_pools": [{"replicas": 1}, {"replicas": 2}],
+            "slurm": {"nodes": 3},
+            "output_dir": dir.join("runs").display().to_string()
+        }
+    });
+    let node1 = cluster.runtime("node1", 1);
+    let id = create_study(&node1, &base, spec).await;
+    let trial_dir = || common::study_dir(&dir.join("runs"), id).join("1");
+    let started = common::eventually("3 replicas started", Duration::from_secs(60), || async {
+        let text = std::fs::read_to_string(trial_dir().join("replica-hosts")).unwrap_or_default();
+        if text.lines().count() == 3 {
+            Ok(text)
+        } else {
+            Err(text)
+        }
+    })
+    .await;
+    let mut nodes = BTreeSet::new();
+    for line in started.lines() {
+        let (replica, host) = line.split_once(' ').expect("replica host");
+        let out = cluster
+            .command("node1", common::augur_bin())
+            .args(["trial", "exec", &id.to_string(), "1"])
+            .args(["--replica", replica, "--", "/bin/sh", "-c"])
+            .arg("echo \"$AUGUR_REPLICA $(hostname)\"")
+            .env("AUGUR_TOKEN", ADMIN)
+            .env("AUGUR_URL", &base)
+            .output()
+            .expect("augur trial exec");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{said} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(said.trim(), format!("{replica} {host}"), "{started}");
+        nodes.insert(host.to_string());
+    }
+    assert_eq!(
+        nodes,
+        BTreeSet::from(["node2".into(), "node3".into(), "node4".into()])
+    );
+    std::fs::write(trial_dir().join("model/done"), "").expect("done");
+    let state = wait_ended(&node1, &base, id, Duration::from_secs(60)).await;
+    assert_eq!(state["trial_counts"]["completed"], 1, "{state}");
+}
+
 fn fresh_dir(cluster: &TestCluster, name: &str, file: &str, script: &str) -> (PathBuf, PathBuf) {
     let dir = cluster.dir.join(name);
     let _ = std::fs::remove_dir_all(&dir);
