@@ -257,6 +257,69 @@ pub struct App {
     pub open: bool,
 }
 
+/// The service over the configured database, with the server's job policy, webhooks and
+/// configured token.
+async fn configured_service(
+    config: &ServerConfig,
+    base_dir: std::path::PathBuf,
+) -> Result<Service, AppError> {
+    let mut service = open_service(&config.database_url, base_dir).await?;
+    if let Some(lanes) = config.commit_lanes {
+        service = service.with_commit_lanes(lanes);
+    }
+    let policy =
+        crate::service::JobPolicy::new(config.job_commands.clone(), config.job_images.clone())
+            .and_then(|p| {
+                p.with_env_allow(config.job_env_allow.clone())
+                    .with_kubernetes(config.kubernetes_policy.clone())
+            })
+            .map_err(AppError::JobPolicy)?;
+    for warning in policy.warnings() {
+        tracing::warn!("{warning}");
+    }
+    let service = service
+        .with_job_policy(policy)
+        .with_notify_settings(config.notify.settings()?);
+    // The webhooks' HTTP client asks for the process's TLS provider.
+    crate::serve::install_tls_provider();
+    service.start_notifications().map_err(AppError::Notify)?;
+    if let Some(token) = &config.token {
+        service.register_configured_token(token).await?;
+    }
+    Ok(service)
+}
+
+/// Join the replicas as `replica_id`, reached at `url` (`--replica-url`): the live set, and
+/// the forwarder that sends a study's changes on to its owner.
+async fn join_replicas(
+    config: &ServerConfig,
+    service: &Service,
+    replica_id: &str,
+    url: &str,
+) -> Result<
+    (
+        std::sync::Arc<crate::service::Replicas>,
+        api::forward::Forwarder,
+    ),
+    AppError,
+> {
+    let parsed = url::Url::parse(url).map_err(|e| AppError::ReplicaUrl(e.to_string()))?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
+        return Err(AppError::ReplicaUrl(format!(
+            "{url} is not an http(s) URL with a host"
+        )));
+    }
+    let replicas = service
+        .join_replicas(
+            replica_id.to_string(),
+            url.trim_end_matches('/').to_string(),
+        )
+        .await?;
+    let trust = config.tls.as_ref().map(|files| files.cert.as_path());
+    let forwarder = api::forward::Forwarder::new(replicas.clone(), config.body_limit, trust)?;
+    Ok((replicas, forwarder))
+}
+
 impl App {
     /// Open the store (applying migrations), register the configured token, bind.
     pub async fn build(config: ServerConfig) -> Result<App, AppError> {
@@ -264,29 +327,7 @@ impl App {
             Some(dir) => dir,
             None => std::env::current_dir()?,
         };
-        let mut service = open_service(&config.database_url, base_dir.clone()).await?;
-        if let Some(lanes) = config.commit_lanes {
-            service = service.with_commit_lanes(lanes);
-        }
-        let policy =
-            crate::service::JobPolicy::new(config.job_commands.clone(), config.job_images.clone())
-                .and_then(|p| {
-                    p.with_env_allow(config.job_env_allow.clone())
-                        .with_kubernetes(config.kubernetes_policy.clone())
-                })
-                .map_err(AppError::JobPolicy)?;
-        for warning in policy.warnings() {
-            tracing::warn!("{warning}");
-        }
-        let service = service
-            .with_job_policy(policy)
-            .with_notify_settings(config.notify.settings()?);
-        // The webhooks' HTTP client asks for the process's TLS provider.
-        crate::serve::install_tls_provider();
-        service.start_notifications().map_err(AppError::Notify)?;
-        if let Some(token) = &config.token {
-            service.register_configured_token(token).await?;
-        }
+        let service = configured_service(&config, base_dir.clone()).await?;
         let open = !service.has_api_tokens().await?;
         if open && !config.listen.ip().is_loopback() {
             return Err(AppError::OpenOnNetwork(config.listen));
@@ -330,19 +371,8 @@ impl App {
         );
         let (replicas, forwarder) = match &config.replica_url {
             Some(url) => {
-                let parsed =
-                    url::Url::parse(url).map_err(|e| AppError::ReplicaUrl(e.to_string()))?;
-                if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
-                    return Err(AppError::ReplicaUrl(format!(
-                        "{url} is not an http(s) URL with a host"
-                    )));
-                }
-                let replicas = service
-                    .join_replicas(replica_id.clone(), url.trim_end_matches('/').to_string())
-                    .await?;
-                let trust = config.tls.as_ref().map(|files| files.cert.as_path());
-                let forwarder =
-                    api::forward::Forwarder::new(replicas.clone(), config.body_limit, trust)?;
+                let (replicas, forwarder) =
+                    join_replicas(&config, &service, &replica_id, url).await?;
                 (Some(replicas), Some(forwarder))
             }
             None => (None, None),

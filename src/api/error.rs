@@ -8,7 +8,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::model::ValidationError;
-use crate::service::ServiceError;
+use crate::service::{ServiceError, error_chain};
 
 #[derive(Debug)]
 pub enum ApiError {
@@ -116,7 +116,7 @@ impl From<ServiceError> for ApiError {
                 ApiError::Unanswered(why)
             }
             ServiceError::Store(s) => ApiError::Internal(s.to_string()),
-            ServiceError::Internal(s) => ApiError::Internal(s),
+            ServiceError::Internal(e) => ApiError::Internal(error_chain(&e)),
         }
     }
 }

@@ -128,62 +128,8 @@ pub async fn run_study_command(client: &Client, command: StudyCommand) -> CliRes
         StudyCommand::Create {
             file,
             dry_run: false,
-        } => {
-            let spec = read_spec(&file)?;
-            // A Vertex AI job is sent as it is; what the server will ignore of it is shown here.
-            if crate::model::vertex::is_vertex_job(&spec)
-                && let Ok(imported) = crate::model::vertex::from_vertex(&spec)
-            {
-                for warning in imported.warnings {
-                    eprintln!("warning: {warning}");
-                }
-            }
-            let study = client
-                .call(Method::POST, "/v1/studies", Some(&spec))
-                .await?;
-            println!(
-                "created study {} ({})",
-                study["id"],
-                printable(study["name"].as_str().unwrap_or(""))
-            );
-        }
-        StudyCommand::List => {
-            let mut token: Option<String> = None;
-            let mut header = true;
-            loop {
-                let path = match &token {
-                    Some(t) => format!("/v1/studies?page_token={t}"),
-                    None => "/v1/studies".to_string(),
-                };
-                // The header once the server answered: not above a connection error.
-                let page = client.call(Method::GET, &path, None).await?;
-                if std::mem::take(&mut header) {
-                    println!(
-                        "{:>6}  {:<10}  {:<13}  {:>12}  name",
-                        "id", "state", "algorithm", "done/max"
-                    );
-                }
-                for s in page["studies"].as_array().into_iter().flatten() {
-                    let c = &s["trial_counts"];
-                    let done = c["completed"].as_u64().unwrap_or(0)
-                        + c["infeasible"].as_u64().unwrap_or(0)
-                        + c["failed"].as_u64().unwrap_or(0);
-                    // Numbers, not JSON values: a value's Display ignores the width.
-                    println!(
-                        "{:>6}  {:<10}  {:<13}  {:>12}  {}",
-                        s["id"].as_i64().unwrap_or_default(),
-                        s["state"].as_str().unwrap_or(""),
-                        s["spec"]["algorithm"].as_str().unwrap_or(""),
-                        format!("{done}/{}", s["spec"]["max_trials"]),
-                        printable(s["name"].as_str().unwrap_or(""))
-                    );
-                }
-                match page["next_page_token"].as_str() {
-                    Some(t) => token = Some(t.to_string()),
-                    None => break,
-                }
-            }
-        }
+        } => create_study(client, &file).await?,
+        StudyCommand::List => list_studies(client).await?,
         StudyCommand::Show { id } => print_json(
             &client
                 .call(Method::GET, &format!("/v1/studies/{id}"), None)
@@ -193,19 +139,7 @@ pub async fn run_study_command(client: &Client, command: StudyCommand) -> CliRes
             print_json(&Value::Array(client.all_trials(id).await?))
         }
         StudyCommand::Trials { id, json: false } => {
-            println!(
-                "{:>6}  {:<10}  {:<40}  parameters",
-                "id", "state", "outcome"
-            );
-            for t in client.all_trials(id).await? {
-                println!(
-                    "{:>6}  {:<10}  {:<40}  {}",
-                    t["id"].as_i64().unwrap_or_default(),
-                    t["state"].as_str().unwrap_or(""),
-                    printable(&outcome(&t)),
-                    t["parameters"],
-                );
-            }
+            print!("{}", trials_table(&client.all_trials(id).await?));
         }
         StudyCommand::Best { id, json } => {
             let best = client
@@ -258,6 +192,85 @@ pub async fn run_study_command(client: &Client, command: StudyCommand) -> CliRes
         },
     }
     Ok(())
+}
+
+/// `augur study create -f FILE`.
+async fn create_study(client: &Client, file: &std::path::Path) -> CliResult<()> {
+    let spec = read_spec(file)?;
+    // A Vertex AI job is sent as it is; what the server will ignore of it is shown here.
+    if crate::model::vertex::is_vertex_job(&spec)
+        && let Ok(imported) = crate::model::vertex::from_vertex(&spec)
+    {
+        for warning in imported.warnings {
+            eprintln!("warning: {warning}");
+        }
+    }
+    let study = client
+        .call(Method::POST, "/v1/studies", Some(&spec))
+        .await?;
+    println!(
+        "created study {} ({})",
+        study["id"],
+        printable(study["name"].as_str().unwrap_or(""))
+    );
+    Ok(())
+}
+
+/// `augur study list`: every study, one line each, page by page.
+async fn list_studies(client: &Client) -> CliResult<()> {
+    let mut token: Option<String> = None;
+    let mut header = true;
+    loop {
+        let path = match &token {
+            Some(t) => format!("/v1/studies?page_token={t}"),
+            None => "/v1/studies".to_string(),
+        };
+        // The header once the server answered: not above a connection error.
+        let page = client.call(Method::GET, &path, None).await?;
+        if std::mem::take(&mut header) {
+            println!(
+                "{:>6}  {:<10}  {:<13}  {:>12}  name",
+                "id", "state", "algorithm", "done/max"
+            );
+        }
+        for s in page["studies"].as_array().into_iter().flatten() {
+            let c = &s["trial_counts"];
+            let done = c["completed"].as_u64().unwrap_or(0)
+                + c["infeasible"].as_u64().unwrap_or(0)
+                + c["failed"].as_u64().unwrap_or(0);
+            // Numbers, not JSON values: a value's Display ignores the width.
+            println!(
+                "{:>6}  {:<10}  {:<13}  {:>12}  {}",
+                s["id"].as_i64().unwrap_or_default(),
+                s["state"].as_str().unwrap_or(""),
+                s["spec"]["algorithm"].as_str().unwrap_or(""),
+                format!("{done}/{}", s["spec"]["max_trials"]),
+                printable(s["name"].as_str().unwrap_or(""))
+            );
+        }
+        match page["next_page_token"].as_str() {
+            Some(t) => token = Some(t.to_string()),
+            None => return Ok(()),
+        }
+    }
+}
+
+/// `augur study trials`'s table: id, state, outcome and values of each trial.
+fn trials_table(trials: &[Value]) -> String {
+    let mut table = format!(
+        "{:>6}  {:<10}  {:<40}  parameters\n",
+        "id", "state", "outcome"
+    );
+    for t in trials {
+        table.push_str(&format!(
+            "{:>6}  {:<10}  {:<40}  {}\n",
+            t["id"].as_i64().unwrap_or_default(),
+            t["state"].as_str().unwrap_or(""),
+            printable(&outcome(t)),
+            t["parameters"],
+        ));
+    }
+    table
 }
 
 /// `augur audit`: the whole trail, oldest first, one line per entry.

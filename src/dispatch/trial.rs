@@ -186,36 +186,12 @@ pub async fn run_trial(
                 return give_up(&*reporter, trial_id, why.to_string()).await;
             }
         }
-        // PBT: the parent waits, paused, until the copy is reported made.
-        if let Some(parent) = copy_from.take() {
-            if let Err(e) = checkpoint::copy_from_parent(&setup.study_dir, parent, &dirs).await {
-                let why = format!("cannot copy trial {parent}'s checkpoint: {e}");
-                return give_up(&*reporter, trial_id, why).await;
-            }
-            if let Err(e) = reporter.checkpoint_copied(trial_id).await {
-                let why = format!("cannot record the checkpoint copied from trial {parent}: {e}");
-                return give_up(&*reporter, trial_id, why).await;
-            }
+        if let Some(parent) = copy_from.take()
+            && let Err(why) = copy_parent_checkpoint(&setup, trial_id, parent, &dirs).await
+        {
+            return give_up(&*reporter, trial_id, why).await;
         }
-        let mut env = env.clone();
-        if let Some(token) = start.token {
-            env.push(("AUGUR_TRIAL_TOKEN".to_string(), token));
-        }
-        let request = JobRequest {
-            study_id: setup.study_id,
-            study_created_at: setup.study_created_at,
-            trial_id,
-            attempt: start.number,
-            env,
-            workdir: setup.job.workdir.as_ref().map(PathBuf::from),
-            trial_dir: dirs.root.clone(),
-            output_base: dirs.base.clone(),
-            replicas: replicas.clone(),
-            cluster: setup
-                .job
-                .is_cluster()
-                .then(|| ClusterLayout::of(&setup.job)),
-        };
+        let request = attempt_request(&setup, trial_id, start, &env, &replicas, &dirs);
         let (outcome, last) = run_attempt(&setup, &request, &dirs, timeout, &mut interrupt).await;
         match settle(&setup, trial_id, outcome, last).await {
             // A multi-fidelity attempt whose result is recorded leaves no handle: the trial
@@ -228,7 +204,7 @@ pub async fn run_trial(
             Settled::Ended(end) => return end,
             Settled::Retry(why) => last_failure = why,
         }
-        tracing::warn!(study_id = setup.study_id, trial_id, attempt = start.number, reason = %last_failure, "trial attempt failed");
+        tracing::warn!(study_id = setup.study_id, trial_id, attempt = request.attempt, reason = %last_failure, "trial attempt failed");
         // This launch's failure is seen, and stays counted. (A launch that finished the
         // trial keeps its handle: a finished trial is not resumed. Until its outcome is
         // recorded, a restart gives the launch back and runs it again.) Emptied, not
@@ -242,6 +218,55 @@ pub async fn run_trial(
         format!("{last_failure} (after {max_attempts} attempt(s))")
     };
     give_up(&*reporter, trial_id, reason).await
+}
+
+/// PBT: the trial takes `parent`'s checkpoint as its own; the parent waits, paused, until
+/// the copy is reported made.
+async fn copy_parent_checkpoint(
+    setup: &TrialSetup,
+    trial_id: i64,
+    parent: i64,
+    dirs: &TrialDirs,
+) -> Result<(), String> {
+    checkpoint::copy_from_parent(&setup.study_dir, parent, dirs)
+        .await
+        .map_err(|e| format!("cannot copy trial {parent}'s checkpoint: {e}"))?;
+    setup
+        .reporter
+        .checkpoint_copied(trial_id)
+        .await
+        .map_err(|e| format!("cannot record the checkpoint copied from trial {parent}: {e}"))
+}
+
+/// What the executor launches for one attempt: the trial's replicas with its environment
+/// and this launch's own token.
+fn attempt_request(
+    setup: &TrialSetup,
+    trial_id: i64,
+    start: AttemptStart,
+    env: &[(String, String)],
+    replicas: &[ReplicaRequest],
+    dirs: &TrialDirs,
+) -> JobRequest {
+    let mut env = env.to_vec();
+    if let Some(token) = start.token {
+        env.push(("AUGUR_TRIAL_TOKEN".to_string(), token));
+    }
+    JobRequest {
+        study_id: setup.study_id,
+        study_created_at: setup.study_created_at,
+        trial_id,
+        attempt: start.number,
+        env,
+        workdir: setup.job.workdir.as_ref().map(PathBuf::from),
+        trial_dir: dirs.root.clone(),
+        output_base: dirs.base.clone(),
+        replicas: replicas.to_vec(),
+        cluster: setup
+            .job
+            .is_cluster()
+            .then(|| ClusterLayout::of(&setup.job)),
+    }
 }
 
 /// Every replica of the trial's cluster (one, without `worker_pools`), with its command

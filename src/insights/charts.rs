@@ -11,7 +11,9 @@ use utoipa::ToSchema;
 use super::{Grid, Importance, MAX_CHART_POINTS, ParallelAxis, ParamAxis};
 use crate::model::spec::MetricGoal;
 use crate::model::{TrialPoint, TrialState, spec::StudySpec};
-use crate::service::{Service, ServiceError, ServiceResult, StudySnapshot, cursor_after_seq};
+use crate::service::{
+    InternalError, Service, ServiceError, ServiceResult, StudySnapshot, cursor_after_seq,
+};
 
 /// Learning curves shown at most, and points per curve.
 const MAX_CURVES: usize = 200;
@@ -196,7 +198,7 @@ pub async fn study_insights(
         build_insights(metric, metrics, parameters, trials.as_slice())
     })
     .await
-    .map_err(|e| ServiceError::Internal(format!("insights task: {e}")))
+    .map_err(|e| InternalError::Task("insights", e).into())
 }
 
 fn build_insights(
@@ -474,7 +476,7 @@ fn pick_metric(metrics: &[MetricInfo], wanted: Option<&str>) -> ServiceResult<Me
         None => metrics
             .first()
             .cloned()
-            .ok_or_else(|| ServiceError::Internal("a study without metrics".into())),
+            .ok_or_else(|| InternalError::bug("a study without metrics").into()),
         Some(id) => metrics.iter().find(|m| m.id == id).cloned().ok_or_else(|| {
             ServiceError::invalid("metric", format!("no metric {id:?} in this study"))
         }),

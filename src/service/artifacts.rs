@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::trial_files::{self, JobFile};
-use super::{Service, ServiceError, ServiceResult};
+use super::{InternalError, Service, ServiceError, ServiceResult};
 
 /// Files listed at most; a listing of more says so (`truncated`).
 pub const MAX_ARTIFACTS: usize = 2000;
@@ -61,7 +61,7 @@ impl Service {
             trial_files::list_job_files(&base, &walked, MAX_ARTIFACTS, MAX_ARTIFACT_DEPTH)
         })
         .await
-        .map_err(|e| ServiceError::Internal(format!("artifacts task: {e}")))?
+        .map_err(|e| InternalError::Task("artifacts", e))?
         .map_err(|e| file_error(&dir, e))?;
         Ok(ArtifactList {
             root,
@@ -85,7 +85,7 @@ impl Service {
             trial_files::open_job_file(&base, &opened, &relative)
         })
         .await
-        .map_err(|e| ServiceError::Internal(format!("artifact task: {e}")))?
+        .map_err(|e| InternalError::Task("artifact", e))?
         .map_err(|e| match e.kind() {
             std::io::ErrorKind::InvalidInput => ServiceError::invalid("path", e.to_string()),
             std::io::ErrorKind::NotFound => ServiceError::NotFound(format!(
@@ -137,6 +137,10 @@ fn artifact_of(f: JobFile) -> Artifact {
 fn file_error(dir: &std::path::Path, e: std::io::Error) -> ServiceError {
     match e.kind() {
         std::io::ErrorKind::PermissionDenied => ServiceError::conflict(e.to_string()),
-        _ => ServiceError::Internal(format!("{}: {e}", dir.display())),
+        _ => InternalError::File {
+            path: dir.to_path_buf(),
+            source: e,
+        }
+        .into(),
     }
 }

@@ -38,9 +38,68 @@ pub enum ServiceError {
     /// Storage failed (500; the cause is logged, not shown).
     #[error(transparent)]
     Store(StoreError),
-    /// A bug or a lost background task (500).
-    #[error("internal error: {0}")]
-    Internal(String),
+    /// A bug, a record that cannot be read back, or a lost background task (500).
+    #[error("internal error")]
+    Internal(#[from] InternalError),
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What went wrong inside the service (500): logged with its sources, never shown.
+#[derive(Debug, thiserror::Error)]
+pub enum InternalError {
+    /// A background task (a blocking read, a designer) panicked or was cancelled.
+    #[error("the {0} task")]
+    Task(&'static str, #[source] tokio::task::JoinError),
+    /// A structure shared between tasks is poisoned or closed (a task panicked).
+    #[error("{0} is poisoned or closed")]
+    Broken(&'static str),
+    /// A file the service made cannot be read.
+    #[error("{}", .path.display())]
+    File {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A record the service stored cannot be read back, or one it makes cannot be written.
+    #[error("{what}")]
+    Data {
+        what: String,
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// The batch this command was committed in failed (its error, for every command).
+    #[error("its batch failed: {0}")]
+    Batch(String),
+    /// What cannot happen unless the code is wrong.
+    #[error("{0}")]
+    Bug(String),
+}
+
+impl InternalError {
+    /// A record that cannot be read back or written, because of `source`.
+    pub fn data(what: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        InternalError::Data {
+            what: what.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    pub fn bug(what: impl Into<String>) -> Self {
+        InternalError::Bug(what.into())
+    }
+}
+
+/// `error` and its sources, as one line (`a: b: c`), for the log.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 impl ServiceError {
@@ -154,5 +213,17 @@ mod tests {
             ServiceError::from(unsent),
             ServiceError::Unavailable(_)
         ));
+    }
+
+    #[test]
+    fn an_internal_error_is_logged_with_its_sources() {
+        let error = ServiceError::from(InternalError::File {
+            path: "/runs/7/job.log".into(),
+            source: std::io::Error::other("disk on fire"),
+        });
+        assert_eq!(
+            error_chain(&error),
+            "internal error: /runs/7/job.log: disk on fire"
+        );
     }
 }

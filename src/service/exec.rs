@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use tokio::sync::mpsc;
 
 use super::trial_files::{self, FileAccess};
-use super::{Caller, Service, ServiceError, ServiceResult};
+use super::{Caller, InternalError, Service, ServiceError, ServiceResult};
 use crate::model::{ReplicaId, TrialDirs, TrialJobSpec, TrialState};
 
 /// The `client_id` of the trials this server's dispatcher runs (`dispatch::runner`).
@@ -201,7 +201,7 @@ impl Service {
                 .map(|_| text)
         })
         .await
-        .map_err(|e| ServiceError::Internal(format!("job handle task: {e}")))?;
+        .map_err(|e| InternalError::Task("job handle", e))?;
         let handle = match handle {
             Ok(text) if !text.trim().is_empty() => text.trim().to_string(),
             Ok(_) => return Err(not_started(study_id, trial_id)),

@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::notifications::Notifier;
 use super::state_machine::{BatchOutcome, Command, Reply, StudyBatch};
 use super::tokens::TokenCache;
-use super::{ServiceError, ServiceResult};
+use super::{InternalError, ServiceError, ServiceResult, error_chain};
 use crate::store::{Store, StudiesTx, StudyLock};
 
 /// Commit lanes per process by default: one per core, at least 2 (a lane waiting for a
@@ -111,7 +111,7 @@ impl GroupCommit {
 }
 
 fn lane_stopped() -> ServiceError {
-    ServiceError::Internal("the commit lane stopped".into())
+    InternalError::Broken("the commit lane").into()
 }
 
 /// Who hears of a committed batch besides its callers.
@@ -379,6 +379,6 @@ fn batch_error(error: &ServiceError) -> ServiceError {
         // Nothing of the batch is known to be written: ask again later.
         ServiceError::Unavailable(why) => ServiceError::Unavailable(why.clone()),
         ServiceError::Unanswered(why) => ServiceError::Unanswered(why.clone()),
-        other => ServiceError::Internal(other.to_string()),
+        other => InternalError::Batch(error_chain(other)).into(),
     }
 }

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::trial_files::{self, FileAccess};
-use super::{Service, ServiceError, ServiceResult};
+use super::{InternalError, Service, ServiceError, ServiceResult};
 use crate::model::{ReplicaId, StudyDir, StudyKey, TrialDirs, TrialJobSpec};
 
 /// The largest tail one request may ask for.
@@ -52,11 +52,15 @@ impl Service {
         let (base, shown) = (dirs.base.clone(), path.clone());
         tokio::task::spawn_blocking(move || read_tail(&base, &path, tail_bytes))
             .await
-            .map_err(|e| ServiceError::Internal(format!("log task: {e}")))?
+            .map_err(|e| InternalError::Task("log", e))?
             .map_err(|e| match e.kind() {
                 // A link or a file the server did not make where its log should be.
                 std::io::ErrorKind::PermissionDenied => ServiceError::conflict(e.to_string()),
-                _ => ServiceError::Internal(format!("{}: {e}", shown.display())),
+                _ => InternalError::File {
+                    path: shown,
+                    source: e,
+                }
+                .into(),
             })
     }
 }

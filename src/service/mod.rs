@@ -51,7 +51,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-pub use error::{ServiceError, ServiceResult};
+pub use error::{InternalError, ServiceError, ServiceResult, error_chain};
 pub use job_policy::{JobPolicy, KubernetesPolicy};
 pub use notifications::{NotifySettings, SIGNATURE_HEADER, signature};
 pub use operations::PoolConnections;
@@ -400,11 +400,11 @@ fn not_found_study(study_id: i64) -> ServiceError {
 }
 
 fn corrupt_spec(study_id: i64) -> impl Fn(ValidationError) -> ServiceError {
-    move |e| ServiceError::Internal(format!("stored spec of study {study_id} is invalid: {e}"))
+    move |e| InternalError::data(format!("stored spec of study {study_id} is invalid"), e).into()
 }
 
 fn unexpected(reply: Reply) -> ServiceError {
-    ServiceError::Internal(format!("unexpected reply {reply:?}"))
+    InternalError::bug(format!("unexpected reply {reply:?}")).into()
 }
 
 /// A trial as the API shows it.

@@ -14,7 +14,7 @@ use sha2::Sha256;
 use tokio::sync::mpsc;
 
 use super::paging::{page_bounds, split_page};
-use super::{Page, Service, ServiceError, ServiceResult, trial_of};
+use super::{InternalError, Page, Service, ServiceError, ServiceResult, trial_of};
 use crate::model::{
     DeliveryState, DeliveryTarget, NotificationDelivery, NotificationEvent, NotificationTarget,
     NotifyHosts, StudyState,
@@ -219,7 +219,10 @@ impl Service {
 
 fn delivery_view(r: DeliveryRecord) -> ServiceResult<NotificationDelivery> {
     let corrupt = |what: &str, value: &str| {
-        ServiceError::Internal(format!("delivery {}: {what} {value:?}", r.id))
+        ServiceError::from(InternalError::Data {
+            what: format!("delivery {}: {what} {value:?}", r.id),
+            source: None,
+        })
     };
     Ok(NotificationDelivery {
         id: r.id,

@@ -17,7 +17,9 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value as JsonValue, json};
 
 use super::state_machine::{Command, OptunaChange, Reply};
-use super::{Caller, Service, ServiceError, ServiceResult, not_found_study, unexpected};
+use super::{
+    Caller, InternalError, Service, ServiceError, ServiceResult, not_found_study, unexpected,
+};
 use crate::model::{AnnotationUpdate, Annotations, Measurement, StudySpec, Trial, TrialState};
 
 /// The one parameter of an Optuna study's spec: it marks the study as Optuna's.
@@ -145,7 +147,7 @@ pub fn optuna_spec(name: &str, maximize: &[bool]) -> ServiceResult<StudySpec> {
         "fail_fast_trials": 0,
     });
     serde_json::from_value(spec)
-        .map_err(|e| ServiceError::Internal(format!("the spec of an Optuna study: {e}")))
+        .map_err(|e| InternalError::data("the spec of an Optuna study", e).into())
 }
 
 fn is_optuna_spec(spec: &StudySpec) -> bool {

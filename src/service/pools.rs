@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 
 use super::state_machine::Command;
 use super::suggest::Asker;
-use super::{Caller, Service, ServiceError, ServiceResult, hash_token, new_token};
+use super::{Caller, InternalError, Service, ServiceError, ServiceResult, hash_token, new_token};
 use crate::model::executor::check_pool_name;
 use crate::model::pool::{
     PoolDetail, PoolLease, PoolStudy, PoolSummary, PoolUsage, PoolWorker, WORKER_GONE_AFTER_SECS,
@@ -242,7 +242,7 @@ impl Service {
             host: report.host,
             slots: i64::from(report.slots),
             gpus: serde_json::to_string(&report.gpus)
-                .map_err(|e| ServiceError::Internal(e.to_string()))?,
+                .map_err(|e| InternalError::data("a worker's GPUs", e))?,
             busy: i64::from(report.busy),
         };
         self.store
@@ -370,7 +370,7 @@ impl Service {
                 .map_err(ServiceError::after_commit)?
                 .into_iter()
                 .find(|t| t.id == trial_id)
-                .ok_or_else(|| ServiceError::Internal("a handed trial went missing".into()))?;
+                .ok_or_else(|| InternalError::bug("a handed trial went missing"))?;
             // Off the lease's path: a slot waits for its trial, not for the audit trail.
             let (this, actor) = (self.clone(), actor.clone());
             let detail = Some(format!("pool {pool}, slot {}", client_id.as_str()));

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use super::{Service, ServiceError, ServiceResult, not_found_study};
+use super::{InternalError, Service, ServiceResult, not_found_study};
 use crate::model::{Measurement, StudySpec, TrialPoint};
 
 /// Studies kept in the cache; the least recently used goes first.
@@ -47,7 +47,7 @@ impl Snapshots {
         let mut map = self
             .studies
             .lock()
-            .map_err(|_| ServiceError::Internal("snapshot cache poisoned".into()))?;
+            .map_err(|_| InternalError::Broken("the snapshot cache"))?;
         if !map.contains_key(&study) && map.len() >= CACHED_STUDIES {
             // Evict the least recently used study that nobody is loading right now.
             let oldest = map

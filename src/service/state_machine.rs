@@ -11,7 +11,7 @@ use chrono::{DateTime, Duration, Utc};
 
 use super::design;
 use super::notifications::{Happened, Notifier, StudyNews};
-use super::{ServiceError, ServiceResult};
+use super::{InternalError, ServiceError, ServiceResult};
 use crate::model::extension::trial_value;
 use crate::model::{
     FinishedTrial, Measurement, MeasurementSelection, ParameterExtension, Segment, Step,
@@ -283,7 +283,7 @@ impl StudyBatch {
         let config = study
             .spec
             .validate()
-            .map_err(|e| ServiceError::Internal(format!("stored spec of study {study_id}: {e}")))?;
+            .map_err(|e| InternalError::data(format!("stored spec of study {study_id}"), e))?;
         let unfinished = tx.unfinished_trials().await?;
         let mut batch = StudyBatch {
             tx,
@@ -403,9 +403,9 @@ impl StudyBatch {
             }
             Command::Update(update) => self.update(update).await,
             Command::Optuna(change) => self.optuna(change).await,
-            Command::AsRunner { .. } => Err(ServiceError::Internal(
-                "a runner's command wraps another runner's".into(),
-            )),
+            Command::AsRunner { .. } => {
+                Err(InternalError::bug("a runner's command wraps another runner's").into())
+            }
             Command::AddParameter(extension) => self.add_parameter(*extension).await,
             Command::Resume => self.resume().await,
             Command::Retry { trial_id } => self.retry(trial_id).await,
@@ -413,65 +413,84 @@ impl StudyBatch {
                 trial_id,
                 max_attempts,
                 token_hash,
-            } => {
-                let trial = self.running_trial(trial_id, "launch").await?;
-                if trial.attempts >= max_attempts {
-                    return Ok(Reply::Attempt(None));
-                }
-                trial.attempts += 1;
-                let number = trial.attempts;
-                self.changed.insert(trial_id);
-                self.tokens.push(self.trial_token(trial_id, token_hash));
-                Ok(Reply::Attempt(Some(number)))
-            }
+            } => self.start_attempt(trial_id, max_attempts, token_hash).await,
             Command::RefundAttempt { trial_id } => {
                 let trial = self.trial_mut(trial_id).await?;
                 trial.attempts = trial.attempts.saturating_sub(1);
                 self.changed.insert(trial_id);
                 Ok(Reply::Attempt(None))
             }
-            Command::CheckpointCopied { trial_id } => {
-                let trial = self.trial_mut(trial_id).await?;
-                let copied = trial
-                    .lineage
-                    .as_mut()
-                    .is_some_and(|l| l.copying_from.take().is_some());
-                let reply = Reply::Trial(Box::new(trial.clone()));
-                if copied {
-                    self.changed.insert(trial_id);
-                }
-                Ok(reply)
-            }
+            Command::CheckpointCopied { trial_id } => self.checkpoint_copied(trial_id).await,
             Command::IssueToken {
                 trial_id,
                 client_id,
                 token_hash,
-            } => {
-                let trial = self.running_trial(trial_id, "issue a token for").await?;
-                // A dispatched trial (no lease: its dispatcher watches it) reports with the
-                // dispatcher's token for its launch; another would revoke that one.
-                if trial.lease_expires_at.is_none() {
-                    return Err(ServiceError::PermissionDenied {
-                        message: format!(
-                            "trial {trial_id} is run by the server's dispatcher, which gives \
-                             each launch its token"
-                        ),
-                        field: Some("client_id".into()),
-                    });
-                }
-                if trial.client_id.as_deref() != Some(client_id.as_str()) {
-                    return Err(ServiceError::PermissionDenied {
-                        message: format!(
-                            "trial {trial_id} is not held by client {client_id:?}: ask for a \
-                             token for a trial that suggest handed to this client"
-                        ),
-                        field: Some("client_id".into()),
-                    });
-                }
-                self.tokens.push(self.trial_token(trial_id, token_hash));
-                Ok(Reply::Issued)
-            }
+            } => self.issue_token(trial_id, &client_id, token_hash).await,
         }
+    }
+
+    /// Count a launch of a running trial, with its token, unless its attempts are used up.
+    async fn start_attempt(
+        &mut self,
+        trial_id: i64,
+        max_attempts: u32,
+        token_hash: String,
+    ) -> ServiceResult<Reply> {
+        let trial = self.running_trial(trial_id, "launch").await?;
+        if trial.attempts >= max_attempts {
+            return Ok(Reply::Attempt(None));
+        }
+        trial.attempts += 1;
+        let number = trial.attempts;
+        self.changed.insert(trial_id);
+        self.tokens.push(self.trial_token(trial_id, token_hash));
+        Ok(Reply::Attempt(Some(number)))
+    }
+
+    /// PBT: the trial's copy of its parent's checkpoint is made (the parent is free again).
+    async fn checkpoint_copied(&mut self, trial_id: i64) -> ServiceResult<Reply> {
+        let trial = self.trial_mut(trial_id).await?;
+        let copied = trial
+            .lineage
+            .as_mut()
+            .is_some_and(|l| l.copying_from.take().is_some());
+        let reply = Reply::Trial(Box::new(trial.clone()));
+        if copied {
+            self.changed.insert(trial_id);
+        }
+        Ok(reply)
+    }
+
+    /// A token of its own for a pulled trial, asked for by the client that holds it.
+    async fn issue_token(
+        &mut self,
+        trial_id: i64,
+        client_id: &str,
+        token_hash: String,
+    ) -> ServiceResult<Reply> {
+        let trial = self.running_trial(trial_id, "issue a token for").await?;
+        // A dispatched trial (no lease: its dispatcher watches it) reports with the
+        // dispatcher's token for its launch; another would revoke that one.
+        if trial.lease_expires_at.is_none() {
+            return Err(ServiceError::PermissionDenied {
+                message: format!(
+                    "trial {trial_id} is run by the server's dispatcher, which gives \
+                     each launch its token"
+                ),
+                field: Some("client_id".into()),
+            });
+        }
+        if trial.client_id.as_deref() != Some(client_id) {
+            return Err(ServiceError::PermissionDenied {
+                message: format!(
+                    "trial {trial_id} is not held by client {client_id:?}: ask for a \
+                     token for a trial that suggest handed to this client"
+                ),
+                field: Some("client_id".into()),
+            });
+        }
+        self.tokens.push(self.trial_token(trial_id, token_hash));
+        Ok(Reply::Issued)
     }
 
     /// Active trials whose lease ran out go back to `requested`, same parameters, so that
@@ -560,36 +579,13 @@ impl StudyBatch {
             return Ok(self.suggested(Vec::new(), 0, false));
         }
         // A worker that asks again gets back the trials it already holds.
-        if let Some(client) = client_id.as_ref().filter(|_| !dispatched) {
-            let held: Vec<TrialRecord> = self
-                .trials
-                .values()
-                .filter(|t| {
-                    t.client_id.as_deref() == Some(client)
-                        && matches!(t.state, TrialState::Active | TrialState::Stopping)
-                })
-                .cloned()
-                .collect();
+        if let Some(client) = client_id.as_deref().filter(|_| !dispatched) {
+            let held = self.held_by(client);
             if !held.is_empty() {
-                for t in &held {
-                    let lease = self.lease();
-                    if let Some(trial) = self.trials.get_mut(&t.id) {
-                        trial.lease_expires_at = lease;
-                    }
-                    self.changed.insert(t.id);
-                }
                 return Ok(self.suggested(held, 0, false));
             }
         }
-        // Points designed without a trial created since (by another replica, or added) would
-        // not see it as pending: two workers would get the same point. Points designed on
-        // the space before it grew would lack its new parameters. Before any change.
-        if precomputed.as_ref().is_some_and(|p| {
-            p.next_trial_id != self.study.next_trial_id
-                || p.points
-                    .iter()
-                    .any(|a| self.config.space.check_assignment(a).is_err())
-        }) {
+        if precomputed.as_ref().is_some_and(|p| self.is_stale(p)) {
             return Ok(Reply::Stale);
         }
         let mut handed = Vec::new();
@@ -635,37 +631,12 @@ impl StudyBatch {
             }
         }
         // Requested trials (added by a user, or back from an expired lease) go first.
-        let waiting: Vec<i64> = self
-            .trials
-            .values()
-            .filter(|t| t.state == TrialState::Requested)
-            .map(|t| t.id)
-            .take(count)
-            .collect();
-        for id in waiting {
-            if let Some(trial) = self.trials.get_mut(&id) {
-                trial.state = TrialState::Active;
-                trial.client_id = client_id.clone();
-                trial.started_at = Some(self.now);
-                trial.lease_expires_at = lease;
-                handed.push(trial.clone());
-                self.changed.insert(id);
-            }
-        }
+        self.start_requested(count, &client_id, lease, &mut handed);
         let resumed = handed.len();
-        let wanted = count.saturating_sub(handed.len()) as u64;
-        let room = self
-            .config
-            .study_stopping
-            .as_ref()
-            .map_or(u64::MAX, |rule| rule.room(self.created_count()));
         let new_count = if stopping {
             0
         } else {
-            wanted
-                .min(self.free_slots())
-                .min(self.budget_left())
-                .min(room) as usize
+            self.room_for_new(count.saturating_sub(handed.len()))
         };
         if new_count > 0 {
             // The policy's budgets; points chosen here start at the lowest rung.
@@ -691,6 +662,79 @@ impl StudyBatch {
         let retry_later = handed.is_empty();
         let created = handed.len() - resumed;
         Ok(self.suggested(handed, created, retry_later))
+    }
+
+    /// The trials `client` holds (a worker asking again gets them back), their leases renewed.
+    fn held_by(&mut self, client: &str) -> Vec<TrialRecord> {
+        let held: Vec<TrialRecord> = self
+            .trials
+            .values()
+            .filter(|t| {
+                t.client_id.as_deref() == Some(client)
+                    && matches!(t.state, TrialState::Active | TrialState::Stopping)
+            })
+            .cloned()
+            .collect();
+        for t in &held {
+            let lease = self.lease();
+            if let Some(trial) = self.trials.get_mut(&t.id) {
+                trial.lease_expires_at = lease;
+            }
+            self.changed.insert(t.id);
+        }
+        held
+    }
+
+    /// Points designed without a trial created since (by another replica, or added) would
+    /// not see it as pending: two workers would get the same point. Points designed on the
+    /// space before it grew would lack its new parameters. Asked before any change.
+    fn is_stale(&self, precomputed: &Precomputed) -> bool {
+        precomputed.next_trial_id != self.study.next_trial_id
+            || precomputed
+                .points
+                .iter()
+                .any(|a| self.config.space.check_assignment(a).is_err())
+    }
+
+    /// Start up to `count` requested trials for `client_id`, into `handed`.
+    fn start_requested(
+        &mut self,
+        count: usize,
+        client_id: &Option<String>,
+        lease: Option<DateTime<Utc>>,
+        handed: &mut Vec<TrialRecord>,
+    ) {
+        let waiting: Vec<i64> = self
+            .trials
+            .values()
+            .filter(|t| t.state == TrialState::Requested)
+            .map(|t| t.id)
+            .take(count)
+            .collect();
+        for id in waiting {
+            if let Some(trial) = self.trials.get_mut(&id) {
+                trial.state = TrialState::Active;
+                trial.client_id = client_id.clone();
+                trial.started_at = Some(self.now);
+                trial.lease_expires_at = lease;
+                handed.push(trial.clone());
+                self.changed.insert(id);
+            }
+        }
+    }
+
+    /// How many of `wanted` new trials may be made now: within the cap, the study's budget
+    /// and what study-level stopping still allows.
+    fn room_for_new(&self, wanted: usize) -> usize {
+        let room = self
+            .config
+            .study_stopping
+            .as_ref()
+            .map_or(u64::MAX, |rule| rule.room(self.created_count()));
+        (wanted as u64)
+            .min(self.free_slots())
+            .min(self.budget_left())
+            .min(room) as usize
     }
 
     /// The budget a new trial starts at: the lowest rung under a scheduler; `None` (the full

@@ -20,7 +20,9 @@ use augur_optimizer::{Decision, PolicyOutput, PriorStudy};
 
 use super::design::{self, Snapshot};
 use super::state_machine::{Command, Exploit, Handed, Precomputed, Reply};
-use super::{Caller, Service, ServiceError, ServiceResult, stored_config, unexpected};
+use super::{
+    Caller, InternalError, Service, ServiceError, ServiceResult, stored_config, unexpected,
+};
 use crate::model::spec::MAX_SUGGEST_VALUES;
 use crate::model::{ClientId, StudyConfig, StudyState, SuggestCount, Trial, TrialState};
 use crate::store::{StudyRecord, TrialRecord};
@@ -228,9 +230,7 @@ impl Service {
                 other => return Err(unexpected(other)),
             }
         }
-        Err(ServiceError::Internal(
-            "a suggestion without precomputed points came back stale".into(),
-        ))
+        Err(InternalError::bug("a suggestion without precomputed points came back stale").into())
     }
 
     /// A model-based designer's points for this call, by `deadline` (past it: `None`, and the
@@ -297,7 +297,7 @@ impl Service {
         let mut locks = self
             .design_locks
             .lock()
-            .map_err(|_| ServiceError::Internal("design lock registry poisoned".into()))?;
+            .map_err(|_| InternalError::Broken("the design lock registry"))?;
         Ok(locks.entry(study_id).or_default().clone())
     }
 
@@ -337,7 +337,7 @@ impl Service {
             .clone()
             .acquire_owned()
             .await
-            .map_err(|_| ServiceError::Internal("design slots closed".into()))?;
+            .map_err(|_| InternalError::Broken("the design slots"))?;
         let started = tokio::time::Instant::now();
         if clock
             .last_fit
@@ -351,7 +351,7 @@ impl Service {
             augur_optimizer::cancel::with_cancel(cancel, || policy.decide(&snapshot.view(), count))
         })
         .await
-        .map_err(|e| ServiceError::Internal(format!("designer task: {e}")))?;
+        .map_err(|e| InternalError::Task("designer", e))?;
         *clock.last_fit = Some(started.elapsed());
         if let Some(state) = &output.state {
             // A cache for warm starts: losing it costs time, never correctness.
