@@ -44,6 +44,7 @@ const MODULES: &[(&str, &str)] = &[
     ("study.js", include_str!("assets/js/study.js")),
     ("study-charts.js", include_str!("assets/js/study-charts.js")),
     ("table.js", include_str!("assets/js/table.js")),
+    ("terminal.js", include_str!("assets/js/terminal.js")),
     ("trial.js", include_str!("assets/js/trial.js")),
 ];
 /// Others' code the dashboard serves as its packages ship it (`assets/vendor/`, whose README
