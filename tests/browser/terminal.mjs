@@ -2,10 +2,10 @@
 // `augur serve` that requires tokens: a study whose trial (a local job that waits) runs; the
 // browser is signed in with the admin's token (the cookie), which alone opens no session; a
 // reader's pasted token is refused with the server's reason; the study's creator's token opens
-// a shell into the trial, whose own AUGUR_TRIAL_ID comes back in the terminal's rows; closing
-// the panel kills the shell; `exit` ends a session with its status, and the finished trial's
-// page has no terminal. The token stays in the tab's sessionStorage only. Screenshots go to
-// $ARTIFACTS.
+// a shell into the trial, whose own AUGUR_TRIAL_ID comes back in the terminal's rows, on a
+// remote terminal of the panel's size that follows it; closing the panel kills the shell;
+// `exit` ends a session with its status, and the finished trial's page has no terminal. The
+// token stays in the tab's sessionStorage only. Screenshots go to $ARTIFACTS.
 //
 // usage: node terminal.mjs <base url> <admin token> <output dir for the study's trials>
 import { chromium } from 'playwright-core';
@@ -118,7 +118,7 @@ await test("a reader's token is refused with the server's reason", async () => {
 });
 
 let shellPid;
-await test("the creator's token opens a shell in the trial: its own AUGUR_TRIAL_ID comes back", async () => {
+await test("the creator's token opens a shell in the trial: its own AUGUR_TRIAL_ID comes back, on a terminal of the panel's size", async () => {
   await openWith(owner);
   assert(/connected to workerpool0-0/.test(await status()), `status: ${await status()}`);
   await page.locator('#terminal-screen .xterm').click();
@@ -130,6 +130,24 @@ await test("the creator's token opens a shell in the trial: its own AUGUR_TRIAL_
   }, 15000);
   shellPid = Number(seen.match(new RegExp(`trial=1 study=${study} pid=(\\d+)`))[1]);
   assert(shellPid > 0, `the shell's pid in ${seen}`);
+  // The remote terminal has the panel's size, and follows it.
+  const stty = async (size) => {
+    await page.keyboard.type('stty size');
+    await page.keyboard.press('Enter');
+    await eventually(`stty size ${size.rows} ${size.cols}`, async () => (await rows()).includes(`\n${size.rows} ${size.cols}\n`), 15000);
+  };
+  const before = await page.evaluate(() => window.augur.terminal);
+  await stty(before);
+  await page.setViewportSize({ width: 900, height: 1000 });
+  const after = await eventually('the terminal resized', async () => {
+    const size = await page.evaluate(() => window.augur.terminal);
+    return size.cols < before.cols ? size : null;
+  }, 10000);
+  await page.keyboard.type('clear');
+  await page.keyboard.press('Enter');
+  await stty(after);
+  console.log(`     remote terminal ${before.rows}x${before.cols}, then ${after.rows}x${after.cols} with the window narrower`);
+  await page.setViewportSize({ width: 1400, height: 1000 });
   await shot('terminal.png');
   // The token is this tab's: in sessionStorage, not in localStorage nor any cookie script can read.
   const kept = await page.evaluate(() => ({

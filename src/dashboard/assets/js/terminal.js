@@ -133,7 +133,10 @@ async function openSession({ study, trialId, token, replica, command, screen, on
   term.onData((data) => send(encoder.encode(data)));
   // Bytes xterm.js reports as a binary string (some mouse reports): one byte per character.
   term.onBinary((data) => send(Uint8Array.from(data, (c) => c.charCodeAt(0) & 0xff)));
-  term.onResize(({ rows, cols }) => send(JSON.stringify({ type: 'resize', rows, cols })));
+  term.onResize(({ rows, cols }) => {
+    send(JSON.stringify({ type: 'resize', rows, cols }));
+    window.augur.terminal = { rows, cols };
+  });
 
   const finish = (text, failed) => {
     if (ended) return;
@@ -152,6 +155,8 @@ async function openSession({ study, trialId, token, replica, command, screen, on
     socket.send(JSON.stringify(start));
     resizes.observe(screen);
     term.focus();
+    // The size the remote terminal was given, for the browser test (`marks.js`).
+    window.augur.terminal = { rows: term.rows, cols: term.cols };
     onStatus(`connected to ${replica}`, false);
   });
   socket.addEventListener('message', (event) => {
