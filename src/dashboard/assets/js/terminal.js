@@ -100,7 +100,7 @@ export function terminalCard(study, trialId, replicas) {
 
   return h('div', { class: 'card', id: 'terminal-card' }, h('h2', {}, 'Terminal'),
     h('p', { class: 'muted' }, "A shell in this trial's replica, as ", h('code', {}, 'augur trial shell'),
-      ' opens one. It needs a token of the study\'s creator or an admin, pasted here: the sign-in cookie never opens a session.'),
+      ' opens one. A server that requires tokens needs one of the study\'s creator or an admin, pasted here: the sign-in cookie never opens a session.'),
     h('div', { class: 'bar' }, token, replica, command, openButton, closeButton, status),
     screen);
 }
