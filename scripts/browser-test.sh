@@ -3,7 +3,8 @@
 # npm (kept under tests/browser/), against a live `augur serve` on a seeded SQLite database:
 # a 60-trial study, a two-metric study, a 50,000-trial study and a study named and labelled
 # with spreadsheet formulas and HTML; then the same on PostgreSQL when AUGUR_TEST_POSTGRES_URL
-# is set (scripts/test.sh sets it). Installs Chromium and playwright-core when missing.
+# is set (scripts/test.sh sets it); and the trial page's terminal, typed into, on a server that
+# requires tokens. Installs Chromium and playwright-core when missing.
 # Screenshots: target/browser-artifacts/{sqlite,postgres}/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -85,6 +86,26 @@ driveby() {
   kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=""
 }
 driveby
+
+# The trial page's terminal (tests/browser/terminal.mjs) on a server that requires tokens.
+terminal() {
+  local port bin admin
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  bin=$(realpath "$target/$profile/augur")
+  admin="terminal-admin-$(python3 -c 'import secrets; print(secrets.token_hex(12))')"
+  mkdir -p "$work/terminal-runs"
+  (cd "$work" && AUGUR_LOG=warn AUGUR_TOKEN="$admin" exec "$bin" serve --database-url "sqlite://$work/terminal.db" --listen "127.0.0.1:$port") &
+  server_pid=$!
+  for _ in $(seq 1 100); do
+    curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  mkdir -p "$artifacts/terminal"
+  echo "== terminal: a shell in a running trial from its page"
+  ARTIFACTS="$artifacts/terminal" node tests/browser/terminal.mjs "http://127.0.0.1:$port" "$admin" "$work/terminal-runs"
+  kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=""
+}
+terminal
 
 run_on sqlite "sqlite://$work/augur.db"
 # PostgreSQL too when scripts/test.sh has started it (AUGUR_BROWSER_BACKENDS=sqlite skips it).

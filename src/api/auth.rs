@@ -6,6 +6,10 @@
 //! more by what is asked (a `trial_job` needs an operator; changing a study, asking it for
 //! trials or reporting to them needs its creator or an admin).
 //!
+//! The token comes in `Authorization: Bearer`; the dashboard's cookie stands for it on reads
+//! only; a WebSocket to the exec route (a browser cannot set a header on one) may offer it as a
+//! subprotocol instead ([`BEARER_SUBPROTOCOL`]), never the cookie.
+//!
 //! An address that keeps sending wrong tokens is slowed down (`rate_limit::FailureLimit`).
 //! The caller rides along in the request's extensions, for handlers to take as [`Actor`].
 
@@ -61,18 +65,40 @@ pub async fn require_token(
     // Only owned parts cross the await: a request body is not Sync.
     let method = request.method().clone();
     let path = request.uri().path().to_string();
-    let authorization = request
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-        .or_else(|| cookie_token(&method, request.headers()));
     // Who may call it is the matched route's declaration (`access`); a path or method that
     // matches none needs a valid token before it hears 404 or 405.
     let template = request
         .extensions()
         .get::<MatchedPath>()
         .map(|m| m.as_str().to_string());
+    let header = request
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    // A browser's WebSocket carries no Authorization header: the exec route alone takes the
+    // token from the subprotocols the client offers (as Kubernetes does), never the cookie.
+    let offered = match header {
+        None if template.as_deref() == Some(super::exec::ROUTE) => {
+            subprotocol_token(request.headers())
+        }
+        _ => Ok(None),
+    };
+    let authorization = match offered {
+        Ok(token) => header
+            .or_else(|| token.map(|t| format!("Bearer {t}")))
+            .or_else(|| cookie_token(&method, request.headers())),
+        Err(e) => {
+            let source = super::rate_limit::source_address(request.extensions());
+            if !state.auth.open {
+                if let Err(limited) = state.failures.check(source) {
+                    return limited.into_response();
+                }
+                state.failures.record_failure(source);
+            }
+            return e.into_response();
+        }
+    };
     let access = match state.access.lookup(&method, template.as_deref()) {
         RouteAccess::Declared(Access::Public) => return next.run(request).await,
         RouteAccess::Declared(access) => access,
@@ -168,6 +194,36 @@ fn cookie_token(method: &Method, headers: &axum::http::HeaderMap) -> Option<Stri
         .find_map(|c| c.trim().strip_prefix(prefix.as_str()).map(str::to_string))
         .filter(|t| !t.is_empty())
         .map(|t| format!("Bearer {t}"))
+}
+
+/// The prefix of the subprotocol that carries a bearer token on a WebSocket upgrade to the
+/// exec route: `base64url.bearer.augur.<the token in base64url, without padding>` (a token
+/// may hold characters a subprotocol may not). The client offers it beside
+/// [`super::exec::SUBPROTOCOL`], which the server selects: the token is never echoed.
+pub const BEARER_SUBPROTOCOL: &str = "base64url.bearer.augur.";
+
+/// The token a WebSocket upgrade offers as a subprotocol ([`BEARER_SUBPROTOCOL`]), if any;
+/// one that is not base64url of a token (or offered twice) is refused 401.
+fn subprotocol_token(headers: &axum::http::HeaderMap) -> Result<Option<String>, ApiError> {
+    use base64::Engine as _;
+    let mut offered = headers
+        .get_all(axum::http::header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or_default().split(','))
+        .filter_map(|p| p.trim().strip_prefix(BEARER_SUBPROTOCOL));
+    let Some(encoded) = offered.next() else {
+        return Ok(None);
+    };
+    if offered.next().is_some() {
+        return Err(ApiError::Unauthenticated);
+    }
+    let token = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(encoded)
+        .ok()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_graphic()))
+        .ok_or(ApiError::Unauthenticated)?;
+    Ok(Some(token))
 }
 
 /// Who an `Authorization` value (`Bearer <token>`) names: everyone is `open` on an open

@@ -29,6 +29,14 @@ pub fn router() -> AccessRouter {
     AccessRouter::new().routes(Access::Role(Role::Writer), routes!(exec_trial))
 }
 
+/// The route's path template, as the auth layer matches it: only here may a WebSocket carry
+/// its token as a subprotocol (`auth::BEARER_SUBPROTOCOL`).
+pub const ROUTE: &str = "/v1/studies/{study}/trials/{trial}/exec";
+
+/// The subprotocol the server selects when the client offers it (a browser's WebSocket must
+/// offer one to carry its token in another, and fails unless the server selects one).
+pub const SUBPROTOCOL: &str = "augur.exec";
+
 /// Stream tags of the server's binary messages.
 pub const STDOUT_TAG: u8 = 1;
 pub const STDERR_TAG: u8 = 2;
@@ -75,13 +83,20 @@ pub enum ExecControl {
 /// `{"type": "exit", "code": N, "signal": S or null}` (`code` as a shell reports it), or
 /// `{"type": "error", "status", "error": {code, message, field}}` if the session could not
 /// start, and closes. A client that goes away ends the session and kills its command.
+///
+/// The token goes in `Authorization: Bearer <token>`. A browser cannot set that header on a
+/// WebSocket, so a client may instead offer the subprotocols `augur.exec` and
+/// `base64url.bearer.augur.<token in base64url, without padding>` (as Kubernetes' API server
+/// takes one): the token is checked as a bearer token (same roles, same audit), a malformed
+/// one is 401, and the server selects `augur.exec`, never echoing the token. The dashboard's
+/// cookie never authorizes a session, and an upgrade from a page of another origin is 403.
 #[utoipa::path(get, path = "/v1/studies/{study}/trials/{trial}/exec", tag = "trials",
     params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID)),
     responses(
         (status = 101, description = "Switching to the WebSocket session; its first message is an ExecStart"),
         (status = 400, description = "Not a WebSocket upgrade request", body = ErrorBody),
-        (status = 401, description = "No valid bearer token", body = ErrorBody),
-        (status = 403, description = "Neither the study's creator nor an admin", body = ErrorBody),
+        (status = 401, description = "No valid bearer token (in Authorization, or the subprotocol `base64url.bearer.augur.<token>`)", body = ErrorBody),
+        (status = 403, description = "Neither the study's creator nor an admin, or a page of another origin", body = ErrorBody),
         (status = 404, description = "No such study or trial", body = ErrorBody),
         (status = 409, description = "The trial is not running (`state`), or not run by this server's dispatcher (`trial`: a pulled or ask/tell trial)", body = ErrorBody),
     ))]
@@ -112,6 +127,7 @@ pub async fn exec_trial(
     })?;
     let service = state.service.clone();
     Ok(upgrade
+        .protocols([SUBPROTOCOL])
         .max_message_size(MAX_CLIENT_MESSAGE)
         .on_upgrade(move |socket| run_session(socket, service, actor, target))
         .into_response())

@@ -4,7 +4,8 @@
 //! page and per part, no build step, served from [`MODULES`]) draw it from the JSON API
 //! (`/v1/...`, including the aggregates of `insights/charts.rs`) and keep the study page live
 //! through the change cursor. Charts are plotly.js, which the `plotly` crate ships inside the
-//! binary: no npm step.
+//! binary: no npm step. The trial page's terminal is xterm.js, its prebuilt bundle vendored
+//! under `assets/vendor/` ([`VENDOR`]).
 
 use std::sync::LazyLock;
 
@@ -43,7 +44,28 @@ const MODULES: &[(&str, &str)] = &[
     ("study.js", include_str!("assets/js/study.js")),
     ("study-charts.js", include_str!("assets/js/study-charts.js")),
     ("table.js", include_str!("assets/js/table.js")),
+    ("terminal.js", include_str!("assets/js/terminal.js")),
     ("trial.js", include_str!("assets/js/trial.js")),
+];
+/// Others' code the dashboard serves as its packages ship it (`assets/vendor/`, whose README
+/// names each version and how to update it), at `/dashboard/vendor/{file}`: xterm.js and its
+/// fit addon for the trial page's terminal (`terminal.js`), loaded when a terminal opens.
+const VENDOR: &[(&str, &str, &str)] = &[
+    (
+        "xterm.js",
+        include_str!("assets/vendor/xterm/xterm.js"),
+        "text/javascript; charset=utf-8",
+    ),
+    (
+        "addon-fit.js",
+        include_str!("assets/vendor/xterm/addon-fit.js"),
+        "text/javascript; charset=utf-8",
+    ),
+    (
+        "xterm.css",
+        include_str!("assets/vendor/xterm/xterm.css"),
+        "text/css; charset=utf-8",
+    ),
 ];
 /// The module a page shell loads; it imports the rest.
 const ENTRY_MODULE: &str = "main.js";
@@ -84,6 +106,7 @@ pub fn router() -> AccessRouter {
         .routes(Access::Public, routes!(js_module))
         .routes(Access::Public, routes!(style_css))
         .routes(Access::Public, routes!(plotly_js))
+        .routes(Access::Public, routes!(vendor_file))
 }
 
 /// A page shell: `main.js` reads `data-*` from the body and draws the page.
@@ -436,6 +459,22 @@ pub async fn style_css() -> Response {
     responses((status = 200, description = "JavaScript", content_type = "text/javascript", body = String)))]
 pub async fn plotly_js() -> Response {
     asset(PLOTLY_JS.as_str(), "text/javascript; charset=utf-8", true)
+}
+
+/// A vendored library's file (`assets/vendor/`): xterm.js, its fit addon and its style sheet.
+/// Pages ask for it with `?v=` the server's version, so it may be kept for good.
+#[utoipa::path(get, path = "/dashboard/vendor/{file}", tag = "dashboard",
+    params(("file" = String, Path, description = "file name, e.g. `xterm.js`")),
+    responses(
+        (status = 200, description = "JavaScript or CSS", content_type = "text/javascript", body = String),
+        (status = 404, description = "No file of that name", body = crate::api::error::ErrorBody),
+    ))]
+pub async fn vendor_file(Path(file): Path<String>) -> Result<Response, ApiError> {
+    let (_, body, content_type) = VENDOR
+        .iter()
+        .find(|(name, _, _)| *name == file)
+        .ok_or_else(|| ApiError::NotFound("no such dashboard file".into()))?;
+    Ok(asset(body, content_type, true))
 }
 
 #[cfg(test)]

@@ -124,6 +124,40 @@ async fn pages_are_html_and_plotly_is_served_from_the_binary() {
     }
 }
 
+/// The trial page's terminal draws with xterm.js, served from the binary as its package
+/// ships it (`assets/vendor/xterm/`), kept for good (pages ask with `?v=`); no other file of
+/// that directory, nor any name outside it.
+#[tokio::test]
+async fn xterm_is_served_from_the_binary_by_name_only() {
+    let app = spawn_app(sqlite_db()).await;
+    for (file, content_type, needle) in [
+        ("xterm.js", "text/javascript; charset=utf-8", "Terminal"),
+        ("addon-fit.js", "text/javascript; charset=utf-8", "FitAddon"),
+        ("xterm.css", "text/css; charset=utf-8", ".xterm"),
+    ] {
+        let r = app
+            .http
+            .get(format!("{}/dashboard/vendor/{file}", app.base))
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(r.status(), StatusCode::OK, "{file}");
+        assert_eq!(r.headers()["content-type"], content_type, "{file}");
+        assert!(
+            r.headers()["cache-control"]
+                .to_str()
+                .expect("cc")
+                .contains("immutable"),
+            "{file}"
+        );
+        assert!(r.text().await.expect("body").contains(needle), "{file}");
+    }
+    for unknown in ["LICENSE", "README.md", "xterm.mjs", "..%2Fjs%2Fmain.js"] {
+        let r = app.get(&format!("/dashboard/vendor/{unknown}")).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{unknown}");
+    }
+}
+
 #[tokio::test]
 async fn pages_load_the_entry_module_and_modules_are_served_by_name_only() {
     let app = spawn_app(sqlite_db()).await;
@@ -394,7 +428,11 @@ async fn a_protected_server_sends_browsers_to_login_and_takes_the_cookie_for_rea
         r.headers()["location"],
         "/login?next=%2Fstudies%2F3%3Fx%3D1"
     );
-    for open in ["/login", "/dashboard/js/main.js"] {
+    for open in [
+        "/login",
+        "/dashboard/js/main.js",
+        "/dashboard/vendor/xterm.js",
+    ] {
         let r = http
             .get(format!("{}{open}", app.base))
             .send()

@@ -534,6 +534,206 @@ async fn upgrade_with(app: &common::TestApp, headers: &[(&str, &str)], study: i6
     }
 }
 
+/// An upgrade to trial 1's exec route with `headers`: the session and the server's
+/// `Sec-WebSocket-Protocol`, or the refusal's status and JSON body.
+async fn upgrade_answer(
+    app: &common::TestApp,
+    headers: &[(&str, &str)],
+    study: i64,
+) -> Result<
+    (
+        tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>,
+        Option<String>,
+    ),
+    (u16, Value),
+> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let url = format!("ws://{}/v1/studies/{study}/trials/1/exec", app.addr);
+    let mut request = url.into_client_request().expect("request");
+    for (name, value) in headers {
+        let name: tokio_tungstenite::tungstenite::http::HeaderName = name.parse().expect("name");
+        request
+            .headers_mut()
+            .insert(name, value.parse().expect("value"));
+    }
+    let tcp = tokio::net::TcpStream::connect(app.addr).await.expect("tcp");
+    match tokio_tungstenite::client_async(request, tcp).await {
+        Ok((socket, response)) => {
+            let selected = response
+                .headers()
+                .get("sec-websocket-protocol")
+                .map(|v| v.to_str().expect("ASCII").to_string());
+            Ok((socket, selected))
+        }
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            let body = response
+                .body()
+                .as_deref()
+                .and_then(|b| serde_json::from_slice(b).ok())
+                .unwrap_or(Value::Null);
+            Err((response.status().as_u16(), body))
+        }
+        Err(e) => panic!("upgrade: {e}"),
+    }
+}
+
+/// The subprotocols a browser offers for `token` (the dashboard's terminal, `terminal.js`).
+fn offered(token: &str) -> String {
+    use base64::Engine as _;
+    let encoded = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token);
+    format!("augur.exec, base64url.bearer.augur.{encoded}")
+}
+
+/// A browser cannot set Authorization on a WebSocket: the exec route takes the token from a
+/// subprotocol (`base64url.bearer.augur.<token>`), checked as a bearer token is (a reader's
+/// refused 403, a malformed one 401 with a JSON error, the session audited as its owner's),
+/// and the server selects `augur.exec`, never echoing the token. The cookie still opens
+/// nothing, another origin is refused, an Authorization header wins over the subprotocol, and
+/// no other route reads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_offered_as_a_subprotocol_opens_a_session_as_a_bearer_token_would() {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let app = common::spawn_app_with(common::sqlite_db(), Some(ADMIN)).await;
+    let owner = token(&app, "owner", "operator").await;
+    let reader = token(&app, "reader", "reader").await;
+    let runs = tempfile::tempdir().expect("runs");
+    let created = common::call(
+        &app.http,
+        &app.base,
+        Some(&owner),
+        reqwest::Method::POST,
+        "/v1/studies",
+        Some(study_spec("subprotocol", runs.path(), waiting_trainer())),
+    )
+    .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    let study = created.body["id"].as_i64().expect("id");
+    until_exec_works(&app.base, &owner, study, 1).await;
+
+    // The owner's token as a subprotocol: a session, `augur.exec` selected, in the trial.
+    let owners = offered(&owner);
+    let (mut socket, selected) =
+        upgrade_answer(&app, &[("sec-websocket-protocol", &owners)], study)
+            .await
+            .expect("the owner's session opens");
+    assert_eq!(selected.as_deref(), Some("augur.exec"));
+    let start =
+        json!({"command": ["/bin/sh", "-c", "echo trial-$AUGUR_TRIAL_ID-of-$AUGUR_STUDY_ID"]});
+    socket
+        .send(Message::text(start.to_string()))
+        .await
+        .expect("start");
+    let mut out = Vec::new();
+    let end = loop {
+        let next = tokio::time::timeout(Duration::from_secs(15), socket.next())
+            .await
+            .expect("the session answers within 15 s");
+        match next {
+            Some(Ok(Message::Binary(data))) => out.extend_from_slice(&data[1..]),
+            Some(Ok(Message::Text(text))) => {
+                break serde_json::from_str::<Value>(text.as_str()).expect("JSON");
+            }
+            Some(Ok(_)) => {}
+            other => panic!("closed without an exit: {other:?}"),
+        }
+    };
+    assert_eq!(end, json!({"type": "exit", "code": 0, "signal": null}));
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        format!("trial-1-of-{study}\n")
+    );
+
+    // A reader's token is a reader's, wherever it comes in.
+    let readers = offered(&reader);
+    let refused = upgrade_answer(&app, &[("sec-websocket-protocol", &readers)], study).await;
+    assert_eq!(refused.err().map(|(status, _)| status), Some(403));
+    // Not base64url of a token (or two tokens): 401, as JSON.
+    for malformed in [
+        "augur.exec, base64url.bearer.augur.not*base64",
+        "augur.exec, base64url.bearer.augur.",
+        "augur.exec, base64url.bearer.augur.IA", // a space
+    ] {
+        let refused = upgrade_answer(&app, &[("sec-websocket-protocol", malformed)], study).await;
+        let (status, body) = refused.expect_err(malformed);
+        assert_eq!(status, 401, "{malformed}");
+        assert_eq!(
+            body["error"]["code"], "unauthenticated",
+            "{malformed}: {body}"
+        );
+    }
+    let twice = format!("{owners}, base64url.bearer.augur.YQ");
+    let refused = upgrade_answer(&app, &[("sec-websocket-protocol", &twice)], study).await;
+    assert_eq!(refused.err().map(|(status, _)| status), Some(401));
+    // The cookie opens nothing, beside the bare subprotocol or alone.
+    let cookie = format!("augur_token={ADMIN}");
+    let refused = upgrade_answer(
+        &app,
+        &[
+            ("cookie", &cookie),
+            ("sec-websocket-protocol", "augur.exec"),
+        ],
+        study,
+    )
+    .await;
+    assert_eq!(refused.err().map(|(status, _)| status), Some(401));
+    // A page of another origin may not, whatever token it offers.
+    let refused = upgrade_answer(
+        &app,
+        &[
+            ("sec-websocket-protocol", &owners),
+            ("origin", "http://evil.example"),
+        ],
+        study,
+    )
+    .await;
+    assert_eq!(refused.err().map(|(status, _)| status), Some(403));
+    // An Authorization header is the token when both come.
+    let bearer = format!("Bearer {reader}");
+    let refused = upgrade_answer(
+        &app,
+        &[
+            ("authorization", &bearer),
+            ("sec-websocket-protocol", &owners),
+        ],
+        study,
+    )
+    .await;
+    assert_eq!(refused.err().map(|(status, _)| status), Some(403));
+    // Only the exec route reads a subprotocol.
+    let other_route = app
+        .http
+        .get(format!("{}/v1/studies/{study}", app.base))
+        .header("sec-websocket-protocol", &owners)
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(other_route.status(), StatusCode::UNAUTHORIZED);
+
+    // The session is in the audit trail as the owner's.
+    let audit = app.get("/v1/audit").await;
+    assert!(
+        audit.body["events"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .any(|e| e["action"] == "trial.exec"
+                && e["actor"] == "owner"
+                && e["detail"]
+                    .as_str()
+                    .is_some_and(|d| d.contains("trial-$AUGUR_TRIAL_ID"))),
+        "{}",
+        audit.body
+    );
+    std::fs::write(
+        common::study_dir(runs.path(), study).join("1/model/done"),
+        "",
+    )
+    .expect("done");
+    app.wait_for_state(study, "completed", Duration::from_secs(30))
+        .await;
+}
+
 /// A container trial: `podman exec` into the replica asked for (its own environment inside
 /// its container), its status back, and a terminal through `podman exec --tty`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,7 @@
 // What the browser test reads (tests/browser/dashboard.mjs): `window.augur.marks` holds the
 // time (ms since navigation start) each part of a page was first drawn; `updates` counts the
-// live updates applied and `lastUpdate` names the trials of the latest.
+// live updates applied and `lastUpdate` names the trials of the latest; `terminal` holds the
+// size of the trial page's terminal (`terminal.js`) as last sent to the server.
 
 window.augur = { marks: {}, updates: 0 };
 

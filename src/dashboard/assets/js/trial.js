@@ -1,12 +1,13 @@
 // The trial page (`/studies/{study}/trials/{trial}`): parameters, outcome, learning curve;
 // for dispatched trials the model directory and the tail of the log, of any replica of a
-// cluster trial.
+// cluster trial; for a running one, a terminal into it (`terminal.js`).
 
 import { api, apiText } from './api.js';
 import { PLOT_CONFIG, baseLayout, logScaleToggle, plotText, plotly, titled, yScale } from './charts.js';
 import { annotationEditor, userAttrsTable } from './annotations.js';
 import { $, fmt, h, keyValueTable, showError, stateBadge } from './dom.js';
 import { mark } from './marks.js';
+import { terminalCard } from './terminal.js';
 
 const LOG_TAIL_BYTES = 65536;
 
@@ -18,7 +19,8 @@ export async function trialPage() {
   const job = info.spec.trial_job;
   const dir = job && job.output_dir ? `${studyDir(job, info)}/${trialId}` : null;
   const metrics = info.spec.metrics.map((m) => m.id);
-  $('#main').replaceChildren(
+  // Cards a trial may lack come as null: left out (replaceChildren would write "null").
+  $('#main').replaceChildren(...[
     h('h1', {}, h('a', { href: `/studies/${study}` }, info.name), ` › trial ${trialId} `, stateBadge(trial.state),
       trial.early_stopped ? h('span', { class: 'muted' }, ' stopped early') : null,
       tensorboardLink(info, trialId)),
@@ -36,7 +38,9 @@ export async function trialPage() {
         dir ? `${dir}/model (checkpoints in ${dir}/checkpoints)` : 'Shown here once the study dispatches its trials (trial_job.output_dir).'),
       h('div', { id: 'artifacts' })),
       h('div', { class: 'card' }, h('h2', {}, 'Logs'), h('div', { class: 'placeholder', id: 'logs' },
-        dir ? `${dir}/logs` : 'stdout and stderr appear here once the study dispatches its trials.'))));
+        dir ? `${dir}/logs` : 'stdout and stderr appear here once the study dispatches its trials.'))),
+    job && runsHere(trial) ? terminalCard(study, trialId, replicaNames(job)) : null,
+  ].filter(Boolean));
   mark('trial');
   if (job) {
     showLogs(study, trialId, replicaNames(job));
@@ -44,6 +48,10 @@ export async function trialPage() {
   }
   await drawLearningCurve(trial, metrics);
 }
+
+/** Whether a session can open in the trial: running, and run by this server's dispatcher
+ * (a pulled trial runs on its client's machine; `service/exec.rs`). */
+const runsHere = (trial) => (trial.state === 'active' || trial.state === 'stopping') && trial.client_id === 'augur-dispatcher';
 
 /** A link to the TensorBoard `augur tensorboard` runs over the study (it names itself in
  * the study's user attribute `augur:tensorboard_url` while it runs), whose run for this trial
