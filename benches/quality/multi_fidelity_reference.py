@@ -74,7 +74,7 @@ def suggest(problem, trial):
     raise SystemExit(f"unknown problem {problem}")
 
 
-def make_study(method, seed):
+def make_study(problem, method, seed):
     if method == "optuna_tpe_hyperband":
         sampler = optuna.samplers.TPESampler(seed=seed)
         pruner = optuna.pruners.HyperbandPruner(min_resource=1, max_resource=MAX_EPOCHS, reduction_factor=3)
@@ -86,11 +86,14 @@ def make_study(method, seed):
         pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3)
     else:
         raise SystemExit(f"unknown method {method}")
-    return optuna.create_study(direction="minimize", sampler=sampler, pruner=pruner)
+    # HyperbandPruner puts a trial in a bracket by a hash of the study's name and the trial's
+    # number: a named study makes the run repeatable (an unnamed one gets a random name).
+    return optuna.create_study(study_name=f"{problem}-{method}-{seed}", direction="minimize",
+                               sampler=sampler, pruner=pruner)
 
 
 def run_study(oracle, problem, method, seed, budget):
-    study = make_study(method, seed)
+    study = make_study(problem, method, seed)
     running = [None] * WORKERS  # (optuna trial, oracle trial, parameters, epochs done)
     clock = trained = trials = 0
     best = float("inf")
