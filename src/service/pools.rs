@@ -151,7 +151,10 @@ fn pool_of(study: &StudyRecord) -> Option<(&str, f64)> {
     Some((pool.name.as_str(), pool.weight()))
 }
 
-/// A study's trials waiting for a slot: its room under the cap, up to what it has left.
+/// A study's trials waiting for a slot: its room under the cap, up to what it has left. A
+/// paused trial (multi-fidelity) is left work too: only a suggestion, which a slot's pick
+/// asks, decides its promotion or its stop, so a study whose trials are all paused must
+/// still be picked.
 fn pending_of(study: &StudyRecord) -> (u64, u64, u64) {
     let counts = &study.trial_counts;
     let running = counts.active + counts.stopping;
@@ -159,7 +162,9 @@ fn pending_of(study: &StudyRecord) -> (u64, u64, u64) {
     let unfinished = running + counts.requested;
     let cap = study.spec.parallel_trials.max(0) as u64;
     let room = cap.saturating_sub(unfinished) + counts.requested;
-    let left = (study.spec.max_trials.max(0) as u64).saturating_sub(created) + counts.requested;
+    let left = (study.spec.max_trials.max(0) as u64).saturating_sub(created)
+        + counts.requested
+        + counts.paused;
     let pending = if study.state == StudyState::Active {
         room.min(left)
     } else {

@@ -136,6 +136,60 @@ async fn a_pulled_worker_resumes_promoted_trials_from_their_checkpoints() {
     assert_ladder_climbed_by_resuming(&app, &study, &trainer.trained).await;
 }
 
+/// Two pool workers (`augur worker --pool`, two slots each) run an ASHA study: a promotion
+/// is leased as the same trial at a larger budget, to whichever slot is free, in the trial's
+/// own directories (the study's `output_dir`, which both workers share), so every trial
+/// resumes from its checkpoint whichever worker trains it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_workers_resume_promoted_trials_from_their_checkpoints() {
+    let trainer = Trainer::new();
+    let app = common::spawn_app(common::sqlite_db()).await;
+    let mut spec = asha_spec("pool-asha");
+    spec["trial_job"] = json!({
+        "executor": "pool",
+        "pool": "mf",
+        "command": ["python3", trainer.script.display().to_string()],
+        "output_dir": trainer.dir.path().join("runs").display().to_string(),
+    });
+    let id = app.create_study(spec).await;
+    let worker = |name: &str| {
+        let child = std::process::Command::new(common::augur_bin())
+            .args(["worker", "--url", &app.base, "--pool", "mf"])
+            .args([
+                "--slots",
+                "2",
+                "--client-id",
+                name,
+                "--job-commands",
+                "python3",
+            ])
+            .arg("--env")
+            .arg(format!("TRAINED={}", trainer.trained.display()))
+            .env_remove("AUGUR_TOKEN")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("pool worker");
+        common::KillOnDrop(child)
+    };
+    let workers = [worker("a"), worker("b")];
+    let study = app
+        .wait_for_state(id, "completed", Duration::from_secs(120))
+        .await;
+    drop(workers);
+    assert_ladder_climbed_by_resuming(&app, &study, &trainer.trained).await;
+    let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
+    let slots: std::collections::BTreeSet<&str> = trials["trials"]
+        .as_array()
+        .expect("trials")
+        .iter()
+        .filter_map(|t| t["client_id"].as_str())
+        .collect();
+    assert!(
+        slots.iter().any(|s| s.starts_with("a/")) && slots.iter().any(|s| s.starts_with("b/")),
+        "both workers ran trials: {slots:?}"
+    );
+}
+
 /// What the trainer logged of a finished 9-configuration study on rungs 1, 3, 9: every
 /// launch continued where the trial's last one ended, at a rung, told its budget; 9 trials
 /// at 1 epoch, the top third at 3, one at 9, the best at 3 epochs of those that got there.

@@ -246,23 +246,25 @@ async fn ten_studies_share_a_pool_fairly_within_their_caps_through_a_lost_worker
         "{} trials lost with c, {reran} of them had ended unreported",
         killed.len()
     );
+    // c may have died between a lease and its trainer's start: such a trial starts once.
+    let started_by_c: BTreeSet<(i64, i64)> = runs
+        .iter()
+        .filter(|r| killed.contains(&(r.study, r.trial)) && r.start < killed_at)
+        .map(|r| (r.study, r.trial))
+        .collect();
     for trial in &killed {
-        assert_eq!(
-            starts.get(trial),
-            Some(&2),
-            "{trial:?} was started again after c died"
-        );
+        let again = runs
+            .iter()
+            .filter(|r| (r.study, r.trial) == *trial && r.start > killed_at)
+            .count();
+        assert_eq!(again, 1, "{trial:?} was started again once after c died");
     }
     let restarted: BTreeSet<(i64, i64)> = starts
         .iter()
         .filter(|(_, n)| **n > 1)
         .map(|(k, _)| *k)
         .collect();
-    assert_eq!(
-        restarted,
-        killed.iter().copied().collect(),
-        "only c's trials ran twice"
-    );
+    assert_eq!(restarted, started_by_c, "only c's trials ran twice");
 
     // The late worker's first trial started soon after it was spawned (binary start-up,
     // its report and its first lease).
