@@ -8,6 +8,7 @@ mod error;
 mod exec;
 mod lease;
 mod pool_worker;
+mod reaper;
 mod run;
 mod server;
 mod study;
@@ -377,6 +378,14 @@ pub enum Command {
     },
     /// Print the OpenAPI document the server serves.
     Openapi,
+    /// (Internal) `augur worker`'s watch over one trial: kills the trial's processes if the
+    /// worker dies (see `cli/reaper.rs`).
+    #[command(hide = true)]
+    ReapTrial {
+        handle_file: std::path::PathBuf,
+        study_id: i64,
+        trial_id: i64,
+    },
 }
 
 /// The operator's settings for the executors of this machine, the same for `serve`, `run`
@@ -688,6 +697,14 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Openapi => {
             print!("{}", crate::app::openapi_yaml());
+            Ok(())
+        }
+        Command::ReapTrial {
+            handle_file,
+            study_id,
+            trial_id,
+        } => {
+            reaper::reap_trial(handle_file, study_id, trial_id);
             Ok(())
         }
         Command::Study { client, command } => {

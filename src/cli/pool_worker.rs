@@ -23,13 +23,14 @@ use tokio::sync::{Mutex, Notify, watch};
 use super::client::Client;
 use super::error::{CliError, CliResult};
 use super::lease::LeaseKeeper;
+use super::reaper::TrialReaper;
 use super::worker::{HttpReporter, trial_base_env};
 use crate::dispatch::DispatchError;
 use crate::dispatch::executor::{ExecutorContext, executor_for};
 use crate::dispatch::settings::ExecutorSettings;
 use crate::dispatch::trial::{Interrupt, TrialSetup, run_trial};
 use crate::model::pool::{PoolLease, WORKER_REPORT_EVERY_SECS};
-use crate::model::{OutputLayout, Role, Study, StudyDir, StudyKey};
+use crate::model::{OutputLayout, Role, Study, StudyDir, StudyKey, TrialDirs};
 use crate::service::{DispatchedTrial, JobPolicy};
 
 pub struct PoolWorkerOptions {
@@ -342,7 +343,12 @@ async fn run_leased(
         budget: lease.trial.budget,
         copy_from: None,
     };
+    let handle_file = TrialDirs::new(&run.setup.study_dir, trial_id).handle_file();
+    let reaper = TrialReaper::start(&handle_file, study_id, trial_id);
     let end = run_trial(run.setup.clone(), trial, None, trial_interrupt).await;
+    if let Some(reaper) = reaper {
+        reaper.disarm().await;
+    }
     drop(keeper);
     run.reporter.end_lease(trial_id);
     eprintln!("slot {slot}: study {study_id} trial {trial_id}: {end:?}");

@@ -16,13 +16,14 @@ use tokio::sync::watch;
 use super::client::Client;
 use super::error::{CliError, CliResult};
 use super::lease::LeaseKeeper;
+use super::reaper::TrialReaper;
 use crate::dispatch::executor::{Executor, ExecutorContext, executor_for};
 use crate::dispatch::local::LocalExecutor;
 use crate::dispatch::reporter::{AttemptStart, TrialReporter};
 use crate::dispatch::trial::{Interrupt, TrialSetup, run_trial};
 use crate::dispatch::{DispatchError, DispatchResult};
 use crate::model::{
-    ExecutorSpec, Measurement, OutputLayout, Study, StudyDir, StudyKey, TrialJobSpec,
+    ExecutorSpec, Measurement, OutputLayout, Study, StudyDir, StudyKey, TrialDirs, TrialJobSpec,
 };
 use crate::service::DispatchedTrial;
 
@@ -239,7 +240,12 @@ async fn run_slot(
             budget,
             copy_from: trial["lineage"]["copying_from"].as_i64(),
         };
+        let handle_file = TrialDirs::new(&setup.study_dir, trial_id).handle_file();
+        let reaper = TrialReaper::start(&handle_file, setup.study_id, trial_id);
         let end = run_trial(setup.clone(), run, None, trial_interrupt).await;
+        if let Some(reaper) = reaper {
+            reaper.disarm().await;
+        }
         drop(keeper);
         reporter.release(trial_id);
         eprintln!("trial {trial_id}: {end:?}");

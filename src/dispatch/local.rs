@@ -187,25 +187,8 @@ impl Executor for LocalExecutor {
     }
 
     async fn clean_up_stale(&self, handle: &JobHandle, study_id: i64, trial_id: i64) {
-        let JobHandle::ProcessGroups(groups) = handle else {
-            return;
-        };
-        // Process ids are reused: kill only processes of those groups that carry this
-        // trial's environment, never whatever holds the number now.
-        let marks = [
-            format!("AUGUR_STUDY_ID={study_id}"),
-            format!("AUGUR_TRIAL_ID={trial_id}"),
-        ];
-        for &pgid in groups {
-            for pid in group_members(pgid) {
-                let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
-                    continue;
-                };
-                let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
-                if marks.iter().all(|m| vars.contains(&m.as_bytes())) {
-                    let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
-                }
-            }
+        if let JobHandle::ProcessGroups(groups) = handle {
+            kill_trial_groups(groups, study_id, trial_id);
         }
     }
 
@@ -227,6 +210,30 @@ impl Executor for LocalExecutor {
             .map_err(|e| refused(format!("exec task: {e}")))?
             .map(ExecVia::Process)
     }
+}
+
+/// Kill the processes of `groups` that carry trial `trial_id`'s marks in their environment
+/// (process ids are reused: never whatever holds the number now): how many.
+pub fn kill_trial_groups(groups: &[i32], study_id: i64, trial_id: i64) -> usize {
+    let marks = [
+        format!("AUGUR_STUDY_ID={study_id}"),
+        format!("AUGUR_TRIAL_ID={trial_id}"),
+    ];
+    let mut killed = 0;
+    for &pgid in groups {
+        for pid in group_members(pgid) {
+            let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+                continue;
+            };
+            let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
+            if marks.iter().all(|m| vars.contains(&m.as_bytes()))
+                && nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok()
+            {
+                killed += 1;
+            }
+        }
+    }
+    killed
 }
 
 /// The session's process for a local replica: the replica's leader (its process group's
