@@ -38,6 +38,7 @@ pub fn router() -> AccessRouter {
         .routes(report_own, routes!(fail_trial))
         .routes(write, routes!(retry_trial))
         .routes(report_own, routes!(heartbeat_trial))
+        .routes(report_own, routes!(checkpoint_copied))
         .routes(read_own, routes!(stop_verdict))
         .routes(report_own, routes!(should_stop))
         .routes(read, routes!(trial_changes))
@@ -606,6 +607,31 @@ pub async fn heartbeat_trial(
 ) -> ApiResult<Json<Trial>> {
     let (study, trial) = ids(&study, &trial)?;
     Ok(Json(state.service.heartbeat(&actor, study, trial).await?))
+}
+
+/// PBT: the trial's worker has copied its parent's checkpoint (`lineage.copying_from`) into
+/// the trial's own checkpoint directory; the parent may train on. For a pool's workers (the
+/// server's dispatcher records its own copies).
+#[utoipa::path(post, path = "/v1/studies/{study}/trials/{trial}/checkpoint_copied", tag = "trials",
+    params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID)),
+    responses(
+        (status = 200, description = "The trial, no longer copying", body = Trial),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "Neither the study's creator, an admin, nor this trial's own token", body = ErrorBody),
+        (status = 404, description = "No such study or trial", body = ErrorBody),
+    ))]
+pub async fn checkpoint_copied(
+    State(state): State<AppState>,
+    Actor(actor): Actor,
+    Path((study, trial)): Path<(String, String)>,
+) -> ApiResult<Json<Trial>> {
+    let (study, trial) = ids(&study, &trial)?;
+    Ok(Json(
+        state
+            .service
+            .report_checkpoint_copied(&actor, study, trial)
+            .await?,
+    ))
 }
 
 /// The early-stopping rule's verdict on this trial, changing nothing (true for a trial

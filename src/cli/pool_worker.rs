@@ -341,7 +341,7 @@ async fn run_leased(
         parameters: lease.trial.parameters.clone(),
         attempts: lease.trial.attempts,
         budget: lease.trial.budget,
-        copy_from: None,
+        copy_from: lease.trial.lineage.as_ref().and_then(|l| l.copying_from),
     };
     let handle_file = TrialDirs::new(&run.setup.study_dir, trial_id).handle_file();
     let reaper = TrialReaper::start(&handle_file, study_id, trial_id);

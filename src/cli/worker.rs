@@ -504,11 +504,18 @@ impl TrialReporter for HttpReporter {
         Ok(Some(AttemptStart { number, token }))
     }
 
+    /// PBT: this worker copied the parent's checkpoint (from the study's directory, which
+    /// the pool's workers share) into the trial's own.
     async fn checkpoint_copied(&self, trial_id: i64) -> DispatchResult<()> {
-        Err(DispatchError::Remote(format!(
-            "trial {trial_id} must copy another trial's checkpoint (PBT): only the server's \
-             own dispatcher runs PBT studies, augur worker does not"
-        )))
+        self.client_for(trial_id)
+            .call(
+                Method::POST,
+                &self.path(trial_id, "/checkpoint_copied"),
+                None,
+            )
+            .await
+            .map(drop)
+            .map_err(remote)
     }
 
     async fn refund_attempt(&self, trial_id: i64) -> DispatchResult<()> {

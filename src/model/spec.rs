@@ -1008,13 +1008,7 @@ impl StudySpec {
                      live on the pods' volume: use the local, container or Slurm executor",
                 ));
             }
-            Some(job) if job.executor.pool().is_some() => {
-                return Err(ValidationError::new(
-                    "trial_job.executor",
-                    "pbt copies checkpoints between trials, which only the server's own \
-                     dispatcher does: use the local, container or Slurm executor",
-                ));
-            }
+            // A pool's workers copy from the study's directory, which they must share.
             Some(_) => {}
         }
         // Perturbing a parent would switch its children on and off mid-training.

@@ -285,6 +285,19 @@ impl Service {
             .await
     }
 
+    /// PBT: a pulled trial's worker copied its parent's checkpoint (see `check_reporter` for
+    /// who may). Not audited, as the dispatcher's own copies are not.
+    pub async fn report_checkpoint_copied(
+        &self,
+        actor: &Caller,
+        study_id: i64,
+        trial_id: i64,
+    ) -> ServiceResult<Trial> {
+        self.check_reporter(actor, study_id, Some(trial_id)).await?;
+        self.change_trial(study_id, Command::CheckpointCopied { trial_id })
+            .await
+    }
+
     /// Run a failed trial again, with the same parameters and directories (a retried
     /// trial finds its checkpoints): a change to the study, so its creator's or an admin's.
     pub async fn retry_trial(

@@ -126,6 +126,8 @@ fn allowed(who: Who, method: &Method, path: &str) -> bool {
                     "fail",
                     "heartbeat",
                     "should_stop",
+                    // A pool worker's PBT copy, reported with the trial's token.
+                    "checkpoint_copied",
                 ]
                 .contains(&action),
                 _ => false,

@@ -84,6 +84,14 @@ async fn pbt_on_slurm_copies_the_best_checkpoint_into_the_worst_trial() {
     the_worst_copies_the_best_on("sqlite", "slurm").await;
 }
 
+/// The same run by a pool's two workers (`augur worker --pool`): the worker that gets the
+/// worst trial's next segment copies the best one's checkpoint, from the study's directory
+/// the workers share, and reports the copy made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_workers_copy_the_best_checkpoint_into_the_worst_trial() {
+    the_worst_copies_the_best_on("sqlite", "pool").await;
+}
+
 async fn the_worst_copies_the_best_on(backend: &str, executor: &str) {
     let dir = tempfile::tempdir().expect("temp dir");
     let script = dir.path().join("trainer.py");
@@ -91,6 +99,27 @@ async fn the_worst_copies_the_best_on(backend: &str, executor: &str) {
     let trained = dir.path().join("trained.jsonl");
     let db = common::db(backend).await;
     let app = common::spawn_app(db).await;
+    let workers: Vec<common::KillOnDrop> = if executor == "pool" {
+        ["a", "b"]
+            .iter()
+            .map(|name| {
+                let child = std::process::Command::new(common::augur_bin())
+                    .args([
+                        "worker", "--url", &app.base, "--pool", "pbt", "--slots", "1",
+                    ])
+                    .args(["--client-id", name, "--job-commands", "python3"])
+                    // The study's own env names where the trainer logs.
+                    .args(["--job-env-allow", "TRAINED"])
+                    .env_remove("AUGUR_TOKEN")
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .expect("pool worker");
+                common::KillOnDrop(child)
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let id = app
         .create_study(json!({
             "name": "pbt",
@@ -105,6 +134,7 @@ async fn the_worst_copies_the_best_on(backend: &str, executor: &str) {
             "pbt": {"quantile_fraction": 0.25, "resample_probability": 0},
             "trial_job": {
                 "executor": executor,
+                "pool": if executor == "pool" { json!("pbt") } else { Value::Null },
                 "command": ["python3", script.display().to_string()],
                 "env": {"TRAINED": trained.display().to_string()},
                 "output_dir": dir.path().join("runs").display().to_string()
@@ -114,6 +144,7 @@ async fn the_worst_copies_the_best_on(backend: &str, executor: &str) {
     let study = app
         .wait_for_state(id, "completed", Duration::from_secs(300))
         .await;
+    drop(workers);
     assert_eq!(study["trial_counts"]["completed"], 4, "{study}");
     let launches = launches(&trained);
     assert_eq!(launches.len(), 4, "the population, no more: {launches:?}");
