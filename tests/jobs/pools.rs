@@ -379,7 +379,7 @@ async fn ten_studies_share_a_pool_fairly_within_their_caps_through_a_lost_worker
     assert_eq!(common::metric_sample(&app.base, None, queue).await, 0.0);
 
     drop((a, b, d));
-    // Nothing left running: no trainer of this test (c's orphans died at their print).
+    // Nothing left running: no trainer of this test (c's died with it, killed by its reapers).
     common::eventually("no trainer left", Duration::from_secs(5), || async {
         match common::processes_with(&trainer.display().to_string()) {
             0 => Ok(()),
