@@ -629,6 +629,16 @@ async fn a_cut_workers_trial_is_requeued_after_its_lease_and_completed_once() {
     };
     let (other_status, other_log) = logs(other_worker).await;
     let (cut_status, cut_log) = logs(cut_worker).await;
+    // Both workers ended by themselves: no trainer of theirs is left on any node.
+    let trainers_left = std::process::Command::new("pgrep")
+        .args(["-f", &work.display().to_string()])
+        .output()
+        .expect("pgrep");
+    assert!(
+        trainers_left.stdout.is_empty(),
+        "trainers left: {}",
+        String::from_utf8_lossy(&trainers_left.stdout)
+    );
     let trials = trials_now().await;
     let completed = trials.iter().filter(|t| t["state"] == "completed").count() as i64;
     println!(

@@ -119,13 +119,17 @@ async fn a_killed_workers_job_dies_with_it_and_a_restarted_worker_resumes_its_tr
     drop(first); // SIGKILL, as a crash would
     // Its reaper kills the job: no trainer goes on in a trial the server may give to
     // another worker.
-    common::eventually("the job dies with its worker", Duration::from_secs(5), || async {
-        if common::alive(hung) {
-            Err(format!("{hung} alive"))
-        } else {
-            Ok(())
-        }
-    })
+    common::eventually(
+        "the job dies with its worker",
+        Duration::from_secs(5),
+        || async {
+            if common::alive(hung) {
+                Err(format!("{hung} alive"))
+            } else {
+                Ok(())
+            }
+        },
+    )
     .await;
 
     let status = worker(&app.base, id, 1, "r", dir.path(), true).wait().await;
