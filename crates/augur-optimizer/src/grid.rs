@@ -1,18 +1,6 @@
 //! Grid search: the Cartesian product of every parameter's grid values, enumerated in a
 //! fixed (lexicographic) order. Trial number `n` gets grid point `n - 1`; past the end the
 //! designer returns fewer suggestions, or none, and the service completes the study.
-//!
-//! Grid values per parameter:
-//! - categorical and discrete: every value;
-//! - integer: every integer when there are at most `resolution` of them, else `resolution`
-//!   points evenly spaced in the scaled space (so log-scaled integers are spaced
-//!   geometrically) and rounded, duplicates dropped;
-//! - double: `resolution` points evenly spaced in the scaled space, both ends included.
-//!
-//! Conditional children are expanded only under the parent values that activate them, so a
-//! branch contributes `Σ_v Π_children size` points and no point appears twice. Points are
-//! decoded from their index in O(size of the tree) without materializing the grid, which
-//! keeps the designer cheap inside the slot-claiming transaction.
 
 use crate::designer::{Designer, DesignerInput, DesignerOutput};
 use crate::space::{Assignment, Parameter, ParameterKind, SearchSpace, Value};
@@ -20,6 +8,17 @@ use crate::space::{Assignment, Parameter, ParameterKind, SearchSpace, Value};
 /// Grid points per double parameter (and per wide integer parameter) by default.
 pub const DEFAULT_GRID_RESOLUTION: usize = 10;
 
+/// Grid values per parameter:
+/// - categorical and discrete: every value;
+/// - integer: every integer when there are at most `resolution` of them, else `resolution`
+///   points evenly spaced in the scaled space (so log-scaled integers are spaced
+///   geometrically) and rounded, duplicates dropped;
+/// - double: `resolution` points evenly spaced in the scaled space, both ends included.
+///
+/// Conditional children are expanded only under the parent values that activate them, so a
+/// branch contributes `Σ_v Π_children size` points and no point appears twice. Points are
+/// decoded from their index in O(size of the tree) without materializing the grid, which
+/// keeps the designer cheap inside the slot-claiming transaction.
 pub struct GridDesigner {
     /// Grid points per double parameter, and the cap for integer parameters (at least 1).
     pub resolution: usize,

@@ -1,17 +1,4 @@
 //! Early-stopping rules: pure decisions over learning curves.
-//!
-//! A curve is a trial's intermediate measurements of one metric as `(step, value)` pairs
-//! sorted by step. [`EarlyStopping`] is a rule as a [`Policy`]: it stops running trials whose
-//! curve [`should_stop`] condemns, against the curves of the study's finished trials.
-//!
-//! - **Median** (Golovin et al. 2017, "Google Vizier", §3.2.2): stop trial `t` at step `s`
-//!   when its best value so far is strictly worse than the median, over completed trials
-//!   `c`, of `c`'s running average `mean{ y_c(s') : s' ≤ s }`.
-//! - **Decay curve**: fit `y(s) = a + b·s^(-c)` (a power-law decay, the usual shape of a
-//!   learning curve; `c` on a grid, `a` and `b` by least squares) to the trial's curve,
-//!   extrapolate to the final step of the completed trials, and stop when even the
-//!   optimistic end of the prediction (`sigmas` standard errors better than the
-//!   extrapolated value) is worse than the best completed trial's final value.
 
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +7,19 @@ use crate::designer::{Goal, MetricSpec};
 
 /// A study's early-stopping rule, as written in its spec
 /// (`early_stopping: {rule: median, min_completed_trials: 5}`).
+///
+/// A curve is a trial's intermediate measurements of one metric as `(step, value)` pairs
+/// sorted by step. [`EarlyStopping`] is a rule as a [`Policy`]: it stops running trials whose
+/// curve [`should_stop`] condemns, against the curves of the study's finished trials.
+///
+/// - **Median** (Golovin et al. 2017, "Google Vizier", §3.2.2): stop trial `t` at step `s`
+///   when its best value so far is strictly worse than the median, over completed trials
+///   `c`, of `c`'s running average `mean{ y_c(s') : s' ≤ s }`.
+/// - **Decay curve**: fit `y(s) = a + b·s^(-c)` (a power-law decay, the usual shape of a
+///   learning curve; `c` on a grid, `a` and `b` by least squares) to the trial's curve,
+///   extrapolate to the final step of the completed trials, and stop when even the
+///   optimistic end of the prediction (`sigmas` standard errors better than the
+///   extrapolated value) is worse than the best completed trial's final value.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "rule", rename_all = "snake_case", deny_unknown_fields)]
 pub enum StoppingRule {

@@ -1,23 +1,4 @@
 //! Encoding of assignments as points of `[0, 1]^D` for the GP.
-//!
-//! Every parameter of the tree, in [`SearchSpace::all_parameters`] order, owns one feature:
-//! - double, integer, discrete: the parameter's scaled unit position
-//!   ([`ParameterKind::to_unit`], so log and reverse-log scales are honoured); integers and
-//!   discrete values are treated as continuous and snapped back to the nearest feasible
-//!   value by [`Encoder::snap`];
-//! - categorical with `k` values: the category's index `0..k` as a number, compared by the
-//!   kernel's Hamming term (equal or not, see [`crate::gp::kernel`]), never by its size.
-//!
-//! An inactive conditional parameter sets its feature to a fixed value ([`INACTIVE`] for
-//! numbers, the extra level `k` for a categorical), so every trial has a point of the same
-//! dimension and trials that share a branch are compared only on what they share.
-//!
-//! A *context* parameter (a double whose id starts with [`CONTEXT_PREFIX`], which the
-//! service's ids cannot) is an input the model learns over but the search does not choose:
-//! [`Encoder::pin_context`] sets its feature to 1 (its maximum) in every candidate. A
-//! multi-fidelity scheduler's GP over configuration × budget has the budget as one, so that
-//! it proposes configurations by their predicted value at the full budget
-//! ([`crate::multi_fidelity::history`]). Spaces without one encode as before.
 
 use crate::space::{Assignment, Parameter, ParameterKind, SearchSpace, Value};
 
@@ -34,6 +15,25 @@ struct Slot {
 }
 
 /// Maps assignments of one search space to and from feature vectors.
+///
+/// Every parameter of the tree, in [`SearchSpace::all_parameters`] order, owns one feature:
+/// - double, integer, discrete: the parameter's scaled unit position
+///   ([`ParameterKind::to_unit`], so log and reverse-log scales are honoured); integers and
+///   discrete values are treated as continuous and snapped back to the nearest feasible
+///   value by [`Encoder::snap`];
+/// - categorical with `k` values: the category's index `0..k` as a number, compared by the
+///   kernel's Hamming term (equal or not, see [`crate::gp::kernel`]), never by its size.
+///
+/// An inactive conditional parameter sets its feature to a fixed value ([`INACTIVE`] for
+/// numbers, the extra level `k` for a categorical), so every trial has a point of the same
+/// dimension and trials that share a branch are compared only on what they share.
+///
+/// A *context* parameter (a double whose id starts with [`CONTEXT_PREFIX`], which the
+/// service's ids cannot) is an input the model learns over but the search does not choose:
+/// [`Encoder::pin_context`] sets its feature to 1 (its maximum) in every candidate. A
+/// multi-fidelity scheduler's GP over configuration × budget has the budget as one, so that
+/// it proposes configurations by their predicted value at the full budget
+/// ([`crate::multi_fidelity::history`]). Spaces without one encode as before.
 #[derive(Debug, Clone)]
 pub struct Encoder {
     space: SearchSpace,

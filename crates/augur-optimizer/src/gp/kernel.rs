@@ -1,19 +1,5 @@
 //! The Matérn-5/2 kernel with automatic relevance determination (one length scale per
 //! feature), over mixed numeric and categorical features.
-//!
-//! `k(x, y) = σ² (1 + √5 r + 5/3 r²) exp(−√5 r)`, with `r² = Σ_j δ_j(x_j, y_j) / ℓ_j²`
-//! (Rasmussen & Williams 2006, eq. 4.17), where `δ_j(a, b) = (a − b)²` for a numeric feature
-//! and the Hamming term `δ_j(a, b) = 1[a ≠ b]` for a categorical feature (which holds a
-//! category index). The Hamming term treats categories as categories: every pair of distinct
-//! levels is equally far apart, with one learned length scale per categorical parameter
-//! (as Optuna's `GPSampler` and the overlap kernels of Ru et al. 2020 do), instead of one
-//! length scale per one-hot level. `exp(−r²)`-type kernels of the Hamming distance are
-//! positive definite (it is a squared Euclidean distance of the one-hot embedding, up to a
-//! factor 2), so the Matérn form stays valid.
-//!
-//! Hyperparameters are kept on a log scale as one vector
-//! `θ = [ln σ², ln ℓ_1, …, ln ℓ_D, ln σ_n²]`, where `σ_n²` is the observation noise (plus a
-//! fixed floor, [`NOISE_FLOOR`]).
 
 /// Smallest observation noise variance (on standardized outputs).
 pub const NOISE_FLOOR: f64 = 1e-6;
@@ -21,6 +7,20 @@ pub const NOISE_FLOOR: f64 = 1e-6;
 const SQRT5: f64 = 2.236_067_977_499_79;
 
 /// Kernel hyperparameters, decoded from `θ`.
+///
+/// `k(x, y) = σ² (1 + √5 r + 5/3 r²) exp(−√5 r)`, with `r² = Σ_j δ_j(x_j, y_j) / ℓ_j²`
+/// (Rasmussen & Williams 2006, eq. 4.17), where `δ_j(a, b) = (a − b)²` for a numeric feature
+/// and the Hamming term `δ_j(a, b) = 1[a ≠ b]` for a categorical feature (which holds a
+/// category index). The Hamming term treats categories as categories: every pair of distinct
+/// levels is equally far apart, with one learned length scale per categorical parameter
+/// (as Optuna's `GPSampler` and the overlap kernels of Ru et al. 2020 do), instead of one
+/// length scale per one-hot level. `exp(−r²)`-type kernels of the Hamming distance are
+/// positive definite (it is a squared Euclidean distance of the one-hot embedding, up to a
+/// factor 2), so the Matérn form stays valid.
+///
+/// Hyperparameters are kept on a log scale as one vector
+/// `θ = [ln σ², ln ℓ_1, …, ln ℓ_D, ln σ_n²]`, where `σ_n²` is the observation noise (plus a
+/// fixed floor, [`NOISE_FLOOR`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Hyper {
     /// Signal variance σ².

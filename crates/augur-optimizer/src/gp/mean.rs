@@ -1,29 +1,29 @@
 //! A parametric prior mean (a *trend*) for the GP, so that away from the data its mean
 //! reverts to a fitted bowl instead of the data average.
-//!
-//! Model (Rasmussen & Williams 2006, §2.7, "explicit basis functions"):
-//! `f(x) = h(x)ᵀβ + g(x)`, `g ~ GP(0, k)`, `β ~ N(0, τ² I)`, with the basis over the
-//! numeric features `u_j = x_j − ½` (the unit cube's centre)
-//! `h(x) = [1, √12 u_1, …, √12 u_D, √180 (u_1² − 1/12), …, √180 (u_D² − 1/12)]` (constant,
-//! linear, quadratic: one curvature per feature, no cross terms). Each column has mean 0 and
-//! variance 1 over the unit interval (`E u² = 1/12`, `Var u² = 1/180`), so the intercept
-//! stays the average level and one prior sd `τ` means the same for every column. Given `y` at `X` (`H` the n × p basis matrix,
-//! `K` the noisy kernel matrix) the posterior mean of `β` is the generalized least-squares
-//! estimate with the prior as a ridge (R&W eq. 2.41 with `b = 0`, `B = τ² I`):
-//! `β̄ = (τ⁻² I + Hᵀ K⁻¹ H)⁻¹ Hᵀ K⁻¹ y`, and the predictive mean is
-//! `μ(x) = h(x)ᵀβ̄ + k(x, X) K⁻¹ (y − Hβ̄)`. Points that the kernel correlates (a cluster of
-//! late trials around the incumbent) weigh as about one observation, so the trend follows
-//! the whole space rather than the last basin. The prior keeps `β` near zero unless the
-//! data support it. The predictive variance ignores the uncertainty of `β` (a plug-in
-//! trend; the acquisition's σ is the kernel's alone).
-//!
-//! With `concave`, a curvature that would bend the trend *up* towards the box's faces
-//! (targets are larger-is-better) is dropped and the rest refitted, so the trend never
-//! sends candidates to the corners on its own: a bowl or nothing, per feature.
 
 use nalgebra::{DMatrix, DVector};
 
 /// Which basis functions the trend has.
+///
+/// Model (Rasmussen & Williams 2006, §2.7, "explicit basis functions"):
+/// `f(x) = h(x)ᵀβ + g(x)`, `g ~ GP(0, k)`, `β ~ N(0, τ² I)`, with the basis over the
+/// numeric features `u_j = x_j − ½` (the unit cube's centre)
+/// `h(x) = [1, √12 u_1, …, √12 u_D, √180 (u_1² − 1/12), …, √180 (u_D² − 1/12)]` (constant,
+/// linear, quadratic: one curvature per feature, no cross terms). Each column has mean 0 and
+/// variance 1 over the unit interval (`E u² = 1/12`, `Var u² = 1/180`), so the intercept
+/// stays the average level and one prior sd `τ` means the same for every column. Given `y` at `X` (`H` the n × p basis matrix,
+/// `K` the noisy kernel matrix) the posterior mean of `β` is the generalized least-squares
+/// estimate with the prior as a ridge (R&W eq. 2.41 with `b = 0`, `B = τ² I`):
+/// `β̄ = (τ⁻² I + Hᵀ K⁻¹ H)⁻¹ Hᵀ K⁻¹ y`, and the predictive mean is
+/// `μ(x) = h(x)ᵀβ̄ + k(x, X) K⁻¹ (y − Hβ̄)`. Points that the kernel correlates (a cluster of
+/// late trials around the incumbent) weigh as about one observation, so the trend follows
+/// the whole space rather than the last basin. The prior keeps `β` near zero unless the
+/// data support it. The predictive variance ignores the uncertainty of `β` (a plug-in
+/// trend; the acquisition's σ is the kernel's alone).
+///
+/// With `concave`, a curvature that would bend the trend *up* towards the box's faces
+/// (targets are larger-is-better) is dropped and the rest refitted, so the trend never
+/// sends candidates to the corners on its own: a bowl or nothing, per feature.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TrendBasis {
     /// `h(x) = [1]`: a learned constant mean.

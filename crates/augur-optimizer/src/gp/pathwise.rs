@@ -1,16 +1,6 @@
 //! Functions drawn from a GP posterior, for Thompson sampling: a draw is a whole function,
 //! cheap to evaluate anywhere, so the acquisition search can maximize it like any other
 //! acquisition.
-//!
-//! Pathwise conditioning (Wilson et al. 2020, "Efficiently sampling functions from Gaussian
-//! process posteriors"): with `f̃` a draw from the prior and `ε ~ N(0, σ_n² I)`,
-//! `f*(x) = f̃(x) + k(x, X) K_y⁻¹ (y − f̃(X) − ε)` is a draw from the posterior given `y` at
-//! `X`. The prior draw uses random Fourier features (Rahimi & Recht 2007):
-//! `f̃(x) = Σ_j w_j √(2σ²/m) cos(ω_jᵀx + b_j)`, `w_j ~ N(0, 1)`, `b_j ~ U[0, 2π)`, and for the
-//! Matérn-5/2 kernel the frequencies follow its spectral density, a multivariate Student-t
-//! with 5 degrees of freedom and scale `1/ℓ` per feature: `ω = z/(ℓ √(u/5))`,
-//! `z ~ N(0, I)`, `u ~ χ²₅`. Numeric features only (the Hamming term of a categorical
-//! feature has no such spectral form).
 
 use nalgebra::DVector;
 use rand::{Rng, RngExt};
@@ -19,6 +9,16 @@ use rand_distr::{ChiSquared, Distribution, StandardNormal};
 use super::model::Posterior;
 
 /// One function drawn from a GP posterior (see the module header).
+///
+/// Pathwise conditioning (Wilson et al. 2020, "Efficiently sampling functions from Gaussian
+/// process posteriors"): with `f̃` a draw from the prior and `ε ~ N(0, σ_n² I)`,
+/// `f*(x) = f̃(x) + k(x, X) K_y⁻¹ (y − f̃(X) − ε)` is a draw from the posterior given `y` at
+/// `X`. The prior draw uses random Fourier features (Rahimi & Recht 2007):
+/// `f̃(x) = Σ_j w_j √(2σ²/m) cos(ω_jᵀx + b_j)`, `w_j ~ N(0, 1)`, `b_j ~ U[0, 2π)`, and for the
+/// Matérn-5/2 kernel the frequencies follow its spectral density, a multivariate Student-t
+/// with 5 degrees of freedom and scale `1/ℓ` per feature: `ω = z/(ℓ √(u/5))`,
+/// `z ~ N(0, I)`, `u ~ χ²₅`. Numeric features only (the Hamming term of a categorical
+/// feature has no such spectral form).
 pub struct PathwiseSample {
     /// Frequencies `ω_j`, already scaled by the inverse length scales.
     omega: Vec<Vec<f64>>,

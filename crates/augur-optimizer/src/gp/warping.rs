@@ -1,27 +1,27 @@
 //! Output warping: make observed metric values friendlier to a stationary GP.
-//!
-//! Applied to "larger is better" values (minimized metrics are negated first):
-//! 1. Infeasible and failed trials get a value below the worst feasible one
-//!    (`worst − ½·range`), so the GP learns to avoid their region without an outlier.
-//! 2. Half-rank warping: values below the median are replaced by
-//!    `median + s·Φ⁻¹(q)`, where `q` is their rank quantile and `s` the spread of the good
-//!    half around the median, so a heavy bad tail cannot dominate the fit.
-//! 3. Log warping near the best: with `t = (max − y)/(max − min)` in [0, 1],
-//!    `y ← ½ − ln(1 + (c−1)t)/ln c` (c = 1.5), which stretches differences among the best
-//!    values.
-//! 4. Optionally (off by default, [`Warping::power`]): a Yeo-Johnson power transform
-//!    (Yeo & Johnson 2000) of the standardized values whose λ maximizes the profile
-//!    likelihood of a normal model of the transformed values ([`fit_yeo_johnson`]), so a
-//!    heavy tail is compressed and a roughly symmetric sample is left nearly linear. λ
-//!    and the standardization it applies to are fitted either on the values warped
-//!    ([`Power::Fitted`]) or beforehand on another sample ([`Power::Fixed`], see
-//!    [`fit_power`]).
-//! 5. Standardization to zero mean and unit variance.
-//!
-//! [`log_jacobian`] gives `Σ ln w′(yᵢ)` of steps 2, 3 and 5, so that GPs fitted to
-//! differently warped targets can be compared by likelihood on the values' own scale.
 
 /// Which optional steps of the output warping run.
+///
+/// Applied to "larger is better" values (minimized metrics are negated first):
+/// 1. Infeasible and failed trials get a value below the worst feasible one
+///    (`worst − ½·range`), so the GP learns to avoid their region without an outlier.
+/// 2. Half-rank warping: values below the median are replaced by
+///    `median + s·Φ⁻¹(q)`, where `q` is their rank quantile and `s` the spread of the good
+///    half around the median, so a heavy bad tail cannot dominate the fit.
+/// 3. Log warping near the best: with `t = (max − y)/(max − min)` in [0, 1],
+///    `y ← ½ − ln(1 + (c−1)t)/ln c` (c = 1.5), which stretches differences among the best
+///    values.
+/// 4. Optionally (off by default, [`Warping::power`]): a Yeo-Johnson power transform
+///    (Yeo & Johnson 2000) of the standardized values whose λ maximizes the profile
+///    likelihood of a normal model of the transformed values ([`fit_yeo_johnson`]), so a
+///    heavy tail is compressed and a roughly symmetric sample is left nearly linear. λ
+///    and the standardization it applies to are fitted either on the values warped
+///    ([`Power::Fitted`]) or beforehand on another sample ([`Power::Fixed`], see
+///    [`fit_power`]).
+/// 5. Standardization to zero mean and unit variance.
+///
+/// [`log_jacobian`] gives `Σ ln w′(yᵢ)` of steps 2, 3 and 5, so that GPs fitted to
+/// differently warped targets can be compared by likelihood on the values' own scale.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Warping {
     /// Step 2, half-rank warping.

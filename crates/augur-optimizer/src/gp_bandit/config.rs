@@ -170,7 +170,7 @@ pub struct GpBanditConfig {
     /// A suggestion on a face of the box (a numeric feature at its bound) that lies within
     /// this L∞ distance (unit cube) of a known point, where the GP predicts no improvement
     /// over the best observed target, is a *revisit*: it is replaced by the best candidate at
-    /// least this far from every known point (0: off; see [`pick_candidate`](super::acquisition::pick_candidate)).
+    /// least this far from every known point (0: off; see `acquisition::pick_candidate`).
     pub boundary_revisit_radius: f64,
     /// With k pending points (running trials and the batch's earlier suggestions), UCB's
     /// β is multiplied by `1 + g min(k, 4)`.
@@ -212,7 +212,7 @@ pub struct GpBanditConfig {
     /// Prior mean and sd of `ln σ_n²` (noise variance on standardized warped targets).
     pub noise_prior: (f64, f64),
     /// Confine candidates to a box around the incumbent whose side adapts to successes and
-    /// failures (TuRBO, Eriksson et al. 2019; see [`incumbent_box`](super::model::incumbent_box)). Single objective only.
+    /// failures (TuRBO, Eriksson et al. 2019; see `model::incumbent_box`). Single objective only.
     /// Off: tried against Levy10's gap to the GP references, it made Levy worse (parallel
     /// 1, median at 100 trials: 8.9 against 5.3 on the public box, 22 against 9.1 off-centre)
     /// while helping Branin (50 trials: 1.4e-7 against 5.3e-6), Ackley5 (1.6 against 2.0) and
@@ -236,10 +236,10 @@ pub struct GpBanditConfig {
     /// Most quasi-random trials before the GP takes over.
     pub max_initial_trials: usize,
     /// A fitted trend as the GP's prior mean (see [`crate::gp::mean`] and
-    /// [`fit_posterior`](super::model::fit_posterior); `None`: zero mean, i.e. the standardized targets' average), for
+    /// `model::fit_posterior`; `None`: zero mean, i.e. the standardized targets' average), for
     /// every objective; with a warm start one trend for both studies. Safety metrics keep
     /// the zero mean. Default: a per-feature quadratic bowl with prior sd 0.3
-    /// ([`DEFAULT_TREND`]). Why: with a zero mean the GP fits Levy's ripples (length
+    /// (`DEFAULT_TREND`). Why: with a zero mean the GP fits Levy's ripples (length
     /// scales 0.05–0.1) and its mean away from the data reverts to the average, so UCB
     /// stays in one ripple valley; the bowl's mean points to the better valleys. On the
     /// quality bench (44 cells per seed set) it met 35 on seeds 0–9 and 36 on 10–19 (zero

@@ -1,19 +1,6 @@
 //! What a scheduler's designer learns from when it proposes new configurations: nothing
 //! (Hyperband's brackets alone decide), the results at one rung (BOHB's rule: the highest
 //! rung that enough trials reached), or every result at every rung with the budget as one
-//! more input of the model (a GP over configuration × budget, as MOBSTER and BOHB's
-//! successors do, Klein et al. 2020 "Model-based asynchronous hyperparameter and neural
-//! architecture search").
-//!
-//! The budget input is the rung's budget on a log scale normalised to `[0, 1]`:
-//! `u(b) = ln(b / min) / ln(max / min)`, so the rungs of a ladder with reduction factor η are
-//! equally spaced and the full budget is 1. The designer is asked for points of the space
-//! extended by that input ([`BUDGET_FEATURE`]), a *context* parameter of the GP bandit
-//! ([`crate::gp::encoding::CONTEXT_PREFIX`]): learned over, but pinned to 1 in every
-//! candidate, so the acquisition is evaluated at the full budget and proposes the
-//! configuration that looks best when fully trained. Only the configuration is kept: the
-//! new trial starts at the first rung as every new trial does. (Left free, the acquisition
-//! chose u ≈ ⅔ for most of the MLP bench's proposals: configurations good at 9 epochs.)
 
 use std::collections::HashSet;
 
@@ -30,6 +17,20 @@ use crate::space::{Assignment, Parameter, ParameterKind, Scale, SearchSpace, Val
 pub const BUDGET_FEATURE: &str = "augur:budget";
 
 /// What a scheduler's designer is given when it proposes new configurations.
+///
+/// more input of the model (a GP over configuration × budget, as MOBSTER and BOHB's
+/// successors do, Klein et al. 2020 "Model-based asynchronous hyperparameter and neural
+/// architecture search").
+///
+/// The budget input is the rung's budget on a log scale normalised to `[0, 1]`:
+/// `u(b) = ln(b / min) / ln(max / min)`, so the rungs of a ladder with reduction factor η are
+/// equally spaced and the full budget is 1. The designer is asked for points of the space
+/// extended by that input ([`BUDGET_FEATURE`]), a *context* parameter of the GP bandit
+/// ([`crate::gp::encoding::CONTEXT_PREFIX`]): learned over, but pinned to 1 in every
+/// candidate, so the acquisition is evaluated at the full budget and proposes the
+/// configuration that looks best when fully trained. Only the configuration is kept: the
+/// new trial starts at the first rung as every new trial does. (Left free, the acquisition
+/// chose u ≈ ⅔ for most of the MLP bench's proposals: configurations good at 9 epochs.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModelHistory {
     /// No history: the designer's space-filling sequence (Hyperband's brackets alone decide
