@@ -2,12 +2,6 @@
 //! group, so a timeout or a cancellation kills everything a replica started (data loaders,
 //! subprocesses). A cluster's replicas listen on 127.0.0.1 at ports reserved for it
 //! (`ports.rs`), and get their GPUs from the machine's pool (`gpus.rs`).
-//!
-//! With `augur serve --run-jobs-as USER` the replicas run as that user (its uid, its group,
-//! no other groups), so they cannot read what only the server's user may: the database file,
-//! the server's own files; the directories the trial contract gives a job to write (DESIGN
-//! §4: model, checkpoints, TensorBoard logs, the hypertune file) are made its own, the
-//! trial's directory and the job's logs stay the server's.
 
 use super::handle::JobHandle;
 use std::process::{ExitStatus, Stdio};
@@ -139,6 +133,11 @@ const JOB_WRITES_DIRS: [&str; 3] = [
 ];
 const JOB_WRITES_FILE: &str = "CLOUD_ML_HP_METRIC_FILE";
 
+/// With `augur serve --run-jobs-as USER` the replicas run as that user (its uid, its group,
+/// no other groups), so they cannot read what only the server's user may: the database file,
+/// the server's own files; the directories the trial contract gives a job to write (DESIGN
+/// §4: model, checkpoints, TensorBoard logs, the hypertune file) are made its own, the
+/// trial's directory and the job's logs stay the server's.
 pub struct LocalExecutor {
     context: ExecutorContext,
 }

@@ -1,13 +1,6 @@
 //! Growing a live study's search space (`POST /v1/studies/{study}/parameters`): code that
 //! reveals its parameters as it runs (Optuna's define-by-run) adds each one when it first
 //! meets it, as a top-level parameter or as a child of a parameter it depends on.
-//!
-//! The space only grows. A parameter is added, or an existing child is activated by more of
-//! its parent's values; nothing is removed, moved to another parent or redefined, so every
-//! stored trial keeps the meaning it had: a trial stored before a parameter existed lacks it,
-//! and the designers read that as "inactive there", as they do for a conditional parameter.
-//! Adding what is already there is a no-op, so clients may repeat the call freely, and two
-//! clients adding the same child under different parent values end with the union.
 
 use std::collections::BTreeSet;
 
@@ -24,6 +17,13 @@ use super::spec::{ChildInput, ParameterInput, StudyConfig, StudySpec};
 pub const MAX_TRIAL_VALUES: usize = 100;
 
 /// A parameter to add to a study's search space.
+///
+/// The space only grows. A parameter is added, or an existing child is activated by more of
+/// its parent's values; nothing is removed, moved to another parent or redefined, so every
+/// stored trial keeps the meaning it had: a trial stored before a parameter existed lacks it,
+/// and the designers read that as "inactive there", as they do for a conditional parameter.
+/// Adding what is already there is a no-op, so clients may repeat the call freely, and two
+/// clients adding the same child under different parent values end with the union.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ParameterExtension {

@@ -1,23 +1,6 @@
 //! The service: every operation on studies, trials, tokens and dispatched runs, for the API,
 //! the dashboard, the dispatcher and the CLI alike. It keeps its store to itself and hands
 //! out its own types (or `model`'s), never store records.
-//!
-//! Where things are, by concern:
-//! - `studies.rs`: create, read, list, stop, change, delete a study;
-//! - `suggest.rs`: hand out trials (designers run here, outside the study's lock);
-//! - `trials.rs`: add, read, measure, complete, fail, exclude a trial; changes since a cursor;
-//! - `stopping.rs`: the early-stopping verdict; `optimal.rs`: best trial or Pareto set;
-//! - `replicas.rs`: the replicas sharing the database and which one takes a study's changes;
-//! - `runners.rs`: what the dispatcher asks (its studies, leases, attempts, resumable trials);
-//! - `tokens.rs`: minting, hashing and checking API tokens (roles, the auth cache, trial
-//!   tokens for pulled trials); `audit.rs`: the audit trail; `logs.rs`: dispatched trials' logs;
-//! - `notifications.rs`: webhooks called after a batch commits (a study's end, a failed trial,
-//!   a new best), from a background task;
-//! - `snapshots.rs`: the dashboard's cache of a study's trials; `operations.rs`: readiness
-//!   and counts for `/metrics`;
-//! - `state_machine.rs`: the one place where trials change state and the cap is enforced,
-//!   applied in batches by `group_commit.rs`; `checks.rs` and `paging.rs`: input checks and
-//!   page tokens.
 
 mod annotations;
 pub mod artifacts;
@@ -73,6 +56,22 @@ use state_machine::{Command, Reply};
 use crate::model::{Measurement, Study, StudyConfig, Trial, ValidationError};
 use crate::store::{Store, StudyRecord, TrialRecord};
 
+/// Where things are, by concern:
+/// - `studies.rs`: create, read, list, stop, change, delete a study;
+/// - `suggest.rs`: hand out trials (designers run here, outside the study's lock);
+/// - `trials.rs`: add, read, measure, complete, fail, exclude a trial; changes since a cursor;
+/// - `stopping.rs`: the early-stopping verdict; `optimal.rs`: best trial or Pareto set;
+/// - `replicas.rs`: the replicas sharing the database and which one takes a study's changes;
+/// - `runners.rs`: what the dispatcher asks (its studies, leases, attempts, resumable trials);
+/// - `tokens.rs`: minting, hashing and checking API tokens (roles, the auth cache, trial
+///   tokens for pulled trials); `audit.rs`: the audit trail; `logs.rs`: dispatched trials' logs;
+/// - `notifications.rs`: webhooks called after a batch commits (a study's end, a failed trial,
+///   a new best), from a background task;
+/// - `snapshots.rs`: the dashboard's cache of a study's trials; `operations.rs`: readiness
+///   and counts for `/metrics`;
+/// - `state_machine.rs`: the one place where trials change state and the cap is enforced,
+///   applied in batches by `group_commit.rs`; `checks.rs` and `paging.rs`: input checks and
+///   page tokens.
 #[derive(Clone)]
 pub struct Service {
     store: Arc<dyn Store>,

@@ -1,17 +1,6 @@
 //! Handing out trials. Model-based designers (`gp_bandit`) read a snapshot of the study and
 //! think outside its lock, one suggestion at a time per study and process; cheap designers
 //! run inside the study's batch (`state_machine.rs`), where the cap is enforced.
-//!
-//! How model fits share the machine: the suggestion's time budget runs from its arrival.
-//! Waiting for the study's previous suggestion (the design lock) and for a core (one fit per
-//! core in the process, first come first served: `Service::design_slots`) come out of it.
-//! A suggestion whose budget runs out before its fit gets a core takes no core at all, nor
-//! does one that gets a core with less time left than the study's last fit took, and one
-//! whose fit runs late stops that fit (it is told to, and its answer is discarded): each
-//! gets quasi-random points, chosen inside the study's batch so that two of them never repeat
-//! a point. The design gets the budget less a reserve for the commit (`design_time`), so
-//! under load a suggestion is answered within its budget, and the cores run only fits whose
-//! answer someone waits for.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -91,6 +80,16 @@ pub(super) enum Asker {
     },
 }
 
+/// How model fits share the machine: the suggestion's time budget runs from its arrival.
+/// Waiting for the study's previous suggestion (the design lock) and for a core (one fit per
+/// core in the process, first come first served: `Service::design_slots`) come out of it.
+/// A suggestion whose budget runs out before its fit gets a core takes no core at all, nor
+/// does one that gets a core with less time left than the study's last fit took, and one
+/// whose fit runs late stops that fit (it is told to, and its answer is discarded): each
+/// gets quasi-random points, chosen inside the study's batch so that two of them never repeat
+/// a point. The design gets the budget less a reserve for the commit (`design_time`), so
+/// under load a suggestion is answered within its budget, and the cores run only fits whose
+/// answer someone waits for.
 impl Service {
     /// Hand out up to `count` trials, never exceeding `parallel_trials` unfinished nor
     /// `max_trials` in all (enforced in `state_machine.rs`), for `actor` to run: only the
