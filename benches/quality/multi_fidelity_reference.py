@@ -27,38 +27,11 @@ Usage: multi_fidelity_reference.py --oracle target/release/examples/multi_fideli
 """
 import argparse
 import json
-import subprocess
 import sys
 
 import optuna
 
-MAX_EPOCHS = 27
-RUNGS = [1, 3, 9, 27]
-WORKERS = 4
-
-
-class Oracle:
-    """The Rust bench's problem, trained in its own process (see its --oracle)."""
-
-    def __init__(self, binary, problem):
-        self.proc = subprocess.Popen([binary, "--oracle", problem], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, bufsize=1)
-        self.next_id = 0
-
-    def new_trial(self):
-        self.next_id += 1
-        return self.next_id
-
-    def train(self, trial, parameters, to):
-        self.proc.stdin.write(json.dumps({"trial": trial, "parameters": parameters, "to": to}) + "\n")
-        answer = json.loads(self.proc.stdout.readline())
-        if "error" in answer:
-            raise RuntimeError(answer["error"])
-        return answer["losses"]
-
-    def close(self):
-        self.proc.stdin.close()
-        self.proc.wait()
+from mf_oracle import MAX_EPOCHS, RUNGS, WORKERS, Oracle  # noqa: E402 (beside this script)
 
 
 def suggest(problem, trial):
