@@ -151,8 +151,19 @@ impl Deployment {
 
     /// A study made through node1, from node4: its id.
     async fn create_study(&self, name: &str, max_trials: i64, cap: i64) -> i64 {
+        self.create(common::x_spec(
+            name,
+            ("accuracy", "maximize"),
+            max_trials,
+            cap,
+            7,
+        ))
+        .await
+    }
+
+    /// `spec` made through node1, from node4: its id.
+    async fn create(&self, spec: Value) -> i64 {
         let base = self.bases[0].clone();
-        let spec = common::x_spec(name, ("accuracy", "maximize"), max_trials, cap, 7);
         self.clients
             .run(async move {
                 let created = common::call(
@@ -534,23 +545,7 @@ async fn a_cut_workers_trial_is_requeued_after_its_lease_and_completed_once() {
     let cluster = &deployment.cluster;
     let mut spec = common::x_spec("workers", ("accuracy", "maximize"), TRIALS, 2, 7);
     spec["trial_lease_secs"] = json!(5);
-    let base = deployment.bases[0].clone();
-    let study: i64 = deployment
-        .clients
-        .run(async move {
-            let created = common::call(
-                &common::http(),
-                &base,
-                Some(ADMIN),
-                reqwest::Method::POST,
-                "/v1/studies",
-                Some(spec),
-            )
-            .await;
-            assert_eq!(created.status, 201, "{}", created.body);
-            created.body["id"].as_i64().expect("study id")
-        })
-        .await;
+    let study = deployment.create(spec).await;
     let work = cluster.dir.join("workers");
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).expect("workers' directory");
@@ -734,23 +729,7 @@ fi
         "output_dir": work.join("runs").display().to_string(),
         "max_retries": 2,
     });
-    let base = deployment.bases[0].clone();
-    let study: i64 = deployment
-        .clients
-        .run(async move {
-            let created = common::call(
-                &common::http(),
-                &base,
-                Some(ADMIN),
-                reqwest::Method::POST,
-                "/v1/studies",
-                Some(spec),
-            )
-            .await;
-            assert_eq!(created.status, 201, "{}", created.body);
-            created.body["id"].as_i64().expect("study id")
-        })
-        .await;
+    let study = deployment.create(spec).await;
     let url = format!("http://node1:{RELAYED_SERVE_PORT}");
     let worker = |node: &str| {
         let child = cluster
