@@ -11,7 +11,33 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::client::Client;
-use crate::dispatch::trial::Interrupt;
+use super::reaper::TrialReaper;
+use crate::dispatch::trial::{Interrupt, TrialEnd, TrialSetup, run_trial};
+use crate::model::TrialDirs;
+use crate::service::DispatchedTrial;
+
+/// Run a trial a worker pulled (`--study`) or leased (`--pool`) to its end: its lease kept
+/// (a trial may go long without measurements), its job stopped if the lease is lost, and
+/// its processes killed if the worker dies (`reaper.rs`).
+pub(super) async fn run_pulled_trial(
+    setup: &Arc<TrialSetup>,
+    trial: DispatchedTrial,
+    client: Arc<Client>,
+    lease: Duration,
+    interrupt: watch::Receiver<Interrupt>,
+) -> TrialEnd {
+    let trial_id = trial.id;
+    let path = format!("/v1/studies/{}/trials/{trial_id}", setup.study_id);
+    let (keeper, trial_interrupt) = LeaseKeeper::start(client, &path, lease, interrupt);
+    let handle_file = TrialDirs::new(&setup.study_dir, trial_id).handle_file();
+    let reaper = TrialReaper::start(&handle_file, setup.study_id, trial_id);
+    let end = run_trial(setup.clone(), trial, None, trial_interrupt).await;
+    if let Some(reaper) = reaper {
+        reaper.disarm().await;
+    }
+    drop(keeper);
+    end
+}
 
 /// Share of the lease after the last accepted heartbeat's sending at which the worker
 /// gives the trial up: the server counts the lease from that heartbeat's arrival, later.

@@ -22,15 +22,14 @@ use tokio::sync::{Mutex, Notify, watch};
 
 use super::client::Client;
 use super::error::{CliError, CliResult};
-use super::lease::LeaseKeeper;
-use super::reaper::TrialReaper;
+use super::lease::run_pulled_trial;
 use super::worker::{HttpReporter, trial_base_env};
 use crate::dispatch::DispatchError;
 use crate::dispatch::executor::{ExecutorContext, executor_for};
 use crate::dispatch::settings::ExecutorSettings;
-use crate::dispatch::trial::{Interrupt, TrialSetup, run_trial};
+use crate::dispatch::trial::{Interrupt, TrialSetup};
 use crate::model::pool::{PoolLease, WORKER_REPORT_EVERY_SECS};
-use crate::model::{OutputLayout, Role, Study, StudyDir, StudyKey, TrialDirs};
+use crate::model::{OutputLayout, Role, Study, StudyDir, StudyKey};
 use crate::service::{DispatchedTrial, JobPolicy};
 
 pub struct PoolWorkerOptions {
@@ -333,9 +332,6 @@ async fn run_leased(
         run.reporter.end_lease(trial_id);
         return outcome.map(drop);
     }
-    // Keep the lease while the trial runs (a trial may go long without measurements).
-    let path = format!("/v1/studies/{study_id}/trials/{trial_id}");
-    let (keeper, trial_interrupt) = LeaseKeeper::start(client, &path, run.lease, interrupt);
     let trial = DispatchedTrial {
         id: trial_id,
         parameters: lease.trial.parameters.clone(),
@@ -343,13 +339,7 @@ async fn run_leased(
         budget: lease.trial.budget,
         copy_from: lease.trial.lineage.as_ref().and_then(|l| l.copying_from),
     };
-    let handle_file = TrialDirs::new(&run.setup.study_dir, trial_id).handle_file();
-    let reaper = TrialReaper::start(&handle_file, study_id, trial_id);
-    let end = run_trial(run.setup.clone(), trial, None, trial_interrupt).await;
-    if let Some(reaper) = reaper {
-        reaper.disarm().await;
-    }
-    drop(keeper);
+    let end = run_pulled_trial(&run.setup, trial, client, run.lease, interrupt).await;
     run.reporter.end_lease(trial_id);
     eprintln!("slot {slot}: study {study_id} trial {trial_id}: {end:?}");
     Ok(())

@@ -15,15 +15,14 @@ use tokio::sync::watch;
 
 use super::client::Client;
 use super::error::{CliError, CliResult};
-use super::lease::LeaseKeeper;
-use super::reaper::TrialReaper;
+use super::lease::run_pulled_trial;
 use crate::dispatch::executor::{Executor, ExecutorContext, executor_for};
 use crate::dispatch::local::LocalExecutor;
 use crate::dispatch::reporter::{AttemptStart, TrialReporter};
-use crate::dispatch::trial::{Interrupt, TrialSetup, run_trial};
+use crate::dispatch::trial::{Interrupt, TrialSetup};
 use crate::dispatch::{DispatchError, DispatchResult};
 use crate::model::{
-    ExecutorSpec, Measurement, OutputLayout, Study, StudyDir, StudyKey, TrialDirs, TrialJobSpec,
+    ExecutorSpec, Measurement, OutputLayout, Study, StudyDir, StudyKey, TrialJobSpec,
 };
 use crate::service::DispatchedTrial;
 
@@ -225,10 +224,6 @@ async fn run_slot(
             .ok_or_else(|| CliError::Connection("suggest answered a trial without an id".into()))?;
         let parameters = serde_json::from_value(trial["parameters"].clone())
             .map_err(|e| CliError::Connection(format!("trial {trial_id}: {e}")))?;
-        // Keep the lease while the trial runs (a trial may go long without measurements).
-        let path = format!("/v1/studies/{}/trials/{trial_id}", setup.study_id);
-        let (keeper, trial_interrupt) =
-            LeaseKeeper::start(client.clone(), &path, lease, interrupt.clone());
         reporter.hold(trial_id, &client_id);
         // A multi-fidelity trial's budget: a promotion resumes the same trial, in the same
         // directories, at a larger one.
@@ -240,13 +235,7 @@ async fn run_slot(
             budget,
             copy_from: trial["lineage"]["copying_from"].as_i64(),
         };
-        let handle_file = TrialDirs::new(&setup.study_dir, trial_id).handle_file();
-        let reaper = TrialReaper::start(&handle_file, setup.study_id, trial_id);
-        let end = run_trial(setup.clone(), run, None, trial_interrupt).await;
-        if let Some(reaper) = reaper {
-            reaper.disarm().await;
-        }
-        drop(keeper);
+        let end = run_pulled_trial(&setup, run, client.clone(), lease, interrupt.clone()).await;
         reporter.release(trial_id);
         eprintln!("trial {trial_id}: {end:?}");
         ran += 1;
