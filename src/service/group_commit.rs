@@ -5,7 +5,9 @@
 //! that commit.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -27,6 +29,35 @@ fn lane_count() -> usize {
 pub const MAX_LANES: usize = 8;
 /// How many commands one transaction applies at most.
 const MAX_BATCH: usize = 512;
+/// How long a lane waits on one PostgreSQL transaction, commit included, before giving it up.
+/// A transaction whose packets were lost in a network cut otherwise waits out TCP's
+/// retransmission back-off after the heal (seconds; `multi_node.rs` saw 4–5 s of a stalled
+/// study), while ours take milliseconds. Not SQLite's: it never crosses a network.
+const POSTGRES_TRANSACTION_DEADLINE: Duration = Duration::from_secs(5);
+
+/// The deadline of a lane's transactions on `store`, if they have one.
+fn transaction_deadline(store: &dyn Store) -> Option<Duration> {
+    (store.backend() == "postgres").then_some(POSTGRES_TRANSACTION_DEADLINE)
+}
+
+/// `step` of a transaction that began at `began`, bounded by `deadline`: past it, the step is
+/// dropped (its connection with it) and the database counts as out of reach.
+async fn within<T>(
+    began: std::time::Instant,
+    deadline: Option<Duration>,
+    step: impl Future<Output = ServiceResult<T>>,
+) -> ServiceResult<T> {
+    let Some(deadline) = deadline else {
+        return step.await;
+    };
+    let at = tokio::time::Instant::from_std(began + deadline);
+    tokio::time::timeout_at(at, step).await.unwrap_or_else(|_| {
+        Err(ServiceError::Unavailable(format!(
+            "no answer from the database within {} s",
+            deadline.as_secs()
+        )))
+    })
+}
 
 struct Job {
     study_id: i64,
@@ -199,6 +230,7 @@ async fn apply_jobs(store: &dyn Store, tokens: &Announce, jobs: Vec<Job>) -> Vec
     metrics::histogram!("augur_group_commit_batch_size").record(jobs.len() as f64);
     let groups = by_study(jobs);
     let started = std::time::Instant::now();
+    let deadline = transaction_deadline(store);
     let mut deferred = Vec::new();
     let mut applied: Vec<(StudyJobs, BatchOutcome)> = Vec::new();
     let mut tx: Box<dyn StudiesTx> = match store.begin_studies().await {
@@ -223,7 +255,12 @@ async fn apply_jobs(store: &dyn Store, tokens: &Announce, jobs: Vec<Job>) -> Vec
             std::mem::take(&mut rest)
         };
         // Only the first lock may wait: this transaction holds none yet.
-        let step = apply_group(tx, &group, first, &prefetch, &tokens.notifier).await;
+        let step = within(
+            started,
+            deadline,
+            apply_group(tx, &group, first, &prefetch, &tokens.notifier),
+        )
+        .await;
         first = false;
         tx = match step {
             Ok(GroupStep::Applied(back, outcome)) => {
@@ -248,14 +285,15 @@ async fn apply_jobs(store: &dyn Store, tokens: &Announce, jobs: Vec<Job>) -> Vec
             }
         };
     }
-    if let Err(error) = tx.send_writes().await {
+    let sent = within(started, deadline, async { Ok(tx.send_writes().await?) }).await;
+    if let Err(error) = sent {
         // Refused before the commit, so nothing of it was written: replay study by study.
         drop(tx);
-        replay_alone(store, tokens, applied, Vec::new(), error.into()).await;
+        replay_alone(store, tokens, applied, Vec::new(), error).await;
         return deferred;
     }
     let studies = applied.len();
-    let committed = tx.commit().await;
+    let committed = within(started, deadline, async { Ok(tx.commit().await?) }).await;
     // How long this lane's studies stayed locked, commit included: with the batch size, what
     // bounds a study's throughput.
     metrics::histogram!("augur_group_commit_seconds").record(started.elapsed().as_secs_f64());
@@ -269,7 +307,7 @@ async fn apply_jobs(store: &dyn Store, tokens: &Announce, jobs: Vec<Job>) -> Vec
         Err(error) => {
             // Whether the commit reached the disk is unknown: nothing may be replayed, and
             // no caller may hear that nothing was done.
-            let error = ServiceError::from(error).during_commit();
+            let error = error.during_commit();
             log_failure(&error);
             for (group, _) in applied {
                 group.fail(&error);
@@ -380,5 +418,35 @@ fn batch_error(error: &ServiceError) -> ServiceError {
         ServiceError::Unavailable(why) => ServiceError::Unavailable(why.clone()),
         ServiceError::Unanswered(why) => ServiceError::Unanswered(why.clone()),
         other => InternalError::Batch(error_chain(other)).into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_step_past_the_deadline_answers_that_the_database_is_out_of_reach() {
+        let began = std::time::Instant::now();
+        let hung = std::future::pending::<ServiceResult<()>>();
+        let answer = within(began, Some(Duration::from_millis(50)), hung).await;
+        let Err(ServiceError::Unavailable(why)) = answer else {
+            panic!("expected 503 unavailable, got {answer:?}");
+        };
+        assert!(why.contains("no answer from the database"), "{why}");
+        assert!(began.elapsed() < Duration::from_secs(2));
+    }
+
+    #[tokio::test]
+    async fn a_step_that_answers_in_time_is_left_alone() {
+        let began = std::time::Instant::now();
+        let quick = async { Ok::<_, ServiceError>(7) };
+        let bounded = within(began, Some(Duration::from_secs(5)), quick).await;
+        assert!(matches!(bounded, Ok(7)));
+        let slow = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok::<_, ServiceError>(8)
+        };
+        assert!(matches!(within(began, None, slow).await, Ok(8)));
     }
 }
