@@ -1,7 +1,6 @@
 //! Latency of one GP-bandit suggestion (`Designer::suggest`, count 1) at d = 2, 10, 20 with
 //! 10, 100 and 1,000 completed trials on a Levy-like objective, without a warm start (the
-//! worst case: the service may hand back the previous state, which makes fits cheaper).
-//! Targets (DESIGN.md §6): p50 ≤ 50 ms at 100 trials and ≤ 1 s at 1,000 for d = 10.
+//! worst case). Targets (DESIGN.md §6): p50 ≤ 50 ms at 100 trials and ≤ 1 s at 1,000 for d = 10.
 //!
 //! `cargo bench -p augur-optimizer --bench suggest` (release, one thread).
 

@@ -1,40 +1,5 @@
 //! Multi-fidelity quality bench driver (issue 29): ASHA against full-budget search at equal
-//! compute and equal wall-clock, on simulated workers.
-//!
-//! Each study runs on 4 simulated workers (as `asha/tests.rs`'s `Simulation`): an attempt
-//! lasts the epochs it trains, a resumed trial trains only what its checkpoint lacks, and the
-//! policy (`Asha` or `FullBudget`, through `Policy::decide` over a `StudyView`, as the service
-//! asks it) decides whenever a worker is free. Methods: `asha_random` and `asha_gp_bandit`
-//! (and the same with Hyperband: `hyperband_random`, `hyperband_gp_bandit`)
-//! (fidelity 1–27 epochs, η = 3, 81 trials), ASHA with the full-budget methods' compute as
-//! its `max_budget` and no trial limit (`asha_random_max_budget`, `asha_gp_bandit_max_budget`),
-//! the GP over configuration × budget as the designer (`ModelHistory::BudgetFeature`:
-//! `asha_gp_budget`, `hyperband_gp_budget`, `asha_gp_budget_max_budget`), Hyperband with
-//! BOHB's highest-rung GP (`hyperband_gp_rung`), `full_gp_bandit` and `full_random` (every trial
-//! trains 27 epochs; `--full-trials`, 30 by default). Problems (`multi_fidelity/problems.rs`):
-//! `curves_hartmann3`, learning curves with Hartmann3's regret as the final loss, and
-//! `mlp_two_moons`, an MLP trained by SGD whose validation loss is the metric.
-//!
-//! `cargo run --release -p augur-optimizer --example multi_fidelity -- [--seeds N]
-//! [--first-seed S] [--problems a,b] [--methods a,b] [--full-trials N] [--table [--jsonl FILE]]`
-//! (`--methods`: only these of ours, with asha_random and full_gp_bandit, which the table
-//! pairs every run with)
-//!
-//! Without `--table`: one JSON line per study, `{"problem", "method", "seed", "workers",
-//! "trials", "compute", "wall", "attempts": [attempts started per rung], "decide_ms":
-//! median wall ms per decide call, "decide_ms_total", "curve": [[compute, wall, best], …]}`, a curve point each
-//! time a trial completes the full budget: budget units consumed so far (epochs, summed over
-//! workers, running attempts included), simulated time, and the best full-budget loss yet.
-//! With `--table`: per problem and method, medians over seeds with a seeded bootstrap 95%
-//! interval, and ASHA's decision time with 10,000 trials (the JSON lines go to `--jsonl`);
-//! `--references a.jsonl,b.jsonl` adds reference optimizers' runs (the same JSON lines) as
-//! rows of their own.
-//!
-//! `--oracle PROBLEM` trains for another program instead (the Python references,
-//! `benches/quality/multi_fidelity_reference.py`): each line read, `{"trial": N,
-//! "parameters": {…}, "to": E}`, trains trial N on from its checkpoint to epoch E and answers
-//! `{"losses": [the metric after each new epoch]}`, so that every optimizer trains the same
-//! problems, bit for bit.
+//! compute and equal wall-clock, on simulated workers. Usage and output: [`main`].
 
 // The crate root resolves `mod` beside itself; the module lives in `multi_fidelity/`.
 #[path = "multi_fidelity/problems.rs"]
@@ -897,6 +862,43 @@ fn read_references(paths: &str) -> Vec<Run> {
     runs
 }
 
+/// Multi-fidelity quality bench driver (issue 29): ASHA against full-budget search at equal
+/// compute and equal wall-clock, on simulated workers.
+///
+/// Each study runs on 4 simulated workers (as `asha/tests.rs`'s `Simulation`): an attempt
+/// lasts the epochs it trains, a resumed trial trains only what its checkpoint lacks, and the
+/// policy (`Asha` or `FullBudget`, through `Policy::decide` over a `StudyView`, as the service
+/// asks it) decides whenever a worker is free. Methods: `asha_random` and `asha_gp_bandit`
+/// (and the same with Hyperband: `hyperband_random`, `hyperband_gp_bandit`)
+/// (fidelity 1–27 epochs, η = 3, 81 trials), ASHA with the full-budget methods' compute as
+/// its `max_budget` and no trial limit (`asha_random_max_budget`, `asha_gp_bandit_max_budget`),
+/// the GP over configuration × budget as the designer (`ModelHistory::BudgetFeature`:
+/// `asha_gp_budget`, `hyperband_gp_budget`, `asha_gp_budget_max_budget`), Hyperband with
+/// BOHB's highest-rung GP (`hyperband_gp_rung`), `full_gp_bandit` and `full_random` (every trial
+/// trains 27 epochs; `--full-trials`, 30 by default). Problems (`multi_fidelity/problems.rs`):
+/// `curves_hartmann3`, learning curves with Hartmann3's regret as the final loss, and
+/// `mlp_two_moons`, an MLP trained by SGD whose validation loss is the metric.
+///
+/// `cargo run --release -p augur-optimizer --example multi_fidelity -- [--seeds N]
+/// [--first-seed S] [--problems a,b] [--methods a,b] [--full-trials N] [--table [--jsonl FILE]]`
+/// (`--methods`: only these of ours, with asha_random and full_gp_bandit, which the table
+/// pairs every run with)
+///
+/// Without `--table`: one JSON line per study, `{"problem", "method", "seed", "workers",
+/// "trials", "compute", "wall", "attempts": [attempts started per rung], "decide_ms":
+/// median wall ms per decide call, "decide_ms_total", "curve": [[compute, wall, best], …]}`, a curve point each
+/// time a trial completes the full budget: budget units consumed so far (epochs, summed over
+/// workers, running attempts included), simulated time, and the best full-budget loss yet.
+/// With `--table`: per problem and method, medians over seeds with a seeded bootstrap 95%
+/// interval, and ASHA's decision time with 10,000 trials (the JSON lines go to `--jsonl`);
+/// `--references a.jsonl,b.jsonl` adds reference optimizers' runs (the same JSON lines) as
+/// rows of their own.
+///
+/// `--oracle PROBLEM` trains for another program instead (the Python references,
+/// `benches/quality/multi_fidelity_reference.py`): each line read, `{"trial": N,
+/// "parameters": {…}, "to": E}`, trains trial N on from its checkpoint to epoch E and answers
+/// `{"losses": [the metric after each new epoch]}`, so that every optimizer trains the same
+/// problems, bit for bit.
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let number = |name: &str, default: u64| -> u64 {

@@ -1,23 +1,5 @@
-//! Quality bench driver: runs Augur's designers, through the full-budget policy the service
-//! asks (`FullBudget::decide` over a `StudyView`), on the public
-//! suite (see `shared/reference/README.md`) and prints one JSON line per study:
-//! `{"optimizer", "function", "parallel", "seed", "regret": [best-so-far regret per trial],
-//!  "ms": [wall ms per suggest call, divided by the suggestions it returned]}`.
-//!
-//! `cargo run --release --example quality -- [--seeds N] [--first-seed S] [--functions a,b]
-//! [--algorithms a,b] [--parallel 1,5] [--gp knob=value,… --label name] [--points]
-//! [--designs FILE] [--workers]`.
-//! `--workers` runs each study as `parallel` workers that each ask for one trial when theirs
-//! ends, the others' trials pending (as `augur worker`s or ask/tell clients do, the oldest
-//! finishing first), instead of batches of `parallel` suggested together; its lines are
-//! labelled `<algorithm>_workers` unless `--label` names them.
-//! `--points` adds `"x"`: each trial's coordinates in order (box functions only), and for
-//! gp_bandit `"initial"`: how many of them were its quasi-random design, which
-//! `benches/quality/same_design.py` starts the Python references from. `--designs FILE`
-//! does the converse: a study whose function and seed have a line `{"function", "seed",
-//! "x": [[x0, x1, …], …]}` there starts with those points as its first trials (measured in
-//! one batch, counted in the budget; with `--gp max_initial_trials=k` for k of them
-//! gp_bandit adds no quasi-random points of its own). `benches/quality/run` aggregates these lines with the Python references.
+//! Quality bench driver: Augur's designers on the public suite, one JSON line per study.
+//! Usage and output: [`main`].
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
@@ -286,6 +268,26 @@ fn coordinates(points: &[Assignment]) -> Option<Vec<Vec<f64>>> {
         .collect()
 }
 
+/// Quality bench driver: runs Augur's designers, through the full-budget policy the service
+/// asks (`FullBudget::decide` over a `StudyView`), on the public
+/// suite (see `shared/reference/README.md`) and prints one JSON line per study:
+/// `{"optimizer", "function", "parallel", "seed", "regret": [best-so-far regret per trial],
+/// "ms": [wall ms per suggest call, divided by the suggestions it returned]}`.
+///
+/// `cargo run --release --example quality -- [--seeds N] [--first-seed S] [--functions a,b]
+/// [--algorithms a,b] [--parallel 1,5] [--gp knob=value,… --label name] [--points]
+/// [--designs FILE] [--workers]`.
+/// `--workers` runs each study as `parallel` workers that each ask for one trial when theirs
+/// ends, the others' trials pending (as `augur worker`s or ask/tell clients do, the oldest
+/// finishing first), instead of batches of `parallel` suggested together; its lines are
+/// labelled `<algorithm>_workers` unless `--label` names them.
+/// `--points` adds `"x"`: each trial's coordinates in order (box functions only), and for
+/// gp_bandit `"initial"`: how many of them were its quasi-random design, which
+/// `benches/quality/same_design.py` starts the Python references from. `--designs FILE`
+/// does the converse: a study whose function and seed have a line `{"function", "seed",
+/// "x": [[x0, x1, …], …]}` there starts with those points as its first trials (measured in
+/// one batch, counted in the budget; with `--gp max_initial_trials=k` for k of them
+/// gp_bandit adds no quasi-random points of its own). `benches/quality/run` aggregates these lines with the Python references.
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let seeds: u64 = arg(&args, "--seeds")

@@ -1,19 +1,5 @@
 //! CPU time of one GP-bandit suggestion (count 1, no warm start), as the suggestion-latency
-//! targets count it (DESIGN.md §6: p50 ≤ 50 ms at 100 trials, ≤ 1 s at 1,000, d = 10, one
-//! core). Wall clock on a shared machine counts other processes' time too; the suggesting
-//! thread's own CPU time (`/proc/thread-self/schedstat`, Linux) does not, but on some
-//! kernels it advances in scheduler ticks (4 ms here), so the wall-clock median of a quiet
-//! machine is printed too.
-//!
-//! `cargo run --release -p augur-optimizer --example suggest_cpu [-- REPEATS [KNOBS
-//! [PENDING]]]` (KNOBS: `GpBanditConfig::with_overrides`, e.g. `refine_starts=0`, may be
-//! empty; several sets separated by `;` are measured interleaved, one suggestion of each
-//! per seed, so that a change in the machine's load hits them alike; PENDING: that many of
-//! the history's points also running, 0 by default, e.g. 4 for the last member of a batch
-//! of 5, a Thompson draw with `batch_thompson_every=5`): the same Levy-scored quasi-random
-//! histories as `benches/suggest.rs` (d = 10; 100 and 1,000 trials), each suggestion from a
-//! cold start (a different seed each time), and prints per knob set the median and maximum
-//! CPU ms and the median wall-clock ms.
+//! targets count it (DESIGN.md §6). Usage and output: [`main`].
 
 use augur_optimizer::Designer;
 use augur_optimizer::test_functions::levy_history;
@@ -34,6 +20,22 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// CPU time of one GP-bandit suggestion (count 1, no warm start), as the suggestion-latency
+/// targets count it (DESIGN.md §6: p50 ≤ 50 ms at 100 trials, ≤ 1 s at 1,000, d = 10, one
+/// core). Wall clock on a shared machine counts other processes' time too; the suggesting
+/// thread's own CPU time (`/proc/thread-self/schedstat`, Linux) does not, but on some
+/// kernels it advances in scheduler ticks (4 ms here), so the wall-clock median of a quiet
+/// machine is printed too.
+///
+/// `cargo run --release -p augur-optimizer --example suggest_cpu [-- REPEATS [KNOBS
+/// [PENDING]]]` (KNOBS: `GpBanditConfig::with_overrides`, e.g. `refine_starts=0`, may be
+/// empty; several sets separated by `;` are measured interleaved, one suggestion of each
+/// per seed, so that a change in the machine's load hits them alike; PENDING: that many of
+/// the history's points also running, 0 by default, e.g. 4 for the last member of a batch
+/// of 5, a Thompson draw with `batch_thompson_every=5`): the same Levy-scored quasi-random
+/// histories as `benches/suggest.rs` (d = 10; 100 and 1,000 trials), each suggestion from a
+/// cold start (a different seed each time), and prints per knob set the median and maximum
+/// CPU ms and the median wall-clock ms.
 fn main() {
     let repeats: u64 = std::env::args()
         .nth(1)

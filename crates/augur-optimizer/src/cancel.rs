@@ -1,10 +1,5 @@
 //! Cooperative cancellation, for a caller that stopped waiting (the service answers a
-//! suggestion that missed its time budget without the model). A designer runs on its
-//! caller's thread; [`with_cancel`] lends that thread a flag, and the long loops (the GP's
-//! likelihood evaluations, the acquisition search, a batch's suggestions) check it between
-//! steps and wind down once it is set. Without a flag, or while it is unset, nothing changes:
-//! the same input and seed give the same suggestions. Once set, what the designer returns is
-//! meant to be thrown away.
+//! suggestion that missed its time budget without the model).
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -15,6 +10,12 @@ thread_local! {
 }
 
 /// Run `f` with `flag` as this thread's cancellation flag.
+///
+/// A designer runs on its caller's thread; this lends that thread a flag, and the long loops
+/// (the GP's likelihood evaluations, the acquisition search, a batch's suggestions) check it
+/// between steps and wind down once it is set. Without a flag, or while it is unset, nothing
+/// changes: the same input and seed give the same suggestions. Once set, what the designer
+/// returns is meant to be thrown away.
 pub fn with_cancel<T>(flag: Arc<AtomicBool>, f: impl FnOnce() -> T) -> T {
     /// Puts the previous flag back, even if `f` panics.
     struct Restore(Option<Arc<AtomicBool>>);

@@ -1,12 +1,4 @@
 //! Quasi-random search: an Owen-scrambled Sobol sequence (Burley 2020, via `sobol_burley`).
-//!
-//! Trial number `n` gets point `n - 1` of the sequence, so suggestions depend only on
-//! `(seed, trial number)` and are cheap enough to compute inside the slot-claiming
-//! transaction. Every parameter of the tree (in [`SearchSpace::all_parameters`] order) owns
-//! one fixed dimension, used only when the parameter is active, so conditional spaces keep
-//! the low-discrepancy property within each branch. Categoricals take bucket
-//! `floor(u * k)` of their coordinate, integers and discrete values snap to the nearest
-//! feasible value (see [`crate::space::ParameterKind::from_unit`]).
 
 use std::collections::HashMap;
 
@@ -41,6 +33,14 @@ pub fn sobol_point(seed: u64, index: u64, dims: usize) -> Vec<f64> {
 }
 
 /// The assignment at sequence position `index` (0-based) for `space`.
+///
+/// Trial number `n` gets point `n - 1` of the sequence, so suggestions depend only on
+/// `(seed, trial number)` and are cheap enough to compute inside the slot-claiming
+/// transaction. Every parameter of the tree (in [`SearchSpace::all_parameters`] order) owns
+/// one fixed dimension, used only when the parameter is active, so conditional spaces keep
+/// the low-discrepancy property within each branch. Categoricals take bucket
+/// `floor(u * k)` of their coordinate, integers and discrete values snap to the nearest
+/// feasible value (see [`crate::space::ParameterKind::from_unit`]).
 pub fn quasi_random_assignment(space: &SearchSpace, seed: u64, index: u64) -> Assignment {
     let dims: HashMap<&str, u64> = space
         .all_parameters()

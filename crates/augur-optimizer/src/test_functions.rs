@@ -1,12 +1,6 @@
-//! The public benchmark suite (`shared/reference/README.md`): Branin, Hartmann6,
-//! Rosenbrock 4D, Ackley 5D on the asymmetric box [−5, 10]^5, Levy 10D; off-centre boxes
-//! of Levy and Rosenbrock (the optimum far from the box centre, so that a designer gains
-//! nothing by trying the centre); and mixed-space problems with categorical, log-scaled
-//! integer and conditional parameters ([`MIXED_SUITE`]). All minimized; simple regret =
+//! The public benchmark suite (`shared/reference/README.md`), all minimized: simple regret =
 //! best value found − `optimum`. Used by the statistical tests, the latency bench and the
-//! quality bench (`examples/quality.rs`); `benches/quality/reference.py` defines the same
-//! functions for the Python references, and both check the values at the points of
-//! [`AGREEMENT_POINTS`].
+//! quality bench (`examples/quality.rs`).
 
 use crate::space::{Assignment, Child, Parameter, ParameterKind, Scale, SearchSpace, Value};
 
@@ -118,6 +112,13 @@ pub const ROSENBROCK6_OFFCENTRE: TestFunction = TestFunction {
 };
 
 /// The whole suite, in the reference order.
+///
+/// The suite: Branin, Hartmann6, Rosenbrock 4D, Ackley 5D on the asymmetric box [−5, 10]^5,
+/// Levy 10D; off-centre boxes of Levy and Rosenbrock (the optimum far from the box centre, so
+/// that a designer gains nothing by trying the centre); and mixed-space problems with
+/// categorical, log-scaled integer and conditional parameters ([`MIXED_SUITE`]).
+/// `benches/quality/reference.py` defines the same functions for the Python references, and
+/// both check the values at the points of [`AGREEMENT_POINTS`].
 pub const SUITE: [TestFunction; 7] = [
     BRANIN,
     HARTMANN6,

@@ -1,12 +1,5 @@
 //! A GP regression model: MAP hyperparameters and the posterior, zero-mean or with a
 //! fitted trend as its prior mean ([`Posterior::with_trend`], see [`super::mean`]).
-//!
-//! The log marginal likelihood (Rasmussen & Williams 2006, eq. 5.8) on standardized outputs
-//! `y` with `K = K_f + σ_n² I`:
-//! `−ln p(y|θ) = ½ yᵀK⁻¹y + ½ ln|K| + n/2 ln 2π`, and its gradient (eq. 5.9)
-//! `∂/∂θ_j = −½ tr((ααᵀ − K⁻¹) ∂K/∂θ_j)` with `α = K⁻¹y`.
-//! We minimize it plus weak normal priors on `θ` (log-normal priors on the hyperparameters)
-//! with L-BFGS (argmin) from several starts.
 
 use std::cell::{Cell, RefCell};
 
@@ -181,6 +174,13 @@ pub fn lower_triangular_inverse(l: &DMatrix<f64>) -> DMatrix<f64> {
 
 /// Negative log posterior of `θ` (up to a constant) and its gradient; `categorical` as in
 /// [`Hyper::categorical`].
+///
+/// The log marginal likelihood (Rasmussen & Williams 2006, eq. 5.8) on standardized outputs
+/// `y` with `K = K_f + σ_n² I`:
+/// `−ln p(y|θ) = ½ yᵀK⁻¹y + ½ ln|K| + n/2 ln 2π`, and its gradient (eq. 5.9)
+/// `∂/∂θ_j = −½ tr((ααᵀ − K⁻¹) ∂K/∂θ_j)` with `α = K⁻¹y`.
+/// We minimize it plus weak normal priors on `θ` (log-normal priors on the hyperparameters)
+/// with L-BFGS (argmin) from several starts.
 pub fn neg_log_posterior(
     x: &[Vec<f64>],
     y: &DVector<f64>,

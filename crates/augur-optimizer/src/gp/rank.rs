@@ -1,11 +1,5 @@
-//! Rank statistics that compare GPs fitted to differently warped targets.
-//!
-//! Two GPs of one objective, one on the half-rank + log warped targets and one on the
-//! standardized values, predict on different scales, so their likelihoods and squared
-//! errors cannot be compared. Their leave-one-out means can, by rank: a rank statistic
-//! of the LOO means against the observed values is unchanged by any increasing transform
-//! of either, so it measures how well each model *orders* points it has not seen, which is
-//! what the acquisition needs from it.
+//! Rank statistics that compare GPs fitted to differently warped targets, by how well each
+//! orders the points it has not seen (what the acquisition needs from it).
 
 /// Ranks of `v` from 0 (smallest), ties sharing their average rank.
 pub fn average_ranks(v: &[f64]) -> Vec<f64> {
@@ -50,6 +44,11 @@ pub fn spearman(a: &[f64], b: &[f64]) -> Option<f64> {
 /// both): Spearman's correlation over the best `top_fraction` of the points by observed
 /// value (at least 5 of them, or all), since Bayesian optimization needs the model to tell
 /// good points apart more than bad ones. `None` when it is undefined (see [`spearman`]).
+///
+/// Why by rank: two GPs of one objective, one on the half-rank + log warped targets and one
+/// on the standardized values, predict on different scales, so their likelihoods and squared
+/// errors cannot be compared. Their leave-one-out means can, by rank: a rank statistic of the
+/// LOO means against the observed values is unchanged by any increasing transform of either.
 pub fn loo_rank_quality(loo: &[f64], observed: &[f64], top_fraction: f64) -> Option<f64> {
     if loo.len() != observed.len() {
         return None;

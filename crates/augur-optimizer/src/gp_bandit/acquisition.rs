@@ -1,8 +1,7 @@
-//! The acquisition and its maximization: what a candidate scores (UCB, log-EI, UCB-PE,
-//! a Thompson draw; weighted by the probability of safety), where the search for its
-//! maximum starts (the best observed points, their discrete neighbours, the prior studies'
-//! best, the best raw samples), the search itself ([`super::search`], then gradient
-//! refinement, [`super::refine`]), and which of the best candidates is suggested
+//! The acquisition and its maximization: what a candidate scores (UCB, log-EI, UCB-PE, a
+//! Thompson draw; weighted by the probability of safety), where the search starts (the best
+//! observed points, their discrete neighbours, the prior studies' best, the best raw samples),
+//! the search ([`super::search`], then [`super::refine`]), and which candidate is suggested
 //! ([`pick_candidate`]).
 
 use rand::{RngExt, rngs::StdRng};

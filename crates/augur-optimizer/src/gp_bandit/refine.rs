@@ -1,21 +1,4 @@
 //! Gradient-based local refinement of acquisition candidates.
-//!
-//! The population search finds the acquisition's basins; a few dozen gradient steps then
-//! climb each of the best candidates to its basin's top, which random moves in 10
-//! dimensions reach only slowly (the idea of BoTorch's `optimize_acqf` and Optuna's
-//! `GPSampler`: multi-start local optimization from the best raw samples).
-//!
-//! The acquisitions and their gradients, from the posterior mean μ, the (pending-aware)
-//! variance s² and their gradients, with `∇s = ∇s²/(2s)`:
-//! - UCB `a = μ + β s`: `∇a = ∇μ + β ∇s`;
-//! - log-EI `a = ln s + ln h(z)`, `z = (μ − y*)/s`, `h(z) = φ(z) + z Φ(z)`, `h′ = Φ`:
-//!   `∇a = ∇s/s + (ln h)′(z) (∇μ − z ∇s)/s`.
-//!
-//! The ascent is projected (onto the box, then the space's feasible values) and
-//! preconditioned by the squared length scales, since the acquisition changes on the scale
-//! of `ℓ_j` in feature j. Every step is judged by the full score (trust region, penalties
-//! included), and only strict improvements are taken, so a refined candidate is never
-//! worse than its start.
 
 use crate::gp::model::MeanVarianceGradient;
 use crate::gp::warping::normal_cdf;
@@ -91,6 +74,23 @@ pub(super) struct RefineSpace<'a> {
 /// `t` in any feature (t starts at 0.05, halves on a failed step, doubles after a success
 /// up to 0.2); a step is taken only if it raises the score. Returns the best point and
 /// its score: never worse than the start.
+///
+/// The population search finds the acquisition's basins; a few dozen gradient steps then
+/// climb each of the best candidates to its basin's top, which random moves in 10
+/// dimensions reach only slowly (the idea of BoTorch's `optimize_acqf` and Optuna's
+/// `GPSampler`: multi-start local optimization from the best raw samples).
+///
+/// The acquisitions and their gradients, from the posterior mean μ, the (pending-aware)
+/// variance s² and their gradients, with `∇s = ∇s²/(2s)`:
+/// - UCB `a = μ + β s`: `∇a = ∇μ + β ∇s`;
+/// - log-EI `a = ln s + ln h(z)`, `z = (μ − y*)/s`, `h(z) = φ(z) + z Φ(z)`, `h′ = Φ`:
+///   `∇a = ∇s/s + (ln h)′(z) (∇μ − z ∇s)/s`.
+///
+/// The ascent is projected (onto the box, then the space's feasible values) and
+/// preconditioned by the squared length scales, since the acquisition changes on the scale
+/// of `ℓ_j` in feature j. Every step is judged by the full score (trust region, penalties
+/// included), and only strict improvements are taken, so a refined candidate is never
+/// worse than its start.
 pub(super) fn ascend(
     start: &[f64],
     start_score: f64,

@@ -1,12 +1,13 @@
 //! A study's total budget (`max_budget`, in budget units: epochs over all trials), over any
-//! policy. A trial that resumes from its checkpoint trains only the difference, so what the
-//! study has spent or committed is every trial's latest budget (the full budget for a trial
-//! that has none). Decisions are kept in order while they fit in what is left; once no new
-//! configuration fits, none starts, and once nothing runs and nothing fits, the paused trials
-//! end at their rung.
+//! policy.
 
 use crate::decision::{Decision, Policy, PolicyOutput, StudyView, TrialStatus, TrialView};
 
+/// A trial that resumes from its checkpoint trains only the difference, so what the study has
+/// spent or committed is every trial's latest budget (the full budget for a trial that has
+/// none). Decisions are kept in order while they fit in what is left; once no new
+/// configuration fits, none starts, and once nothing runs and nothing fits, the paused trials
+/// end at their rung.
 pub struct BudgetCap {
     inner: Box<dyn Policy>,
     max_budget: f64,

@@ -3,11 +3,6 @@
 //! units. When every member has finished a segment, each trial in the bottom
 //! `quantile_fraction` copies the checkpoint of one in the top quantile (exploit) and goes on
 //! with that trial's values perturbed (explore); the others go on with their own.
-//!
-//! Synchronous by segment, so that every decision can be recomputed from the trials alone
-//! (nothing but the trials is stored) and a parent's checkpoint is still the one it was
-//! ranked by when it is copied: a parent waits, paused, until every copy of its checkpoint is
-//! done ([`TrialView::copying_from`]).
 
 use std::collections::HashMap;
 
@@ -51,6 +46,11 @@ impl PbtSettings {
 }
 
 /// The PBT scheduler; the first population comes from `designer`.
+///
+/// Synchronous by segment, so that every decision can be recomputed from the trials alone
+/// (nothing but the trials is stored) and a parent's checkpoint is still the one it was
+/// ranked by when it is copied: a parent waits, paused, until every copy of its checkpoint is
+/// done ([`TrialView::copying_from`]).
 pub struct Pbt {
     pub settings: PbtSettings,
     /// The metric members are ranked by at the end of each segment.
