@@ -610,8 +610,8 @@ pub async fn heartbeat_trial(
 }
 
 /// PBT: the trial's worker has copied its parent's checkpoint (`lineage.copying_from`) into
-/// the trial's own checkpoint directory; the parent may train on. For a pool's workers (the
-/// server's dispatcher records its own copies).
+/// the trial's own checkpoint; the parent may train on. For a pool's workers and ask/tell
+/// clients (the server's dispatcher records its own copies); a completion ends the wait too.
 #[utoipa::path(post, path = "/v1/studies/{study}/trials/{trial}/checkpoint_copied", tag = "trials",
     params(("study" = String, Path, description = STUDY_ID), ("trial" = String, Path, description = TRIAL_ID)),
     responses(

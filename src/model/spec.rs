@@ -994,13 +994,9 @@ impl StudySpec {
             ));
         }
         match &self.trial_job {
-            None => {
-                return Err(ValidationError::new(
-                    "trial_job",
-                    "pbt copies checkpoints between trials: the service must run them (a \
-                     trial_job)",
-                ));
-            }
+            // Ask/tell clients keep the checkpoints: a segment names the trial to copy
+            // (`lineage.copying_from`), and the client reports the copy (`checkpoint_copied`).
+            None => {}
             Some(job) if job.executor.kubernetes().is_some() => {
                 return Err(ValidationError::new(
                     "trial_job.executor",

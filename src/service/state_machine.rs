@@ -1136,6 +1136,11 @@ impl StudyBatch {
         trial.early_stopped = early_stopped;
         trial.completed_at = (state != TrialState::Paused).then_some(now);
         trial.lease_expires_at = None;
+        // PBT: an attempt that ended made its copy, or went on without one (an ask/tell
+        // client that never said so): either way the parent must not wait for it forever.
+        if let Some(lineage) = trial.lineage.as_mut() {
+            lineage.copying_from = None;
+        }
         Ok(self.touched(trial_id))
     }
 

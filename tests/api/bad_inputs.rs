@@ -341,16 +341,6 @@ async fn bad_study_specs_name_their_field_and_create_nothing(backend: &str) {
             StatusCode::BAD_REQUEST,
             "max_budget",
         ),
-        // PBT copies checkpoints between trials: the service must run them.
-        (
-            Method::POST,
-            "/v1/studies".into(),
-            Some(with(
-                json!({"scheduler": "pbt", "fidelity": {"argument": "epochs", "min": 1, "max": 9}}),
-            )),
-            StatusCode::BAD_REQUEST,
-            "trial_job",
-        ),
         (
             Method::POST,
             "/v1/studies".into(),

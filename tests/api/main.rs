@@ -27,6 +27,7 @@ mod openapi;
 mod outage;
 mod ownership;
 mod parameters;
+mod pbt;
 mod pools;
 mod repeats;
 mod replicas;

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import sys
 import threading
@@ -506,3 +507,43 @@ def test_a_multi_fidelity_trial_pauses_and_comes_back_at_a_larger_budget(client,
     assert list(study.suggest(1, "w")) == []
     study.refresh()
     assert study.state == "completed"
+
+
+def test_a_pbt_segment_names_the_checkpoint_to_copy_and_the_copy_is_reported(client, make_spec):
+    spec = make_spec(
+        parameters=[{"id": "lr", "type": "double", "min": 0.001, "max": 1.0, "scale": "log"}],
+        max_trials=4,
+        parallel_trials=2,
+        seed=5,
+        fidelity={"argument": "epochs", "min": 2, "max": 6},
+        scheduler="pbt",
+        pbt={"quantile_fraction": 0.25, "resample_probability": 0},
+    )
+    study = client.create_study(spec)
+    checkpoints = {}  # trial id -> (epochs trained, model state)
+    copies = []
+    for _ in range(40):
+        trials = study.suggest(2, "w")
+        if not trials:
+            if study.refresh().state == "completed":
+                break
+            continue
+        for trial in trials:
+            if trial.copying_from is not None:
+                checkpoints[trial.id] = checkpoints[trial.copying_from]
+                copies.append((trial.id, trial.copying_from, checkpoints[trial.id][0]))
+                assert trial.checkpoint_copied().copying_from is None
+            epochs, w = checkpoints.get(trial.id, (0, 1.0))
+            assert trial.resume == (epochs > 0)
+            lr = trial.parameters["lr"]
+            for _epoch in range(epochs, trial.budget):
+                w *= 1.0 - 0.5 * math.exp(-math.log(lr / 0.3) ** 2 / 2)
+            checkpoints[trial.id] = (trial.budget, w)
+            trial.complete({"loss": w})
+    assert study.refresh().state == "completed"
+    assert len(copies) == 2, "the worst of four copies the best at each of two segment ends"
+    for copier, parent, at in copies:
+        lineage = study.trial(copier).lineage
+        assert {"from_budget": at, "parent": parent} in [
+            {"from_budget": s["from_budget"], "parent": s.get("parent")} for s in lineage
+        ], lineage

@@ -753,6 +753,21 @@ class Trial(_Annotated):
         return bool(self.data.get("resume", False))
 
     @property
+    def copying_from(self) -> Optional[int]:
+        """PBT (``scheduler: pbt``): the trial whose checkpoint this segment starts from, or
+        ``None`` to go on from this trial's own. Copy that trial's checkpoint over this
+        one's, then call :meth:`checkpoint_copied` before training: the trial copied waits,
+        paused, until then (or until this segment completes)."""
+        lineage = self.data.get("lineage") or {}
+        return lineage.get("copying_from")
+
+    @property
+    def lineage(self) -> List[Dict[str, Any]]:
+        """PBT: the trial's segments, each ``{"from_budget", "parent", "parameters"}``
+        (``parent`` absent where it went on from its own checkpoint)."""
+        return list((self.data.get("lineage") or {}).get("segments") or [])
+
+    @property
     def measurements(self) -> List[Dict[str, Any]]:
         return list(self.data.get("measurements") or [])
 
@@ -845,6 +860,18 @@ class Trial(_Annotated):
         does, the trial moves to ``stopping``: finish it with :meth:`complete` (it completes
         as early-stopped)."""
         return self.study.client._should_stop(self.study.id, self.id)
+
+    def checkpoint_copied(self) -> "Trial":
+        """PBT: say that :attr:`copying_from`'s checkpoint is now this trial's, so that the
+        trial copied may train on. Returns itself, updated (still :attr:`resume`: the
+        server says that only when it hands the trial out)."""
+        resume = self.resume
+        self.data = self._http.request(
+            "POST", f"{self._path}/checkpoint_copied", safety=Safety.IDEMPOTENT
+        )
+        if resume:
+            self.data["resume"] = True
+        return self
 
     def heartbeat(self) -> "Trial":
         """Renew the lease now (the background thread does this for a held trial)."""
