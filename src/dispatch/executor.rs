@@ -45,6 +45,10 @@ pub struct JobRequest {
     /// Every replica's place in it, when the trial is a cluster (`worker_pools` given);
     /// `None` for a plain one-replica trial, which gets no cluster configuration.
     pub cluster: Option<ClusterLayout>,
+    /// PBT, for an executor whose replicas do not see the server's trial directories
+    /// ([`Executor::shares_trial_dirs`]): the trial whose checkpoint must replace this one's
+    /// before the replicas start. Elsewhere the dispatcher made the copy before the launch.
+    pub copy_checkpoint_from: Option<i64>,
 }
 
 /// One replica of an attempt.
@@ -221,6 +225,14 @@ pub trait Executor: Send + Sync {
         request: &JobRequest,
         stdout_lines: mpsc::UnboundedSender<String>,
     ) -> Result<Box<dyn RunningJob>, ExecutorError>;
+
+    /// Whether the replicas use the trial directories the dispatcher makes (on the server's
+    /// file system, or one it shares). Kubernetes pods use a volume of their own instead,
+    /// so PBT's copy of another trial's checkpoint is made in the pod
+    /// ([`JobRequest::copy_checkpoint_from`]).
+    fn shares_trial_dirs(&self) -> bool {
+        true
+    }
 
     /// Kill a job left by an earlier run of the service (`handle` as `RunningJob::handle`
     /// gave it) for this trial, so that a resumed trial never runs twice. A handle of

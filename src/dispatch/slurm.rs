@@ -849,6 +849,7 @@ mod tests {
                 "/runs 100%/2/job.log",
             )],
             cluster: None,
+            copy_checkpoint_from: None,
         }
     }
 

@@ -186,12 +186,18 @@ pub async fn run_trial(
                 return give_up(&*reporter, trial_id, why.to_string()).await;
             }
         }
-        if let Some(parent) = copy_from.take()
+        // Made here once where the replicas share the directories; else by every attempt
+        // where it runs (a failed one may have trained on the copy), and the parent waits
+        // until the trial's segment completes.
+        let copy_in_attempt = copy_from.filter(|_| !setup.executor.shares_trial_dirs());
+        if copy_in_attempt.is_none()
+            && let Some(parent) = copy_from.take()
             && let Err(why) = copy_parent_checkpoint(&setup, trial_id, parent, &dirs).await
         {
             return give_up(&*reporter, trial_id, why).await;
         }
-        let request = attempt_request(&setup, trial_id, start, &env, &replicas, &dirs);
+        let mut request = attempt_request(&setup, trial_id, start, &env, &replicas, &dirs);
+        request.copy_checkpoint_from = copy_in_attempt;
         let (outcome, last) = run_attempt(&setup, &request, &dirs, timeout, &mut interrupt).await;
         match settle(&setup, trial_id, outcome, last).await {
             // A multi-fidelity attempt whose result is recorded leaves no handle: the trial
@@ -266,6 +272,7 @@ fn attempt_request(
             .job
             .is_cluster()
             .then(|| ClusterLayout::of(&setup.job)),
+        copy_checkpoint_from: None,
     }
 }
 

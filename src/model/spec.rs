@@ -997,11 +997,22 @@ impl StudySpec {
             // Ask/tell clients keep the checkpoints: a segment names the trial to copy
             // (`lineage.copying_from`), and the client reports the copy (`checkpoint_copied`).
             None => {}
-            Some(job) if job.executor.kubernetes().is_some() => {
+            // On Kubernetes the copy is made in the primary's pod, on the claim: an object
+            // store's files are the trainer's own. (No volume at all is refused with any
+            // scheduler, below.)
+            Some(job)
+                if job.executor.kubernetes().is_some_and(|o| {
+                    matches!(
+                        o.output_volume,
+                        Some(super::executor::OutputVolume::ObjectStore)
+                    )
+                }) =>
+            {
                 return Err(ValidationError::new(
-                    "trial_job.executor",
-                    "pbt copies checkpoints between trials' directories, which on Kubernetes \
-                     live on the pods' volume: use the local, container or Slurm executor",
+                    "trial_job.kubernetes.output_volume",
+                    "pbt copies checkpoints between trials' directories on the pods' volume: \
+                     give a persistent_volume_claim (with object_store the trainer's files \
+                     are out of reach)",
                 ));
             }
             // A pool's workers copy from the study's directory, which they must share.

@@ -102,9 +102,12 @@ pub(super) fn trial_views(
             excluded: t.excluded,
             budget: t.budget,
             measurements: curves.remove(&t.id).unwrap_or_default(),
+            // A trial that ended (failed, stopped) will copy nothing: its parent need not
+            // wait for it.
             copying_from: t
                 .lineage
                 .as_ref()
+                .filter(|_| t.state.is_unfinished() || t.state == TrialState::Paused)
                 .and_then(|l| l.copying_from)
                 .map(|id| id.max(0) as u64),
         })

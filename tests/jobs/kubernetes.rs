@@ -103,6 +103,7 @@ fn request(job: &TrialJobSpec, base: &Path, attempt: u32) -> JobRequest {
         output_base: dirs.base.clone(),
         replicas,
         cluster: job.is_cluster().then(|| ClusterLayout::of(job)),
+        copy_checkpoint_from: None,
     }
 }
 
@@ -602,7 +603,7 @@ fn every_manifest_augur_generates_validates_against_the_official_schemas() {
     };
     write("three-pools.yaml", vec![three_pool_manifests().0]);
     let variants = [
-        ("one-replica.yaml", job_spec(&[], json!({}))),
+        ("one-replica.yaml", job_spec(&[], json!({})), None),
         (
             "object-store.yaml",
             job_spec(
@@ -610,11 +611,32 @@ fn every_manifest_augur_generates_validates_against_the_official_schemas() {
                 json!({"output_dir": "gs://bucket/runs", "timeout_secs": null,
                        "kubernetes": {"output_volume": "object_store", "namespace": "ml"}}),
             ),
+            None,
+        ),
+        // A PBT segment that copies trial 5's checkpoint: the primary's init container.
+        (
+            "pbt-copy.yaml",
+            job_spec(
+                &[1, 2],
+                json!({"output_dir": "pbt", "kubernetes": {"output_volume":
+                    {"persistent_volume_claim": {"claim_name": "runs", "mount_path": "/mnt/runs"}}}}),
+            ),
+            Some(5),
         ),
     ];
-    for (name, job) in variants {
-        let request = request(&job, Path::new("/srv/augur"), 1);
+    for (name, job, copy_from) in variants {
+        let mut request = request(&job, Path::new("/srv/augur"), 1);
+        request.copy_checkpoint_from = copy_from;
         let made = manifests::attempt_manifests(&request, &job, "augur").expect("manifests");
+        for (pool, j) in &made.jobs {
+            let pod = j.spec.as_ref().and_then(|s| s.template.spec.as_ref());
+            let copies = pod.is_some_and(|p| p.init_containers.is_some());
+            assert_eq!(
+                copies,
+                copy_from.is_some() && *pool == 0,
+                "{name}: only the primary's pod copies, and only when told to (pool {pool})"
+            );
+        }
         let mut docs = vec![yaml_serde::to_string(&made.service).expect("yaml")];
         docs.extend(
             made.secret
@@ -1234,6 +1256,136 @@ async fn asha_on_kubernetes_resumes_each_trial_from_its_checkpoint_on_the_output
             .count()
     };
     assert_eq!((reached(3), reached(9)), (3, 1), "{by_trial:?}");
+    standin
+        .wait_until("every attempt deleted", |s| s.names(Kind::Job).is_empty())
+        .await;
+}
+
+/// One trial's checkpoint on the tests' stand-in volume: the epochs it holds, the model state
+/// and which trial trained the last of them.
+#[derive(Debug, Clone, Copy)]
+struct VolumeCheckpoint {
+    epochs: u64,
+    w: f64,
+    by: i64,
+}
+
+/// PBT on Kubernetes: the copy of the best trial's checkpoint is made in the worst trial's
+/// primary pod, by its init container, on the claim. The tests' kubelet runs the init
+/// container's copy on its stand-in volume (a map of checkpoint directories), then the trainer
+/// of `tests/jobs/pbt.rs` from what the pod's `AIP_CHECKPOINT_DIR` holds.
+#[tokio::test]
+async fn pbt_on_kubernetes_copies_the_best_checkpoint_in_the_primarys_pod() {
+    let standin = Arc::new(StandIn::start().await);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let trained = dir.path().join("trained.jsonl");
+    let copies = Arc::new(std::sync::Mutex::new(Vec::<(String, String)>::new()));
+    let _kubelet = {
+        let (standin, trained, copies) = (standin.clone(), trained.clone(), copies.clone());
+        tokio::spawn(async move {
+            let mut handled = std::collections::HashSet::new();
+            let mut volume: BTreeMap<String, VolumeCheckpoint> = BTreeMap::new();
+            loop {
+                for pod in standin.objects(Kind::Pod) {
+                    let name = pod["metadata"]["name"].as_str().unwrap_or("").to_string();
+                    let gated = pod["spec"]["schedulingGates"]
+                        .as_array()
+                        .is_some_and(|g| !g.is_empty());
+                    if gated || !handled.insert(name.clone()) {
+                        continue;
+                    }
+                    standin.run(&name);
+                    if let Some(init) = pod["spec"]["initContainers"].as_array() {
+                        let copy = &init[0];
+                        assert_eq!(copy["name"], manifests::CHECKPOINT_COPY, "{pod}");
+                        assert_eq!(copy["command"], json!(["sh", "-c"]), "{pod}");
+                        let args: Vec<String> = copy["args"]
+                            .as_array()
+                            .expect("args")
+                            .iter()
+                            .map(|a| a.as_str().expect("arg").replace("$$", "$"))
+                            .collect();
+                        let (from, to) = (args[2].clone(), args[3].clone());
+                        let Some(state) = volume.get(&from).copied() else {
+                            standin.exit(&name, 1);
+                            continue;
+                        };
+                        volume.insert(to.clone(), state);
+                        copies.lock().expect("copies").push((from, to));
+                    }
+                    let env = standin.container_env(&name);
+                    let argv = standin.container_argv(&name);
+                    let arg = |key: &str| -> f64 {
+                        argv.iter()
+                            .find_map(|a| a.strip_prefix(&format!("--{key}=")))
+                            .and_then(|v| v.parse().ok())
+                            .unwrap_or_else(|| panic!("--{key} in {argv:?}"))
+                    };
+                    let (lr, to) = (arg("lr"), arg("epochs") as u64);
+                    let trial: i64 = env["AUGUR_TRIAL_ID"].parse().expect("trial id");
+                    let checkpoint = env["AIP_CHECKPOINT_DIR"].trim_end_matches('/').to_string();
+                    let start = volume
+                        .get(&checkpoint)
+                        .copied()
+                        .unwrap_or(VolumeCheckpoint {
+                            epochs: 0,
+                            w: 1.0,
+                            by: trial,
+                        });
+                    // The trainer of `tests/jobs/pbt.rs`.
+                    let factor = 1.0 - 0.5 * (-(lr / 0.3).ln().powi(2) / 2.0).exp();
+                    let mut state = start;
+                    for epoch in start.epochs + 1..=to {
+                        state = VolumeCheckpoint {
+                            epochs: epoch,
+                            w: state.w * factor,
+                            by: trial,
+                        };
+                        standin.print(&name, &format!("epoch={epoch} loss={}", state.w));
+                    }
+                    volume.insert(checkpoint, state);
+                    let line = json!({"trial": trial, "from": start.epochs, "to": to, "lr": lr,
+                        "w_from": start.w, "w_to": state.w, "origin": start.by});
+                    let mut log = std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&trained)
+                        .expect("trained log");
+                    std::io::Write::write_all(&mut log, format!("{line}\n").as_bytes())
+                        .expect("log a launch");
+                    standin.exit(&name, 0);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let (app, _runs) = server_configured(&standin, |config| {
+        config.kubernetes_policy.claims = vec!["augur-runs".into()];
+    })
+    .await;
+    let id = app
+        .create_study(crate::pbt::population_spec(json!({
+            "executor": "kubernetes",
+            "image": "registry.example/trainer:1.4",
+            "command": ["python3", "train.py"],
+            "output_dir": "pbt",
+            "kubernetes": {"output_volume": {"persistent_volume_claim": {"claim_name": "augur-runs", "mount_path": "/mnt/runs"}}},
+        })))
+        .await;
+    let study = app
+        .wait_for_state(id, "completed", Duration::from_secs(120))
+        .await;
+    crate::pbt::check_population(&app, id, &study, &trained).await;
+    // Two exploits (the worst of four copies the best at 2 and at 4 epochs), each one copy,
+    // from one trial's checkpoint directory on the claim to another's.
+    let copies = copies.lock().expect("copies").clone();
+    assert_eq!(copies.len(), 2, "{copies:?}");
+    for (from, to) in &copies {
+        assert!(
+            from.starts_with("/mnt/runs/pbt/") && from.ends_with("/checkpoints") && from != to,
+            "{copies:?}"
+        );
+    }
     standin
         .wait_until("every attempt deleted", |s| s.names(Kind::Job).is_empty())
         .await;

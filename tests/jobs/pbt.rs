@@ -70,6 +70,23 @@ fn launches(trained: &std::path::Path) -> BTreeMap<i64, Vec<Launch>> {
     launches
 }
 
+/// The population every PBT test trains, run by `trial_job`.
+pub(crate) fn population_spec(trial_job: Value) -> Value {
+    json!({
+        "name": "pbt",
+        "algorithm": "random",
+        "metrics": [{"id": "loss", "goal": "minimize"}],
+        "parameters": [{"id": "lr", "type": "double", "min": 0.001, "max": 1, "scale": "log"}],
+        "max_trials": 4,
+        "parallel_trials": 2,
+        "seed": 5,
+        "fidelity": {"argument": "epochs", "min": 2, "max": 6},
+        "scheduler": "pbt",
+        "pbt": {"quantile_fraction": 0.25, "resample_probability": 0},
+        "trial_job": trial_job
+    })
+}
+
 async fn the_worst_copies_the_best_at_every_segment_end(backend: &str) {
     the_worst_copies_the_best_on(backend, "local").await;
 }
@@ -121,32 +138,34 @@ async fn the_worst_copies_the_best_on(backend: &str, executor: &str) {
         Vec::new()
     };
     let id = app
-        .create_study(json!({
-            "name": "pbt",
-            "algorithm": "random",
-            "metrics": [{"id": "loss", "goal": "minimize"}],
-            "parameters": [{"id": "lr", "type": "double", "min": 0.001, "max": 1, "scale": "log"}],
-            "max_trials": 4,
-            "parallel_trials": 2,
-            "seed": 5,
-            "fidelity": {"argument": "epochs", "min": 2, "max": 6},
-            "scheduler": "pbt",
-            "pbt": {"quantile_fraction": 0.25, "resample_probability": 0},
-            "trial_job": {
-                "executor": executor,
-                "pool": if executor == "pool" { json!("pbt") } else { Value::Null },
-                "command": ["python3", script.display().to_string()],
-                "env": {"TRAINED": trained.display().to_string()},
-                "output_dir": dir.path().join("runs").display().to_string()
-            }
-        }))
+        .create_study(population_spec(json!({
+            "executor": executor,
+            "pool": if executor == "pool" { json!("pbt") } else { Value::Null },
+            "command": ["python3", script.display().to_string()],
+            "env": {"TRAINED": trained.display().to_string()},
+            "output_dir": dir.path().join("runs").display().to_string()
+        })))
         .await;
     let study = app
         .wait_for_state(id, "completed", Duration::from_secs(300))
         .await;
     drop(workers);
+    check_population(&app, id, &study, &trained).await;
+}
+
+/// A completed PBT study of [`population_spec`] (population 4, lr from 0.001 to 1, segments
+/// of 2 epochs up to 6, the worst quarter copying the best), checked against what its
+/// trainers logged in `trained` (a line per launch, as [`TRAINER_PY`] writes): every launch
+/// from where its checkpoint was, the worst copying the best at each segment's end with its
+/// lr explored, the others going on alone, the lineage recording it.
+pub(crate) async fn check_population(
+    app: &common::TestApp,
+    id: i64,
+    study: &Value,
+    trained: &std::path::Path,
+) {
     assert_eq!(study["trial_counts"]["completed"], 4, "{study}");
-    let launches = launches(&trained);
+    let launches = launches(trained);
     assert_eq!(launches.len(), 4, "the population, no more: {launches:?}");
     // Every trial trained 0-2, 2-4, 4-6: each launch from where its checkpoint was.
     for (trial, ls) in &launches {

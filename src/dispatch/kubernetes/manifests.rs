@@ -55,6 +55,13 @@ const TTL_AFTER_FINISHED_SECS: i32 = 600;
 /// SIGTERM to SIGKILL for a deleted pod: the local executor's stop grace.
 const TERMINATION_GRACE_SECS: i64 = 5;
 const OUTPUT_VOLUME: &str = "augur-output";
+/// The primary's init container that makes PBT's copy of another trial's checkpoint.
+pub const CHECKPOINT_COPY: &str = "augur-copy-checkpoint";
+/// What it runs (`sh -c`, `$1` the parent's checkpoint directory, `$2` the trial's): the
+/// trial's directory replaced by a copy, links copied as links (`cp -a`), as the other
+/// executors' dispatcher copies (`dispatch/checkpoint.rs`). Safe to repeat: each attempt
+/// copies afresh.
+const CHECKPOINT_COPY_SCRIPT: &str = r#"set -eu; [ -d "$1" ] || { echo "augur: no checkpoint directory $1" >&2; exit 1; }; rm -rf "$2"; mkdir -p "$(dirname "$2")"; cp -a "$1" "$2""#;
 /// Where the trial directories are in a pod without an `output_volume`: a scratch
 /// `emptyDir`, gone with the pod (checkpoints do not survive a retry then).
 pub const SCRATCH_OUTPUT_DIR: &str = "/augur/output";
@@ -145,7 +152,9 @@ pub fn attempt_selector(study_id: i64, trial_id: i64, attempt: u32) -> String {
 /// the kubelet resolves the variables when it starts the container. Kueue ungates pods the
 /// same way after writing per-pod placement. Pools of one replica (the primary always) need
 /// no gate. No init container, no shell in the image, no wrapper binary: any image runs
-/// unchanged, and every replica sees exactly the variables the local executor would give it.
+/// unchanged, and every replica sees exactly the variables the local executor would give it
+/// (PBT's checkpoint copy, [`CHECKPOINT_COPY`], is the one init container, and only when a
+/// segment copies).
 #[derive(Debug, Clone)]
 pub struct AttemptManifests {
     pub names: AttemptNames,
@@ -213,7 +222,12 @@ pub fn attempt_manifests(
             per_index.insert(pool, own);
         }
         let container = attempt.container(request, job, pool, first, env)?;
-        let pod = attempt.pod_spec(container, gated);
+        let copy = (pool == 0)
+            .then_some(request.copy_checkpoint_from)
+            .flatten()
+            .map(|parent| attempt.checkpoint_copy(request, parent, &container));
+        let mut pod = attempt.pod_spec(container, gated);
+        pod.init_containers = copy.map(|c| vec![c]);
         jobs.push((pool, attempt.indexed_job(job, pool, replicas.len(), pod)?));
     }
     Ok(AttemptManifests {
@@ -364,6 +378,31 @@ impl Attempt<'_> {
         })
     }
 
+    /// PBT: the init container that replaces the trial's checkpoint directory on the volume
+    /// with `parent`'s before `primary` starts, in the primary's image (which must have
+    /// `sh` and `cp`). Only the primary's pod copies: one copy per attempt.
+    fn checkpoint_copy(&self, request: &JobRequest, parent: i64, primary: &Container) -> Container {
+        let from = self.output.trial_dirs(request, parent).checkpoints;
+        let to = self
+            .output
+            .trial_dirs(request, request.trial_id)
+            .checkpoints;
+        let args = [
+            CHECKPOINT_COPY_SCRIPT,
+            CHECKPOINT_COPY,
+            &from.display().to_string(),
+            &to.display().to_string(),
+        ];
+        Container {
+            name: CHECKPOINT_COPY.to_string(),
+            image: primary.image.clone(),
+            command: Some(vec!["sh".to_string(), "-c".to_string()]),
+            args: Some(args.iter().map(|a| literal(a)).collect()),
+            volume_mounts: self.output.mount.clone().map(|m| vec![m]),
+            ..Default::default()
+        }
+    }
+
     /// A pod of the attempt; `gated`: held until each replica's own variables are set.
     fn pod_spec(&self, container: Container, gated: bool) -> PodSpec {
         let options = &self.options;
@@ -510,6 +549,18 @@ impl PodOutput {
     }
 }
 
+impl PodOutput {
+    /// Trial `trial_id`'s directories (of `request`'s study) as its pods see them.
+    fn trial_dirs(&self, request: &JobRequest, trial_id: i64) -> TrialDirs {
+        let key = StudyKey {
+            id: request.study_id,
+            created_at: request.study_created_at,
+        };
+        let study = StudyDir::below(PathBuf::from(&self.base), key, self.layout);
+        TrialDirs::new(&study, trial_id)
+    }
+}
+
 /// The names the spec itself sets for a pool's replicas (the job's `env` and the pool's):
 /// those are kept even where they name a variable the server's environment also has.
 fn pool_spec_env(job: &TrialJobSpec, pool: usize) -> Vec<String> {
@@ -543,12 +594,7 @@ fn pod_env(
     for key in secret_keys.iter().filter(|k| !spec_env.contains(k)) {
         env.remove(key);
     }
-    let key = StudyKey {
-        id: request.study_id,
-        created_at: request.study_created_at,
-    };
-    let study = StudyDir::below(PathBuf::from(&output.base), key, output.layout);
-    let dirs = TrialDirs::new(&study, request.trial_id);
+    let dirs = output.trial_dirs(request, request.trial_id);
     let dir = |p: &Path| format!("{}/", p.display());
     env.insert(
         "CLOUD_ML_HP_METRIC_FILE".to_string(),

@@ -390,6 +390,11 @@ impl Executor for KubernetesExecutor {
         }))
     }
 
+    /// The pods' trial directories are on their volume: PBT copies in the pod.
+    fn shares_trial_dirs(&self) -> bool {
+        false
+    }
+
     async fn clean_up_stale(&self, handle: &JobHandle, study_id: i64, trial_id: i64) {
         let JobHandle::Kubernetes { namespace, .. } = handle else {
             return;
