@@ -1,17 +1,5 @@
-//! Bearer-token auth and roles. Tokens are stored as SHA-256 digests. A server bound to
-//! loopback with no token configured is open (every caller is `open`, an admin); otherwise
-//! each route needs what it declared where it was registered (`access`): nothing (health
-//! probes, the login form, assets), a role (a reader GETs, a writer also changes; tokens and
-//! the audit trail are an admin's), or that role or the trial's own token. The service asks
-//! more by what is asked (a `trial_job` needs an operator; changing a study, asking it for
-//! trials or reporting to them needs its creator or an admin).
-//!
-//! The token comes in `Authorization: Bearer`; the dashboard's cookie stands for it on reads
-//! only; a WebSocket to the exec route (a browser cannot set a header on one) may offer it as a
-//! subprotocol instead ([`BEARER_SUBPROTOCOL`]), never the cookie.
-//!
-//! An address that keeps sending wrong tokens is slowed down (`rate_limit::FailureLimit`).
-//! The caller rides along in the request's extensions, for handlers to take as [`Actor`].
+//! Bearer-token auth and roles: who a request's caller is ([`Actor`]) and whether the route
+//! it matched lets it in (declared where the route was registered, `access`).
 
 use axum::extract::{FromRequestParts, MatchedPath, Request, State};
 use axum::http::request::Parts;
@@ -57,6 +45,20 @@ impl<S: Send + Sync> FromRequestParts<S> for Actor {
     }
 }
 
+/// Bearer-token auth and roles. Tokens are stored as SHA-256 digests. A server bound to
+/// loopback with no token configured is open (every caller is `open`, an admin); otherwise
+/// each route needs what it declared where it was registered (`access`): nothing (health
+/// probes, the login form, assets), a role (a reader GETs, a writer also changes; tokens and
+/// the audit trail are an admin's), or that role or the trial's own token. The service asks
+/// more by what is asked (a `trial_job` needs an operator; changing a study, asking it for
+/// trials or reporting to them needs its creator or an admin).
+///
+/// The token comes in `Authorization: Bearer`; the dashboard's cookie stands for it on reads
+/// only; a WebSocket to the exec route (a browser cannot set a header on one) may offer it as a
+/// subprotocol instead ([`BEARER_SUBPROTOCOL`]), never the cookie.
+///
+/// An address that keeps sending wrong tokens is slowed down (`rate_limit::FailureLimit`).
+/// The caller rides along in the request's extensions, for handlers to take as [`Actor`].
 pub async fn require_token(
     State(state): State<AppState>,
     mut request: Request,

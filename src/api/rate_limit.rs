@@ -1,14 +1,5 @@
-//! Two limits, each a token bucket per key, answered `429` with `Retry-After` past it:
-//! - per token (`augur serve --rate-limit N`): each caller (a token's name, or `open`) may
-//!   send `N` requests a second on average, in bursts of up to `2N`. Off unless configured.
-//! - per source address, on failures (always on): an address that sent [`FAILURE_BURST`]
-//!   unknown or expired tokens (bearer, cookie or the login form) may try again once every
-//!   [`FAILURE_REFILL_SECS`] seconds; meanwhile every token it sends is refused before it is
-//!   looked at, a right one too (else a guess that hits would still be told so). Clients
-//!   behind one proxy share its address: one of them guessing slows the others' sign-ins.
-//!
-//! Both are kept per process: with several replicas behind a balancer, a caller may send up
-//! to the limit to each.
+//! Two limits, each a token bucket per key, answered `429` with `Retry-After` past it: per
+//! token (`--rate-limit`), and per source address on failed tokens.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -73,6 +64,17 @@ fn too_many(retry_after_secs: u64) -> ApiError {
     ApiError::TooManyRequests { retry_after_secs }
 }
 
+/// Two limits, each a token bucket per key, answered `429` with `Retry-After` past it:
+/// - per token (`augur serve --rate-limit N`): each caller (a token's name, or `open`) may
+///   send `N` requests a second on average, in bursts of up to `2N`. Off unless configured.
+/// - per source address, on failures (always on): an address that sent [`FAILURE_BURST`]
+///   unknown or expired tokens (bearer, cookie or the login form) may try again once every
+///   [`FAILURE_REFILL_SECS`] seconds; meanwhile every token it sends is refused before it is
+///   looked at, a right one too (else a guess that hits would still be told so). Clients
+///   behind one proxy share its address: one of them guessing slows the others' sign-ins.
+///
+/// Both are kept per process: with several replicas behind a balancer, a caller may send up
+/// to the limit to each.
 #[derive(Clone, Default)]
 pub struct RateLimit {
     /// `None`: no limit.

@@ -1,10 +1,5 @@
 //! CSV for spreadsheets (`augur study export --format csv`), by the same rule as the
-//! dashboard's "Export CSV" (`dashboard/assets/js/csv.js`, whose header says why): a text
-//! cell that a spreadsheet would run as a formula (it starts with `=`, `+`, `-`, `@`, a tab,
-//! a carriage return or NUL, and is not just a number) gets a leading `'` and is quoted; a
-//! cell holding a quote, a comma, a semicolon (the list separator in many locales, where
-//! `;=1+1` would split into a cell of its own that runs), a tab or a line break is quoted.
-//! Numbers stay numbers. A unit test keeps the two rules' characters the same.
+//! dashboard's "Export CSV" (`dashboard/assets/js/csv.js`).
 
 use serde_json::Value;
 
@@ -14,6 +9,14 @@ const FORMULA_START: [char; 7] = ['=', '+', '-', '@', '\t', '\r', '\0'];
 const NEEDS_QUOTES: [char; 6] = ['"', ',', ';', '\t', '\r', '\n'];
 
 /// One field: numbers and booleans as they are, text neutralised and quoted as needed.
+///
+/// CSV for spreadsheets (`augur study export --format csv`), by the same rule as the
+/// dashboard's "Export CSV" (`dashboard/assets/js/csv.js`, whose header says why): a text
+/// cell that a spreadsheet would run as a formula (it starts with `=`, `+`, `-`, `@`, a tab,
+/// a carriage return or NUL, and is not just a number) gets a leading `'` and is quoted; a
+/// cell holding a quote, a comma, a semicolon (the list separator in many locales, where
+/// `;=1+1` would split into a cell of its own that runs), a tab or a line break is quoted.
+/// Numbers stay numbers. A unit test keeps the two rules' characters the same.
 pub fn csv_cell(value: &Value) -> String {
     let text = match value {
         Value::Null => return String::new(),

@@ -1,9 +1,5 @@
 //! `augur trial exec` and `augur trial shell`: a command, or an interactive shell, in a
-//! running trial's replica, through the server's WebSocket route (`api::exec`, whose header
-//! describes the protocol). `exec` copies this process's stdin to the command and its
-//! stdout and stderr back, passes Ctrl-C on as SIGINT, and exits with the command's status;
-//! `shell` puts this terminal in raw mode (every key, Ctrl-C included, goes to the remote
-//! terminal), follows its size (SIGWINCH), and restores it at the end.
+//! running trial's replica, through the server's WebSocket route (`api::exec`).
 
 use std::io::Write;
 use std::path::Path;
@@ -40,6 +36,13 @@ trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 /// Run the session; the command's exit status (a shell's: 128 + signal when killed).
+///
+/// `augur trial exec` and `augur trial shell`: a command, or an interactive shell, in a
+/// running trial's replica, through the server's WebSocket route (`api::exec`, whose header
+/// describes the protocol). `exec` copies this process's stdin to the command and its
+/// stdout and stderr back, passes Ctrl-C on as SIGINT, and exits with the command's status;
+/// `shell` puts this terminal in raw mode (every key, Ctrl-C included, goes to the remote
+/// terminal), follows its size (SIGWINCH), and restores it at the end.
 pub async fn run_exec(options: ExecOptions<'_>) -> CliResult<i32> {
     let socket = connect(&options).await?;
     let (mut sink, mut stream) = socket.split();

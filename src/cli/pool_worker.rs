@@ -1,14 +1,5 @@
 //! `augur worker --pool NAME --slots N`: a worker of a named pool, shared by every study
-//! whose `trial_job` names the pool (`executor: pool`, DESIGN §4.4). Each slot asks the
-//! server for the next trial of any study in the pool (`POST /v1/pools/{pool}/workers/
-//! {worker}/lease`, a long poll: the server answers as soon as a study has room, the
-//! fairest first), runs it as `augur worker --study` runs a pulled trial (same arguments,
-//! environment, GPUs from this machine's `--gpus`, metric collection), and reports with the
-//! trial's own token. The worker runs only what its own allow-lists permit
-//! (`--job-commands`, `--job-images`, `--job-env-allow`, as `augur serve` reads them): a
-//! trial it may not run is failed at once, the reason naming this worker and the list. It
-//! reports its slots and busy count every few seconds and at each change, which the server
-//! turns into the pool's utilisation.
+//! whose `trial_job` names the pool (`executor: pool`, DESIGN §4.4).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -74,6 +65,17 @@ struct StudyRun {
     refused: Option<String>,
 }
 
+/// `augur worker --pool NAME --slots N`: a worker of a named pool, shared by every study
+/// whose `trial_job` names the pool (`executor: pool`, DESIGN §4.4). Each slot asks the
+/// server for the next trial of any study in the pool (`POST /v1/pools/{pool}/workers/
+/// {worker}/lease`, a long poll: the server answers as soon as a study has room, the
+/// fairest first), runs it as `augur worker --study` runs a pulled trial (same arguments,
+/// environment, GPUs from this machine's `--gpus`, metric collection), and reports with the
+/// trial's own token. The worker runs only what its own allow-lists permit
+/// (`--job-commands`, `--job-images`, `--job-env-allow`, as `augur serve` reads them): a
+/// trial it may not run is failed at once, the reason naming this worker and the list. It
+/// reports its slots and busy count every few seconds and at each change, which the server
+/// turns into the pool's utilisation.
 pub async fn run_pool_worker(client: Client, options: PoolWorkerOptions) -> CliResult<()> {
     if !(1..=256).contains(&options.slots) {
         return Err(CliError::Usage("--slots must be between 1 and 256".into()));

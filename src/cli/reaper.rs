@@ -1,9 +1,5 @@
-//! A worker's trial dies with the worker. `augur worker` starts, for each trial it runs,
-//! `augur reap-trial` with a pipe on its stdin; if the worker dies (even by SIGKILL) the
-//! pipe closes unannounced and the reaper kills the trial's local process groups (those of
-//! its `job.handle` that carry the trial's marks), so that no trainer goes on in a trial
-//! directory that the server hands to another worker. A worker that ends the trial itself
-//! says `done` first.
+//! A worker's trial dies with the worker (`augur reap-trial`, a child of the worker on a
+//! pipe).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -64,6 +60,13 @@ impl TrialReaper {
 
 /// `augur reap-trial HANDLE_FILE STUDY TRIAL`: wait for stdin to close; unless it said
 /// `done`, kill the trial's local process groups.
+///
+/// A worker's trial dies with the worker. `augur worker` starts, for each trial it runs,
+/// `augur reap-trial` with a pipe on its stdin; if the worker dies (even by SIGKILL) the
+/// pipe closes unannounced and the reaper kills the trial's local process groups (those of
+/// its `job.handle` that carry the trial's marks), so that no trainer goes on in a trial
+/// directory that the server hands to another worker. A worker that ends the trial itself
+/// says `done` first.
 pub fn reap_trial(handle_file: PathBuf, study_id: i64, trial_id: i64) {
     let mut said = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut said);

@@ -1,9 +1,4 @@
-//! `augur tensorboard STUDY`: TensorBoard over a dispatched study's trials. Each trial's
-//! `AIP_TENSORBOARD_LOG_DIR` becomes a run named `trial-<id>` (or by its values): a link to
-//! it in a directory of runs that TensorBoard reads as its `--logdir`, kept up to date as the
-//! study starts trials (TensorBoard rescans it; a `--logdir_spec` is fixed when it starts).
-//! While it runs, the study's user attribute `augur:tensorboard_url` names it, and the
-//! dashboard's trial pages link to it.
+//! `augur tensorboard STUDY`: TensorBoard over a dispatched study's trials.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -68,6 +63,13 @@ pub struct TensorboardArgs {
 }
 
 /// Run TensorBoard over the study's trials until it exits or this command is interrupted.
+///
+/// `augur tensorboard STUDY`: TensorBoard over a dispatched study's trials. Each trial's
+/// `AIP_TENSORBOARD_LOG_DIR` becomes a run named `trial-<id>` (or by its values): a link to
+/// it in a directory of runs that TensorBoard reads as its `--logdir`, kept up to date as the
+/// study starts trials (TensorBoard rescans it; a `--logdir_spec` is fixed when it starts).
+/// While it runs, the study's user attribute `augur:tensorboard_url` names it, and the
+/// dashboard's trial pages link to it.
 pub async fn run_tensorboard(client: &Client, args: TensorboardArgs) -> CliResult<()> {
     let id = resolve_study(client, &args.study).await?;
     let dirs = client

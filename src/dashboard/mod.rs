@@ -1,11 +1,5 @@
-//! The web dashboard: HTML pages at `/`, `/studies/{study}`, `/studies/{study}/trials/{trial}`,
-//! `/compare` and `/pools`, a login form for token-protected servers, and the embedded assets. Each
-//! page is a small shell that loads `main.js`; the JavaScript modules of `assets/js/` (one per
-//! page and per part, no build step, served from [`MODULES`]) draw it from the JSON API
-//! (`/v1/...`, including the aggregates of `insights/charts.rs`) and keep the study page live
-//! through the change cursor. Charts are plotly.js, which the `plotly` crate ships inside the
-//! binary: no npm step. The trial page's terminal is xterm.js, its prebuilt bundle vendored
-//! under `assets/vendor/` ([`VENDOR`]).
+//! The web dashboard: HTML pages, a login form for token-protected servers, and the embedded
+//! assets; each page a small shell that loads `main.js`, drawn from the JSON API.
 
 use std::sync::LazyLock;
 
@@ -91,6 +85,14 @@ fn extract_plotly(sources: &str) -> String {
     sources[start..end].to_string()
 }
 
+/// The web dashboard: HTML pages at `/`, `/studies/{study}`, `/studies/{study}/trials/{trial}`,
+/// `/compare` and `/pools`, a login form for token-protected servers, and the embedded assets. Each
+/// page is a small shell that loads `main.js`; the JavaScript modules of `assets/js/` (one per
+/// page and per part, no build step, served from `MODULES`) draw it from the JSON API
+/// (`/v1/...`, including the aggregates of `insights/charts.rs`) and keep the study page live
+/// through the change cursor. Charts are plotly.js, which the `plotly` crate ships inside the
+/// binary: no npm step. The trial page's terminal is xterm.js, its prebuilt bundle vendored
+/// under `assets/vendor/` (`VENDOR`).
 pub fn router() -> AccessRouter {
     // The pages show data: a reader's. The login form, sign-out and assets hold none (a
     // sign-in checks its token itself).

@@ -1,9 +1,5 @@
 //! A trial's training cluster as its replicas see it (DESIGN §4.1): the configuration Augur,
-//! not the training script, writes for every replica, in the three conventions trainers
-//! read: Vertex AI's `CLUSTER_SPEC`, TensorFlow's `TF_CONFIG`, and PyTorch's
-//! `MASTER_ADDR`/`MASTER_PORT`/`WORLD_SIZE`/`RANK`/`LOCAL_RANK`; plus `AUGUR_REPLICA`.
-//! Pure: the executor says where each replica listens (`Address`), this says what each
-//! replica is told.
+//! not the training script, writes for every replica. Pure.
 
 use std::collections::BTreeMap;
 
@@ -89,6 +85,13 @@ impl ClusterLayout {
 
 /// The variables that tell replica `me` of trial `trial_id` its place in the cluster, given
 /// where every replica listens.
+///
+/// A trial's training cluster as its replicas see it (DESIGN §4.1): the configuration Augur,
+/// not the training script, writes for every replica, in the three conventions trainers
+/// read: Vertex AI's `CLUSTER_SPEC`, TensorFlow's `TF_CONFIG`, and PyTorch's
+/// `MASTER_ADDR`/`MASTER_PORT`/`WORLD_SIZE`/`RANK`/`LOCAL_RANK`; plus `AUGUR_REPLICA`.
+/// Pure: the executor says where each replica listens (`Address`), this says what each
+/// replica is told.
 pub fn cluster_env(
     layout: &ClusterLayout,
     address: &dyn Fn(ReplicaId) -> Address,

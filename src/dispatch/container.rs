@@ -1,14 +1,5 @@
 //! The container executor (DESIGN §4.2): each replica a container of its `image` on this
-//! machine, through Podman or Docker, so a custom-container trainer runs unchanged on one
-//! machine. A replica's container gets the command and rendered arguments, the environment of
-//! DESIGN §4 and §4.1 (through an env file readable by the server only: on the engine's
-//! command line it would be visible to every local user), the trial's directory mounted at
-//! the same path (so the `AIP_*` paths hold inside), `--network=host` (replicas reach each
-//! other and the server on 127.0.0.1 at the ports reserved for the cluster), `--init` (so
-//! SIGTERM reaches a Python PID 1), resources as `--cpus`/`--memory` and its GPUs as devices,
-//! and labels naming study, trial and replica. The engine's client runs attached, as a local
-//! process whose output is the replica's log; stopping goes through the engine
-//! (`stop`/`rm`), and a restarted service finds leftovers by label.
+//! machine, through Podman or Docker.
 
 use super::handle::JobHandle;
 use std::path::Path;
@@ -247,6 +238,17 @@ fn env_file_text(env: &[(String, String)]) -> Result<String, ExecutorError> {
     Ok(text)
 }
 
+/// The container executor (DESIGN §4.2): each replica a container of its `image` on this
+/// machine, through Podman or Docker, so a custom-container trainer runs unchanged on one
+/// machine. A replica's container gets the command and rendered arguments, the environment of
+/// DESIGN §4 and §4.1 (through an env file readable by the server only: on the engine's
+/// command line it would be visible to every local user), the trial's directory mounted at
+/// the same path (so the `AIP_*` paths hold inside), `--network=host` (replicas reach each
+/// other and the server on 127.0.0.1 at the ports reserved for the cluster), `--init` (so
+/// SIGTERM reaches a Python PID 1), resources as `--cpus`/`--memory` and its GPUs as devices,
+/// and labels naming study, trial and replica. The engine's client runs attached, as a local
+/// process whose output is the replica's log; stopping goes through the engine
+/// (`stop`/`rm`), and a restarted service finds leftovers by label.
 pub struct ContainerExecutor {
     context: ExecutorContext,
 }

@@ -1,10 +1,5 @@
-//! Exec and shell sessions in a running attempt's replica (`service::exec`): each executor
-//! says how a command reaches the replica ([`Executor::exec`]: the replica's process
-//! environment on this machine, `podman exec`, `srun --overlap`), and every one of them then
-//! runs a local process, the command itself or the tool that carries it there, on pipes or
-//! on a new pseudo-terminal ([`spawn_session`]).
-//!
-//! [`Executor::exec`]: super::executor::Executor::exec
+//! Exec and shell sessions in a running attempt's replica (`service::exec`), each a local
+//! process: the command itself or the tool that carries it there ([`spawn_session`]).
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -44,6 +39,14 @@ pub enum ExecVia {
 }
 
 /// Opens sessions through the executor each trial's study names.
+///
+/// Exec and shell sessions in a running attempt's replica (`service::exec`): each executor
+/// says how a command reaches the replica ([`Executor::exec`]: the replica's process
+/// environment on this machine, `podman exec`, `srun --overlap`), and every one of them then
+/// runs a local process, the command itself or the tool that carries it there, on pipes or
+/// on a new pseudo-terminal ([`spawn_session`]).
+///
+/// [`Executor::exec`]: super::executor::Executor::exec
 pub struct DispatchExec {
     context: ExecutorContext,
 }

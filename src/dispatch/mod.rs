@@ -1,10 +1,6 @@
-//! Dispatch: the service runs the trials of studies that have a `trial_job` itself. The
-//! [`Dispatcher`] finds such studies and starts one runner per study (exactly one across
-//! replicas, by a lease the service keeps); `runner.rs` keeps `parallel_trials` trials running,
-//! `trial.rs` runs one trial through its attempts (`attempt.rs`), with the environment of
-//! `environment.rs`, reporting through `reporter.rs`, on an executor (`executor.rs`: `local.rs`,
-//! `slurm.rs`, `kubernetes/`). Metrics from stdout and the hypertune file are parsed in `collect.rs`.
-//! Everything it knows of studies it asks the service.
+//! Dispatch: the service runs the trials of studies that have a `trial_job` itself: the
+//! [`Dispatcher`] starts one runner per study (exactly one across replicas), which keeps
+//! `parallel_trials` trials running on an executor.
 
 mod attempt;
 mod checkpoint;
@@ -63,6 +59,14 @@ pub struct DispatchConfig {
 }
 
 /// Starts and stops study runners in this process.
+///
+/// Dispatch: the service runs the trials of studies that have a `trial_job` itself. The
+/// [`Dispatcher`] finds such studies and starts one runner per study (exactly one across
+/// replicas, by a lease the service keeps); `runner.rs` keeps `parallel_trials` trials running,
+/// `trial.rs` runs one trial through its attempts (`attempt.rs`), with the environment of
+/// `environment.rs`, reporting through `reporter.rs`, on an executor (`executor.rs`: `local.rs`,
+/// `slurm.rs`, `kubernetes/`). Metrics from stdout and the hypertune file are parsed in `collect.rs`.
+/// Everything it knows of studies it asks the service.
 #[derive(Clone)]
 pub struct Dispatcher {
     service: Service,

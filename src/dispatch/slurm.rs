@@ -1,12 +1,5 @@
 //! The Slurm executor: each attempt is an `sbatch` job whose script `exec`s the trial's argv
-//! (every word single-quoted, never interpolated); state comes from `squeue`/`scontrol`
-//! (there may be no accounting daemon, so no `sacct`), stdout from the job's output file on
-//! the shared filesystem, and `scancel` stops it.
-//!
-//! A job is looked up at most once per [`POLL`], however often the caller wakes up (the
-//! trial loop re-enters [`RunningJob::wait`] on every output line and timer tick). A job is
-//! reported lost only when the controller says it does not know it; while the controller
-//! cannot be reached the job is assumed to be still running (the trial's timeout bounds that).
+//! (every word single-quoted, never interpolated).
 
 use super::handle::JobHandle;
 use std::path::{Path, PathBuf};
@@ -47,6 +40,15 @@ const ACTIVE_STATES: [&str; 10] = [
     "STAGE_OUT",
 ];
 
+/// The Slurm executor: each attempt is an `sbatch` job whose script `exec`s the trial's argv
+/// (every word single-quoted, never interpolated); state comes from `squeue`/`scontrol`
+/// (there may be no accounting daemon, so no `sacct`), stdout from the job's output file on
+/// the shared filesystem, and `scancel` stops it.
+///
+/// A job is looked up at most once per `POLL`, however often the caller wakes up (the
+/// trial loop re-enters [`RunningJob::wait`] on every output line and timer tick). A job is
+/// reported lost only when the controller says it does not know it; while the controller
+/// cannot be reached the job is assumed to be still running (the trial's timeout bounds that).
 pub struct SlurmExecutor {
     options: SlurmOptions,
     /// The operator's options (`augur serve --slurm-arg`), before the spec's.

@@ -1,12 +1,6 @@
 //! Notifications: the webhooks a study (`notifications` in its spec) or the server
 //! (`--notify-url`) calls when a study ends or fails, a trial fails, or a better trial is
-//! found. The spec's form, its validation into a [`NotificationTarget`], and the rule on
-//! which hosts a webhook may reach ([`NotifyHosts`]): a study's spec must not make the
-//! server call its own internals (loopback, link-local, the unspecified address) unless the
-//! operator allows that host (`--notify-allow-hosts`). The rule is asked twice: on the URL as
-//! written when a spec is validated, and on the addresses its host resolves to at each send
-//! (`service/notifications.rs`), so that a name that later resolves to 127.0.0.1 is refused
-//! too.
+//! found; the spec's form, its validation, and which hosts a webhook may reach.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
@@ -281,6 +275,12 @@ pub struct NotificationDelivery {
 /// Which hosts a webhook may reach: any but loopback, link-local and unspecified
 /// addresses (and `localhost`), unless the operator lists the host
 /// (`--notify-allow-hosts`, names or addresses as a URL writes them).
+///
+/// Why: a study's spec must not make the server call its own internals. The rule is asked
+/// twice: on the URL as
+/// written when a spec is validated, and on the addresses its host resolves to at each send
+/// (`service/notifications.rs`), so that a name that later resolves to 127.0.0.1 is refused
+/// too.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NotifyHosts {
     allowed: BTreeSet<String>,

@@ -1,9 +1,5 @@
-//! What a token may do (DESIGN §3 Auth). Each role can do what the one before it can, and
-//! more: `reader` every GET (the dashboard included); `writer` also ask/tell studies
-//! (create, suggest, report) and changing, stopping or deleting its own studies; `operator`
-//! also studies with a `trial_job` (commands on Augur's machines); `admin` also tokens, the
-//! audit trail and every study. A dispatched trial's token is none of these: it may only
-//! report to its own trial.
+//! What a token may do (DESIGN §3 Auth): each role can do what the one before it can, and
+//! more.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -12,6 +8,12 @@ use utoipa::ToSchema;
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema,
 )]
+/// What a token may do (DESIGN §3 Auth). Each role can do what the one before it can, and
+/// more: `reader` every GET (the dashboard included); `writer` also ask/tell studies
+/// (create, suggest, report) and changing, stopping or deleting its own studies; `operator`
+/// also studies with a `trial_job` (commands on Augur's machines); `admin` also tokens, the
+/// audit trail and every study. A dispatched trial's token is none of these: it may only
+/// report to its own trial.
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     Reader,

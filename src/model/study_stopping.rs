@@ -1,9 +1,5 @@
 //! Study-level stopping (Vertex AI's `studySpec.studyStoppingConfig`): when a study has
-//! stopped making progress, or has run enough trials, it ends before its `max_trials`. The
-//! wire form ([`StudyStoppingSpec`]), its validation into [`StudyStopping`], and the decision
-//! itself ([`StudyStopping::verdict`]): pure, over the study's completed trials in the order
-//! they completed. The state machine (`service/state_machine.rs`, `settle_study_state`)
-//! asks it before each new trial and after each completion, and acts on the answer.
+//! stopped making progress, or has run enough trials, it ends before its `max_trials`.
 
 use augur_optimizer::Goal;
 use chrono::{DateTime, Duration, Utc};
@@ -45,6 +41,13 @@ pub struct StudyStoppingSpec {
 }
 
 /// [`StudyStoppingSpec`] validated, with the goal of the objective it watches.
+///
+/// Study-level stopping (Vertex AI's `studySpec.studyStoppingConfig`): when a study has
+/// stopped making progress, or has run enough trials, it ends before its `max_trials`. The
+/// wire form ([`StudyStoppingSpec`]), its validation into [`StudyStopping`], and the decision
+/// itself ([`StudyStopping::verdict`]): pure, over the study's completed trials in the order
+/// they completed. The state machine (`service/state_machine.rs`, `settle_study_state`)
+/// asks it before each new trial and after each completion, and acts on the answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StudyStopping {
     pub min_num_trials: u64,

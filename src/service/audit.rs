@@ -1,14 +1,5 @@
-//! The audit trail: who (a token's name; `open` on an open server) created, changed, stopped
-//! or deleted each study, added, excluded, failed or stopped trials, completed another's
-//! trials (an admin), asked for a trial's token, created or revoked tokens. What a study's
-//! own reporters send by the thousand is not recorded: measurements and heartbeats, the
-//! creator's and the trial tokens' own completions (each would cost a write of its own on
-//! the ask/tell path), suggestions (the trial names its `client_id`), and what the server's
-//! own dispatcher reports.
-//!
-//! An entry is written right after the change it records commits, not in the same
-//! transaction: a crash (or a lost database) between the two loses the entry, never the
-//! change. Each such loss is logged and counted (`augur_audit_write_failures_total`).
+//! The audit trail: who created, changed, stopped or deleted what, written after each change
+//! commits.
 
 use chrono::Utc;
 
@@ -17,6 +8,17 @@ use super::{Caller, Page, Service, ServiceResult};
 use crate::model::AuditEvent;
 use crate::store::{AuditEntry, AuditRecord};
 
+/// The audit trail: who (a token's name; `open` on an open server) created, changed, stopped
+/// or deleted each study, added, excluded, failed or stopped trials, completed another's
+/// trials (an admin), asked for a trial's token, created or revoked tokens. What a study's
+/// own reporters send by the thousand is not recorded: measurements and heartbeats, the
+/// creator's and the trial tokens' own completions (each would cost a write of its own on
+/// the ask/tell path), suggestions (the trial names its `client_id`), and what the server's
+/// own dispatcher reports.
+///
+/// An entry is written right after the change it records commits, not in the same
+/// transaction: a crash (or a lost database) between the two loses the entry, never the
+/// change. Each such loss is logged and counted (`augur_audit_write_failures_total`).
 impl Service {
     /// Record that `actor` did `action`.
     pub(super) async fn audit(

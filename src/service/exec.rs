@@ -1,14 +1,6 @@
 //! Exec and shell sessions into a running trial's replica (`augur trial exec`/`shell`,
 //! `GET /v1/studies/{study}/trials/{trial}/exec`): who may open one, on which trials, and
-//! the session's shape, whatever carries it (the API's WebSocket) and whatever runs it (the
-//! executors, `dispatch::exec`, installed with [`Service::set_trial_exec`]: the service
-//! cannot use `dispatch`, which uses it).
-//!
-//! Only the study's creator or an admin may open one, and only into a trial this server's
-//! dispatcher runs and that is running now: a pulled trial (ask/tell, `augur worker`) runs
-//! where its client put it, out of the server's reach. A server that allows only some
-//! commands (`--job-commands`) allows a session on its machine or Slurm only those too
-//! (`JobPolicy::check_exec`). Each session is in the audit trail.
+//! the session's shape.
 
 use std::sync::{Arc, OnceLock};
 
@@ -26,6 +18,18 @@ pub const DISPATCHER_CLIENT_ID: &str = "augur-dispatcher";
 pub const MAX_EXEC_COMMAND_BYTES: usize = 64 * 1024;
 
 /// What a session runs, validated.
+///
+/// Exec and shell sessions into a running trial's replica (`augur trial exec`/`shell`,
+/// `GET /v1/studies/{study}/trials/{trial}/exec`): who may open one, on which trials, and
+/// the session's shape, whatever carries it (the API's WebSocket) and whatever runs it (the
+/// executors, `dispatch::exec`, installed with [`Service::set_trial_exec`]: the service
+/// cannot use `dispatch`, which uses it).
+///
+/// Only the study's creator or an admin may open one, and only into a trial this server's
+/// dispatcher runs and that is running now: a pulled trial (ask/tell, `augur worker`) runs
+/// where its client put it, out of the server's reach. A server that allows only some
+/// commands (`--job-commands`) allows a session on its machine or Slurm only those too
+/// (`JobPolicy::check_exec`). Each session is in the audit trail.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecRequest {
     /// Program and arguments; never passed through a shell (unless the program is one).

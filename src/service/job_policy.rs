@@ -83,7 +83,7 @@ pub struct JobPolicy {
     pub command_prefixes: Vec<String>,
     /// Allowed images (`--job-images`), as given and parsed.
     image_entries: Vec<(String, AllowedImages)>,
-    /// Variables (or `PREFIX*`) a spec's `env` may set besides [`HARMLESS_ENV`] while a
+    /// Variables (or `PREFIX*`) a spec's `env` may set besides `HARMLESS_ENV` while a
     /// command list is in force (`--job-env-allow`).
     pub env_allow: Vec<String>,
     pub kubernetes: KubernetesPolicy,

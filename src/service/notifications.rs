@@ -38,7 +38,7 @@ pub struct NotifySettings {
     /// Attempts per call, the first included (at least 1).
     pub attempts: u32,
     /// The wait before the second attempt; each next one waits twice as long (at most
-    /// [`MAX_BACKOFF`]).
+    /// `MAX_BACKOFF`).
     pub first_backoff: Duration,
     /// One attempt's limit, from connecting to the end of the answer.
     pub timeout: Duration,

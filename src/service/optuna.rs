@@ -1,14 +1,5 @@
 //! Optuna's storage (`optuna.storages.GrpcStorageProxy`, served by `api/optuna/`) over
-//! Augur's studies and trials. An Optuna study is an Augur study whose search space is the
-//! one marker parameter [`MARKER_PARAMETER`] (a spec needs one; Optuna's trials bring their
-//! own distributions) and whose metrics are its objectives (`value`, or `value_0`, `value_1`…).
-//! Its trials are Augur trials created by the client: states, parameters (Optuna's internal
-//! float), objective values (the final measurement) and intermediate values (measurements
-//! by step) change in the study's batch, under its lock (`state_machine/optuna.rs`), so
-//! several processes and replicas serialize as for any trial. Distributions and system
-//! attributes are user attributes under reserved prefixes, beside Optuna's own user
-//! attributes; they are written after the change they belong to, and a parameter whose
-//! distribution is not written yet is not shown.
+//! Augur's studies and trials.
 
 use std::collections::BTreeMap;
 
@@ -23,6 +14,18 @@ use super::{
 use crate::model::{AnnotationUpdate, Annotations, Measurement, StudySpec, Trial, TrialState};
 
 /// The one parameter of an Optuna study's spec: it marks the study as Optuna's.
+///
+/// Optuna's storage (`optuna.storages.GrpcStorageProxy`, served by `api/optuna/`) over
+/// Augur's studies and trials. An Optuna study is an Augur study whose search space is the
+/// one marker parameter [`MARKER_PARAMETER`] (a spec needs one; Optuna's trials bring their
+/// own distributions) and whose metrics are its objectives (`value`, or `value_0`, `value_1`…).
+/// Its trials are Augur trials created by the client: states, parameters (Optuna's internal
+/// float), objective values (the final measurement) and intermediate values (measurements
+/// by step) change in the study's batch, under its lock (`state_machine/optuna.rs`), so
+/// several processes and replicas serialize as for any trial. Distributions and system
+/// attributes are user attributes under reserved prefixes, beside Optuna's own user
+/// attributes; they are written after the change they belong to, and a parameter whose
+/// distribution is not written yet is not shown.
 pub const MARKER_PARAMETER: &str = "optuna_storage";
 /// User attributes under this prefix are Optuna's system attributes.
 const SYSTEM_PREFIX: &str = "optuna:system:";

@@ -262,7 +262,7 @@ impl Service {
 
     /// The next trial of any study in `pool` for `worker`'s `slot`, waiting up to `wait`
     /// for one (`None`: none came). The studies are asked in their fair order
-    /// ([`fair_order`]) through the suggest path, each capped there.
+    /// (`fair_order`) through the suggest path, each capped there.
     ///
     /// A worker's slot asks for "the next trial of any study in the pool" (a long poll): the
     /// study with the fewest running trials per unit of weight (`trial_job.pool_weight`) goes

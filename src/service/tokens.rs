@@ -1,10 +1,6 @@
 //! API tokens: minted here, stored as SHA-256 digests only, and checked for every request.
 //! A token of a person or program carries a role (`model::Role`); a trial token (given to a
 //! dispatched or pulled trial) names the one trial it may report to.
-//!
-//! Checked tokens are cached for [`TOKEN_CACHE_TTL`]. A token revoked, or a trial that
-//! finished, in this process is forgotten at once; another replica forgets it when its
-//! cached check runs out, so a revocation holds everywhere within `TOKEN_CACHE_TTL`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -138,6 +134,10 @@ pub struct NewToken {
 }
 
 /// Recently checked tokens, by hash, with when each was checked.
+///
+/// Checked tokens are cached for [`TOKEN_CACHE_TTL`]. A token revoked, or a trial that
+/// finished, in this process is forgotten at once; another replica forgets it when its
+/// cached check runs out, so a revocation holds everywhere within `TOKEN_CACHE_TTL`.
 #[derive(Clone, Default)]
 pub(super) struct TokenCache {
     checked: Arc<Mutex<HashMap<String, (Caller, Instant)>>>,

@@ -1,15 +1,4 @@
 //! The server's files in trial directories, reached without following links.
-//!
-//! A job may write its own directories (model, checkpoints, TensorBoard logs, the hypertune
-//! file), perhaps as another user (`--run-jobs-as`), and a study's `output_dir` may lie in a
-//! directory some job can write. So below a study's output directory nothing is trusted by
-//! its path: each directory is opened from the one above it with `O_NOFOLLOW` (`openat`), and
-//! the server's own (a study's directory, a trial's, `replicas/`) must belong to the server's
-//! user and be writable by nobody else, or it is refused; the server's files there (logs,
-//! the job handle, batch scripts, env files) are opened the same way and must be its own. A
-//! job can then neither plant a link nor a file where the server writes or reads, and a
-//! directory that already exists but is not what the server made is refused with an error
-//! that names it.
 
 use std::fs::File;
 use std::io;
@@ -176,6 +165,17 @@ fn open_child_dir(
 
 /// Open the directory `dir` below `base`: every directory from `base` down is the server's,
 /// the last one `last`'s; made when missing if `create`.
+///
+/// A job may write its own directories (model, checkpoints, TensorBoard logs, the hypertune
+/// file), perhaps as another user (`--run-jobs-as`), and a study's `output_dir` may lie in a
+/// directory some job can write. So below a study's output directory nothing is trusted by
+/// its path: each directory is opened from the one above it with `O_NOFOLLOW` (`openat`), and
+/// the server's own (a study's directory, a trial's, `replicas/`) must belong to the server's
+/// user and be writable by nobody else, or it is refused; the server's files there (logs,
+/// the job handle, batch scripts, env files) are opened the same way and must be its own. A
+/// job can then neither plant a link nor a file where the server writes or reads, and a
+/// directory that already exists but is not what the server made is refused with an error
+/// that names it.
 pub fn open_dir(base: &Path, dir: &Path, last: DirOwner, create: bool) -> io::Result<OwnedFd> {
     let names = below(base, dir)?;
     let mut fd = open_base(base, create)?;

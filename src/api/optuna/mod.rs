@@ -1,9 +1,5 @@
 //! Optuna's gRPC storage service (`optuna.StorageService`, `proto/optuna_storage.proto`)
-//! on its own port (`augur serve --optuna-grpc-listen ADDR`), so that unchanged code using
-//! `optuna.storages.GrpcStorageProxy(host=…, port=…)` keeps its studies in Augur. The
-//! handlers only read the call (auth from the `authorization` metadata, as the REST API reads
-//! its header), convert (`convert.rs`) and call the service (`service/optuna.rs`, where the
-//! mapping onto Augur's studies is); every error leaves through `error.rs`.
+//! on its own port (`augur serve --optuna-grpc-listen ADDR`).
 
 mod convert;
 mod error;
@@ -30,6 +26,13 @@ pub mod proto {
 use proto::storage_service_server::{StorageService, StorageServiceServer};
 
 /// Serve Optuna's storage on `listener` until `stop` resolves.
+///
+/// Optuna's gRPC storage service (`optuna.StorageService`, `proto/optuna_storage.proto`)
+/// on its own port (`augur serve --optuna-grpc-listen ADDR`), so that unchanged code using
+/// `optuna.storages.GrpcStorageProxy(host=…, port=…)` keeps its studies in Augur. The
+/// handlers only read the call (auth from the `authorization` metadata, as the REST API reads
+/// its header), convert (`convert.rs`) and call the service (`service/optuna.rs`, where the
+/// mapping onto Augur's studies is); every error leaves through `error.rs`.
 pub async fn serve(
     listener: TcpListener,
     state: AppState,

@@ -19,7 +19,7 @@ use crate::service::ServiceError;
 pub enum VizierError {
     /// 409 `ALREADY_EXISTS`: a study of that display name exists at that project and location.
     AlreadyExists(String),
-    /// Augur's error, rendered by [`vertex_error_bodies`] as the table in [`vertex_status`].
+    /// Augur's error, rendered by [`vertex_error_bodies`] as the table in `vertex_status`.
     Api(ApiError),
 }
 

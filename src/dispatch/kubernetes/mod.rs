@@ -1,14 +1,6 @@
 //! The Kubernetes executor (DESIGN §4.2): each trial attempt is one Indexed Job per worker
 //! pool plus a headless Service and a Secret (`manifests.rs`), watched through the API server
-//! (`watch.rs`) until the primary's pod decides it (`outcome.rs`); every pod's log is streamed
-//! into its replica's log file, the primary's also line by line to the metric parser. Stop, timeout,
-//! early stopping and the attempt's end delete its objects (propagation Background). Nothing
-//! of a trial is kept in Kubernetes beyond its running Jobs: a restarted service finds
-//! leftovers by label and deletes them (`clean_up_stale`).
-//!
-//! The client is made once per process, on first use, from `--kubeconfig`/`--kube-context`
-//! or else the usual inference (`$KUBECONFIG`, `~/.kube/config`, then the in-cluster
-//! service account).
+//! (`watch.rs`) until the primary's pod decides it (`outcome.rs`).
 
 pub mod manifests;
 pub mod outcome;
@@ -282,6 +274,18 @@ where
 }
 
 /// Runs trials of one study's job on Kubernetes.
+///
+/// The Kubernetes executor (DESIGN §4.2): each trial attempt is one Indexed Job per worker
+/// pool plus a headless Service and a Secret (`manifests.rs`), watched through the API server
+/// (`watch.rs`) until the primary's pod decides it (`outcome.rs`); every pod's log is streamed
+/// into its replica's log file, the primary's also line by line to the metric parser. Stop, timeout,
+/// early stopping and the attempt's end delete its objects (propagation Background). Nothing
+/// of a trial is kept in Kubernetes beyond its running Jobs: a restarted service finds
+/// leftovers by label and deletes them (`clean_up_stale`).
+///
+/// The client is made once per process, on first use, from `--kubeconfig`/`--kube-context`
+/// or else the usual inference (`$KUBECONFIG`, `~/.kube/config`, then the in-cluster
+/// service account).
 pub struct KubernetesExecutor {
     connection: KubeConnection,
     job: TrialJobSpec,
