@@ -73,50 +73,14 @@ pub async fn require_token(
         .extensions()
         .get::<MatchedPath>()
         .map(|m| m.as_str().to_string());
-    let header = request
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    // A browser's WebSocket carries no Authorization header: the exec route alone takes the
-    // token from the subprotocols the client offers (as Kubernetes does), never the cookie.
-    let offered = match header {
-        None if template.as_deref() == Some(super::exec::ROUTE) => {
-            subprotocol_token(request.headers())
-        }
-        _ => Ok(None),
+    let authorization = match offered_token(&state, &method, template.as_deref(), &request) {
+        Ok(authorization) => authorization,
+        Err(refused) => return refused.into_response(),
     };
-    let authorization = match offered {
-        Ok(token) => header
-            .or_else(|| token.map(|t| format!("Bearer {t}")))
-            .or_else(|| cookie_token(&method, request.headers())),
-        Err(e) => {
-            let source = super::rate_limit::source_address(request.extensions());
-            if !state.auth.open {
-                if let Err(limited) = state.failures.check(source) {
-                    return limited.into_response();
-                }
-                state.failures.record_failure(source);
-            }
-            return e.into_response();
-        }
-    };
-    let access = match state.access.lookup(&method, template.as_deref()) {
-        RouteAccess::Declared(Access::Public) => return next.run(request).await,
-        RouteAccess::Declared(access) => access,
-        // No route (404 to come) or not this method (405): a reader may hear that of a
-        // read, a change needs a writer first, as it would on any route.
-        RouteAccess::Unknown if matches!(method, Method::GET | Method::HEAD | Method::OPTIONS) => {
-            Access::Role(Role::Reader)
-        }
-        RouteAccess::Unknown => Access::Role(Role::Writer),
-        RouteAccess::Undeclared => {
-            return ApiError::Internal(format!(
-                "{method} {} declares no access: refused to everyone",
-                template.as_deref().unwrap_or(&path)
-            ))
-            .into_response();
-        }
+    let access = match route_access(&state, &method, template.as_deref(), &path) {
+        Ok(Access::Public) => return next.run(request).await,
+        Ok(access) => access,
+        Err(refused) => return refused.into_response(),
     };
     // Only a browser asking for a page is redirected; API clients and scrapers get 401.
     let wants_html = !path.starts_with("/v1/")
@@ -168,6 +132,64 @@ pub async fn require_token(
             axum::response::Redirect::to(&format!("/login?next={next}")).into_response()
         }
         Err(e) => e.into_response(),
+    }
+}
+
+/// The token `request` offers, as an `Authorization` value: its header, else (the exec
+/// route alone) a subprotocol's, else the dashboard cookie on a read. A malformed
+/// subprotocol token is refused, and counts as a failure of its address.
+fn offered_token(
+    state: &AppState,
+    method: &Method,
+    template: Option<&str>,
+    request: &Request,
+) -> Result<Option<String>, ApiError> {
+    let header = request
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    // A browser's WebSocket carries no Authorization header: the exec route alone takes the
+    // token from the subprotocols the client offers (as Kubernetes does), never the cookie.
+    let offered = match header {
+        None if template == Some(super::exec::ROUTE) => subprotocol_token(request.headers()),
+        _ => Ok(None),
+    };
+    match offered {
+        Ok(token) => Ok(header
+            .or_else(|| token.map(|t| format!("Bearer {t}")))
+            .or_else(|| cookie_token(method, request.headers()))),
+        Err(e) => {
+            let source = super::rate_limit::source_address(request.extensions());
+            if !state.auth.open {
+                state.failures.check(source)?;
+                state.failures.record_failure(source);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Who may call the route `template` matched (`None`: none did), as it declared; a route
+/// that declares nothing is refused to everyone.
+fn route_access(
+    state: &AppState,
+    method: &Method,
+    template: Option<&str>,
+    path: &str,
+) -> Result<Access, ApiError> {
+    match state.access.lookup(method, template) {
+        RouteAccess::Declared(access) => Ok(access),
+        // No route (404 to come) or not this method (405): a reader may hear that of a
+        // read, a change needs a writer first, as it would on any route.
+        RouteAccess::Unknown if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) => {
+            Ok(Access::Role(Role::Reader))
+        }
+        RouteAccess::Unknown => Ok(Access::Role(Role::Writer)),
+        RouteAccess::Undeclared => Err(ApiError::Internal(format!(
+            "{method} {} declares no access: refused to everyone",
+            template.unwrap_or(path)
+        ))),
     }
 }
 

@@ -315,51 +315,7 @@ pub enum Command {
     },
     /// Keep N trials of a study running on this machine (pulled through the API), or, with
     /// --pool, N trials of whichever studies a named worker pool serves.
-    Worker {
-        #[command(flatten)]
-        client: ClientArgs,
-        /// The study's id, or its name (the one active study of that name).
-        #[arg(long, required_unless_present = "pool", conflicts_with = "pool")]
-        study: Option<String>,
-        /// Join this worker pool (created by its first worker or study) and run the trials
-        /// of every study whose trial_job says `executor: pool, pool: NAME`, with their own
-        /// commands, under this worker's --job-commands / --job-images (an operator's
-        /// token). No command after `--`.
-        #[arg(long)]
-        pool: Option<String>,
-        /// With --pool: run only trial commands that start with one of these (repeatable,
-        /// or comma-separated; as `augur serve --job-commands`). Default: any.
-        #[arg(long = "job-commands", value_delimiter = ',', requires = "pool")]
-        job_commands: Vec<String>,
-        /// With --pool: run only images that start with one of these (as `augur serve
-        /// --job-images`).
-        #[arg(long = "job-images", value_delimiter = ',', requires = "pool")]
-        job_images: Vec<String>,
-        /// With --pool and --job-commands: variables a study's env may set besides those
-        /// that load no code (as `augur serve --job-env-allow`).
-        #[arg(long = "job-env-allow", value_delimiter = ',', requires = "pool")]
-        job_env_allow: Vec<String>,
-        /// Trials run at once.
-        #[arg(long, default_value_t = 1)]
-        slots: usize,
-        /// Stable id: a worker restarted with the same id resumes its unfinished trials.
-        #[arg(long, env = "AUGUR_WORKER_ID")]
-        client_id: Option<String>,
-        /// Base of the per-trial directories (default ./augur-runs/study-<id>).
-        #[arg(long)]
-        output_dir: Option<PathBuf>,
-        /// Give trials this variable: `NAME=VALUE`, or `NAME` to pass on this worker's own
-        /// (repeatable). Trials otherwise see only PATH, HOME, USER, LOGNAME, SHELL, LANG,
-        /// LANGUAGE, LC_*, TZ, TMPDIR, TERM of the worker's environment, never its token.
-        #[arg(long = "env", value_name = "NAME[=VALUE]")]
-        env: Vec<String>,
-        #[command(flatten)]
-        executors: ExecutorArgs,
-        /// The training command; values are appended as --<id>=<value> (not with --pool:
-        /// a pool runs each study's own command).
-        #[arg(last = true, required_unless_present = "pool", conflicts_with = "pool")]
-        command: Vec<String>,
-    },
+    Worker(Box<WorkerArgs>),
     /// Trials (through the HTTP API).
     Trial {
         #[command(flatten)]
@@ -386,6 +342,54 @@ pub enum Command {
         study_id: i64,
         trial_id: i64,
     },
+}
+
+/// `augur worker`'s arguments.
+#[derive(Debug, clap::Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// The study's id, or its name (the one active study of that name).
+    #[arg(long, required_unless_present = "pool", conflicts_with = "pool")]
+    pub study: Option<String>,
+    /// Join this worker pool (created by its first worker or study) and run the trials
+    /// of every study whose trial_job says `executor: pool, pool: NAME`, with their own
+    /// commands, under this worker's --job-commands / --job-images (an operator's
+    /// token). No command after `--`.
+    #[arg(long)]
+    pub pool: Option<String>,
+    /// With --pool: run only trial commands that start with one of these (repeatable,
+    /// or comma-separated; as `augur serve --job-commands`). Default: any.
+    #[arg(long = "job-commands", value_delimiter = ',', requires = "pool")]
+    pub job_commands: Vec<String>,
+    /// With --pool: run only images that start with one of these (as `augur serve
+    /// --job-images`).
+    #[arg(long = "job-images", value_delimiter = ',', requires = "pool")]
+    pub job_images: Vec<String>,
+    /// With --pool and --job-commands: variables a study's env may set besides those
+    /// that load no code (as `augur serve --job-env-allow`).
+    #[arg(long = "job-env-allow", value_delimiter = ',', requires = "pool")]
+    pub job_env_allow: Vec<String>,
+    /// Trials run at once.
+    #[arg(long, default_value_t = 1)]
+    pub slots: usize,
+    /// Stable id: a worker restarted with the same id resumes its unfinished trials.
+    #[arg(long, env = "AUGUR_WORKER_ID")]
+    pub client_id: Option<String>,
+    /// Base of the per-trial directories (default ./augur-runs/study-<id>).
+    #[arg(long)]
+    pub output_dir: Option<PathBuf>,
+    /// Give trials this variable: `NAME=VALUE`, or `NAME` to pass on this worker's own
+    /// (repeatable). Trials otherwise see only PATH, HOME, USER, LOGNAME, SHELL, LANG,
+    /// LANGUAGE, LC_*, TZ, TMPDIR, TERM of the worker's environment, never its token.
+    #[arg(long = "env", value_name = "NAME[=VALUE]")]
+    pub env: Vec<String>,
+    #[command(flatten)]
+    pub executors: ExecutorArgs,
+    /// The training command; values are appended as --<id>=<value> (not with --pool:
+    /// a pool runs each study's own command).
+    #[arg(last = true, required_unless_present = "pool", conflicts_with = "pool")]
+    pub command: Vec<String>,
 }
 
 /// The operator's settings for the executors of this machine, the same for `serve`, `run`
@@ -620,50 +624,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 run::RunEnd::Interrupted => Err(Failure::Interrupted),
             }
         }
-        Command::Worker {
-            client,
-            study,
-            pool,
-            job_commands,
-            job_images,
-            job_env_allow,
-            slots,
-            client_id,
-            output_dir,
-            env,
-            executors,
-            command,
-        } => {
-            // Every call a worker makes is safe to repeat: it rides out outages.
-            let http = client.client()?.patient();
-            let client_id = client_id.unwrap_or_else(worker::default_client_id);
-            if let Some(pool) = pool {
-                let options = pool_worker::PoolWorkerOptions {
-                    pool,
-                    slots,
-                    client_id,
-                    output_dir,
-                    env,
-                    executors: executors.settings(),
-                    job_commands,
-                    job_images,
-                    job_env_allow,
-                };
-                return Ok(pool_worker::run_pool_worker(http, options).await?);
-            }
-            let study = study.ok_or_else(|| CliError::Usage("give --study or --pool".into()))?;
-            let study = study::resolve_study(&http, &study).await?;
-            let options = worker::WorkerOptions {
-                study_id: study,
-                slots,
-                client_id,
-                output_dir,
-                env,
-                executors: executors.settings(),
-                command,
-            };
-            Ok(worker::run_worker(http, options).await?)
-        }
+        Command::Worker(args) => run_worker_command(*args).await,
         Command::Trial {
             client,
             command:
@@ -711,6 +672,53 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             Ok(study::run_study_command(&client.client()?, command).await?)
         }
     }
+}
+
+/// `augur worker`: a study's worker, or a pool's.
+async fn run_worker_command(args: WorkerArgs) -> Result<(), Failure> {
+    let WorkerArgs {
+        client,
+        study,
+        pool,
+        job_commands,
+        job_images,
+        job_env_allow,
+        slots,
+        client_id,
+        output_dir,
+        env,
+        executors,
+        command,
+    } = args;
+    // Every call a worker makes is safe to repeat: it rides out outages.
+    let http = client.client()?.patient();
+    let client_id = client_id.unwrap_or_else(worker::default_client_id);
+    if let Some(pool) = pool {
+        let options = pool_worker::PoolWorkerOptions {
+            pool,
+            slots,
+            client_id,
+            output_dir,
+            env,
+            executors: executors.settings(),
+            job_commands,
+            job_images,
+            job_env_allow,
+        };
+        return Ok(pool_worker::run_pool_worker(http, options).await?);
+    }
+    let study = study.ok_or_else(|| CliError::Usage("give --study or --pool".into()))?;
+    let study = study::resolve_study(&http, &study).await?;
+    let options = worker::WorkerOptions {
+        study_id: study,
+        slots,
+        client_id,
+        output_dir,
+        env,
+        executors: executors.settings(),
+        command,
+    };
+    Ok(worker::run_worker(http, options).await?)
 }
 
 impl ClientArgs {
@@ -903,9 +911,8 @@ mod tests {
             let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
             let settings = match cli.command {
                 Command::Serve(args) => args.executors.settings(),
-                Command::Run { executors, .. } | Command::Worker { executors, .. } => {
-                    executors.settings()
-                }
+                Command::Run { executors, .. } => executors.settings(),
+                Command::Worker(args) => args.executors.settings(),
                 other => panic!("parsed as {other:?}"),
             };
             assert_eq!(settings.gpus, Some(vec!["0".to_string(), "1".to_string()]));

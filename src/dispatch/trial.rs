@@ -137,16 +137,7 @@ pub async fn run_trial(
         .map(|f| value_text(&f.add_to(&mut parameters, budget)));
     let reporter = setup.reporter.clone();
     let dirs = TrialDirs::new(&setup.study_dir, trial_id);
-    let interrupted = clean_up_leftover(&setup, trial_id, &dirs, first.is_none()).await;
-    // Only a resumed launch gives one back. A launch counted with its suggestion (`first`)
-    // that finds a handle is a promoted trial's next rung: the handle is its last rung's,
-    // which ended and was accounted for.
-    if interrupted
-        && first.is_none()
-        && let Err(e) = reporter.refund_attempt(trial_id).await
-    {
-        tracing::warn!(trial_id, error = %e, "could not give back an interrupted launch");
-    }
+    resume_leftover(&setup, trial_id, &dirs, first.is_none()).await;
     // Directories are made on a blocking thread (a mkdir can take a millisecond), meanwhile
     // a resumed trial's launch is counted.
     let mut prepared = Some(prepare_dirs(&setup, &dirs, &parameters));
@@ -186,16 +177,11 @@ pub async fn run_trial(
                 return give_up(&*reporter, trial_id, why.to_string()).await;
             }
         }
-        // Made here once where the replicas share the directories; else by every attempt
-        // where it runs (a failed one may have trained on the copy), and the parent waits
-        // until the trial's segment completes.
-        let copy_in_attempt = copy_from.filter(|_| !setup.executor.shares_trial_dirs());
-        if copy_in_attempt.is_none()
-            && let Some(parent) = copy_from.take()
-            && let Err(why) = copy_parent_checkpoint(&setup, trial_id, parent, &dirs).await
+        let copy_in_attempt = match copy_for_attempt(&setup, trial_id, &mut copy_from, &dirs).await
         {
-            return give_up(&*reporter, trial_id, why).await;
-        }
+            Ok(copy) => copy,
+            Err(why) => return give_up(&*reporter, trial_id, why).await,
+        };
         let mut request = attempt_request(&setup, trial_id, start, &env, &replicas, &dirs);
         request.copy_checkpoint_from = copy_in_attempt;
         let (outcome, last) = run_attempt(&setup, &request, &dirs, timeout, &mut interrupt).await;
@@ -224,6 +210,40 @@ pub async fn run_trial(
         format!("{last_failure} (after {max_attempts} attempt(s))")
     };
     give_up(&*reporter, trial_id, reason).await
+}
+
+/// A launch an earlier run of the service left (its job killed), given back when this is
+/// that launch `resumed` (not counted with its suggestion).
+async fn resume_leftover(setup: &TrialSetup, trial_id: i64, dirs: &TrialDirs, resumed: bool) {
+    let interrupted = clean_up_leftover(setup, trial_id, dirs, resumed).await;
+    // Only a resumed launch gives one back. A launch counted with its suggestion that finds
+    // a handle is a promoted trial's next rung: the handle is its last rung's, which ended
+    // and was accounted for.
+    if interrupted
+        && resumed
+        && let Err(e) = setup.reporter.refund_attempt(trial_id).await
+    {
+        tracing::warn!(trial_id, error = %e, "could not give back an interrupted launch");
+    }
+}
+
+/// PBT: the copy of `copy_from`'s checkpoint the next attempt needs. Made here once where
+/// the replicas share the trial directories (`copy_from` then emptied); else left to every
+/// attempt, where it runs (a failed one may have trained on the copy): returned for its
+/// request, and the parent waits until the trial's segment completes.
+async fn copy_for_attempt(
+    setup: &TrialSetup,
+    trial_id: i64,
+    copy_from: &mut Option<i64>,
+    dirs: &TrialDirs,
+) -> Result<Option<i64>, String> {
+    if !setup.executor.shares_trial_dirs() {
+        return Ok(*copy_from);
+    }
+    if let Some(parent) = copy_from.take() {
+        copy_parent_checkpoint(setup, trial_id, parent, dirs).await?;
+    }
+    Ok(None)
 }
 
 /// PBT: the trial takes `parent`'s checkpoint as its own; the parent waits, paused, until

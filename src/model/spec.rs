@@ -928,8 +928,8 @@ impl StudySpec {
     }
 
     /// `pbt` with `scheduler: pbt`: a population that has a top and a bottom, segments
-    /// inside the fidelity, values it can perturb, and trials whose checkpoints the service
-    /// can copy (it runs them itself, not on Kubernetes).
+    /// inside the fidelity, values it can perturb, and trials whose checkpoints can be
+    /// copied between them ([`Self::pbt_copies_checkpoints`]).
     fn pbt(
         &self,
         fidelity: Option<&FidelityConfig>,
@@ -993,31 +993,7 @@ impl StudySpec {
                 "must be between 0 and 1",
             ));
         }
-        match &self.trial_job {
-            // Ask/tell clients keep the checkpoints: a segment names the trial to copy
-            // (`lineage.copying_from`), and the client reports the copy (`checkpoint_copied`).
-            None => {}
-            // On Kubernetes the copy is made in the primary's pod, on the claim: an object
-            // store's files are the trainer's own. (No volume at all is refused with any
-            // scheduler, below.)
-            Some(job)
-                if job.executor.kubernetes().is_some_and(|o| {
-                    matches!(
-                        o.output_volume,
-                        Some(super::executor::OutputVolume::ObjectStore)
-                    )
-                }) =>
-            {
-                return Err(ValidationError::new(
-                    "trial_job.kubernetes.output_volume",
-                    "pbt copies checkpoints between trials' directories on the pods' volume: \
-                     give a persistent_volume_claim (with object_store the trainer's files \
-                     are out of reach)",
-                ));
-            }
-            // A pool's workers copy from the study's directory, which they must share.
-            Some(_) => {}
-        }
+        self.pbt_copies_checkpoints()?;
         // Perturbing a parent would switch its children on and off mid-training.
         if let Some(i) = self.parameters.iter().position(|p| !p.children.is_empty()) {
             return Err(ValidationError::new(
@@ -1032,6 +1008,37 @@ impl StudySpec {
             quantile_fraction: q,
             resample_probability: spec.resample_probability,
         }))
+    }
+
+    /// Where PBT's copies of checkpoints are made: by the dispatcher (local, container,
+    /// Slurm), a pool's worker, an ask/tell client, or a Kubernetes pod on the claim; not
+    /// where an object store holds the trainer's files.
+    fn pbt_copies_checkpoints(&self) -> Result<(), ValidationError> {
+        match &self.trial_job {
+            // Ask/tell clients keep the checkpoints: a segment names the trial to copy
+            // (`lineage.copying_from`), and the client reports the copy (`checkpoint_copied`).
+            None => Ok(()),
+            // On Kubernetes the copy is made in the primary's pod, on the claim: an object
+            // store's files are the trainer's own. (No volume at all is refused with any
+            // scheduler, below.)
+            Some(job)
+                if job.executor.kubernetes().is_some_and(|o| {
+                    matches!(
+                        o.output_volume,
+                        Some(super::executor::OutputVolume::ObjectStore)
+                    )
+                }) =>
+            {
+                Err(ValidationError::new(
+                    "trial_job.kubernetes.output_volume",
+                    "pbt copies checkpoints between trials' directories on the pods' volume: \
+                     give a persistent_volume_claim (with object_store the trainer's files \
+                     are out of reach)",
+                ))
+            }
+            // A pool's workers copy from the study's directory, which they must share.
+            Some(_) => Ok(()),
+        }
     }
 
     /// `fidelity` and `scheduler`, checked together with what they exclude.

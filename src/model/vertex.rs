@@ -479,49 +479,9 @@ fn parameter(
         warnings,
     );
     let id = p.required_string("parameterId")?;
-    let scale = match p.string("scaleType")?.as_deref() {
-        None | Some("SCALE_TYPE_UNSPECIFIED") => None,
-        Some("UNIT_LINEAR_SCALE") => Some(ScaleName::Linear),
-        Some("UNIT_LOG_SCALE") => Some(ScaleName::Log),
-        Some("UNIT_REVERSE_LOG_SCALE") => Some(ScaleName::ReverseLog),
-        Some(other) => {
-            return Err(p.err(
-                "scaleType",
-                format!(
-                    "{other:?}: use UNIT_LINEAR_SCALE, UNIT_LOG_SCALE or UNIT_REVERSE_LOG_SCALE"
-                ),
-            ));
-        }
-    };
-    let kinds = [
-        "doubleValueSpec",
-        "integerValueSpec",
-        "categoricalValueSpec",
-        "discreteValueSpec",
-    ];
-    let given: Vec<&str> = kinds
-        .iter()
-        .copied()
-        .filter(|k| p.get(k).is_some())
-        .collect();
-    let [kind] = given.as_slice() else {
-        return Err(p.err(
-            "doubleValueSpec",
-            "give exactly one of doubleValueSpec, integerValueSpec, categoricalValueSpec, discreteValueSpec",
-        ));
-    };
-    let value_path = format!("{path}.{kind}");
-    let value_spec = Obj::new(p.get(kind).unwrap_or(&Json::Null), &value_path)?;
-    let value_keys: &[&str] = match *kind {
-        "doubleValueSpec" | "integerValueSpec" => &["minValue", "maxValue", "defaultValue"],
-        _ => &["values", "defaultValue"],
-    };
-    warn_unknown(&value_spec, value_keys, warnings);
-    if value_spec.get("defaultValue").is_some() {
-        warnings.push(format!(
-            "{value_path}.defaultValue: Augur's first trials come from its design; ignored"
-        ));
-    }
+    let scale = scale_type(&p)?;
+    let (kind, value_doc, value_path) = value_spec(&p, path, warnings)?;
+    let value_spec = Obj::new(value_doc, &value_path)?;
     let mut out = ParameterInput {
         id,
         kind: ParameterType::Double,
@@ -531,7 +491,7 @@ fn parameter(
         scale,
         children: Vec::new(),
     };
-    match *kind {
+    match kind {
         "doubleValueSpec" => {
             out.min = value_spec.number("minValue")?;
             out.max = value_spec.number("maxValue")?;
@@ -574,6 +534,64 @@ fn parameter(
         out.children.push(conditional(cond, &cpath, warnings)?);
     }
     Ok(out)
+}
+
+/// A parameter's `scaleType` (absent or unspecified: the parameter's default).
+fn scale_type(p: &Obj<'_>) -> Result<Option<ScaleName>, ValidationError> {
+    Ok(match p.string("scaleType")?.as_deref() {
+        None | Some("SCALE_TYPE_UNSPECIFIED") => None,
+        Some("UNIT_LINEAR_SCALE") => Some(ScaleName::Linear),
+        Some("UNIT_LOG_SCALE") => Some(ScaleName::Log),
+        Some("UNIT_REVERSE_LOG_SCALE") => Some(ScaleName::ReverseLog),
+        Some(other) => {
+            return Err(p.err(
+                "scaleType",
+                format!(
+                    "{other:?}: use UNIT_LINEAR_SCALE, UNIT_LOG_SCALE or UNIT_REVERSE_LOG_SCALE"
+                ),
+            ));
+        }
+    })
+}
+
+/// Which of the four value specs a parameter gives (exactly one), that spec and its path;
+/// what Augur ignores in it is warned of.
+fn value_spec<'a>(
+    p: &Obj<'a>,
+    path: &str,
+    warnings: &mut Vec<String>,
+) -> Result<(&'static str, &'a Json, String), ValidationError> {
+    let kinds = [
+        "doubleValueSpec",
+        "integerValueSpec",
+        "categoricalValueSpec",
+        "discreteValueSpec",
+    ];
+    let given: Vec<&str> = kinds
+        .iter()
+        .copied()
+        .filter(|k| p.get(k).is_some())
+        .collect();
+    let [kind] = given.as_slice() else {
+        return Err(p.err(
+            "doubleValueSpec",
+            "give exactly one of doubleValueSpec, integerValueSpec, categoricalValueSpec, discreteValueSpec",
+        ));
+    };
+    let value_path = format!("{path}.{kind}");
+    let value_doc = p.get(kind).unwrap_or(&Json::Null);
+    let value_spec = Obj::new(value_doc, &value_path)?;
+    let value_keys: &[&str] = match *kind {
+        "doubleValueSpec" | "integerValueSpec" => &["minValue", "maxValue", "defaultValue"],
+        _ => &["values", "defaultValue"],
+    };
+    warn_unknown(&value_spec, value_keys, warnings);
+    if value_spec.get("defaultValue").is_some() {
+        warnings.push(format!(
+            "{value_path}.defaultValue: Augur's first trials come from its design; ignored"
+        ));
+    }
+    Ok((kind, value_doc, value_path))
 }
 
 /// One conditional parameter: the parent values it applies to, and its spec.
@@ -777,43 +795,14 @@ fn worker_pool(
     let replicas = pool.int("replicaCount")?.unwrap_or(1);
     let replicas = u32::try_from(replicas)
         .map_err(|_| pool.err("replicaCount", "must be between 1 and 256"))?;
-    let (mut resources, mut machine_type, mut accelerator_type) = (None, None, None);
-    if let Some(machine) = pool.get("machineSpec") {
-        let machine_path = pool.field("machineSpec");
-        let machine = Obj::new(machine, &machine_path)?;
-        warn_unknown(
-            &machine,
-            &["machineType", "acceleratorType", "acceleratorCount"],
-            warnings,
-        );
-        let mut r = Resources::default();
-        machine_type = machine.string("machineType")?;
-        if let Some(kind) = &machine_type {
-            check_machine_type(kind, &machine.field("machineType"))?;
-            match machine_resources(kind) {
-                Some((cpu, gib)) => {
-                    r.cpu = Some(cpu);
-                    r.memory = Some(format!("{gib}Gi"));
-                }
-                None => warnings.push(format!(
-                    "{machine_path}.machineType: {kind:?} has no known CPU and memory: replicas get no limits (kept for export)"
-                )),
-            }
-        }
-        if let Some(count) = machine.int("acceleratorCount")?.filter(|n| *n > 0) {
-            r.gpu = Some(
-                u32::try_from(count).map_err(|_| machine.err("acceleratorCount", "too large"))?,
-            );
-        }
-        accelerator_type = machine.string("acceleratorType")?;
-        if let Some(kind) = &accelerator_type {
-            check_accelerator_type(kind, &machine.field("acceleratorType"))?;
-            warnings.push(format!(
-                "{machine_path}.acceleratorType: {kind}: replicas get whole GPUs of the machine's kind (kept for export)"
-            ));
-        }
-        resources = Some(r).filter(|r| *r != Resources::default());
-    }
+    let MachineSpec {
+        resources,
+        machine_type,
+        accelerator_type,
+    } = match pool.get("machineSpec") {
+        Some(machine) => read_machine_spec(machine, &pool.field("machineSpec"), warnings)?,
+        None => MachineSpec::default(),
+    };
     for key in ["diskSpec", "nfsMounts"] {
         if pool.get(key).is_some() {
             warnings.push(format!("{}: ignored", pool.field(key)));
@@ -837,6 +826,57 @@ fn worker_pool(
         env,
         resources,
         image: Some(container.required_string("imageUri")?),
+        machine_type,
+        accelerator_type,
+    })
+}
+
+/// A worker pool's `machineSpec`: what its replicas get, and the names kept for export.
+#[derive(Default)]
+struct MachineSpec {
+    resources: Option<Resources>,
+    machine_type: Option<String>,
+    accelerator_type: Option<String>,
+}
+
+fn read_machine_spec(
+    doc: &Json,
+    machine_path: &str,
+    warnings: &mut Vec<String>,
+) -> Result<MachineSpec, ValidationError> {
+    let machine = Obj::new(doc, machine_path)?;
+    warn_unknown(
+        &machine,
+        &["machineType", "acceleratorType", "acceleratorCount"],
+        warnings,
+    );
+    let mut r = Resources::default();
+    let machine_type = machine.string("machineType")?;
+    if let Some(kind) = &machine_type {
+        check_machine_type(kind, &machine.field("machineType"))?;
+        match machine_resources(kind) {
+            Some((cpu, gib)) => {
+                r.cpu = Some(cpu);
+                r.memory = Some(format!("{gib}Gi"));
+            }
+            None => warnings.push(format!(
+                "{machine_path}.machineType: {kind:?} has no known CPU and memory: replicas get no limits (kept for export)"
+            )),
+        }
+    }
+    if let Some(count) = machine.int("acceleratorCount")?.filter(|n| *n > 0) {
+        r.gpu =
+            Some(u32::try_from(count).map_err(|_| machine.err("acceleratorCount", "too large"))?);
+    }
+    let accelerator_type = machine.string("acceleratorType")?;
+    if let Some(kind) = &accelerator_type {
+        check_accelerator_type(kind, &machine.field("acceleratorType"))?;
+        warnings.push(format!(
+            "{machine_path}.acceleratorType: {kind}: replicas get whole GPUs of the machine's kind (kept for export)"
+        ));
+    }
+    Ok(MachineSpec {
+        resources: Some(r).filter(|r| *r != Resources::default()),
         machine_type,
         accelerator_type,
     })
