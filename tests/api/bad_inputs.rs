@@ -287,6 +287,20 @@ async fn bad_study_specs_name_their_field_and_create_nothing(backend: &str) {
             StatusCode::BAD_REQUEST,
             "trial_job.kubernetes.output_volume",
         ),
+        // PBT copies checkpoints on the pods' volume: not in an object store.
+        (
+            Method::POST,
+            "/v1/studies".into(),
+            Some(with(json!({
+                "scheduler": "pbt",
+                "fidelity": {"argument": "epochs", "min": 1, "max": 9},
+                "trial_job": {"executor": "kubernetes", "image": "trainer:1", "command": ["train"],
+                    "output_dir": "gs://bucket/runs",
+                    "kubernetes": {"output_volume": "object_store"}}
+            }))),
+            StatusCode::BAD_REQUEST,
+            "trial_job.kubernetes.output_volume",
+        ),
         // An executor's options given to another: refused as the spec is read, at the job
         // (the message names the option).
         (
