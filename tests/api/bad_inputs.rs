@@ -4,7 +4,7 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::common::{TestApp, spec};
+use crate::common::{TestApp, routes, spec};
 use crate::support::{app, suggest};
 
 on_both_backends!(
@@ -15,12 +15,9 @@ on_both_backends!(
 
 /// A study whose state is compared before and after the bad requests.
 async fn snapshot(app: &TestApp, id: i64) -> (Value, Value) {
-    let mut study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let mut study = app.get(&routes::study(id)).await.body;
     study.as_object_mut().map(|o| o.remove("updated_at"));
-    (
-        study,
-        app.get(&format!("/v1/studies/{id}/trials")).await.body,
-    )
+    (study, app.get(&routes::trials(id)).await.body)
 }
 
 /// A study with one trial and a measurement, and what it looks like before bad requests.
@@ -29,7 +26,7 @@ async fn fixture(backend: &str) -> (TestApp, i64, (Value, Value), usize) {
     let id = app.create_study(spec("random", 10, 2)).await;
     suggest(&app, id, 1, None).await;
     app.post(
-        &format!("/v1/studies/{id}/trials/1/measurements"),
+        &routes::trial_measurements(id, 1),
         json!({"step": 1, "metrics": {"accuracy": 0.4}}),
     )
     .await;
@@ -413,7 +410,7 @@ async fn bad_study_specs_name_their_field_and_create_nothing(backend: &str) {
 
 async fn bad_trial_requests_and_queries_name_their_field_and_change_nothing(backend: &str) {
     let (app, id, before, studies) = fixture(backend).await;
-    let study_path = format!("/v1/studies/{id}");
+    let study_path = routes::study(id);
     let cases: Vec<(Method, String, Option<Value>, StatusCode, &str)> = vec![
         (
             Method::PATCH,
@@ -551,7 +548,7 @@ async fn bad_trial_requests_and_queries_name_their_field_and_change_nothing(back
 
 async fn unknown_ids_and_routes_are_404_and_bodies_must_be_small_json(backend: &str) {
     let (app, id, before, studies) = fixture(backend).await;
-    let study_path = format!("/v1/studies/{id}");
+    let study_path = routes::study(id);
     let not_found: Vec<(Method, String)> = vec![
         (Method::GET, "/v1/studies/999".into()),
         (Method::GET, "/v1/studies/abc".into()),
@@ -572,7 +569,7 @@ async fn unknown_ids_and_routes_are_404_and_bodies_must_be_small_json(backend: &
     }
     let not_json = app
         .http
-        .post(format!("{}/v1/studies", app.base))
+        .post(app.url(&routes::studies()))
         .header("content-type", "text/plain")
         .body("name: x")
         .send()
@@ -582,7 +579,7 @@ async fn unknown_ids_and_routes_are_404_and_bodies_must_be_small_json(backend: &
     // Its own client: the server answers 413 without reading the body and drops the
     // connection, which a pooled client could otherwise pick for the next request.
     let huge = crate::common::http()
-        .post(format!("{}/v1/studies", app.base))
+        .post(app.url(&routes::studies()))
         .header("content-type", "application/json")
         .body(format!("{{\"name\": \"{}\"}}", "x".repeat(2 * 1024 * 1024)))
         .send()

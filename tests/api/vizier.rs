@@ -4,7 +4,7 @@
 //! clientId asking again, the study's cap, and the study seen through Augur's own API. The
 //! routes are kept out of openapi.yaml: their access is checked here instead of in roles.rs.
 
-use crate::common;
+use crate::common::{self, routes};
 
 use augur::api::access::Access;
 use augur::model::Role;
@@ -384,11 +384,11 @@ async fn every_method_answers_as_vertex_does(backend: &str) {
         StatusCode::NOT_FOUND
     );
     let made_id = made.body["id"].as_str().expect("id");
-    let kept = app.get(&format!("/v1/studies/{id}/trials/{made_id}")).await;
+    let kept = app.get(&routes::trial(id, made_id)).await;
     assert_eq!(kept.body["excluded"], true, "{}", kept.body);
 
     // The study through Augur's own API.
-    let augur = app.get(&format!("/v1/studies/{id}")).await;
+    let augur = app.get(&routes::study(id)).await;
     assert_eq!(augur.body["name"], "probe");
     assert_eq!(augur.body["trial_counts"]["completed"], 1, "{}", augur.body);
     assert_eq!(augur.body["user_attrs"]["vertex.location"], "us-central1");
@@ -555,7 +555,7 @@ async fn bad_input_is_refused_naming_the_field(backend: &str) {
 async fn a_vizier_study_keeps_augurs_cap_and_budget(backend: &str) {
     let app = common::spawn_app(common::db(backend).await).await;
     let (name, id) = create(&app, None, "capped").await;
-    let augur = app.get(&format!("/v1/studies/{id}")).await.body;
+    let augur = app.get(&routes::study(id)).await.body;
     assert_eq!(
         augur["spec"]["max_trials"],
         augur::api::vizier::DEFAULT_MAX_TRIALS
@@ -567,7 +567,7 @@ async fn a_vizier_study_keeps_augurs_cap_and_budget(backend: &str) {
     let patched = app
         .call(
             Method::PATCH,
-            &format!("/v1/studies/{id}"),
+            &routes::study(id),
             Some(json!({"parallel_trials": 2})),
         )
         .await;
@@ -816,7 +816,7 @@ async fn a_vizier_study_stops_by_its_study_stopping_config(backend: &str) {
         .next()
         .and_then(|s| s.parse().ok())
         .expect("id");
-    let own = app.get(&format!("/v1/studies/{id}")).await.body;
+    let own = app.get(&routes::study(id)).await.body;
     assert_eq!(
         own["spec"]["study_stopping"],
         json!({"max_num_trials_no_progress": 1, "max_duration_no_progress_secs": 3600}),
@@ -847,7 +847,7 @@ async fn a_vizier_study_stops_by_its_study_stopping_config(backend: &str) {
         .await;
         assert_eq!(done.status, StatusCode::OK, "{}", done.body);
     }
-    let own = app.get(&format!("/v1/studies/{id}")).await.body;
+    let own = app.get(&routes::study(id)).await.body;
     assert_eq!(own["state"], "completed", "{own}");
     let vizier = vz(&app, None, Method::GET, &format!("/v1/{name}"), None).await;
     assert_eq!(vizier.body["state"], 3, "COMPLETED: {}", vizier.body);

@@ -3,7 +3,7 @@
 //! the refusals (a reader, another operator's study, a finished trial, an ask/tell trial);
 //! each session in the audit trail.
 
-use crate::common;
+use crate::common::{self, routes};
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -288,7 +288,7 @@ async fn exec_runs_a_command_in_a_running_local_trial_and_refuses_the_rest(backe
         &app.base,
         Some(&owner),
         reqwest::Method::POST,
-        &format!("/v1/studies/{ask_tell}/suggest"),
+        &routes::suggest(ask_tell),
         Some(json!({"count": 1})),
     )
     .await;
@@ -703,7 +703,7 @@ async fn a_token_offered_as_a_subprotocol_opens_a_session_as_a_bearer_token_woul
     // Only the exec route reads a subprotocol.
     let other_route = app
         .http
-        .get(format!("{}/v1/studies/{study}", app.base))
+        .get(app.url(&routes::study(study)))
         .header("sec-websocket-protocol", &owners)
         .send()
         .await

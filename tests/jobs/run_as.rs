@@ -4,7 +4,7 @@
 //! anyone may enter; it can write what the trial contract gives it (model directory, the
 //! hypertune file), and its metrics reach the study.
 
-use crate::common;
+use crate::common::{self, routes};
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
@@ -324,7 +324,7 @@ async fn wait_ended(base: &str, token: Option<&str>, id: i64) -> serde_json::Val
                 base,
                 token,
                 reqwest::Method::GET,
-                &format!("/v1/studies/{id}"),
+                &routes::study(id),
                 None,
             )
             .await
