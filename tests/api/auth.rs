@@ -221,7 +221,7 @@ async fn a_json_body_without_a_json_content_type_is_refused_with_415() {
     let ok = raw(&app, Method::POST, "/v1/studies", &json, Some(&spec)).await;
     assert_eq!(ok.status, StatusCode::CREATED, "{}", ok.body);
     // A body-less command still needs no Content-Type (`curl -X POST …/stop`).
-    let stop = raw(&app, Method::POST, "/v1/studies/1/stop", &[], None).await;
+    let stop = raw(&app, Method::POST, &routes::stop(1), &[], None).await;
     assert_eq!(stop.status, StatusCode::OK, "{}", stop.body);
 }
 
@@ -267,7 +267,7 @@ async fn a_foreign_origin_cannot_change_anything() {
     // Reads are answered, with no CORS header that would let the page read them.
     let read = app
         .http
-        .get(app.url(&routes::studies()))
+        .get(app.url("/v1/studies"))
         .header("origin", "http://evil.example")
         .send()
         .await
@@ -329,7 +329,7 @@ async fn an_open_server_answers_only_loopback_host_names() {
     let guarded = common::spawn_app_with(common::sqlite_db(), Some("team-token")).await;
     let r = guarded
         .http
-        .get(guarded.url(&routes::studies()))
+        .get(guarded.url("/v1/studies"))
         .header("host", "augur.team.example")
         .bearer_auth("team-token")
         .send()
@@ -499,7 +499,7 @@ async fn a_revoked_token_stops_working_on_every_replica(backend: &str) {
         .await;
         assert_eq!(r.status, StatusCode::OK, "{base}: {}", r.body);
     }
-    let revoked = a.call(Method::DELETE, "/v1/tokens/ci", None).await;
+    let revoked = a.call(Method::DELETE, &routes::token("ci"), None).await;
     assert_eq!(revoked.status, StatusCode::NO_CONTENT, "{}", revoked.body);
     let here = common::call(
         &a.http,

@@ -264,13 +264,9 @@ async fn hammer(bases: &[String], monitor: Monitor, load: Load) {
     });
     let mut study_ids = Vec::with_capacity(load.studies);
     for _ in 0..load.studies {
-        let (status, study) = post(
-            &http,
-            format!("{}{}", &bases[0], routes::studies()),
-            spec.clone(),
-        )
-        .await
-        .expect("create study");
+        let (status, study) = post(&http, format!("{}/v1/studies", bases[0]), spec.clone())
+            .await
+            .expect("create study");
         assert_eq!(status, StatusCode::CREATED, "create study: {study}");
         study_ids.push(study["id"].as_i64().expect("study id"));
     }
@@ -396,7 +392,7 @@ async fn hammer(bases: &[String], monitor: Monitor, load: Load) {
         let response = http
             .get(format!(
                 "{}{}",
-                &bases[bases.len() - 1],
+                bases[bases.len() - 1],
                 routes::study(study_id)
             ))
             .send()

@@ -406,13 +406,13 @@ async fn a_protected_server_sends_browsers_to_login_and_takes_the_cookie_for_rea
         .expect("client");
     // A browser asks for HTML; scripts and scrapers without a token keep getting 401.
     let r = http
-        .get(format!("{}/studies/3", app.base))
+        .get(app.url(&routes::study_page(3)))
         .send()
         .await
         .expect("get");
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     let r = http
-        .get(format!("{}/studies/3?x=1", app.base))
+        .get(format!("{}?x=1", app.url(&routes::study_page(3))))
         .header("accept", "text/html,application/xhtml+xml")
         .send()
         .await
@@ -435,11 +435,7 @@ async fn a_protected_server_sends_browsers_to_login_and_takes_the_cookie_for_rea
         assert_eq!(r.status(), StatusCode::OK, "{open}");
     }
     // JSON clients still get 401, not a redirect.
-    let r = http
-        .get(app.url(&routes::studies()))
-        .send()
-        .await
-        .expect("get");
+    let r = http.get(app.url("/v1/studies")).send().await.expect("get");
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
 
     let r = http
@@ -462,7 +458,7 @@ async fn a_protected_server_sends_browsers_to_login_and_takes_the_cookie_for_rea
     let pair = cookie.split(';').next().expect("pair").to_string();
 
     let r = http
-        .get(app.url(&routes::studies()))
+        .get(app.url("/v1/studies"))
         .header("cookie", &pair)
         .send()
         .await
@@ -477,7 +473,7 @@ async fn a_protected_server_sends_browsers_to_login_and_takes_the_cookie_for_rea
     assert_eq!(r.status(), StatusCode::OK);
     // A cookie rides along on cross-site requests: it never authorizes a change.
     let r = http
-        .post(app.url(&routes::studies()))
+        .post(app.url("/v1/studies"))
         .header("cookie", &pair)
         .json(&spec("forged", 5))
         .send()
@@ -485,7 +481,7 @@ async fn a_protected_server_sends_browsers_to_login_and_takes_the_cookie_for_rea
         .expect("post");
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     let r = http
-        .get(app.url(&routes::studies()))
+        .get(app.url("/v1/studies"))
         .header("cookie", "augur_token=wrong")
         .send()
         .await

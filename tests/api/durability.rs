@@ -87,14 +87,13 @@ async fn worker(
         .timeout(Duration::from_secs(20))
         .build()
         .expect("HTTP client");
-    let study = format!("{base}{}", routes::study(study_id));
     for _ in 0..5_000 {
         if stop.load(Ordering::Relaxed) {
             return Ok(WorkerEnd::Stopped);
         }
         let Ok((status, body)) = post(
             &http,
-            format!("{study}/suggest"),
+            format!("{base}{}", routes::suggest(study_id)),
             json!({"count": 1, "client_id": format!("w{n}")}),
         )
         .await
@@ -120,7 +119,13 @@ async fn worker(
             for step in 1..=STEPS {
                 let value = accuracy(id, step);
                 let body = json!({"step": step, "elapsed_secs": step as f64, "metrics": {"accuracy": value}});
-                match post(&http, format!("{study}/trials/{id}/measurements"), body).await {
+                match post(
+                    &http,
+                    format!("{base}{}", routes::trial_measurements(study_id, id)),
+                    body,
+                )
+                .await
+                {
                     Err(_) => return Ok(WorkerEnd::ServerGone),
                     Ok((StatusCode::OK, _)) => {
                         acked.lock().await.measurements.insert((id, step), value);
@@ -137,7 +142,7 @@ async fn worker(
             let value = final_accuracy(id);
             match post(
                 &http,
-                format!("{study}/trials/{id}/complete"),
+                format!("{base}{}", routes::trial_complete(study_id, id)),
                 json!({"metrics": {"accuracy": value}}),
             )
             .await
@@ -297,7 +302,7 @@ async fn survive_sigkills(database_url: &str) {
         "trial_lease_secs": 2,
         "seed": 3
     });
-    let (status, study) = post(&http, server.url(&routes::studies()), spec)
+    let (status, study) = post(&http, server.url("/v1/studies"), spec)
         .await
         .expect("create study");
     assert_eq!(status, StatusCode::CREATED, "create study: {study}");
@@ -379,7 +384,7 @@ async fn metric_values_round_trip_bit_exact() {
         "parameters": [{"id": "x", "type": "double", "min": 0.0, "max": 1.0}],
         "max_trials": 5
     });
-    let (status, study) = post(&http, server.url(&routes::studies()), spec)
+    let (status, study) = post(&http, server.url("/v1/studies"), spec)
         .await
         .expect("create study");
     assert_eq!(status, StatusCode::CREATED, "create study: {study}");

@@ -371,7 +371,7 @@ async fn a_token_past_its_rate_limit_is_told_to_retry() {
     let get = |token: &str| {
         let (http, base, token) = (&http, &base, token.to_string());
         async move {
-            http.get(format!("{base}{}", routes::studies()))
+            http.get(format!("{base}/v1/studies"))
                 .bearer_auth(token)
                 .send()
                 .await

@@ -293,7 +293,7 @@ async fn a_postgres_restart_under_load_answers_503_and_loses_nothing() {
         let (http, base) = (http.clone(), base.clone());
         async move {
             let r = http
-                .post(format!("{base}{}", routes::studies()))
+                .post(format!("{base}/v1/studies"))
                 .json(&spec)
                 .send()
                 .await

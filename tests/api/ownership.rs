@@ -152,12 +152,11 @@ async fn trial_changes_enter_the_audit_trail(backend: &str) {
     let app = team_app(backend).await;
     let alice = token(&app, "alice", "writer").await;
     let (study, first) = owned_study_with_trial(&app, &alice, "w1").await;
-    let path = |trial: i64, action: &str| format!("/v1/studies/{study}/trials/{trial}/{action}");
     let r = call_as(
         &app,
         &alice,
         Method::POST,
-        &path(first, "complete"),
+        &routes::trial_complete(study, first),
         Some(json!({"metrics": {"accuracy": 0.5}})),
     )
     .await;
@@ -180,14 +179,14 @@ async fn trial_changes_enter_the_audit_trail(backend: &str) {
     let pulled = pull(2, "w2").await;
     let (second, third) = (pulled[0], pulled[1]);
     let r = app
-        .post(&path(second, "fail"), json!({"reason": "oom"}))
+        .post(&routes::trial_fail(study, second), json!({"reason": "oom"}))
         .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     let minted = call_as(
         &app,
         &alice,
         Method::POST,
-        &path(third, "token"),
+        &routes::trial_token(study, third),
         Some(json!({"client_id": "w2"})),
     )
     .await;
@@ -196,7 +195,7 @@ async fn trial_changes_enter_the_audit_trail(backend: &str) {
         &app,
         &trial_token,
         Method::POST,
-        &path(third, "complete"),
+        &routes::trial_complete(study, third),
         Some(json!({"infeasible_reason": "diverged"})),
     )
     .await;
@@ -206,7 +205,7 @@ async fn trial_changes_enter_the_audit_trail(backend: &str) {
     let fourth = pull(1, "w3").await[0];
     let r = app
         .post(
-            &path(fourth, "complete"),
+            &routes::trial_complete(study, fourth),
             json!({"metrics": {"accuracy": 0.25}}),
         )
         .await;

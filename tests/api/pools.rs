@@ -178,7 +178,7 @@ async fn pools_show_workers_queue_and_usage_and_the_dispatcher_leaves_them_alone
         put_worker(&app, "shape", "w1", busy).await.status,
         StatusCode::NO_CONTENT
     );
-    let pool = app.get("/v1/pools/shape").await.body;
+    let pool = app.get(&routes::pool("shape")).await.body;
     assert_eq!(pool["name"], "shape", "{pool}");
     assert_eq!(pool["workers"], 1, "{pool}");
     assert_eq!(pool["slots"], 4, "{pool}");
@@ -212,7 +212,7 @@ async fn pools_show_workers_queue_and_usage_and_the_dispatcher_leaves_them_alone
     )
     .await;
     assert_eq!(own.status, StatusCode::OK, "{}", own.body);
-    let pool = app.get("/v1/pools/shape").await.body;
+    let pool = app.get(&routes::pool("shape")).await.body;
     assert_eq!(pool["queue_length"], 2, "the slot is free again: {pool}");
 
     // The dashboard's pools page: its shell, and the module that draws it from the above.
@@ -261,7 +261,7 @@ async fn a_waiting_lease_is_answered_when_a_slot_frees(backend: &str) {
                 &base,
                 None,
                 Method::POST,
-                "/v1/pools/wait/workers/w/lease",
+                &routes::pool_worker_lease("wait", "w"),
                 Some(body),
             )
             .await;

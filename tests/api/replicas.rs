@@ -7,7 +7,7 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::common::{self, ServerProcess, free_port, routes};
+use crate::common::{self, ServerProcess, free_port, routes, routes::vizier};
 use crate::support::{worker_command, worker_log};
 
 const ADMIN: &str = "replicas-admin-token";
@@ -576,11 +576,10 @@ async fn vizier_changes_of_a_study_go_to_its_owner() {
     let db = common::postgres_db().await;
     let (a, b) = two_routed(&db).await;
     let bases = [a.base.as_str(), b.base.as_str()];
-    let parent = "/v1/projects/demo/locations/us-central1";
     let created = call(
         &a.base,
         Method::POST,
-        &format!("{parent}/studies"),
+        &vizier::studies("projects/demo/locations/us-central1"),
         Some(json!({"displayName": "vizier-routed", "studySpec": {
             "metrics": [{"metricId": "acc", "goal": "MAXIMIZE"}],
             "parameters": [{"parameterId": "x", "doubleValueSpec": {"minValue": 0, "maxValue": 1}}],
@@ -590,7 +589,7 @@ async fn vizier_changes_of_a_study_go_to_its_owner() {
     .await;
     assert_eq!(created.status, StatusCode::OK, "{:?}", created.body);
     let name = created.body["name"].as_str().expect("name").to_string();
-    let suggest_path = format!("/v1/{name}/trials:suggest");
+    let suggest_path = vizier::suggest_trials(&name);
     let http = common::http();
     let mut clients = 0;
     // Three Vizier suggests at once to one replica, then the other, until one sends on.
@@ -644,7 +643,7 @@ async fn vizier_changes_of_a_study_go_to_its_owner() {
     assert_eq!(metric(owner, FORWARDED).await, owner_before);
     // A read is served where it arrives, and sees every trial the owner made.
     let before = metric(router, FORWARDED).await;
-    let trials = call(router, Method::GET, &format!("/v1/{name}/trials"), None).await;
+    let trials = call(router, Method::GET, &vizier::trials(&name), None).await;
     assert_eq!(trials.status, StatusCode::OK, "{:?}", trials.body);
     assert_eq!(
         trials.body["trials"].as_array().map_or(0, Vec::len),

@@ -282,10 +282,7 @@ async fn paging_through_trials_and_studies(backend: &str) {
     assert_eq!(first["studies"].as_array().map(Vec::len), Some(2));
     let token = first["next_page_token"].as_str().expect("more pages");
     let second = app
-        .get(&format!(
-            "{}?page_size=2&page_token={token}",
-            routes::studies()
-        ))
+        .get(&format!("/v1/studies?page_size=2&page_token={token}"))
         .await
         .body;
     assert_eq!(second["studies"].as_array().map(Vec::len), Some(2));
@@ -364,7 +361,7 @@ async fn a_vertex_ai_tuning_job_creates_a_study_unchanged() {
     job["encryptionSpec"] = json!({"kmsKeyName": "k"});
     let response = app
         .http
-        .post(app.url(&routes::studies()))
+        .post(app.url("/v1/studies"))
         .json(&job)
         .send()
         .await

@@ -109,7 +109,7 @@ async fn tokens_are_created_listed_and_revoked_by_an_admin(backend: &str) {
         );
     }
     // Revoked: refused at once.
-    let r = app.call(Method::DELETE, "/v1/tokens/ci", None).await;
+    let r = app.call(Method::DELETE, &routes::token("ci"), None).await;
     assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.body);
     assert_eq!(
         call_as(&app, &ci, Method::GET, "/v1/studies", None)
@@ -117,7 +117,7 @@ async fn tokens_are_created_listed_and_revoked_by_an_admin(backend: &str) {
             .status,
         StatusCode::UNAUTHORIZED
     );
-    let r = app.call(Method::DELETE, "/v1/tokens/ci", None).await;
+    let r = app.call(Method::DELETE, &routes::token("ci"), None).await;
     assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.body);
 
     // An expired token is refused, cached or not.
@@ -419,7 +419,8 @@ async fn the_audit_trail_names_who_did_what(backend: &str) {
     .await;
     call_as(&app, &alice, Method::POST, &routes::stop(study), None).await;
     app.call(Method::DELETE, &routes::study(study), None).await;
-    app.call(Method::DELETE, "/v1/tokens/alice", None).await;
+    app.call(Method::DELETE, &routes::token("alice"), None)
+        .await;
 
     let trail = app.get("/v1/audit").await;
     assert_eq!(trail.status, StatusCode::OK, "{}", trail.body);

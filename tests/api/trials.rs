@@ -61,12 +61,15 @@ async fn measurements_and_completion_paths(backend: &str) {
     assert_eq!(failed.body["fail_reason"], "OOM");
 
     for (path, body) in [
-        ("trials/2/complete", json!({"metrics": {"accuracy": 1.0}})),
-        ("trials/2/measurements", m(9, 0.1)),
-        ("trials/4/fail", json!({})),
-        ("trials/3/heartbeat", json!({})),
+        (
+            routes::trial_complete(id, 2),
+            json!({"metrics": {"accuracy": 1.0}}),
+        ),
+        (routes::trial_measurements(id, 2), m(9, 0.1)),
+        (routes::trial_fail(id, 4), json!({})),
+        (routes::trial_heartbeat(id, 3), json!({})),
     ] {
-        let r = app.post(&format!("/v1/studies/{id}/{path}"), body).await;
+        let r = app.post(&path, body).await;
         assert_eq!(r.status, StatusCode::CONFLICT, "{path}: {}", r.body);
         assert_eq!(r.body["error"]["code"], "failed_precondition");
     }

@@ -1,18 +1,18 @@
-//! The API's paths, one function per route the tests call, named after the route in
-//! `openapi.yaml`: `routes::trial_complete(study, trial)` is
+//! The API's paths with ids in them, one function per route the tests call, named after
+//! the route in `openapi.yaml`: `routes::trial_complete(study, trial)` is
 //! `/v1/studies/{study}/trials/{trial}/complete`. A query the tests send often has its own
-//! function (`trials_in_state`, `all_trials`, `changes_after`); any other is written on top
-//! of the route's path, as in `format!("{}?page_size=10", routes::trials(study))`. Tests
-//! that mean to send an odd path (a bad id, an unknown route, a template) write it out.
+//! function (`trials_in_state`, `all_trials`, `changes_after`, `trial_logs_of_replica`); any
+//! other is written on top of the route's path, as in
+//! `format!("{}?page_size=10", routes::trials(study))`. `TestApp::url` and
+//! `ServerProcess::url` make a full URL of a path.
 //!
-//! Ids are `impl Display`, so a test passes an `i64`, a literal or an id type alike.
+//! Written out instead: paths without an id (`"/v1/studies"`, `"/v1/tokens"`, `"/healthz"`),
+//! and the paths a test means to be odd (an id that is not one, a study that does not
+//! exist, an unknown route, a template), so that a literal path reads as deliberate.
+//!
+//! Ids are `impl Display`: a test passes an `i64`, a name or an id type alike.
 
 use std::fmt::Display;
-
-/// `/v1/studies`: create (POST) and list (GET) studies.
-pub fn studies() -> String {
-    "/v1/studies".to_string()
-}
 
 /// `/v1/studies/{study}`: read, change (PATCH) or delete a study.
 pub fn study(study: impl Display) -> String {
@@ -110,16 +110,6 @@ pub fn trial_artifacts(study: impl Display, trial: impl Display) -> String {
     format!("{}/artifacts", self::trial(study, trial))
 }
 
-/// `/v1/studies/{study}/trials/{trial}/artifacts/content`: one of a trial's files.
-pub fn trial_artifact_content(study: impl Display, trial: impl Display) -> String {
-    format!("{}/artifacts/content", self::trial(study, trial))
-}
-
-/// `/v1/studies/{study}/trials/{trial}/checkpoint_copied`.
-pub fn trial_checkpoint_copied(study: impl Display, trial: impl Display) -> String {
-    format!("{}/checkpoint_copied", self::trial(study, trial))
-}
-
 /// `/v1/studies/{study}/trials/{trial}/complete`.
 pub fn trial_complete(study: impl Display, trial: impl Display) -> String {
     format!("{}/complete", self::trial(study, trial))
@@ -145,6 +135,16 @@ pub fn trial_logs(study: impl Display, trial: impl Display) -> String {
     format!("{}/logs", self::trial(study, trial))
 }
 
+/// `/v1/studies/{study}/trials/{trial}/logs?replica={replica}`: the output of one replica
+/// of a distributed trial (`workerpool0-0`, …).
+pub fn trial_logs_of_replica(
+    study: impl Display,
+    trial: impl Display,
+    replica: impl Display,
+) -> String {
+    format!("{}?replica={replica}", trial_logs(study, trial))
+}
+
 /// `/v1/studies/{study}/trials/{trial}/measurements`: report a measurement.
 pub fn trial_measurements(study: impl Display, trial: impl Display) -> String {
     format!("{}/measurements", self::trial(study, trial))
@@ -165,11 +165,6 @@ pub fn trial_token(study: impl Display, trial: impl Display) -> String {
     format!("{}/token", self::trial(study, trial))
 }
 
-/// `/v1/pools`: list the worker pools.
-pub fn pools() -> String {
-    "/v1/pools".to_string()
-}
-
 /// `/v1/pools/{pool}`: one pool and its workers.
 pub fn pool(pool: impl Display) -> String {
     format!("/v1/pools/{pool}")
@@ -185,19 +180,9 @@ pub fn pool_worker_lease(pool: impl Display, worker: impl Display) -> String {
     format!("{}/lease", pool_worker(pool, worker))
 }
 
-/// `/v1/tokens`: create (POST) and list (GET) tokens.
-pub fn tokens() -> String {
-    "/v1/tokens".to_string()
-}
-
 /// `/v1/tokens/{name}`: revoke (DELETE) a token.
 pub fn token(name: impl Display) -> String {
     format!("/v1/tokens/{name}")
-}
-
-/// `/v1/audit`: the audit trail.
-pub fn audit() -> String {
-    "/v1/audit".to_string()
 }
 
 /// `/studies/{study}`: the dashboard's page of a study.
@@ -208,4 +193,72 @@ pub fn study_page(study: impl Display) -> String {
 /// `/studies/{study}/trials/{trial}`: the dashboard's page of a trial.
 pub fn trial_page(study: impl Display, trial: impl Display) -> String {
     format!("/studies/{study}/trials/{trial}")
+}
+
+/// Vertex AI's Vizier routes (`api::vizier`), under `/v1/`, addressed by the resource
+/// names Vertex answers with: a location (`projects/p/locations/l`), a study
+/// (`…/studies/7`), a trial (`…/studies/7/trials/3`) or an operation. Each function is
+/// named after the Vertex method it calls.
+pub mod vizier {
+    use std::fmt::Display;
+
+    /// `/v1/{name}`: get or delete a study or a trial, or get an operation, by its name.
+    pub fn resource(name: impl Display) -> String {
+        format!("/v1/{name}")
+    }
+
+    /// `/v1/{location}/studies`: create (POST) and list (GET) the location's studies.
+    pub fn studies(location: impl Display) -> String {
+        format!("/v1/{location}/studies")
+    }
+
+    /// `/v1/{location}/studies:lookup`: a study of the location by its display name.
+    pub fn lookup_study(location: impl Display) -> String {
+        format!("{}:lookup", studies(location))
+    }
+
+    /// `/v1/{study}/trials`: add (POST) and list (GET) a study's trials.
+    pub fn trials(study: impl Display) -> String {
+        format!("/v1/{study}/trials")
+    }
+
+    /// `/v1/{study}/trials:suggest`.
+    pub fn suggest_trials(study: impl Display) -> String {
+        format!("{}:suggest", trials(study))
+    }
+
+    /// `/v1/{study}/trials:listOptimalTrials`.
+    pub fn list_optimal_trials(study: impl Display) -> String {
+        format!("{}:listOptimalTrials", trials(study))
+    }
+
+    /// `/v1/{trial}:addTrialMeasurement`.
+    pub fn add_trial_measurement(trial: impl Display) -> String {
+        format!("/v1/{trial}:addTrialMeasurement")
+    }
+
+    /// `/v1/{trial}:checkTrialEarlyStoppingState`.
+    pub fn check_trial_early_stopping_state(trial: impl Display) -> String {
+        format!("/v1/{trial}:checkTrialEarlyStoppingState")
+    }
+
+    /// `/v1/{trial}:complete`.
+    pub fn complete_trial(trial: impl Display) -> String {
+        format!("/v1/{trial}:complete")
+    }
+
+    /// `/v1/{trial}:stop`.
+    pub fn stop_trial(trial: impl Display) -> String {
+        format!("/v1/{trial}:stop")
+    }
+
+    /// `/v1/{operation}:wait`.
+    pub fn wait_operation(operation: impl Display) -> String {
+        format!("/v1/{operation}:wait")
+    }
+
+    /// `/v1/{operation}:cancel`.
+    pub fn cancel_operation(operation: impl Display) -> String {
+        format!("/v1/{operation}:cancel")
+    }
 }

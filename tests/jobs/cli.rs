@@ -53,11 +53,11 @@ async fn study_commands_drive_a_live_server() {
     assert!(out.contains("created study 1 (cli-study)"), "{out}");
 
     let s = app
-        .post("/v1/studies/1/suggest", serde_json::json!({"count": 2}))
+        .post(&routes::suggest(1), serde_json::json!({"count": 2}))
         .await;
     assert_eq!(s.body["trials"].as_array().map(Vec::len), Some(2));
     app.post(
-        "/v1/studies/1/trials/1/complete",
+        &routes::trial_complete(1, 1),
         serde_json::json!({"metrics": {"loss": 0.25}}),
     )
     .await;
@@ -70,7 +70,7 @@ async fn study_commands_drive_a_live_server() {
     let (ok, out, _) = run(vec!["study".into(), "show".into(), "1".into()]).await;
     assert!(ok && out.contains("\"best_trial\""), "{out}");
     app.post(
-        "/v1/studies/1/trials/2/fail",
+        &routes::trial_fail(1, 2),
         serde_json::json!({"reason": "out of memory"}),
     )
     .await;

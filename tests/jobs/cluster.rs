@@ -167,10 +167,7 @@ fn read_env(model_dir: &Path, replica: &str) -> BTreeMap<String, String> {
 }
 
 async fn replica_log(app: &TestApp, study: i64, trial: i64, replica: &str) -> String {
-    let url = format!(
-        "{}/v1/studies/{study}/trials/{trial}/logs?replica={replica}",
-        app.base
-    );
+    let url = app.url(&routes::trial_logs_of_replica(study, trial, replica));
     let r = app.http.get(url).send().await.expect("logs");
     assert_eq!(r.status(), StatusCode::OK, "logs of {replica}");
     r.text().await.expect("text")
@@ -265,10 +262,7 @@ async fn replicas_find_each_other_and_train_together_two_clusters_at_once() {
     assert_ne!(ports_by_trial[2], ports_by_trial[3], "{ports_by_trial:?}");
     let unknown = app
         .http
-        .get(format!(
-            "{}/v1/studies/{id}/trials/1/logs?replica=workerpool2-0",
-            app.base
-        ))
+        .get(app.url(&routes::trial_logs_of_replica(id, 1, "workerpool2-0")))
         .send()
         .await
         .expect("logs");

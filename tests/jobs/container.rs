@@ -310,10 +310,9 @@ async fn a_cluster_trial_runs_as_containers_that_find_each_other_and_report_thro
             .collect();
         assert!(steps.contains(&3), "trial {trial}: {t}");
         for (replica, rank) in [("workerpool0-0", 0), ("workerpool1-1", 2)] {
-            let url = format!(
-                "{}/v1/studies/{id}/trials/{trial}/logs?replica={replica}",
-                s.app.base
-            );
+            let url = s
+                .app
+                .url(&routes::trial_logs_of_replica(id, trial, replica));
             let log = s
                 .app
                 .http

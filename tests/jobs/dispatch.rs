@@ -774,7 +774,7 @@ async fn a_dispatched_trial_starts_from_a_clean_environment() {
     );
     spec["trial_job"]["command"] = common::env_dump_command();
     let created = http
-        .post(server.url(&routes::studies()))
+        .post(server.url("/v1/studies"))
         .bearer_auth("server-admin-secret")
         .json(&spec)
         .send()

@@ -344,7 +344,7 @@ impl RawSession {
     async fn open(app: &common::TestApp, token: &str, study: i64, start: Value) -> RawSession {
         use futures::SinkExt;
         use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-        let url = format!("ws://{}/v1/studies/{study}/trials/1/exec", app.addr);
+        let url = format!("ws://{}{}", app.addr, routes::trial_exec(study, 1));
         let mut request = url.into_client_request().expect("request");
         request.headers_mut().insert(
             "authorization",
@@ -516,7 +516,7 @@ async fn a_shell_on_a_terminal_is_typed_into_resized_and_interrupted() {
 /// (`None`: it was accepted).
 async fn upgrade_with(app: &common::TestApp, headers: &[(&str, &str)], study: i64) -> Option<u16> {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    let url = format!("ws://{}/v1/studies/{study}/trials/1/exec", app.addr);
+    let url = format!("ws://{}{}", app.addr, routes::trial_exec(study, 1));
     let mut request = url.into_client_request().expect("request");
     for (name, value) in headers {
         let name: tokio_tungstenite::tungstenite::http::HeaderName = name.parse().expect("name");
@@ -548,7 +548,7 @@ async fn upgrade_answer(
     (u16, Value),
 > {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    let url = format!("ws://{}/v1/studies/{study}/trials/1/exec", app.addr);
+    let url = format!("ws://{}{}", app.addr, routes::trial_exec(study, 1));
     let mut request = url.into_client_request().expect("request");
     for (name, value) in headers {
         let name: tokio_tungstenite::tungstenite::http::HeaderName = name.parse().expect("name");

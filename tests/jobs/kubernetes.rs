@@ -998,7 +998,7 @@ async fn a_restarted_service_deletes_the_attempt_it_left_and_runs_the_trial_agai
                     base,
                     None,
                     reqwest::Method::GET,
-                    "/v1/studies/1/trials/1",
+                    &routes::trial(1, 1),
                     None,
                 )
                 .await

@@ -134,7 +134,7 @@ async fn ten_studies_share_a_pool_fairly_within_their_caps_through_a_lost_worker
 
     // The pool shows its three workers once they have reported.
     let pool = common::eventually("three live workers", Duration::from_secs(20), || async {
-        let pool = app.get("/v1/pools/shared").await.body;
+        let pool = app.get(&routes::pool("shared")).await.body;
         if pool["workers"] == 3 {
             Ok(pool)
         } else {
@@ -350,7 +350,7 @@ async fn ten_studies_share_a_pool_fairly_within_their_caps_through_a_lost_worker
     // The pool's view: c gone (no report for 6 s), the others live and idle, busy and
     // idle slot-seconds counted; the same in /metrics.
     let pool = common::eventually("c gone, the rest idle", Duration::from_secs(15), || async {
-        let pool = app.get("/v1/pools/shared").await.body;
+        let pool = app.get(&routes::pool("shared")).await.body;
         if pool["workers"] == 3 && pool["workers_gone"] == 1 && pool["idle_slots"] == 12 {
             Ok(pool)
         } else {

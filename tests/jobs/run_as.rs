@@ -234,7 +234,7 @@ async fn a_job_cannot_make_the_server_write_or_serve_a_file_through_a_planted_li
         &base,
         None,
         reqwest::Method::GET,
-        "/v1/studies/2/trials/1/logs",
+        &routes::trial_logs(2, 1),
         None,
     )
     .await;
@@ -249,7 +249,7 @@ async fn a_job_cannot_make_the_server_write_or_serve_a_file_through_a_planted_li
         &base,
         None,
         reqwest::Method::GET,
-        "/v1/studies/2/trials/1",
+        &routes::trial(2, 1),
         None,
     )
     .await

@@ -532,10 +532,7 @@ async fn a_cluster_trial_runs_its_replicas_as_the_tasks_of_one_srun() {
         .iter()
         .enumerate()
     {
-        let url = format!(
-            "{}/v1/studies/{id}/trials/1/logs?replica={replica}",
-            app.base
-        );
+        let url = app.url(&routes::trial_logs_of_replica(id, 1, replica));
         let log = app
             .http
             .get(url)

@@ -76,10 +76,7 @@ async fn a_tensorflow_cluster_trains_together_from_the_tf_config_augur_writes() 
             .collect();
         assert_eq!(steps, vec![1, 2], "a learning curve, each epoch once: {t}");
         let log = |replica: &str| {
-            let url = format!(
-                "{}/v1/studies/{id}/trials/{trial}/logs?replica={replica}",
-                app.base
-            );
+            let url = app.url(&routes::trial_logs_of_replica(id, trial, replica));
             let http = app.http.clone();
             async move {
                 http.get(url)
