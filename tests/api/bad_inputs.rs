@@ -10,7 +10,8 @@ use crate::support::{app, suggest};
 on_both_backends!(
     bad_study_specs_name_their_field_and_create_nothing,
     bad_trial_requests_and_queries_name_their_field_and_change_nothing,
-    unknown_ids_and_routes_are_404_and_bodies_must_be_small_json,
+    unknown_ids_and_routes_are_404,
+    a_body_that_is_not_small_json_is_refused,
 );
 
 /// A study whose state is compared before and after the bad requests.
@@ -545,7 +546,7 @@ async fn bad_trial_requests_and_queries_name_their_field_and_change_nothing(back
     assert_eq!(study_count(&app).await, studies);
 }
 
-async fn unknown_ids_and_routes_are_404_and_bodies_must_be_small_json(backend: &str) {
+async fn unknown_ids_and_routes_are_404(backend: &str) {
     let (app, id, before, studies) = fixture(backend).await;
     let not_found: Vec<(Method, String)> = vec![
         (Method::GET, "/v1/studies/999".into()),
@@ -565,6 +566,12 @@ async fn unknown_ids_and_routes_are_404_and_bodies_must_be_small_json(backend: &
         );
         assert_eq!(r.body["error"]["code"], "not_found");
     }
+    assert_eq!(snapshot(&app, id).await, before, "nothing stored changed");
+    assert_eq!(study_count(&app).await, studies);
+}
+
+async fn a_body_that_is_not_small_json_is_refused(backend: &str) {
+    let (app, id, before, studies) = fixture(backend).await;
     let not_json = app
         .http
         .post(app.url("/v1/studies"))

@@ -14,8 +14,11 @@ on_both_backends!(
     max_failed_trials_fails_study_which_resumes_only_when_asked,
     raising_max_trials_reopens_completed_study,
     pareto_set_for_two_metrics,
-    quasi_random_and_grid_designers_through_the_service,
-    paging_through_trials_and_studies,
+    quasi_random_suggests_distinct_points,
+    an_exhausted_grid_completes_its_study,
+    trial_pages_hold_every_trial_once_in_order,
+    the_state_filter_lists_only_trials_in_that_state,
+    four_studies_at_two_a_page_are_two_pages,
     metrics_endpoint_reports_requests_and_trials,
 );
 
@@ -207,7 +210,7 @@ async fn pareto_set_for_two_metrics(backend: &str) {
     );
 }
 
-async fn quasi_random_and_grid_designers_through_the_service(backend: &str) {
+async fn quasi_random_suggests_distinct_points(backend: &str) {
     let app = app(backend).await;
     let qid = app.create_study(spec("quasi_random", 16, 16)).await;
     let q = suggest(&app, qid, 16, None).await;
@@ -218,7 +221,10 @@ async fn quasi_random_and_grid_designers_through_the_service(backend: &str) {
         .map(|t| t["parameters"].to_string())
         .collect();
     assert_eq!(distinct.len(), 16);
+}
 
+async fn an_exhausted_grid_completes_its_study(backend: &str) {
+    let app = app(backend).await;
     let grid = json!({
         "name": "grid", "algorithm": "grid",
         "metrics": [{"id": "accuracy", "goal": "maximize"}],
@@ -248,10 +254,16 @@ async fn quasi_random_and_grid_designers_through_the_service(backend: &str) {
     assert_eq!(study["trial_counts"]["total"], 6);
 }
 
-async fn paging_through_trials_and_studies(backend: &str) {
+/// A study with 25 suggested trials, 1 to 25.
+async fn study_with_25_trials(backend: &str) -> (crate::common::TestApp, i64) {
     let app = app(backend).await;
     let id = app.create_study(spec("random", 25, 25)).await;
     suggest(&app, id, 25, None).await;
+    (app, id)
+}
+
+async fn trial_pages_hold_every_trial_once_in_order(backend: &str) {
+    let (app, id) = study_with_25_trials(backend).await;
     let mut seen = Vec::new();
     let mut token: Option<String> = None;
     loop {
@@ -267,13 +279,21 @@ async fn paging_through_trials_and_studies(backend: &str) {
         }
     }
     assert_eq!(seen, (1..=25).collect::<Vec<_>>());
+}
+
+async fn the_state_filter_lists_only_trials_in_that_state(backend: &str) {
+    let (app, id) = study_with_25_trials(backend).await;
     complete(&app, id, 7, 0.1).await;
     let completed = app
         .get(&routes::trials_in_state(id, "completed"))
         .await
         .body;
     assert_eq!(ids(&completed["trials"]), vec![7]);
-    for n in 0..3 {
+}
+
+async fn four_studies_at_two_a_page_are_two_pages(backend: &str) {
+    let app = app(backend).await;
+    for n in 0..4 {
         let mut s = spec("random", 1, 1);
         s["name"] = json!(format!("s{n}"));
         app.create_study(s).await;
@@ -440,11 +460,8 @@ async fn safety_thresholds_keep_unsafe_trials_out_of_the_optimum() {
     );
 }
 
-/// `prior_studies` warm-starts the GP from earlier studies: named studies must exist, and a
-/// warm-started study suggests as any other.
-#[tokio::test]
-async fn prior_studies_must_exist_and_warm_start_suggestions() {
-    let app = app("sqlite").await;
+/// A study with 8 completed trials, to warm-start a GP study from.
+async fn prior_study(app: &crate::common::TestApp) -> i64 {
     let prior = app.create_study(spec("random", 20, 4)).await;
     for i in 0..8 {
         let lr = 0.0001 * 10f64.powf(i as f64 / 2.0);
@@ -457,11 +474,28 @@ async fn prior_studies_must_exist_and_warm_start_suggestions() {
             .await;
         assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
     }
+    prior
+}
+
+/// `prior_studies` names earlier studies to warm-start the GP from; each must exist.
+#[tokio::test]
+async fn prior_studies_must_exist() {
+    let app = app("sqlite").await;
+    let prior = prior_study(&app).await;
     let mut warm = spec("gp_bandit", 10, 1);
     warm["prior_studies"] = json!([prior, 999]);
-    let missing = app.post("/v1/studies", warm.clone()).await;
+    let missing = app.post("/v1/studies", warm).await;
     assert_eq!(missing.status, StatusCode::BAD_REQUEST);
     assert_eq!(missing.body["error"]["field"], "prior_studies[1]");
+}
+
+/// A study warm-started from a prior study suggests as any other: it keeps the prior's id in
+/// its spec and counts only its own trials.
+#[tokio::test]
+async fn a_warm_started_study_suggests_as_any_other() {
+    let app = app("sqlite").await;
+    let prior = prior_study(&app).await;
+    let mut warm = spec("gp_bandit", 10, 1);
     warm["prior_studies"] = json!([prior]);
     let id = app.create_study(warm).await;
     let s = suggest(&app, id, 1, None).await;
