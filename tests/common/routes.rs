@@ -110,6 +110,12 @@ pub fn trial_artifacts(study: impl Display, trial: impl Display) -> String {
     format!("{}/artifacts", self::trial(study, trial))
 }
 
+/// `/v1/studies/{study}/trials/{trial}/checkpoint_copied`: a PBT trial's worker has copied
+/// its parent's checkpoint.
+pub fn trial_checkpoint_copied(study: impl Display, trial: impl Display) -> String {
+    format!("{}/checkpoint_copied", self::trial(study, trial))
+}
+
 /// `/v1/studies/{study}/trials/{trial}/complete`.
 pub fn trial_complete(study: impl Display, trial: impl Display) -> String {
     format!("{}/complete", self::trial(study, trial))
