@@ -5,7 +5,7 @@
 //! or an admin for notes and tags, also the trial's own token for its user attributes. On
 //! SQLite and PostgreSQL.
 
-use crate::common;
+use crate::common::{self, routes};
 use crate::support::{self, call_as, owned_study_with_trial, token};
 
 use reqwest::{Method, StatusCode};
@@ -24,19 +24,19 @@ async fn notes_tags_and_user_attrs_are_kept_and_read_back(backend: &str) {
     let (_, trial) = {
         let s = app
             .post(
-                &format!("/v1/studies/{study}/suggest"),
+                &routes::suggest(study),
                 json!({"count": 1, "client_id": "w"}),
             )
             .await;
         (study, s.body["trials"][0]["id"].as_i64().expect("trial"))
     };
-    let trial_path = format!("/v1/studies/{study}/trials/{trial}");
+    let trial_path = routes::trial(study, trial);
 
     // A study's note and tags, set once it has finished too (a PATCH of only them).
     let r = app
         .call(
             Method::PATCH,
-            &format!("/v1/studies/{study}"),
+            &routes::study(study),
             Some(json!({"note": "baseline with the old loader", "tags": ["baseline", " v2 ", "baseline"]})),
         )
         .await;
@@ -96,7 +96,7 @@ async fn notes_tags_and_user_attrs_are_kept_and_read_back(backend: &str) {
     assert_eq!(done.status, StatusCode::OK, "{}", done.body);
 
     // In the list of trials too; an empty note and an empty list remove them.
-    let list = app.get(&format!("/v1/studies/{study}/trials")).await;
+    let list = app.get(&routes::trials(study)).await;
     assert_eq!(list.body["trials"][0]["user_attrs"]["gpu"], json!("a100"));
     let r = app
         .call(
@@ -113,14 +113,14 @@ async fn notes_tags_and_user_attrs_are_kept_and_read_back(backend: &str) {
     );
     assert_eq!(r.body["user_attrs"]["epochs_run"], json!(12));
     // The dashboard's table has the columns.
-    let table = app.get(&format!("/v1/studies/{study}/table")).await;
+    let table = app.get(&routes::table(study)).await;
     assert_eq!(table.status, StatusCode::OK, "{}", table.body);
     assert_eq!(table.body["user_attrs"]["train_loss"], json!([0.31]));
     assert_eq!(table.body["tags"], json!([[]]));
 
     // Stored: a new server on the same database reads them back.
     let again = common::spawn_app(app.db).await;
-    let s = again.get(&format!("/v1/studies/{study}")).await;
+    let s = again.get(&routes::study(study)).await;
     assert_eq!(s.body["tags"], json!(["baseline", "v2"]), "{}", s.body);
     let t = again.get(&trial_path).await;
     assert_eq!(t.body["user_attrs"]["train_loss"], json!(0.31));
@@ -131,7 +131,7 @@ async fn who_may_annotate_and_what_is_refused(backend: &str) {
     let alice = token(&app, "alice", "writer").await;
     let bob = token(&app, "bob", "writer").await;
     let (study, trial) = owned_study_with_trial(&app, &alice, "alice-worker").await;
-    let trial_path = format!("/v1/studies/{study}/trials/{trial}");
+    let trial_path = routes::trial(study, trial);
     let minted = call_as(
         &app,
         &alice,
@@ -175,10 +175,7 @@ async fn who_may_annotate_and_what_is_refused(backend: &str) {
     for (path, body) in [
         (trial_path.clone(), json!({"user_attrs": {"x": 1}})),
         (trial_path.clone(), json!({"tags": ["x"]})),
-        (
-            format!("/v1/studies/{study}"),
-            json!({"note": "bob was here"}),
-        ),
+        (routes::study(study), json!({"note": "bob was here"})),
     ] {
         let r = call_as(&app, &bob, Method::PATCH, &path, Some(body)).await;
         assert_eq!(r.status, StatusCode::FORBIDDEN, "{path}: {}", r.body);

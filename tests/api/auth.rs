@@ -1,6 +1,6 @@
 //! Bearer-token auth against a real server and database.
 
-use crate::common;
+use crate::common::{self, routes};
 
 use std::time::Duration;
 
@@ -91,8 +91,7 @@ async fn tokens_are_stored_hashed() {
 async fn a_trial_token_reports_only_to_its_own_trial() {
     let app = common::spawn_app_with(common::sqlite_db(), Some("admin")).await;
     let study = app.create_study(common::spec("random", 5, 2)).await;
-    app.post(&format!("/v1/studies/{study}/suggest"), json!({"count": 2}))
-        .await;
+    app.post(&routes::suggest(study), json!({"count": 2})).await;
     let store = augur::store::connect(&app.db.url).await.expect("store");
     store
         .insert_token(
@@ -109,44 +108,31 @@ async fn a_trial_token_reports_only_to_its_own_trial() {
     };
     let own = as_trial(
         Method::POST,
-        format!("/v1/studies/{study}/trials/1/measurements"),
+        routes::trial_measurements(study, 1),
         Some(json!({"step": 1, "metrics": {"accuracy": 0.2}})),
     )
     .await;
     assert_eq!(own.status, StatusCode::OK, "{}", own.body);
     for method in [Method::GET, Method::POST] {
-        let r = as_trial(
-            method.clone(),
-            format!("/v1/studies/{study}/trials/1/should_stop"),
-            None,
-        )
-        .await;
+        let r = as_trial(method.clone(), routes::trial_should_stop(study, 1), None).await;
         assert_eq!(r.status, StatusCode::OK, "{method} should_stop: {}", r.body);
     }
     // Its own trial's user attributes are its to set (`annotations.rs`), not its exclusion.
     for (method, path, body) in [
-        (
-            Method::POST,
-            format!("/v1/studies/{study}/trials/2/complete"),
-            json!({}),
-        ),
-        (
-            Method::POST,
-            format!("/v1/studies/{study}/suggest"),
-            json!({}),
-        ),
+        (Method::POST, routes::trial_complete(study, 2), json!({})),
+        (Method::POST, routes::suggest(study), json!({})),
         (Method::GET, "/v1/studies".to_string(), json!({})),
         (
             Method::PATCH,
-            format!("/v1/studies/{study}/trials/1"),
+            routes::trial(study, 1),
             json!({"excluded": true}),
         ),
         (
             Method::PATCH,
-            format!("/v1/studies/{study}/trials/2"),
+            routes::trial(study, 2),
             json!({"user_attrs": {"x": 1}}),
         ),
-        (Method::DELETE, format!("/v1/studies/{study}"), json!({})),
+        (Method::DELETE, routes::study(study), json!({})),
     ] {
         let r = as_trial(method.clone(), path.clone(), Some(body)).await;
         assert_eq!(
@@ -158,7 +144,7 @@ async fn a_trial_token_reports_only_to_its_own_trial() {
     }
     let done = as_trial(
         Method::POST,
-        format!("/v1/studies/{study}/trials/1/complete"),
+        routes::trial_complete(study, 1),
         Some(json!({})),
     )
     .await;
@@ -235,7 +221,7 @@ async fn a_json_body_without_a_json_content_type_is_refused_with_415() {
     let ok = raw(&app, Method::POST, "/v1/studies", &json, Some(&spec)).await;
     assert_eq!(ok.status, StatusCode::CREATED, "{}", ok.body);
     // A body-less command still needs no Content-Type (`curl -X POST …/stop`).
-    let stop = raw(&app, Method::POST, "/v1/studies/1/stop", &[], None).await;
+    let stop = raw(&app, Method::POST, &routes::stop(1), &[], None).await;
     assert_eq!(stop.status, StatusCode::OK, "{}", stop.body);
 }
 
@@ -250,18 +236,14 @@ async fn a_foreign_origin_cannot_change_anything() {
         let headers = [("content-type", "application/json"), ("origin", origin)];
         for (method, path, body) in [
             (Method::POST, "/v1/studies".to_string(), Some(spec.as_str())),
-            (Method::POST, format!("/v1/studies/{study}/stop"), None),
-            (
-                Method::POST,
-                format!("/v1/studies/{study}/suggest"),
-                Some("{}"),
-            ),
+            (Method::POST, routes::stop(study), None),
+            (Method::POST, routes::suggest(study), Some("{}")),
             (
                 Method::PATCH,
-                format!("/v1/studies/{study}"),
+                routes::study(study),
                 Some(r#"{"max_trials": 9}"#),
             ),
-            (Method::DELETE, format!("/v1/studies/{study}"), None),
+            (Method::DELETE, routes::study(study), None),
         ] {
             let r = raw(&app, method.clone(), &path, &headers, body).await;
             assert_eq!(
@@ -273,7 +255,7 @@ async fn a_foreign_origin_cannot_change_anything() {
             assert_eq!(r.body["error"]["code"], "permission_denied");
         }
     }
-    let after = app.get(&format!("/v1/studies/{study}")).await.body;
+    let after = app.get(&routes::study(study)).await.body;
     assert_eq!(after["state"], "active", "{after}");
     assert_eq!(after["spec"]["max_trials"], 3);
     assert_eq!(
@@ -285,7 +267,7 @@ async fn a_foreign_origin_cannot_change_anything() {
     // Reads are answered, with no CORS header that would let the page read them.
     let read = app
         .http
-        .get(format!("{}/v1/studies", app.base))
+        .get(app.url("/v1/studies"))
         .header("origin", "http://evil.example")
         .send()
         .await
@@ -347,7 +329,7 @@ async fn an_open_server_answers_only_loopback_host_names() {
     let guarded = common::spawn_app_with(common::sqlite_db(), Some("team-token")).await;
     let r = guarded
         .http
-        .get(format!("{}/v1/studies", guarded.base))
+        .get(guarded.url("/v1/studies"))
         .header("host", "augur.team.example")
         .bearer_auth("team-token")
         .send()
@@ -448,8 +430,7 @@ async fn a_replica_whose_token_upsert_is_refused_on_the_hash_still_starts() {
 async fn a_finished_trials_token_stops_working_at_once() {
     let app = common::spawn_app_with(common::sqlite_db(), Some("admin")).await;
     let study = app.create_study(common::spec("random", 5, 2)).await;
-    app.post(&format!("/v1/studies/{study}/suggest"), json!({"count": 1}))
-        .await;
+    app.post(&routes::suggest(study), json!({"count": 1})).await;
     let store = augur::store::connect(&app.db.url).await.expect("store");
     store
         .insert_token(
@@ -460,7 +441,7 @@ async fn a_finished_trials_token_stops_working_at_once() {
         )
         .await
         .expect("token");
-    let trial = format!("/v1/studies/{study}/trials/1");
+    let trial = routes::trial(study, 1);
     let as_trial = |method: Method, path: String| {
         let app = &app;
         async move { common::call(&app.http, &app.base, Some("trial-one"), method, &path, None).await }
@@ -518,7 +499,7 @@ async fn a_revoked_token_stops_working_on_every_replica(backend: &str) {
         .await;
         assert_eq!(r.status, StatusCode::OK, "{base}: {}", r.body);
     }
-    let revoked = a.call(Method::DELETE, "/v1/tokens/ci", None).await;
+    let revoked = a.call(Method::DELETE, &routes::token("ci"), None).await;
     assert_eq!(revoked.status, StatusCode::NO_CONTENT, "{}", revoked.body);
     let here = common::call(
         &a.http,

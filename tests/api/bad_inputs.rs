@@ -4,23 +4,21 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::common::{TestApp, spec};
+use crate::common::{TestApp, routes, spec};
 use crate::support::{app, suggest};
 
 on_both_backends!(
     bad_study_specs_name_their_field_and_create_nothing,
     bad_trial_requests_and_queries_name_their_field_and_change_nothing,
-    unknown_ids_and_routes_are_404_and_bodies_must_be_small_json,
+    unknown_ids_and_routes_are_404,
+    a_body_that_is_not_small_json_is_refused,
 );
 
 /// A study whose state is compared before and after the bad requests.
 async fn snapshot(app: &TestApp, id: i64) -> (Value, Value) {
-    let mut study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let mut study = app.get(&routes::study(id)).await.body;
     study.as_object_mut().map(|o| o.remove("updated_at"));
-    (
-        study,
-        app.get(&format!("/v1/studies/{id}/trials")).await.body,
-    )
+    (study, app.get(&routes::trials(id)).await.body)
 }
 
 /// A study with one trial and a measurement, and what it looks like before bad requests.
@@ -29,7 +27,7 @@ async fn fixture(backend: &str) -> (TestApp, i64, (Value, Value), usize) {
     let id = app.create_study(spec("random", 10, 2)).await;
     suggest(&app, id, 1, None).await;
     app.post(
-        &format!("/v1/studies/{id}/trials/1/measurements"),
+        &routes::trial_measurements(id, 1),
         json!({"step": 1, "metrics": {"accuracy": 0.4}}),
     )
     .await;
@@ -427,53 +425,52 @@ async fn bad_study_specs_name_their_field_and_create_nothing(backend: &str) {
 
 async fn bad_trial_requests_and_queries_name_their_field_and_change_nothing(backend: &str) {
     let (app, id, before, studies) = fixture(backend).await;
-    let study_path = format!("/v1/studies/{id}");
     let cases: Vec<(Method, String, Option<Value>, StatusCode, &str)> = vec![
         (
             Method::PATCH,
-            study_path.clone(),
+            routes::study(id),
             Some(json!({"parallel_trials": 0})),
             StatusCode::BAD_REQUEST,
             "parallel_trials",
         ),
         (
             Method::PATCH,
-            study_path.clone(),
+            routes::study(id),
             Some(json!({"name": "renamed"})),
             StatusCode::BAD_REQUEST,
             "name",
         ),
         (
             Method::POST,
-            format!("{study_path}/suggest"),
+            routes::suggest(id),
             Some(json!({"count": 0})),
             StatusCode::BAD_REQUEST,
             "count",
         ),
         (
             Method::POST,
-            format!("{study_path}/suggest"),
+            routes::suggest(id),
             Some(json!({"count": "two"})),
             StatusCode::BAD_REQUEST,
             "count",
         ),
         (
             Method::POST,
-            format!("{study_path}/suggest"),
+            routes::suggest(id),
             Some(json!({"client_id": ""})),
             StatusCode::BAD_REQUEST,
             "client_id",
         ),
         (
             Method::POST,
-            format!("{study_path}/trials"),
+            routes::trials(id),
             Some(json!({"parameters": {"lr": 5.0, "layers": 1, "batch": 16, "kernel": "rbf"}})),
             StatusCode::BAD_REQUEST,
             "parameters.lr",
         ),
         (
             Method::POST,
-            format!("{study_path}/trials"),
+            routes::trials(id),
             Some(
                 json!({"parameters": {"lr": 0.1, "layers": 1, "batch": 16, "kernel": "rbf", "degree": 2}}),
             ),
@@ -482,70 +479,70 @@ async fn bad_trial_requests_and_queries_name_their_field_and_change_nothing(back
         ),
         (
             Method::POST,
-            format!("{study_path}/trials"),
+            routes::trials(id),
             Some(json!({"parameters": {"lr": 0.1, "layers": 1, "batch": 16}})),
             StatusCode::BAD_REQUEST,
             "parameters.kernel",
         ),
         (
             Method::POST,
-            format!("{study_path}/trials/1/measurements"),
+            routes::trial_measurements(id, 1),
             Some(json!({"step": -1, "metrics": {"accuracy": 0.1}})),
             StatusCode::BAD_REQUEST,
             "step",
         ),
         (
             Method::POST,
-            format!("{study_path}/trials/1/measurements"),
+            routes::trial_measurements(id, 1),
             Some(json!({"step": 2, "metrics": {"loss": 0.1}})),
             StatusCode::BAD_REQUEST,
             "metrics.loss",
         ),
         (
             Method::POST,
-            format!("{study_path}/trials/1/measurements"),
+            routes::trial_measurements(id, 1),
             Some(json!({"step": 2, "metrics": {}})),
             StatusCode::BAD_REQUEST,
             "metrics",
         ),
         (
             Method::POST,
-            format!("{study_path}/trials/1/complete"),
+            routes::trial_complete(id, 1),
             Some(json!({"metrics": {"accuracy": 0.5}, "infeasible_reason": "x"})),
             StatusCode::BAD_REQUEST,
             "infeasible_reason",
         ),
         (
             Method::POST,
-            format!("{study_path}/trials/1/complete"),
+            routes::trial_complete(id, 1),
             Some(json!({"metrics": {}})),
             StatusCode::BAD_REQUEST,
             "metrics.accuracy",
         ),
         (
             Method::POST,
-            format!("{study_path}/trials/1/complete"),
+            routes::trial_complete(id, 1),
             Some(json!({"infeasible_reason": "  "})),
             StatusCode::BAD_REQUEST,
             "infeasible_reason",
         ),
         (
             Method::GET,
-            format!("{study_path}/trials?page_size=0"),
+            format!("{}?page_size=0", routes::trials(id)),
             None,
             StatusCode::BAD_REQUEST,
             "page_size",
         ),
         (
             Method::GET,
-            format!("{study_path}/trials?page_token=abc"),
+            format!("{}?page_token=abc", routes::trials(id)),
             None,
             StatusCode::BAD_REQUEST,
             "page_token",
         ),
         (
             Method::GET,
-            format!("{study_path}/trials?state=sleeping"),
+            routes::trials_in_state(id, "sleeping"),
             None,
             StatusCode::BAD_REQUEST,
             "state",
@@ -563,14 +560,13 @@ async fn bad_trial_requests_and_queries_name_their_field_and_change_nothing(back
     assert_eq!(study_count(&app).await, studies);
 }
 
-async fn unknown_ids_and_routes_are_404_and_bodies_must_be_small_json(backend: &str) {
+async fn unknown_ids_and_routes_are_404(backend: &str) {
     let (app, id, before, studies) = fixture(backend).await;
-    let study_path = format!("/v1/studies/{id}");
     let not_found: Vec<(Method, String)> = vec![
         (Method::GET, "/v1/studies/999".into()),
         (Method::GET, "/v1/studies/abc".into()),
-        (Method::GET, format!("{study_path}/trials/99")),
-        (Method::POST, format!("{study_path}/trials/99/complete")),
+        (Method::GET, routes::trial(id, 99)),
+        (Method::POST, routes::trial_complete(id, 99)),
         (Method::POST, "/v1/studies/999/suggest".into()),
         (Method::GET, "/v1/nothing-here".into()),
     ];
@@ -584,9 +580,15 @@ async fn unknown_ids_and_routes_are_404_and_bodies_must_be_small_json(backend: &
         );
         assert_eq!(r.body["error"]["code"], "not_found");
     }
+    assert_eq!(snapshot(&app, id).await, before, "nothing stored changed");
+    assert_eq!(study_count(&app).await, studies);
+}
+
+async fn a_body_that_is_not_small_json_is_refused(backend: &str) {
+    let (app, id, before, studies) = fixture(backend).await;
     let not_json = app
         .http
-        .post(format!("{}/v1/studies", app.base))
+        .post(app.url("/v1/studies"))
         .header("content-type", "text/plain")
         .body("name: x")
         .send()
@@ -596,7 +598,7 @@ async fn unknown_ids_and_routes_are_404_and_bodies_must_be_small_json(backend: &
     // Its own client: the server answers 413 without reading the body and drops the
     // connection, which a pooled client could otherwise pick for the next request.
     let huge = crate::common::http()
-        .post(format!("{}/v1/studies", app.base))
+        .post(app.url("/v1/studies"))
         .header("content-type", "application/json")
         .body(format!("{{\"name\": \"{}\"}}", "x".repeat(2 * 1024 * 1024)))
         .send()

@@ -3,7 +3,7 @@
 //! PostgreSQL database (and, second, one server on a SQLite file), while a monitor reads the
 //! database directly and records the most unfinished trials it ever saw committed.
 
-use crate::common;
+use crate::common::{self, routes};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -163,7 +163,7 @@ async fn client(
         }
         let (status, body) = match post(
             &http,
-            format!("{base}/v1/studies/{study_id}/suggest"),
+            format!("{base}{}", routes::suggest(study_id)),
             request.clone(),
         )
         .await
@@ -207,14 +207,14 @@ async fn client(
                 .entry((study_id, id))
                 .or_default() += 1;
             let accuracy = (id as f64 * 0.618).fract();
-            let url = format!("{base}/v1/studies/{study_id}/trials/{id}/complete");
+            let url = format!("{base}{}", routes::trial_complete(study_id, id));
             let mut answer = post(&http, url, json!({"metrics": {"accuracy": accuracy}})).await;
             if let Ok((status, body)) = &answer
                 && unanswered(*status, body)
             {
                 // As the answer says: read the trial to see whether the completion was
                 // applied (the ledger then checks it as any other).
-                let trial = format!("{base}/v1/studies/{study_id}/trials/{id}");
+                let trial = format!("{base}{}", routes::trial(study_id, id));
                 answer = match send(&http, trial, None).await {
                     Ok((StatusCode::OK, t)) if t["state"] == "completed" => Ok((StatusCode::OK, t)),
                     Ok((status, t)) => Ok((status, json!({"read after unanswered": t}))),
@@ -390,7 +390,11 @@ async fn hammer(bases: &[String], monitor: Monitor, load: Load) {
             "trials of study {study_id} not completed: {not_completed:?}"
         );
         let response = http
-            .get(format!("{}/v1/studies/{study_id}", bases[bases.len() - 1]))
+            .get(format!(
+                "{}{}",
+                bases[bases.len() - 1],
+                routes::study(study_id)
+            ))
             .send()
             .await
             .expect("get study");
@@ -560,10 +564,7 @@ async fn one_studys_failure_is_its_own_in_a_shared_transaction(backend: &str) {
     }
     // Its fixed configuration is now cached, so its commands reach the commit lanes.
     let first = app
-        .post(
-            &format!("/v1/studies/{broken}/suggest"),
-            json!({"count": 1}),
-        )
+        .post(&routes::suggest(broken), json!({"count": 1}))
         .await;
     assert_eq!(first.status, StatusCode::OK, "{}", first.body);
     let corrupt = "UPDATE studies SET spec = '{\"broken\": true}' WHERE id = $1";
@@ -589,9 +590,7 @@ async fn one_studys_failure_is_its_own_in_a_shared_transaction(backend: &str) {
             .map(|study| {
                 let app = &app;
                 async move {
-                    let r = app
-                        .post(&format!("/v1/studies/{study}/suggest"), json!({"count": 1}))
-                        .await;
+                    let r = app.post(&routes::suggest(study), json!({"count": 1})).await;
                     (study, r)
                 }
             });
@@ -615,9 +614,7 @@ async fn a_study_whose_writes_fail_fails_alone_on_postgres() {
     let mut studies = Vec::new();
     for _ in 0..16 {
         let id = app.create_study(common::spec("random", 50, 50)).await;
-        let r = app
-            .post(&format!("/v1/studies/{id}/suggest"), json!({"count": 1}))
-            .await;
+        let r = app.post(&routes::suggest(id), json!({"count": 1})).await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.body);
         studies.push(id);
     }
@@ -650,7 +647,7 @@ async fn a_study_whose_writes_fail_fails_alone_on_postgres() {
             async move {
                 let r = app
                     .post(
-                        &format!("/v1/studies/{study}/trials/1/measurements"),
+                        &routes::trial_measurements(study, 1),
                         json!({"step": step, "metrics": {"accuracy": 0.5}}),
                     )
                     .await;

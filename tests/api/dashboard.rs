@@ -4,7 +4,7 @@
 //! The browser itself is driven by `scripts/browser-test.sh`; its seed data comes from the
 //! ignored `seed_browser_fixture` below.
 
-use crate::common;
+use crate::common::{self, routes};
 
 use std::time::Duration;
 
@@ -45,7 +45,7 @@ async fn add_trials(app: &TestApp, study: i64, n: usize) -> Vec<f64> {
         let acc = accuracy(lr);
         let r = app
             .post(
-                &format!("/v1/studies/{study}/trials"),
+                &routes::trials(study),
                 json!({
                     "parameters": {"lr": lr, "layers": 1 + (i % 8) as i64, "kernel": if i % 3 == 0 { "poly" } else { "rbf" }},
                     "final_measurement": {"metrics": {"accuracy": acc}}
@@ -64,8 +64,8 @@ async fn pages_are_html_and_plotly_is_served_from_the_binary() {
     let study = app.create_study(spec("pages", 10)).await;
     for (path, page) in [
         ("/".to_string(), "studies"),
-        (format!("/studies/{study}"), "study"),
-        (format!("/studies/{study}/trials/1"), "trial"),
+        (routes::study_page(study), "study"),
+        (routes::trial_page(study, 1), "trial"),
         ("/compare?studies=1,2".to_string(), "compare"),
     ] {
         let r = app
@@ -212,7 +212,7 @@ async fn table_lists_every_trial_as_columns_and_its_cursor_sees_later_changes() 
     let app = spawn_app(sqlite_db()).await;
     let study = app.create_study(spec("table", 100)).await;
     let acc = add_trials(&app, study, 30).await;
-    let t = app.get(&format!("/v1/studies/{study}/table")).await;
+    let t = app.get(&routes::table(study)).await;
     assert_eq!(t.status, StatusCode::OK, "{}", t.body);
     assert_eq!(t.body["ids"].as_array().map(Vec::len), Some(30));
     assert_eq!(t.body["values"]["accuracy"][4], json!(acc[4]));
@@ -228,13 +228,9 @@ async fn table_lists_every_trial_as_columns_and_its_cursor_sees_later_changes() 
 
     // A trial suggested and completed after the snapshot comes back from `changes`.
     let cursor = t.body["cursor"].as_str().expect("cursor").to_string();
-    let s = app
-        .post(&format!("/v1/studies/{study}/suggest"), json!({"count": 1}))
-        .await;
+    let s = app.post(&routes::suggest(study), json!({"count": 1})).await;
     let id = s.body["trials"][0]["id"].as_i64().expect("trial id");
-    let c = app
-        .get(&format!("/v1/studies/{study}/changes?after={cursor}"))
-        .await;
+    let c = app.get(&routes::changes_after(study, cursor)).await;
     assert_eq!(c.status, StatusCode::OK, "{}", c.body);
     let ids: Vec<i64> = c.body["trials"]
         .as_array()
@@ -278,13 +274,13 @@ async fn parallel_coordinates_place_inactive_values_on_a_tick_of_their_own() {
         expected_momentum.push(sgd.then_some(0.5 + 0.05 * i as f64));
         let r = app
             .post(
-                &format!("/v1/studies/{study}/trials"),
+                &routes::trials(study),
                 json!({"parameters": parameters, "final_measurement": {"metrics": {"accuracy": accuracy(lr)}}}),
             )
             .await;
         assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
     }
-    let r = app.get(&format!("/v1/studies/{study}/insights")).await;
+    let r = app.get(&routes::insights(study)).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     let sample = &r.body["sample"];
     let trials: Vec<i64> = sample["trial"]
@@ -332,7 +328,7 @@ async fn insights_give_the_best_value_its_history_and_the_parameter_that_matters
     let app = spawn_app(sqlite_db()).await;
     let study = app.create_study(spec("insights", 500)).await;
     let acc = add_trials(&app, study, 200).await;
-    let r = app.get(&format!("/v1/studies/{study}/insights")).await;
+    let r = app.get(&routes::insights(study)).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     let best = acc.iter().copied().fold(f64::MIN, f64::max);
     assert_eq!(r.body["best"]["value"], json!(best));
@@ -357,18 +353,18 @@ async fn insights_give_the_best_value_its_history_and_the_parameter_that_matters
     );
 
     let c = app
-        .get(&format!("/v1/studies/{study}/contour?x=lr&y=kernel"))
+        .get(&format!("{}?x=lr&y=kernel", routes::contour(study)))
         .await;
     assert_eq!(c.status, StatusCode::OK, "{}", c.body);
     assert_eq!(c.body["grid"]["x"].as_array().map(Vec::len), Some(20));
     assert_eq!(c.body["grid"]["y"].as_array().map(Vec::len), Some(2));
     let bad = app
-        .get(&format!("/v1/studies/{study}/contour?x=lr&y=nope"))
+        .get(&format!("{}?x=lr&y=nope", routes::contour(study)))
         .await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
     assert_eq!(bad.body["error"]["field"], json!("y"));
     let bad = app
-        .get(&format!("/v1/studies/{study}/insights?metric=loss"))
+        .get(&format!("{}?metric=loss", routes::insights(study)))
         .await;
     assert_eq!(bad.body["error"]["field"], json!("metric"));
     let missing = app.get("/v1/studies/999/insights").await;
@@ -379,22 +375,20 @@ async fn insights_give_the_best_value_its_history_and_the_parameter_that_matters
 async fn learning_curves_come_from_reported_measurements() {
     let app = spawn_app(sqlite_db()).await;
     let study = app.create_study(spec("curves", 10)).await;
-    let s = app
-        .post(&format!("/v1/studies/{study}/suggest"), json!({"count": 2}))
-        .await;
+    let s = app.post(&routes::suggest(study), json!({"count": 2})).await;
     for t in s.body["trials"].as_array().expect("trials") {
         let id = t["id"].as_i64().expect("id");
         for step in 1..=4 {
             let r = app
                 .post(
-                    &format!("/v1/studies/{study}/trials/{id}/measurements"),
+                    &routes::trial_measurements(study, id),
                     json!({"step": step, "metrics": {"accuracy": 0.1 * step as f64}}),
                 )
                 .await;
             assert_eq!(r.status, StatusCode::OK, "{}", r.body);
         }
     }
-    let r = app.get(&format!("/v1/studies/{study}/curves")).await;
+    let r = app.get(&routes::curves(study)).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     let curves = r.body["curves"].as_array().expect("curves");
     assert_eq!(curves.len(), 2);
@@ -412,13 +406,13 @@ async fn a_protected_server_sends_browsers_to_login_and_takes_the_cookie_for_rea
         .expect("client");
     // A browser asks for HTML; scripts and scrapers without a token keep getting 401.
     let r = http
-        .get(format!("{}/studies/3", app.base))
+        .get(app.url(&routes::study_page(3)))
         .send()
         .await
         .expect("get");
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     let r = http
-        .get(format!("{}/studies/3?x=1", app.base))
+        .get(format!("{}?x=1", app.url(&routes::study_page(3))))
         .header("accept", "text/html,application/xhtml+xml")
         .send()
         .await
@@ -441,11 +435,7 @@ async fn a_protected_server_sends_browsers_to_login_and_takes_the_cookie_for_rea
         assert_eq!(r.status(), StatusCode::OK, "{open}");
     }
     // JSON clients still get 401, not a redirect.
-    let r = http
-        .get(format!("{}/v1/studies", app.base))
-        .send()
-        .await
-        .expect("get");
+    let r = http.get(app.url("/v1/studies")).send().await.expect("get");
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
 
     let r = http
@@ -468,7 +458,7 @@ async fn a_protected_server_sends_browsers_to_login_and_takes_the_cookie_for_rea
     let pair = cookie.split(';').next().expect("pair").to_string();
 
     let r = http
-        .get(format!("{}/v1/studies", app.base))
+        .get(app.url("/v1/studies"))
         .header("cookie", &pair)
         .send()
         .await
@@ -483,7 +473,7 @@ async fn a_protected_server_sends_browsers_to_login_and_takes_the_cookie_for_rea
     assert_eq!(r.status(), StatusCode::OK);
     // A cookie rides along on cross-site requests: it never authorizes a change.
     let r = http
-        .post(format!("{}/v1/studies", app.base))
+        .post(app.url("/v1/studies"))
         .header("cookie", &pair)
         .json(&spec("forged", 5))
         .send()
@@ -491,7 +481,7 @@ async fn a_protected_server_sends_browsers_to_login_and_takes_the_cookie_for_rea
         .expect("post");
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     let r = http
-        .get(format!("{}/v1/studies", app.base))
+        .get(app.url("/v1/studies"))
         .header("cookie", "augur_token=wrong")
         .send()
         .await
@@ -542,15 +532,12 @@ async fn seed_browser_fixture() {
             parameters["degree"] = json!(2 + (i % 4) as i64);
         }
         let s = app
-            .post(
-                &format!("/v1/studies/{small}/trials"),
-                json!({ "parameters": parameters }),
-            )
+            .post(&routes::trials(small), json!({ "parameters": parameters }))
             .await;
         assert_eq!(s.status, StatusCode::CREATED, "{}", s.body);
         let got = app
             .post(
-                &format!("/v1/studies/{small}/suggest"),
+                &routes::suggest(small),
                 json!({"count": 1, "client_id": "seed"}),
             )
             .await;
@@ -560,16 +547,13 @@ async fn seed_browser_fixture() {
         for step in 1..=8 {
             let v = acc * (1.0 - (-(step as f64) / 2.0).exp());
             app.post(
-                &format!("/v1/studies/{small}/trials/{id}/measurements"),
+                &routes::trial_measurements(small, id),
                 json!({"step": step, "metrics": {"accuracy": v}}),
             )
             .await;
             if poor {
                 let r = app
-                    .post(
-                        &format!("/v1/studies/{small}/trials/{id}/should_stop"),
-                        json!({}),
-                    )
+                    .post(&routes::trial_should_stop(small, id), json!({}))
                     .await;
                 if r.body["should_stop"] == json!(true) {
                     stopped += 1;
@@ -578,10 +562,7 @@ async fn seed_browser_fixture() {
             }
         }
         let r = app
-            .post(
-                &format!("/v1/studies/{small}/trials/{id}/complete"),
-                json!({}),
-            )
+            .post(&routes::trial_complete(small, id), json!({}))
             .await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.body);
         assert_eq!(
@@ -599,7 +580,7 @@ async fn seed_browser_fixture() {
     // loss as a user attribute, and a tag on the poly-kernel ones.
     let r = app
         .patch(
-            &format!("/v1/studies/{small}"),
+            &routes::study(small),
             json!({"note": "SVC on digits, first sweep", "tags": ["digits", "svc"]}),
         )
         .await;
@@ -609,9 +590,7 @@ async fn seed_browser_fixture() {
         if id % 3 == 1 {
             body["tags"] = json!(["poly-run"]);
         }
-        let r = app
-            .patch(&format!("/v1/studies/{small}/trials/{id}"), body)
-            .await;
+        let r = app.patch(&routes::trial(small, id), body).await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     }
 
@@ -622,7 +601,7 @@ async fn seed_browser_fixture() {
     let multi = app.create_study(two).await;
     for i in 0..40usize {
         let x = i as f64 / 40.0;
-        app.post(&format!("/v1/studies/{multi}/trials"), json!({
+        app.post(&routes::trials(multi), json!({
             "parameters": {"lr": 0.001 + x * 0.5, "layers": 1 + (i % 8) as i64, "kernel": "rbf"},
             "final_measurement": {"metrics": {"accuracy": x.sqrt(), "latency": x + 0.1 * ((i * 7) % 5) as f64}}
         }))
@@ -720,7 +699,7 @@ async fn seed_browser_fixture() {
         let label = HOSTILE_LABELS[i % HOSTILE_LABELS.len()];
         let r = app
             .post(
-                &format!("/v1/studies/{hostile}/trials"),
+                &routes::trials(hostile),
                 json!({
                     "parameters": {"x": -0.95 + 0.1 * i as f64, "label": label},
                     "final_measurement": {"metrics": {"loss": -0.5 + 0.01 * i as f64}}
@@ -744,7 +723,7 @@ async fn seed_browser_fixture() {
     });
     let cluster = app.create_study(cluster_spec).await;
     let started = std::time::Instant::now();
-    while app.get(&format!("/v1/studies/{cluster}")).await.body["state"] != "completed" {
+    while app.get(&routes::study(cluster)).await.body["state"] != "completed" {
         assert!(
             started.elapsed() < Duration::from_secs(60),
             "the cluster study did not complete"
@@ -760,7 +739,7 @@ async fn seed_browser_fixture() {
     for _ in 0..3 {
         let got = app
             .post(
-                &format!("/v1/studies/{failed}/suggest"),
+                &routes::suggest(failed),
                 json!({"count": 1, "client_id": "seed-failed"}),
             )
             .await;
@@ -769,7 +748,7 @@ async fn seed_browser_fixture() {
             .expect("suggested trial");
         let r = app
             .post(
-                &format!("/v1/studies/{failed}/trials/{id}/fail"),
+                &routes::trial_fail(failed, id),
                 json!({"reason": "out of memory"}),
             )
             .await;
@@ -795,7 +774,7 @@ async fn seed_browser_fixture() {
         }))
         .await;
     let started = std::time::Instant::now();
-    while app.get(&format!("/v1/studies/{pbt}")).await.body["state"] != "completed" {
+    while app.get(&routes::study(pbt)).await.body["state"] != "completed" {
         assert!(
             started.elapsed() < Duration::from_secs(60),
             "the PBT study did not complete"

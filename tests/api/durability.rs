@@ -4,7 +4,7 @@
 //! study must still finish with exactly `max_trials` trials. Run on a SQLite file and on
 //! PostgreSQL.
 
-use crate::common;
+use crate::common::{self, routes};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -87,14 +87,13 @@ async fn worker(
         .timeout(Duration::from_secs(20))
         .build()
         .expect("HTTP client");
-    let study = format!("{base}/v1/studies/{study_id}");
     for _ in 0..5_000 {
         if stop.load(Ordering::Relaxed) {
             return Ok(WorkerEnd::Stopped);
         }
         let Ok((status, body)) = post(
             &http,
-            format!("{study}/suggest"),
+            format!("{base}{}", routes::suggest(study_id)),
             json!({"count": 1, "client_id": format!("w{n}")}),
         )
         .await
@@ -120,7 +119,13 @@ async fn worker(
             for step in 1..=STEPS {
                 let value = accuracy(id, step);
                 let body = json!({"step": step, "elapsed_secs": step as f64, "metrics": {"accuracy": value}});
-                match post(&http, format!("{study}/trials/{id}/measurements"), body).await {
+                match post(
+                    &http,
+                    format!("{base}{}", routes::trial_measurements(study_id, id)),
+                    body,
+                )
+                .await
+                {
                     Err(_) => return Ok(WorkerEnd::ServerGone),
                     Ok((StatusCode::OK, _)) => {
                         acked.lock().await.measurements.insert((id, step), value);
@@ -137,7 +142,7 @@ async fn worker(
             let value = final_accuracy(id);
             match post(
                 &http,
-                format!("{study}/trials/{id}/complete"),
+                format!("{base}{}", routes::trial_complete(study_id, id)),
                 json!({"metrics": {"accuracy": value}}),
             )
             .await
@@ -184,11 +189,7 @@ fn same(served: Option<f64>, sent: f64) -> bool {
 /// Every acknowledged measurement and completion is in what the server now serves.
 async fn check_acknowledged(base: &str, study_id: i64, acked: &Acknowledged, after: &str) {
     let http = common::http();
-    let list = get(
-        &http,
-        format!("{base}/v1/studies/{study_id}/trials?page_size=1000"),
-    )
-    .await;
+    let list = get(&http, format!("{base}{}", routes::all_trials(study_id))).await;
     let trials: BTreeMap<i64, &Value> = list["trials"]
         .as_array()
         .expect("trials array")
@@ -301,7 +302,7 @@ async fn survive_sigkills(database_url: &str) {
         "trial_lease_secs": 2,
         "seed": 3
     });
-    let (status, study) = post(&http, format!("{}/v1/studies", server.base), spec)
+    let (status, study) = post(&http, server.url("/v1/studies"), spec)
         .await
         .expect("create study");
     assert_eq!(status, StatusCode::CREATED, "create study: {study}");
@@ -319,16 +320,9 @@ async fn survive_sigkills(database_url: &str) {
     phase(&mut server, study_id, &acked, &completions, None).await;
     check_acknowledged(&server.base, study_id, &*acked.lock().await, "the end").await;
 
-    let study = get(&http, format!("{}/v1/studies/{study_id}", server.base)).await;
+    let study = get(&http, server.url(&routes::study(study_id))).await;
     assert_eq!(study["state"], "completed", "study: {study}");
-    let list = get(
-        &http,
-        format!(
-            "{}/v1/studies/{study_id}/trials?page_size=1000",
-            server.base
-        ),
-    )
-    .await;
+    let list = get(&http, server.url(&routes::all_trials(study_id))).await;
     let trials = list["trials"].as_array().expect("trials array");
     let ids: Vec<i64> = trials
         .iter()
@@ -390,14 +384,14 @@ async fn metric_values_round_trip_bit_exact() {
         "parameters": [{"id": "x", "type": "double", "min": 0.0, "max": 1.0}],
         "max_trials": 5
     });
-    let (status, study) = post(&http, format!("{}/v1/studies", server.base), spec)
+    let (status, study) = post(&http, server.url("/v1/studies"), spec)
         .await
         .expect("create study");
     assert_eq!(status, StatusCode::CREATED, "create study: {study}");
     let study_id = study["id"].as_i64().expect("study id");
     let (status, suggested) = post(
         &http,
-        format!("{}/v1/studies/{study_id}/suggest", server.base),
+        server.url(&routes::suggest(study_id)),
         json!({"count": 1}),
     )
     .await
@@ -407,10 +401,7 @@ async fn metric_values_round_trip_bit_exact() {
     // Raw text both ways, so that no JSON parser on the test's side takes part.
     let sent = "0.24742268041237114";
     let response = http
-        .post(format!(
-            "{}/v1/studies/{study_id}/trials/{trial}/measurements",
-            server.base
-        ))
+        .post(server.url(&routes::trial_measurements(study_id, trial)))
         .header("content-type", "application/json")
         .body(format!(
             r#"{{"step": 1, "metrics": {{"accuracy": {sent}}}}}"#

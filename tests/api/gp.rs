@@ -1,7 +1,7 @@
 //! The default algorithm (GP bandit) through the service: ask/tell workers with
 //! `parallel_trials: 5` converge on a known function, far better than random search.
 
-use crate::common;
+use crate::common::{self, routes};
 
 use common::TestApp;
 use serde_json::json;
@@ -37,7 +37,7 @@ async fn run_branin(app: &TestApp, algorithm: &str, seed: u64, trials: i64) -> f
         .await;
     loop {
         let batch = app
-            .post(&format!("/v1/studies/{id}/suggest"), json!({"count": 5}))
+            .post(&routes::suggest(id), json!({"count": 5}))
             .await
             .body;
         let trials = batch["trials"].as_array().cloned().unwrap_or_default();
@@ -48,12 +48,12 @@ async fn run_branin(app: &TestApp, algorithm: &str, seed: u64, trials: i64) -> f
         for t in trials {
             let p = &t["parameters"];
             let value = branin(p["x1"].as_f64().expect("x1"), p["x2"].as_f64().expect("x2"));
-            let path = format!("/v1/studies/{id}/trials/{}/complete", t["id"]);
+            let path = routes::trial_complete(id, &t["id"]);
             let r = app.post(&path, json!({"metrics": {"value": value}})).await;
             assert_eq!(r.status, reqwest::StatusCode::OK, "{}", r.body);
         }
     }
-    let best = app.get(&format!("/v1/studies/{id}")).await.body;
+    let best = app.get(&routes::study(id)).await.body;
     best["best_trial"]["final_measurement"]["metrics"]["value"]
         .as_f64()
         .expect("best value")
@@ -103,7 +103,7 @@ async fn branin_study_with_history(
             15.0 * f64::from((i * 37) % history) / n,
         );
         let body = json!({"parameters": {"x1": x1, "x2": x2}, "final_measurement": {"metrics": {"value": branin(x1, x2)}}});
-        let r = app.post(&format!("/v1/studies/{id}/trials"), body).await;
+        let r = app.post(&routes::trials(id), body).await;
         assert_eq!(r.status, reqwest::StatusCode::CREATED, "{}", r.body);
     }
     id
@@ -116,9 +116,7 @@ async fn a_suggestion_over_its_time_budget_falls_back_to_quasi_random() {
     let app = common::spawn_app(common::sqlite_db()).await;
     // Enough history that the GP fit takes far longer than a millisecond.
     let id = branin_study_with_history(&app, "tight-budget", 0.001, 5, 40).await;
-    let s = app
-        .post(&format!("/v1/studies/{id}/suggest"), json!({"count": 5}))
-        .await;
+    let s = app.post(&routes::suggest(id), json!({"count": 5})).await;
     assert_eq!(s.status, reqwest::StatusCode::OK, "{}", s.body);
     assert_eq!(
         s.body["trials"].as_array().map(Vec::len),
@@ -161,7 +159,7 @@ async fn suggestions_late_for_the_design_lock_get_distinct_points() {
         let app = &app;
         async move {
             app.post(
-                &format!("/v1/studies/{id}/suggest"),
+                &routes::suggest(id),
                 json!({"count": 1, "client_id": format!("w{c}")}),
             )
             .await
@@ -192,7 +190,7 @@ async fn a_suggestion_left_less_time_than_the_last_fit_took_starts_no_fit() {
         async move {
             let r = app
                 .post(
-                    &format!("/v1/studies/{id}/suggest"),
+                    &routes::suggest(id),
                     json!({"count": 1, "client_id": client}),
                 )
                 .await;

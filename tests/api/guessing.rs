@@ -17,7 +17,7 @@ async fn guess_until_limited(app: &common::TestApp) -> (Vec<u16>, Option<u64>) {
     for i in 0..60 {
         let r = app
             .http
-            .get(format!("{}/v1/studies", app.base))
+            .get(app.url("/v1/studies"))
             .bearer_auth(format!("guess-{i}"))
             .send()
             .await
@@ -98,7 +98,7 @@ async fn a_change_from_another_site_without_origin_is_refused() {
         let app = &app;
         async move {
             app.http
-                .post(format!("{}/v1/studies", app.base))
+                .post(app.url("/v1/studies"))
                 .header("sec-fetch-site", site)
                 .json(&common::spec("random", 2, 1))
                 .send()

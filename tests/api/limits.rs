@@ -2,7 +2,7 @@
 //! study and the size of a suggest answer are bounded, a model fit that missed its time
 //! budget stops instead of running on, and idle or slow connections are closed and capped.
 
-use crate::common;
+use crate::common::{self, routes};
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -70,14 +70,10 @@ async fn parameters_values_and_answers_are_bounded() {
     );
 
     let id = app.create_study(study(doubles(256), "random")).await;
-    let r = app
-        .post(&format!("/v1/studies/{id}/suggest"), json!({"count": 101}))
-        .await;
+    let r = app.post(&routes::suggest(id), json!({"count": 101})).await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.body);
     assert_eq!(r.body["error"]["field"], "count", "{}", r.body);
-    let r = app
-        .post(&format!("/v1/studies/{id}/suggest"), json!({"count": 100}))
-        .await;
+    let r = app.post(&routes::suggest(id), json!({"count": 100})).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     assert_eq!(r.body["trials"].as_array().map(Vec::len), Some(100));
 }
@@ -128,7 +124,7 @@ async fn a_suggestion_past_its_budget_stops_the_model() {
             &server.base,
             None,
             reqwest::Method::POST,
-            &format!("/v1/studies/{id}/trials"),
+            &routes::trials(id),
             Some(json!({"parameters": parameters,
                 "final_measurement": {"metrics": {"loss": (i % 17) as f64}}})),
         )
@@ -142,7 +138,7 @@ async fn a_suggestion_past_its_budget_stops_the_model() {
         &server.base,
         None,
         reqwest::Method::POST,
-        &format!("/v1/studies/{id}/suggest"),
+        &routes::suggest(id),
         Some(json!({"count": 100})),
     )
     .await;

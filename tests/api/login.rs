@@ -2,7 +2,7 @@
 //! 5): an open redirect after login, a login forced from another site, a cookie whose
 //! attributes come from the form, a token that was never checked.
 
-use crate::common;
+use crate::common::{self, routes};
 
 use std::time::Duration;
 
@@ -149,11 +149,8 @@ async fn a_token_cannot_inject_cookie_attributes() {
 async fn a_trial_token_cannot_sign_in() {
     let app = common::spawn_app_with(common::sqlite_db(), Some(TOKEN)).await;
     let study = app.create_study(common::spec("random", 3, 1)).await;
-    app.post(
-        &format!("/v1/studies/{study}/suggest"),
-        serde_json::json!({}),
-    )
-    .await;
+    app.post(&routes::suggest(study), serde_json::json!({}))
+        .await;
     let store = augur::store::connect(&app.db.url).await.expect("store");
     store
         .insert_token(

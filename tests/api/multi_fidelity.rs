@@ -5,7 +5,7 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::common::{self, TestApp};
+use crate::common::{self, TestApp, routes};
 use crate::support::{app, ids, suggest};
 
 on_both_backends!(
@@ -27,7 +27,7 @@ fn asha_spec() -> Value {
 async fn report(app: &TestApp, study: i64, trial: i64, loss: f64) -> Value {
     let r = app
         .post(
-            &format!("/v1/studies/{study}/trials/{trial}/complete"),
+            &routes::trial_complete(study, trial),
             json!({"metrics": {"loss": loss}}),
         )
         .await;
@@ -55,7 +55,7 @@ async fn ask_tell_workers_get_promotions_as_the_same_trial_at_a_larger_budget(ba
         let t = report(&app, id, trial, loss).await;
         assert_eq!(t["state"], "paused", "{t}");
     }
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let study = app.get(&routes::study(id)).await.body;
     assert_eq!(study["trial_counts"]["paused"], 3, "{study}");
     assert_eq!(study["state"], "active");
     assert_eq!(
@@ -66,10 +66,7 @@ async fn ask_tell_workers_get_promotions_as_the_same_trial_at_a_larger_budget(ba
         (&json!(2), &json!(true)),
         "no trial at the full budget: the best at 1 epoch, marked provisional: {study}"
     );
-    let optimal = app
-        .get(&format!("/v1/studies/{id}/optimal_trials"))
-        .await
-        .body;
+    let optimal = app.get(&routes::optimal_trials(id)).await.body;
     assert_eq!(optimal["trials"][0]["id"], 2, "{optimal}");
     assert_eq!(optimal["trials"][0]["provisional"], true, "{optimal}");
 
@@ -93,21 +90,18 @@ async fn ask_tell_workers_get_promotions_as_the_same_trial_at_a_larger_budget(ba
         done["state"], "completed",
         "at the full budget it completes: {done}"
     );
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let study = app.get(&routes::study(id)).await.body;
     assert_eq!(study["best_trial"]["id"], 2, "{study}");
     assert!(study["best_trial"].get("provisional").is_none(), "{study}");
     // Then the rest stop at their rung, and the study ends.
     let last = suggest(&app, id, 1, Some("w")).await;
     assert!(ids(&last["trials"]).is_empty(), "{last}");
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let study = app.get(&routes::study(id)).await.body;
     assert_eq!(study["state"], "completed", "{study}");
     assert_eq!(study["trial_counts"]["completed"], 3);
     assert_eq!(study["best_trial"]["id"], 2);
     for trial in [1, 3] {
-        let t = app
-            .get(&format!("/v1/studies/{id}/trials/{trial}"))
-            .await
-            .body;
+        let t = app.get(&routes::trial(id, trial)).await.body;
         assert_eq!(
             (
                 t["state"].clone(),
@@ -118,7 +112,7 @@ async fn ask_tell_workers_get_promotions_as_the_same_trial_at_a_larger_budget(ba
             "{t}"
         );
     }
-    let steps: Vec<i64> = app.get(&format!("/v1/studies/{id}/trials/2")).await.body["measurements"]
+    let steps: Vec<i64> = app.get(&routes::trial(id, 2)).await.body["measurements"]
         .as_array()
         .expect("measurements")
         .iter()
@@ -168,10 +162,7 @@ async fn hyperband_starts_brackets_at_different_rungs_and_halves_each_when_it_is
             .all(|t| t["budget"] == 3)
     );
     for trial in 3..=8 {
-        let t = app
-            .get(&format!("/v1/studies/{id}/trials/{trial}"))
-            .await
-            .body;
+        let t = app.get(&routes::trial(id, trial)).await.body;
         assert_eq!(
             (t["state"].clone(), t["budget"].clone()),
             (json!("completed"), json!(1)),
@@ -188,16 +179,13 @@ async fn a_stopped_study_ends_its_paused_trials_at_their_rung(backend: &str) {
     suggest(&app, id, 3, Some("w")).await;
     report(&app, id, 1, 0.5).await;
     report(&app, id, 2, 0.2).await;
-    let stopped = app.post(&format!("/v1/studies/{id}/stop"), json!({})).await;
+    let stopped = app.post(&routes::stop(id), json!({})).await;
     assert_eq!(stopped.status, StatusCode::OK, "{}", stopped.body);
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let study = app.get(&routes::study(id)).await.body;
     assert_eq!(study["state"], "stopped", "{study}");
     assert_eq!(study["trial_counts"]["paused"], 0, "{study}");
     for trial in [1, 2] {
-        let t = app
-            .get(&format!("/v1/studies/{id}/trials/{trial}"))
-            .await
-            .body;
+        let t = app.get(&routes::trial(id, trial)).await.body;
         assert_eq!(
             (t["state"].clone(), t["early_stopped"].clone()),
             (json!("completed"), json!(true)),
@@ -236,11 +224,11 @@ async fn a_study_starts_no_attempt_past_its_max_budget_and_then_ends(backend: &s
     // trials end at their rung and the study is done.
     let last = suggest(&app, id, 3, Some("w")).await;
     assert!(ids(&last["trials"]).is_empty(), "{last}");
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let study = app.get(&routes::study(id)).await.body;
     assert_eq!(study["state"], "completed", "{study}");
     assert_eq!(study["trial_counts"]["completed"], 6, "{study}");
     assert_eq!(study["trial_counts"]["paused"], 0, "{study}");
-    let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
+    let trials = app.get(&routes::trials(id)).await.body;
     let spent: f64 = trials["trials"]
         .as_array()
         .expect("trials")
@@ -256,7 +244,7 @@ async fn a_study_starts_no_attempt_past_its_max_budget_and_then_ends(backend: &s
     let raised = app
         .call(
             reqwest::Method::PATCH,
-            &format!("/v1/studies/{id}"),
+            &routes::study(id),
             Some(json!({"max_budget": 10})),
         )
         .await;
@@ -293,12 +281,8 @@ async fn a_raised_max_budget_lets_promotions_that_did_not_fit_go_on(backend: &st
     let patch = |body: Value| {
         let app = &app;
         async move {
-            app.call(
-                reqwest::Method::PATCH,
-                &format!("/v1/studies/{id}"),
-                Some(body),
-            )
-            .await
+            app.call(reqwest::Method::PATCH, &routes::study(id), Some(body))
+                .await
         }
     };
     for (bad, why) in [
@@ -321,7 +305,7 @@ async fn a_raised_max_budget_lets_promotions_that_did_not_fit_go_on(backend: &st
         .find(|t| t["id"] == 2)
         .unwrap_or_else(|| panic!("trial 2's promotion fits now: {third}"));
     assert_eq!(promoted["budget"], 3, "{third}");
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let study = app.get(&routes::study(id)).await.body;
     assert_eq!(study["state"], "active", "{study}");
 
     // Only a multi-fidelity study has a total budget.
@@ -331,7 +315,7 @@ async fn a_raised_max_budget_lets_promotions_that_did_not_fit_go_on(backend: &st
     let r = app
         .call(
             reqwest::Method::PATCH,
-            &format!("/v1/studies/{plain}"),
+            &routes::study(plain),
             Some(json!({"max_budget": 10})),
         )
         .await;
@@ -359,16 +343,13 @@ async fn in_process_trainers_that_train_on_are_stopped_at_rungs_as_asha_would(ba
         for &trial in &training.clone() {
             let r = app
                 .post(
-                    &format!("/v1/studies/{id}/trials/{trial}/measurements"),
+                    &routes::trial_measurements(id, trial),
                     json!({"step": step, "metrics": {"loss": loss(trial, step)}}),
                 )
                 .await;
             assert_eq!(r.status, StatusCode::OK, "{}", r.body);
             let stop = app
-                .post(
-                    &format!("/v1/studies/{id}/trials/{trial}/should_stop"),
-                    json!({}),
-                )
+                .post(&routes::trial_should_stop(id, trial), json!({}))
                 .await
                 .body["should_stop"]
                 == json!(true);
@@ -400,16 +381,13 @@ async fn in_process_trainers_that_train_on_are_stopped_at_rungs_as_asha_would(ba
         "at 9 epochs it completes: {done}"
     );
     assert_eq!(done["budget"], 9, "{done}");
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let study = app.get(&routes::study(id)).await.body;
     assert_eq!(study["state"], "completed", "{study}");
     assert_eq!(study["trial_counts"]["paused"], 0, "{study}");
     assert_eq!(study["best_trial"]["id"], 1, "{study}");
     assert!(study["best_trial"].get("provisional").is_none(), "{study}");
     for trial in 2..=4 {
-        let t = app
-            .get(&format!("/v1/studies/{id}/trials/{trial}"))
-            .await
-            .body;
+        let t = app.get(&routes::trial(id, trial)).await.body;
         assert_eq!(
             (&t["state"], &t["early_stopped"], &t["budget"]),
             (&json!("completed"), &json!(true), &json!(1)),

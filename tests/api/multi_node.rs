@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::common::{self, KillOnDrop, NodePostgres, NodeRuntime, Relay, TestCluster};
+use crate::common::{self, KillOnDrop, NodePostgres, NodeRuntime, Relay, TestCluster, routes};
 
 mod history;
 use history::{
@@ -190,7 +190,7 @@ impl Deployment {
                 let mut trials = Vec::new();
                 let mut token: Option<String> = None;
                 loop {
-                    let mut path = format!("/v1/studies/{study}/trials?page_size=1000");
+                    let mut path = routes::all_trials(study);
                     if let Some(t) = &token {
                         path.push_str(&format!("&page_token={t}"));
                     }

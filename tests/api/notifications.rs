@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 
 use crate::common::eventually;
-use crate::common::{self, TestApp, spawn_app_configured};
+use crate::common::{self, TestApp, routes, spawn_app_configured};
 
 on_both_backends!(
     events_reach_a_receiver_that_verifies_their_signature,
@@ -118,16 +118,14 @@ fn study_with_webhook(name: &str, url: &str, max_trials: i64, events: Value) -> 
 }
 
 async fn deliveries(app: &TestApp, study: i64) -> Vec<Value> {
-    let r = app.get(&format!("/v1/studies/{study}/notifications")).await;
+    let r = app.get(&routes::notifications(study)).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     r.body["deliveries"].as_array().expect("deliveries").clone()
 }
 
 /// Suggest `n` trials (one call), returning their ids.
 async fn suggest(app: &TestApp, study: i64, n: i64) -> Vec<i64> {
-    let r = app
-        .post(&format!("/v1/studies/{study}/suggest"), json!({"count": n}))
-        .await;
+    let r = app.post(&routes::suggest(study), json!({"count": n})).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     r.body["trials"]
         .as_array()
@@ -140,7 +138,7 @@ async fn suggest(app: &TestApp, study: i64, n: i64) -> Vec<i64> {
 async fn complete(app: &TestApp, study: i64, trial: i64, loss: f64) {
     let r = app
         .post(
-            &format!("/v1/studies/{study}/trials/{trial}/complete"),
+            &routes::trial_complete(study, trial),
             json!({"metrics": {"loss": loss}}),
         )
         .await;
@@ -150,7 +148,7 @@ async fn complete(app: &TestApp, study: i64, trial: i64, loss: f64) {
 async fn fail(app: &TestApp, study: i64, trial: i64) {
     let r = app
         .post(
-            &format!("/v1/studies/{study}/trials/{trial}/fail"),
+            &routes::trial_fail(study, trial),
             json!({"reason": "CUDA out of memory"}),
         )
         .await;
@@ -175,7 +173,7 @@ async fn events_reach_a_receiver_that_verifies_their_signature(backend: &str) {
         ]),
     );
     let study = app.create_study(spec).await;
-    let shown = app.get(&format!("/v1/studies/{study}")).await.body;
+    let shown = app.get(&routes::study(study)).await.body;
     assert_eq!(
         shown["spec"]["notifications"][0]["secret"], "[redacted]",
         "{shown}"
@@ -303,7 +301,7 @@ async fn a_multi_objective_study_announces_each_trial_that_joins_the_pareto_fron
     for (trial, (loss, accuracy)) in trials.iter().zip(results) {
         let r = app
             .post(
-                &format!("/v1/studies/{study}/trials/{trial}/complete"),
+                &routes::trial_complete(study, trial),
                 json!({"metrics": {"loss": loss, "accuracy": accuracy}}),
             )
             .await;
@@ -318,9 +316,7 @@ async fn a_multi_objective_study_announces_each_trial_that_joins_the_pareto_fron
         .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(announced(expected.len()).await, expected, "nothing more");
-    let front = app
-        .get(&format!("/v1/studies/{study}/optimal_trials"))
-        .await;
+    let front = app.get(&routes::optimal_trials(study)).await;
     assert_eq!(front.status, StatusCode::OK, "{}", front.body);
     let mut on_front: Vec<i64> = front.body["trials"]
         .as_array()
@@ -346,7 +342,7 @@ async fn a_patch_replaces_the_webhooks_of_a_running_study(backend: &str) {
 
     let refused = app
         .patch(
-            &format!("/v1/studies/{study}"),
+            &routes::study(study),
             json!({"notifications": [{"url": "http://169.254.169.254/hook"}]}),
         )
         .await;
@@ -354,7 +350,7 @@ async fn a_patch_replaces_the_webhooks_of_a_running_study(backend: &str) {
     assert_eq!(refused.body["error"]["field"], "notifications[0].url");
     let patched = app
         .patch(
-            &format!("/v1/studies/{study}"),
+            &routes::study(study),
             json!({"notifications": [{
                 "url": second_url, "events": ["trial_failed"], "secret": "a-new-secret-for-the-hook"
             }]}),
@@ -407,10 +403,7 @@ async fn a_patch_replaces_the_webhooks_of_a_running_study(backend: &str) {
     );
 
     let removed = app
-        .patch(
-            &format!("/v1/studies/{study}"),
-            json!({"notifications": []}),
-        )
+        .patch(&routes::study(study), json!({"notifications": []}))
         .await;
     assert_eq!(removed.status, StatusCode::OK, "{}", removed.body);
     fail(&app, study, trials[2]).await;

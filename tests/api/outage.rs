@@ -9,7 +9,7 @@
 //! The PostgreSQL is a throwaway cluster of the test's own (initdb in a temp dir, a port of
 //! its own), so restarting it disturbs nobody else's tests on the shared server.
 
-use crate::common::{self, Relay};
+use crate::common::{self, Relay, routes};
 use crate::support::{worker_command, worker_log};
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -220,7 +220,7 @@ async fn ask_tell_client(
         let (status, answer) = post_until_answered(
             &http,
             &base,
-            &format!("/v1/studies/{study}/suggest"),
+            &routes::suggest(study),
             &json!({"count": 1, "client_id": format!("c{client}")}),
             &seen,
         )
@@ -237,7 +237,7 @@ async fn ask_tell_client(
         let (status, answer) = post_until_answered(
             &http,
             &base,
-            &format!("/v1/studies/{study}/trials/{trial}/complete"),
+            &routes::trial_complete(study, trial),
             &json!({"metrics": {"accuracy": (trial % 10) as f64 / 10.0}}),
             &seen,
         )
@@ -259,7 +259,7 @@ fn spec(name: &str, max_trials: i64, parallel: i64) -> Value {
 }
 
 async fn study_state(http: &reqwest::Client, base: &str, study: i64) -> Value {
-    http.get(format!("{base}/v1/studies/{study}"))
+    http.get(format!("{base}{}", routes::study(study)))
         .send()
         .await
         .expect("get study")
@@ -424,8 +424,10 @@ async fn a_postgres_restart_under_load_answers_503_and_loses_nothing() {
     let mut completed = BTreeSet::new();
     let mut token: Option<String> = None;
     loop {
-        let mut path =
-            format!("{base}/v1/studies/{ask_tell}/trials?state=completed&page_size=1000");
+        let mut path = format!(
+            "{base}{}?state=completed&page_size=1000",
+            routes::trials(ask_tell)
+        );
         if let Some(t) = &token {
             path.push_str(&format!("&page_token={t}"));
         }
@@ -520,7 +522,7 @@ async fn a_change_committed_before_an_outage_is_not_answered_503() {
 
     let answer = app
         .post(
-            &format!("/v1/studies/{study}/trials/{trial}/complete"),
+            &routes::trial_complete(study, trial),
             json!({"metrics": {"accuracy": 0.9}}),
         )
         .await;
@@ -540,13 +542,11 @@ async fn a_change_committed_before_an_outage_is_not_answered_503() {
         .execute(&mut admin)
         .await
         .expect("unlimit");
-    let read = app
-        .get(&format!("/v1/studies/{study}/trials/{trial}"))
-        .await;
+    let read = app.get(&routes::trial(study, trial)).await;
     assert_eq!(read.body["state"], "completed", "{:?}", read.body);
     let again = app
         .post(
-            &format!("/v1/studies/{study}/trials/{trial}/complete"),
+            &routes::trial_complete(study, trial),
             json!({"metrics": {"accuracy": 0.9}}),
         )
         .await;
@@ -594,7 +594,7 @@ async fn a_completion_is_answered_while_every_read_connection_waits() {
 
     let answer = app
         .post(
-            &format!("/v1/studies/{study}/trials/{trial}/complete"),
+            &routes::trial_complete(study, trial),
             json!({"metrics": {"accuracy": 0.9}}),
         )
         .await;
@@ -721,7 +721,7 @@ async fn a_completion_whose_commit_is_cut_is_answered_unanswered() {
         )
         .await;
     relayed.hold_lock().await;
-    let path = format!("/v1/studies/{study}/trials/{trial}/complete");
+    let path = routes::trial_complete(study, trial);
     let answer = relayed
         .cut_during(
             "COMMIT%",
@@ -793,7 +793,7 @@ async fn augur_worker_sends_a_completion_again_after_unanswered_and_finishes() {
             "SELECT count(*) FROM trials WHERE study_id = {study}"
         ))
         .await;
-    let state = relayed.app.get(&format!("/v1/studies/{study}")).await;
+    let state = relayed.app.get(&routes::study(study)).await;
     assert_eq!(state.body["state"], "completed", "{:?}", state.body);
 }
 

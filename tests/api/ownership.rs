@@ -5,7 +5,7 @@
 //! the trial-level changes that are not the study's routine reports enter the audit trail.
 //! On SQLite and PostgreSQL.
 
-use crate::common;
+use crate::common::{self, routes};
 use crate::support::{self, call_as, owned_study_with_trial, token};
 
 use reqwest::{Method, StatusCode};
@@ -37,33 +37,24 @@ async fn a_writer_cannot_end_or_poison_a_study_it_does_not_own(backend: &str) {
     let params = json!({"lr": 0.01, "layers": 2, "batch": 16, "kernel": "rbf"});
     let attacks = [
         (
-            format!("/v1/studies/{study}/suggest"),
+            routes::suggest(study),
             json!({"count": 3, "client_id": "bob"}),
         ),
         (
-            format!("/v1/studies/{study}/trials"),
+            routes::trials(study),
             json!({"parameters": params, "final_measurement": poison}),
         ),
+        (routes::trial_complete(study, trial), poison),
         (
-            format!("/v1/studies/{study}/trials/{trial}/complete"),
-            poison,
-        ),
-        (
-            format!("/v1/studies/{study}/trials/{trial}/fail"),
+            routes::trial_fail(study, trial),
             json!({"reason": "bob says so"}),
         ),
         (
-            format!("/v1/studies/{study}/trials/{trial}/measurements"),
+            routes::trial_measurements(study, trial),
             json!({"step": 1, "metrics": {"accuracy": 1e300}}),
         ),
-        (
-            format!("/v1/studies/{study}/trials/{trial}/heartbeat"),
-            json!({}),
-        ),
-        (
-            format!("/v1/studies/{study}/trials/{trial}/should_stop"),
-            json!({}),
-        ),
+        (routes::trial_heartbeat(study, trial), json!({})),
+        (routes::trial_should_stop(study, trial), json!({})),
     ];
     for other in [&bob, &ops] {
         for (path, body) in &attacks {
@@ -79,14 +70,11 @@ async fn a_writer_cannot_end_or_poison_a_study_it_does_not_own(backend: &str) {
             );
         }
     }
-    let s = app.get(&format!("/v1/studies/{study}")).await.body;
+    let s = app.get(&routes::study(study)).await.body;
     assert_eq!(s["state"], "active", "{s}");
     assert!(s["best_trial"].is_null(), "{s}");
     assert_eq!(s["trial_counts"]["failed"], 0, "{s}");
-    let t = app
-        .get(&format!("/v1/studies/{study}/trials/{trial}"))
-        .await
-        .body;
+    let t = app.get(&routes::trial(study, trial)).await.body;
     assert_eq!(t["state"], "active", "{t}");
     assert_eq!(t["measurements"], json!([]), "{t}");
 
@@ -95,14 +83,14 @@ async fn a_writer_cannot_end_or_poison_a_study_it_does_not_own(backend: &str) {
         &app,
         &alice,
         Method::POST,
-        &format!("/v1/studies/{study}/trials/{trial}/heartbeat"),
+        &routes::trial_heartbeat(study, trial),
         None,
     )
     .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     let r = app
         .post(
-            &format!("/v1/studies/{study}/trials/{trial}/complete"),
+            &routes::trial_complete(study, trial),
             json!({"metrics": {"accuracy": 0.5}}),
         )
         .await;
@@ -117,7 +105,7 @@ async fn only_a_trials_holder_may_mint_its_token(backend: &str) {
     let alice = token(&app, "alice", "writer").await;
     let bob = token(&app, "bob", "writer").await;
     let (study, trial) = owned_study_with_trial(&app, &alice, "alice-worker").await;
-    let path = format!("/v1/studies/{study}/trials/{trial}/token");
+    let path = routes::trial_token(study, trial);
     let minted = call_as(
         &app,
         &alice,
@@ -129,14 +117,7 @@ async fn only_a_trials_holder_may_mint_its_token(backend: &str) {
     assert_eq!(minted.status, StatusCode::CREATED, "{}", minted.body);
     let trial_token = minted.body["token"].as_str().expect("token").to_string();
 
-    let seen = call_as(
-        &app,
-        &bob,
-        Method::GET,
-        &format!("/v1/studies/{study}/trials/{trial}"),
-        None,
-    )
-    .await;
+    let seen = call_as(&app, &bob, Method::GET, &routes::trial(study, trial), None).await;
     let client = seen.body["client_id"].as_str().expect("client id");
     let r = call_as(
         &app,
@@ -152,7 +133,7 @@ async fn only_a_trials_holder_may_mint_its_token(backend: &str) {
         &app,
         &trial_token,
         Method::POST,
-        &format!("/v1/studies/{study}/trials/{trial}/heartbeat"),
+        &routes::trial_heartbeat(study, trial),
         None,
     )
     .await;
@@ -171,12 +152,11 @@ async fn trial_changes_enter_the_audit_trail(backend: &str) {
     let app = team_app(backend).await;
     let alice = token(&app, "alice", "writer").await;
     let (study, first) = owned_study_with_trial(&app, &alice, "w1").await;
-    let path = |trial: i64, action: &str| format!("/v1/studies/{study}/trials/{trial}/{action}");
     let r = call_as(
         &app,
         &alice,
         Method::POST,
-        &path(first, "complete"),
+        &routes::trial_complete(study, first),
         Some(json!({"metrics": {"accuracy": 0.5}})),
     )
     .await;
@@ -185,7 +165,7 @@ async fn trial_changes_enter_the_audit_trail(backend: &str) {
     let pull = |count: i64, client: &'static str| {
         let (app, alice) = (&app, &alice);
         async move {
-            let path = format!("/v1/studies/{study}/suggest");
+            let path = routes::suggest(study);
             let body = Some(json!({"count": count, "client_id": client}));
             let s = call_as(app, alice, Method::POST, &path, body).await;
             s.body["trials"]
@@ -199,14 +179,14 @@ async fn trial_changes_enter_the_audit_trail(backend: &str) {
     let pulled = pull(2, "w2").await;
     let (second, third) = (pulled[0], pulled[1]);
     let r = app
-        .post(&path(second, "fail"), json!({"reason": "oom"}))
+        .post(&routes::trial_fail(study, second), json!({"reason": "oom"}))
         .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     let minted = call_as(
         &app,
         &alice,
         Method::POST,
-        &path(third, "token"),
+        &routes::trial_token(study, third),
         Some(json!({"client_id": "w2"})),
     )
     .await;
@@ -215,7 +195,7 @@ async fn trial_changes_enter_the_audit_trail(backend: &str) {
         &app,
         &trial_token,
         Method::POST,
-        &path(third, "complete"),
+        &routes::trial_complete(study, third),
         Some(json!({"infeasible_reason": "diverged"})),
     )
     .await;
@@ -225,7 +205,7 @@ async fn trial_changes_enter_the_audit_trail(backend: &str) {
     let fourth = pull(1, "w3").await[0];
     let r = app
         .post(
-            &path(fourth, "complete"),
+            &routes::trial_complete(study, fourth),
             json!({"metrics": {"accuracy": 0.25}}),
         )
         .await;

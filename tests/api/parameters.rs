@@ -7,7 +7,7 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::common::TestApp;
+use crate::common::{TestApp, routes};
 use crate::support::{app, call_as, suggest, token};
 
 on_both_backends!(
@@ -45,15 +45,13 @@ fn momentum(parent_values: Value) -> Value {
 }
 
 async fn grow(app: &TestApp, study: i64, body: Value) -> Value {
-    let r = app
-        .post(&format!("/v1/studies/{study}/parameters"), body)
-        .await;
+    let r = app.post(&routes::parameters(study), body).await;
     assert_eq!(r.status, StatusCode::OK, "grow: {}", r.body);
     r.body
 }
 
 async fn finish(app: &TestApp, study: i64, trial: &Value, loss: f64) {
-    let path = format!("/v1/studies/{study}/trials/{}/complete", trial["id"]);
+    let path = routes::trial_complete(study, &trial["id"]);
     let r = app.post(&path, json!({"metrics": {"loss": loss}})).await;
     assert_eq!(r.status, StatusCode::OK, "complete: {}", r.body);
 }
@@ -72,9 +70,7 @@ async fn run(app: &TestApp, study: i64, n: usize, loss: impl Fn(&Value) -> f64) 
 }
 
 async fn all_trials(app: &TestApp, study: i64) -> Vec<Value> {
-    let r = app
-        .get(&format!("/v1/studies/{study}/trials?page_size=1000"))
-        .await;
+    let r = app.get(&routes::all_trials(study)).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     r.body["trials"].as_array().cloned().unwrap_or_default()
 }
@@ -117,7 +113,7 @@ async fn a_child_is_suggested_only_where_its_parent_activates_it(backend: &str) 
         assert_eq!(with(t), optimizer(t) != "adam", "{t}");
     }
     // Asking again for what is there changes nothing (not even the study's change time).
-    let now = app.get(&format!("/v1/studies/{study}")).await.body;
+    let now = app.get(&routes::study(study)).await.body;
     let again = grow(&app, study, momentum(json!(["sgd", "rmsprop"]))).await;
     assert_eq!(again["spec"], widened["spec"]);
     assert_eq!(again["updated_at"], now["updated_at"]);
@@ -138,10 +134,7 @@ async fn a_running_trial_takes_the_new_parameter_and_old_trials_still_load(backe
                      "trials": running.iter().map(|t| json!({"id": t["id"], "value": 0.25})).collect::<Vec<_>>()});
     grow(&app, study, top).await;
     for t in &running {
-        let got = app
-            .get(&format!("/v1/studies/{study}/trials/{}", t["id"]))
-            .await
-            .body;
+        let got = app.get(&routes::trial(study, &t["id"])).await.body;
         assert_eq!(got["parameters"]["dropout"], 0.25, "{got}");
         assert_eq!(got["state"], "active");
     }
@@ -151,9 +144,7 @@ async fn a_running_trial_takes_the_new_parameter_and_old_trials_still_load(backe
     grow(&app, study, same).await;
     let other = json!({"parameter": {"id": "dropout", "type": "double", "min": 0, "max": 0.5},
                        "trials": [{"id": running[0]["id"], "value": 0.5}]});
-    let r = app
-        .post(&format!("/v1/studies/{study}/parameters"), other)
-        .await;
+    let r = app.post(&routes::parameters(study), other).await;
     assert_eq!(
         (r.status, r.body["error"]["field"].clone()),
         (StatusCode::CONFLICT, json!("trials[0].value")),
@@ -186,7 +177,7 @@ async fn a_running_trial_takes_the_new_parameter_and_old_trials_still_load(backe
     );
     let lacking = app
         .post(
-            &format!("/v1/studies/{study}/trials"),
+            &routes::trials(study),
             json!({"parameters": {"lr": 0.1, "optimizer": "adam"}, "final_measurement": {"metrics": {"loss": 1}}}),
         )
         .await;
@@ -250,7 +241,7 @@ async fn the_gp_learns_from_trials_before_and_after_the_space_grew(backend: &str
 async fn concurrent_additions_under_other_parent_values_all_land(backend: &str) {
     let app = app(backend).await;
     let study = app.create_study(optimizer_spec("random", 10, 1)).await;
-    let path = format!("/v1/studies/{study}/parameters");
+    let path = routes::parameters(study);
     let sends = ["sgd", "adam", "rmsprop"]
         .into_iter()
         .map(|v| app.post(&path, momentum(json!([v]))))
@@ -263,7 +254,7 @@ async fn concurrent_additions_under_other_parent_values_all_land(backend: &str) 
     for r in futures::future::join_all(sends).await {
         assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     }
-    let spec = app.get(&format!("/v1/studies/{study}")).await.body["spec"].clone();
+    let spec = app.get(&routes::study(study)).await.body["spec"].clone();
     let mut when: Vec<String> = spec["parameters"][1]["children"][0]["when"]
         .as_array()
         .expect("when")
@@ -298,7 +289,7 @@ async fn bad_additions_get_a_4xx_naming_the_field(backend: &str) {
     let (t1, t2) = (held[0]["id"].clone(), held[1]["id"].clone());
     finish(&app, study, &held[1], 1.0).await;
     let adam_trial = held[0]["parameters"]["optimizer"] != "sgd";
-    let spec_before = app.get(&format!("/v1/studies/{study}")).await.body["spec"].clone();
+    let spec_before = app.get(&routes::study(study)).await.body["spec"].clone();
     let x = json!({"id": "x", "type": "double", "min": 0, "max": 1});
     let mut cases = vec![
         (json!({}), StatusCode::BAD_REQUEST, "body"), // "missing field `parameter`"
@@ -375,7 +366,7 @@ async fn bad_additions_get_a_4xx_naming_the_field(backend: &str) {
         body["trials"] = json!([{"id": t1, "value": 0.5}]);
         cases.push((body, StatusCode::BAD_REQUEST, "trials[0].id"));
     }
-    let path = format!("/v1/studies/{study}/parameters");
+    let path = routes::parameters(study);
     for (body, status, field) in cases {
         let r = app.post(&path, body.clone()).await;
         assert_eq!(r.status, status, "{body}: {}", r.body);
@@ -394,7 +385,7 @@ async fn bad_additions_get_a_4xx_naming_the_field(backend: &str) {
         "a finished second trial refuses it all"
     );
     assert_eq!(
-        app.get(&format!("/v1/studies/{study}")).await.body["spec"],
+        app.get(&routes::study(study)).await.body["spec"],
         spec_before,
         "nothing changed"
     );
@@ -408,10 +399,7 @@ async fn bad_additions_get_a_4xx_naming_the_field(backend: &str) {
     grid["parameters"][0] = json!({"id": "lr", "type": "discrete", "values": [0.01, 0.1]});
     let grid = app.create_study(grid).await;
     let r = app
-        .post(
-            &format!("/v1/studies/{grid}/parameters"),
-            json!({"parameter": x}),
-        )
+        .post(&routes::parameters(grid), json!({"parameter": x}))
         .await;
     assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.body);
     assert!(
@@ -420,9 +408,7 @@ async fn bad_additions_get_a_4xx_naming_the_field(backend: &str) {
             .unwrap_or_default()
             .contains("grid")
     );
-    let r = app
-        .post(&format!("/v1/studies/{study}/stop"), json!({}))
-        .await;
+    let r = app.post(&routes::stop(study), json!({})).await;
     assert_eq!(r.status, StatusCode::OK);
     let r = app.post(&path, json!({"parameter": x})).await;
     assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.body);
@@ -444,7 +430,7 @@ async fn only_the_creator_or_an_admin_grows_a_space(backend: &str) {
     .await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
     let study = r.body["id"].as_i64().expect("id");
-    let path = format!("/v1/studies/{study}/parameters");
+    let path = routes::parameters(study);
     let body =
         |id: &str| Some(json!({"parameter": {"id": id, "type": "double", "min": 0, "max": 1}}));
     let r = call_as(&app, &bob, Method::POST, &path, body("b")).await;
@@ -453,15 +439,9 @@ async fn only_the_creator_or_an_admin_grows_a_space(backend: &str) {
         let r = call_as(&app, who, Method::POST, &path, body(id)).await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     }
-    let spec = call_as(
-        &app,
-        &alice,
-        Method::GET,
-        &format!("/v1/studies/{study}"),
-        None,
-    )
-    .await
-    .body["spec"]
+    let spec = call_as(&app, &alice, Method::GET, &routes::study(study), None)
+        .await
+        .body["spec"]
         .clone();
     let ids: Vec<&str> = spec["parameters"]
         .as_array()

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::common::TestApp;
+use crate::common::{TestApp, routes};
 use crate::support::{app, suggest};
 
 on_both_backends!(
@@ -92,7 +92,7 @@ async fn run_population(backend: &str, report_copies: bool) {
         let answer = suggest(&app, id, 2, Some("w")).await;
         let trials = answer["trials"].as_array().expect("trials").clone();
         if trials.is_empty() {
-            let study = app.get(&format!("/v1/studies/{id}")).await.body;
+            let study = app.get(&routes::study(id)).await.body;
             if study["state"] == "completed" {
                 break;
             }
@@ -109,7 +109,7 @@ async fn run_population(backend: &str, report_copies: bool) {
                 checkpoints.insert(trial, copied);
                 copies.push((trial, parent, copied.epochs));
                 if report_copies {
-                    let path = format!("/v1/studies/{id}/trials/{trial}/checkpoint_copied");
+                    let path = routes::trial_checkpoint_copied(id, trial);
                     let after = post_ok(&app, &path, json!({})).await;
                     assert!(after["lineage"]["copying_from"].is_null(), "{after}");
                 }
@@ -133,11 +133,11 @@ async fn run_population(backend: &str, report_copies: bool) {
                 start,
                 end,
             });
-            let path = format!("/v1/studies/{id}/trials/{trial}/complete");
+            let path = routes::trial_complete(id, trial);
             post_ok(&app, &path, json!({"metrics": {"loss": end.w}})).await;
         }
     }
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let study = app.get(&routes::study(id)).await.body;
     assert_eq!(study["state"], "completed", "{study}");
     assert_eq!(study["trial_counts"]["completed"], 4, "{study}");
     assert_eq!(segments.len(), 4, "the population, no more: {segments:?}");
@@ -182,7 +182,7 @@ async fn run_population(backend: &str, report_copies: bool) {
         "each copy told once, at its segment's end"
     );
     // The lineage records each copy with the values the client was given.
-    let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
+    let trials = app.get(&routes::trials(id)).await.body;
     for (worst, best, end) in expected_copies {
         let t = trials["trials"]
             .as_array()

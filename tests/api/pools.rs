@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::common::{self, TestApp};
+use crate::common::{self, TestApp, routes};
 
 on_both_backends!(
     a_pool_spec_is_refused_with_the_field_named,
@@ -88,24 +88,20 @@ async fn a_pool_spec_is_refused_with_the_field_named(backend: &str) {
     let mut spec = pool_spec(json!("gpu-a100.x"), 2);
     spec["trial_job"]["pool_weight"] = json!(2.5);
     let id = app.create_study(spec).await;
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let study = app.get(&routes::study(id)).await.body;
     assert_eq!(study["spec"]["trial_job"]["executor"], "pool", "{study}");
     assert_eq!(study["spec"]["trial_job"]["pool"], "gpu-a100.x", "{study}");
     assert_eq!(study["spec"]["trial_job"]["pool_weight"], 2.5, "{study}");
 }
 
 async fn put_worker(app: &TestApp, pool: &str, worker: &str, body: Value) -> common::Response {
-    app.call(
-        Method::PUT,
-        &format!("/v1/pools/{pool}/workers/{worker}"),
-        Some(body),
-    )
-    .await
+    app.call(Method::PUT, &routes::pool_worker(pool, worker), Some(body))
+        .await
 }
 
 async fn lease(app: &TestApp, pool: &str, worker: &str, slot: u32, wait: f64) -> common::Response {
     app.post(
-        &format!("/v1/pools/{pool}/workers/{worker}/lease"),
+        &routes::pool_worker_lease(pool, worker),
         json!({"slot": slot, "wait_secs": wait}),
     )
     .await
@@ -121,7 +117,7 @@ async fn pools_show_workers_queue_and_usage_and_the_dispatcher_leaves_them_alone
     let id = app.create_study(pool_spec(json!("shape"), 2)).await;
     // The dispatcher runs local studies at once; a pool study waits for its workers.
     tokio::time::sleep(Duration::from_millis(800)).await;
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let study = app.get(&routes::study(id)).await.body;
     assert_eq!(
         study["trial_counts"]["total"], 0,
         "the server ran a pool trial: {study}"
@@ -182,7 +178,7 @@ async fn pools_show_workers_queue_and_usage_and_the_dispatcher_leaves_them_alone
         put_worker(&app, "shape", "w1", busy).await.status,
         StatusCode::NO_CONTENT
     );
-    let pool = app.get("/v1/pools/shape").await.body;
+    let pool = app.get(&routes::pool("shape")).await.body;
     assert_eq!(pool["name"], "shape", "{pool}");
     assert_eq!(pool["workers"], 1, "{pool}");
     assert_eq!(pool["slots"], 4, "{pool}");
@@ -211,12 +207,12 @@ async fn pools_show_workers_queue_and_usage_and_the_dispatcher_leaves_them_alone
         &app.base,
         Some(&token),
         Method::POST,
-        &format!("/v1/studies/{id}/trials/{trial}/complete"),
+        &routes::trial_complete(id, trial),
         Some(json!({"metrics": {"loss": 0.5}})),
     )
     .await;
     assert_eq!(own.status, StatusCode::OK, "{}", own.body);
-    let pool = app.get("/v1/pools/shape").await.body;
+    let pool = app.get(&routes::pool("shape")).await.body;
     assert_eq!(pool["queue_length"], 2, "the slot is free again: {pool}");
 
     // The dashboard's pools page: its shell, and the module that draws it from the above.
@@ -265,7 +261,7 @@ async fn a_waiting_lease_is_answered_when_a_slot_frees(backend: &str) {
                 &base,
                 None,
                 Method::POST,
-                "/v1/pools/wait/workers/w/lease",
+                &routes::pool_worker_lease("wait", "w"),
                 Some(body),
             )
             .await;
@@ -275,7 +271,7 @@ async fn a_waiting_lease_is_answered_when_a_slot_frees(backend: &str) {
     tokio::time::sleep(Duration::from_millis(300)).await;
     // A worker completes with the measurements it read at the trial's exit, in one request
     // (not with metrics besides: then they would not be chosen from).
-    let path = format!("/v1/studies/{id}/trials/{trial}/complete");
+    let path = routes::trial_complete(id, trial);
     let last =
         json!([{"step": 1, "metrics": {"loss": 2.0}}, {"step": 2, "metrics": {"loss": 1.5}}]);
     let both = app

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::common;
+use crate::common::{self, routes};
 
 /// Workers asking at once, in each round.
 const WORKERS: usize = 4;
@@ -39,7 +39,7 @@ async fn call(base: &str, method: Method, path: &str, body: Option<Value>) -> co
 /// Run the rounds: in each, `WORKERS` clients (worker `w` on server `w % bases.len()`) ask
 /// for one trial at the same moment, then all of them report. Returns every trial.
 async fn run_rounds(bases: &[String], study_id: i64) -> Vec<Value> {
-    let suggest_path = format!("/v1/studies/{study_id}/suggest");
+    let suggest_path = routes::suggest(study_id);
     for round in 0..ROUNDS {
         let asks = (0..WORKERS).map(|w| {
             let base = bases[w % bases.len()].clone();
@@ -66,7 +66,7 @@ async fn run_rounds(bases: &[String], study_id: i64) -> Vec<Value> {
                 let done = call(
                     &bases[0],
                     Method::POST,
-                    &format!("/v1/studies/{study_id}/trials/{id}/complete"),
+                    &routes::trial_complete(study_id, id),
                     Some(json!({"metrics": {"loss": loss}})),
                 )
                 .await;
@@ -74,13 +74,7 @@ async fn run_rounds(bases: &[String], study_id: i64) -> Vec<Value> {
             }
         }
     }
-    let listed = call(
-        &bases[0],
-        Method::GET,
-        &format!("/v1/studies/{study_id}/trials?page_size=1000"),
-        None,
-    )
-    .await;
+    let listed = call(&bases[0], Method::GET, &routes::all_trials(study_id), None).await;
     listed.body["trials"]
         .as_array()
         .cloned()

@@ -7,7 +7,7 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::common::{self, ServerProcess, free_port};
+use crate::common::{self, ServerProcess, free_port, routes, routes::vizier};
 use crate::support::{worker_command, worker_log};
 
 const ADMIN: &str = "replicas-admin-token";
@@ -70,7 +70,7 @@ async fn suggest(base: &str, study: i64) -> common::Response {
     call(
         base,
         Method::POST,
-        &format!("/v1/studies/{study}/suggest"),
+        &routes::suggest(study),
         Some(json!({"count": 1})),
     )
     .await
@@ -83,7 +83,7 @@ async fn overlapping_suggests(base: &str, study: i64, n: usize) {
     let warmed =
         (0..n).map(|_| common::call(&http, base, Some(ADMIN), Method::GET, "/healthz", None));
     futures::future::join_all(warmed).await;
-    let path = format!("/v1/studies/{study}/suggest");
+    let path = routes::suggest(study);
     let answers = futures::future::join_all((0..n).map(|_| {
         common::call(
             &http,
@@ -105,7 +105,7 @@ async fn overlapping_suggests(base: &str, study: i64, n: usize) {
 /// (`augur-study-replica`), if it names one.
 async fn suggest_naming_owner(base: &str, study: i64) -> (StatusCode, Option<String>) {
     let answer = common::http()
-        .post(format!("{base}/v1/studies/{study}/suggest"))
+        .post(format!("{base}{}", routes::suggest(study)))
         .bearer_auth(ADMIN)
         .json(&json!({"count": 1}))
         .send()
@@ -209,20 +209,8 @@ async fn overlapping_changes_of_a_study_go_to_one_replica() {
     // Reads are served where they arrive, and see what the owners wrote.
     for &study in &studies {
         let before = forwarded(&bases).await;
-        let trials = call(
-            &b.base,
-            Method::GET,
-            &format!("/v1/studies/{study}/trials"),
-            None,
-        )
-        .await;
-        let all = call(
-            &a.base,
-            Method::GET,
-            &format!("/v1/studies/{study}/trials"),
-            None,
-        )
-        .await;
+        let trials = call(&b.base, Method::GET, &routes::trials(study), None).await;
+        let all = call(&a.base, Method::GET, &routes::trials(study), None).await;
         assert_eq!(trials.body["trials"], all.body["trials"]);
         assert!(trials.body["trials"].as_array().map_or(0, Vec::len) >= 7);
         assert_eq!(forwarded(&bases).await, before);
@@ -251,29 +239,17 @@ async fn a_worker_follows_the_named_owner_and_comes_back_when_it_dies() {
     };
     // The bursts' trials end, and the budget leaves the worker TRIALS more (sent to the owner:
     // nothing here goes through the router).
-    let trials = call(
-        &owner,
-        Method::GET,
-        &format!("/v1/studies/{study}/trials"),
-        None,
-    )
-    .await;
+    let trials = call(&owner, Method::GET, &routes::trials(study), None).await;
     let held = trials.body["trials"].as_array().expect("trials").clone();
     for trial in &held {
-        let path = format!("/v1/studies/{study}/trials/{}/complete", trial["id"]);
+        let path = routes::trial_complete(study, &trial["id"]);
         let body = json!({"metrics": {"accuracy": 0.5}});
         let done = call(&owner, Method::POST, &path, Some(body)).await;
         assert_eq!(done.status, StatusCode::OK, "{:?}", done.body);
     }
     let all = held.len() + TRIALS;
     let budget = json!({"max_trials": all});
-    let patched = call(
-        &owner,
-        Method::PATCH,
-        &format!("/v1/studies/{study}"),
-        Some(budget),
-    )
-    .await;
+    let patched = call(&owner, Method::PATCH, &routes::study(study), Some(budget)).await;
     assert_eq!(patched.status, StatusCode::OK, "{:?}", patched.body);
     let forwarded_before = metric(&router, FORWARDED).await;
 
@@ -294,7 +270,7 @@ async fn a_worker_follows_the_named_owner_and_comes_back_when_it_dies() {
     .expect("worker");
     // Half its trials through the owner; then the owner dies.
     let completed = |base: String| async move {
-        let path = format!("/v1/studies/{study}");
+        let path = routes::study(study);
         let study = call(&base, Method::GET, &path, None).await;
         study.body["trial_counts"]["completed"]
             .as_u64()
@@ -351,7 +327,7 @@ async fn a_worker_does_not_follow_again_an_owner_it_could_not_reach() {
     }
     let study = study.expect("the stand-in owns one of 20 studies");
     // The probe's trial ends; the worker gets TRIALS more.
-    let path = format!("/v1/studies/{study}/trials/1/complete");
+    let path = routes::trial_complete(study, 1);
     let done = call(
         &a.base,
         Method::POST,
@@ -361,13 +337,7 @@ async fn a_worker_does_not_follow_again_an_owner_it_could_not_reach() {
     .await;
     assert_eq!(done.status, StatusCode::OK, "{:?}", done.body);
     let budget = json!({"max_trials": 1 + TRIALS});
-    let patched = call(
-        &a.base,
-        Method::PATCH,
-        &format!("/v1/studies/{study}"),
-        Some(budget),
-    )
-    .await;
+    let patched = call(&a.base, Method::PATCH, &routes::study(study), Some(budget)).await;
     assert_eq!(patched.status, StatusCode::OK, "{:?}", patched.body);
 
     let work = tempfile::tempdir().expect("dir");
@@ -392,7 +362,7 @@ async fn a_worker_does_not_follow_again_an_owner_it_could_not_reach() {
         tried, 1,
         "the unreachable owner was tried {tried} times:\n{log}"
     );
-    let state = call(&a.base, Method::GET, &format!("/v1/studies/{study}"), None).await;
+    let state = call(&a.base, Method::GET, &routes::study(study), None).await;
     assert_eq!(state.body["trial_counts"]["completed"], 1 + TRIALS, "{log}");
 }
 
@@ -450,7 +420,7 @@ async fn a_change_lost_by_its_owner_is_answered_unanswered_not_served_twice() {
     let http = common::http();
     let mut lost = Vec::new();
     for &study in &studies {
-        let path = format!("/v1/studies/{study}/suggest");
+        let path = routes::suggest(study);
         let answers = futures::future::join_all((0..3).map(|_| {
             common::call(
                 &http,
@@ -562,7 +532,7 @@ async fn the_rate_limit_is_taken_once_and_a_forged_replica_header_does_not_skip_
     let mut refused = 0;
     for _ in 0..12 {
         let forged = http
-            .post(format!("{}/v1/studies/{study}/suggest", b.base))
+            .post(b.url(&routes::suggest(study)))
             .bearer_auth(ADMIN)
             .header("x-augur-replica", "augur_not-the-secret")
             .json(&json!({"count": 1}))
@@ -606,11 +576,10 @@ async fn vizier_changes_of_a_study_go_to_its_owner() {
     let db = common::postgres_db().await;
     let (a, b) = two_routed(&db).await;
     let bases = [a.base.as_str(), b.base.as_str()];
-    let parent = "/v1/projects/demo/locations/us-central1";
     let created = call(
         &a.base,
         Method::POST,
-        &format!("{parent}/studies"),
+        &vizier::studies("projects/demo/locations/us-central1"),
         Some(json!({"displayName": "vizier-routed", "studySpec": {
             "metrics": [{"metricId": "acc", "goal": "MAXIMIZE"}],
             "parameters": [{"parameterId": "x", "doubleValueSpec": {"minValue": 0, "maxValue": 1}}],
@@ -620,7 +589,7 @@ async fn vizier_changes_of_a_study_go_to_its_owner() {
     .await;
     assert_eq!(created.status, StatusCode::OK, "{:?}", created.body);
     let name = created.body["name"].as_str().expect("name").to_string();
-    let suggest_path = format!("/v1/{name}/trials:suggest");
+    let suggest_path = vizier::suggest_trials(&name);
     let http = common::http();
     let mut clients = 0;
     // Three Vizier suggests at once to one replica, then the other, until one sends on.
@@ -674,7 +643,7 @@ async fn vizier_changes_of_a_study_go_to_its_owner() {
     assert_eq!(metric(owner, FORWARDED).await, owner_before);
     // A read is served where it arrives, and sees every trial the owner made.
     let before = metric(router, FORWARDED).await;
-    let trials = call(router, Method::GET, &format!("/v1/{name}/trials"), None).await;
+    let trials = call(router, Method::GET, &vizier::trials(&name), None).await;
     assert_eq!(trials.status, StatusCode::OK, "{:?}", trials.body);
     assert_eq!(
         trials.body["trials"].as_array().map_or(0, Vec::len),

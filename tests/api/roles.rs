@@ -25,7 +25,7 @@
 //! (A `trial_job` needs an operator: `tokens.rs` checks that; here the bodies are `{}` or the
 //! least a route needs to parse, so that a refusal is about who asks.)
 
-use crate::common;
+use crate::common::{self, routes};
 
 use augur::api::access::{Access, RouteAccess};
 use augur::model::Role;
@@ -213,7 +213,7 @@ async fn every_route_answers_each_role_as_the_table_says(backend: &str) {
     let suggested = as_who(
         Who::Writer,
         Method::POST,
-        format!("/v1/studies/{study}/suggest"),
+        routes::suggest(study),
         Some(json!({"count": 1, "client_id": "owner-client"})),
     )
     .await;
@@ -228,7 +228,7 @@ async fn every_route_answers_each_role_as_the_table_says(backend: &str) {
         let s = as_who(
             Who::Writer,
             Method::POST,
-            format!("/v1/studies/{study}/suggest"),
+            routes::suggest(study),
             Some(json!({"count": 1, "client_id": client})),
         )
         .await;
@@ -236,7 +236,7 @@ async fn every_route_answers_each_role_as_the_table_says(backend: &str) {
         let t = as_who(
             Who::Writer,
             Method::POST,
-            format!("/v1/studies/{study}/trials/{trial}/token"),
+            routes::trial_token(study, trial),
             Some(json!({"client_id": client})),
         )
         .await;

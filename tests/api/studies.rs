@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::common::spec;
+use crate::common::{routes, spec};
 use crate::support::{app, complete, ids, suggest};
 
 on_both_backends!(
@@ -14,8 +14,11 @@ on_both_backends!(
     max_failed_trials_fails_study_which_resumes_only_when_asked,
     raising_max_trials_reopens_completed_study,
     pareto_set_for_two_metrics,
-    quasi_random_and_grid_designers_through_the_service,
-    paging_through_trials_and_studies,
+    quasi_random_suggests_distinct_points,
+    an_exhausted_grid_completes_its_study,
+    trial_pages_hold_every_trial_once_in_order,
+    the_state_filter_lists_only_trials_in_that_state,
+    four_studies_at_two_a_page_are_two_pages,
     metrics_endpoint_reports_requests_and_trials,
 );
 
@@ -46,7 +49,7 @@ async fn study_lifecycle_create_get_list_patch_stop_delete(backend: &str) {
         "a seed is chosen and stored"
     );
 
-    let got = app.get(&format!("/v1/studies/{id}")).await;
+    let got = app.get(&routes::study(id)).await;
     assert_eq!(got.status, StatusCode::OK);
     assert_eq!(got.body["trial_counts"]["total"], 0);
     assert_eq!(got.body["best_trial"], Value::Null);
@@ -62,7 +65,7 @@ async fn study_lifecycle_create_get_list_patch_stop_delete(backend: &str) {
     let patched = app
         .call(
             Method::PATCH,
-            &format!("/v1/studies/{id}"),
+            &routes::study(id),
             Some(json!({"max_trials": 20, "parallel_trials": 3})),
         )
         .await;
@@ -70,7 +73,7 @@ async fn study_lifecycle_create_get_list_patch_stop_delete(backend: &str) {
     assert_eq!(patched.body["spec"]["max_trials"], 20);
     assert_eq!(patched.body["spec"]["parallel_trials"], 3);
 
-    let stopped = app.post(&format!("/v1/studies/{id}/stop"), json!({})).await;
+    let stopped = app.post(&routes::stop(id), json!({})).await;
     assert_eq!(stopped.body["state"], "stopped");
     let after = suggest(&app, id, 1, None).await;
     assert_eq!(after["trials"], json!([]));
@@ -82,7 +85,7 @@ async fn study_lifecycle_create_get_list_patch_stop_delete(backend: &str) {
     let patch_stopped = app
         .call(
             Method::PATCH,
-            &format!("/v1/studies/{id}"),
+            &routes::study(id),
             Some(json!({"max_trials": 30})),
         )
         .await;
@@ -94,16 +97,14 @@ async fn study_lifecycle_create_get_list_patch_stop_delete(backend: &str) {
         Some(1)
     );
 
-    let deleted = app
-        .call(Method::DELETE, &format!("/v1/studies/{id}"), None)
-        .await;
+    let deleted = app.call(Method::DELETE, &routes::study(id), None).await;
     assert_eq!(deleted.status, StatusCode::NO_CONTENT);
     assert_eq!(
-        app.get(&format!("/v1/studies/{id}")).await.status,
+        app.get(&routes::study(id)).await.status,
         StatusCode::NOT_FOUND
     );
     assert_eq!(
-        app.call(Method::DELETE, &format!("/v1/studies/{id}"), None)
+        app.call(Method::DELETE, &routes::study(id), None)
             .await
             .status,
         StatusCode::NOT_FOUND
@@ -116,21 +117,12 @@ async fn max_failed_trials_fails_study_which_resumes_only_when_asked(backend: &s
     s["max_failed_trials"] = json!(2);
     let id = app.create_study(s).await;
     suggest(&app, id, 2, None).await;
-    app.post(
-        &format!("/v1/studies/{id}/trials/1/fail"),
-        json!({"reason": "x"}),
-    )
-    .await;
-    assert_eq!(
-        app.get(&format!("/v1/studies/{id}")).await.body["state"],
-        "active"
-    );
-    app.post(
-        &format!("/v1/studies/{id}/trials/2/fail"),
-        json!({"reason": "y"}),
-    )
-    .await;
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    app.post(&routes::trial_fail(id, 1), json!({"reason": "x"}))
+        .await;
+    assert_eq!(app.get(&routes::study(id)).await.body["state"], "active");
+    app.post(&routes::trial_fail(id, 2), json!({"reason": "y"}))
+        .await;
+    let study = app.get(&routes::study(id)).await.body;
     assert_eq!(study["state"], "failed");
     assert!(
         study["state_reason"]
@@ -139,7 +131,7 @@ async fn max_failed_trials_fails_study_which_resumes_only_when_asked(backend: &s
     );
     assert_eq!(suggest(&app, id, 1, None).await["study_state"], "failed");
     // Resuming needs room for more failures; a PATCH that makes it does not resume alone.
-    let resume_path = format!("/v1/studies/{id}/resume");
+    let resume_path = routes::resume(id);
     let refused = app.post(&resume_path, json!({})).await;
     assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.body);
     assert!(
@@ -152,7 +144,7 @@ async fn max_failed_trials_fails_study_which_resumes_only_when_asked(backend: &s
     let patched = app
         .call(
             Method::PATCH,
-            &format!("/v1/studies/{id}"),
+            &routes::study(id),
             Some(json!({"max_failed_trials": 5})),
         )
         .await;
@@ -162,7 +154,7 @@ async fn max_failed_trials_fails_study_which_resumes_only_when_asked(backend: &s
     assert_eq!(resumed.body["state"], "active", "{}", resumed.body);
     assert_eq!(ids(&suggest(&app, id, 1, None).await["trials"]), vec![3]);
     // A stopped study does not resume.
-    app.post(&format!("/v1/studies/{id}/stop"), json!({})).await;
+    app.post(&routes::stop(id), json!({})).await;
     assert_eq!(
         app.post(&resume_path, json!({})).await.status,
         StatusCode::CONFLICT
@@ -174,14 +166,11 @@ async fn raising_max_trials_reopens_completed_study(backend: &str) {
     let id = app.create_study(spec("random", 1, 1)).await;
     suggest(&app, id, 1, None).await;
     complete(&app, id, 1, 0.5).await;
-    assert_eq!(
-        app.get(&format!("/v1/studies/{id}")).await.body["state"],
-        "completed"
-    );
+    assert_eq!(app.get(&routes::study(id)).await.body["state"], "completed");
     let r = app
         .call(
             Method::PATCH,
-            &format!("/v1/studies/{id}"),
+            &routes::study(id),
             Some(json!({"max_trials": 2})),
         )
         .await;
@@ -205,18 +194,15 @@ async fn pareto_set_for_two_metrics(backend: &str) {
     ] {
         let r = app
             .post(
-                &format!("/v1/studies/{id}/trials/{t}/complete"),
+                &routes::trial_complete(id, t),
                 json!({"metrics": {"accuracy": acc, "latency": lat}}),
             )
             .await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     }
-    let front = app
-        .get(&format!("/v1/studies/{id}/optimal_trials"))
-        .await
-        .body;
+    let front = app.get(&routes::optimal_trials(id)).await.body;
     assert_eq!(ids(&front["trials"]), vec![2, 3, 4]);
-    let missing = app.post(&format!("/v1/studies/{id}/trials"), json!({"parameters": {"lr": 0.1, "layers": 1, "batch": 16, "kernel": "rbf"}, "final_measurement": {"metrics": {"accuracy": 0.5}}})).await;
+    let missing = app.post(&routes::trials(id), json!({"parameters": {"lr": 0.1, "layers": 1, "batch": 16, "kernel": "rbf"}, "final_measurement": {"metrics": {"accuracy": 0.5}}})).await;
     assert_eq!(missing.status, StatusCode::BAD_REQUEST);
     assert_eq!(
         missing.body["error"]["field"],
@@ -224,7 +210,7 @@ async fn pareto_set_for_two_metrics(backend: &str) {
     );
 }
 
-async fn quasi_random_and_grid_designers_through_the_service(backend: &str) {
+async fn quasi_random_suggests_distinct_points(backend: &str) {
     let app = app(backend).await;
     let qid = app.create_study(spec("quasi_random", 16, 16)).await;
     let q = suggest(&app, qid, 16, None).await;
@@ -235,7 +221,10 @@ async fn quasi_random_and_grid_designers_through_the_service(backend: &str) {
         .map(|t| t["parameters"].to_string())
         .collect();
     assert_eq!(distinct.len(), 16);
+}
 
+async fn an_exhausted_grid_completes_its_study(backend: &str) {
+    let app = app(backend).await;
     let grid = json!({
         "name": "grid", "algorithm": "grid",
         "metrics": [{"id": "accuracy", "goal": "maximize"}],
@@ -257,7 +246,7 @@ async fn quasi_random_and_grid_designers_through_the_service(backend: &str) {
     for t in ids(&g["trials"]) {
         complete(&app, gid, t, 0.5).await;
     }
-    let study = app.get(&format!("/v1/studies/{gid}")).await.body;
+    let study = app.get(&routes::study(gid)).await.body;
     assert_eq!(
         study["state"], "completed",
         "an exhausted grid completes the study"
@@ -265,16 +254,22 @@ async fn quasi_random_and_grid_designers_through_the_service(backend: &str) {
     assert_eq!(study["trial_counts"]["total"], 6);
 }
 
-async fn paging_through_trials_and_studies(backend: &str) {
+/// A study with 25 suggested trials, 1 to 25.
+async fn study_with_25_trials(backend: &str) -> (crate::common::TestApp, i64) {
     let app = app(backend).await;
     let id = app.create_study(spec("random", 25, 25)).await;
     suggest(&app, id, 25, None).await;
+    (app, id)
+}
+
+async fn trial_pages_hold_every_trial_once_in_order(backend: &str) {
+    let (app, id) = study_with_25_trials(backend).await;
     let mut seen = Vec::new();
     let mut token: Option<String> = None;
     loop {
         let path = match &token {
-            Some(t) => format!("/v1/studies/{id}/trials?page_size=10&page_token={t}"),
-            None => format!("/v1/studies/{id}/trials?page_size=10"),
+            Some(t) => format!("{}?page_size=10&page_token={t}", routes::trials(id)),
+            None => format!("{}?page_size=10", routes::trials(id)),
         };
         let page = app.get(&path).await.body;
         seen.extend(ids(&page["trials"]));
@@ -284,13 +279,21 @@ async fn paging_through_trials_and_studies(backend: &str) {
         }
     }
     assert_eq!(seen, (1..=25).collect::<Vec<_>>());
+}
+
+async fn the_state_filter_lists_only_trials_in_that_state(backend: &str) {
+    let (app, id) = study_with_25_trials(backend).await;
     complete(&app, id, 7, 0.1).await;
     let completed = app
-        .get(&format!("/v1/studies/{id}/trials?state=completed"))
+        .get(&routes::trials_in_state(id, "completed"))
         .await
         .body;
     assert_eq!(ids(&completed["trials"]), vec![7]);
-    for n in 0..3 {
+}
+
+async fn four_studies_at_two_a_page_are_two_pages(backend: &str) {
+    let app = app(backend).await;
+    for n in 0..4 {
         let mut s = spec("random", 1, 1);
         s["name"] = json!(format!("s{n}"));
         app.create_study(s).await;
@@ -378,7 +381,7 @@ async fn a_vertex_ai_tuning_job_creates_a_study_unchanged() {
     job["encryptionSpec"] = json!({"kmsKeyName": "k"});
     let response = app
         .http
-        .post(format!("{}/v1/studies", app.base))
+        .post(app.url("/v1/studies"))
         .json(&job)
         .send()
         .await
@@ -431,23 +434,20 @@ async fn safety_thresholds_keep_unsafe_trials_out_of_the_optimum() {
     for (accuracy, memory) in [(0.80, 4.0), (0.95, 12.0), (0.85, 7.5), (0.99, 8.5)] {
         let r = app
             .post(
-                &format!("/v1/studies/{id}/trials"),
+                &routes::trials(id),
                 json!({"parameters": params, "final_measurement": {"metrics": {"accuracy": accuracy, "memory_gb": memory}}}),
             )
             .await;
         assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
     }
-    let optimal = app
-        .get(&format!("/v1/studies/{id}/optimal_trials"))
-        .await
-        .body;
+    let optimal = app.get(&routes::optimal_trials(id)).await.body;
     let trials = optimal["trials"].as_array().cloned().unwrap_or_default();
     assert_eq!(trials.len(), 1, "{optimal}");
     assert_eq!(
         trials[0]["id"], 3,
         "the best safe trial, not the best unsafe one: {optimal}"
     );
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let study = app.get(&routes::study(id)).await.body;
     assert_eq!(study["best_trial"]["id"], 3, "{study}");
     let bad = {
         let mut s = spec("random", 10, 2);
@@ -460,33 +460,47 @@ async fn safety_thresholds_keep_unsafe_trials_out_of_the_optimum() {
     );
 }
 
-/// `prior_studies` warm-starts the GP from earlier studies: named studies must exist, and a
-/// warm-started study suggests as any other.
-#[tokio::test]
-async fn prior_studies_must_exist_and_warm_start_suggestions() {
-    let app = app("sqlite").await;
+/// A study with 8 completed trials, to warm-start a GP study from.
+async fn prior_study(app: &crate::common::TestApp) -> i64 {
     let prior = app.create_study(spec("random", 20, 4)).await;
     for i in 0..8 {
         let lr = 0.0001 * 10f64.powf(i as f64 / 2.0);
         let r = app
             .post(
-                &format!("/v1/studies/{prior}/trials"),
+                &routes::trials(prior),
                 json!({"parameters": {"lr": lr, "layers": 1 + i, "batch": 64, "kernel": "rbf"},
                        "final_measurement": {"metrics": {"accuracy": 1.0 - (lr.log10() + 2.0).abs() / 4.0}}}),
             )
             .await;
         assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
     }
+    prior
+}
+
+/// `prior_studies` names earlier studies to warm-start the GP from; each must exist.
+#[tokio::test]
+async fn prior_studies_must_exist() {
+    let app = app("sqlite").await;
+    let prior = prior_study(&app).await;
     let mut warm = spec("gp_bandit", 10, 1);
     warm["prior_studies"] = json!([prior, 999]);
-    let missing = app.post("/v1/studies", warm.clone()).await;
+    let missing = app.post("/v1/studies", warm).await;
     assert_eq!(missing.status, StatusCode::BAD_REQUEST);
     assert_eq!(missing.body["error"]["field"], "prior_studies[1]");
+}
+
+/// A study warm-started from a prior study suggests as any other: it keeps the prior's id in
+/// its spec and counts only its own trials.
+#[tokio::test]
+async fn a_warm_started_study_suggests_as_any_other() {
+    let app = app("sqlite").await;
+    let prior = prior_study(&app).await;
+    let mut warm = spec("gp_bandit", 10, 1);
     warm["prior_studies"] = json!([prior]);
     let id = app.create_study(warm).await;
     let s = suggest(&app, id, 1, None).await;
     assert_eq!(s["trials"].as_array().map(Vec::len), Some(1), "{s}");
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let study = app.get(&routes::study(id)).await.body;
     assert_eq!(study["spec"]["prior_studies"], json!([prior]));
     assert_eq!(
         study["trial_counts"]["total"], 1,
@@ -504,10 +518,7 @@ on_both_backends!(
 async fn fail_all(app: &crate::common::TestApp, id: i64, trials: &[i64], reason: &str) {
     for t in trials {
         let r = app
-            .post(
-                &format!("/v1/studies/{id}/trials/{t}/fail"),
-                json!({ "reason": reason }),
-            )
+            .post(&routes::trial_fail(id, t), json!({ "reason": reason }))
             .await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     }
@@ -519,7 +530,7 @@ async fn a_study_whose_first_trials_fail_alike_fails_saying_why(backend: &str) {
     let app = app(backend).await;
     let id = app.create_study(spec("random", 20, 3)).await;
     assert_eq!(
-        app.get(&format!("/v1/studies/{id}")).await.body["spec"]["fail_fast_trials"],
+        app.get(&routes::study(id)).await.body["spec"]["fail_fast_trials"],
         3
     );
     suggest(&app, id, 3, None).await;
@@ -530,7 +541,7 @@ async fn a_study_whose_first_trials_fail_alike_fails_saying_why(backend: &str) {
         "could not start the job: pythno3: No such file",
     )
     .await;
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let study = app.get(&routes::study(id)).await.body;
     assert_eq!(study["state"], "active", "{study}");
     fail_all(
         &app,
@@ -539,7 +550,7 @@ async fn a_study_whose_first_trials_fail_alike_fails_saying_why(backend: &str) {
         "could not start the job: pythno3: No such file",
     )
     .await;
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let study = app.get(&routes::study(id)).await.body;
     assert_eq!(study["state"], "failed", "{study}");
     let reason = study["state_reason"].as_str().unwrap_or_default();
     assert!(
@@ -548,9 +559,7 @@ async fn a_study_whose_first_trials_fail_alike_fails_saying_why(backend: &str) {
     );
     assert!(reason.contains("augur study resume"), "{reason}");
     // Resumed, it is not failed again by the same three trials.
-    let resumed = app
-        .post(&format!("/v1/studies/{id}/resume"), json!({}))
-        .await;
+    let resumed = app.post(&routes::resume(id), json!({})).await;
     assert_eq!(resumed.body["state"], "active", "{}", resumed.body);
     assert_eq!(ids(&suggest(&app, id, 1, None).await["trials"]), vec![4]);
     fail_all(
@@ -560,10 +569,7 @@ async fn a_study_whose_first_trials_fail_alike_fails_saying_why(backend: &str) {
         "could not start the job: pythno3: No such file",
     )
     .await;
-    assert_eq!(
-        app.get(&format!("/v1/studies/{id}")).await.body["state"],
-        "active"
-    );
+    assert_eq!(app.get(&routes::study(id)).await.body["state"], "active");
 }
 
 /// Different reasons, a completion first, or `fail_fast_trials: 0` leave the study running.
@@ -573,29 +579,20 @@ async fn fail_fast_waits_for_identical_failures_before_any_completion(backend: &
     suggest(&app, id, 3, None).await;
     fail_all(&app, id, &[1, 2], "exited with code 1").await;
     fail_all(&app, id, &[3], "timed out after 60 s").await;
-    assert_eq!(
-        app.get(&format!("/v1/studies/{id}")).await.body["state"],
-        "active"
-    );
+    assert_eq!(app.get(&routes::study(id)).await.body["state"], "active");
 
     let id = app.create_study(spec("random", 20, 4)).await;
     suggest(&app, id, 4, None).await;
     complete(&app, id, 4, 0.5).await;
     fail_all(&app, id, &[1, 2, 3], "exited with code 1").await;
-    assert_eq!(
-        app.get(&format!("/v1/studies/{id}")).await.body["state"],
-        "active"
-    );
+    assert_eq!(app.get(&routes::study(id)).await.body["state"], "active");
 
     let mut off = spec("random", 20, 3);
     off["fail_fast_trials"] = json!(0);
     let id = app.create_study(off).await;
     suggest(&app, id, 3, None).await;
     fail_all(&app, id, &[1, 2, 3], "exited with code 1").await;
-    assert_eq!(
-        app.get(&format!("/v1/studies/{id}")).await.body["state"],
-        "active"
-    );
+    assert_eq!(app.get(&routes::study(id)).await.body["state"], "active");
     let mut bad = spec("random", 20, 3);
     bad["fail_fast_trials"] = json!(-1);
     let r = app.post("/v1/studies", bad).await;
@@ -610,7 +607,7 @@ async fn a_failed_trial_is_retried_with_its_parameters(backend: &str) {
     let mut s = spec("random", 2, 1);
     s["max_failed_trials"] = json!(2);
     let id = app.create_study(s).await;
-    let retry = |trial: i64| format!("/v1/studies/{id}/trials/{trial}/retry");
+    let retry = |trial: i64| routes::trial_retry(id, trial);
     let first = suggest(&app, id, 1, Some("w")).await["trials"][0].clone();
     // A running trial is not retried, and while it runs the cap is full anyway.
     let r = app.post(&retry(1), json!({})).await;
@@ -624,7 +621,7 @@ async fn a_failed_trial_is_retried_with_its_parameters(backend: &str) {
         "{}",
         r.body
     );
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let study = app.get(&routes::study(id)).await.body;
     assert_eq!(study["trial_counts"]["failed"], 0, "{study}");
     assert_eq!(study["trial_counts"]["requested"], 1, "{study}");
     // The next suggestion hands it out again: same trial, same values.
@@ -637,11 +634,11 @@ async fn a_failed_trial_is_retried_with_its_parameters(backend: &str) {
     // A failed study is resumed first, explicitly.
     suggest(&app, id, 1, Some("w3")).await;
     fail_all(&app, id, &[2], "oom").await;
-    let s = app.get(&format!("/v1/studies/{id}")).await.body;
+    let s = app.get(&routes::study(id)).await.body;
     assert_eq!(s["state"], "completed", "the budget is spent: {s}");
     // A completed study goes on for the retried trial.
     let r = app.post(&retry(2), json!({})).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
-    let s = app.get(&format!("/v1/studies/{id}")).await.body;
+    let s = app.get(&routes::study(id)).await.body;
     assert_eq!(s["state"], "active", "{s}");
 }

@@ -6,7 +6,7 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::common::{self, TestApp};
+use crate::common::{self, TestApp, routes};
 use crate::support::{app, ids, suggest};
 
 on_both_backends!(
@@ -26,7 +26,7 @@ fn stopping_spec(name: &str, parallel: i64, stopping: Value) -> Value {
 async fn complete(app: &TestApp, study: i64, trial: i64, loss: f64) -> Value {
     let r = app
         .post(
-            &format!("/v1/studies/{study}/trials/{trial}/complete"),
+            &routes::trial_complete(study, trial),
             json!({"metrics": {"loss": loss}}),
         )
         .await;
@@ -42,7 +42,7 @@ async fn run_one(app: &TestApp, study: i64, loss: f64) -> Value {
         .copied()
         .unwrap_or_else(|| panic!("a trial to run: {s}"));
     complete(app, study, trial, loss).await;
-    app.get(&format!("/v1/studies/{study}")).await.body
+    app.get(&routes::study(study)).await.body
 }
 
 async fn a_study_stops_after_that_many_trials_without_progress(backend: &str) {
@@ -106,15 +106,12 @@ async fn running_trials_finish_first_unless_should_stop_asap(backend: &str) {
         assert_eq!(ids(&suggest(&app, id, 1, Some("c")).await["trials"]), [3]);
         // Trial 3 makes no progress: the rule fires while trial 2 runs.
         complete(&app, id, 3, 0.9).await;
-        let study = app.get(&format!("/v1/studies/{id}")).await.body;
-        let trial2 = app.get(&format!("/v1/studies/{id}/trials/2")).await.body;
+        let study = app.get(&routes::study(id)).await.body;
+        let trial2 = app.get(&routes::trial(id, 2)).await.body;
         if asap {
             assert_eq!(study["state"], "completed", "at once: {study}");
             assert_eq!(trial2["state"], "stopping", "told to stop: {trial2}");
-            let verdict = app
-                .get(&format!("/v1/studies/{id}/trials/2/should_stop"))
-                .await
-                .body;
+            let verdict = app.get(&routes::trial_should_stop(id, 2)).await.body;
             assert_eq!(verdict["should_stop"], true, "{verdict}");
         } else {
             assert_eq!(study["state"], "active", "trial 2 still runs: {study}");
@@ -124,7 +121,7 @@ async fn running_trials_finish_first_unless_should_stop_asap(backend: &str) {
         }
         // Its result is still taken, and the study is over.
         complete(&app, id, 2, 0.95).await;
-        let study = app.get(&format!("/v1/studies/{id}")).await.body;
+        let study = app.get(&routes::study(id)).await.body;
         assert_eq!(study["state"], "completed", "{study}");
         assert_eq!(study["trial_counts"]["completed"], 3, "{study}");
     }
@@ -195,15 +192,12 @@ async fn max_num_trials_is_a_budget_whose_trials_all_finish(backend: &str) {
     let none = suggest(&app, id, 1, Some("b")).await;
     assert!(ids(&none["trials"]).is_empty(), "{none}");
     for trial in [1, 2] {
-        let t = app
-            .get(&format!("/v1/studies/{id}/trials/{trial}"))
-            .await
-            .body;
+        let t = app.get(&routes::trial(id, trial)).await.body;
         assert_eq!(t["state"], "active", "not stopped, even asap: {t}");
     }
     complete(&app, id, 1, 0.3).await;
     complete(&app, id, 2, 0.2).await;
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let study = app.get(&routes::study(id)).await.body;
     assert_eq!(study["state"], "completed", "{study}");
     assert_eq!(study["trial_counts"]["completed"], 2, "{study}");
     let reason = study["state_reason"].as_str().unwrap_or_default();

@@ -7,7 +7,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::common::spec;
+use crate::common::{routes, spec};
 use crate::support::{app, complete, ids, suggest};
 
 on_both_backends!(
@@ -47,7 +47,7 @@ async fn suggest_never_exceeds_cap_or_budget_and_completes_study(backend: &str) 
     let done = suggest(&app, id, 1, None).await;
     assert_eq!(done["study_state"], "completed");
     assert!(done.get("retry_after_secs").is_none());
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let study = app.get(&routes::study(id)).await.body;
     assert_eq!(study["state"], "completed");
     assert_eq!(study["trial_counts"]["completed"], 5);
     assert_eq!(study["trial_counts"]["total"], 5);
@@ -99,9 +99,7 @@ async fn expired_lease_returns_trial_to_requested_with_same_parameters(backend: 
     );
     assert_eq!(b["trials"][0]["parameters"], params);
     assert_eq!(b["trials"][0]["client_id"], "b");
-    let hb = app
-        .post(&format!("/v1/studies/{id}/trials/1/heartbeat"), json!({}))
-        .await;
+    let hb = app.post(&routes::trial_heartbeat(id, 1), json!({})).await;
     assert_eq!(hb.status, StatusCode::OK);
     // The first worker lost it: its late report still lands on the trial (same parameters),
     // but asking again gives it nothing new while the cap is full.
@@ -120,7 +118,7 @@ async fn trials_handed_back_keep_their_measurements_beside_new_ones(backend: &st
     assert_eq!(a["trials"][0]["measurements"], json!([]));
     let report = app
         .post(
-            &format!("/v1/studies/{id}/trials/1/measurements"),
+            &routes::trial_measurements(id, 1),
             json!({"step": 3, "metrics": {"accuracy": 0.25}}),
         )
         .await;
@@ -147,7 +145,7 @@ async fn added_trials_prior_results_and_requested_first(backend: &str) {
     let params = json!({"lr": 0.01, "layers": 3, "batch": 32, "kernel": "poly", "degree": 3});
     let prior = app
         .post(
-            &format!("/v1/studies/{id}/trials"),
+            &routes::trials(id),
             json!({"parameters": params, "final_measurement": {"metrics": {"accuracy": 0.77}}}),
         )
         .await;
@@ -155,17 +153,11 @@ async fn added_trials_prior_results_and_requested_first(backend: &str) {
     assert_eq!(prior.body["state"], "completed");
     let queued_params = json!({"lr": 0.5, "layers": 1, "batch": 16, "kernel": "rbf"});
     let queued = app
-        .post(
-            &format!("/v1/studies/{id}/trials"),
-            json!({"parameters": queued_params}),
-        )
+        .post(&routes::trials(id), json!({"parameters": queued_params}))
         .await;
     assert_eq!(queued.body["state"], "requested");
     let cap = app
-        .post(
-            &format!("/v1/studies/{id}/trials"),
-            json!({"parameters": queued_params}),
-        )
+        .post(&routes::trials(id), json!({"parameters": queued_params}))
         .await;
     assert_eq!(
         cap.status,
@@ -180,7 +172,7 @@ async fn added_trials_prior_results_and_requested_first(backend: &str) {
     );
     assert_eq!(s["trials"][0]["parameters"], queued_params);
     assert_eq!(
-        app.get(&format!("/v1/studies/{id}")).await.body["best_trial"]["id"],
+        app.get(&routes::study(id)).await.body["best_trial"]["id"],
         1
     );
 }

@@ -4,7 +4,7 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::common::{Response, TestApp, call, db, spawn_app, spawn_app_with};
+use crate::common::{Response, TestApp, call, db, routes, spawn_app, spawn_app_with};
 
 pub async fn app(backend: &str) -> TestApp {
     spawn_app(db(backend).await).await
@@ -15,9 +15,7 @@ pub async fn suggest(app: &TestApp, study: i64, count: i64, client: Option<&str>
     if let Some(c) = client {
         body["client_id"] = json!(c);
     }
-    let r = app
-        .post(&format!("/v1/studies/{study}/suggest"), body)
-        .await;
+    let r = app.post(&routes::suggest(study), body).await;
     assert_eq!(r.status, StatusCode::OK, "suggest: {}", r.body);
     r.body
 }
@@ -34,7 +32,7 @@ pub fn ids(trials: &Value) -> Vec<i64> {
 pub async fn complete(app: &TestApp, study: i64, trial: i64, accuracy: f64) -> Value {
     let r = app
         .post(
-            &format!("/v1/studies/{study}/trials/{trial}/complete"),
+            &routes::trial_complete(study, trial),
             json!({"metrics": {"accuracy": accuracy}}),
         )
         .await;
@@ -114,7 +112,7 @@ pub async fn owned_study_with_trial(app: &TestApp, owner: &str, client: &str) ->
         app,
         owner,
         Method::POST,
-        &format!("/v1/studies/{study}/suggest"),
+        &routes::suggest(study),
         Some(json!({"count": 1, "client_id": client})),
     )
     .await;

@@ -3,7 +3,7 @@
 //! the field, a study is changed by its creator or an admin); the commands a server allows;
 //! and the audit trail of who did what. On SQLite and PostgreSQL.
 
-use crate::common;
+use crate::common::{self, routes};
 use crate::support::{self, call_as, token};
 
 use std::time::Duration;
@@ -109,7 +109,7 @@ async fn tokens_are_created_listed_and_revoked_by_an_admin(backend: &str) {
         );
     }
     // Revoked: refused at once.
-    let r = app.call(Method::DELETE, "/v1/tokens/ci", None).await;
+    let r = app.call(Method::DELETE, &routes::token("ci"), None).await;
     assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.body);
     assert_eq!(
         call_as(&app, &ci, Method::GET, "/v1/studies", None)
@@ -117,7 +117,7 @@ async fn tokens_are_created_listed_and_revoked_by_an_admin(backend: &str) {
             .status,
         StatusCode::UNAUTHORIZED
     );
-    let r = app.call(Method::DELETE, "/v1/tokens/ci", None).await;
+    let r = app.call(Method::DELETE, &routes::token("ci"), None).await;
     assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.body);
 
     // An expired token is refused, cached or not.
@@ -204,7 +204,7 @@ async fn a_writer_may_not_run_commands_and_changes_only_its_own_studies(backend:
         &app,
         &alice,
         Method::POST,
-        &format!("/v1/studies/{study}/suggest"),
+        &routes::suggest(study),
         Some(json!({"count": 1})),
     )
     .await;
@@ -213,7 +213,7 @@ async fn a_writer_may_not_run_commands_and_changes_only_its_own_studies(backend:
         &app,
         &bob,
         Method::POST,
-        &format!("/v1/studies/{study}/trials/1/complete"),
+        &routes::trial_complete(study, 1),
         Some(json!({"metrics": {"accuracy": 0.5}})),
     )
     .await;
@@ -222,16 +222,16 @@ async fn a_writer_may_not_run_commands_and_changes_only_its_own_studies(backend:
     for (method, path, body) in [
         (
             Method::PATCH,
-            format!("/v1/studies/{study}"),
+            routes::study(study),
             Some(json!({"max_trials": 9})),
         ),
         (
             Method::PATCH,
-            format!("/v1/studies/{study}/trials/1"),
+            routes::trial(study, 1),
             Some(json!({"excluded": true})),
         ),
-        (Method::POST, format!("/v1/studies/{study}/stop"), None),
-        (Method::DELETE, format!("/v1/studies/{study}"), None),
+        (Method::POST, routes::stop(study), None),
+        (Method::DELETE, routes::study(study), None),
     ] {
         for other in [&bob, &ops] {
             let r = call_as(&app, other, method.clone(), &path, body.clone()).await;
@@ -247,14 +247,12 @@ async fn a_writer_may_not_run_commands_and_changes_only_its_own_studies(backend:
         &app,
         &alice,
         Method::PATCH,
-        &format!("/v1/studies/{study}"),
+        &routes::study(study),
         Some(json!({"max_trials": 9})),
     )
     .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
-    let r = app
-        .post(&format!("/v1/studies/{study}/stop"), json!({}))
-        .await;
+    let r = app.post(&routes::stop(study), json!({})).await;
     assert_eq!(r.status, StatusCode::OK, "an admin's: {}", r.body);
 
     // An operator may create a trial_job study (stopped at once: nothing must run here).
@@ -268,14 +266,7 @@ async fn a_writer_may_not_run_commands_and_changes_only_its_own_studies(backend:
     .await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
     let job_study = r.body["id"].as_i64().expect("id");
-    let r = call_as(
-        &app,
-        &ops,
-        Method::POST,
-        &format!("/v1/studies/{job_study}/stop"),
-        None,
-    )
-    .await;
+    let r = call_as(&app, &ops, Method::POST, &routes::stop(job_study), None).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
 }
 
@@ -402,7 +393,7 @@ async fn the_audit_trail_names_who_did_what(backend: &str) {
         &app,
         &alice,
         Method::POST,
-        &format!("/v1/studies/{study}/trials"),
+        &routes::trials(study),
         Some(
             json!({"parameters": {"lr": 0.01, "layers": 2, "batch": 16, "kernel": "rbf"},
                     "final_measurement": {"metrics": {"accuracy": 0.7}}}),
@@ -414,7 +405,7 @@ async fn the_audit_trail_names_who_did_what(backend: &str) {
         &app,
         &alice,
         Method::PATCH,
-        &format!("/v1/studies/{study}/trials/1"),
+        &routes::trial(study, 1),
         Some(json!({"excluded": true})),
     )
     .await;
@@ -422,21 +413,14 @@ async fn the_audit_trail_names_who_did_what(backend: &str) {
         &app,
         &alice,
         Method::PATCH,
-        &format!("/v1/studies/{study}"),
+        &routes::study(study),
         Some(json!({"max_trials": 7})),
     )
     .await;
-    call_as(
-        &app,
-        &alice,
-        Method::POST,
-        &format!("/v1/studies/{study}/stop"),
-        None,
-    )
-    .await;
-    app.call(Method::DELETE, &format!("/v1/studies/{study}"), None)
+    call_as(&app, &alice, Method::POST, &routes::stop(study), None).await;
+    app.call(Method::DELETE, &routes::study(study), None).await;
+    app.call(Method::DELETE, &routes::token("alice"), None)
         .await;
-    app.call(Method::DELETE, "/v1/tokens/alice", None).await;
 
     let trail = app.get("/v1/audit").await;
     assert_eq!(trail.status, StatusCode::OK, "{}", trail.body);
@@ -498,7 +482,7 @@ async fn a_dispatched_trials_token_cannot_be_replaced() {
     let trial = common::eventually("the trial runs", Duration::from_secs(20), || {
         let app = &app;
         async move {
-            let t = app.get(&format!("/v1/studies/{study}/trials/1")).await.body;
+            let t = app.get(&routes::trial(study, 1)).await.body;
             if t["state"] == "active" {
                 Ok(t)
             } else {
@@ -509,13 +493,9 @@ async fn a_dispatched_trials_token_cannot_be_replaced() {
     .await;
     let client = trial["client_id"].as_str().expect("client id").to_string();
     let r = app
-        .post(
-            &format!("/v1/studies/{study}/trials/1/token"),
-            json!({"client_id": client}),
-        )
+        .post(&routes::trial_token(study, 1), json!({"client_id": client}))
         .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
     assert_eq!(r.body["error"]["field"], "client_id");
-    app.post(&format!("/v1/studies/{study}/stop"), json!({}))
-        .await;
+    app.post(&routes::stop(study), json!({})).await;
 }

@@ -4,7 +4,7 @@
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use crate::common::{self, spawn_app, spec};
+use crate::common::{self, routes, spawn_app, spec};
 use crate::support::{app, complete, ids, suggest};
 
 on_both_backends!(
@@ -24,30 +24,20 @@ async fn measurements_and_completion_paths(backend: &str) {
     let m = |step: i64, acc: f64| json!({"step": step, "elapsed_secs": 1.5, "metrics": {"accuracy": acc}});
     for (step, acc) in [(1, 0.3), (2, 0.6), (3, 0.5)] {
         let r = app
-            .post(
-                &format!("/v1/studies/{id}/trials/1/measurements"),
-                m(step, acc),
-            )
+            .post(&routes::trial_measurements(id, 1), m(step, acc))
             .await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     }
     // A second report at a step replaces the first.
-    app.post(
-        &format!("/v1/studies/{id}/trials/1/measurements"),
-        m(3, 0.55),
-    )
-    .await;
-    let t1 = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
+    app.post(&routes::trial_measurements(id, 1), m(3, 0.55))
+        .await;
+    let t1 = app.get(&routes::trial(id, 1)).await.body;
     assert_eq!(t1["measurements"].as_array().map(Vec::len), Some(3));
     assert_eq!(t1["measurements"][2]["metrics"]["accuracy"], 0.55);
 
     // Empty body: the last measurement becomes final.
     let r = app
-        .call(
-            Method::POST,
-            &format!("/v1/studies/{id}/trials/1/complete"),
-            None,
-        )
+        .call(Method::POST, &routes::trial_complete(id, 1), None)
         .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     assert_eq!(r.body["state"], "completed");
@@ -58,37 +48,34 @@ async fn measurements_and_completion_paths(backend: &str) {
     assert_eq!(done["final_measurement"]["metrics"]["accuracy"], 0.8);
     let inf = app
         .post(
-            &format!("/v1/studies/{id}/trials/3/complete"),
+            &routes::trial_complete(id, 3),
             json!({"infeasible_reason": "diverged"}),
         )
         .await;
     assert_eq!(inf.body["state"], "infeasible");
     assert_eq!(inf.body["infeasible_reason"], "diverged");
     let failed = app
-        .post(
-            &format!("/v1/studies/{id}/trials/4/fail"),
-            json!({"reason": "OOM"}),
-        )
+        .post(&routes::trial_fail(id, 4), json!({"reason": "OOM"}))
         .await;
     assert_eq!(failed.body["state"], "failed");
     assert_eq!(failed.body["fail_reason"], "OOM");
 
     for (path, body) in [
-        ("trials/2/complete", json!({"metrics": {"accuracy": 1.0}})),
-        ("trials/2/measurements", m(9, 0.1)),
-        ("trials/4/fail", json!({})),
-        ("trials/3/heartbeat", json!({})),
+        (
+            routes::trial_complete(id, 2),
+            json!({"metrics": {"accuracy": 1.0}}),
+        ),
+        (routes::trial_measurements(id, 2), m(9, 0.1)),
+        (routes::trial_fail(id, 4), json!({})),
+        (routes::trial_heartbeat(id, 3), json!({})),
     ] {
-        let r = app.post(&format!("/v1/studies/{id}/{path}"), body).await;
+        let r = app.post(&path, body).await;
         assert_eq!(r.status, StatusCode::CONFLICT, "{path}: {}", r.body);
         assert_eq!(r.body["error"]["code"], "failed_precondition");
     }
-    let best = app
-        .get(&format!("/v1/studies/{id}/optimal_trials"))
-        .await
-        .body;
+    let best = app.get(&routes::optimal_trials(id)).await.body;
     assert_eq!(ids(&best["trials"]), vec![2]);
-    let counts = &app.get(&format!("/v1/studies/{id}")).await.body["trial_counts"];
+    let counts = &app.get(&routes::study(id)).await.body["trial_counts"];
     assert_eq!(
         (
             counts["completed"].as_i64(),
@@ -107,26 +94,19 @@ async fn measurement_selection_best_picks_best_step(backend: &str) {
     suggest(&app, id, 1, None).await;
     for (step, acc) in [(1, 0.3), (2, 0.9), (3, 0.5)] {
         app.post(
-            &format!("/v1/studies/{id}/trials/1/measurements"),
+            &routes::trial_measurements(id, 1),
             json!({"step": step, "metrics": {"accuracy": acc}}),
         )
         .await;
     }
-    let r = app
-        .post(&format!("/v1/studies/{id}/trials/1/complete"), json!({}))
-        .await;
+    let r = app.post(&routes::trial_complete(id, 1), json!({})).await;
     assert_eq!(r.body["final_measurement"]["step"], 2, "{}", r.body);
     // Without any measurement there is nothing to select.
     suggest(&app, id, 1, None).await;
-    let none = app
-        .post(&format!("/v1/studies/{id}/trials/2/complete"), json!({}))
-        .await;
+    let none = app.post(&routes::trial_complete(id, 2), json!({})).await;
     assert_eq!(none.status, StatusCode::BAD_REQUEST);
     assert_eq!(none.body["error"]["field"], "metrics");
-    assert_eq!(
-        app.get(&format!("/v1/studies/{id}/trials/2")).await.body["state"],
-        "active"
-    );
+    assert_eq!(app.get(&routes::trial(id, 2)).await.body["state"], "active");
 }
 
 async fn excluded_trial_is_not_best_and_not_given_to_optimizer(backend: &str) {
@@ -136,13 +116,13 @@ async fn excluded_trial_is_not_best_and_not_given_to_optimizer(backend: &str) {
     complete(&app, id, 1, 0.99).await;
     complete(&app, id, 2, 0.5).await;
     assert_eq!(
-        app.get(&format!("/v1/studies/{id}")).await.body["best_trial"]["id"],
+        app.get(&routes::study(id)).await.body["best_trial"]["id"],
         1
     );
     let r = app
         .call(
             Method::PATCH,
-            &format!("/v1/studies/{id}/trials/1"),
+            &routes::trial(id, 1),
             Some(json!({"excluded": true})),
         )
         .await;
@@ -150,24 +130,21 @@ async fn excluded_trial_is_not_best_and_not_given_to_optimizer(backend: &str) {
     assert_eq!(r.body["excluded"], true);
     assert_eq!(r.body["state"], "completed", "kept, not deleted");
     assert_eq!(
-        app.get(&format!("/v1/studies/{id}")).await.body["best_trial"]["id"],
+        app.get(&routes::study(id)).await.body["best_trial"]["id"],
         2
     );
     assert_eq!(
-        ids(&app
-            .get(&format!("/v1/studies/{id}/optimal_trials"))
-            .await
-            .body["trials"]),
+        ids(&app.get(&routes::optimal_trials(id)).await.body["trials"]),
         vec![2]
     );
     app.call(
         Method::PATCH,
-        &format!("/v1/studies/{id}/trials/1"),
+        &routes::trial(id, 1),
         Some(json!({"excluded": false})),
     )
     .await;
     assert_eq!(
-        app.get(&format!("/v1/studies/{id}")).await.body["best_trial"]["id"],
+        app.get(&routes::study(id)).await.body["best_trial"]["id"],
         1
     );
 }
@@ -190,7 +167,7 @@ async fn early_stopping_reads_the_metric_it_names(backend: &str) {
             for step in 1..=3 {
                 let r = app
                     .post(
-                        &format!("/v1/studies/{id}/trials/{trial}/measurements"),
+                        &routes::trial_measurements(id, trial),
                         json!({"step": step, "metrics": {"accuracy": accuracy, "loss": loss}}),
                     )
                     .await;
@@ -200,21 +177,13 @@ async fn early_stopping_reads_the_metric_it_names(backend: &str) {
     };
     let verdict = |trial: i64| {
         let app = &app;
-        async move {
-            app.get(&format!("/v1/studies/{id}/trials/{trial}/should_stop"))
-                .await
-                .body["should_stop"]
-                .clone()
-        }
+        async move { app.get(&routes::trial_should_stop(id, trial)).await.body["should_stop"].clone() }
     };
     for trial in 1..=3 {
         suggest(&app, id, 1, None).await;
         report(trial, 0.8, 0.2).await;
-        app.post(
-            &format!("/v1/studies/{id}/trials/{trial}/complete"),
-            json!({}),
-        )
-        .await;
+        app.post(&routes::trial_complete(id, trial), json!({}))
+            .await;
     }
     suggest(&app, id, 1, None).await;
     report(4, 0.8, 3.0).await;
@@ -223,8 +192,7 @@ async fn early_stopping_reads_the_metric_it_names(backend: &str) {
         true,
         "its loss is far worse than its peers'"
     );
-    app.post(&format!("/v1/studies/{id}/trials/4/complete"), json!({}))
-        .await;
+    app.post(&routes::trial_complete(id, 4), json!({})).await;
     suggest(&app, id, 1, None).await;
     report(5, 0.1, 0.1).await;
     assert_eq!(
@@ -245,109 +213,84 @@ async fn median_rule_stops_a_bad_trial(backend: &str) {
         for step in 1..=5 {
             let acc = 0.5 + 0.08 * step as f64;
             app.post(
-                &format!("/v1/studies/{id}/trials/{trial}/measurements"),
+                &routes::trial_measurements(id, trial),
                 json!({"step": step, "metrics": {"accuracy": acc}}),
             )
             .await;
         }
         let r = app
-            .post(
-                &format!("/v1/studies/{id}/trials/{trial}/should_stop"),
-                json!({}),
-            )
+            .post(&routes::trial_should_stop(id, trial), json!({}))
             .await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.body);
         assert_eq!(r.body["should_stop"], false);
-        app.post(
-            &format!("/v1/studies/{id}/trials/{trial}/complete"),
-            json!({}),
-        )
-        .await;
+        app.post(&routes::trial_complete(id, trial), json!({}))
+            .await;
     }
     suggest(&app, id, 1, None).await;
     for step in 1..=3 {
         app.post(
-            &format!("/v1/studies/{id}/trials/4/measurements"),
+            &routes::trial_measurements(id, 4),
             json!({"step": step, "metrics": {"accuracy": 0.1}}),
         )
         .await;
     }
     // A GET reads the verdict and changes nothing (issue 10, finding 6: a GET moved the
     // trial to `stopping`, so a prefetch or a crawler could stop trials).
-    let verdict = app
-        .get(&format!("/v1/studies/{id}/trials/4/should_stop"))
-        .await;
+    let verdict = app.get(&routes::trial_should_stop(id, 4)).await;
     assert_eq!(verdict.status, StatusCode::OK, "{}", verdict.body);
     assert_eq!(verdict.body["should_stop"], true);
     assert_eq!(
-        app.get(&format!("/v1/studies/{id}/trials/4")).await.body["state"],
+        app.get(&routes::trial(id, 4)).await.body["state"],
         "active",
         "a GET changed the trial"
     );
     // The POST acts on it.
-    let verdict = app
-        .post(&format!("/v1/studies/{id}/trials/4/should_stop"), json!({}))
-        .await;
+    let verdict = app.post(&routes::trial_should_stop(id, 4), json!({})).await;
     assert_eq!(verdict.status, StatusCode::OK, "{}", verdict.body);
     assert_eq!(verdict.body["should_stop"], true);
     assert_eq!(
-        app.get(&format!("/v1/studies/{id}/trials/4")).await.body["state"],
+        app.get(&routes::trial(id, 4)).await.body["state"],
         "stopping"
     );
     assert_counts_match_trials(&app, id).await;
-    let done = app
-        .post(&format!("/v1/studies/{id}/trials/4/complete"), json!({}))
-        .await;
+    let done = app.post(&routes::trial_complete(id, 4), json!({})).await;
     assert_eq!(done.body["state"], "completed");
     assert_eq!(done.body["early_stopped"], true);
     // A good trial is not stopped.
     suggest(&app, id, 1, None).await;
     app.post(
-        &format!("/v1/studies/{id}/trials/5/measurements"),
+        &routes::trial_measurements(id, 5),
         json!({"step": 3, "metrics": {"accuracy": 0.95}}),
     )
     .await;
     assert_eq!(
-        app.get(&format!("/v1/studies/{id}/trials/5/should_stop"))
-            .await
-            .body["should_stop"],
+        app.get(&routes::trial_should_stop(id, 5)).await.body["should_stop"],
         false
     );
-    assert_eq!(
-        app.get(&format!("/v1/studies/{id}/trials/5")).await.body["state"],
-        "active"
-    );
+    assert_eq!(app.get(&routes::trial(id, 5)).await.body["state"], "active");
 }
 
 async fn changes_cursor_returns_only_what_changed(backend: &str) {
     let app = app(backend).await;
     let id = app.create_study(spec("random", 10, 3)).await;
-    let empty = app.get(&format!("/v1/studies/{id}/changes")).await.body;
+    let empty = app.get(&routes::changes(id)).await.body;
     assert_eq!(empty["trials"], json!([]));
     let start = empty["cursor"].as_str().expect("cursor").to_string();
     suggest(&app, id, 3, None).await;
-    let first = app
-        .get(&format!("/v1/studies/{id}/changes?after={start}"))
-        .await
-        .body;
+    let first = app.get(&routes::changes_after(id, start)).await.body;
     assert_eq!(ids(&first["trials"]), vec![1, 2, 3]);
     let cursor = first["cursor"].as_str().expect("cursor").to_string();
     assert_eq!(
-        app.get(&format!("/v1/studies/{id}/changes?after={cursor}"))
-            .await
-            .body["trials"],
+        app.get(&routes::changes_after(id, &cursor)).await.body["trials"],
         json!([])
     );
     app.post(
-        &format!("/v1/studies/{id}/trials/2/measurements"),
+        &routes::trial_measurements(id, 2),
         json!({"step": 1, "metrics": {"accuracy": 0.3}}),
     )
     .await;
     complete(&app, id, 3, 0.5).await;
-    let next = app
-        .get(&format!("/v1/studies/{id}/changes?after={cursor}"))
-        .await
-        .body;
+    let next = app.get(&routes::changes_after(id, &cursor)).await.body;
     assert_eq!(
         ids(&next["trials"]),
         vec![2, 3],
@@ -356,14 +299,12 @@ async fn changes_cursor_returns_only_what_changed(backend: &str) {
     assert_eq!(next["trials"][1]["state"], "completed");
     assert_eq!(next["trials"][0]["measurements"][0]["step"], 1);
     let paged = app
-        .get(&format!("/v1/studies/{id}/changes?page_size=2"))
+        .get(&format!("{}?page_size=2", routes::changes(id)))
         .await
         .body;
     assert_eq!(paged["has_more"], true);
     assert_eq!(paged["trials"].as_array().map(Vec::len), Some(2));
-    let bad = app
-        .get(&format!("/v1/studies/{id}/changes?after=yesterday"))
-        .await;
+    let bad = app.get(&routes::changes_after(id, "yesterday")).await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
     assert_eq!(bad.body["error"]["field"], "after");
 }
@@ -442,7 +383,7 @@ async fn should_stop_reads_a_bounded_number_of_curves() {
     for step in 1..=3 {
         let r = app
             .post(
-                &format!("/v1/studies/{id}/trials/{running}/measurements"),
+                &routes::trial_measurements(id, running),
                 json!({"step": step, "metrics": {"accuracy": 0.1}}),
             )
             .await;
@@ -455,9 +396,7 @@ async fn should_stop_reads_a_bounded_number_of_curves() {
     const ROWS_READ: &str = "SELECT COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0) \
          FROM pg_stat_user_tables WHERE relname = 'measurements'";
     let before = common::settled_pg_counter(&mut admin, ROWS_READ).await;
-    let verdict = app
-        .get(&format!("/v1/studies/{id}/trials/{running}/should_stop"))
-        .await;
+    let verdict = app.get(&routes::trial_should_stop(id, running)).await;
     let read = common::settled_pg_counter(&mut admin, ROWS_READ).await - before;
     assert_eq!(verdict.status, StatusCode::OK, "{}", verdict.body);
     assert_eq!(
@@ -473,9 +412,7 @@ async fn should_stop_reads_a_bounded_number_of_curves() {
 
 /// The study's `trial_counts` (kept by each batch, not counted) against its trials' states.
 async fn assert_counts_match_trials(app: &common::TestApp, study: i64) {
-    let listed = app
-        .get(&format!("/v1/studies/{study}/trials?page_size=1000"))
-        .await;
+    let listed = app.get(&routes::all_trials(study)).await;
     assert_eq!(listed.status, StatusCode::OK, "{}", listed.body);
     let mut counted = serde_json::Map::new();
     let trials = listed.body["trials"]
@@ -495,7 +432,7 @@ async fn assert_counts_match_trials(app: &common::TestApp, study: i64) {
         counted.insert(state.into(), json!(n));
     }
     counted.insert("total".into(), json!(trials.len()));
-    let study_body = app.get(&format!("/v1/studies/{study}")).await.body;
+    let study_body = app.get(&routes::study(study)).await.body;
     assert_eq!(
         study_body["trial_counts"],
         serde_json::Value::Object(counted),
@@ -522,14 +459,14 @@ async fn trial_counts_follow_every_transition(backend: &str) {
     complete(&app, id, 1, 0.5).await;
     let failed = app
         .post(
-            &format!("/v1/studies/{id}/trials/2/fail"),
+            &routes::trial_fail(id, 2),
             json!({"reason": "out of memory"}),
         )
         .await;
     assert_eq!(failed.status, StatusCode::OK, "{}", failed.body);
     let infeasible = app
         .post(
-            &format!("/v1/studies/{id}/trials/3/complete"),
+            &routes::trial_complete(id, 3),
             json!({"infeasible_reason": "diverged"}),
         )
         .await;
@@ -538,15 +475,12 @@ async fn trial_counts_follow_every_transition(backend: &str) {
     // Added by hand: requested, and completed at once.
     let params = json!({"lr": 0.01, "layers": 2, "batch": 16, "kernel": "rbf"});
     let added = app
-        .post(
-            &format!("/v1/studies/{id}/trials"),
-            json!({"parameters": params}),
-        )
+        .post(&routes::trials(id), json!({"parameters": params}))
         .await;
     assert_eq!(added.status, StatusCode::CREATED, "{}", added.body);
     let added_done = app
         .post(
-            &format!("/v1/studies/{id}/trials"),
+            &routes::trials(id),
             json!({"parameters": params, "final_measurement": {"metrics": {"accuracy": 0.7}}}),
         )
         .await;
@@ -562,13 +496,13 @@ async fn trial_counts_follow_every_transition(backend: &str) {
     let excluded = app
         .call(
             Method::PATCH,
-            &format!("/v1/studies/{id}/trials/1"),
+            &routes::trial(id, 1),
             Some(json!({"excluded": true})),
         )
         .await;
     assert_eq!(excluded.status, StatusCode::OK, "{}", excluded.body);
     assert_counts_match_trials(&app, id).await;
-    let counts = app.get(&format!("/v1/studies/{id}")).await.body["trial_counts"].clone();
+    let counts = app.get(&routes::study(id)).await.body["trial_counts"].clone();
     assert_eq!(
         counts,
         json!({"requested": 0, "active": 2, "stopping": 0, "completed": 2,

@@ -2,7 +2,7 @@
 //! spreadsheet would split or run, reasons large enough to bloat every page of trials, and
 //! an audit trail whose names reorder or hide what a terminal shows.
 
-use crate::common;
+use crate::common::{self, routes};
 
 use reqwest::StatusCode;
 use serde_json::json;
@@ -45,7 +45,7 @@ async fn a_csv_export_quotes_what_a_spreadsheet_would_split_or_run() {
     for opt in [";=1+1", "a;b", "@SUM(A1)", "-1"] {
         let r = app
             .post(
-                &format!("/v1/studies/{study}/trials"),
+                &routes::trials(study),
                 json!({"parameters": {"opt": opt},
                        "final_measurement": {"metrics": {"accuracy": -0.5}}}),
             )
@@ -77,7 +77,7 @@ async fn fail_and_infeasible_reasons_are_capped(backend: &str) {
     let app = common::spawn_app(common::db(backend).await).await;
     let study = app.create_study(common::spec("random", 10, 5)).await;
     app.post(
-        &format!("/v1/studies/{study}/suggest"),
+        &routes::suggest(study),
         json!({"count": 3, "client_id": "w"}),
     )
     .await;
@@ -91,9 +91,7 @@ async fn fail_and_infeasible_reasons_are_capped(backend: &str) {
         ),
     ];
     for (path, body, field) in refused {
-        let r = app
-            .post(&format!("/v1/studies/{study}/trials/{path}"), body)
-            .await;
+        let r = app.post(&routes::trial(study, path), body).await;
         assert_eq!(r.status, StatusCode::BAD_REQUEST, "{path}: {}", r.body);
         assert_eq!(r.body["error"]["field"], field, "{}", r.body);
         assert!(
@@ -105,15 +103,12 @@ async fn fail_and_infeasible_reasons_are_capped(backend: &str) {
             r.body
         );
     }
-    let t = app.get(&format!("/v1/studies/{study}/trials/1")).await.body;
+    let t = app.get(&routes::trial(study, 1)).await.body;
     assert_eq!(t["state"], "active", "{t}");
     // 4 KiB exactly (in characters of several bytes: the cap counts bytes) is kept whole.
     let most = "é".repeat(2048);
     let r = app
-        .post(
-            &format!("/v1/studies/{study}/trials/3/fail"),
-            json!({"reason": most}),
-        )
+        .post(&routes::trial_fail(study, 3), json!({"reason": most}))
         .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     assert_eq!(r.body["fail_reason"], most.as_str());

@@ -1,6 +1,6 @@
 //! Upgrades: what a newer `augur` makes of what an older one stored, on both backends.
 
-use crate::common;
+use crate::common::{self, routes};
 
 use augur::{App, ServerConfig};
 use serde_json::{Value, json};
@@ -90,7 +90,7 @@ async fn studies_from_before_the_per_study_layout_keep_their_trial_directories(b
     let job_of = |id: i64| {
         let (http, base) = (&http, &base);
         async move {
-            let path = format!("/v1/studies/{id}");
+            let path = routes::study(id);
             let study = common::call(http, base, None, reqwest::Method::GET, &path, None).await;
             study.body["spec"]["trial_job"].clone()
         }

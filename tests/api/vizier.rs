@@ -4,7 +4,7 @@
 //! clientId asking again, the study's cap, and the study seen through Augur's own API. The
 //! routes are kept out of openapi.yaml: their access is checked here instead of in roles.rs.
 
-use crate::common;
+use crate::common::{self, routes, routes::vizier};
 
 use augur::api::access::Access;
 use augur::model::Role;
@@ -20,7 +20,8 @@ on_both_backends!(
     a_vizier_study_stops_by_its_study_stopping_config,
 );
 
-const PARENT: &str = "/v1/projects/demo/locations/us-central1";
+/// Where the tests' studies are, as Vertex names a location.
+const LOCATION: &str = "projects/demo/locations/us-central1";
 const ADMIN: &str = "vizier-admin-token";
 
 /// A call as the SDK makes it: int enum encoding asked in the query.
@@ -52,13 +53,13 @@ fn spec() -> Value {
     })
 }
 
-/// Create a study at PARENT as `token`; its Vizier name and Augur id.
+/// Create a study at LOCATION as `token`; its Vizier name and Augur id.
 async fn create(app: &common::TestApp, token: Option<&str>, display: &str) -> (String, i64) {
     let r = vz(
         app,
         token,
         Method::POST,
-        &format!("{PARENT}/studies"),
+        &vizier::studies(LOCATION),
         Some(json!({"displayName": display, "studySpec": spec()})),
     )
     .await;
@@ -86,7 +87,7 @@ fn ids(trials: &Value) -> Vec<String> {
 async fn every_method_answers_as_vertex_does(backend: &str) {
     let app = common::spawn_app(common::db(backend).await).await;
     let (name, id) = create(&app, None, "probe").await;
-    let study = format!("/v1/{name}");
+    let study = vizier::resource(&name);
 
     let got = vz(&app, None, Method::GET, &study, None).await;
     assert_eq!(got.status, StatusCode::OK, "{}", got.body);
@@ -109,7 +110,7 @@ async fn every_method_answers_as_vertex_does(backend: &str) {
         &app,
         None,
         Method::POST,
-        &format!("{PARENT}/studies"),
+        &vizier::studies(LOCATION),
         Some(json!({"displayName": "probe", "studySpec": spec()})),
     )
     .await;
@@ -120,12 +121,12 @@ async fn every_method_answers_as_vertex_does(backend: &str) {
         &app,
         None,
         Method::POST,
-        "/v1/projects/demo/locations/europe-west4/studies",
+        &vizier::studies("projects/demo/locations/europe-west4"),
         Some(json!({"displayName": "probe", "studySpec": spec()})),
     )
     .await;
     assert_eq!(elsewhere.status, StatusCode::OK, "{}", elsewhere.body);
-    let listed = vz(&app, None, Method::GET, &format!("{PARENT}/studies"), None).await;
+    let listed = vz(&app, None, Method::GET, &vizier::studies(LOCATION), None).await;
     let names: Vec<&str> = listed.body["studies"]
         .as_array()
         .expect("studies")
@@ -142,7 +143,7 @@ async fn every_method_answers_as_vertex_does(backend: &str) {
         &app,
         None,
         Method::POST,
-        &format!("{PARENT}/studies:lookup"),
+        &vizier::lookup_study(LOCATION),
         Some(json!({"displayName": "probe"})),
     )
     .await;
@@ -151,7 +152,7 @@ async fn every_method_answers_as_vertex_does(backend: &str) {
         &app,
         None,
         Method::POST,
-        &format!("{PARENT}/studies:lookup"),
+        &vizier::lookup_study(LOCATION),
         Some(json!({"displayName": "nobody"})),
     )
     .await;
@@ -161,7 +162,7 @@ async fn every_method_answers_as_vertex_does(backend: &str) {
     // Suggest: an operation answered done, its response typed.
     let suggest = |client: &'static str, count: i64| {
         let app = &app;
-        let path = format!("{study}/trials:suggest");
+        let path = vizier::suggest_trials(&name);
         async move {
             vz(
                 app,
@@ -204,10 +205,11 @@ async fn every_method_answers_as_vertex_does(backend: &str) {
     let resumed = suggest("w1", 3).await;
     assert_eq!(ids(&resumed.body["response"]["trials"]), first);
     // The operation is read back by its name, polled and waited on.
-    let op_path = format!("/v1/{}", op.body["name"].as_str().expect("operation name"));
+    let op_name = op.body["name"].as_str().expect("operation name");
+    let op_path = vizier::resource(op_name);
     for (method, path) in [
         (Method::GET, op_path.clone()),
-        (Method::POST, format!("{op_path}:wait")),
+        (Method::POST, vizier::wait_operation(op_name)),
         (Method::GET, op_path.replacen("/v1/", "/ui/", 1)),
     ] {
         let polled = vz(&app, None, method, &path, None).await;
@@ -215,13 +217,20 @@ async fn every_method_answers_as_vertex_does(backend: &str) {
         assert_eq!(polled.body["done"], true);
         assert_eq!(ids(&polled.body["response"]["trials"]), first);
     }
-    let cancel = vz(&app, None, Method::POST, &format!("{op_path}:cancel"), None).await;
+    let cancel = vz(
+        &app,
+        None,
+        Method::POST,
+        &vizier::cancel_operation(op_name),
+        None,
+    )
+    .await;
     assert_eq!(cancel.status, StatusCode::OK, "{}", cancel.body);
     let unknown_op = vz(
         &app,
         None,
         Method::GET,
-        &format!("{study}/operations/x"),
+        &format!("/v1/{name}/operations/x"),
         None,
     )
     .await;
@@ -246,7 +255,7 @@ async fn every_method_answers_as_vertex_does(backend: &str) {
         &app,
         None,
         Method::POST,
-        &format!("{study}/trials"),
+        &vizier::trials(&name),
         Some(json!({"parameters": [
             {"parameterId": "lr", "value": 0.01},
             {"parameterId": "layers", "value": 2},
@@ -256,18 +265,18 @@ async fn every_method_answers_as_vertex_does(backend: &str) {
     .await;
     assert_eq!(made.status, StatusCode::OK, "{}", made.body);
     assert_eq!(made.body["state"], 1, "REQUESTED: {}", made.body);
-    let made_path = format!("/v1/{}", made.body["name"].as_str().expect("trial name"));
+    let made_path = vizier::resource(made.body["name"].as_str().expect("trial name"));
     assert_eq!(
         vz(&app, None, Method::GET, &made_path, None).await.body["id"],
         made.body["id"]
     );
 
-    let trial = |id: &str| format!("{study}/trials/{id}");
+    let trial = |id: &str| format!("{name}/trials/{id}");
     let measured = vz(
         &app,
         None,
         Method::POST,
-        &format!("{}:addTrialMeasurement", trial(&first[0])),
+        &vizier::add_trial_measurement(trial(&first[0])),
         Some(
             json!({"measurement": {"stepCount": "5", "elapsedDuration": "1.5s",
             "metrics": [{"metricId": "acc", "value": 0.3}]}}),
@@ -281,13 +290,13 @@ async fn every_method_answers_as_vertex_does(backend: &str) {
         &app,
         None,
         Method::POST,
-        &format!("{}:checkTrialEarlyStoppingState", trial(&first[0])),
+        &vizier::check_trial_early_stopping_state(trial(&first[0])),
         Some(json!({})),
     )
     .await;
     assert_eq!(check.body["done"], true, "{}", check.body);
     assert_eq!(check.body["response"]["shouldStop"], false);
-    let check_path = format!("/v1/{}", check.body["name"].as_str().expect("name"));
+    let check_path = vizier::resource(check.body["name"].as_str().expect("name"));
     assert_eq!(
         vz(&app, None, Method::GET, &check_path, None).await.body["response"]["shouldStop"],
         false
@@ -296,7 +305,7 @@ async fn every_method_answers_as_vertex_does(backend: &str) {
         &app,
         None,
         Method::POST,
-        &format!("{}:complete", trial(&first[0])),
+        &vizier::complete_trial(trial(&first[0])),
         Some(json!({"finalMeasurement": {"stepCount": "6", "metrics": [{"metricId": "acc", "value": 0.9}]}})),
     )
     .await;
@@ -309,7 +318,7 @@ async fn every_method_answers_as_vertex_does(backend: &str) {
         &app,
         None,
         Method::POST,
-        &format!("{}:stop", trial(&first[1])),
+        &vizier::stop_trial(trial(&first[1])),
         Some(json!({})),
     )
     .await;
@@ -318,7 +327,7 @@ async fn every_method_answers_as_vertex_does(backend: &str) {
         &app,
         None,
         Method::POST,
-        &format!("{}:complete", trial(&first[2])),
+        &vizier::complete_trial(trial(&first[2])),
         Some(json!({"trialInfeasible": true, "infeasibleReason": "diverged"})),
     )
     .await;
@@ -328,7 +337,7 @@ async fn every_method_answers_as_vertex_does(backend: &str) {
         &app,
         None,
         Method::POST,
-        &format!("{}:complete", trial(&first[0])),
+        &vizier::complete_trial(trial(&first[0])),
         Some(json!({})),
     )
     .await;
@@ -344,12 +353,12 @@ async fn every_method_answers_as_vertex_does(backend: &str) {
         &app,
         None,
         Method::POST,
-        &format!("{study}/trials:listOptimalTrials"),
+        &vizier::list_optimal_trials(&name),
         Some(json!({})),
     )
     .await;
     assert_eq!(ids(&optimal.body["optimalTrials"]), [first[0].clone()]);
-    let all = vz(&app, None, Method::GET, &format!("{study}/trials"), None).await;
+    let all = vz(&app, None, Method::GET, &vizier::trials(&name), None).await;
     assert_eq!(
         all.body["trials"].as_array().map(Vec::len),
         Some(5),
@@ -360,7 +369,7 @@ async fn every_method_answers_as_vertex_does(backend: &str) {
     let mut paged = Vec::new();
     let mut token = String::new();
     loop {
-        let path = format!("{study}/trials?pageSize=2&pageToken={token}");
+        let path = format!("{}?pageSize=2&pageToken={token}", vizier::trials(&name));
         let page = vz(&app, None, Method::GET, &path, None).await;
         assert!(
             page.body["trials"].as_array().is_some_and(|t| t.len() <= 2),
@@ -384,11 +393,11 @@ async fn every_method_answers_as_vertex_does(backend: &str) {
         StatusCode::NOT_FOUND
     );
     let made_id = made.body["id"].as_str().expect("id");
-    let kept = app.get(&format!("/v1/studies/{id}/trials/{made_id}")).await;
+    let kept = app.get(&routes::trial(id, made_id)).await;
     assert_eq!(kept.body["excluded"], true, "{}", kept.body);
 
     // The study through Augur's own API.
-    let augur = app.get(&format!("/v1/studies/{id}")).await;
+    let augur = app.get(&routes::study(id)).await;
     assert_eq!(augur.body["name"], "probe");
     assert_eq!(augur.body["trial_counts"]["completed"], 1, "{}", augur.body);
     assert_eq!(augur.body["user_attrs"]["vertex.location"], "us-central1");
@@ -424,7 +433,7 @@ fn assert_names_field(r: &common::Response, field: &str) {
 
 async fn bad_input_is_refused_naming_the_field(backend: &str) {
     let app = common::spawn_app(common::db(backend).await).await;
-    let studies = format!("{PARENT}/studies");
+    let studies = vizier::studies(LOCATION);
     let post = |path: String, body: Value| {
         let app = &app;
         async move { vz(app, None, Method::POST, &path, Some(body)).await }
@@ -478,20 +487,16 @@ async fn bad_input_is_refused_naming_the_field(backend: &str) {
     );
 
     let (name, _) = create(&app, None, "bad-inputs").await;
-    let study = format!("/v1/{name}");
-    let suggest = format!("{study}/trials:suggest");
+    let suggest = vizier::suggest_trials(&name);
     let op = post(
         suggest.clone(),
         json!({"suggestionCount": 1, "clientId": "w"}),
     )
     .await;
-    let trial = format!(
-        "/v1/{}",
-        op.body["response"]["trials"][0]["name"]
-            .as_str()
-            .expect("trial")
-    );
-    let measure = format!("{trial}:addTrialMeasurement");
+    let trial = op.body["response"]["trials"][0]["name"]
+        .as_str()
+        .expect("trial");
+    let measure = vizier::add_trial_measurement(trial);
     let cases = [
         (&suggest, json!({"clientId": "w"}), "suggestionCount"),
         (
@@ -516,7 +521,7 @@ async fn bad_input_is_refused_naming_the_field(backend: &str) {
             "measurement.elapsedDuration",
         ),
         (
-            &format!("{study}/trials"),
+            &vizier::trials(&name),
             json!({"parameters": [{"parameterId": "lr", "value": [1]}]}),
             "parameters[0].value",
         ),
@@ -526,9 +531,9 @@ async fn bad_input_is_refused_naming_the_field(backend: &str) {
     }
     // Not ids: 404, as for a study or trial that does not exist.
     for path in [
-        format!("{PARENT}/studies/abc"),
-        format!("{study}/trials/x"),
-        format!("{PARENT}/studies/987654"),
+        format!("/v1/{LOCATION}/studies/abc"),
+        format!("/v1/{name}/trials/x"),
+        format!("/v1/{LOCATION}/studies/987654"),
     ] {
         let r = vz(&app, None, Method::GET, &path, None).await;
         assert_eq!(r.status, StatusCode::NOT_FOUND, "{path}: {}", r.body);
@@ -538,12 +543,12 @@ async fn bad_input_is_refused_naming_the_field(backend: &str) {
         &app,
         None,
         Method::GET,
-        &format!("{study}/trials?pageSize=100000"),
+        &format!("{}?pageSize=100000", vizier::trials(&name)),
         None,
     )
     .await;
     assert_names_field(&huge, "pageSize");
-    let unknown_verb = post(format!("{trial}:explode"), json!({})).await;
+    let unknown_verb = post(format!("/v1/{trial}:explode"), json!({})).await;
     assert_eq!(
         unknown_verb.status,
         StatusCode::NOT_FOUND,
@@ -555,7 +560,7 @@ async fn bad_input_is_refused_naming_the_field(backend: &str) {
 async fn a_vizier_study_keeps_augurs_cap_and_budget(backend: &str) {
     let app = common::spawn_app(common::db(backend).await).await;
     let (name, id) = create(&app, None, "capped").await;
-    let augur = app.get(&format!("/v1/studies/{id}")).await.body;
+    let augur = app.get(&routes::study(id)).await.body;
     assert_eq!(
         augur["spec"]["max_trials"],
         augur::api::vizier::DEFAULT_MAX_TRIALS
@@ -567,14 +572,14 @@ async fn a_vizier_study_keeps_augurs_cap_and_budget(backend: &str) {
     let patched = app
         .call(
             Method::PATCH,
-            &format!("/v1/studies/{id}"),
+            &routes::study(id),
             Some(json!({"parallel_trials": 2})),
         )
         .await;
     assert_eq!(patched.status, StatusCode::OK, "{}", patched.body);
     let suggest = |client: &'static str| {
         let app = &app;
-        let path = format!("/v1/{name}/trials:suggest");
+        let path = vizier::suggest_trials(&name);
         async move {
             vz(
                 app,
@@ -662,56 +667,53 @@ async fn each_role_may_call_what_the_access_table_declares(backend: &str) {
         assert_eq!(r.body["error"]["status"], "PERMISSION_DENIED", "{}", r.body);
         assert_eq!(r.body["error"]["code"], 403);
     };
-    let studies = format!("{PARENT}/studies");
+    let studies = vizier::studies(LOCATION);
     let body = json!({"displayName": "owned", "studySpec": spec()});
     denied(&vz(&app, reader, Method::POST, &studies, Some(body.clone())).await);
     let (name, _) = create(&app, owner, "owned").await;
-    let study = format!("/v1/{name}");
+    let study = vizier::resource(&name);
     let suggest = json!({"suggestionCount": 1, "clientId": "w"});
-    let path = format!("{study}/trials:suggest");
+    let path = vizier::suggest_trials(&name);
     denied(&vz(&app, reader, Method::POST, &path, Some(suggest.clone())).await);
     denied(&vz(&app, other, Method::POST, &path, Some(suggest.clone())).await);
     let op = vz(&app, owner, Method::POST, &path, Some(suggest)).await;
     assert_eq!(op.status, StatusCode::OK, "{}", op.body);
-    let trial = format!(
-        "/v1/{}",
-        op.body["response"]["trials"][0]["name"]
-            .as_str()
-            .expect("trial")
-    );
+    let trial = op.body["response"]["trials"][0]["name"]
+        .as_str()
+        .expect("trial");
     for who in [reader, other] {
         denied(
             &vz(
                 &app,
                 who,
                 Method::POST,
-                &format!("{trial}:complete"),
+                &vizier::complete_trial(trial),
                 Some(json!({})),
             )
             .await,
         );
-        denied(&vz(&app, who, Method::DELETE, &trial, None).await);
+        denied(&vz(&app, who, Method::DELETE, &vizier::resource(trial), None).await);
         denied(&vz(&app, who, Method::DELETE, &study, None).await);
     }
     // A reader reads: the study, its trials, the lookup, the optimal trials, the operation.
     for (method, path, body) in [
         (Method::GET, study.clone(), None),
-        (Method::GET, trial.clone(), None),
-        (Method::GET, format!("{study}/trials"), None),
+        (Method::GET, vizier::resource(trial), None),
+        (Method::GET, vizier::trials(&name), None),
         (Method::GET, studies.clone(), None),
         (
             Method::POST,
-            format!("{studies}:lookup"),
+            vizier::lookup_study(LOCATION),
             Some(json!({"displayName": "owned"})),
         ),
         (
             Method::POST,
-            format!("{study}/trials:listOptimalTrials"),
+            vizier::list_optimal_trials(&name),
             Some(json!({})),
         ),
         (
             Method::GET,
-            format!("/v1/{}", op.body["name"].as_str().expect("op")),
+            vizier::resource(op.body["name"].as_str().expect("op")),
             None,
         ),
     ] {
@@ -728,7 +730,7 @@ async fn each_role_may_call_what_the_access_table_declares(backend: &str) {
         &app,
         owner,
         Method::POST,
-        &format!("{trial}:complete"),
+        &vizier::complete_trial(trial),
         Some(json!({
         "finalMeasurement": {"metrics": [{"metricId": "acc", "value": 0.5}]}})),
     )
@@ -743,7 +745,7 @@ async fn each_role_may_call_what_the_access_table_declares(backend: &str) {
 async fn racing_creates_of_one_name_leave_one_study(backend: &str) {
     let app = common::spawn_app(common::db(backend).await).await;
     let body = json!({"displayName": "raced", "studySpec": spec()});
-    let path = format!("{PARENT}/studies");
+    let path = vizier::studies(LOCATION);
     let answers = futures::future::join_all(
         (0..6).map(|_| vz(&app, None, Method::POST, &path, Some(body.clone()))),
     )
@@ -778,7 +780,7 @@ async fn racing_creates_of_one_name_leave_one_study(backend: &str) {
         &app,
         None,
         Method::POST,
-        &format!("{path}:lookup"),
+        &vizier::lookup_study(LOCATION),
         Some(json!({"displayName": "raced"})),
     )
     .await;
@@ -799,7 +801,7 @@ async fn a_vizier_study_stops_by_its_study_stopping_config(backend: &str) {
         &app,
         None,
         Method::POST,
-        &format!("{PARENT}/studies"),
+        &vizier::studies(LOCATION),
         Some(json!({"displayName": "stopping", "studySpec": study_spec})),
     )
     .await;
@@ -816,7 +818,7 @@ async fn a_vizier_study_stops_by_its_study_stopping_config(backend: &str) {
         .next()
         .and_then(|s| s.parse().ok())
         .expect("id");
-    let own = app.get(&format!("/v1/studies/{id}")).await.body;
+    let own = app.get(&routes::study(id)).await.body;
     assert_eq!(
         own["spec"]["study_stopping"],
         json!({"max_num_trials_no_progress": 1, "max_duration_no_progress_secs": 3600}),
@@ -828,7 +830,7 @@ async fn a_vizier_study_stops_by_its_study_stopping_config(backend: &str) {
             &app,
             None,
             Method::POST,
-            &format!("/v1/{name}/trials:suggest"),
+            &vizier::suggest_trials(&name),
             Some(json!({"suggestionCount": 1, "clientId": "w"})),
         )
         .await;
@@ -841,14 +843,14 @@ async fn a_vizier_study_stops_by_its_study_stopping_config(backend: &str) {
             &app,
             None,
             Method::POST,
-            &format!("/v1/{trial}:complete"),
+            &vizier::complete_trial(&trial),
             Some(json!({"finalMeasurement": {"metrics": [{"metricId": "acc", "value": acc}]}})),
         )
         .await;
         assert_eq!(done.status, StatusCode::OK, "{}", done.body);
     }
-    let own = app.get(&format!("/v1/studies/{id}")).await.body;
+    let own = app.get(&routes::study(id)).await.body;
     assert_eq!(own["state"], "completed", "{own}");
-    let vizier = vz(&app, None, Method::GET, &format!("/v1/{name}"), None).await;
+    let vizier = vz(&app, None, Method::GET, &vizier::resource(&name), None).await;
     assert_eq!(vizier.body["state"], 3, "COMPLETED: {}", vizier.body);
 }

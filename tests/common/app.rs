@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 use super::client::{Response, call, http};
 use super::db::TestDb;
+use super::routes;
 use super::wait::eventually;
 
 /// The server, in this process, on an ephemeral loopback port.
@@ -51,6 +52,11 @@ pub async fn spawn_app_configured(
 }
 
 impl TestApp {
+    /// The full URL of `path` on this server, for requests made without `call`.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
     pub async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Response {
         call(
             &self.http,
@@ -86,7 +92,7 @@ impl TestApp {
     pub async fn study_with_active_trial(&self, spec: Value) -> (i64, i64) {
         let study = self.create_study(spec).await;
         let suggested = self
-            .post(&format!("/v1/studies/{study}/suggest"), json!({"count": 1}))
+            .post(&routes::suggest(study), json!({"count": 1}))
             .await;
         assert_eq!(suggested.status, StatusCode::OK, "{:?}", suggested.body);
         let trial = suggested.body["trials"][0]["id"]
@@ -98,7 +104,7 @@ impl TestApp {
     /// Wait until the study is in `want`; returns the study.
     pub async fn wait_for_state(&self, id: i64, want: &str, limit: Duration) -> Value {
         eventually(&format!("study {id} {want}"), limit, || async move {
-            let s = self.get(&format!("/v1/studies/{id}")).await.body;
+            let s = self.get(&routes::study(id)).await.body;
             if s["state"] == want {
                 Ok(s)
             } else {
@@ -111,10 +117,7 @@ impl TestApp {
     /// Wait until `n` trials of the study have failed as cancelled by its stop.
     pub async fn wait_for_cancelled_trials(&self, id: i64, n: usize, limit: Duration) {
         let failed = eventually("trials cancelled by the stop", limit, || async move {
-            let failed = self
-                .get(&format!("/v1/studies/{id}/trials?state=failed"))
-                .await
-                .body;
+            let failed = self.get(&routes::trials_in_state(id, "failed")).await.body;
             let count = failed["trials"].as_array().map_or(0, Vec::len);
             if count == n {
                 Ok(failed)

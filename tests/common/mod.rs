@@ -2,7 +2,8 @@
 //! process (`app`) and the JSON client to any server (`client`), real `augur` and other
 //! child processes (`processes`), study specs (`specs`), trial jobs (`jobs`), waiting
 //! (`wait`), a TCP relay that makes faults (`relay`), hosts of network namespaces
-//! (`cluster`). Tests name every helper as `common::X`, re-exported here.
+//! (`cluster`), the API's paths (`routes`). Tests name every helper as `common::X`,
+//! re-exported here, and each path as `routes::X`.
 #![allow(
     dead_code,
     unused_macros,
@@ -18,6 +19,7 @@ mod cluster;
 mod jobs;
 mod processes;
 mod relay;
+pub mod routes;
 mod specs;
 mod wait;
 

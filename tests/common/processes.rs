@@ -23,6 +23,11 @@ impl ServerProcess {
         Self::start_with(database_url, port, &[])
     }
 
+    /// The full URL of `path` on this server.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
     /// `augur serve` with more arguments (`--no-dispatch`, …).
     pub fn start_with(database_url: &str, port: u16, more: &[&str]) -> ServerProcess {
         let child = Command::new(augur_bin())

@@ -3,7 +3,7 @@
 //! trial page shows them; a link the job planted (to a file of the server's, or out of the
 //! directory) is neither listed nor followed, and a path that climbs out is refused.
 
-use crate::common;
+use crate::common::{self, routes};
 
 use std::time::Duration;
 
@@ -34,7 +34,7 @@ echo accuracy=0.5"#,
     let study = app.create_study(spec).await;
     app.wait_for_state(study, "completed", Duration::from_secs(60))
         .await;
-    let base = format!("/v1/studies/{study}/trials/1/artifacts");
+    let base = routes::trial_artifacts(study, 1);
 
     let listed = app.get(&base).await;
     assert_eq!(listed.status, StatusCode::OK, "{}", listed.body);
@@ -96,13 +96,11 @@ echo accuracy=0.5"#,
     // A pulled study keeps no files on the server: said plainly.
     let pulled = app.create_study(common::spec("random", 1, 1)).await;
     app.post(
-        &format!("/v1/studies/{pulled}/suggest"),
+        &routes::suggest(pulled),
         json!({"count": 1, "client_id": "w"}),
     )
     .await;
-    let none = app
-        .get(&format!("/v1/studies/{pulled}/trials/1/artifacts"))
-        .await;
+    let none = app.get(&routes::trial_artifacts(pulled, 1)).await;
     assert_eq!(none.status, StatusCode::NOT_FOUND, "{}", none.body);
     assert!(
         none.body["error"]["message"]

@@ -1,7 +1,7 @@
 //! The `augur` binary as users run it: `study` subcommands against a live server, a
 //! clear one-line error when there is none, and `augur run` stopped with Ctrl-C and resumed.
 
-use crate::common;
+use crate::common::{self, routes};
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -53,11 +53,11 @@ async fn study_commands_drive_a_live_server() {
     assert!(out.contains("created study 1 (cli-study)"), "{out}");
 
     let s = app
-        .post("/v1/studies/1/suggest", serde_json::json!({"count": 2}))
+        .post(&routes::suggest(1), serde_json::json!({"count": 2}))
         .await;
     assert_eq!(s.body["trials"].as_array().map(Vec::len), Some(2));
     app.post(
-        "/v1/studies/1/trials/1/complete",
+        &routes::trial_complete(1, 1),
         serde_json::json!({"metrics": {"loss": 0.25}}),
     )
     .await;
@@ -70,7 +70,7 @@ async fn study_commands_drive_a_live_server() {
     let (ok, out, _) = run(vec!["study".into(), "show".into(), "1".into()]).await;
     assert!(ok && out.contains("\"best_trial\""), "{out}");
     app.post(
-        "/v1/studies/1/trials/2/fail",
+        &routes::trial_fail(1, 2),
         serde_json::json!({"reason": "out of memory"}),
     )
     .await;
@@ -468,7 +468,7 @@ async fn a_vertex_job_file_round_trips_through_create_and_export() {
         let spec = |id: i64| {
             let app = &app;
             async move {
-                let mut s = app.get(&format!("/v1/studies/{id}")).await.body["spec"].clone();
+                let mut s = app.get(&routes::study(id)).await.body["spec"].clone();
                 // Each study has a seed of its own unless the spec gives one.
                 s["seed"] = serde_json::Value::Null;
                 s
@@ -586,7 +586,7 @@ async fn csv_export_neutralises_formulas_and_keeps_numbers() {
     for (i, value) in values.iter().enumerate() {
         let r = app
             .post(
-                &format!("/v1/studies/{study}/trials"),
+                &routes::trials(study),
                 serde_json::json!({
                     "parameters": {"opt": value, "x": -1.5},
                     "final_measurement": {"metrics": {"loss": -0.25 - i as f64}}

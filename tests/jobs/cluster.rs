@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::common::{self, TestApp};
+use crate::common::{self, TestApp, routes};
 
 /// A replica for the failure cases: dumps its environment, then per `--mode`:
 /// `ok` the primary reports `loss=` (after 3 s with `slow`), the others wait to be stopped;
@@ -167,10 +167,7 @@ fn read_env(model_dir: &Path, replica: &str) -> BTreeMap<String, String> {
 }
 
 async fn replica_log(app: &TestApp, study: i64, trial: i64, replica: &str) -> String {
-    let url = format!(
-        "{}/v1/studies/{study}/trials/{trial}/logs?replica={replica}",
-        app.base
-    );
+    let url = app.url(&routes::trial_logs_of_replica(study, trial, replica));
     let r = app.http.get(url).send().await.expect("logs");
     assert_eq!(r.status(), StatusCode::OK, "logs of {replica}");
     r.text().await.expect("text")
@@ -254,10 +251,7 @@ async fn replicas_find_each_other_and_train_together_two_clusters_at_once() {
             "the workers agree on the primary: {ports:?}"
         );
         ports_by_trial.push(ports.into_iter().next().unwrap_or_default());
-        let trial_json = app
-            .get(&format!("/v1/studies/{id}/trials/{trial}"))
-            .await
-            .body;
+        let trial_json = app.get(&routes::trial(id, trial)).await.body;
         assert!(
             trial_json["final_measurement"]["metrics"]["loss"].is_number(),
             "{trial_json}"
@@ -268,10 +262,7 @@ async fn replicas_find_each_other_and_train_together_two_clusters_at_once() {
     assert_ne!(ports_by_trial[2], ports_by_trial[3], "{ports_by_trial:?}");
     let unknown = app
         .http
-        .get(format!(
-            "{}/v1/studies/{id}/trials/1/logs?replica=workerpool2-0",
-            app.base
-        ))
+        .get(app.url(&routes::trial_logs_of_replica(id, 1, "workerpool2-0")))
         .send()
         .await
         .expect("logs");
@@ -408,7 +399,7 @@ async fn a_crashed_worker_stops_the_cluster_which_is_retried_from_its_checkpoint
         .wait_for_state(id, "completed", Duration::from_secs(60))
         .await;
     assert_eq!(s["trial_counts"]["completed"], 1, "{s}");
-    let trial = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
+    let trial = app.get(&routes::trial(id, 1)).await.body;
     assert_eq!(trial["attempts"], 2, "{trial}");
     let primary = replica_log(&app, id, 1, "workerpool0-0").await;
     assert!(
@@ -454,7 +445,7 @@ async fn a_hung_cluster_is_killed_at_its_timeout_with_every_replica_and_child() 
     let s = app
         .wait_for_state(id, "completed", Duration::from_secs(60))
         .await;
-    let trial = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
+    let trial = app.get(&routes::trial(id, 1)).await.body;
     assert_eq!(trial["state"], "failed", "{trial}");
     assert!(
         trial["fail_reason"]
@@ -496,9 +487,9 @@ async fn stop_and_delete_kill_every_replica() {
         })
         .await;
         let r = if end == "stop" {
-            app.post(&format!("/v1/studies/{id}/stop"), json!({})).await
+            app.post(&routes::stop(id), json!({})).await
         } else {
-            app.call(reqwest::Method::DELETE, &format!("/v1/studies/{id}"), None)
+            app.call(reqwest::Method::DELETE, &routes::study(id), None)
                 .await
         };
         assert!(r.status.is_success(), "{end}: {}", r.body);
@@ -579,7 +570,7 @@ async fn sigkill_of_the_server_mid_trial_leaves_no_orphan_replica() {
                 base,
                 None,
                 reqwest::Method::GET,
-                &format!("/v1/studies/{id}"),
+                &routes::study(id),
                 None,
             )
             .await
@@ -633,7 +624,7 @@ async fn gpus_go_one_replica_each_and_a_trial_waits_for_its_own() {
     let s = app
         .wait_for_state(id, "completed", Duration::from_secs(90))
         .await;
-    let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
+    let trials = app.get(&routes::trials(id)).await.body;
     assert_eq!(s["trial_counts"]["completed"], 6, "{s}\ntrials: {trials}");
     let mut devices = BTreeSet::new();
     for trial in 1..=6 {
@@ -680,7 +671,7 @@ async fn a_cluster_that_cannot_start_whole_leaves_no_replica() {
     );
     let id = app.create_study(spec).await;
     common::eventually("the trial failed", Duration::from_secs(30), || async {
-        let trial = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
+        let trial = app.get(&routes::trial(id, 1)).await.body;
         if trial["state"] == "failed" {
             Ok(())
         } else {

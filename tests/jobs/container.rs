@@ -14,7 +14,7 @@ use std::time::Duration;
 use augur::dispatch::container::ContainerEngine;
 use serde_json::{Value, json};
 
-use crate::common::{self, TestApp};
+use crate::common::{self, TestApp, routes};
 
 /// A replica for the failure cases (see `cluster.rs`'s script, of which this is the part the
 /// container tests need).
@@ -300,11 +300,7 @@ async fn a_cluster_trial_runs_as_containers_that_find_each_other_and_report_thro
         "a trial token on a command line"
     );
     for trial in 1..=4 {
-        let t = s
-            .app
-            .get(&format!("/v1/studies/{id}/trials/{trial}"))
-            .await
-            .body;
+        let t = s.app.get(&routes::trial(id, trial)).await.body;
         // The hypertune file's entries, one per epoch, as measurements.
         let steps: Vec<i64> = t["measurements"]
             .as_array()
@@ -314,10 +310,9 @@ async fn a_cluster_trial_runs_as_containers_that_find_each_other_and_report_thro
             .collect();
         assert!(steps.contains(&3), "trial {trial}: {t}");
         for (replica, rank) in [("workerpool0-0", 0), ("workerpool1-1", 2)] {
-            let url = format!(
-                "{}/v1/studies/{id}/trials/{trial}/logs?replica={replica}",
-                s.app.base
-            );
+            let url = s
+                .app
+                .url(&routes::trial_logs_of_replica(id, trial, replica));
             let log = s
                 .app
                 .http
@@ -368,7 +363,7 @@ async fn a_crashed_container_retries_the_whole_cluster_and_a_stop_leaves_none_be
     s.app
         .wait_for_state(id, "completed", Duration::from_secs(180))
         .await;
-    let trial = s.app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
+    let trial = s.app.get(&routes::trial(id, 1)).await.body;
     assert_eq!(trial["state"], "completed", "{trial}");
     assert_eq!(trial["attempts"], 2, "{trial}");
     assert!(containers_of(&s.engine, s.runs.path(), id).is_empty());
@@ -383,10 +378,7 @@ async fn a_crashed_container_retries_the_whole_cluster_and_a_stop_leaves_none_be
         }
     })
     .await;
-    let stopped = s
-        .app
-        .post(&format!("/v1/studies/{id}/stop"), json!({}))
-        .await;
+    let stopped = s.app.post(&routes::stop(id), json!({})).await;
     assert_eq!(stopped.body["state"], "stopped", "{}", stopped.body);
     common::eventually("no container left", Duration::from_secs(60), || {
         let (engine, runs) = (s.engine.clone(), s.runs.path().to_path_buf());
@@ -432,7 +424,7 @@ async fn a_container_job_runs_as_the_run_jobs_as_user() {
     use std::os::unix::fs::MetadataExt;
     let owner = std::fs::metadata(&written).expect("metadata").uid();
     assert_eq!(owner, uid, "the file belongs to the job's user on the host");
-    let trial = s.app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
+    let trial = s.app.get(&routes::trial(id, 1)).await.body;
     assert_eq!(
         trial["final_measurement"]["metrics"]["loss"], 0.5,
         "{trial}"

@@ -3,7 +3,7 @@
 //! whole process group, cancels jobs when a study stops, survives a SIGKILL of the service,
 //! and collects metrics from stdout and from the real `cloudml-hypertune` package.
 
-use crate::common;
+use crate::common::{self, routes};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -142,10 +142,7 @@ async fn twenty_trials_four_at_a_time_never_more_than_four_processes() {
     assert!(peak <= 4, "{peak} trial processes were alive at once");
     assert!(peak >= 2, "trials ran in parallel (peak {peak})");
     // Metrics came from stdout; each trial has its directories and log.
-    let best = app
-        .get(&format!("/v1/studies/{id}/optimal_trials"))
-        .await
-        .body;
+    let best = app.get(&routes::optimal_trials(id)).await.body;
     let trial = best["trials"][0]["id"].as_i64().expect("best");
     let root = common::study_dir(&f.dir.path().join("runs"), id).join(trial.to_string());
     for sub in ["model", "checkpoints", "logs"] {
@@ -153,7 +150,7 @@ async fn twenty_trials_four_at_a_time_never_more_than_four_processes() {
     }
     let logs = app
         .http
-        .get(format!("{}/v1/studies/{id}/trials/{trial}/logs", app.base))
+        .get(app.url(&routes::trial_logs(id, trial)))
         .send()
         .await
         .expect("logs");
@@ -171,7 +168,7 @@ async fn first_trial_at_the_end(app: &common::TestApp, spec: Value) -> Value {
     let id = app.create_study(spec).await;
     app.wait_for_state(id, "completed", Duration::from_secs(60))
         .await;
-    app.get(&format!("/v1/studies/{id}/trials/1")).await.body
+    app.get(&routes::trial(id, 1)).await.body
 }
 
 /// Each replica writes the arguments it was started with; the primary waits for the
@@ -300,7 +297,7 @@ async fn a_hung_trial_is_killed_at_its_timeout_with_its_process_group() {
     app.wait_for_state(id, "completed", Duration::from_secs(30))
         .await;
     assert!(started.elapsed() < Duration::from_secs(15));
-    let trial = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
+    let trial = app.get(&routes::trial(id, 1)).await.body;
     assert_eq!(trial["state"], "failed");
     assert!(
         trial["fail_reason"]
@@ -338,7 +335,7 @@ async fn stopping_the_study_kills_running_jobs() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let stopped = app.post(&format!("/v1/studies/{id}/stop"), json!({})).await;
+    let stopped = app.post(&routes::stop(id), json!({})).await;
     assert_eq!(stopped.body["state"], "stopped");
     let start = Instant::now();
     while common::processes_with(&marker) > 0 {
@@ -388,7 +385,7 @@ async fn sigkill_of_the_service_mid_study_then_restart_finishes_exactly_max_tria
             &base,
             None,
             reqwest::Method::GET,
-            &format!("/v1/studies/{id}"),
+            &routes::study(id),
             None,
         )
         .await
@@ -409,7 +406,7 @@ async fn sigkill_of_the_service_mid_study_then_restart_finishes_exactly_max_tria
             &base,
             None,
             reqwest::Method::GET,
-            &format!("/v1/studies/{id}"),
+            &routes::study(id),
             None,
         )
         .await
@@ -420,12 +417,7 @@ async fn sigkill_of_the_service_mid_study_then_restart_finishes_exactly_max_tria
         assert!(start.elapsed() < Duration::from_secs(90), "{s}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let failed = common::get_body(
-        &http,
-        &base,
-        &format!("/v1/studies/{id}/trials?state=failed"),
-    )
-    .await;
+    let failed = common::get_body(&http, &base, &routes::trials_in_state(id, "failed")).await;
     server.kill();
     assert_eq!(s["trial_counts"]["total"], 12, "{s}");
     assert_eq!(s["trial_counts"]["completed"], 12, "{s}\nfailed: {failed}");
@@ -454,7 +446,7 @@ async fn create_on(http: &reqwest::Client, base: &str, spec: Value) -> i64 {
 /// Wait until the study on a server process has left `active`; returns it.
 async fn wait_until_ended(http: &reqwest::Client, base: &str, id: i64) -> Value {
     common::eventually("the study ended", Duration::from_secs(60), || async {
-        let s = common::get_body(http, base, &format!("/v1/studies/{id}")).await;
+        let s = common::get_body(http, base, &routes::study(id)).await;
         if s["state"] != "active" {
             Ok(s)
         } else {
@@ -533,7 +525,7 @@ async fn a_service_restart_does_not_renew_a_trials_retries(backend: &str) {
     let server = common::ServerProcess::start(&db.url, port);
     server.wait_ready().await;
     wait_until_ended(&http, &server.base, id).await;
-    let trial = common::get_body(&http, &server.base, &format!("/v1/studies/{id}/trials/1")).await;
+    let trial = common::get_body(&http, &server.base, &routes::trial(id, 1)).await;
     let seen = launches(&log);
     // Launch 1 failed (counted); launch 2 ended unseen, with the service (given back);
     // after the restart launches 3 and 4 are attempts 2 and 3, the last allowed.
@@ -599,7 +591,7 @@ async fn a_launch_interrupted_by_the_service_dying_is_not_charged_to_the_trial()
     let server = common::ServerProcess::start(&db.url, port);
     server.wait_ready().await;
     let s = wait_until_ended(&http, &server.base, id).await;
-    let trial = common::get_body(&http, &server.base, &format!("/v1/studies/{id}/trials/1")).await;
+    let trial = common::get_body(&http, &server.base, &routes::trial(id, 1)).await;
     assert_eq!(trial["state"], "completed", "{s}\n{trial}");
     assert_eq!(
         trial["attempts"], 1,
@@ -685,7 +677,7 @@ async fn a_vertex_style_trainer_reports_through_cloudml_hypertune_and_resumes_it
     let id = app.create_study(spec).await;
     app.wait_for_state(id, "completed", Duration::from_secs(120))
         .await;
-    let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
+    let trials = app.get(&routes::trials(id)).await.body;
     for t in trials["trials"].as_array().expect("trials") {
         assert_eq!(t["state"], "completed", "{t}");
         let steps: Vec<i64> = t["measurements"]
@@ -734,10 +726,7 @@ async fn the_last_line_of_a_chatty_job_is_never_lost() {
     let s = app
         .wait_for_state(id, "completed", Duration::from_secs(120))
         .await;
-    let failed = app
-        .get(&format!("/v1/studies/{id}/trials?state=failed"))
-        .await
-        .body;
+    let failed = app.get(&routes::trials_in_state(id, "failed")).await.body;
     assert_eq!(s["trial_counts"]["completed"], 24, "{failed}");
 }
 
@@ -785,7 +774,7 @@ async fn a_dispatched_trial_starts_from_a_clean_environment() {
     );
     spec["trial_job"]["command"] = common::env_dump_command();
     let created = http
-        .post(format!("{}/v1/studies", server.base))
+        .post(server.url("/v1/studies"))
         .bearer_auth("server-admin-secret")
         .json(&spec)
         .send()
@@ -925,7 +914,7 @@ async fn a_retried_trial_runs_again_in_its_own_directories() {
         || {
             let app = &app;
             async move {
-                let s = app.get(&format!("/v1/studies/{id}")).await.body;
+                let s = app.get(&routes::study(id)).await.body;
                 if s["state"] == "completed" && s["trial_counts"]["completed"] == 1 {
                     Ok(s)
                 } else {
@@ -936,7 +925,7 @@ async fn a_retried_trial_runs_again_in_its_own_directories() {
     )
     .await;
     assert_eq!(ended["trial_counts"]["failed"], 0, "{ended}");
-    let trial = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
+    let trial = app.get(&routes::trial(id, 1)).await.body;
     assert_eq!(
         trial["final_measurement"]["metrics"]["loss"], 1.0,
         "{trial}"
@@ -1031,7 +1020,7 @@ async fn a_dispatched_study_stops_when_its_trials_stop_making_progress() {
         "every trial finished: {s}"
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let later = app.get(&format!("/v1/studies/{id}")).await.body;
+    let later = app.get(&routes::study(id)).await.body;
     assert_eq!(
         later["trial_counts"]["total"], total,
         "none started after: {later}"
@@ -1057,7 +1046,7 @@ async fn should_stop_asap_ends_a_dispatched_study_and_stops_its_jobs() {
     let total = counts["total"].as_i64().unwrap_or_default();
     assert!(total < 40, "it stopped early: {s}");
     common::eventually("no trial left running", Duration::from_secs(20), || async {
-        let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
+        let trials = app.get(&routes::trials(id)).await.body;
         let states: Vec<String> = trials["trials"]
             .as_array()
             .map(Vec::as_slice)

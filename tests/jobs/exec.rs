@@ -3,7 +3,7 @@
 //! the refusals (a reader, another operator's study, a finished trial, an ask/tell trial);
 //! each session in the audit trail.
 
-use crate::common;
+use crate::common::{self, routes};
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -288,7 +288,7 @@ async fn exec_runs_a_command_in_a_running_local_trial_and_refuses_the_rest(backe
         &app.base,
         Some(&owner),
         reqwest::Method::POST,
-        &format!("/v1/studies/{ask_tell}/suggest"),
+        &routes::suggest(ask_tell),
         Some(json!({"count": 1})),
     )
     .await;
@@ -344,7 +344,7 @@ impl RawSession {
     async fn open(app: &common::TestApp, token: &str, study: i64, start: Value) -> RawSession {
         use futures::SinkExt;
         use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-        let url = format!("ws://{}/v1/studies/{study}/trials/1/exec", app.addr);
+        let url = format!("ws://{}{}", app.addr, routes::trial_exec(study, 1));
         let mut request = url.into_client_request().expect("request");
         request.headers_mut().insert(
             "authorization",
@@ -516,7 +516,7 @@ async fn a_shell_on_a_terminal_is_typed_into_resized_and_interrupted() {
 /// (`None`: it was accepted).
 async fn upgrade_with(app: &common::TestApp, headers: &[(&str, &str)], study: i64) -> Option<u16> {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    let url = format!("ws://{}/v1/studies/{study}/trials/1/exec", app.addr);
+    let url = format!("ws://{}{}", app.addr, routes::trial_exec(study, 1));
     let mut request = url.into_client_request().expect("request");
     for (name, value) in headers {
         let name: tokio_tungstenite::tungstenite::http::HeaderName = name.parse().expect("name");
@@ -548,7 +548,7 @@ async fn upgrade_answer(
     (u16, Value),
 > {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    let url = format!("ws://{}/v1/studies/{study}/trials/1/exec", app.addr);
+    let url = format!("ws://{}{}", app.addr, routes::trial_exec(study, 1));
     let mut request = url.into_client_request().expect("request");
     for (name, value) in headers {
         let name: tokio_tungstenite::tungstenite::http::HeaderName = name.parse().expect("name");
@@ -703,7 +703,7 @@ async fn a_token_offered_as_a_subprotocol_opens_a_session_as_a_bearer_token_woul
     // Only the exec route reads a subprotocol.
     let other_route = app
         .http
-        .get(format!("{}/v1/studies/{study}", app.base))
+        .get(app.url(&routes::study(study)))
         .header("sec-websocket-protocol", &owners)
         .send()
         .await

@@ -26,7 +26,7 @@ use augur_optimizer::Value as Param;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::common::{self, TestApp};
+use crate::common::{self, TestApp, routes};
 use crate::kube_standin::{Deletion, Kind, StandIn};
 
 const NS: &str = "augur-trials";
@@ -760,7 +760,7 @@ async fn a_study_on_kubernetes_completes_its_trials_from_the_primarys_log_in_the
         .await;
     app.wait_for_state(id, "completed", Duration::from_secs(60))
         .await;
-    let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
+    let trials = app.get(&routes::trials(id)).await.body;
     for t in trials["trials"].as_array().expect("trials") {
         assert_eq!(t["state"], "completed", "{t}");
         assert!(
@@ -795,7 +795,7 @@ async fn stopping_a_study_deletes_its_running_jobs_in_the_background() {
     standin
         .wait_until("two trials running", |s| s.names(Kind::Job).len() == 4)
         .await;
-    let stopped = app.post(&format!("/v1/studies/{id}/stop"), json!({})).await;
+    let stopped = app.post(&routes::stop(id), json!({})).await;
     assert!(stopped.status.is_success(), "{}", stopped.body);
     app.wait_for_cancelled_trials(id, 2, Duration::from_secs(30))
         .await;
@@ -816,7 +816,7 @@ async fn deleting_a_study_deletes_its_running_jobs_in_the_background() {
         .wait_until("two trials running", |s| s.names(Kind::Job).len() == 4)
         .await;
     let deleted = app
-        .call(reqwest::Method::DELETE, &format!("/v1/studies/{id}"), None)
+        .call(reqwest::Method::DELETE, &routes::study(id), None)
         .await;
     assert!(deleted.status.is_success(), "{}", deleted.body);
     standin
@@ -868,7 +868,7 @@ async fn an_early_stopped_trial_has_its_jobs_deleted_in_the_background() {
     app.wait_for_state(id, "completed", Duration::from_secs(60))
         .await;
     kubelet.abort();
-    let second = app.get(&format!("/v1/studies/{id}/trials/2")).await.body;
+    let second = app.get(&routes::trial(id, 2)).await.body;
     assert_eq!(second["state"], "completed", "{second}");
     assert_eq!(second["early_stopped"], true, "{second}");
     let mut jobs = background_deletions(&standin, Kind::Job);
@@ -893,7 +893,7 @@ async fn a_trial_past_its_timeout_is_retried_and_its_jobs_are_deleted() {
     let trial = common::eventually("the trial fails", Duration::from_secs(30), || {
         let app = &app;
         async move {
-            let t = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
+            let t = app.get(&routes::trial(id, 1)).await.body;
             if t["state"] == "failed" {
                 Ok(t)
             } else {
@@ -998,7 +998,7 @@ async fn a_restarted_service_deletes_the_attempt_it_left_and_runs_the_trial_agai
                     base,
                     None,
                     reqwest::Method::GET,
-                    "/v1/studies/1/trials/1",
+                    &routes::trial(1, 1),
                     None,
                 )
                 .await

@@ -1,7 +1,7 @@
 //! Multi-fidelity studies with real trainer processes on the local executor: ASHA pauses
 //! trials at rungs and resumes the same trial, from its own checkpoint, at the next budget.
 
-use crate::common;
+use crate::common::{self, routes};
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -99,7 +99,7 @@ async fn asha_trials_resume_from_their_checkpoints_at_each_rung(db: common::Test
     assert_ladder_climbed_by_resuming(&app, &study, &trainer.trained).await;
     // Each rung's launch is counted once, as the first of its attempts (the trial's launch at
     // the last rung is the one the API shows).
-    let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
+    let trials = app.get(&routes::trials(id)).await.body;
     for t in trials["trials"].as_array().expect("trials") {
         assert_eq!(t["attempts"], 1, "{t}");
     }
@@ -131,7 +131,7 @@ async fn a_pulled_worker_resumes_promoted_trials_from_their_checkpoints() {
         status.success(),
         "the worker exits 0 once the study has ended"
     );
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let study = app.get(&routes::study(id)).await.body;
     assert_eq!(study["state"], "completed", "{study}");
     assert_ladder_climbed_by_resuming(&app, &study, &trainer.trained).await;
 }
@@ -177,7 +177,7 @@ async fn pool_workers_resume_promoted_trials_from_their_checkpoints() {
         .await;
     drop(workers);
     assert_ladder_climbed_by_resuming(&app, &study, &trainer.trained).await;
-    let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
+    let trials = app.get(&routes::trials(id)).await.body;
     let slots: std::collections::BTreeSet<&str> = trials["trials"]
         .as_array()
         .expect("trials")
@@ -223,7 +223,7 @@ pub(crate) async fn assert_ladder_climbed_by_resuming(
     };
     assert_eq!(reached(3).len(), 3, "{launches:?}");
     assert_eq!(reached(9).len(), 1, "{launches:?}");
-    let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
+    let trials = app.get(&routes::trials(id)).await.body;
     let x_of = |trial: i64| -> f64 {
         trials["trials"]
             .as_array()
@@ -238,10 +238,7 @@ pub(crate) async fn assert_ladder_climbed_by_resuming(
     assert_eq!(reached(9), vec![best_at_3]);
 
     // The API shows each trial's budget and its curve, every epoch once.
-    let top = app
-        .get(&format!("/v1/studies/{id}/trials/{best_at_3}"))
-        .await
-        .body;
+    let top = app.get(&routes::trial(id, best_at_3)).await.body;
     assert_eq!(top["budget"], 9, "{top}");
     assert_eq!(top["early_stopped"], false);
     let steps: Vec<i64> = top["measurements"]
@@ -303,7 +300,7 @@ async fn a_sigkilled_service_resumes_a_paused_study_and_decides_each_promotion_o
     .await;
     let id = created.body["id"].as_i64().expect("id");
     let study = |http: reqwest::Client, base: String| async move {
-        common::get_body(&http, &base, &format!("/v1/studies/{id}")).await
+        common::get_body(&http, &base, &routes::study(id)).await
     };
     common::eventually("trials paused", Duration::from_secs(60), || {
         let (http, base) = (http.clone(), base.clone());
@@ -332,12 +329,7 @@ async fn a_sigkilled_service_resumes_a_paused_study_and_decides_each_promotion_o
         }
     })
     .await;
-    let failed = common::get_body(
-        &http,
-        &base,
-        &format!("/v1/studies/{id}/trials?state=failed"),
-    )
-    .await;
+    let failed = common::get_body(&http, &base, &routes::trials_in_state(id, "failed")).await;
     server.kill();
     assert_eq!(end["trial_counts"]["completed"], 9, "failed: {failed}");
     assert_eq!(end["trial_counts"]["paused"], 0, "{end}");

@@ -3,7 +3,7 @@
 //! checkpoint into its own directory and goes on with its values perturbed; the others go on
 //! from their own.
 
-use crate::common;
+use crate::common::{self, routes};
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -172,7 +172,7 @@ pub(crate) async fn check_population(
         let ranges: Vec<(u64, u64)> = ls.iter().map(|l| (l.from, l.to)).collect();
         assert_eq!(ranges, [(0, 2), (2, 4), (4, 6)], "trial {trial}");
     }
-    let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
+    let trials = app.get(&routes::trials(id)).await.body;
     let trial_json = |n: i64| -> Value {
         trials["trials"]
             .as_array()

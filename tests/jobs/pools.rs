@@ -3,7 +3,7 @@
 //! the test reads the caps, the fair share and exactly-once from those records and from
 //! the server, with one worker SIGKILLed mid-trial and another joining late.
 
-use crate::common;
+use crate::common::{self, routes};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -134,7 +134,7 @@ async fn ten_studies_share_a_pool_fairly_within_their_caps_through_a_lost_worker
 
     // The pool shows its three workers once they have reported.
     let pool = common::eventually("three live workers", Duration::from_secs(20), || async {
-        let pool = app.get("/v1/pools/shared").await.body;
+        let pool = app.get(&routes::pool("shared")).await.body;
         if pool["workers"] == 3 {
             Ok(pool)
         } else {
@@ -149,10 +149,7 @@ async fn ten_studies_share_a_pool_fairly_within_their_caps_through_a_lost_worker
     let held_by_c = || async {
         let mut held = Vec::new();
         for &id in &ids {
-            let trials = app
-                .get(&format!("/v1/studies/{id}/trials?state=active"))
-                .await
-                .body;
+            let trials = app.get(&routes::trials_in_state(id, "active")).await.body;
             for t in trials["trials"].as_array().cloned().unwrap_or_default() {
                 if t["client_id"].as_str().is_some_and(|c| c.starts_with("c/")) {
                     held.push((id, t["id"].as_i64().expect("id")));
@@ -192,13 +189,13 @@ async fn ten_studies_share_a_pool_fairly_within_their_caps_through_a_lost_worker
     // Every trial completed once, none failed; the killed ones counted one lost launch.
     let mut trial_of_d = false;
     for &id in &ids {
-        let study = app.get(&format!("/v1/studies/{id}")).await.body;
+        let study = app.get(&routes::study(id)).await.body;
         assert_eq!(
             study["trial_counts"]["completed"], TRIALS_PER_STUDY,
             "{study}"
         );
         assert_eq!(study["trial_counts"]["failed"], 0, "{study}");
-        let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
+        let trials = app.get(&routes::trials(id)).await.body;
         for t in trials["trials"].as_array().expect("trials") {
             let trial = (id, t["id"].as_i64().expect("id"));
             let client = t["client_id"].as_str().expect("client");
@@ -271,7 +268,7 @@ async fn ten_studies_share_a_pool_fairly_within_their_caps_through_a_lost_worker
     let first_on_d = common::eventually("d's trials", Duration::from_secs(5), || async {
         let mut first = None;
         for &id in &ids {
-            let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
+            let trials = app.get(&routes::trials(id)).await.body;
             for t in trials["trials"].as_array().cloned().unwrap_or_default() {
                 if t["client_id"].as_str().is_some_and(|c| c.starts_with("d/")) {
                     let trial = (id, t["id"].as_i64().expect("id"));
@@ -353,7 +350,7 @@ async fn ten_studies_share_a_pool_fairly_within_their_caps_through_a_lost_worker
     // The pool's view: c gone (no report for 6 s), the others live and idle, busy and
     // idle slot-seconds counted; the same in /metrics.
     let pool = common::eventually("c gone, the rest idle", Duration::from_secs(15), || async {
-        let pool = app.get("/v1/pools/shared").await.body;
+        let pool = app.get(&routes::pool("shared")).await.body;
         if pool["workers"] == 3 && pool["workers_gone"] == 1 && pool["idle_slots"] == 12 {
             Ok(pool)
         } else {
@@ -468,10 +465,7 @@ async fn a_pool_worker_runs_clusters_on_its_gpus_and_refuses_what_its_lists_forb
         "the forbidden trial failed",
         Duration::from_secs(30),
         || async {
-            let trial = app
-                .get(&format!("/v1/studies/{forbidden}/trials/1"))
-                .await
-                .body;
+            let trial = app.get(&routes::trial(forbidden, 1)).await.body;
             if trial["state"] == "failed" {
                 Ok(trial)
             } else {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::common::{self, KillOnDrop, TestCluster};
+use crate::common::{self, KillOnDrop, TestCluster, routes};
 
 const ADMIN: &str = "remote-worker-admin-token";
 
@@ -147,7 +147,7 @@ async fn a_worker_on_another_node_runs_trials_over_tls_with_a_token() {
                 .build()
                 .expect("client");
             let get = reqwest::Method::GET;
-            let path = format!("/v1/studies/{study}");
+            let path = routes::study(study);
             common::call(&http, &base, Some(ADMIN), get, &path, None)
                 .await
                 .body

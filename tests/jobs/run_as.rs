@@ -4,7 +4,7 @@
 //! anyone may enter; it can write what the trial contract gives it (model directory, the
 //! hypertune file), and its metrics reach the study.
 
-use crate::common;
+use crate::common::{self, routes};
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
@@ -234,7 +234,7 @@ async fn a_job_cannot_make_the_server_write_or_serve_a_file_through_a_planted_li
         &base,
         None,
         reqwest::Method::GET,
-        "/v1/studies/2/trials/1/logs",
+        &routes::trial_logs(2, 1),
         None,
     )
     .await;
@@ -249,7 +249,7 @@ async fn a_job_cannot_make_the_server_write_or_serve_a_file_through_a_planted_li
         &base,
         None,
         reqwest::Method::GET,
-        "/v1/studies/2/trials/1",
+        &routes::trial(2, 1),
         None,
     )
     .await
@@ -324,7 +324,7 @@ async fn wait_ended(base: &str, token: Option<&str>, id: i64) -> serde_json::Val
                 base,
                 token,
                 reqwest::Method::GET,
-                &format!("/v1/studies/{id}"),
+                &routes::study(id),
                 None,
             )
             .await

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::common::{self, KillOnDrop, NodePostgres, NodeRuntime, TestCluster};
+use crate::common::{self, KillOnDrop, NodePostgres, NodeRuntime, TestCluster, routes};
 
 const ADMIN: &str = "runner-failover-admin-token";
 const PG_PORT: u16 = 5432;
@@ -257,7 +257,7 @@ async fn wait_ended(clients: &NodeRuntime, base: String, id: i64) -> (Value, Val
                 "the study completes",
                 Duration::from_secs(180),
                 || async move {
-                    let s = get(format!("/v1/studies/{id}")).await;
+                    let s = get(routes::study(id)).await;
                     match s["state"].as_str() {
                         Some("active") | None => Err(format!("{s}")),
                         Some(_) => Ok(s),
@@ -265,7 +265,7 @@ async fn wait_ended(clients: &NodeRuntime, base: String, id: i64) -> (Value, Val
                 },
             )
             .await;
-            (study, get(format!("/v1/studies/{id}/trials")).await)
+            (study, get(routes::trials(id)).await)
         })
         .await
 }

@@ -6,7 +6,7 @@
 //! Needs Slurm running on this machine: `scripts/start-slurm.sh` (which `scripts/test.sh`
 //! runs) installs and starts it. Without it these tests fail; they never skip.
 
-use crate::common;
+use crate::common::{self, routes};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -152,7 +152,7 @@ fn study(
 
 async fn trials(app: &TestApp, id: i64) -> Vec<Value> {
     let body = app
-        .get(&format!("/v1/studies/{id}/trials?page_size=100"))
+        .get(&format!("{}?page_size=100", routes::trials(id)))
         .await
         .body;
     body["trials"].as_array().cloned().unwrap_or_default()
@@ -256,7 +256,7 @@ async fn eight_trials_two_at_a_time_run_through_sbatch() {
     // The logs are served like a local job's.
     let logs = app
         .http
-        .get(format!("{}/v1/studies/{id}/trials/1/logs", app.base))
+        .get(app.url(&routes::trial_logs(id, 1)))
         .send()
         .await
         .expect("logs");
@@ -420,7 +420,7 @@ async fn stopping_the_study_cancels_its_slurm_jobs() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(jobs_under(f.dir.path()).len(), 2);
-    let stopped = app.post(&format!("/v1/studies/{id}/stop"), json!({})).await;
+    let stopped = app.post(&routes::stop(id), json!({})).await;
     assert_eq!(stopped.body["state"], "stopped");
     app.wait_for_cancelled_trials(id, 2, Duration::from_secs(20))
         .await;
@@ -532,10 +532,7 @@ async fn a_cluster_trial_runs_its_replicas_as_the_tasks_of_one_srun() {
         .iter()
         .enumerate()
     {
-        let url = format!(
-            "{}/v1/studies/{id}/trials/1/logs?replica={replica}",
-            app.base
-        );
+        let url = app.url(&routes::trial_logs_of_replica(id, 1, replica));
         let log = app
             .http
             .get(url)
@@ -605,7 +602,7 @@ async fn a_failing_task_fails_the_cluster_attempt() {
         .await;
     app.wait_for_state(id, "completed", Duration::from_secs(120))
         .await;
-    let trial = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
+    let trial = app.get(&routes::trial(id, 1)).await.body;
     assert_eq!(trial["state"], "failed", "{trial}");
     assert!(
         trial["fail_reason"]
@@ -652,7 +649,7 @@ async fn the_operators_sbatch_options_reach_every_job_with_the_specs() {
     })
     .await;
     assert!(seen.contains("|7:00|"), "the spec's --time=7: {seen}");
-    let stopped = app.post(&format!("/v1/studies/{id}/stop"), json!({})).await;
+    let stopped = app.post(&routes::stop(id), json!({})).await;
     assert_eq!(stopped.body["state"], "stopped", "{}", stopped.body);
     app.wait_for_cancelled_trials(id, 1, Duration::from_secs(20))
         .await;

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use std::path::{Path, PathBuf};
 
-use crate::common::{self, KillOnDrop, NodeRuntime, TestCluster};
+use crate::common::{self, KillOnDrop, NodeRuntime, TestCluster, routes};
 
 const ADMIN: &str = "slurm-nodes-admin-token";
 
@@ -474,7 +474,7 @@ async fn wait_ended(node1: &NodeRuntime, base: &str, id: i64, limit: Duration) -
             let http = common::http();
             common::eventually("the study ends", limit, || async {
                 let get = reqwest::Method::GET;
-                let path = format!("/v1/studies/{id}");
+                let path = routes::study(id);
                 let study = common::call(&http, &base, Some(ADMIN), get, &path, None).await;
                 match study.body["state"].as_str() {
                     Some("active") | None => Err(format!("{}", study.body)),

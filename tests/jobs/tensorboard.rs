@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::tensorflow::python_with_tensorflow;
-use crate::common;
+use crate::common::{self, routes};
 
 /// Writes `loss = lr × (3 − step)` at steps 0, 1, 2 as TensorBoard scalars, and reports it.
 const TRAINER: &str = r#"
@@ -103,7 +103,7 @@ async fn tensorboard_shows_each_trial_as_a_run_and_follows_new_trials() {
     let id = app.create_study(spec).await;
     app.wait_for_state(id, "completed", Duration::from_secs(300))
         .await;
-    let dirs = app.get(&format!("/v1/studies/{id}/directories")).await;
+    let dirs = app.get(&routes::directories(id)).await;
     assert_eq!(dirs.status, 200, "{}", dirs.body);
     let study_dir = common::study_dir(&runs_base, id);
     assert_eq!(dirs.body["study"], study_dir.display().to_string());
@@ -124,7 +124,7 @@ async fn tensorboard_shows_each_trial_as_a_run_and_follows_new_trials() {
         .expect("augur tensorboard");
     wait_for_runs(port, &["trial-1"], &mut cli).await;
     // Each run is its own trial's directory: the scalars are the ones its values wrote.
-    let trial = app.get(&format!("/v1/studies/{id}/trials/1")).await.body;
+    let trial = app.get(&routes::trial(id, 1)).await.body;
     let lr = trial["parameters"]["lr"].as_f64().expect("lr");
     let points = losses(port, "trial-1").await;
     assert_eq!(points.len(), 3, "{points:?}");
@@ -135,7 +135,7 @@ async fn tensorboard_shows_each_trial_as_a_run_and_follows_new_trials() {
         );
     }
     let url = format!("http://127.0.0.1:{port}/");
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let study = app.get(&routes::study(id)).await.body;
     assert_eq!(
         study["user_attrs"]["augur:tensorboard_url"], url,
         "the dashboard's link: {study}"
@@ -145,14 +145,12 @@ async fn tensorboard_shows_each_trial_as_a_run_and_follows_new_trials() {
     let patched = app
         .call(
             reqwest::Method::PATCH,
-            &format!("/v1/studies/{id}"),
+            &routes::study(id),
             Some(json!({"max_trials": 2})),
         )
         .await;
     assert_eq!(patched.status, 200, "{}", patched.body);
-    let resumed = app
-        .post(&format!("/v1/studies/{id}/resume"), json!({}))
-        .await;
+    let resumed = app.post(&routes::resume(id), json!({})).await;
     assert_eq!(resumed.status, 200, "{}", resumed.body);
     app.wait_for_state(id, "completed", Duration::from_secs(300))
         .await;
@@ -164,7 +162,7 @@ async fn tensorboard_shows_each_trial_as_a_run_and_follows_new_trials() {
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
     let status = cli.wait().expect("wait");
     assert!(status.success(), "{status}");
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let study = app.get(&routes::study(id)).await.body;
     assert!(
         study["user_attrs"].get("augur:tensorboard_url").is_none(),
         "{study}"
@@ -188,7 +186,7 @@ async fn a_study_without_a_trial_job_has_no_directories() {
     let id = app
         .create_study(common::x_spec("pulled", ("loss", "minimize"), 3, 1, 1))
         .await;
-    let r = app.get(&format!("/v1/studies/{id}/directories")).await;
+    let r = app.get(&routes::directories(id)).await;
     assert_eq!(r.status, 404, "{}", r.body);
     assert!(
         r.body["error"]["message"]

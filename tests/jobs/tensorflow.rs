@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::common;
+use crate::common::{self, routes};
 
 /// The venv's interpreter (made on first use: ~280 MB from PyPI).
 pub fn python_with_tensorflow() -> PathBuf {
@@ -58,10 +58,7 @@ async fn a_tensorflow_cluster_trains_together_from_the_tf_config_augur_writes() 
         .await;
     assert_eq!(s["trial_counts"]["completed"], 2, "{s}");
     for trial in 1..=2 {
-        let t = app
-            .get(&format!("/v1/studies/{id}/trials/{trial}"))
-            .await
-            .body;
+        let t = app.get(&routes::trial(id, trial)).await.body;
         let loss = t["final_measurement"]["metrics"]["val_loss"]
             .as_f64()
             .expect("val_loss");
@@ -79,10 +76,7 @@ async fn a_tensorflow_cluster_trains_together_from_the_tf_config_augur_writes() 
             .collect();
         assert_eq!(steps, vec![1, 2], "a learning curve, each epoch once: {t}");
         let log = |replica: &str| {
-            let url = format!(
-                "{}/v1/studies/{id}/trials/{trial}/logs?replica={replica}",
-                app.base
-            );
+            let url = app.url(&routes::trial_logs_of_replica(id, trial, replica));
             let http = app.http.clone();
             async move {
                 http.get(url)

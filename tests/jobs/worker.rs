@@ -1,7 +1,7 @@
 //! `augur worker`: a real worker process keeps its slots busy with pulled trials, reports
 //! stdout metrics over HTTP, and a worker restarted with the same id resumes its trial.
 
-use crate::common;
+use crate::common::{self, routes};
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -76,10 +76,10 @@ async fn a_worker_runs_a_study_to_the_end_over_http() {
         status.success(),
         "the worker exits 0 once the study has no more trials"
     );
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let study = app.get(&routes::study(id)).await.body;
     assert_eq!(study["state"], "completed", "{study}");
     assert_eq!(study["trial_counts"]["completed"], 6);
-    let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
+    let trials = app.get(&routes::trials(id)).await.body;
     for t in trials["trials"].as_array().expect("trials") {
         let x = t["parameters"]["x"].as_f64().expect("x");
         assert_eq!(t["measurements"].as_array().map(Vec::len), Some(2), "{t}");
@@ -134,7 +134,7 @@ async fn a_killed_workers_job_dies_with_it_and_a_restarted_worker_resumes_its_tr
 
     let status = worker(&app.base, id, 1, "r", dir.path(), true).wait().await;
     assert!(status.success());
-    let trials = app.get(&format!("/v1/studies/{id}/trials")).await.body;
+    let trials = app.get(&routes::trials(id)).await.body;
     assert_eq!(
         trials["trials"].as_array().map(Vec::len),
         Some(2),
@@ -200,7 +200,7 @@ async fn a_worker_hands_its_trials_trial_tokens_not_its_own() {
         .expect("spawn worker");
     let status = common::KillOnDrop(w).wait().await;
     assert!(status.success());
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let study = app.get(&routes::study(id)).await.body;
     assert_eq!(study["trial_counts"]["completed"], 2, "{study}");
     for trial in 1..=2 {
         let path = common::study_dir(&dir.path().join("runs"), id)
@@ -220,7 +220,7 @@ async fn a_worker_hands_its_trials_trial_tokens_not_its_own() {
             &app.base,
             Some(token),
             reqwest::Method::GET,
-            &format!("/v1/studies/{id}/trials/{trial}"),
+            &routes::trial(id, trial),
             None,
         )
         .await;
@@ -240,16 +240,14 @@ async fn a_worker_finds_its_study_by_name() {
     std::fs::write(dir.path().join("trial.py"), SCRIPT).expect("script");
     let app = common::spawn_app(common::sqlite_db()).await;
     let finished = app.create_study(spec(1, 1)).await;
-    let stopped = app
-        .post(&format!("/v1/studies/{finished}/stop"), json!({}))
-        .await;
+    let stopped = app.post(&routes::stop(finished), json!({})).await;
     assert_eq!(stopped.body["state"], "stopped", "{}", stopped.body);
     let id = app.create_study(spec(3, 1)).await;
     let status = worker(&app.base, "pulled", 1, "by-name", dir.path(), false)
         .wait()
         .await;
     assert!(status.success());
-    let study = app.get(&format!("/v1/studies/{id}")).await.body;
+    let study = app.get(&routes::study(id)).await.body;
     assert_eq!(study["trial_counts"]["completed"], 3, "{study}");
 
     app.create_study(spec(3, 1)).await;

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::ADMIN;
+use crate::common::routes;
 
 /// What a client sent.
 #[derive(Clone, Debug)]
@@ -103,11 +104,11 @@ impl Client {
         let base = &self.bases[replica];
         let (path, body) = match &sent {
             Sent::Suggest => (
-                format!("/v1/studies/{}/suggest", self.study),
+                routes::suggest(self.study),
                 json!({"count": 1, "client_id": format!("client-{}", self.id)}),
             ),
             Sent::Complete { trial, value } => (
-                format!("/v1/studies/{}/trials/{trial}/complete", self.study),
+                routes::trial_complete(self.study, trial),
                 json!({"metrics": {"accuracy": value}}),
             ),
         };
