@@ -17,6 +17,7 @@ mod app;
 mod client;
 mod cluster;
 mod jobs;
+pub mod pbt;
 mod processes;
 mod relay;
 pub mod routes;

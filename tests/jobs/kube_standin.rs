@@ -363,6 +363,27 @@ impl StandIn {
         store.put(&self.shared.events, key, object, "MODIFIED");
     }
 
+    /// The tests' kubelet, one round: every pod that is ungated and not in `handled` yet,
+    /// run ([`Self::run`]) and added to it, with its name.
+    pub fn run_new_pods(
+        &self,
+        handled: &mut std::collections::HashSet<String>,
+    ) -> Vec<(String, Value)> {
+        let mut started = Vec::new();
+        for pod in self.objects(Kind::Pod) {
+            let name = pod["metadata"]["name"].as_str().unwrap_or("").to_string();
+            let gated = pod["spec"]["schedulingGates"]
+                .as_array()
+                .is_some_and(|g| !g.is_empty());
+            if gated || !handled.insert(name.clone()) {
+                continue;
+            }
+            self.run(&name);
+            started.push((name, pod));
+        }
+        started
+    }
+
     /// The scheduler and the kubelet: the pod runs. Refused while it is gated, as a real
     /// scheduler would never place it.
     pub fn run(&self, pod: &str) {

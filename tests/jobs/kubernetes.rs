@@ -680,15 +680,7 @@ fn kubelet_skipping(
     tokio::spawn(async move {
         let mut handled: std::collections::HashSet<String> = skip.into_iter().collect();
         loop {
-            for pod in standin.objects(Kind::Pod) {
-                let name = pod["metadata"]["name"].as_str().unwrap_or("").to_string();
-                let gated = pod["spec"]["schedulingGates"]
-                    .as_array()
-                    .is_some_and(|g| !g.is_empty());
-                if gated || !handled.insert(name.clone()) {
-                    continue;
-                }
-                standin.run(&name);
+            for (name, pod) in standin.run_new_pods(&mut handled) {
                 let primary = pod["metadata"]["labels"]["augur.dev/replica-pool"] == "0";
                 if primary && !hang {
                     let argv = standin.container_argv(&name);
@@ -1163,15 +1155,7 @@ async fn asha_on_kubernetes_resumes_each_trial_from_its_checkpoint_on_the_output
             let mut handled = std::collections::HashSet::new();
             let mut volume: BTreeMap<String, u64> = BTreeMap::new();
             loop {
-                for pod in standin.objects(Kind::Pod) {
-                    let name = pod["metadata"]["name"].as_str().unwrap_or("").to_string();
-                    let gated = pod["spec"]["schedulingGates"]
-                        .as_array()
-                        .is_some_and(|g| !g.is_empty());
-                    if gated || !handled.insert(name.clone()) {
-                        continue;
-                    }
-                    standin.run(&name);
+                for (name, _) in standin.run_new_pods(&mut handled) {
                     let env = standin.container_env(&name);
                     let argv = standin.container_argv(&name);
                     let arg = |key: &str| -> Option<String> {
@@ -1286,15 +1270,7 @@ async fn pbt_on_kubernetes_copies_the_best_checkpoint_in_the_primarys_pod() {
             let mut handled = std::collections::HashSet::new();
             let mut volume: BTreeMap<String, VolumeCheckpoint> = BTreeMap::new();
             loop {
-                for pod in standin.objects(Kind::Pod) {
-                    let name = pod["metadata"]["name"].as_str().unwrap_or("").to_string();
-                    let gated = pod["spec"]["schedulingGates"]
-                        .as_array()
-                        .is_some_and(|g| !g.is_empty());
-                    if gated || !handled.insert(name.clone()) {
-                        continue;
-                    }
-                    standin.run(&name);
+                for (name, pod) in standin.run_new_pods(&mut handled) {
                     if let Some(init) = pod["spec"]["initContainers"].as_array() {
                         let copy = &init[0];
                         assert_eq!(copy["name"], manifests::CHECKPOINT_COPY, "{pod}");
@@ -1333,7 +1309,7 @@ async fn pbt_on_kubernetes_copies_the_best_checkpoint_in_the_primarys_pod() {
                             by: trial,
                         });
                     // The trainer of `tests/jobs/pbt.rs`.
-                    let factor = 1.0 - 0.5 * (-(lr / 0.3).ln().powi(2) / 2.0).exp();
+                    let factor = common::pbt::decay(lr);
                     let mut state = start;
                     for epoch in start.epochs + 1..=to {
                         state = VolumeCheckpoint {
@@ -1364,7 +1340,7 @@ async fn pbt_on_kubernetes_copies_the_best_checkpoint_in_the_primarys_pod() {
     })
     .await;
     let id = app
-        .create_study(crate::pbt::population_spec(json!({
+        .create_study(common::pbt::population_spec(json!({
             "executor": "kubernetes",
             "image": "registry.example/trainer:1.4",
             "command": ["python3", "train.py"],
