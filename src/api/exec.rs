@@ -100,6 +100,7 @@ pub enum ExecControl {
         (status = 404, description = "No such study or trial", body = ErrorBody),
         (status = 409, description = "The trial is not running (`state`), or not run by this server's dispatcher (`trial`: a pulled or ask/tell trial)", body = ErrorBody),
     ))]
+///
 /// The protocol, after the upgrade:
 /// - the client's first message is a text message, [`ExecStart`]: the command, `tty`, the
 ///   terminal's `rows` and `cols`, the `replica` (the primary by default);
