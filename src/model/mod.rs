@@ -4,6 +4,7 @@
 pub mod annotations;
 pub mod executor;
 pub mod extension;
+mod ids;
 pub mod image;
 pub mod job;
 pub mod notification;
@@ -20,6 +21,7 @@ pub mod vertex;
 pub use annotations::{AnnotationUpdate, Annotations};
 pub use executor::{ExecutorName, ExecutorSpec, KubernetesOptions, SlurmOptions};
 pub use extension::{ExtensionError, ParameterExtension};
+pub use ids::{StudyId, TrialId, TrialKey};
 pub use job::{
     ArgStyle, OutputLayout, ReplicaId, ReplicaPlan, Resources, TrialJobSpec, WorkerPoolSpec,
 };
