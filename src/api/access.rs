@@ -10,7 +10,7 @@ use utoipa::openapi::path::PathItem;
 use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
 
 use super::AppState;
-use crate::model::Role;
+use crate::model::{Role, StudyId, TrialKey};
 
 /// Who may call a route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,8 +157,8 @@ fn methods_of(item: &PathItem) -> Vec<&'static str> {
     .collect()
 }
 
-/// The `(study, trial)` a path names where its template has `{study}` and `{trial}`.
-pub fn trial_of_path(template: &str, path: &str) -> Option<(i64, i64)> {
+/// The trial a path names where its template has `{study}` and `{trial}`.
+pub fn trial_of_path(template: &str, path: &str) -> Option<TrialKey> {
     let (mut study, mut trial) = (None, None);
     let mut parts = path.trim_end_matches('/').split('/');
     for name in template.split('/') {
@@ -169,12 +169,12 @@ pub fn trial_of_path(template: &str, path: &str) -> Option<(i64, i64)> {
             _ => {}
         }
     }
-    Some((study?, trial?))
+    Some(TrialKey::new(study?, trial?))
 }
 
 /// The study a request changes, from its route: any method but GET, HEAD and OPTIONS on a
 /// route under `/v1/studies/{study}`. Replicas send such requests to the study's owner.
-pub fn study_changed(method: &Method, template: &str, path: &str) -> Option<i64> {
+pub fn study_changed(method: &Method, template: &str, path: &str) -> Option<StudyId> {
     let Some(rest) = template.strip_prefix("/v1/studies/{study}") else {
         return vizier_study_changed(method, template, path);
     };
@@ -189,7 +189,7 @@ pub fn study_changed(method: &Method, template: &str, path: &str) -> Option<i64>
 /// on a route under `/{v1,v1beta1}/projects/{project}/locations/{location}/studies/{study}`,
 /// the study's id being the path's segment after `studies/`. An operation's `:wait` and
 /// `:cancel` only read, and stay where they arrive.
-fn vizier_study_changed(method: &Method, template: &str, path: &str) -> Option<i64> {
+fn vizier_study_changed(method: &Method, template: &str, path: &str) -> Option<StudyId> {
     if [Method::GET, Method::HEAD, Method::OPTIONS].contains(method) {
         return None;
     }
@@ -202,19 +202,20 @@ fn vizier_study_changed(method: &Method, template: &str, path: &str) -> Option<i
     }
     let (_, after) = path.split_once("/studies/")?;
     let id = after.split(['/', ':', '?']).next()?;
-    id.parse().ok().filter(|id: &i64| *id > 0)
+    id.parse().ok().filter(|id: &StudyId| id.get() > 0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::TrialId;
 
     #[test]
     fn a_trials_ids_come_from_the_places_its_template_names() {
         let t = "/v1/studies/{study}/trials/{trial}/complete";
         assert_eq!(
             trial_of_path(t, "/v1/studies/3/trials/7/complete"),
-            Some((3, 7))
+            Some(TrialKey::new(StudyId::new(3), TrialId::new(7)))
         );
         assert_eq!(trial_of_path(t, "/v1/studies/3/trials/x/complete"), None);
         assert_eq!(trial_of_path("/v1/studies/{study}", "/v1/studies/3"), None);
@@ -256,11 +257,11 @@ mod tests {
                 "/v1/studies/{study}/suggest",
                 "/v1/studies/7/suggest"
             ),
-            Some(7)
+            Some(StudyId::new(7))
         );
         assert_eq!(
             study_changed(&Method::PATCH, "/v1/studies/{study}", "/v1/studies/12"),
-            Some(12)
+            Some(StudyId::new(12))
         );
         assert_eq!(
             study_changed(&Method::GET, "/v1/studies/{study}", "/v1/studies/12"),
@@ -281,7 +282,7 @@ mod tests {
                 &format!("{study}/trials:suggest"),
                 &format!("{path}/trials:suggest")
             ),
-            Some(7)
+            Some(StudyId::new(7))
         );
         assert_eq!(
             study_changed(
@@ -289,9 +290,12 @@ mod tests {
                 &format!("/v1beta1{parent}/studies/{{study}}/trials/{{trial}}"),
                 "/v1beta1/projects/p/locations/l/studies/8/trials/2:complete"
             ),
-            Some(8)
+            Some(StudyId::new(8))
         );
-        assert_eq!(study_changed(&Method::DELETE, &study, path), Some(7));
+        assert_eq!(
+            study_changed(&Method::DELETE, &study, path),
+            Some(StudyId::new(7))
+        );
         assert_eq!(study_changed(&Method::GET, &study, path), None, "a read");
         assert_eq!(
             study_changed(

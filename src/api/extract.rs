@@ -109,11 +109,15 @@ pub const STUDY_ID: &str = "study id (a positive integer)";
 /// How the API documents a `{trial}` path segment.
 pub const TRIAL_ID: &str = "trial id within the study (a positive integer)";
 
-/// Parse a path segment as a positive id, naming the segment on failure.
-pub fn parse_id(raw: &str, field: &str) -> Result<i64, ApiError> {
-    raw.parse::<i64>()
+/// Parse a path segment as a positive id (a [`StudyId`](crate::model::StudyId) or a
+/// [`TrialId`](crate::model::TrialId)), naming the segment on failure.
+pub fn parse_id<Id: std::str::FromStr + Copy + Into<i64>>(
+    raw: &str,
+    field: &str,
+) -> Result<Id, ApiError> {
+    raw.parse::<Id>()
         .ok()
-        .filter(|id| *id >= 1)
+        .filter(|id| (*id).into() >= 1)
         .ok_or_else(|| {
             ApiError::NotFound(format!(
                 "{field} {raw:?} not found: ids are positive integers"

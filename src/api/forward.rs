@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use super::AppState;
 use super::access::study_changed;
 use super::error::ApiError;
+use crate::model::StudyId;
 use crate::model::request::STUDY_REPLICA_HEADER;
 use crate::service::{Peer, Replicas};
 
@@ -65,7 +66,7 @@ pub struct Forwarder {
 
 /// Which studies' changes overlap at this replica.
 #[derive(Clone, Default)]
-struct Overlaps(Arc<Mutex<HashMap<i64, Heat>>>);
+struct Overlaps(Arc<Mutex<HashMap<StudyId, Heat>>>);
 
 /// A study's changes at this replica: how many are in flight, and until when it is routed.
 #[derive(Default)]
@@ -77,13 +78,13 @@ struct Heat {
 /// One change of a study in flight here; counted down when dropped.
 struct InFlight {
     overlaps: Overlaps,
-    study: i64,
+    study: StudyId,
 }
 
 impl Overlaps {
     /// Count a change of `study` in flight here (until the guard drops) and say whether
     /// the study's changes overlap (now, or within `HOT_FOR` of when they last did).
-    fn enter(&self, study: i64, now: Instant) -> (InFlight, bool) {
+    fn enter(&self, study: StudyId, now: Instant) -> (InFlight, bool) {
         let guard = InFlight {
             overlaps: self.clone(),
             study,
@@ -324,16 +325,16 @@ mod tests {
     fn a_study_is_routed_once_its_changes_overlap_and_for_a_while_after() {
         let overlaps = Overlaps::default();
         let t0 = Instant::now();
-        let (first, hot) = overlaps.enter(1, t0);
+        let (first, hot) = overlaps.enter(StudyId::new(1), t0);
         assert!(!hot, "one change alone is served where it arrives");
-        let (second, hot) = overlaps.enter(1, t0);
+        let (second, hot) = overlaps.enter(StudyId::new(1), t0);
         assert!(hot, "a second change while the first is in flight");
-        let (_other, hot) = overlaps.enter(2, t0);
+        let (_other, hot) = overlaps.enter(StudyId::new(2), t0);
         assert!(!hot, "another study is not affected");
         drop((first, second));
-        let (_, hot) = overlaps.enter(1, t0 + HOT_FOR / 2);
+        let (_, hot) = overlaps.enter(StudyId::new(1), t0 + HOT_FOR / 2);
         assert!(hot, "still routed after the overlap ended");
-        let (_, hot) = overlaps.enter(1, t0 + HOT_FOR + Duration::from_millis(1));
+        let (_, hot) = overlaps.enter(StudyId::new(1), t0 + HOT_FOR + Duration::from_millis(1));
         assert!(
             !hot,
             "cold again once HOT_FOR has passed without an overlap"

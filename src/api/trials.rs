@@ -16,7 +16,7 @@ use super::auth::Actor;
 use super::error::{ApiError, ApiResult, ErrorBody};
 use super::extract::{ApiJson, ApiQuery, STUDY_ID, TRIAL_ID, parse_id};
 use crate::model::Role;
-use crate::model::{AnnotationUpdate, Measurement, Step, Trial, TrialState};
+use crate::model::{AnnotationUpdate, Measurement, Step, StudyId, Trial, TrialId, TrialState};
 use crate::service::Completion;
 use crate::service::artifacts::{ArtifactList, ArtifactRoot};
 
@@ -325,7 +325,7 @@ pub struct ShouldStopResponse {
     pub should_stop: bool,
 }
 
-fn ids(study: &str, trial: &str) -> ApiResult<(i64, i64)> {
+fn ids(study: &str, trial: &str) -> ApiResult<(StudyId, TrialId)> {
     Ok((parse_id(study, "study")?, parse_id(trial, "trial")?))
 }
 

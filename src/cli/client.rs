@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use super::error::{CliError, CliResult};
 use crate::dispatch::reporter::OUTAGE_PATIENCE;
+use crate::model::StudyId;
 use crate::model::request::{STUDY_REPLICA_HEADER, is_loopback_host, study_changed_by};
 
 pub struct Client {
@@ -30,7 +31,7 @@ pub struct Client {
 struct Owners {
     /// Studies whose owner a replica named in its answer to a change (`augur-study-replica`):
     /// their next changes go there, saving the hop. Reads stay on `base`.
-    by_study: HashMap<i64, String>,
+    by_study: HashMap<StudyId, String>,
     /// Owners that refused a connection (unreachable from here, e.g. pod addresses behind a
     /// balancer): never followed again by this client.
     unreachable: HashSet<String>,
@@ -218,13 +219,13 @@ impl Client {
     }
 
     /// Where `study`'s changes go, when a replica named its owner.
-    fn owner_of(&self, study: i64) -> Option<String> {
+    fn owner_of(&self, study: StudyId) -> Option<String> {
         self.owners.lock().ok()?.by_study.get(&study).cloned()
     }
 
     /// A replica named `study`'s owner: send its changes there from now on, unless the URL
     /// is not one to send this client's token to (see [`follows`]) or refused us before.
-    fn follow(&self, study: i64, owner: &str) {
+    fn follow(&self, study: StudyId, owner: &str) {
         let owner = owner.trim_end_matches('/');
         if !follows(&self.base, owner) {
             return;
@@ -237,7 +238,7 @@ impl Client {
     }
 
     /// `owner`, named for `study`, refused a connection: back to `base`, for good.
-    fn unreachable(&self, study: i64, owner: &str) {
+    fn unreachable(&self, study: StudyId, owner: &str) {
         if let Ok(mut owners) = self.owners.lock() {
             owners.by_study.remove(&study);
             owners.unreachable.insert(owner.to_string());
@@ -249,7 +250,7 @@ impl Client {
     }
 
     /// Every trial of a study, following pages.
-    pub async fn all_trials(&self, id: i64) -> CliResult<Vec<Value>> {
+    pub async fn all_trials(&self, id: StudyId) -> CliResult<Vec<Value>> {
         let mut out = Vec::new();
         let mut token: Option<String> = None;
         loop {

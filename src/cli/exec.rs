@@ -14,14 +14,15 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 
 use super::error::{CliError, CliResult};
+use crate::model::{StudyId, TrialId};
 
 /// Where and what to run.
 pub struct ExecOptions<'a> {
     pub url: &'a str,
     pub token: Option<&'a str>,
     pub ca_cert: Option<&'a Path>,
-    pub study: i64,
-    pub trial: i64,
+    pub study: StudyId,
+    pub trial: TrialId,
     pub replica: Option<String>,
     pub command: Vec<String>,
     /// A shell on a terminal (`augur trial shell`) rather than pipes.

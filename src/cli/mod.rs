@@ -21,7 +21,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::model::Role;
+use crate::model::{Role, StudyId, TrialId};
 
 use client::Client;
 pub use error::{CliError, CliResult};
@@ -339,8 +339,8 @@ pub enum Command {
     #[command(hide = true)]
     ReapTrial {
         handle_file: std::path::PathBuf,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
     },
 }
 
@@ -482,13 +482,13 @@ pub enum TokenCommand {
 #[derive(Debug, Subcommand)]
 pub enum TrialCommand {
     /// Show one trial as the API returns it (parameters, measurements, reasons).
-    Show { study: i64, trial: i64 },
+    Show { study: StudyId, trial: TrialId },
     /// Run a failed trial again, with the same parameters and directories.
-    Retry { study: i64, trial: i64 },
+    Retry { study: StudyId, trial: TrialId },
     /// Print a dispatched trial's stdout and stderr.
     Logs {
-        study: i64,
-        trial: i64,
+        study: StudyId,
+        trial: TrialId,
         /// Only the last this many bytes.
         #[arg(long)]
         tail_bytes: Option<u64>,
@@ -500,8 +500,8 @@ pub enum TrialCommand {
     /// stderr, and its exit status as this command's (Ctrl-C is passed on as SIGINT). The
     /// study's creator or an admin; trials this server's dispatcher runs.
     Exec {
-        study: i64,
-        trial: i64,
+        study: StudyId,
+        trial: TrialId,
         /// A replica of a cluster trial, e.g. `workerpool1-0` (default: the primary).
         #[arg(long)]
         replica: Option<String>,
@@ -512,8 +512,8 @@ pub enum TrialCommand {
     /// An interactive shell in a running trial's replica (a terminal: resized with this
     /// one, Ctrl-C passed through), bash when it has one, sh otherwise.
     Shell {
-        study: i64,
-        trial: i64,
+        study: StudyId,
+        trial: TrialId,
         /// A replica of a cluster trial, e.g. `workerpool1-0` (default: the primary).
         #[arg(long)]
         replica: Option<String>,
@@ -553,33 +553,33 @@ pub enum StudyCommand {
     /// List studies.
     List,
     /// Show a study with its trial counts and best trial.
-    Show { id: i64 },
+    Show { id: StudyId },
     /// List a study's trials: id, state, final metrics (or why it failed), parameters.
     Trials {
-        id: i64,
+        id: StudyId,
         /// Every trial as the API returns it, one JSON array.
         #[arg(long)]
         json: bool,
     },
     /// The best trial (or the Pareto set), with its model directory.
     Best {
-        id: i64,
+        id: StudyId,
         /// The API's answer as it is.
         #[arg(long)]
         json: bool,
     },
     /// Delete a study with its trials (its trial directories stay on disk).
-    Delete { id: i64 },
+    Delete { id: StudyId },
     /// Export all trials (csv, json), or the spec as a Vertex AI job (vertex).
     Export {
-        id: i64,
+        id: StudyId,
         #[arg(long, value_enum, default_value = "csv")]
         format: ExportFormat,
     },
     /// Stop a study.
-    Stop { id: i64 },
+    Stop { id: StudyId },
     /// Run a failed study again (raise max_failed_trials or max_trials first if it says so).
-    Resume { id: i64 },
+    Resume { id: StudyId },
 }
 
 /// Why `augur` ends with a non-zero status.
@@ -796,8 +796,8 @@ const DEFAULT_SHELL: [&str; 3] = [
 /// `augur trial exec` and `shell`: the command's status is this process's.
 async fn session(
     client: &ClientArgs,
-    study: i64,
-    trial: i64,
+    study: StudyId,
+    trial: TrialId,
     replica: Option<String>,
     command: Vec<String>,
     tty: bool,

@@ -20,7 +20,7 @@ use crate::dispatch::executor::{ExecutorContext, executor_for};
 use crate::dispatch::settings::ExecutorSettings;
 use crate::dispatch::trial::{Interrupt, TrialSetup};
 use crate::model::pool::{PoolLease, WORKER_REPORT_EVERY_SECS};
-use crate::model::{OutputLayout, Role, Study, StudyDir, StudyKey};
+use crate::model::{OutputLayout, Role, Study, StudyDir, StudyId, StudyKey};
 use crate::service::{DispatchedTrial, JobPolicy};
 
 pub struct PoolWorkerOptions {
@@ -50,7 +50,7 @@ struct Worker {
     context: ExecutorContext,
     base_env: Vec<(String, String)>,
     /// Each study's setup, made at its first trial here.
-    setups: Mutex<HashMap<i64, Arc<StudyRun>>>,
+    setups: Mutex<HashMap<StudyId, Arc<StudyRun>>>,
     busy: AtomicU32,
     /// Rung at each change of `busy`: the reporter sends it at once.
     changed: Notify,
@@ -174,7 +174,7 @@ impl Worker {
     }
 
     /// The study's setup, read from the server at its first trial here.
-    async fn study_run(&self, study_id: i64) -> CliResult<Arc<StudyRun>> {
+    async fn study_run(&self, study_id: StudyId) -> CliResult<Arc<StudyRun>> {
         let mut setups = self.setups.lock().await;
         if let Some(run) = setups.get(&study_id) {
             return Ok(run.clone());

@@ -9,6 +9,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, ChildStdin, Command};
 
 use crate::dispatch::handle::JobHandle;
+use crate::model::{StudyId, TrialId};
 
 /// What a worker writes before closing the reaper's stdin: the trial ended in its hands.
 const DONE: &[u8] = b"done\n";
@@ -23,7 +24,7 @@ pub(super) struct TrialReaper {
 impl TrialReaper {
     /// Start the reaper of trial `trial_id` of `study_id`, whose handle is `handle_file`.
     /// `None` (with a warning) if it cannot start: the trial still runs, as before.
-    pub(super) fn start(handle_file: &Path, study_id: i64, trial_id: i64) -> Option<Self> {
+    pub(super) fn start(handle_file: &Path, study_id: StudyId, trial_id: TrialId) -> Option<Self> {
         let exe = std::env::current_exe().ok()?;
         let spawned = Command::new(exe)
             .arg("reap-trial")
@@ -44,7 +45,7 @@ impl TrialReaper {
                 })
             }
             Err(error) => {
-                tracing::warn!(%error, trial_id, "cannot start the trial's reaper: its job may outlive this worker");
+                tracing::warn!(%error, %trial_id, "cannot start the trial's reaper: its job may outlive this worker");
                 None
             }
         }
@@ -67,7 +68,7 @@ impl TrialReaper {
 /// its `job.handle` that carry the trial's marks), so that no trainer goes on in a trial
 /// directory that the server hands to another worker. A worker that ends the trial itself
 /// says `done` first.
-pub fn reap_trial(handle_file: PathBuf, study_id: i64, trial_id: i64) {
+pub fn reap_trial(handle_file: PathBuf, study_id: StudyId, trial_id: TrialId) {
     let mut said = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut said);
     if said == DONE {

@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::error::{CliError, CliResult};
 use crate::app::{App, ServerConfig};
 use crate::model::{
-    MetricGoal, Study, StudyDir, StudyKey, StudySpec, StudyState, TrialDirs, TrialState,
+    MetricGoal, Study, StudyDir, StudyId, StudyKey, StudySpec, StudyState, TrialDirs, TrialState,
 };
 use crate::service::Service;
 
@@ -159,7 +159,7 @@ async fn follow_progress(service: &Service, study: &Study) -> CliResult<bool> {
 /// they are listed); returns how many failed trials there are now.
 async fn show_failures(
     service: &Service,
-    study_id: i64,
+    study_id: StudyId,
     bar: &ProgressBar,
     shown: u64,
 ) -> CliResult<u64> {

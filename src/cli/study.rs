@@ -8,6 +8,7 @@ use serde_json::Value;
 use super::client::Client;
 use super::error::{CliError, CliResult};
 use super::{ExportFormat, StudyCommand};
+use crate::model::{StudyId, TrialId};
 
 /// A spec file as JSON (`.json`) or YAML (anything else).
 pub(super) fn read_spec(path: &Path) -> CliResult<Value> {
@@ -29,8 +30,8 @@ fn print_json(v: &Value) {
 
 /// A study named on the command line: its id, or its name, which must be that of exactly
 /// one active study (several studies may share a name over time).
-pub async fn resolve_study(client: &Client, study: &str) -> CliResult<i64> {
-    if let Ok(id) = study.parse::<i64>() {
+pub async fn resolve_study(client: &Client, study: &str) -> CliResult<StudyId> {
+    if let Ok(id) = study.parse::<StudyId>() {
         return Ok(id);
     }
     let path = format!(
@@ -38,13 +39,13 @@ pub async fn resolve_study(client: &Client, study: &str) -> CliResult<i64> {
         url::form_urlencoded::byte_serialize(study.as_bytes()).collect::<String>()
     );
     let found = client.call(Method::GET, &path, None).await?;
-    let ids: Vec<i64> = found["studies"]
+    let ids: Vec<StudyId> = found["studies"]
         .as_array()
         .map(Vec::as_slice)
         .unwrap_or_default()
         .iter()
         .filter(|s| s["name"].as_str() == Some(study))
-        .filter_map(|s| s["id"].as_i64())
+        .filter_map(|s| s["id"].as_i64().map(StudyId::new))
         .collect();
     match ids.as_slice() {
         [id] => Ok(*id),
@@ -58,7 +59,7 @@ pub async fn resolve_study(client: &Client, study: &str) -> CliResult<i64> {
             printable(study),
             several
                 .iter()
-                .map(i64::to_string)
+                .map(StudyId::to_string)
                 .collect::<Vec<_>>()
                 .join(", ")
         ))),
@@ -96,7 +97,7 @@ fn best_table(study: &Value, best: &Value) -> String {
     let key = study["created_at"]
         .as_str()
         .and_then(|t| t.parse().ok())
-        .zip(study["id"].as_i64())
+        .zip(study["id"].as_i64().map(StudyId::new))
         .map(|(created_at, id)| crate::model::StudyKey { id, created_at });
     let mut out = String::new();
     for t in trials {
@@ -104,7 +105,8 @@ fn best_table(study: &Value, best: &Value) -> String {
             "best trial {}: {} with {}\n",
             t["id"], t["final_measurement"]["metrics"], t["parameters"]
         ));
-        if let (Some(job), Some(key), Some(trial)) = (&job, key, t["id"].as_i64()) {
+        if let (Some(job), Some(key), Some(trial)) = (&job, key, t["id"].as_i64().map(TrialId::new))
+        {
             let dir = crate::model::StudyDir::of(std::path::Path::new(""), key, Some(job));
             let dirs = crate::model::TrialDirs::new(&dir, trial);
             out.push_str(&format!(

@@ -13,6 +13,7 @@ use tokio::process::{Child, Command};
 use super::client::Client;
 use super::error::{CliError, CliResult};
 use super::study::resolve_study;
+use crate::model::{StudyId, TrialId};
 
 /// The study's user attribute that names its running TensorBoard (the dashboard reads it).
 pub const TENSORBOARD_URL_ATTR: &str = "augur:tensorboard_url";
@@ -141,7 +142,7 @@ fn start(args: &TensorboardArgs, runs_dir: &Path) -> CliResult<Child> {
 /// Keep the runs current until TensorBoard exits, or Ctrl-C or SIGTERM stop it.
 async fn watch(
     client: &Client,
-    id: i64,
+    id: StudyId,
     runs: &mut Runs,
     child: &mut Child,
     refresh_secs: u64,
@@ -180,12 +181,12 @@ struct Runs {
     template: String,
     names: RunNames,
     /// Trial id → its run's name.
-    linked: BTreeMap<i64, String>,
+    linked: BTreeMap<TrialId, String>,
 }
 
 impl Runs {
     /// Link the trials not linked yet (trial ids count from 1 within a study).
-    async fn refresh(&mut self, client: &Client, id: i64) -> CliResult<()> {
+    async fn refresh(&mut self, client: &Client, id: StudyId) -> CliResult<()> {
         let study = client
             .call(Method::GET, &format!("/v1/studies/{id}"), None)
             .await?;
@@ -193,8 +194,9 @@ impl Runs {
         if total <= self.linked.len() as i64 {
             return Ok(());
         }
-        let names: Vec<(i64, String)> = match self.names {
+        let names: Vec<(TrialId, String)> = match self.names {
             RunNames::Trial => (1..=total)
+                .map(TrialId::new)
                 .filter(|t| !self.linked.contains_key(t))
                 .map(|t| (t, format!("trial-{t}")))
                 .collect(),
@@ -202,7 +204,7 @@ impl Runs {
                 .all_trials(id)
                 .await?
                 .iter()
-                .filter_map(|t| Some((t["id"].as_i64()?, t)))
+                .filter_map(|t| Some((TrialId::new(t["id"].as_i64()?), t)))
                 .filter(|(t, _)| !self.linked.contains_key(t))
                 .map(|(t, trial)| (t, named_by_values(t, &trial["parameters"])))
                 .collect(),
@@ -224,7 +226,7 @@ impl Runs {
 
 /// `trial-7 learning_rate=0.01 units=64`: a file name (no `/`, no NUL), at most
 /// `MAX_RUN_NAME` bytes.
-fn named_by_values(trial: i64, parameters: &Value) -> String {
+fn named_by_values(trial: TrialId, parameters: &Value) -> String {
     let mut name = format!("trial-{trial}");
     if let Some(values) = parameters.as_object() {
         for (k, v) in values {
@@ -248,7 +250,7 @@ fn named_by_values(trial: i64, parameters: &Value) -> String {
 
 /// Name (or, with `None`, forget) this TensorBoard in the study's user attributes; false
 /// when the caller may not (only the study's creator or an admin may change it).
-async fn set_link(client: &Client, id: i64, url: Option<&str>) -> bool {
+async fn set_link(client: &Client, id: StudyId, url: Option<&str>) -> bool {
     let body = json!({ "user_attrs": { TENSORBOARD_URL_ATTR: url } });
     match client
         .call(Method::PATCH, &format!("/v1/studies/{id}"), Some(&body))
@@ -268,9 +270,12 @@ mod tests {
 
     #[test]
     fn runs_named_by_values_are_file_names() {
-        let name = named_by_values(7, &json!({"lr": 0.01, "opt": "a/b", "units": 64}));
+        let name = named_by_values(
+            TrialId::new(7),
+            &json!({"lr": 0.01, "opt": "a/b", "units": 64}),
+        );
         assert_eq!(name, "trial-7 lr=0.01 opt=a_b units=64");
-        let long = named_by_values(3, &json!({"x": "é".repeat(300)}));
+        let long = named_by_values(TrialId::new(3), &json!({"x": "é".repeat(300)}));
         assert!(long.len() <= MAX_RUN_NAME && long.starts_with("trial-3 x=é"));
     }
 }

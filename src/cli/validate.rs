@@ -9,7 +9,7 @@ use std::path::Path;
 use augur_optimizer::{Assignment, Decision};
 
 use super::error::{CliError, CliResult};
-use crate::model::{StudySpec, vertex};
+use crate::model::{StudySpec, TrialId, vertex};
 use crate::service::design;
 
 /// How many trials' command lines are shown at most.
@@ -94,7 +94,7 @@ fn report(spec: &StudySpec, warnings: &[String]) -> Result<String, String> {
             .unwrap_or_default(),
     ));
     for (i, parameters) in first.iter().enumerate() {
-        let trial_id = i as i64 + 1;
+        let trial_id = TrialId::new(i as i64 + 1);
         for replica in job.replicas() {
             let argv = job.render_command(
                 replica.command,

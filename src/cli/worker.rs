@@ -22,12 +22,13 @@ use crate::dispatch::reporter::{AttemptStart, TrialReporter};
 use crate::dispatch::trial::{Interrupt, TrialSetup};
 use crate::dispatch::{DispatchError, DispatchResult};
 use crate::model::{
-    ExecutorSpec, Measurement, OutputLayout, Study, StudyDir, StudyKey, TrialJobSpec,
+    ExecutorSpec, Measurement, OutputLayout, Study, StudyDir, StudyId, StudyKey, TrialId,
+    TrialJobSpec,
 };
 use crate::service::DispatchedTrial;
 
 pub struct WorkerOptions {
-    pub study_id: i64,
+    pub study_id: StudyId,
     pub slots: usize,
     pub client_id: String,
     pub output_dir: Option<PathBuf>,
@@ -221,6 +222,7 @@ async fn run_slot(
         };
         let trial_id = trial["id"]
             .as_i64()
+            .map(TrialId::new)
             .ok_or_else(|| CliError::Connection("suggest answered a trial without an id".into()))?;
         let parameters = serde_json::from_value(trial["parameters"].clone())
             .map_err(|e| CliError::Connection(format!("trial {trial_id}: {e}")))?;
@@ -233,7 +235,7 @@ async fn run_slot(
             parameters,
             attempts: 0,
             budget,
-            copy_from: trial["lineage"]["copying_from"].as_i64(),
+            copy_from: trial["lineage"]["copying_from"].as_i64().map(TrialId::new),
         };
         let end = run_pulled_trial(&setup, run, client.clone(), lease, interrupt.clone()).await;
         reporter.release(trial_id);
@@ -250,22 +252,22 @@ async fn run_slot(
 /// Reports a pulled trial's outcome over the HTTP API.
 pub(super) struct HttpReporter {
     client: Arc<Client>,
-    study_id: i64,
+    study_id: StudyId,
     /// Launches per trial, counted by this worker process only: the API counts the launches
     /// of dispatched trials alone (`attempts`), so a restarted worker starts its trials'
     /// retries afresh.
-    attempts: std::sync::Mutex<std::collections::HashMap<i64, u32>>,
+    attempts: std::sync::Mutex<std::collections::HashMap<TrialId, u32>>,
     /// The slot's client id each running trial was suggested to: the server gives a
     /// trial's token only to its holder.
-    holders: std::sync::Mutex<std::collections::HashMap<i64, String>>,
+    holders: std::sync::Mutex<std::collections::HashMap<TrialId, String>>,
     /// Trials leased from a pool (`augur worker --pool`): the token the lease came with and
     /// a client that reports with it. A pool worker's own token may not report to another
     /// creator's study; the trial's token may, to that trial alone.
-    leased: std::sync::Mutex<std::collections::HashMap<i64, (Arc<Client>, String)>>,
+    leased: std::sync::Mutex<std::collections::HashMap<TrialId, (Arc<Client>, String)>>,
 }
 
 impl HttpReporter {
-    pub(super) fn new(client: Arc<Client>, study_id: i64) -> Self {
+    pub(super) fn new(client: Arc<Client>, study_id: StudyId) -> Self {
         HttpReporter {
             client,
             study_id,
@@ -277,7 +279,7 @@ impl HttpReporter {
 
     /// A trial leased from a pool: reported with `token` from here on, its launches counted
     /// from `lost` (those lost with earlier workers, which the server counted).
-    pub(super) fn lease(&self, trial_id: i64, token: &str, lost: u32) {
+    pub(super) fn lease(&self, trial_id: TrialId, token: &str, lost: u32) {
         if let Ok(mut leased) = self.leased.lock() {
             leased.insert(
                 trial_id,
@@ -290,7 +292,7 @@ impl HttpReporter {
     }
 
     /// The trial's lease is over (it ended here).
-    pub(super) fn end_lease(&self, trial_id: i64) {
+    pub(super) fn end_lease(&self, trial_id: TrialId) {
         if let Ok(mut leased) = self.leased.lock() {
             leased.remove(&trial_id);
         }
@@ -300,7 +302,7 @@ impl HttpReporter {
     }
 
     /// The client that reports to this trial: with the trial's own token when leased.
-    pub(super) fn client_for(&self, trial_id: i64) -> Arc<Client> {
+    pub(super) fn client_for(&self, trial_id: TrialId) -> Arc<Client> {
         self.leased
             .lock()
             .ok()
@@ -308,17 +310,17 @@ impl HttpReporter {
             .unwrap_or_else(|| self.client.clone())
     }
 
-    fn path(&self, trial_id: i64, action: &str) -> String {
+    fn path(&self, trial_id: TrialId, action: &str) -> String {
         format!("/v1/studies/{}/trials/{trial_id}{action}", self.study_id)
     }
 
-    fn hold(&self, trial_id: i64, client_id: &str) {
+    fn hold(&self, trial_id: TrialId, client_id: &str) {
         if let Ok(mut holders) = self.holders.lock() {
             holders.insert(trial_id, client_id.to_string());
         }
     }
 
-    fn release(&self, trial_id: i64) {
+    fn release(&self, trial_id: TrialId) {
         if let Ok(mut holders) = self.holders.lock() {
             holders.remove(&trial_id);
         }
@@ -326,7 +328,7 @@ impl HttpReporter {
 
     /// A token that may only report to this trial, from the server (never this worker's
     /// own). `None` from a server too old to issue one: the trial then gets no token.
-    async fn trial_token(&self, trial_id: i64) -> DispatchResult<Option<String>> {
+    async fn trial_token(&self, trial_id: TrialId) -> DispatchResult<Option<String>> {
         if let Some(token) = self
             .leased
             .lock()
@@ -357,7 +359,7 @@ impl HttpReporter {
                 .ok_or_else(|| remote("the server answered a token request without a token")),
             StatusCode::NOT_FOUND if body["error"]["message"] == "no such route" => {
                 tracing::warn!(
-                    trial_id,
+                    %trial_id,
                     "the server issues no trial tokens (older than this worker): the trial gets none"
                 );
                 Ok(None)
@@ -369,7 +371,7 @@ impl HttpReporter {
 
 #[async_trait]
 impl TrialReporter for HttpReporter {
-    async fn measurement(&self, trial_id: i64, measurement: Measurement) -> DispatchResult<()> {
+    async fn measurement(&self, trial_id: TrialId, measurement: Measurement) -> DispatchResult<()> {
         let body = serde_json::to_value(&measurement).map_err(remote)?;
         self.client_for(trial_id)
             .call(
@@ -382,7 +384,11 @@ impl TrialReporter for HttpReporter {
             .map_err(remote)
     }
 
-    async fn complete_with(&self, trial_id: i64, last: Vec<Measurement>) -> DispatchResult<bool> {
+    async fn complete_with(
+        &self,
+        trial_id: TrialId,
+        last: Vec<Measurement>,
+    ) -> DispatchResult<bool> {
         // The last measurements with the completion, in one request and one change.
         let body = json!({"measurements": &last});
         let (status, answer) = self
@@ -406,7 +412,7 @@ impl TrialReporter for HttpReporter {
         }
         for measurement in last {
             if let Err(e) = self.measurement(trial_id, measurement).await {
-                tracing::warn!(trial_id, error = %e, "could not record a measurement");
+                tracing::warn!(%trial_id, error = %e, "could not record a measurement");
             }
         }
         let (status, body) = self
@@ -429,7 +435,7 @@ impl TrialReporter for HttpReporter {
         }
     }
 
-    async fn fail(&self, trial_id: i64, reason: String) -> DispatchResult<()> {
+    async fn fail(&self, trial_id: TrialId, reason: String) -> DispatchResult<()> {
         let (status, body) = self
             .client_for(trial_id)
             .call_status(
@@ -449,7 +455,7 @@ impl TrialReporter for HttpReporter {
         }
     }
 
-    async fn should_stop(&self, trial_id: i64) -> DispatchResult<bool> {
+    async fn should_stop(&self, trial_id: TrialId) -> DispatchResult<bool> {
         let v = self
             .client_for(trial_id)
             .call(Method::POST, &self.path(trial_id, "/should_stop"), None)
@@ -458,7 +464,7 @@ impl TrialReporter for HttpReporter {
         Ok(v["should_stop"] == Value::Bool(true))
     }
 
-    async fn finished(&self, trial_id: i64) -> DispatchResult<bool> {
+    async fn finished(&self, trial_id: TrialId) -> DispatchResult<bool> {
         let v = self
             .client_for(trial_id)
             .call(Method::GET, &self.path(trial_id, ""), None)
@@ -472,7 +478,7 @@ impl TrialReporter for HttpReporter {
 
     async fn start_attempt(
         &self,
-        trial_id: i64,
+        trial_id: TrialId,
         max_attempts: u32,
     ) -> DispatchResult<Option<AttemptStart>> {
         let number = {
@@ -495,7 +501,7 @@ impl TrialReporter for HttpReporter {
 
     /// PBT: this worker copied the parent's checkpoint (from the study's directory, which
     /// the pool's workers share) into the trial's own.
-    async fn checkpoint_copied(&self, trial_id: i64) -> DispatchResult<()> {
+    async fn checkpoint_copied(&self, trial_id: TrialId) -> DispatchResult<()> {
         self.client_for(trial_id)
             .call(
                 Method::POST,
@@ -507,7 +513,7 @@ impl TrialReporter for HttpReporter {
             .map_err(remote)
     }
 
-    async fn refund_attempt(&self, trial_id: i64) -> DispatchResult<()> {
+    async fn refund_attempt(&self, trial_id: TrialId) -> DispatchResult<()> {
         if let Ok(mut attempts) = self.attempts.lock()
             && let Some(n) = attempts.get_mut(&trial_id)
         {

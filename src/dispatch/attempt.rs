@@ -12,7 +12,7 @@ use super::collect::{StdoutMetrics, parse_hypertune};
 use super::executor::{JobExit, JobRequest};
 use super::reporter::TrialReporter;
 use super::trial::{Interrupt, TrialSetup};
-use crate::model::{Measurement, TrialDirs};
+use crate::model::{Measurement, TrialDirs, TrialId};
 use crate::service::trial_files::{self, FileAccess};
 
 /// How long a job asked to stop gets before it is killed.
@@ -125,9 +125,9 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-pub(super) async fn report(reporter: &dyn TrialReporter, trial_id: i64, m: Measurement) {
+pub(super) async fn report(reporter: &dyn TrialReporter, trial_id: TrialId, m: Measurement) {
     if let Err(e) = reporter.measurement(trial_id, m).await {
-        tracing::warn!(trial_id, error = %e, "could not record a measurement");
+        tracing::warn!(%trial_id, error = %e, "could not record a measurement");
     }
 }
 

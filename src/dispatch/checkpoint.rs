@@ -5,13 +5,13 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::model::{StudyDir, TrialDirs};
+use crate::model::{StudyDir, TrialDirs, TrialId};
 
 /// Replace `child`'s checkpoints with a copy of `parent_id`'s, on a blocking thread. Safe to
 /// repeat: a copy cut short by a restart is made again from the start.
 pub async fn copy_from_parent(
     study: &StudyDir,
-    parent_id: i64,
+    parent_id: TrialId,
     child: &TrialDirs,
 ) -> io::Result<()> {
     let from = TrialDirs::new(study, parent_id).checkpoints;

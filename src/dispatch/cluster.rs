@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use crate::model::vertex::custom_job_spec;
-use crate::model::{ReplicaId, TrialJobSpec};
+use crate::model::{ReplicaId, TrialId, TrialJobSpec};
 
 /// Where one replica listens. Strings, not a socket address: the Slurm executor fills in
 /// hosts and ports only inside the allocation, from placeholders (see `slurm.rs`).
@@ -96,7 +96,7 @@ pub fn cluster_env(
     layout: &ClusterLayout,
     address: &dyn Fn(ReplicaId) -> Address,
     me: ReplicaId,
-    trial_id: i64,
+    trial_id: TrialId,
 ) -> Vec<(String, String)> {
     let pools = layout.pool_addresses(address);
     let primary = address(ReplicaId::PRIMARY);
@@ -129,7 +129,7 @@ pub fn cluster_env(
 
 /// The `task` member of both configurations: the replica's type and index, and the trial's
 /// id as a string, as Vertex sets it in a tuning job's trials.
-fn task(task_type: &str, me: ReplicaId, trial_id: i64) -> Value {
+fn task(task_type: &str, me: ReplicaId, trial_id: TrialId) -> Value {
     json!({"type": task_type, "index": me.index, "trial": trial_id.to_string()})
 }
 
@@ -138,7 +138,7 @@ fn cluster_spec(
     layout: &ClusterLayout,
     pools: &[(usize, Vec<String>)],
     me: ReplicaId,
-    trial_id: i64,
+    trial_id: TrialId,
 ) -> Value {
     let cluster: serde_json::Map<String, Value> = pools
         .iter()
@@ -159,7 +159,7 @@ fn tf_config(
     layout: &ClusterLayout,
     pools: &[(usize, Vec<String>)],
     me: ReplicaId,
-    trial_id: i64,
+    trial_id: TrialId,
 ) -> Value {
     let cluster: BTreeMap<&str, &Vec<String>> = pools
         .iter()
@@ -203,7 +203,9 @@ mod tests {
     }
 
     fn env_of(layout: &ClusterLayout, me: ReplicaId) -> BTreeMap<String, String> {
-        cluster_env(layout, &at, me, 7).into_iter().collect()
+        cluster_env(layout, &at, me, TrialId::new(7))
+            .into_iter()
+            .collect()
     }
 
     fn json_of(env: &BTreeMap<String, String>, key: &str) -> Value {

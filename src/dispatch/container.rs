@@ -16,7 +16,7 @@ use super::executor::{
     Executor, ExecutorContext, ExecutorError, JobRequest, ReplicaRequest, RunningJob,
 };
 use super::local::{Launch, LocalCluster, loopback_addresses, reserve_machine, spawn_replica};
-use crate::model::ReplicaId;
+use crate::model::{ReplicaId, StudyId, TrialId};
 use crate::service::exec::{ExecRefused, ExecRequest, ExecTarget};
 
 /// How the server runs containers: the engine's program and the options the operator gives it
@@ -101,7 +101,7 @@ impl ContainerEngine {
     }
 
     /// Names of the containers of this trial, running or not, found by their labels.
-    async fn labelled(&self, study_id: i64, trial_id: i64, trial_dir: &str) -> Vec<String> {
+    async fn labelled(&self, study_id: StudyId, trial_id: TrialId, trial_dir: &str) -> Vec<String> {
         let out = self
             .command()
             .args(["ps", "--all", "--format", "{{.Names}}"])
@@ -200,8 +200,8 @@ impl ContainerEngine {
 /// Everything one replica's `run` names.
 struct ContainerRun<'a> {
     name: &'a str,
-    study_id: i64,
-    trial_id: i64,
+    study_id: StudyId,
+    trial_id: TrialId,
     replica: &'a ReplicaRequest,
     image: &'a str,
     env_file: &'a Path,
@@ -312,7 +312,7 @@ impl Executor for ContainerExecutor {
         Ok(Box::new(cluster))
     }
 
-    async fn clean_up_stale(&self, handle: &JobHandle, study_id: i64, trial_id: i64) {
+    async fn clean_up_stale(&self, handle: &JobHandle, study_id: StudyId, trial_id: TrialId) {
         let JobHandle::Containers { trial_dir, .. } = handle else {
             return;
         };
@@ -323,8 +323,8 @@ impl Executor for ContainerExecutor {
         let leftovers = engine.labelled(study_id, trial_id, trial_dir).await;
         if !leftovers.is_empty() {
             tracing::info!(
-                study_id,
-                trial_id,
+                %study_id,
+                %trial_id,
                 ?leftovers,
                 "removing containers left by an earlier run"
             );
@@ -444,8 +444,8 @@ mod tests {
         let gpus = vec!["2".to_string(), "5".to_string()];
         let run = ContainerRun {
             name: "augur-s3-t7-a1-workerpool1-0",
-            study_id: 3,
-            trial_id: 7,
+            study_id: StudyId::new(3),
+            trial_id: TrialId::new(7),
             replica: &r,
             image: "localhost/trainer:1",
             env_file: Path::new("/runs/7/.container-env/x.env"),
@@ -507,9 +507,10 @@ mod tests {
             base: "/runs".into(),
             dir: "/runs/study-1".into(),
         };
-        let dirs = crate::model::TrialDirs::new(&study, 7);
+        let dirs = crate::model::TrialDirs::new(&study, TrialId::new(7));
         let values = [("lr".to_string(), augur_optimizer::Value::Float(0.1))].into();
-        let replicas = crate::dispatch::trial::replica_requests(&job, &values, 7, &dirs);
+        let replicas =
+            crate::dispatch::trial::replica_requests(&job, &values, TrialId::new(7), &dirs);
         let engine = ContainerEngine {
             program: "podman".into(),
             global_args: Vec::new(),
@@ -518,8 +519,8 @@ mod tests {
         let after_options = |r: &ReplicaRequest| {
             let run = ContainerRun {
                 name: "x",
-                study_id: 1,
-                trial_id: 7,
+                study_id: StudyId::new(1),
+                trial_id: TrialId::new(7),
                 replica: r,
                 image: r.image.as_deref().unwrap_or_default(),
                 env_file: Path::new("/runs/study-1/7/.container-env/x.env"),

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::model::TrialDirs;
+use crate::model::{StudyId, TrialDirs, TrialId};
 
 /// The part of this process's environment a job starts from: the allow-list and the names
 /// in `pass_on`. Nothing else of the server's reaches a job: not its token, not its
@@ -20,8 +20,8 @@ pub fn job_base_env(pass_on: &[String]) -> Vec<(String, String)> {
 /// leftover process of it).
 pub struct TrialIdentity<'a> {
     pub augur_url: &'a str,
-    pub study_id: i64,
-    pub trial_id: i64,
+    pub study_id: StudyId,
+    pub trial_id: TrialId,
     pub dirs: &'a TrialDirs,
 }
 
@@ -64,15 +64,15 @@ mod tests {
     #[test]
     fn augurs_variables_win_over_the_specs_and_directories_end_with_a_slash() {
         let key = crate::model::StudyKey {
-            id: 2,
+            id: StudyId::new(2),
             created_at: "2026-12-04T10:00:00Z".parse().expect("time"),
         };
         let study = crate::model::StudyDir::below("/runs".into(), key, Default::default());
-        let dirs = TrialDirs::new(&study, 4);
+        let dirs = TrialDirs::new(&study, TrialId::new(4));
         let trial = TrialIdentity {
             augur_url: "http://127.0.0.1:1",
-            study_id: 2,
-            trial_id: 4,
+            study_id: StudyId::new(2),
+            trial_id: TrialId::new(4),
             dirs: &dirs,
         };
         let spec_env = [("AUGUR_TRIAL_ID".to_string(), "99".to_string())].into();

@@ -19,17 +19,17 @@ use super::kubernetes::{KubeConnection, KubernetesExecutor};
 use super::local::{LocalExecutor, RunAs};
 use super::ports::PortRegistry;
 use super::slurm::SlurmExecutor;
-use crate::model::{ExecutorSpec, ReplicaId, Resources, TrialJobSpec};
+use crate::model::{ExecutorSpec, ReplicaId, Resources, StudyId, TrialId, TrialJobSpec};
 use crate::service::exec::{ExecRefused, ExecRequest, ExecTarget};
 
 /// One run (attempt) of a trial's job: its replicas, the primary first.
 #[derive(Debug, Clone)]
 pub struct JobRequest {
-    pub study_id: i64,
+    pub study_id: StudyId,
     /// When the study was made: with its id, it names the study's directory
     /// (`model::StudyKey`), which pods compute for themselves.
     pub study_created_at: chrono::DateTime<chrono::Utc>,
-    pub trial_id: i64,
+    pub trial_id: TrialId,
     pub attempt: u32,
     /// The trial's environment, the same for every replica (DESIGN §4).
     pub env: Vec<(String, String)>,
@@ -48,7 +48,7 @@ pub struct JobRequest {
     /// PBT, for an executor whose replicas do not see the server's trial directories
     /// ([`Executor::shares_trial_dirs`]): the trial whose checkpoint must replace this one's
     /// before the replicas start. Elsewhere the dispatcher made the copy before the launch.
-    pub copy_checkpoint_from: Option<i64>,
+    pub copy_checkpoint_from: Option<TrialId>,
 }
 
 /// One replica of an attempt.
@@ -237,7 +237,7 @@ pub trait Executor: Send + Sync {
     /// Kill a job left by an earlier run of the service (`handle` as `RunningJob::handle`
     /// gave it) for this trial, so that a resumed trial never runs twice. A handle of
     /// another executor's kind is none of its jobs: left alone.
-    async fn clean_up_stale(&self, handle: &JobHandle, study_id: i64, trial_id: i64);
+    async fn clean_up_stale(&self, handle: &JobHandle, study_id: StudyId, trial_id: TrialId);
 
     /// How a session's command reaches `request.replica` of the running attempt `handle`
     /// (as `RunningJob::handle` gave it): the local process that runs it (`dispatch::exec`

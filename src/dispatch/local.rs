@@ -23,7 +23,7 @@ use super::executor::{
 };
 use super::gpus::GpuLease;
 use super::ports::PortLease;
-use crate::model::ReplicaId;
+use crate::model::{ReplicaId, StudyId, TrialId};
 use crate::service::exec::{ExecRefused, ExecRequest, ExecTarget};
 
 /// The user local jobs run as (`--run-jobs-as`).
@@ -185,7 +185,7 @@ impl Executor for LocalExecutor {
         Ok(Box::new(cluster))
     }
 
-    async fn clean_up_stale(&self, handle: &JobHandle, study_id: i64, trial_id: i64) {
+    async fn clean_up_stale(&self, handle: &JobHandle, study_id: StudyId, trial_id: TrialId) {
         if let JobHandle::ProcessGroups(groups) = handle {
             kill_trial_groups(groups, study_id, trial_id);
         }
@@ -213,7 +213,7 @@ impl Executor for LocalExecutor {
 
 /// Kill the processes of `groups` that carry trial `trial_id`'s marks in their environment
 /// (process ids are reused: never whatever holds the number now): how many.
-pub fn kill_trial_groups(groups: &[i32], study_id: i64, trial_id: i64) -> usize {
+pub fn kill_trial_groups(groups: &[i32], study_id: StudyId, trial_id: TrialId) -> usize {
     let marks = [
         format!("AUGUR_STUDY_ID={study_id}"),
         format!("AUGUR_TRIAL_ID={trial_id}"),

@@ -32,7 +32,7 @@ use tokio::sync::watch;
 pub use environment::job_base_env;
 pub use error::{DispatchError, DispatchResult};
 
-use crate::model::StudyState;
+use crate::model::{StudyId, StudyState};
 use crate::service::Service;
 use executor::ExecutorContext;
 use trial::Interrupt;
@@ -73,7 +73,7 @@ pub struct Dispatcher {
     config: Arc<DispatchConfig>,
     /// Shared by every study's executors: the machine's GPUs, the ports clusters hold.
     executors: ExecutorContext,
-    runners: Arc<Mutex<HashMap<i64, watch::Sender<Interrupt>>>>,
+    runners: Arc<Mutex<HashMap<StudyId, watch::Sender<Interrupt>>>>,
     shutdown: watch::Sender<bool>,
 }
 
@@ -143,7 +143,7 @@ impl Dispatcher {
     }
 
     /// A study was created, changed, stopped or deleted here.
-    async fn poke(&self, study_id: i64) {
+    async fn poke(&self, study_id: StudyId) {
         let running = self
             .runners
             .lock()
@@ -168,7 +168,7 @@ impl Dispatcher {
         }
     }
 
-    async fn start_runner(&self, study_id: i64) {
+    async fn start_runner(&self, study_id: StudyId) {
         let already = self
             .runners
             .lock()
@@ -185,7 +185,7 @@ impl Dispatcher {
             Ok(true) => {}
             Ok(false) => return,
             Err(error) => {
-                tracing::warn!(study_id, %error, "could not claim study runner");
+                tracing::warn!(%study_id, %error, "could not claim study runner");
                 return;
             }
         }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::error::DispatchResult;
-use crate::model::Measurement;
+use crate::model::{Measurement, StudyId, TrialId};
 use crate::service::{Completion, Service, ServiceError, ServiceResult, hash_token, new_token};
 
 /// How long a report waits out a database outage (a restart, a failover) before it gives
@@ -51,39 +51,43 @@ pub struct AttemptStart {
 
 #[async_trait]
 pub trait TrialReporter: Send + Sync {
-    async fn measurement(&self, trial_id: i64, measurement: Measurement) -> DispatchResult<()>;
+    async fn measurement(&self, trial_id: TrialId, measurement: Measurement) -> DispatchResult<()>;
     /// Record `last` (measurements not reported yet), then complete from all the trial's
     /// measurements (`measurement_selection`). `Ok(false)` when there is none to select.
-    async fn complete_with(&self, trial_id: i64, last: Vec<Measurement>) -> DispatchResult<bool>;
-    async fn fail(&self, trial_id: i64, reason: String) -> DispatchResult<()>;
-    async fn should_stop(&self, trial_id: i64) -> DispatchResult<bool>;
+    async fn complete_with(
+        &self,
+        trial_id: TrialId,
+        last: Vec<Measurement>,
+    ) -> DispatchResult<bool>;
+    async fn fail(&self, trial_id: TrialId, reason: String) -> DispatchResult<()>;
+    async fn should_stop(&self, trial_id: TrialId) -> DispatchResult<bool>;
     /// Whether the trial already finished (the job completed it over HTTP).
-    async fn finished(&self, trial_id: i64) -> DispatchResult<bool>;
+    async fn finished(&self, trial_id: TrialId) -> DispatchResult<bool>;
     /// Charge one launch against the trial's `max_attempts` before it starts (durably, where
     /// the reporter can) and issue the token it reports with. `Ok(None)`: none left.
     async fn start_attempt(
         &self,
-        trial_id: i64,
+        trial_id: TrialId,
         max_attempts: u32,
     ) -> DispatchResult<Option<AttemptStart>>;
     /// Give back a launch that this side ended itself (shutdown, or a leftover job killed
     /// after a restart): it says nothing about the trial.
-    async fn refund_attempt(&self, trial_id: i64) -> DispatchResult<()>;
+    async fn refund_attempt(&self, trial_id: TrialId) -> DispatchResult<()>;
     /// PBT: the checkpoint the trial was to copy is copied (its parent may train on).
-    async fn checkpoint_copied(&self, trial_id: i64) -> DispatchResult<()>;
+    async fn checkpoint_copied(&self, trial_id: TrialId) -> DispatchResult<()>;
 }
 
 /// Reports a dispatched trial's outcome straight to the service.
 pub struct ServiceReporter {
     pub service: Service,
-    pub study_id: i64,
+    pub study_id: StudyId,
     /// The dispatcher's owner id: its reports count only while it holds the runner lease.
     pub owner: String,
 }
 
 #[async_trait]
 impl TrialReporter for ServiceReporter {
-    async fn measurement(&self, trial_id: i64, measurement: Measurement) -> DispatchResult<()> {
+    async fn measurement(&self, trial_id: TrialId, measurement: Measurement) -> DispatchResult<()> {
         Ok(patiently("measurement", || {
             self.service.record_measurement(
                 self.study_id,
@@ -95,7 +99,11 @@ impl TrialReporter for ServiceReporter {
         .await?)
     }
 
-    async fn complete_with(&self, trial_id: i64, last: Vec<Measurement>) -> DispatchResult<bool> {
+    async fn complete_with(
+        &self,
+        trial_id: TrialId,
+        last: Vec<Measurement>,
+    ) -> DispatchResult<bool> {
         let completed = patiently("completion", || {
             let outcome = Completion::Selected(last.clone());
             self.service
@@ -111,7 +119,7 @@ impl TrialReporter for ServiceReporter {
         }
     }
 
-    async fn fail(&self, trial_id: i64, reason: String) -> DispatchResult<()> {
+    async fn fail(&self, trial_id: TrialId, reason: String) -> DispatchResult<()> {
         let failed = patiently("failure", || {
             self.service
                 .record_failure(self.study_id, &self.owner, trial_id, reason.clone())
@@ -125,11 +133,11 @@ impl TrialReporter for ServiceReporter {
 
     // Asked every 250 ms: an outage makes it say "no" (the caller ignores errors) rather
     // than wait.
-    async fn should_stop(&self, trial_id: i64) -> DispatchResult<bool> {
+    async fn should_stop(&self, trial_id: TrialId) -> DispatchResult<bool> {
         Ok(self.service.should_stop(self.study_id, trial_id).await?)
     }
 
-    async fn finished(&self, trial_id: i64) -> DispatchResult<bool> {
+    async fn finished(&self, trial_id: TrialId) -> DispatchResult<bool> {
         let unfinished = patiently("trial state", || {
             self.service.trial_unfinished(self.study_id, trial_id)
         })
@@ -140,7 +148,7 @@ impl TrialReporter for ServiceReporter {
     // The count and the token go in the study's next batch, with its other changes.
     async fn start_attempt(
         &self,
-        trial_id: i64,
+        trial_id: TrialId,
         max_attempts: u32,
     ) -> DispatchResult<Option<AttemptStart>> {
         let token = new_token();
@@ -160,7 +168,7 @@ impl TrialReporter for ServiceReporter {
         }))
     }
 
-    async fn refund_attempt(&self, trial_id: i64) -> DispatchResult<()> {
+    async fn refund_attempt(&self, trial_id: TrialId) -> DispatchResult<()> {
         Ok(patiently("refund", || {
             self.service
                 .refund_attempt(self.study_id, &self.owner, trial_id)
@@ -168,7 +176,7 @@ impl TrialReporter for ServiceReporter {
         .await?)
     }
 
-    async fn checkpoint_copied(&self, trial_id: i64) -> DispatchResult<()> {
+    async fn checkpoint_copied(&self, trial_id: TrialId) -> DispatchResult<()> {
         Ok(patiently("checkpoint copied", || {
             self.service
                 .checkpoint_copied(self.study_id, &self.owner, trial_id)

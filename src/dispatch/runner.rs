@@ -15,7 +15,7 @@ use super::error::DispatchResult;
 use super::executor::{ExecutorContext, executor_for};
 use super::reporter::{AttemptStart, ServiceReporter};
 use super::trial::{Interrupt, TrialEnd, TrialSetup, run_trial};
-use crate::model::{ClientId, StudyState, TrialJobSpec};
+use crate::model::{ClientId, StudyId, StudyState, TrialId, TrialJobSpec};
 use crate::model::{StudyDir, StudyKey};
 use crate::service::{DispatchedTrial, RunnerStudy, Service, hash_token, new_token};
 
@@ -36,7 +36,7 @@ pub async fn run_study(
     service: Service,
     config: Arc<DispatchConfig>,
     executors: ExecutorContext,
-    study_id: i64,
+    study_id: StudyId,
     wake: watch::Receiver<Interrupt>,
 ) {
     StudyRunner {
@@ -68,15 +68,15 @@ struct StudyRunner {
     service: Service,
     config: Arc<DispatchConfig>,
     executors: ExecutorContext,
-    study_id: i64,
+    study_id: StudyId,
     /// Shared with the lease keeper, which stops the trials itself when the lease is lost.
     interrupt_trials: Arc<watch::Sender<Interrupt>>,
-    tasks: JoinSet<(i64, TrialEnd)>,
-    running: HashSet<i64>,
+    tasks: JoinSet<(TrialId, TrialEnd)>,
+    running: HashSet<TrialId>,
     /// Trials handed out again while their last task is still ending (a paused trial that a
     /// scheduler promoted as soon as its attempt was recorded): started when that task is
     /// joined, so one trial never runs twice at once nor is dropped.
-    deferred: HashMap<i64, (DispatchedTrial, Option<AttemptStart>)>,
+    deferred: HashMap<TrialId, (DispatchedTrial, Option<AttemptStart>)>,
     /// Fixed for the study's trials while its job stays the same.
     setup: Option<Arc<TrialSetup>>,
     resumed: bool,
@@ -117,7 +117,7 @@ impl StudyRunner {
             let setup = match self.setup_for(&study) {
                 Ok(setup) => setup,
                 Err(error) => {
-                    tracing::error!(study_id = self.study_id, %error, "cannot run this study's trials");
+                    tracing::error!(study_id = %self.study_id, %error, "cannot run this study's trials");
                     return self.stop_all(Interrupt::Shutdown).await;
                 }
             };
@@ -138,7 +138,7 @@ impl StudyRunner {
                 true
             }
             Err(error) => {
-                tracing::warn!(study_id = self.study_id, %error, "runner could not read its study");
+                tracing::warn!(study_id = %self.study_id, %error, "runner could not read its study");
                 false
             }
         }
@@ -201,14 +201,14 @@ impl StudyRunner {
         {
             Ok(trials) => trials,
             Err(error) => {
-                tracing::warn!(study_id = self.study_id, %error, "could not list trials to resume");
+                tracing::warn!(study_id = %self.study_id, %error, "could not list trials to resume");
                 return;
             }
         };
         for trial in trials {
             tracing::info!(
-                study_id = self.study_id,
-                trial_id = trial.id,
+                study_id = %self.study_id,
+                trial_id = %trial.id,
                 "resuming trial"
             );
             self.start(setup, trial, None);
@@ -248,7 +248,7 @@ impl StudyRunner {
                 }
             }
             Err(error) => {
-                tracing::warn!(study_id = self.study_id, %error, "runner could not get suggestions")
+                tracing::warn!(study_id = %self.study_id, %error, "runner could not get suggestions")
             }
         }
     }
@@ -290,7 +290,7 @@ impl StudyRunner {
                 }
                 for (trial_id, end) in ended.into_iter().flatten() {
                     self.running.remove(&trial_id);
-                    tracing::info!(study_id = self.study_id, trial_id, ?end, "trial ended");
+                    tracing::info!(study_id = %self.study_id, %trial_id, ?end, "trial ended");
                     if let (Some((trial, first)), Some(setup)) =
                         (self.deferred.remove(&trial_id), self.setup.clone())
                     {
@@ -334,7 +334,7 @@ impl Drop for AbortOnDrop {
 /// resumed by whoever runs the study next, and the runner is told (`lost`).
 async fn keep_lease(
     service: Service,
-    study_id: i64,
+    study_id: StudyId,
     owner: String,
     interrupt_trials: Arc<watch::Sender<Interrupt>>,
     lost: watch::Sender<bool>,
@@ -360,7 +360,7 @@ async fn keep_lease(
             }
             _ => continue,
         };
-        tracing::warn!(study_id, reason = %why, "stopping this runner's jobs: another replica may take the study");
+        tracing::warn!(%study_id, reason = %why, "stopping this runner's jobs: another replica may take the study");
         interrupt_trials.send_replace(Interrupt::Shutdown);
         let _ = lost.send(true);
         return;

@@ -16,7 +16,7 @@ use super::exec::{ExecVia, SessionProcess, refused, refused_replica};
 use super::executor::write_private;
 use super::executor::{Executor, ExecutorError, JobExit, JobRequest, ReplicaRequest, RunningJob};
 use crate::model::SlurmOptions;
-use crate::model::{ReplicaId, Resources};
+use crate::model::{ReplicaId, Resources, StudyId, TrialId};
 use crate::service::exec::{ExecRefused, ExecRequest, ExecTarget};
 
 /// How often a job's state is asked of the controller, and its output file read.
@@ -79,7 +79,7 @@ fn is_shell_name(name: &str) -> bool {
 }
 
 /// The job's name: how a stale job is recognised as this trial's.
-fn job_name(study_id: i64, trial_id: i64) -> String {
+fn job_name(study_id: StudyId, trial_id: TrialId) -> String {
     format!("augur-{study_id}-{trial_id}")
 }
 
@@ -451,7 +451,7 @@ impl Executor for SlurmExecutor {
         }))
     }
 
-    async fn clean_up_stale(&self, handle: &JobHandle, study_id: i64, trial_id: i64) {
+    async fn clean_up_stale(&self, handle: &JobHandle, study_id: StudyId, trial_id: TrialId) {
         let JobHandle::Slurm { job_id: id } = handle else {
             return;
         };
@@ -469,8 +469,8 @@ impl Executor for SlurmExecutor {
             && ACTIVE_STATES.contains(&field(&text, "JobState"))
         {
             tracing::info!(
-                study_id,
-                trial_id,
+                %study_id,
+                %trial_id,
                 job_id = id,
                 "cancelling a Slurm job left by an earlier run"
             );
@@ -837,9 +837,9 @@ mod tests {
 
     fn request() -> JobRequest {
         JobRequest {
-            study_id: 1,
+            study_id: StudyId::new(1),
             study_created_at: chrono::DateTime::UNIX_EPOCH,
-            trial_id: 2,
+            trial_id: TrialId::new(2),
             attempt: 1,
             env: vec![("AUGUR_TRIAL_ID".into(), "2".into())],
             workdir: Some(PathBuf::from("/work dir")),

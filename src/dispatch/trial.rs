@@ -21,7 +21,7 @@ use super::reporter::{AttemptStart, TrialReporter};
 use crate::model::job::DEFAULT_METRIC_REGEX;
 use crate::model::job::value_text;
 use crate::model::spec::FidelityConfig;
-use crate::model::{Measurement, StudyDir, TrialDirs, TrialJobSpec};
+use crate::model::{Measurement, StudyDir, StudyId, TrialDirs, TrialId, TrialJobSpec};
 use crate::service::DispatchedTrial;
 use crate::service::trial_files::{self, DirOwner, FileAccess};
 
@@ -37,7 +37,7 @@ pub enum Interrupt {
 
 /// Everything fixed for a study's trials.
 pub struct TrialSetup {
-    pub study_id: i64,
+    pub study_id: StudyId,
     /// When the study was made (`model::StudyKey`).
     pub study_created_at: chrono::DateTime<chrono::Utc>,
     pub job: TrialJobSpec,
@@ -196,7 +196,7 @@ pub async fn run_trial(
             Settled::Ended(end) => return end,
             Settled::Retry(why) => last_failure = why,
         }
-        tracing::warn!(study_id = setup.study_id, trial_id, attempt = request.attempt, reason = %last_failure, "trial attempt failed");
+        tracing::warn!(study_id = %setup.study_id, %trial_id, attempt = request.attempt, reason = %last_failure, "trial attempt failed");
         // This launch's failure is seen, and stays counted. (A launch that finished the
         // trial keeps its handle: a finished trial is not resumed. Until its outcome is
         // recorded, a restart gives the launch back and runs it again.) Emptied, not
@@ -214,7 +214,7 @@ pub async fn run_trial(
 
 /// A launch an earlier run of the service left (its job killed), given back when this is
 /// that launch `resumed` (not counted with its suggestion).
-async fn resume_leftover(setup: &TrialSetup, trial_id: i64, dirs: &TrialDirs, resumed: bool) {
+async fn resume_leftover(setup: &TrialSetup, trial_id: TrialId, dirs: &TrialDirs, resumed: bool) {
     let interrupted = clean_up_leftover(setup, trial_id, dirs, resumed).await;
     // Only a resumed launch gives one back. A launch counted with its suggestion that finds
     // a handle is a promoted trial's next rung: the handle is its last rung's, which ended
@@ -223,7 +223,7 @@ async fn resume_leftover(setup: &TrialSetup, trial_id: i64, dirs: &TrialDirs, re
         && resumed
         && let Err(e) = setup.reporter.refund_attempt(trial_id).await
     {
-        tracing::warn!(trial_id, error = %e, "could not give back an interrupted launch");
+        tracing::warn!(%trial_id, error = %e, "could not give back an interrupted launch");
     }
 }
 
@@ -233,10 +233,10 @@ async fn resume_leftover(setup: &TrialSetup, trial_id: i64, dirs: &TrialDirs, re
 /// request, and the parent waits until the trial's segment completes.
 async fn copy_for_attempt(
     setup: &TrialSetup,
-    trial_id: i64,
-    copy_from: &mut Option<i64>,
+    trial_id: TrialId,
+    copy_from: &mut Option<TrialId>,
     dirs: &TrialDirs,
-) -> Result<Option<i64>, String> {
+) -> Result<Option<TrialId>, String> {
     if !setup.executor.shares_trial_dirs() {
         return Ok(*copy_from);
     }
@@ -250,8 +250,8 @@ async fn copy_for_attempt(
 /// the copy is reported made.
 async fn copy_parent_checkpoint(
     setup: &TrialSetup,
-    trial_id: i64,
-    parent: i64,
+    trial_id: TrialId,
+    parent: TrialId,
     dirs: &TrialDirs,
 ) -> Result<(), String> {
     checkpoint::copy_from_parent(&setup.study_dir, parent, dirs)
@@ -268,7 +268,7 @@ async fn copy_parent_checkpoint(
 /// and this launch's own token.
 fn attempt_request(
     setup: &TrialSetup,
-    trial_id: i64,
+    trial_id: TrialId,
     start: AttemptStart,
     env: &[(String, String)],
     replicas: &[ReplicaRequest],
@@ -301,7 +301,7 @@ fn attempt_request(
 pub fn replica_requests(
     job: &TrialJobSpec,
     parameters: &augur_optimizer::Assignment,
-    trial_id: i64,
+    trial_id: TrialId,
     dirs: &TrialDirs,
 ) -> Vec<ReplicaRequest> {
     let params_file = dirs.params_file.display().to_string();
@@ -346,7 +346,7 @@ pub fn replica_requests(
 /// counted with its suggestion but never started. Seen failures stay counted.
 async fn clean_up_leftover(
     setup: &TrialSetup,
-    trial_id: i64,
+    trial_id: TrialId,
     dirs: &TrialDirs,
     resumed: bool,
 ) -> bool {
@@ -360,7 +360,7 @@ async fn clean_up_leftover(
                         .await;
                 }
                 Err(e) => {
-                    tracing::warn!(study_id = setup.study_id, trial_id, error = %e, "leftover job not looked for");
+                    tracing::warn!(study_id = %setup.study_id, %trial_id, error = %e, "leftover job not looked for");
                 }
             }
             // Cleared before the refund: a crash between the two over-counts, never
@@ -424,7 +424,7 @@ enum Settled {
 /// Record an attempt's outcome: complete, fail, leave for resumption, or ask for a retry.
 async fn settle(
     setup: &TrialSetup,
-    trial_id: i64,
+    trial_id: TrialId,
     outcome: Attempt,
     mut last: Vec<Measurement>,
 ) -> Settled {
@@ -476,9 +476,9 @@ async fn settle(
     Settled::Ended(end)
 }
 
-async fn give_up(reporter: &dyn TrialReporter, trial_id: i64, reason: String) -> TrialEnd {
+async fn give_up(reporter: &dyn TrialReporter, trial_id: TrialId, reason: String) -> TrialEnd {
     if let Err(e) = reporter.fail(trial_id, reason.clone()).await {
-        tracing::warn!(trial_id, error = %e, "could not mark the trial failed");
+        tracing::warn!(%trial_id, error = %e, "could not mark the trial failed");
     }
     TrialEnd::Failed(reason)
 }

@@ -159,8 +159,8 @@ pub fn better(a: f64, b: f64, maximize: bool) -> bool {
 /// The points where the best value so far improves, in trial order: a step line through
 /// them (held to the last trial) is the best-so-far curve. `points` are `(trial, value)`
 /// sorted by trial.
-pub fn best_so_far(points: &[(i64, f64)], maximize: bool) -> Vec<(i64, f64)> {
-    let mut out: Vec<(i64, f64)> = Vec::new();
+pub fn best_so_far<K: Copy>(points: &[(K, f64)], maximize: bool) -> Vec<(K, f64)> {
+    let mut out: Vec<(K, f64)> = Vec::new();
     for &(trial, value) in points {
         if out
             .last()

@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 
 use super::{Grid, Importance, MAX_CHART_POINTS, ParallelAxis, ParamAxis};
 use crate::model::spec::MetricGoal;
-use crate::model::{TrialPoint, TrialState, spec::StudySpec};
+use crate::model::{StudyId, TrialId, TrialPoint, TrialState, spec::StudySpec};
 use crate::service::{
     InternalError, Service, ServiceError, ServiceResult, StudySnapshot, cursor_after_seq,
 };
@@ -32,10 +32,12 @@ pub struct TrialTable {
     pub cursor: String,
     pub metrics: Vec<MetricInfo>,
     pub parameters: Vec<ParamAxis>,
-    pub ids: Vec<i64>,
+    #[schema(value_type = Vec<i64>)]
+    pub ids: Vec<TrialId>,
     pub states: Vec<TrialState>,
     /// Ids of the trials stopped early by the stopping rule.
-    pub early_stopped: Vec<i64>,
+    #[schema(value_type = Vec<i64>)]
+    pub early_stopped: Vec<TrialId>,
     /// Final value of each metric (null when the trial has none).
     pub values: BTreeMap<String, Vec<Option<f64>>>,
     /// Each parameter's value (null when inactive).
@@ -54,7 +56,7 @@ pub struct TrialTable {
 }
 
 /// Every trial of the study as columns, and a cursor for live updates.
-pub async fn trial_table(service: &Service, study_id: i64) -> ServiceResult<TrialTable> {
+pub async fn trial_table(service: &Service, study_id: StudyId) -> ServiceResult<TrialTable> {
     let snapshot = service.study_snapshot(study_id).await?;
     let trials = &snapshot.trials;
     // The study's change counter is read before the trials: every change after it comes
@@ -124,19 +126,23 @@ pub async fn trial_table(service: &Service, study_id: i64) -> ServiceResult<Tria
 /// A trial and its value.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct TrialValue {
-    pub trial: i64,
+    #[schema(value_type = i64)]
+    pub trial: TrialId,
     pub value: f64,
 }
 
 /// Objective by trial (a bounded sample) and the best-so-far steps (every improvement).
 #[derive(Debug, Default, Serialize, ToSchema)]
 pub struct History {
-    pub trial: Vec<i64>,
+    #[schema(value_type = Vec<i64>)]
+    pub trial: Vec<TrialId>,
     pub value: Vec<f64>,
-    pub best_trial: Vec<i64>,
+    #[schema(value_type = Vec<i64>)]
+    pub best_trial: Vec<TrialId>,
     pub best_value: Vec<f64>,
     /// The last trial id, where the best-so-far line ends.
-    pub last_trial: i64,
+    #[schema(value_type = i64)]
+    pub last_trial: TrialId,
     /// Fewer points than completed trials: a sample is shown.
     pub sampled: bool,
 }
@@ -144,7 +150,8 @@ pub struct History {
 /// Completed trials, a bounded sample of them, for parallel coordinates and slice plots.
 #[derive(Debug, Default, Serialize, ToSchema)]
 pub struct Sample {
-    pub trial: Vec<i64>,
+    #[schema(value_type = Vec<i64>)]
+    pub trial: Vec<TrialId>,
     pub value: Vec<f64>,
     /// Encoded parameter values (categories by index), null when inactive.
     pub params: BTreeMap<String, Vec<Option<f64>>>,
@@ -157,11 +164,13 @@ pub struct Sample {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ParetoView {
     pub metrics: Vec<MetricInfo>,
-    pub trial: Vec<i64>,
+    #[schema(value_type = Vec<i64>)]
+    pub trial: Vec<TrialId>,
     pub x: Vec<f64>,
     pub y: Vec<f64>,
     /// The non-dominated trials, sorted along the first metric.
-    pub front_trial: Vec<i64>,
+    #[schema(value_type = Vec<i64>)]
+    pub front_trial: Vec<TrialId>,
     pub front_x: Vec<f64>,
     pub front_y: Vec<f64>,
 }
@@ -186,7 +195,7 @@ pub struct StudyInsights {
 /// importance, a bounded sample for parallel coordinates and slices, a Pareto front.
 pub async fn study_insights(
     service: &Service,
-    study_id: i64,
+    study_id: StudyId,
     metric: Option<&str>,
 ) -> ServiceResult<StudyInsights> {
     let StudySnapshot { spec, trials, .. } = service.study_snapshot(study_id).await?;
@@ -209,7 +218,7 @@ fn build_insights(
 ) -> StudyInsights {
     let maximize = metric.goal == MetricGoal::Maximize;
     let scored = scored_trials(trials, &metric.id);
-    let points: Vec<(i64, f64)> = scored.iter().map(|(t, v)| (t.id, *v)).collect();
+    let points: Vec<(TrialId, f64)> = scored.iter().map(|(t, v)| (t.id, *v)).collect();
     let values: Vec<f64> = points.iter().map(|p| p.1).collect();
     let best_steps = super::best_so_far(&points, maximize);
     let mut keep: Vec<usize> = super::top_k(&values, 50, maximize);
@@ -227,7 +236,7 @@ fn build_insights(
         value: chosen.iter().map(|&i| points[i].1).collect(),
         best_trial: best_steps.iter().map(|p| p.0).collect(),
         best_value: best_steps.iter().map(|p| p.1).collect(),
-        last_trial: trials.iter().map(|t| t.id).max().unwrap_or(0),
+        last_trial: trials.iter().map(|t| t.id).max().unwrap_or_default(),
         sampled: chosen.len() < points.len(),
     };
     let columns: Vec<Vec<Option<f64>>> = parameters
@@ -277,7 +286,7 @@ fn build_insights(
 }
 
 fn pareto_view(metrics: &[MetricInfo], trials: &[TrialPoint]) -> ParetoView {
-    let rows: Vec<(i64, f64, f64)> = trials
+    let rows: Vec<(TrialId, f64, f64)> = trials
         .iter()
         .filter(|t| t.state == TrialState::Completed && !t.excluded)
         .filter_map(|t| {
@@ -319,7 +328,7 @@ pub struct Contour {
 /// Mean objective over a grid of two parameters, for a contour plot.
 pub async fn contour(
     service: &Service,
-    study_id: i64,
+    study_id: StudyId,
     x: &str,
     y: &str,
     metric: Option<&str>,
@@ -367,7 +376,8 @@ pub async fn contour(
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Curve {
-    pub trial: i64,
+    #[schema(value_type = i64)]
+    pub trial: TrialId,
     pub state: TrialState,
     pub early_stopped: bool,
     pub step: Vec<i64>,
@@ -390,27 +400,27 @@ pub struct LearningCurves {
 /// and some early-stopped ones.
 pub async fn learning_curves(
     service: &Service,
-    study_id: i64,
+    study_id: StudyId,
     metric: Option<&str>,
 ) -> ServiceResult<LearningCurves> {
     let StudySnapshot { spec, trials, .. } = service.study_snapshot(study_id).await?;
     let metrics = metric_infos(&spec);
     let metric = pick_metric(&metrics, metric)?;
-    let last = trials.last().map_or(0, |t| t.id);
+    let last = trials.last().map_or(TrialId::new(0), |t| t.id);
     // One range read for the latest trials, one read each for a few best and early-stopped
     // ones further back: the cost stays bounded however large the study is.
-    let first_recent = (last - 150).max(1);
+    let first_recent = TrialId::new((last.get() - 150).max(1));
     let mut rows = service
         .trial_measurements(study_id, first_recent, last)
         .await?;
     let scored = scored_trials(&trials, &metric.id);
     let values: Vec<f64> = scored.iter().map(|s| s.1).collect();
     let maximize = metric.goal == MetricGoal::Maximize;
-    let mut extra: Vec<i64> = super::top_k(&values, 10, maximize)
+    let mut extra: Vec<TrialId> = super::top_k(&values, 10, maximize)
         .into_iter()
         .map(|i| scored[i].0.id)
         .collect();
-    let stopped: Vec<i64> = trials
+    let stopped: Vec<TrialId> = trials
         .iter()
         .filter(|t| t.early_stopped)
         .map(|t| t.id)
@@ -426,7 +436,7 @@ pub async fn learning_curves(
     for id in extra {
         rows.extend(service.trial_measurements(study_id, id, id).await?);
     }
-    let mut by_trial: BTreeMap<i64, (Vec<i64>, Vec<f64>)> = BTreeMap::new();
+    let mut by_trial: BTreeMap<TrialId, (Vec<i64>, Vec<f64>)> = BTreeMap::new();
     for (trial, m) in rows {
         if let Some(v) = m.metrics.get(&metric.id) {
             let e = by_trial.entry(trial).or_default();
@@ -434,7 +444,7 @@ pub async fn learning_curves(
             e.1.push(*v);
         }
     }
-    let info: BTreeMap<i64, &TrialPoint> = trials.iter().map(|t| (t.id, t)).collect();
+    let info: BTreeMap<TrialId, &TrialPoint> = trials.iter().map(|t| (t.id, t)).collect();
     let trials_with_curves = by_trial.len();
     let mut curves: Vec<Curve> = by_trial
         .into_iter()

@@ -12,6 +12,7 @@ use utoipa::ToSchema;
 use super::ValidationError;
 use super::parameters::convert_parameter;
 use super::spec::{ChildInput, ParameterInput, StudyConfig, StudySpec};
+use crate::model::TrialId;
 
 /// Most trials one extension may give a value for.
 pub const MAX_TRIAL_VALUES: usize = 100;
@@ -56,7 +57,8 @@ pub struct ParentInput {
 #[serde(deny_unknown_fields)]
 pub struct TrialValueInput {
     /// The trial's id in the study.
-    pub id: i64,
+    #[schema(value_type = i64)]
+    pub id: TrialId,
     #[schema(value_type = serde_json::Value)]
     pub value: Value,
 }

@@ -11,6 +11,7 @@ use super::ValidationError;
 use super::executor::{
     ExecutorFields, ExecutorName, ExecutorSpec, KubernetesOptions, SlurmOptions,
 };
+use crate::model::TrialId;
 
 /// Where a study's trial directories are in its `output_dir`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
@@ -755,7 +756,7 @@ impl TrialJobSpec {
     pub fn render_argv(
         &self,
         parameters: &Assignment,
-        trial_id: i64,
+        trial_id: TrialId,
         params_file: &str,
     ) -> Vec<String> {
         self.render_command(&self.command, &self.args, parameters, trial_id, params_file)
@@ -767,7 +768,7 @@ impl TrialJobSpec {
         command: &[String],
         args: &[String],
         parameters: &Assignment,
-        trial_id: i64,
+        trial_id: TrialId,
         params_file: &str,
     ) -> Vec<String> {
         let mut out = Vec::with_capacity(command.len() + args.len() + parameters.len());
@@ -831,7 +832,7 @@ pub fn value_text(value: &Value) -> String {
 fn substitute(
     arg: &str,
     parameters: &Assignment,
-    trial_id: i64,
+    trial_id: TrialId,
     params_file: &str,
 ) -> (String, bool) {
     let mut out = String::with_capacity(arg.len());
@@ -903,7 +904,7 @@ mod tests {
 
     #[test]
     fn default_appends_equals_args_in_id_order_without_a_shell() {
-        let argv = job(&["python3", "train.py"]).render_argv(&params(), 7, "/p.json");
+        let argv = job(&["python3", "train.py"]).render_argv(&params(), TrialId::new(7), "/p.json");
         assert_eq!(
             argv,
             [
@@ -924,34 +925,45 @@ mod tests {
         j.arg_style = ArgStyle::Space;
         j.boolean_flags = true;
         assert_eq!(
-            j.render_argv(&params(), 1, ""),
+            j.render_argv(&params(), TrialId::new(1), ""),
             [
                 "t", "--fp16", "--layers", "3", "--lr", "0.01", "--opt", "adam w"
             ]
         );
         j.arg_style = ArgStyle::KeyValue;
         j.boolean_flags = false;
-        assert_eq!(j.render_argv(&params(), 1, "")[1], "ema=false");
+        assert_eq!(
+            j.render_argv(&params(), TrialId::new(1), "")[1],
+            "ema=false"
+        );
         j.arg_style = ArgStyle::Hydra;
-        assert_eq!(j.render_argv(&params(), 1, "")[3], "++layers=3");
+        assert_eq!(
+            j.render_argv(&params(), TrialId::new(1), "")[3],
+            "++layers=3"
+        );
     }
 
     #[test]
     fn placeholders_place_values_and_args() {
         let j = job(&["run", "--learning-rate", "${lr}", "--name=t${trial_id}"]);
         assert_eq!(
-            j.render_argv(&params(), 12, ""),
+            j.render_argv(&params(), TrialId::new(12), ""),
             ["run", "--learning-rate", "0.01", "--name=t12"]
         );
         let j = job(&["run", "${args}", "--", "x"]);
-        assert_eq!(j.render_argv(&params(), 1, "")[1], "--ema=false");
         assert_eq!(
-            j.render_argv(&params(), 1, "").last().map(String::as_str),
+            j.render_argv(&params(), TrialId::new(1), "")[1],
+            "--ema=false"
+        );
+        assert_eq!(
+            j.render_argv(&params(), TrialId::new(1), "")
+                .last()
+                .map(String::as_str),
             Some("x")
         );
         let j = job(&["run", "--config", "${params_file}"]);
         assert_eq!(
-            j.render_argv(&params(), 1, "/runs/1/params.json"),
+            j.render_argv(&params(), TrialId::new(1), "/runs/1/params.json"),
             ["run", "--config", "/runs/1/params.json"]
         );
     }
@@ -962,14 +974,14 @@ mod tests {
     #[test]
     fn args_follow_the_command_and_precede_the_values() {
         let mut j = job(&["python3", "train.py"]);
-        let without = j.render_argv(&params(), 7, "");
+        let without = j.render_argv(&params(), TrialId::new(7), "");
         j.args = vec!["--epochs=5".into(), "--run=t${trial_id}".into()];
-        let with = j.render_argv(&params(), 7, "");
+        let with = j.render_argv(&params(), TrialId::new(7), "");
         assert_eq!(with[..4], ["python3", "train.py", "--epochs=5", "--run=t7"]);
         assert_eq!(with[4..], without[2..]);
         j.args = vec!["--lr".into(), "${lr}".into()];
         assert_eq!(
-            j.render_argv(&params(), 7, ""),
+            j.render_argv(&params(), TrialId::new(7), ""),
             ["python3", "train.py", "--lr", "0.01"],
             "a placeholder in args places the values as in the command"
         );

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::ValidationError;
+use crate::model::TrialId;
 
 /// Webhooks one study may name.
 pub const MAX_NOTIFICATIONS: usize = 8;
@@ -254,7 +255,8 @@ pub struct NotificationDelivery {
     pub event: NotificationEvent,
     /// The trial the event is about (`trial_failed`, `best_improved`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub trial_id: Option<i64>,
+    #[schema(value_type = Option<i64>)]
+    pub trial_id: Option<TrialId>,
     pub target: DeliveryTarget,
     /// Where it was sent; for the server's default, its origin only (its path may hold a
     /// token, as Slack's do).

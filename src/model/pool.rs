@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::Trial;
+use crate::model::StudyId;
 
 /// A worker is shown gone, and its slots no longer counted, once it has not reported for
 /// this long (it reports every [`WORKER_REPORT_EVERY_SECS`]).
@@ -55,7 +56,8 @@ pub struct PoolWorker {
 /// A study that uses the pool, and what it waits for.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct PoolStudy {
-    pub study_id: i64,
+    #[schema(value_type = i64)]
+    pub study_id: StudyId,
     pub name: String,
     /// Its weight in the fair share (`trial_job.pool_weight`).
     pub weight: f64,
@@ -118,7 +120,8 @@ pub struct PoolDetail {
 /// which the worker reports with and hands to the trial.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct PoolLease {
-    pub study_id: i64,
+    #[schema(value_type = i64)]
+    pub study_id: StudyId,
     pub trial: Trial,
     pub token: String,
 }

@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use super::ValidationError;
+use super::{StudyId, ValidationError};
 
 /// How many trials one `suggest` asks for: 1 to [`SuggestCount::MAX`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +86,7 @@ pub const STUDY_REPLICA_HEADER: &str = "augur-study-replica";
 /// The study a request changes: any method but GET, HEAD and OPTIONS on `/v1/studies/{id}`
 /// or below it. Clients that follow [`STUDY_REPLICA_HEADER`] send such requests to the
 /// study's owner; replicas decide it from the matched route (`api::access::study_changed`).
-pub fn study_changed_by(method: &str, path: &str) -> Option<i64> {
+pub fn study_changed_by(method: &str, path: &str) -> Option<StudyId> {
     if ["GET", "HEAD", "OPTIONS"]
         .iter()
         .any(|m| method.eq_ignore_ascii_case(m))
@@ -95,7 +95,7 @@ pub fn study_changed_by(method: &str, path: &str) -> Option<i64> {
     }
     let rest = path.strip_prefix("/v1/studies/")?;
     let id = rest.split(['/', '?']).next()?;
-    id.parse().ok().filter(|id: &i64| *id > 0)
+    id.parse().ok().filter(|id: &StudyId| id.get() > 0)
 }
 
 /// `localhost`, a name under `.localhost` (RFC 6761: always loopback), or a loopback address,
@@ -157,14 +157,26 @@ mod tests {
 
     #[test]
     fn only_changes_under_one_study_name_it() {
-        assert_eq!(study_changed_by("POST", "/v1/studies/7/suggest"), Some(7));
+        assert_eq!(
+            study_changed_by("POST", "/v1/studies/7/suggest"),
+            Some(StudyId::new(7))
+        );
         assert_eq!(
             study_changed_by("POST", "/v1/studies/7/trials/3/complete"),
-            Some(7)
+            Some(StudyId::new(7))
         );
-        assert_eq!(study_changed_by("PATCH", "/v1/studies/12"), Some(12));
-        assert_eq!(study_changed_by("DELETE", "/v1/studies/12"), Some(12));
-        assert_eq!(study_changed_by("POST", "/v1/studies/12?x=1"), Some(12));
+        assert_eq!(
+            study_changed_by("PATCH", "/v1/studies/12"),
+            Some(StudyId::new(12))
+        );
+        assert_eq!(
+            study_changed_by("DELETE", "/v1/studies/12"),
+            Some(StudyId::new(12))
+        );
+        assert_eq!(
+            study_changed_by("POST", "/v1/studies/12?x=1"),
+            Some(StudyId::new(12))
+        );
         assert_eq!(study_changed_by("GET", "/v1/studies/7/trials"), None);
         assert_eq!(study_changed_by("head", "/v1/studies/7"), None);
         assert_eq!(study_changed_by("POST", "/v1/studies"), None);

@@ -5,6 +5,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use crate::model::{StudyId, TrialId};
+
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema,
 )]
@@ -77,8 +79,10 @@ pub struct AuditEvent {
     /// `study.create`, `study.update`, `study.stop`, `study.delete`, `trial.add`,
     /// `trial.exclude`, `trial.include`, `token.create`, `token.revoke`.
     pub action: String,
-    pub study_id: Option<i64>,
-    pub trial_id: Option<i64>,
+    #[schema(value_type = Option<i64>)]
+    pub study_id: Option<StudyId>,
+    #[schema(value_type = Option<i64>)]
+    pub trial_id: Option<TrialId>,
     pub detail: Option<String>,
 }
 

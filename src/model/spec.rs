@@ -10,6 +10,7 @@ use utoipa::ToSchema;
 
 use super::ValidationError;
 use super::study_stopping::{StudyStopping, StudyStoppingSpec};
+use crate::model::StudyId;
 
 /// Default lease of a pulled trial: it returns to `requested` after this long without news.
 pub const DEFAULT_TRIAL_LEASE_SECS: i64 = 600;
@@ -75,7 +76,8 @@ pub struct StudySpec {
     /// Earlier studies (same or overlapping parameters and metrics) whose trials `gp_bandit`
     /// learns from, without counting them against this study's budget (a warm start).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub prior_studies: Vec<i64>,
+    #[schema(value_type = Vec<i64>)]
+    pub prior_studies: Vec<StudyId>,
     /// Multi-fidelity: the budget a trial trains for (epochs, a data fraction), passed to it
     /// as the argument `argument` (`--epochs=9`), `AUGUR_BUDGET` and a suggestion's
     /// `budget`. Without a `scheduler`, every trial trains for `max`.
@@ -581,7 +583,7 @@ pub struct StudyConfig {
     pub suggestion_time_budget: std::time::Duration,
     /// How the service runs each trial itself; `None` for ask/tell studies.
     pub trial_job: Option<super::TrialJobSpec>,
-    pub prior_studies: Vec<i64>,
+    pub prior_studies: Vec<StudyId>,
     /// The largest `desired_min_safe_trials_fraction` of the study's safety metrics.
     pub desired_min_safe_trials_fraction: Option<f64>,
     /// Multi-fidelity: the budget's argument and rungs.
@@ -860,7 +862,7 @@ impl StudySpec {
         if self.prior_studies.len() > 20 {
             return Err(ValidationError::new("prior_studies", "at most 20 studies"));
         }
-        if let Some(i) = self.prior_studies.iter().position(|id| *id < 1) {
+        if let Some(i) = self.prior_studies.iter().position(|id| id.get() < 1) {
             return Err(ValidationError::new(
                 format!("prior_studies[{i}]"),
                 "must be a study id",

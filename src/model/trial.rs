@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::StudySpec;
+use super::{StudyId, StudySpec, TrialId};
 
 /// `requested → active → (stopping →) completed | infeasible | failed`; in a multi-fidelity
 /// study `active → paused → active …` between rungs.
@@ -115,7 +115,8 @@ pub struct Measurement {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Trial {
     /// Counts from 1 within a study.
-    pub id: i64,
+    #[schema(value_type = i64)]
+    pub id: TrialId,
     pub state: TrialState,
     /// Values of the active parameters.
     #[schema(value_type = BTreeMap<String, serde_json::Value>)]
@@ -173,7 +174,8 @@ pub struct Lineage {
     /// Set while the trial's next attempt must first copy this trial's checkpoint into its
     /// own (the trial copied must not train on meanwhile).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub copying_from: Option<i64>,
+    #[schema(value_type = Option<i64>)]
+    pub copying_from: Option<TrialId>,
 }
 
 /// One segment of a PBT trial: the values it trained with from `from_budget` on.
@@ -185,7 +187,8 @@ pub struct Segment {
     /// The trial whose checkpoint (at `from_budget`) the segment started from; absent: its
     /// own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parent: Option<i64>,
+    #[schema(value_type = Option<i64>)]
+    pub parent: Option<TrialId>,
     #[schema(value_type = BTreeMap<String, serde_json::Value>)]
     pub parameters: Assignment,
 }
@@ -279,7 +282,8 @@ impl TrialCounts {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Study {
-    pub id: i64,
+    #[schema(value_type = i64)]
+    pub id: StudyId,
     pub name: String,
     pub state: StudyState,
     /// Why the study ended, when it failed or was stopped.
@@ -305,7 +309,7 @@ pub struct Study {
 /// timestamps, reasons or client ids, and only the metrics of the final measurement.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrialPoint {
-    pub id: i64,
+    pub id: TrialId,
     pub state: TrialState,
     pub parameters: Assignment,
     /// The final measurement's metrics, if the trial has one.

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use chrono::{DateTime, Utc};
 
 use super::{OutputLayout, ReplicaId, TrialJobSpec};
+use crate::model::{StudyId, TrialId};
 
 /// What tells a study's directory from every other study's, of this database or another:
 /// its id and when it was made, to the millisecond (`study-<id>-<YYYYMMDDTHHMMSS.mmm>`; the
@@ -14,7 +15,7 @@ use super::{OutputLayout, ReplicaId, TrialJobSpec};
 /// the first's checkpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StudyKey {
-    pub id: i64,
+    pub id: StudyId,
     pub created_at: DateTime<Utc>,
 }
 
@@ -89,7 +90,7 @@ pub struct TrialDirs {
 }
 
 impl TrialDirs {
-    pub fn new(study: &StudyDir, trial_id: i64) -> TrialDirs {
+    pub fn new(study: &StudyDir, trial_id: TrialId) -> TrialDirs {
         TrialDirs::named(study, &trial_id.to_string())
     }
 
@@ -150,7 +151,7 @@ mod tests {
 
     fn key(id: i64, created: &str) -> StudyKey {
         StudyKey {
-            id,
+            id: StudyId::new(id),
             created_at: created.parse().expect("time"),
         }
     }
@@ -191,7 +192,10 @@ mod tests {
             dirs(None, OutputLayout::StudyId).dir,
             Path::new("/srv/augur/augur-runs/study-3")
         );
-        let trial = TrialDirs::new(&dirs(Some("/data/runs"), OutputLayout::Study), 7);
+        let trial = TrialDirs::new(
+            &dirs(Some("/data/runs"), OutputLayout::Study),
+            TrialId::new(7),
+        );
         assert_eq!(
             trial.checkpoints,
             Path::new("/data/runs/study-3-20261204T155407.123/7/checkpoints")

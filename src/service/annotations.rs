@@ -8,22 +8,25 @@ use chrono::Utc;
 
 use super::{Caller, Service, ServiceError, ServiceResult};
 use crate::model::annotations::MAX_USER_ATTRS;
-use crate::model::{AnnotationUpdate, Annotations};
+use crate::model::{AnnotationUpdate, Annotations, StudyId, TrialId};
 
 impl Service {
     /// The annotations of every trial of a study that has some, by trial id.
     pub async fn trial_annotations(
         &self,
-        study_id: i64,
-    ) -> ServiceResult<BTreeMap<i64, Annotations>> {
-        Ok(self.store.annotations(study_id, 1, i64::MAX).await?)
+        study_id: StudyId,
+    ) -> ServiceResult<BTreeMap<TrialId, Annotations>> {
+        Ok(self
+            .store
+            .annotations(study_id, TrialId::new(1), TrialId::new(i64::MAX))
+            .await?)
     }
 
     /// Change a study's note, tags or user attributes: its creator's or an admin's.
     pub async fn annotate_study(
         &self,
         actor: &Caller,
-        study_id: i64,
+        study_id: StudyId,
         update: AnnotationUpdate,
     ) -> ServiceResult<()> {
         let update = update.validate()?;
@@ -33,7 +36,8 @@ impl Service {
             ));
         }
         self.check_manager(actor, study_id).await?;
-        self.write_annotations(study_id, 0, &update).await?;
+        self.write_annotations(study_id, TrialId::STUDY, &update)
+            .await?;
         let detail = serde_json::to_string(&update).ok();
         self.audit(actor, "study.annotate", Some(study_id), None, detail)
             .await;
@@ -46,8 +50,8 @@ impl Service {
     pub async fn annotate_trial(
         &self,
         actor: &Caller,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
         update: AnnotationUpdate,
     ) -> ServiceResult<()> {
         let update = update.validate()?;
@@ -86,8 +90,8 @@ impl Service {
 
     async fn write_annotations(
         &self,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
         update: &AnnotationUpdate,
     ) -> ServiceResult<()> {
         if update.is_empty() {

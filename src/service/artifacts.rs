@@ -10,6 +10,7 @@ use utoipa::ToSchema;
 
 use super::trial_files::{self, JobFile};
 use super::{InternalError, Service, ServiceError, ServiceResult};
+use crate::model::{StudyId, TrialId};
 
 /// Files listed at most; a listing of more says so (`truncated`).
 pub const MAX_ARTIFACTS: usize = 2000;
@@ -51,8 +52,8 @@ pub struct ArtifactList {
 impl Service {
     pub async fn trial_artifacts(
         &self,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
         root: ArtifactRoot,
     ) -> ServiceResult<ArtifactList> {
         let (base, dir) = self.artifact_dir(study_id, trial_id, root).await?;
@@ -74,8 +75,8 @@ impl Service {
     /// One file of a trial's directory, open to read, and its name.
     pub async fn open_trial_artifact(
         &self,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
         root: ArtifactRoot,
         path: &str,
     ) -> ServiceResult<(File, String)> {
@@ -103,8 +104,8 @@ impl Service {
     /// Where walking starts (`TrialDirs::base`) and the trial's directory `root` names.
     async fn artifact_dir(
         &self,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
         root: ArtifactRoot,
     ) -> ServiceResult<(PathBuf, PathBuf)> {
         let (dirs, _) = self

@@ -5,7 +5,7 @@ use chrono::Utc;
 
 use super::paging::{page_bounds, split_page};
 use super::{Caller, Page, Service, ServiceResult};
-use crate::model::AuditEvent;
+use crate::model::{AuditEvent, StudyId, TrialId};
 use crate::store::{AuditEntry, AuditRecord};
 
 /// The audit trail: who (a token's name; `open` on an open server) created, changed, stopped
@@ -25,8 +25,8 @@ impl Service {
         &self,
         actor: &Caller,
         action: &str,
-        study_id: Option<i64>,
-        trial_id: Option<i64>,
+        study_id: Option<StudyId>,
+        trial_id: Option<TrialId>,
         detail: Option<String>,
     ) {
         let entry = AuditEntry {
@@ -49,8 +49,8 @@ impl Service {
         &self,
         actor: &Caller,
         action: &str,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
         detail: Option<String>,
     ) {
         let detail = detail.map(|d| truncated(d, MAX_TRIAL_DETAIL));

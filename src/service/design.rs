@@ -10,7 +10,7 @@ use augur_optimizer::{
 };
 
 use crate::model::spec::SchedulerName;
-use crate::model::{Measurement, StudyConfig, TrialState};
+use crate::model::{Measurement, StudyConfig, TrialId, TrialState};
 use crate::store::TrialRecord;
 
 /// What a study's trials are decided by: its scheduler over the rungs of its fidelity, else
@@ -87,12 +87,12 @@ pub fn history_free(config: &StudyConfig, next_trial_number: u64) -> StudyView<'
 pub(super) fn trial_views(
     trials: &[TrialRecord],
     config: &StudyConfig,
-    mut curves: HashMap<i64, Vec<StepMeasurement>>,
+    mut curves: HashMap<TrialId, Vec<StepMeasurement>>,
 ) -> Vec<TrialView> {
     trials
         .iter()
         .map(|t| TrialView {
-            number: t.id.max(0) as u64,
+            number: optimizer_number(t.id),
             parameters: t.parameters.clone(),
             status: match t.state {
                 TrialState::Paused => TrialStatus::Paused,
@@ -109,14 +109,27 @@ pub(super) fn trial_views(
                 .as_ref()
                 .filter(|_| t.state.is_unfinished() || t.state == TrialState::Paused)
                 .and_then(|l| l.copying_from)
-                .map(|id| id.max(0) as u64),
+                .map(optimizer_number),
         })
         .collect()
 }
 
+/// The optimizer's number of a trial: its id, which the optimizer's crate knows as a plain
+/// `u64` (it has no store types).
+pub(super) fn optimizer_number(id: TrialId) -> u64 {
+    id.get().max(0) as u64
+}
+
+/// The trial the optimizer's number names ([`optimizer_number`] read back).
+pub(super) fn trial_of_number(number: u64) -> TrialId {
+    TrialId::new(number as i64)
+}
+
 /// Measurement rows (trial id, measurement) grouped by trial, in step order.
-pub(super) fn curves_by_trial(rows: Vec<(i64, Measurement)>) -> HashMap<i64, Vec<StepMeasurement>> {
-    let mut curves: HashMap<i64, Vec<StepMeasurement>> = HashMap::new();
+pub(super) fn curves_by_trial(
+    rows: Vec<(TrialId, Measurement)>,
+) -> HashMap<TrialId, Vec<StepMeasurement>> {
+    let mut curves: HashMap<TrialId, Vec<StepMeasurement>> = HashMap::new();
     for (trial_id, m) in rows {
         curves.entry(trial_id).or_default().push(StepMeasurement {
             step: m.step.max(0) as u64,

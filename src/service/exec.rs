@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 
 use super::trial_files::{self, FileAccess};
 use super::{Caller, InternalError, Service, ServiceError, ServiceResult};
-use crate::model::{ReplicaId, TrialDirs, TrialJobSpec, TrialState};
+use crate::model::{ReplicaId, StudyId, TrialDirs, TrialId, TrialJobSpec, TrialState};
 
 /// The `client_id` of the trials this server's dispatcher runs (`dispatch::runner`).
 pub const DISPATCHER_CLIENT_ID: &str = "augur-dispatcher";
@@ -116,8 +116,8 @@ pub struct ExecSession {
 /// A running trial's attempt, as the executor that runs it knows it.
 #[derive(Debug, Clone)]
 pub struct ExecTarget {
-    pub study_id: i64,
-    pub trial_id: i64,
+    pub study_id: StudyId,
+    pub trial_id: TrialId,
     pub job: TrialJobSpec,
     pub dirs: TrialDirs,
     /// The attempt's `job.handle` (`dispatch::handle::JobHandle` as text).
@@ -159,8 +159,8 @@ impl Service {
     pub async fn exec_target(
         &self,
         actor: &Caller,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
     ) -> ServiceResult<ExecTarget> {
         self.check_manager(actor, study_id).await?;
         let trial = self.trial_record(study_id, trial_id).await?;
@@ -272,7 +272,7 @@ impl Service {
     }
 }
 
-fn not_dispatched(study_id: i64, trial_id: i64, why: &str) -> ServiceError {
+fn not_dispatched(study_id: StudyId, trial_id: TrialId, why: &str) -> ServiceError {
     ServiceError::Conflict {
         message: format!(
             "trial {trial_id} of study {study_id} is not run by this server's dispatcher: {why}"
@@ -281,7 +281,7 @@ fn not_dispatched(study_id: i64, trial_id: i64, why: &str) -> ServiceError {
     }
 }
 
-fn not_started(study_id: i64, trial_id: i64) -> ServiceError {
+fn not_started(study_id: StudyId, trial_id: TrialId) -> ServiceError {
     ServiceError::Conflict {
         message: format!(
             "trial {trial_id} of study {study_id} has no running job yet (it is starting, or \

@@ -15,6 +15,7 @@ use super::notifications::Notifier;
 use super::state_machine::{BatchOutcome, Command, Reply, StudyBatch};
 use super::tokens::TokenCache;
 use super::{InternalError, ServiceError, ServiceResult, error_chain};
+use crate::model::StudyId;
 use crate::store::{Store, StudiesTx, StudyLock};
 
 /// Commit lanes per process by default: one per core, at least 2 (a lane waiting for a
@@ -60,7 +61,7 @@ async fn within<T>(
 }
 
 struct Job {
-    study_id: i64,
+    study_id: StudyId,
     command: Command,
     reply: oneshot::Sender<ServiceResult<Reply>>,
 }
@@ -115,7 +116,7 @@ impl GroupCommit {
     }
 
     /// Apply `command` to `study_id` in the next batch; returns once that batch committed.
-    pub async fn submit(&self, study_id: i64, command: Command) -> ServiceResult<Reply> {
+    pub async fn submit(&self, study_id: StudyId, command: Command) -> ServiceResult<Reply> {
         let lanes = self.lanes.get_or_init(|| {
             (0..self.lane_count)
                 .map(|_| {
@@ -130,7 +131,7 @@ impl GroupCommit {
                 .collect()
         });
         let (reply, answer) = oneshot::channel();
-        let lane = &lanes[study_id.rem_euclid(lanes.len() as i64) as usize];
+        let lane = &lanes[study_id.get().rem_euclid(lanes.len() as i64) as usize];
         lane.send(Job {
             study_id,
             command,
@@ -178,7 +179,7 @@ async fn run_lane(
 /// One study's share of a transaction: its commands (kept to replay them alone if the shared
 /// transaction fails before its commit) and where each answer goes.
 struct StudyJobs {
-    study_id: i64,
+    study_id: StudyId,
     commands: Vec<Command>,
     replies: Vec<oneshot::Sender<ServiceResult<Reply>>>,
 }
@@ -208,7 +209,7 @@ impl StudyJobs {
 /// The jobs by study, in the order each study first appears (the deferred ones first).
 fn by_study(jobs: Vec<Job>) -> Vec<StudyJobs> {
     let mut groups: Vec<StudyJobs> = Vec::new();
-    let mut index: HashMap<i64, usize> = HashMap::new();
+    let mut index: HashMap<StudyId, usize> = HashMap::new();
     for job in jobs {
         let i = *index.entry(job.study_id).or_insert_with(|| {
             groups.push(StudyJobs {
@@ -245,7 +246,7 @@ async fn apply_jobs(store: &dyn Store, tokens: &Announce, jobs: Vec<Job>) -> Vec
     };
     // The studies after the first are locked and read together (PostgreSQL: two statements
     // for all of them instead of two each), once the first is done.
-    let mut rest: Vec<i64> = groups.iter().skip(1).map(|g| g.study_id).collect();
+    let mut rest: Vec<StudyId> = groups.iter().skip(1).map(|g| g.study_id).collect();
     let mut groups = groups.into_iter();
     let mut first = true;
     while let Some(group) = groups.next() {
@@ -268,7 +269,7 @@ async fn apply_jobs(store: &dyn Store, tokens: &Announce, jobs: Vec<Job>) -> Vec
                 back
             }
             Ok(GroupStep::Missing(back)) => {
-                tracing::debug!(study_id = group.study_id, "no such study");
+                tracing::debug!(study_id = %group.study_id, "no such study");
                 let missing = ServiceError::NotFound(format!("study {}", group.study_id));
                 group.fail(&missing);
                 back
@@ -331,7 +332,7 @@ async fn apply_group(
     mut tx: Box<dyn StudiesTx>,
     group: &StudyJobs,
     wait: bool,
-    prefetch: &[i64],
+    prefetch: &[StudyId],
     notifier: &Notifier,
 ) -> ServiceResult<GroupStep> {
     if !prefetch.is_empty() {

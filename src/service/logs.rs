@@ -9,7 +9,7 @@ use utoipa::ToSchema;
 
 use super::trial_files::{self, FileAccess};
 use super::{InternalError, Service, ServiceError, ServiceResult};
-use crate::model::{ReplicaId, StudyDir, StudyKey, TrialDirs, TrialJobSpec};
+use crate::model::{ReplicaId, StudyDir, StudyId, StudyKey, TrialDirs, TrialId, TrialJobSpec};
 
 /// The largest tail one request may ask for.
 pub const MAX_LOG_TAIL_BYTES: u64 = 16 * 1024 * 1024;
@@ -19,8 +19,8 @@ impl Service {
     /// job starts): the primary replica's, or `replica`'s (`workerpool1-2`) in a cluster.
     pub async fn trial_log(
         &self,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
         replica: Option<&str>,
         tail_bytes: u64,
     ) -> ServiceResult<String> {
@@ -86,7 +86,7 @@ pub const TRIAL_PLACEHOLDER: &str = "{trial}";
 
 impl Service {
     /// Where the study's trials keep their files (a study with a `trial_job`).
-    pub async fn study_directories(&self, study_id: i64) -> ServiceResult<StudyDirectories> {
+    pub async fn study_directories(&self, study_id: StudyId) -> ServiceResult<StudyDirectories> {
         let dir = self.dispatched_study_dir(study_id, "directories").await?.0;
         let dirs = TrialDirs::named(&dir, TRIAL_PLACEHOLDER);
         let shown = |p: &Path| p.display().to_string();
@@ -103,8 +103,8 @@ impl Service {
     /// `logs`) names what was asked for in the error of a study without one.
     pub(super) async fn dispatched_trial_dirs(
         &self,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
         what: &str,
     ) -> ServiceResult<(TrialDirs, TrialJobSpec)> {
         let (dir, job) = self.dispatched_study_dir(study_id, what).await?;
@@ -115,7 +115,7 @@ impl Service {
     /// The directory of a study with a `trial_job`, and that job.
     async fn dispatched_study_dir(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         what: &str,
     ) -> ServiceResult<(StudyDir, TrialJobSpec)> {
         let study = self.study_record(study_id).await?;

@@ -53,7 +53,7 @@ pub use tokens::{
 use group_commit::GroupCommit;
 use state_machine::{Command, Reply};
 
-use crate::model::{Measurement, Study, StudyConfig, Trial, ValidationError};
+use crate::model::{Measurement, Study, StudyConfig, StudyId, Trial, TrialId, ValidationError};
 use crate::store::{Store, StudyRecord, TrialRecord};
 
 /// Where things are, by concern:
@@ -79,17 +79,17 @@ pub struct Service {
     /// Model-based suggestions for one study are computed one at a time in this process, so
     /// that each sees the trials the previous one handed out as pending. The lock holds how
     /// long the study's last fit took (see `suggest::LastFit`).
-    design_locks: Arc<Mutex<HashMap<i64, Arc<tokio::sync::Mutex<suggest::LastFit>>>>>,
+    design_locks: Arc<Mutex<HashMap<StudyId, Arc<tokio::sync::Mutex<suggest::LastFit>>>>>,
     /// Model fits running at once in this process: one per core. More would only share the
     /// cores and make every fit late; a fit waits here (first come, first served) on its
     /// suggestion's time budget.
     design_slots: Arc<tokio::sync::Semaphore>,
     /// Ids of studies that were created, changed, stopped or deleted in this process: the
     /// dispatcher reacts at once instead of at its next poll.
-    events: tokio::sync::broadcast::Sender<i64>,
+    events: tokio::sync::broadcast::Sender<StudyId>,
     /// See `fixed_study`. Study ids are never reused; an entry's search space may lag the
     /// study's (it only grows), which its users allow for.
-    fixed_studies: Arc<Mutex<HashMap<i64, FixedStudy>>>,
+    fixed_studies: Arc<Mutex<HashMap<StudyId, FixedStudy>>>,
     snapshots: snapshots::Snapshots,
     tokens: tokens::TokenCache,
     /// Where relative `output_dir`s of dispatched studies resolve (their logs are served).
@@ -147,25 +147,29 @@ impl Service {
     }
 
     /// Study ids as they are created, changed, stopped or deleted in this process.
-    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<i64> {
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<StudyId> {
         self.events.subscribe()
     }
 
-    fn notify(&self, study_id: i64) {
+    fn notify(&self, study_id: StudyId) {
         // A new or changed study may have room for a pool's waiting slots.
         self.pools.wake();
         // No subscriber is fine: then nothing is dispatched in this process.
         let _ = self.events.send(study_id);
     }
 
-    async fn study_record(&self, study_id: i64) -> ServiceResult<StudyRecord> {
+    async fn study_record(&self, study_id: StudyId) -> ServiceResult<StudyRecord> {
         self.store
             .get_study(study_id)
             .await?
             .ok_or_else(|| not_found_study(study_id))
     }
 
-    async fn trial_record(&self, study_id: i64, trial_id: i64) -> ServiceResult<TrialRecord> {
+    async fn trial_record(
+        &self,
+        study_id: StudyId,
+        trial_id: TrialId,
+    ) -> ServiceResult<TrialRecord> {
         match self.store.get_trial(study_id, trial_id).await? {
             Some(t) => Ok(t),
             None => {
@@ -184,13 +188,13 @@ impl Service {
     /// (`add_parameter`): a check it refuses is made again on the stored one (see
     /// `add_trial`), and the designers read the stored one. Saves a read and a validation on
     /// every suggest, measurement and completion.
-    async fn fixed_config(&self, study_id: i64) -> ServiceResult<Arc<StudyConfig>> {
+    async fn fixed_config(&self, study_id: StudyId) -> ServiceResult<Arc<StudyConfig>> {
         Ok(self.fixed_study(study_id).await?.config)
     }
 
     /// What never changes of a study once created: its validated config (but see
     /// `fixed_config` on its search space) and its creator.
-    async fn fixed_study(&self, study_id: i64) -> ServiceResult<FixedStudy> {
+    async fn fixed_study(&self, study_id: StudyId) -> ServiceResult<FixedStudy> {
         if let Some(fixed) = self
             .fixed_studies
             .lock()
@@ -211,7 +215,7 @@ impl Service {
     }
 
     /// Drop this process's copy of the study's config (its space grew).
-    fn forget_fixed_study(&self, study_id: i64) {
+    fn forget_fixed_study(&self, study_id: StudyId) {
         if let Ok(mut cache) = self.fixed_studies.lock() {
             cache.remove(&study_id);
         }
@@ -220,7 +224,7 @@ impl Service {
     /// Apply a trial command in the study's next batch; the trial as it is after it.
     async fn change_trial_record(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         command: Command,
     ) -> ServiceResult<TrialRecord> {
         match self.commits.submit(study_id, command).await? {
@@ -229,14 +233,14 @@ impl Service {
         }
     }
 
-    async fn change_trial(&self, study_id: i64, command: Command) -> ServiceResult<Trial> {
+    async fn change_trial(&self, study_id: StudyId, command: Command) -> ServiceResult<Trial> {
         let record = self.change_trial_record(study_id, command).await?;
         self.answer_view(study_id, record).await
     }
 
     /// The view of a trial a committed change returned: its measurements are read after
     /// the commit, so an outage now is no longer "nothing was done".
-    async fn answer_view(&self, study_id: i64, record: TrialRecord) -> ServiceResult<Trial> {
+    async fn answer_view(&self, study_id: StudyId, record: TrialRecord) -> ServiceResult<Trial> {
         Ok(self
             .read_trial_views(study_id, vec![record], Reads::Answer)
             .await
@@ -244,14 +248,14 @@ impl Service {
             .remove(0))
     }
 
-    async fn trial_view(&self, study_id: i64, record: TrialRecord) -> ServiceResult<Trial> {
+    async fn trial_view(&self, study_id: StudyId, record: TrialRecord) -> ServiceResult<Trial> {
         Ok(self.trial_views(study_id, vec![record]).await?.remove(0))
     }
 
     /// Trials as the API shows them, with their measurements (one query for all).
     async fn trial_views(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         records: Vec<TrialRecord>,
     ) -> ServiceResult<Vec<Trial>> {
         self.read_trial_views(study_id, records, Reads::Request)
@@ -260,7 +264,7 @@ impl Service {
 
     async fn read_trial_views(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         records: Vec<TrialRecord>,
         reads: Reads,
     ) -> ServiceResult<Vec<Trial>> {
@@ -278,7 +282,7 @@ impl Service {
                     .await?
             }
         };
-        let mut by_trial: HashMap<i64, Vec<Measurement>> = HashMap::new();
+        let mut by_trial: HashMap<TrialId, Vec<Measurement>> = HashMap::new();
         for (trial_id, m) in measurements {
             by_trial.entry(trial_id).or_default().push(m);
         }
@@ -307,7 +311,7 @@ impl Service {
     /// The others' are read as an answer: the batch is committed.
     async fn handed_trial_views(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         mut records: Vec<TrialRecord>,
         created: usize,
     ) -> ServiceResult<Vec<Trial>> {
@@ -334,7 +338,7 @@ impl Service {
     async fn annotated_study_view(
         &self,
         record: StudyRecord,
-        annotations: &mut std::collections::BTreeMap<i64, crate::model::Annotations>,
+        annotations: &mut std::collections::BTreeMap<StudyId, crate::model::Annotations>,
     ) -> ServiceResult<Study> {
         let best_trial = match self.best_trial_record(record.id, &record.spec).await? {
             Some(t) => Some(self.trial_view(record.id, t).await?),
@@ -394,11 +398,11 @@ fn stored_config(study: &StudyRecord) -> ServiceResult<StudyConfig> {
     study.spec.validate().map_err(corrupt_spec(study.id))
 }
 
-fn not_found_study(study_id: i64) -> ServiceError {
+fn not_found_study(study_id: StudyId) -> ServiceError {
     ServiceError::NotFound(format!("study {study_id}"))
 }
 
-fn corrupt_spec(study_id: i64) -> impl Fn(ValidationError) -> ServiceError {
+fn corrupt_spec(study_id: StudyId) -> impl Fn(ValidationError) -> ServiceError {
     move |e| InternalError::data(format!("stored spec of study {study_id} is invalid"), e).into()
 }
 

@@ -17,7 +17,7 @@ use super::paging::{page_bounds, split_page};
 use super::{InternalError, Page, Service, ServiceError, ServiceResult, trial_of};
 use crate::model::{
     DeliveryState, DeliveryTarget, NotificationDelivery, NotificationEvent, NotificationTarget,
-    NotifyHosts, StudyState,
+    NotifyHosts, StudyId, StudyState, TrialId,
 };
 use crate::store::{DeliveryProgress, DeliveryRecord, NewDelivery, TrialRecord};
 
@@ -72,7 +72,7 @@ pub(super) enum Happened {
 /// One committed batch's news of one study.
 #[derive(Debug, Clone)]
 pub(super) struct StudyNews {
-    pub study_id: i64,
+    pub study_id: StudyId,
     pub study_name: String,
     /// The study's state after the batch.
     pub state: StudyState,
@@ -196,7 +196,7 @@ impl Service {
     /// A study's webhook calls, oldest first, a page at a time.
     pub async fn notification_deliveries(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         page_size: Option<i64>,
         page_token: Option<&str>,
     ) -> ServiceResult<Page<NotificationDelivery>> {
@@ -375,8 +375,8 @@ impl Drop for Outstanding {
 #[derive(Debug, Clone)]
 struct Event {
     kind: NotificationEvent,
-    study_id: i64,
-    trial_id: Option<i64>,
+    study_id: StudyId,
+    trial_id: Option<TrialId>,
     at: DateTime<Utc>,
     /// The JSON body without its `delivery_id` (added per call).
     body: serde_json::Map<String, serde_json::Value>,
@@ -410,7 +410,7 @@ impl Service {
                     Ok(true) => (NotificationEvent::BestImproved, Some(trial)),
                     Ok(false) => return None,
                     Err(error) => {
-                        tracing::warn!(%error, study_id = news.study_id, "cannot tell whether a trial is the best: no best_improved sent");
+                        tracing::warn!(%error, study_id = %news.study_id, "cannot tell whether a trial is the best: no best_improved sent");
                         return None;
                     }
                 }
@@ -452,7 +452,7 @@ impl Service {
 
     /// Whether `trial_id` is the study's best trial now; with several objectives, whether it
     /// is on the Pareto front (`optimal_trials`).
-    async fn is_best(&self, study_id: i64, trial_id: i64) -> ServiceResult<bool> {
+    async fn is_best(&self, study_id: StudyId, trial_id: TrialId) -> ServiceResult<bool> {
         let study = self.study_record(study_id).await?;
         let config = super::stored_config(&study)?;
         if augur_optimizer::objective_metrics(&config.metrics).len() > 1 {
@@ -505,7 +505,7 @@ impl Call {
         let id = match store.insert_delivery(&new).await {
             Ok(id) => Some(id),
             Err(error) => {
-                tracing::warn!(%error, study_id = new.study_id, "cannot record a notification");
+                tracing::warn!(%error, study_id = %new.study_id, "cannot record a notification");
                 None
             }
         };
@@ -555,7 +555,7 @@ impl Call {
                 progress.state = DeliveryState::Failed.as_str().into();
                 metrics::counter!("augur_notifications_failed_total").increment(1);
                 tracing::warn!(
-                    study_id = self.event.study_id,
+                    study_id = %self.event.study_id,
                     event = self.event.kind.as_str(),
                     error = progress.last_error.as_deref().unwrap_or_default(),
                     "a notification could not be delivered"

@@ -4,12 +4,12 @@
 use augur_optimizer::{Goal, MetricSpec, is_safe, objective_metrics};
 
 use super::{Service, ServiceResult, pareto, stored_config};
-use crate::model::{StudyConfig, StudySpec, Trial, TrialState};
+use crate::model::{StudyConfig, StudyId, StudySpec, Trial, TrialState};
 use crate::store::TrialRecord;
 
 impl Service {
     /// The best trial, or the Pareto set of a multi-objective study; safe trials only.
-    pub async fn optimal_trials(&self, study_id: i64) -> ServiceResult<Vec<Trial>> {
+    pub async fn optimal_trials(&self, study_id: StudyId) -> ServiceResult<Vec<Trial>> {
         let study = self.study_record(study_id).await?;
         let config = stored_config(&study)?;
         let records = self.optimal_records(study_id, &config).await?;
@@ -30,7 +30,7 @@ impl Service {
     /// show as provisional. One objective only; `None` otherwise.
     pub(super) async fn provisional_best(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         spec: &StudySpec,
     ) -> ServiceResult<Option<TrialRecord>> {
         if spec.scheduler.is_none() {
@@ -72,7 +72,7 @@ impl Service {
 
     pub(super) async fn optimal_records(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         config: &StudyConfig,
     ) -> ServiceResult<Vec<TrialRecord>> {
         let objectives: Vec<MetricSpec> = objective_metrics(&config.metrics)
@@ -116,7 +116,7 @@ impl Service {
     /// none for a multi-objective study.
     pub(super) async fn best_trial_record(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         spec: &StudySpec,
     ) -> ServiceResult<Option<TrialRecord>> {
         let unconstrained = spec.metrics.iter().all(|m| m.safety_threshold.is_none());

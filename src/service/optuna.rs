@@ -11,7 +11,9 @@ use super::state_machine::{Command, OptunaChange, Reply};
 use super::{
     Caller, InternalError, Service, ServiceError, ServiceResult, not_found_study, unexpected,
 };
-use crate::model::{AnnotationUpdate, Annotations, Measurement, StudySpec, Trial, TrialState};
+use crate::model::{
+    AnnotationUpdate, Annotations, Measurement, StudyId, StudySpec, Trial, TrialId, TrialState,
+};
 
 /// The one parameter of an Optuna study's spec: it marks the study as Optuna's.
 ///
@@ -83,7 +85,7 @@ impl OptunaState {
 /// A study as Optuna sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OptunaStudy {
-    pub id: i64,
+    pub id: StudyId,
     pub name: String,
     /// One per objective: true to maximize.
     pub maximize: Vec<bool>,
@@ -94,8 +96,8 @@ pub struct OptunaStudy {
 /// A trial as Optuna sees it. `number` is Optuna's (from 0); `id` Augur's (from 1).
 #[derive(Debug, Clone, PartialEq)]
 pub struct OptunaTrial {
-    pub study_id: i64,
-    pub id: i64,
+    pub study_id: StudyId,
+    pub id: TrialId,
     pub state: OptunaState,
     pub values: Option<Vec<f64>>,
     pub started_at: Option<DateTime<Utc>>,
@@ -110,7 +112,7 @@ pub struct OptunaTrial {
 
 impl OptunaTrial {
     pub fn number(&self) -> i64 {
-        self.id - 1
+        self.id.get() - 1
     }
 }
 
@@ -200,7 +202,7 @@ impl Service {
         actor: &Caller,
         name: &str,
         maximize: &[bool],
-    ) -> ServiceResult<Option<i64>> {
+    ) -> ServiceResult<Option<StudyId>> {
         let study = self
             .create_optuna_study(actor, optuna_spec(name, maximize)?)
             .await?;
@@ -208,7 +210,7 @@ impl Service {
     }
 
     /// The Optuna study of that name.
-    pub async fn optuna_study_id(&self, name: &str) -> ServiceResult<Option<i64>> {
+    pub async fn optuna_study_id(&self, name: &str) -> ServiceResult<Option<StudyId>> {
         Ok(self.store.optuna_study_id(name).await?)
     }
 
@@ -241,7 +243,7 @@ impl Service {
         }
     }
 
-    pub async fn optuna_study(&self, study_id: i64) -> ServiceResult<OptunaStudy> {
+    pub async fn optuna_study(&self, study_id: StudyId) -> ServiceResult<OptunaStudy> {
         let record = self.study_record(study_id).await?;
         if !is_optuna_spec(&record.spec) {
             return Err(not_found_study(study_id));
@@ -261,7 +263,7 @@ impl Service {
     }
 
     /// Not found unless the study is an Optuna study (read once per process).
-    async fn check_optuna_study(&self, study_id: i64) -> ServiceResult<()> {
+    async fn check_optuna_study(&self, study_id: StudyId) -> ServiceResult<()> {
         let config = self.fixed_config(study_id).await?;
         let params = config.space.all_parameters();
         if params.len() == 1 && params[0].id == MARKER_PARAMETER {
@@ -271,7 +273,11 @@ impl Service {
         }
     }
 
-    pub async fn optuna_delete_study(&self, actor: &Caller, study_id: i64) -> ServiceResult<()> {
+    pub async fn optuna_delete_study(
+        &self,
+        actor: &Caller,
+        study_id: StudyId,
+    ) -> ServiceResult<()> {
         self.check_optuna_study(study_id).await?;
         self.delete_study(actor, study_id).await
     }
@@ -280,7 +286,7 @@ impl Service {
     pub async fn optuna_set_study_attr(
         &self,
         actor: &Caller,
-        study_id: i64,
+        study_id: StudyId,
         system: bool,
         key: &str,
         value: JsonValue,
@@ -299,9 +305,9 @@ impl Service {
     pub async fn optuna_create_trial(
         &self,
         actor: &Caller,
-        study_id: i64,
+        study_id: StudyId,
         template: Option<OptunaTemplate>,
-    ) -> ServiceResult<i64> {
+    ) -> ServiceResult<TrialId> {
         self.check_optuna_study(study_id).await?;
         self.check_reporter(actor, study_id, None).await?;
         let Some(template) = template else {
@@ -405,8 +411,8 @@ impl Service {
     pub async fn optuna_set_param(
         &self,
         actor: &Caller,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
         name: &str,
         value: f64,
         distribution: JsonValue,
@@ -443,8 +449,8 @@ impl Service {
     pub async fn optuna_set_state(
         &self,
         actor: &Caller,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
         state: OptunaState,
         values: Option<Vec<f64>>,
     ) -> ServiceResult<bool> {
@@ -470,8 +476,8 @@ impl Service {
     pub async fn optuna_set_intermediate(
         &self,
         actor: &Caller,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
         step: i64,
         value: f64,
     ) -> ServiceResult<()> {
@@ -503,8 +509,8 @@ impl Service {
     pub async fn optuna_set_trial_attr(
         &self,
         actor: &Caller,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
         system: bool,
         key: &str,
         value: JsonValue,
@@ -526,7 +532,11 @@ impl Service {
             .await
     }
 
-    pub async fn optuna_trial(&self, study_id: i64, trial_id: i64) -> ServiceResult<OptunaTrial> {
+    pub async fn optuna_trial(
+        &self,
+        study_id: StudyId,
+        trial_id: TrialId,
+    ) -> ServiceResult<OptunaTrial> {
         self.check_optuna_study(study_id).await?;
         let trial = self.get_trial(study_id, trial_id).await?;
         Ok(optuna_trial(
@@ -540,27 +550,28 @@ impl Service {
     /// client's cache asks for (its unfinished trials, and any new ones).
     pub async fn optuna_trials(
         &self,
-        study_id: i64,
-        included: &[i64],
-        after: i64,
+        study_id: StudyId,
+        included: &[TrialId],
+        after: TrialId,
     ) -> ServiceResult<Vec<OptunaTrial>> {
         self.check_optuna_study(study_id).await?;
         let ids = self.optuna_metric_ids(study_id).await?;
-        let after = after.max(0);
-        let mut wanted: Vec<i64> = included.iter().copied().filter(|t| *t <= after).collect();
+        let after = after.max(TrialId::new(0));
+        let mut wanted: Vec<TrialId> = included.iter().copied().filter(|t| *t <= after).collect();
         wanted.sort_unstable();
         wanted.dedup();
         // The unfinished trials a client holds are usually just below its newest: one scan
         // from the oldest reads them with the new ones. A trial left running long ago is
         // read on its own instead (a scan from it would read every trial since).
         let scan_from = match wanted.first() {
-            Some(first) if after - first < NEAR_SCAN => first - 1,
+            Some(first) if after.get() - first.get() < NEAR_SCAN => TrialId::new(first.get() - 1),
             _ => after,
         };
-        let mut trials: BTreeMap<i64, OptunaTrial> = BTreeMap::new();
+        let mut trials: BTreeMap<TrialId, OptunaTrial> = BTreeMap::new();
         let mut token: Option<String> = None;
         loop {
-            let (limit, cursor) = super::paging::page_bounds(Some(1000), token.as_deref())?;
+            let (limit, cursor) =
+                super::paging::page_bounds::<TrialId>(Some(1000), token.as_deref())?;
             let records = self
                 .store
                 .list_trials(study_id, None, cursor.max(scan_from), limit + 1)
@@ -594,14 +605,14 @@ impl Service {
         Ok(trials.into_values().collect())
     }
 
-    async fn optuna_metric_ids(&self, study_id: i64) -> ServiceResult<Vec<String>> {
+    async fn optuna_metric_ids(&self, study_id: StudyId) -> ServiceResult<Vec<String>> {
         let config = self.fixed_config(study_id).await?;
         Ok(config.metrics.iter().map(|m| m.id.clone()).collect())
     }
 
     async fn optuna_change(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         change: OptunaChange,
     ) -> ServiceResult<crate::store::TrialRecord> {
         self.change_trial_record(study_id, Command::Optuna(change))
@@ -609,7 +620,7 @@ impl Service {
     }
 
     /// A change whose answer is whether it was made.
-    async fn submit_optuna(&self, study_id: i64, change: OptunaChange) -> ServiceResult<bool> {
+    async fn submit_optuna(&self, study_id: StudyId, change: OptunaChange) -> ServiceResult<bool> {
         match self
             .commits
             .submit(study_id, Command::Optuna(change))
@@ -724,7 +735,7 @@ fn attr_update(key: String, value: JsonValue) -> AnnotationUpdate {
     }
 }
 
-fn optuna_study(id: i64, name: String, spec: &StudySpec, notes: Annotations) -> OptunaStudy {
+fn optuna_study(id: StudyId, name: String, spec: &StudySpec, notes: Annotations) -> OptunaStudy {
     let attrs = split_attrs(notes.user_attrs);
     OptunaStudy {
         id,
@@ -741,7 +752,7 @@ fn optuna_study(id: i64, name: String, spec: &StudySpec, notes: Annotations) -> 
 
 /// An Augur trial as Optuna sees it; `metric_ids` are the study's objectives in order. A
 /// parameter shows with its distribution only (the two are written one after the other).
-fn optuna_trial(study_id: i64, metric_ids: &[String], trial: Trial) -> OptunaTrial {
+fn optuna_trial(study_id: StudyId, metric_ids: &[String], trial: Trial) -> OptunaTrial {
     let state = OptunaState::of(trial.state, trial.early_stopped);
     let mut attrs = split_attrs(trial.annotations.user_attrs);
     let mut params = BTreeMap::new();

@@ -2,7 +2,8 @@
 //! after.
 
 use super::{ServiceError, ServiceResult};
-use crate::model::Trial;
+use crate::model::{StudyId, Trial, TrialId};
+use crate::store::ChangeCursor;
 
 /// Page sizes: the default, and the most one request may ask for.
 pub const DEFAULT_PAGE_SIZE: i64 = 100;
@@ -23,11 +24,35 @@ pub struct Changes {
     pub has_more: bool,
 }
 
+/// What a list is paged by: the id of its items (a study's, a trial's, an audit entry's),
+/// which a page token names as its integer.
+pub(super) trait PageKey: Copy + std::fmt::Display {
+    fn from_token(id: i64) -> Self;
+}
+
+impl PageKey for i64 {
+    fn from_token(id: i64) -> Self {
+        id
+    }
+}
+
+impl PageKey for StudyId {
+    fn from_token(id: i64) -> Self {
+        StudyId::new(id)
+    }
+}
+
+impl PageKey for TrialId {
+    fn from_token(id: i64) -> Self {
+        TrialId::new(id)
+    }
+}
+
 /// `(limit, after id)` of a page request.
-pub(super) fn page_bounds(
+pub(super) fn page_bounds<K: PageKey>(
     page_size: Option<i64>,
     page_token: Option<&str>,
-) -> ServiceResult<(i64, i64)> {
+) -> ServiceResult<(i64, K)> {
     let limit = page_size.unwrap_or(DEFAULT_PAGE_SIZE);
     if !(1..=MAX_PAGE_SIZE).contains(&limit) {
         return Err(ServiceError::invalid(
@@ -45,14 +70,14 @@ pub(super) fn page_bounds(
                 ServiceError::invalid("page_token", "not a token from a previous page")
             })?,
     };
-    Ok((limit, after))
+    Ok((limit, K::from_token(after)))
 }
 
 /// Keep `limit` items; the next page token is the last kept id when more were found.
-pub(super) fn split_page<T>(
+pub(super) fn split_page<T, K: PageKey>(
     mut items: Vec<T>,
     limit: i64,
-    id: impl Fn(&T) -> i64,
+    id: impl Fn(&T) -> K,
 ) -> (Vec<T>, Option<String>) {
     if items.len() as i64 > limit {
         items.truncate(limit as usize);
@@ -63,26 +88,38 @@ pub(super) fn split_page<T>(
     }
 }
 
-/// The position `(change_seq, trial id)` a `/changes` cursor names; none = the start.
-pub(super) fn parse_cursor(cursor: Option<&str>) -> ServiceResult<(i64, i64)> {
+/// The position a `/changes` cursor (`change_seq.trial`) names; none = the start.
+pub(super) fn parse_cursor(cursor: Option<&str>) -> ServiceResult<ChangeCursor> {
+    let start = ChangeCursor {
+        change_seq: 0,
+        trial: TrialId::new(0),
+    };
     match cursor {
-        None | Some("") => Ok((0, 0)),
+        None | Some("") => Ok(start),
         Some(c) => c
             .split_once('.')
-            .and_then(|(s, i)| Some((s.parse::<i64>().ok()?, i.parse::<i64>().ok()?)))
-            .filter(|(s, i)| *s >= 0 && *i >= 0)
+            .and_then(|(s, i)| {
+                Some(ChangeCursor {
+                    change_seq: s.parse().ok()?,
+                    trial: i.parse().ok()?,
+                })
+            })
+            .filter(|c| c.change_seq >= 0 && c.trial.get() >= 0)
             .ok_or_else(|| ServiceError::invalid("after", "not a cursor from a previous answer")),
     }
 }
 
-/// The `/changes` cursor after position `(change_seq, trial id)`.
-pub(super) fn format_cursor(after: (i64, i64)) -> String {
-    format!("{}.{}", after.0, after.1)
+/// The `/changes` cursor after `after`.
+pub(super) fn format_cursor(after: ChangeCursor) -> String {
+    format!("{}.{}", after.change_seq, after.trial)
 }
 
 /// The `/changes` cursor past every change up to `change_seq` (e.g. a snapshot's).
 pub fn cursor_after_seq(change_seq: i64) -> String {
-    format_cursor((change_seq, i64::MAX))
+    format_cursor(ChangeCursor {
+        change_seq,
+        trial: TrialId::new(i64::MAX),
+    })
 }
 
 #[cfg(test)]
@@ -91,11 +128,15 @@ mod tests {
 
     #[test]
     fn cursors_round_trip_and_garbage_names_the_after_field() {
+        let at = |change_seq, trial| ChangeCursor {
+            change_seq,
+            trial: TrialId::new(trial),
+        };
         assert_eq!(
-            parse_cursor(Some(&format_cursor((7, 3)))).ok(),
-            Some((7, 3))
+            parse_cursor(Some(&format_cursor(at(7, 3)))).ok(),
+            Some(at(7, 3))
         );
-        assert_eq!(parse_cursor(None).ok(), Some((0, 0)));
+        assert_eq!(parse_cursor(None).ok(), Some(at(0, 0)));
         for bad in ["x", "1", "-1.2", "1.x"] {
             assert!(
                 matches!(parse_cursor(Some(bad)), Err(ServiceError::Invalid(e)) if e.field == "after")

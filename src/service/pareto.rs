@@ -42,12 +42,12 @@ mod tests {
     use chrono::Utc;
 
     use super::*;
-    use crate::model::{Measurement, TrialState};
+    use crate::model::{Measurement, StudyId, TrialId, TrialState};
 
     fn trial(id: i64, acc: f64, latency: f64) -> TrialRecord {
         TrialRecord {
-            study_id: 1,
-            id,
+            study_id: StudyId::new(1),
+            id: TrialId::new(id),
             state: TrialState::Completed,
             parameters: BTreeMap::new(),
             client_id: None,
@@ -98,7 +98,7 @@ mod tests {
         ];
         let ids: Vec<i64> = pareto_front(trials, &metrics)
             .iter()
-            .map(|t| t.id)
+            .map(|t| t.id.get())
             .collect();
         assert_eq!(ids, vec![2, 3, 4, 5]);
     }

@@ -19,7 +19,7 @@ use crate::model::pool::{
     PoolDetail, PoolLease, PoolStudy, PoolSummary, PoolUsage, PoolWorker, WORKER_GONE_AFTER_SECS,
     WorkerReport,
 };
-use crate::model::{ClientId, Role, StudyState};
+use crate::model::{ClientId, Role, StudyId, StudyState};
 use crate::store::{PoolWorkerRecord, PoolWorkerReport, StudyRecord};
 
 /// The longest a lease request waits for a trial before it is answered with none.
@@ -39,7 +39,7 @@ const USAGE_WINDOW_MS: i64 = 3_600_000;
 #[derive(Clone, Default)]
 pub(super) struct Pools {
     wakeup: Arc<Notify>,
-    in_flight: Arc<Mutex<HashMap<i64, u64>>>,
+    in_flight: Arc<Mutex<HashMap<StudyId, u64>>>,
     /// When each pool's full studies last had their leases looked at.
     probed: Arc<Mutex<HashMap<String, std::time::Instant>>>,
 }
@@ -53,7 +53,7 @@ impl Pools {
 
     /// The fairest of `studies` not yet `tried` with room (any with `resume`), reserved
     /// until the returned pick is dropped.
-    fn reserve(&self, studies: &[StudyRecord], tried: &[i64], resume: bool) -> Option<Pick> {
+    fn reserve(&self, studies: &[StudyRecord], tried: &[StudyId], resume: bool) -> Option<Pick> {
         let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
         let mut candidates: Vec<Candidate> = studies
             .iter()
@@ -95,7 +95,7 @@ impl Pools {
     }
 
     /// A reserved pick is done (see [`Pick`]).
-    fn release(&self, study_id: i64) {
+    fn release(&self, study_id: StudyId) {
         let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(n) = in_flight.get_mut(&study_id) {
             *n = n.saturating_sub(1);
@@ -111,7 +111,7 @@ impl Pools {
 /// (the worker died or hung up), which must give the room back too.
 struct Pick {
     pools: Pools,
-    study_id: i64,
+    study_id: StudyId,
 }
 
 impl Drop for Pick {
@@ -123,7 +123,7 @@ impl Drop for Pick {
 /// A study of the pool as a pick sees it.
 #[derive(Debug, Clone, PartialEq)]
 struct Candidate {
-    study_id: i64,
+    study_id: StudyId,
     weight: f64,
     running: u64,
     /// Trials handed out so far (created, less those waiting as requested).
@@ -158,7 +158,7 @@ fn pool_of(study: &StudyRecord) -> Option<(&str, f64)> {
 fn pending_of(study: &StudyRecord) -> (u64, u64, u64) {
     let counts = &study.trial_counts;
     let running = counts.active + counts.stopping;
-    let created = (study.next_trial_id - 1).max(0) as u64;
+    let created = (study.next_trial_id.get() - 1).max(0) as u64;
     let unfinished = running + counts.requested;
     let cap = study.spec.parallel_trials.max(0) as u64;
     let room = cap.saturating_sub(unfinished) + counts.requested;
@@ -559,8 +559,9 @@ fn summary(name: &str, workers: &[PoolWorker], studies: &[PoolStudy]) -> PoolSum
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::TrialId;
 
-    fn candidate(study_id: i64, weight: f64, running: u64, handed: u64) -> Candidate {
+    fn candidate(study_id: StudyId, weight: f64, running: u64, handed: u64) -> Candidate {
         Candidate {
             study_id,
             weight,
@@ -572,7 +573,7 @@ mod tests {
 
     fn order(mut c: Vec<Candidate>) -> Vec<i64> {
         fair_order(&mut c);
-        c.iter().map(|c| c.study_id).collect()
+        c.iter().map(|c| c.study_id.get()).collect()
     }
 
     fn pool_study(id: i64, parallel_trials: i64) -> StudyRecord {
@@ -584,12 +585,12 @@ mod tests {
             "trial_job": {"executor": "pool", "pool": "shared", "command": ["true"]}
         });
         StudyRecord {
-            id,
+            id: StudyId::new(id),
             name: format!("s{id}"),
             state: StudyState::Active,
             state_reason: None,
             spec: serde_json::from_value(spec).expect("spec"),
-            next_trial_id: 1,
+            next_trial_id: TrialId::new(1),
             change_seq: 0,
             designer_state: None,
             created_by: None,
@@ -621,9 +622,9 @@ mod tests {
     #[test]
     fn the_study_with_fewest_running_trials_goes_first() {
         let c = vec![
-            candidate(1, 1.0, 2, 0),
-            candidate(2, 1.0, 0, 9),
-            candidate(3, 1.0, 1, 0),
+            candidate(StudyId::new(1), 1.0, 2, 0),
+            candidate(StudyId::new(2), 1.0, 0, 9),
+            candidate(StudyId::new(3), 1.0, 1, 0),
         ];
         assert_eq!(order(c), [2, 3, 1]);
     }
@@ -631,16 +632,19 @@ mod tests {
     #[test]
     fn weight_divides_the_running_count() {
         // Study 1 runs 2 with weight 4 (0.5 per unit), study 2 runs 1 with weight 1.
-        let c = vec![candidate(2, 1.0, 1, 0), candidate(1, 4.0, 2, 0)];
+        let c = vec![
+            candidate(StudyId::new(2), 1.0, 1, 0),
+            candidate(StudyId::new(1), 4.0, 2, 0),
+        ];
         assert_eq!(order(c), [1, 2]);
     }
 
     #[test]
     fn ties_go_to_the_study_handed_fewest_trials_not_the_oldest() {
         let c = vec![
-            candidate(1, 1.0, 1, 7),
-            candidate(2, 1.0, 1, 5),
-            candidate(3, 1.0, 1, 6),
+            candidate(StudyId::new(1), 1.0, 1, 7),
+            candidate(StudyId::new(2), 1.0, 1, 5),
+            candidate(StudyId::new(3), 1.0, 1, 6),
         ];
         assert_eq!(order(c), [2, 3, 1]);
     }

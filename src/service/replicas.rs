@@ -8,6 +8,7 @@ use chrono::Utc;
 use sha2::{Digest, Sha256};
 
 use super::{Service, ServiceResult};
+use crate::model::StudyId;
 use crate::store::ReplicaRecord;
 
 /// A replica's lease lasts this long unless renewed: a replica killed outright is routed
@@ -115,7 +116,7 @@ impl Replicas {
     }
 
     /// The replica that should take `study_id`'s changes, if it is another one.
-    pub fn owner(&self, study_id: i64) -> Option<Peer> {
+    pub fn owner(&self, study_id: StudyId) -> Option<Peer> {
         let live = self.live.read().ok()?;
         let down = self.down.lock().ok()?;
         let owner = live
@@ -151,10 +152,10 @@ impl Replicas {
 }
 
 /// A replica's rendezvous score for a study: the highest live score owns it.
-fn score(replica_id: &str, study_id: i64) -> [u8; 8] {
+fn score(replica_id: &str, study_id: StudyId) -> [u8; 8] {
     let digest = Sha256::new()
         .chain_update(replica_id.as_bytes())
-        .chain_update(study_id.to_be_bytes())
+        .chain_update(study_id.get().to_be_bytes())
         .finalize();
     let mut score = [0; 8];
     score.copy_from_slice(&digest[..8]);
@@ -170,7 +171,7 @@ mod tests {
             .map(|s| {
                 replicas
                     .iter()
-                    .max_by_key(|r| score(r, s))
+                    .max_by_key(|r| score(r, StudyId::new(s)))
                     .map(|r| r.to_string())
                     .unwrap_or_default()
             })

@@ -7,7 +7,7 @@ use chrono::Utc;
 
 use super::state_machine::{Command, Reply};
 use super::{Service, ServiceResult, stored_config, unexpected};
-use crate::model::{StudyConfig, StudyState, TrialState};
+use crate::model::{StudyConfig, StudyId, StudyState, TrialId, TrialState};
 use crate::store::{StudyRecord, TrialRecord};
 
 /// A runner lease lasts this long unless renewed; another replica may take the study over
@@ -17,7 +17,7 @@ pub const RUNNER_LEASE_TTL: chrono::Duration = chrono::Duration::seconds(15);
 /// A study as its runner sees it: its state and validated config (with its trial job).
 #[derive(Debug, Clone)]
 pub struct RunnerStudy {
-    pub id: i64,
+    pub id: StudyId,
     pub created_at: chrono::DateTime<chrono::Utc>,
     pub state: StudyState,
     pub config: StudyConfig,
@@ -26,14 +26,14 @@ pub struct RunnerStudy {
 /// A trial handed to the dispatcher, its first launch counted.
 #[derive(Debug, Clone)]
 pub struct DispatchedTrial {
-    pub id: i64,
+    pub id: TrialId,
     pub parameters: Assignment,
     /// Launches counted so far (1 for a new trial).
     pub attempts: u32,
     /// The budget of this attempt (multi-fidelity); `None`: the full budget.
     pub budget: Option<f64>,
     /// PBT: the trial whose checkpoint this one copies before its attempt.
-    pub copy_from: Option<i64>,
+    pub copy_from: Option<TrialId>,
 }
 
 impl From<TrialRecord> for DispatchedTrial {
@@ -50,7 +50,7 @@ impl From<TrialRecord> for DispatchedTrial {
 
 impl Service {
     /// The study as its runner needs it; `None` once it is deleted.
-    pub async fn runner_study(&self, study_id: i64) -> ServiceResult<Option<RunnerStudy>> {
+    pub async fn runner_study(&self, study_id: StudyId) -> ServiceResult<Option<RunnerStudy>> {
         let Some(record) = self.store.get_study(study_id).await? else {
             return Ok(None);
         };
@@ -64,7 +64,7 @@ impl Service {
 
     /// Ids of the active studies with a `trial_job`: the ones some replica must run. A pool
     /// study's trials are its pool's workers' (`pools.rs`), never a dispatcher's.
-    pub async fn dispatched_study_ids(&self) -> ServiceResult<Vec<i64>> {
+    pub async fn dispatched_study_ids(&self) -> ServiceResult<Vec<StudyId>> {
         let dispatched = self
             .active_studies_where(|s| {
                 s.spec
@@ -82,7 +82,7 @@ impl Service {
         keep: impl Fn(&StudyRecord) -> bool,
     ) -> ServiceResult<Vec<StudyRecord>> {
         let mut studies = Vec::new();
-        let mut after = 0;
+        let mut after = StudyId::new(0);
         loop {
             let page = self
                 .store
@@ -98,14 +98,14 @@ impl Service {
 
     /// Take or renew the right to run the study's trials (`RUNNER_LEASE_TTL`). False while
     /// another owner holds it.
-    pub async fn claim_runner(&self, study_id: i64, owner: &str) -> ServiceResult<bool> {
+    pub async fn claim_runner(&self, study_id: StudyId, owner: &str) -> ServiceResult<bool> {
         Ok(self
             .store
             .claim_runner(study_id, owner, Utc::now(), RUNNER_LEASE_TTL)
             .await?)
     }
 
-    pub async fn release_runner(&self, study_id: i64, owner: &str) -> ServiceResult<()> {
+    pub async fn release_runner(&self, study_id: StudyId, owner: &str) -> ServiceResult<()> {
         Ok(self.store.release_runner(study_id, owner).await?)
     }
 
@@ -113,12 +113,12 @@ impl Service {
     /// it ran before a restart, to resume.
     pub async fn resumable_trials(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         client_id: &str,
     ) -> ServiceResult<Vec<DispatchedTrial>> {
         let mut out = Vec::new();
         for state in [TrialState::Active, TrialState::Stopping] {
-            let mut after = 0;
+            let mut after = TrialId::new(0);
             loop {
                 let page = self
                     .store
@@ -143,9 +143,9 @@ impl Service {
     /// a dispatcher). `None`: no launch left.
     pub async fn start_attempt(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         runner: &str,
-        trial_id: i64,
+        trial_id: TrialId,
         max_attempts: u32,
         token_hash: String,
     ) -> ServiceResult<Option<u32>> {
@@ -165,9 +165,9 @@ impl Service {
     /// after a restart).
     pub async fn refund_attempt(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         runner: &str,
-        trial_id: i64,
+        trial_id: TrialId,
     ) -> ServiceResult<()> {
         let command = Command::RefundAttempt { trial_id }.by_runner(Some(runner));
         self.commits.submit(study_id, command).await.map(drop)
@@ -176,9 +176,9 @@ impl Service {
     /// PBT: the trial's checkpoint copy is made; the trial it copied may train on.
     pub async fn checkpoint_copied(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         runner: &str,
-        trial_id: i64,
+        trial_id: TrialId,
     ) -> ServiceResult<()> {
         let command = Command::CheckpointCopied { trial_id }.by_runner(Some(runner));
         self.commits.submit(study_id, command).await.map(drop)

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::{InternalError, Service, ServiceResult, not_found_study};
-use crate::model::{Measurement, StudySpec, TrialPoint};
+use crate::model::{Measurement, StudyId, StudySpec, TrialId, TrialPoint};
 
 /// Studies kept in the cache; the least recently used goes first.
 const CACHED_STUDIES: usize = 8;
@@ -18,7 +18,7 @@ const MAX_INCREMENT: i64 = 10_000;
 /// A study and all its trials (by id), as of `change_seq`.
 #[derive(Debug, Clone)]
 pub struct StudySnapshot {
-    pub id: i64,
+    pub id: StudyId,
     pub spec: StudySpec,
     /// The study's change counter when it was read: `cursor_after_seq(change_seq)` asks
     /// `changes` for everything later.
@@ -28,7 +28,7 @@ pub struct StudySnapshot {
 
 #[derive(Clone, Default)]
 pub(super) struct Snapshots {
-    studies: Arc<Mutex<HashMap<i64, SnapshotSlot>>>,
+    studies: Arc<Mutex<HashMap<StudyId, SnapshotSlot>>>,
 }
 
 /// One study's snapshot; its lock makes concurrent requests wait for a single load.
@@ -43,7 +43,7 @@ struct Snapshot {
 }
 
 impl Snapshots {
-    fn slot(&self, study: i64) -> ServiceResult<SnapshotSlot> {
+    fn slot(&self, study: StudyId) -> ServiceResult<SnapshotSlot> {
         let mut map = self
             .studies
             .lock()
@@ -65,7 +65,7 @@ impl Snapshots {
 
 impl Service {
     /// The study and all its trials (by id), as of at least the study's current change.
-    pub async fn study_snapshot(&self, study_id: i64) -> ServiceResult<StudySnapshot> {
+    pub async fn study_snapshot(&self, study_id: StudyId) -> ServiceResult<StudySnapshot> {
         let record = self
             .store
             .get_study(study_id)
@@ -108,10 +108,10 @@ impl Service {
     /// Measurements of trials `first..=last` of a study, by trial then step.
     pub async fn trial_measurements(
         &self,
-        study_id: i64,
-        first_trial: i64,
-        last_trial: i64,
-    ) -> ServiceResult<Vec<(i64, Measurement)>> {
+        study_id: StudyId,
+        first_trial: TrialId,
+        last_trial: TrialId,
+    ) -> ServiceResult<Vec<(TrialId, Measurement)>> {
         Ok(self
             .store
             .measurements(study_id, first_trial, last_trial)
@@ -146,7 +146,7 @@ mod tests {
 
     fn trial(id: i64, state: TrialState) -> TrialPoint {
         TrialPoint {
-            id,
+            id: TrialId::new(id),
             state,
             parameters: Default::default(),
             final_metrics: None,
@@ -165,7 +165,7 @@ mod tests {
             trial(5, TrialState::Active),
         ];
         let merged = merge_by_id(&base, changed);
-        let ids: Vec<i64> = merged.iter().map(|t| t.id).collect();
+        let ids: Vec<i64> = merged.iter().map(|t| t.id.get()).collect();
         assert_eq!(ids, [1, 2, 3, 4, 5, 6]);
         assert_eq!(merged[1].state, TrialState::Completed);
         assert_eq!(merged[0].state, TrialState::Active);

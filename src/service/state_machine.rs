@@ -15,7 +15,7 @@ use super::{InternalError, ServiceError, ServiceResult};
 use crate::model::extension::trial_value;
 use crate::model::{
     FinishedTrial, Measurement, MeasurementSelection, ParameterExtension, Segment, Step,
-    StopVerdict, StudyConfig, StudyState, StudyUpdate, TrialState,
+    StopVerdict, StudyConfig, StudyId, StudyState, StudyUpdate, TrialId, TrialKey, TrialState,
 };
 use crate::store::{Store, StudyRecord, StudyTx, TrialRecord, TrialToken};
 
@@ -30,21 +30,21 @@ pub struct Precomputed {
     pub points: Vec<Assignment>,
     /// The budget each new point starts at (`None`: the full budget), beside `points`.
     pub budgets: Vec<Option<f64>>,
-    pub resumes: Vec<(i64, f64)>,
-    pub stops: Vec<i64>,
+    pub resumes: Vec<(TrialId, f64)>,
+    pub stops: Vec<TrialId>,
     /// PBT: paused trials that copy another's checkpoint and go on with new values.
     pub exploits: Vec<Exploit>,
     /// No new trial will start again (`max_budget` spent).
     pub closed: bool,
-    pub next_trial_id: i64,
+    pub next_trial_id: TrialId,
 }
 
 /// PBT's exploit of a paused trial: it copies `parent_id`'s checkpoint before its next
 /// attempt, at `budget`, with `parameters`.
 #[derive(Debug, Clone)]
 pub struct Exploit {
-    pub trial_id: i64,
-    pub parent_id: i64,
+    pub trial_id: TrialId,
+    pub parent_id: TrialId,
     pub parameters: Assignment,
     pub budget: f64,
 }
@@ -75,32 +75,32 @@ pub enum Command {
         final_measurement: Option<Measurement>,
     },
     AddMeasurement {
-        trial_id: i64,
+        trial_id: TrialId,
         measurement: Measurement,
     },
     Complete {
-        trial_id: i64,
+        trial_id: TrialId,
         outcome: Completion,
     },
     Fail {
-        trial_id: i64,
+        trial_id: TrialId,
         reason: String,
     },
     Heartbeat {
-        trial_id: i64,
+        trial_id: TrialId,
     },
     /// The early-stopping rule said stop: active → stopping.
     MarkStopping {
-        trial_id: i64,
+        trial_id: TrialId,
     },
     SetExcluded {
-        trial_id: i64,
+        trial_id: TrialId,
         excluded: bool,
     },
     Stop,
     /// A failed trial runs again: requested, with the same parameters and directories.
     Retry {
-        trial_id: i64,
+        trial_id: TrialId,
     },
     /// A failed study runs again (once its limits allow): an explicit act, never a PATCH's
     /// side effect.
@@ -113,18 +113,18 @@ pub enum Command {
     /// reports with (`token_hash`). In the batch, not beside it: a write of its own would
     /// wait for the study's lock (SQLite: in its busy handler's sleeps).
     StartAttempt {
-        trial_id: i64,
+        trial_id: TrialId,
         max_attempts: u32,
         token_hash: String,
     },
     /// Give back a launch the service ended itself.
     RefundAttempt {
-        trial_id: i64,
+        trial_id: TrialId,
     },
     /// Store a token for a pulled trial that `client_id` holds (it replaces the trial's
     /// earlier one), as `StartAttempt` does for a dispatched trial.
     IssueToken {
-        trial_id: i64,
+        trial_id: TrialId,
         client_id: String,
         token_hash: String,
     },
@@ -135,7 +135,7 @@ pub enum Command {
     /// PBT: the checkpoint the trial's lineage says to copy is copied (its parent may train
     /// on).
     CheckpointCopied {
-        trial_id: i64,
+        trial_id: TrialId,
     },
     /// A change of a trial made by an Optuna client (`service/optuna.rs`).
     Optuna(OptunaChange),
@@ -211,7 +211,7 @@ pub(super) struct BatchOutcome {
     pub replies: Vec<ServiceResult<Reply>>,
     /// Trials whose tokens were revoked (the trial finished or went back to `requested`) or
     /// replaced (a new launch or token): their old tokens must be forgotten by the cache.
-    pub tokens_changed: Vec<i64>,
+    pub tokens_changed: Vec<TrialId>,
     /// What webhooks may hear of (`notifications.rs`), handed on after the commit.
     pub news: Option<StudyNews>,
 }
@@ -224,12 +224,12 @@ pub(super) struct StudyBatch {
     config: StudyConfig,
     now: DateTime<Utc>,
     /// Every trial this batch has loaded or created, by id.
-    trials: BTreeMap<i64, TrialRecord>,
+    trials: BTreeMap<TrialId, TrialRecord>,
     /// The stored state of each trial loaded, for the study's trial counts.
-    stored_states: BTreeMap<i64, TrialState>,
-    created: BTreeSet<i64>,
-    changed: BTreeSet<i64>,
-    measurements: Vec<(i64, Measurement)>,
+    stored_states: BTreeMap<TrialId, TrialState>,
+    created: BTreeSet<TrialId>,
+    changed: BTreeSet<TrialId>,
+    measurements: Vec<(TrialId, Measurement)>,
     /// Tokens of the launches counted in this batch.
     tokens: Vec<TrialToken>,
     /// Failed trials stored before this batch, read when first needed.
@@ -256,7 +256,7 @@ impl StudyBatch {
     /// transaction itself failed (nothing applied); inner errors are per command.
     pub async fn run(
         store: &dyn Store,
-        study_id: i64,
+        study_id: StudyId,
         commands: Vec<Command>,
         notifier: &Notifier,
     ) -> ServiceResult<BatchOutcome> {
@@ -432,7 +432,7 @@ impl StudyBatch {
     /// Count a launch of a running trial, with its token, unless its attempts are used up.
     async fn start_attempt(
         &mut self,
-        trial_id: i64,
+        trial_id: TrialId,
         max_attempts: u32,
         token_hash: String,
     ) -> ServiceResult<Reply> {
@@ -448,7 +448,7 @@ impl StudyBatch {
     }
 
     /// PBT: the trial's copy of its parent's checkpoint is made (the parent is free again).
-    async fn checkpoint_copied(&mut self, trial_id: i64) -> ServiceResult<Reply> {
+    async fn checkpoint_copied(&mut self, trial_id: TrialId) -> ServiceResult<Reply> {
         let trial = self.trial_mut(trial_id).await?;
         let copied = trial
             .lineage
@@ -464,7 +464,7 @@ impl StudyBatch {
     /// A token of its own for a pulled trial, asked for by the client that holds it.
     async fn issue_token(
         &mut self,
-        trial_id: i64,
+        trial_id: TrialId,
         client_id: &str,
         token_hash: String,
     ) -> ServiceResult<Reply> {
@@ -546,7 +546,7 @@ impl StudyBatch {
 
     /// Trials created so far, from the per-study counter.
     fn created_count(&self) -> u64 {
-        (self.study.next_trial_id - 1).max(0) as u64
+        (self.study.next_trial_id.get() - 1).max(0) as u64
     }
 
     fn budget_left(&self) -> u64 {
@@ -704,7 +704,7 @@ impl StudyBatch {
         lease: Option<DateTime<Utc>>,
         handed: &mut Vec<TrialRecord>,
     ) {
-        let waiting: Vec<i64> = self
+        let waiting: Vec<TrialId> = self
             .trials
             .values()
             .filter(|t| t.state == TrialState::Requested)
@@ -748,7 +748,7 @@ impl StudyBatch {
     /// is no longer paused (taken meanwhile).
     async fn resume_paused(
         &mut self,
-        trial_id: i64,
+        trial_id: TrialId,
         budget: f64,
         client_id: &Option<String>,
         lease: Option<DateTime<Utc>>,
@@ -814,7 +814,7 @@ impl StudyBatch {
     /// A scheduler stopped a paused trial: it completes at its rung, with the measurement it
     /// paused with. It ranks no best (`objective` stays empty): only trials measured at the
     /// full budget do.
-    async fn stop_paused(&mut self, trial_id: i64) -> ServiceResult<()> {
+    async fn stop_paused(&mut self, trial_id: TrialId) -> ServiceResult<()> {
         let now = self.now;
         let trial = self.trial_mut(trial_id).await?;
         if trial.state != TrialState::Paused {
@@ -839,7 +839,7 @@ impl StudyBatch {
                 self.trials.insert(trial.id, trial);
             }
         }
-        let paused: Vec<i64> = self
+        let paused: Vec<TrialId> = self
             .trials
             .values()
             .filter(|t| t.state == TrialState::Paused)
@@ -895,9 +895,9 @@ impl StudyBatch {
         Reply::Suggested(suggested)
     }
 
-    fn trial_token(&self, trial_id: i64, hash: String) -> TrialToken {
+    fn trial_token(&self, trial_id: TrialId, hash: String) -> TrialToken {
         TrialToken {
-            name: TrialToken::name(self.study.id, trial_id),
+            name: TrialToken::name(TrialKey::new(self.study.id, trial_id)),
             hash,
             trial_id,
         }
@@ -912,7 +912,10 @@ impl StudyBatch {
         if policy.uses_history() {
             policy = Box::new(FullBudget::of(augur_optimizer::Algorithm::QuasiRandom));
         }
-        let study = design::history_free(&self.config, self.study.next_trial_id.max(1) as u64);
+        let study = design::history_free(
+            &self.config,
+            design::optimizer_number(self.study.next_trial_id).max(1),
+        );
         policy.decide(&study, count).new_points()
     }
 
@@ -933,7 +936,7 @@ impl StudyBatch {
         client_id: Option<String>,
     ) -> TrialRecord {
         let id = self.study.next_trial_id;
-        self.study.next_trial_id += 1;
+        self.study.next_trial_id = id.next();
         self.study_changed = true;
         let running = state == TrialState::Active;
         let trial = TrialRecord {
@@ -1012,7 +1015,7 @@ impl StudyBatch {
     }
 
     /// The trial, loading it if this batch has not yet.
-    async fn trial_mut(&mut self, trial_id: i64) -> ServiceResult<&mut TrialRecord> {
+    async fn trial_mut(&mut self, trial_id: TrialId) -> ServiceResult<&mut TrialRecord> {
         if !self.trials.contains_key(&trial_id)
             && let Some(trial) = self.tx.trials_by_id(&[trial_id]).await?.pop()
         {
@@ -1027,7 +1030,7 @@ impl StudyBatch {
     /// A trial that a worker is running (active or stopping).
     async fn running_trial(
         &mut self,
-        trial_id: i64,
+        trial_id: TrialId,
         action: &str,
     ) -> ServiceResult<&mut TrialRecord> {
         let trial = self.trial_mut(trial_id).await?;
@@ -1040,7 +1043,7 @@ impl StudyBatch {
         Ok(trial)
     }
 
-    fn touched(&mut self, trial_id: i64) -> Reply {
+    fn touched(&mut self, trial_id: TrialId) -> Reply {
         self.changed.insert(trial_id);
         match self.trials.get(&trial_id) {
             Some(t) => Reply::Trial(Box::new(t.clone())),
@@ -1050,7 +1053,7 @@ impl StudyBatch {
 
     async fn add_measurement(
         &mut self,
-        trial_id: i64,
+        trial_id: TrialId,
         measurement: Measurement,
     ) -> ServiceResult<Reply> {
         let lease = self.lease();
@@ -1075,13 +1078,13 @@ impl StudyBatch {
     }
 
     /// Replaces one at the same step (a job may report a step again).
-    fn record_measurement(&mut self, trial_id: i64, measurement: Measurement) {
+    fn record_measurement(&mut self, trial_id: TrialId, measurement: Measurement) {
         self.measurements
             .retain(|(t, m)| !(*t == trial_id && m.step == measurement.step));
         self.measurements.push((trial_id, measurement));
     }
 
-    async fn complete(&mut self, trial_id: i64, outcome: Completion) -> ServiceResult<Reply> {
+    async fn complete(&mut self, trial_id: TrialId, outcome: Completion) -> ServiceResult<Reply> {
         let trial = self.trial_mut(trial_id).await?;
         if !trial.state.is_unfinished() {
             return Err(ServiceError::conflict(format!(
@@ -1146,7 +1149,7 @@ impl StudyBatch {
 
     /// The final measurement of a trial completed without metrics: its last, or its best by
     /// the first metric, among those that report every metric of the study.
-    async fn select_measurement(&mut self, trial_id: i64) -> ServiceResult<Measurement> {
+    async fn select_measurement(&mut self, trial_id: TrialId) -> ServiceResult<Measurement> {
         let mut all: BTreeMap<i64, Measurement> = self
             .tx
             .measurements(trial_id)
@@ -1190,7 +1193,7 @@ impl StudyBatch {
         })
     }
 
-    async fn fail(&mut self, trial_id: i64, reason: String) -> ServiceResult<Reply> {
+    async fn fail(&mut self, trial_id: TrialId, reason: String) -> ServiceResult<Reply> {
         let now = self.now;
         let trial = self.trial_mut(trial_id).await?;
         if !trial.state.is_unfinished() {
@@ -1215,7 +1218,7 @@ impl StudyBatch {
         let n = self.config.fail_fast_trials;
         let counts = &self.study.trial_counts;
         if n == 0
-            || (self.study.next_trial_id as u64) <= n
+            || (self.study.next_trial_id.get() as u64) <= n
             || counts.completed + counts.infeasible > 0
         {
             return Ok(None);
@@ -1224,7 +1227,7 @@ impl StudyBatch {
         if failed < n || failed - self.failed_in_batch >= n {
             return Ok(None);
         }
-        let first: Vec<i64> = (1..=n as i64).collect();
+        let first: Vec<TrialId> = (1..=n as i64).map(TrialId::new).collect();
         let stored = self.tx.trials_by_id(&first).await?;
         // This batch's changes first: a trial it failed is not written yet.
         let reasons: Vec<Option<String>> = first
@@ -1266,7 +1269,7 @@ impl StudyBatch {
     /// launches counted afresh), for the next suggestion or the dispatcher. The study must
     /// be running, or completed (it goes on for this trial); a failed study is resumed
     /// first, explicitly. The trial takes a slot under `parallel_trials`.
-    async fn retry(&mut self, trial_id: i64) -> ServiceResult<Reply> {
+    async fn retry(&mut self, trial_id: TrialId) -> ServiceResult<Reply> {
         let id = self.study.id;
         match self.study.state {
             StudyState::Active | StudyState::Completed => {}
@@ -1473,7 +1476,7 @@ impl StudyBatch {
                     .as_ref()
                     .is_some_and(|s| s.should_stop_asap);
             if asap {
-                let running: Vec<i64> = self
+                let running: Vec<TrialId> = self
                     .trials
                     .values()
                     .filter(|t| t.state == TrialState::Active)
@@ -1510,7 +1513,7 @@ impl StudyBatch {
         if !std::mem::take(&mut self.stopping_due) {
             return Ok(self.stopping_verdict.clone());
         }
-        let mut completed: BTreeMap<i64, FinishedTrial> = self
+        let mut completed: BTreeMap<TrialId, FinishedTrial> = self
             .tx
             .completed_objectives()
             .await?
@@ -1543,7 +1546,7 @@ impl StudyBatch {
                 );
             }
         }
-        let mut ordered: Vec<(i64, FinishedTrial)> = completed.into_iter().collect();
+        let mut ordered: Vec<(TrialId, FinishedTrial)> = completed.into_iter().collect();
         ordered.sort_by_key(|(id, t)| (t.completed_at, *id));
         let ordered: Vec<FinishedTrial> = ordered.into_iter().map(|(_, t)| t).collect();
         self.stopping_verdict = rule.verdict(self.created_count(), &ordered, self.now);
@@ -1579,7 +1582,7 @@ impl StudyBatch {
     async fn write(
         mut self,
         listened: bool,
-    ) -> ServiceResult<(Vec<i64>, Option<StudyNews>, Box<dyn StudyTx>)> {
+    ) -> ServiceResult<(Vec<TrialId>, Option<StudyNews>, Box<dyn StudyTx>)> {
         let touched_trials = !self.created.is_empty() || !self.changed.is_empty();
         if touched_trials || self.study_changed {
             self.study.change_seq += 1;
@@ -1628,7 +1631,7 @@ impl StudyBatch {
         // A trial that finished may not report any more: its token goes; so does the token
         // of a pulled trial whose lease ran out (back to `requested`, another worker's next).
         // (A launch counted in this batch of a trial that also finished in it gets none.)
-        let finished: Vec<i64> = changed
+        let finished: Vec<TrialId> = changed
             .iter()
             .filter(|t| !t.state.is_unfinished() || t.state == TrialState::Requested)
             .map(|t| t.id)

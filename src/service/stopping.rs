@@ -8,7 +8,7 @@ use augur_optimizer::{Decision, Policy, StudyView};
 use super::state_machine::Command;
 use super::{Caller, Service, ServiceError, ServiceResult, design, stored_config};
 use crate::model::spec::SchedulerName;
-use crate::model::{StudyConfig, Trial, TrialState};
+use crate::model::{StudyConfig, StudyId, Trial, TrialId, TrialState};
 use crate::store::TrialRecord;
 
 /// Completed trials whose curves the early-stopping rule compares a running trial with: the
@@ -21,8 +21,8 @@ impl Service {
     pub async fn ask_should_stop(
         &self,
         actor: &Caller,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
     ) -> ServiceResult<bool> {
         self.check_reporter(actor, study_id, Some(trial_id)).await?;
         let stopped = self.should_stop(study_id, trial_id).await?;
@@ -38,8 +38,8 @@ impl Service {
     pub async fn stop_trial(
         &self,
         actor: &Caller,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
     ) -> ServiceResult<Trial> {
         self.check_reporter(actor, study_id, Some(trial_id)).await?;
         let trial = self
@@ -52,7 +52,7 @@ impl Service {
 
     /// Whether the study's early-stopping rule says this trial should stop; if so an active
     /// trial moves to `stopping`.
-    pub async fn should_stop(&self, study_id: i64, trial_id: i64) -> ServiceResult<bool> {
+    pub async fn should_stop(&self, study_id: StudyId, trial_id: TrialId) -> ServiceResult<bool> {
         let stop = self.stop_verdict(study_id, trial_id).await?;
         if stop {
             match self
@@ -70,7 +70,7 @@ impl Service {
     }
 
     /// The rule's verdict on the trial, changing nothing: true for a trial already stopping.
-    pub async fn stop_verdict(&self, study_id: i64, trial_id: i64) -> ServiceResult<bool> {
+    pub async fn stop_verdict(&self, study_id: StudyId, trial_id: TrialId) -> ServiceResult<bool> {
         let study = self.study_record(study_id).await?;
         let config = stored_config(&study)?;
         let trial = self.trial_record(study_id, trial_id).await?;
@@ -111,7 +111,7 @@ impl Service {
             .decide(&study, 0)
             .decisions
             .contains(&Decision::Stop {
-                trial: trial_id.max(0) as u64,
+                trial: design::optimizer_number(trial_id),
             }))
     }
 
@@ -120,7 +120,7 @@ impl Service {
     /// every trial of the study measured there. False for other studies.
     async fn rung_verdict(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         config: &StudyConfig,
         trial: TrialRecord,
     ) -> ServiceResult<bool> {
@@ -131,11 +131,15 @@ impl Service {
         };
         let trials = self.store.all_trials(study_id).await?;
         let rows = match trials.last() {
-            Some(last) => self.store.measurements(study_id, 1, last.id).await?,
+            Some(last) => {
+                self.store
+                    .measurements(study_id, TrialId::new(1), last.id)
+                    .await?
+            }
             None => Vec::new(),
         };
         let views = design::trial_views(&trials, config, design::curves_by_trial(rows));
-        let number = trial.id.max(0) as u64;
+        let number = design::optimizer_number(trial.id);
         let Some(own) = views.iter().find(|t| t.number == number) else {
             return Ok(false);
         };

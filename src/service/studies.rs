@@ -5,7 +5,9 @@ use chrono::{SubsecRound, Utc};
 use super::paging::{page_bounds, split_page};
 use super::state_machine::{Command, Reply};
 use super::{Caller, Page, Service, ServiceError, ServiceResult, not_found_study, unexpected};
-use crate::model::{ParameterExtension, Role, Study, StudySpec, StudyState, StudyUpdate};
+use crate::model::{
+    ParameterExtension, Role, Study, StudyId, StudySpec, StudyState, StudyUpdate, TrialId, TrialKey,
+};
 
 impl Service {
     /// A new study, created by `actor`: a study with a `trial_job` runs commands on this
@@ -121,7 +123,7 @@ impl Service {
         Ok((self.create_study(actor, spec).await?, false))
     }
 
-    pub async fn get_study(&self, study_id: i64) -> ServiceResult<Study> {
+    pub async fn get_study(&self, study_id: StudyId) -> ServiceResult<Study> {
         let record = self.study_record(study_id).await?;
         self.study_view(record).await
     }
@@ -153,7 +155,7 @@ impl Service {
         })
     }
 
-    pub async fn delete_study(&self, actor: &Caller, study_id: i64) -> ServiceResult<()> {
+    pub async fn delete_study(&self, actor: &Caller, study_id: StudyId) -> ServiceResult<()> {
         self.check_manager(actor, study_id).await?;
         if self.store.delete_study(study_id).await? {
             self.tokens.forget_study(study_id);
@@ -166,7 +168,7 @@ impl Service {
         }
     }
 
-    pub async fn stop_study(&self, actor: &Caller, study_id: i64) -> ServiceResult<Study> {
+    pub async fn stop_study(&self, actor: &Caller, study_id: StudyId) -> ServiceResult<Study> {
         self.check_manager(actor, study_id).await?;
         let study = self.change_study(study_id, Command::Stop).await?;
         self.audit(actor, "study.stop", Some(study_id), None, None)
@@ -175,7 +177,7 @@ impl Service {
     }
 
     /// Run a failed study again (`Command::Resume` says when it may).
-    pub async fn resume_study(&self, actor: &Caller, study_id: i64) -> ServiceResult<Study> {
+    pub async fn resume_study(&self, actor: &Caller, study_id: StudyId) -> ServiceResult<Study> {
         self.check_manager(actor, study_id).await?;
         let study = self.change_study(study_id, Command::Resume).await?;
         self.audit(actor, "study.resume", Some(study_id), None, None)
@@ -186,7 +188,7 @@ impl Service {
     pub async fn update_study(
         &self,
         actor: &Caller,
-        study_id: i64,
+        study_id: StudyId,
         update: StudyUpdate,
     ) -> ServiceResult<Study> {
         let mut update = update;
@@ -216,7 +218,7 @@ impl Service {
     pub async fn add_parameter(
         &self,
         actor: &Caller,
-        study_id: i64,
+        study_id: StudyId,
         extension: ParameterExtension,
     ) -> ServiceResult<Study> {
         let study = self.study_record(study_id).await?;
@@ -248,7 +250,11 @@ impl Service {
 
     /// Only the study's creator or an admin may change, stop or delete it (or exclude its
     /// trials). Studies from before roles have no creator: admins' alone.
-    pub(super) async fn check_manager(&self, actor: &Caller, study_id: i64) -> ServiceResult<()> {
+    pub(super) async fn check_manager(
+        &self,
+        actor: &Caller,
+        study_id: StudyId,
+    ) -> ServiceResult<()> {
         let study = self.study_record(study_id).await?;
         if actor.may_manage(study.created_by.as_deref()) {
             Ok(())
@@ -265,11 +271,11 @@ impl Service {
     pub(super) async fn check_reporter(
         &self,
         actor: &Caller,
-        study_id: i64,
-        trial: Option<i64>,
+        study_id: StudyId,
+        trial: Option<TrialId>,
     ) -> ServiceResult<()> {
         if let Some(scope) = actor.trial_scope {
-            return if trial.is_some_and(|t| scope == (study_id, t)) {
+            return if trial.is_some_and(|t| scope == TrialKey::new(study_id, t)) {
                 Ok(())
             } else {
                 Err(ServiceError::denied(
@@ -287,7 +293,7 @@ impl Service {
 
     /// Whether `actor` reports to `study_id` as its own: a trial's token, or the study's
     /// creator (cached, as in `check_reporter`).
-    pub(super) async fn is_own_reporter(&self, actor: &Caller, study_id: i64) -> bool {
+    pub(super) async fn is_own_reporter(&self, actor: &Caller, study_id: StudyId) -> bool {
         actor.trial_scope.is_some()
             || self
                 .fixed_study(study_id)
@@ -295,7 +301,7 @@ impl Service {
                 .is_ok_and(|f| f.created_by.as_deref() == Some(actor.name.as_str()))
     }
 
-    async fn change_study(&self, study_id: i64, command: Command) -> ServiceResult<Study> {
+    async fn change_study(&self, study_id: StudyId, command: Command) -> ServiceResult<Study> {
         match self.commits.submit(study_id, command).await? {
             Reply::Study(record) => {
                 self.notify(study_id);
@@ -309,7 +315,7 @@ impl Service {
 }
 
 /// The refusal of a caller who neither created the study nor is an admin.
-fn not_its_manager(study_id: i64, created_by: Option<&str>) -> ServiceError {
+fn not_its_manager(study_id: StudyId, created_by: Option<&str>) -> ServiceError {
     ServiceError::denied(format!(
         "study {study_id} was created by {}; only its creator or an admin may change it, ask \
          it for trials or report to them (a trial also with its own token)",

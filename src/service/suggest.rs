@@ -13,7 +13,9 @@ use super::{
     Caller, InternalError, Service, ServiceError, ServiceResult, stored_config, unexpected,
 };
 use crate::model::spec::MAX_SUGGEST_VALUES;
-use crate::model::{ClientId, StudyConfig, StudyState, SuggestCount, Trial, TrialState};
+use crate::model::{
+    ClientId, StudyConfig, StudyId, StudyState, SuggestCount, Trial, TrialId, TrialState,
+};
 use crate::store::{StudyRecord, TrialRecord};
 
 /// What a worker is told to wait when the cap is full.
@@ -97,7 +99,7 @@ impl Service {
     pub async fn suggest(
         &self,
         actor: &Caller,
-        study_id: i64,
+        study_id: StudyId,
         count: SuggestCount,
         client_id: Option<ClientId>,
     ) -> ServiceResult<Suggestions> {
@@ -130,7 +132,7 @@ impl Service {
     /// token whose hash is at its position in `launch_tokens` (one per trial wanted).
     pub async fn suggest_dispatched(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         runner: &str,
         client_id: ClientId,
         launch_tokens: Vec<String>,
@@ -155,7 +157,7 @@ impl Service {
     /// The trials handed out, the study's state, and whether to ask again later.
     pub(super) async fn suggest_as(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         count: usize,
         asker: Asker,
     ) -> ServiceResult<Handed> {
@@ -237,7 +239,7 @@ impl Service {
     /// none.
     async fn precompute(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         count: usize,
         resume_client: Option<&ClientId>,
         deadline: tokio::time::Instant,
@@ -255,9 +257,9 @@ impl Service {
         // the study's next number (else another process made trials meanwhile).
         let next_trial_id = trials
             .iter()
-            .map(|t| t.id + 1)
+            .map(|t| t.id.next())
             .max()
-            .unwrap_or(1)
+            .unwrap_or(TrialId::new(1))
             .max(study.next_trial_id);
         let wanted = suggestions_needed(&trials, &config, count, resume_client);
         if wanted == 0 {
@@ -292,7 +294,7 @@ impl Service {
         }
     }
 
-    fn design_lock(&self, study_id: i64) -> ServiceResult<Arc<tokio::sync::Mutex<LastFit>>> {
+    fn design_lock(&self, study_id: StudyId) -> ServiceResult<Arc<tokio::sync::Mutex<LastFit>>> {
         let mut locks = self
             .design_locks
             .lock()
@@ -306,21 +308,23 @@ impl Service {
         config: &StudyConfig,
         trials: &[TrialRecord],
         count: usize,
-        first_trial_number: i64,
+        first_trial: TrialId,
         clock: &mut FitClock<'_>,
     ) -> ServiceResult<Option<PolicyOutput>> {
         let policy = design::policy_for(config);
         // A scheduler ranks trials by what they measured at each rung: their curves.
         let curves = match trials.last() {
-            Some(last) if policy.reads_curves() => {
-                design::curves_by_trial(self.store.measurements(study.id, 1, last.id).await?)
-            }
+            Some(last) if policy.reads_curves() => design::curves_by_trial(
+                self.store
+                    .measurements(study.id, TrialId::new(1), last.id)
+                    .await?,
+            ),
             _ => Default::default(),
         };
         let snapshot = Snapshot {
             config: config.clone(),
             trials: design::trial_views(trials, config, curves),
-            next_trial_number: first_trial_number.max(1) as u64,
+            next_trial_number: design::optimizer_number(first_trial).max(1),
             previous_state: study.designer_state.clone(),
             priors: self.prior_studies(config).await?,
         };
@@ -355,7 +359,7 @@ impl Service {
         if let Some(state) = &output.state {
             // A cache for warm starts: losing it costs time, never correctness.
             if let Err(error) = self.store.set_designer_state(study.id, state).await {
-                tracing::warn!(study_id = study.id, %error, "could not keep designer state");
+                tracing::warn!(study_id = %study.id, %error, "could not keep designer state");
             }
         }
         Ok(Some(output))
@@ -390,10 +394,10 @@ impl Drop for CancelOnDrop {
 /// A suggestion ran out of its time budget at `stage` (waiting for the `design_lock`, for a
 /// `core`, with `no_time_to_fit` once it had one, or during the `fit`): it gets
 /// quasi-random points.
-fn budget_exceeded(study_id: i64, budget: std::time::Duration, stage: &'static str) {
+fn budget_exceeded(study_id: StudyId, budget: std::time::Duration, stage: &'static str) {
     metrics::counter!("augur_suggestion_budget_exceeded_total", "stage" => stage).increment(1);
     tracing::warn!(
-        study_id,
+        %study_id,
         ?budget,
         stage,
         "suggestion time budget exceeded; using quasi-random points"
@@ -432,7 +436,7 @@ fn suggestions_needed(
 }
 
 /// A policy's decisions as the batch takes them.
-fn precomputed(decided: PolicyOutput, next_trial_id: i64) -> Precomputed {
+fn precomputed(decided: PolicyOutput, next_trial_id: TrialId) -> Precomputed {
     let mut out = Precomputed {
         next_trial_id,
         closed: decided.closed,
@@ -444,16 +448,18 @@ fn precomputed(decided: PolicyOutput, next_trial_id: i64) -> Precomputed {
                 out.points.push(parameters);
                 out.budgets.push(budget);
             }
-            Decision::Resume { trial, budget } => out.resumes.push((trial as i64, budget)),
-            Decision::Stop { trial } => out.stops.push(trial as i64),
+            Decision::Resume { trial, budget } => {
+                out.resumes.push((design::trial_of_number(trial), budget))
+            }
+            Decision::Stop { trial } => out.stops.push(design::trial_of_number(trial)),
             Decision::Exploit {
                 trial,
                 parent,
                 parameters,
                 budget,
             } => out.exploits.push(Exploit {
-                trial_id: trial as i64,
-                parent_id: parent as i64,
+                trial_id: design::trial_of_number(trial),
+                parent_id: design::trial_of_number(parent),
                 parameters,
                 budget,
             }),

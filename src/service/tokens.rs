@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 
 use super::state_machine::{Command, Reply};
 use super::{Service, ServiceError, ServiceResult, unexpected};
-use crate::model::{Role, TokenInfo};
+use crate::model::{Role, StudyId, TokenInfo, TrialId, TrialKey};
 use crate::store::{TokenRecord, TrialToken};
 
 /// How long a checked token is trusted without asking the database again: the bound on how
@@ -63,8 +63,8 @@ pub struct Caller {
     /// The token's name, as the audit trail records it.
     pub name: String,
     pub role: Role,
-    /// `(study, trial)` for a token that may only report to one trial.
-    pub trial_scope: Option<(i64, i64)>,
+    /// The one trial a trial's token may report to.
+    pub trial_scope: Option<TrialKey>,
     pub expires_at: Option<DateTime<Utc>>,
 }
 
@@ -172,18 +172,18 @@ impl TokenCache {
 
     /// These trials' tokens were revoked (the trials finished, or went back to `requested`)
     /// or replaced (a new launch).
-    pub(super) fn forget_trials(&self, study_id: i64, trial_ids: &[i64]) {
+    pub(super) fn forget_trials(&self, study_id: StudyId, trial_ids: &[TrialId]) {
         if !trial_ids.is_empty() {
             self.forget(|c| {
                 c.trial_scope
-                    .is_some_and(|(s, t)| s == study_id && trial_ids.contains(&t))
+                    .is_some_and(|k| k.study == study_id && trial_ids.contains(&k.trial))
             });
         }
     }
 
     /// The study was deleted with its trials' tokens.
-    pub(super) fn forget_study(&self, study_id: i64) {
-        self.forget(|c| c.trial_scope.is_some_and(|(s, _)| s == study_id));
+    pub(super) fn forget_study(&self, study_id: StudyId) {
+        self.forget(|c| c.trial_scope.is_some_and(|k| k.study == study_id));
     }
 }
 
@@ -331,8 +331,8 @@ impl Service {
     pub async fn issue_trial_token(
         &self,
         actor: &Caller,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
         client_id: &str,
     ) -> ServiceResult<String> {
         self.check_reporter(actor, study_id, None).await?;
@@ -429,7 +429,7 @@ mod tests {
     fn a_trial_token_is_never_more_than_a_writer() {
         let record = TokenRecord {
             name: "trial:1:2".into(),
-            scope: Some((1, 2)),
+            scope: Some(TrialKey::new(StudyId::new(1), TrialId::new(2))),
             role: Role::Admin,
             expires_at: None,
             created_at: Utc::now(),
@@ -446,7 +446,7 @@ mod tests {
         let trial = |s, t| Caller {
             name: format!("trial:{s}:{t}"),
             role: Role::Writer,
-            trial_scope: Some((s, t)),
+            trial_scope: Some(TrialKey::new(StudyId::new(s), TrialId::new(t))),
             expires_at: None,
         };
         cache.put("a".into(), Caller::local("ci"));
@@ -454,11 +454,11 @@ mod tests {
         cache.put("c".into(), trial(1, 2));
         cache.put("d".into(), trial(2, 1));
         cache.forget_name("ci");
-        cache.forget_trials(1, &[1]);
+        cache.forget_trials(StudyId::new(1), &[TrialId::new(1)]);
         assert_eq!(cache.get("a"), None);
         assert_eq!(cache.get("b"), None);
         assert!(cache.get("c").is_some() && cache.get("d").is_some());
-        cache.forget_study(2);
+        cache.forget_study(StudyId::new(2));
         assert_eq!(cache.get("d"), None);
     }
 }

@@ -9,14 +9,14 @@ use super::checks::{check_measurement, check_metrics, check_reason};
 use super::paging::{format_cursor, page_bounds, parse_cursor, split_page};
 use super::state_machine::Command;
 use super::{Caller, Changes, Completion, Page, Service, ServiceError, ServiceResult};
-use crate::model::{Measurement, Trial, TrialState};
-use crate::store::TrialRecord;
+use crate::model::{Measurement, StudyId, Trial, TrialId, TrialState};
+use crate::store::{ChangeCursor, TrialRecord};
 
 impl Service {
     pub async fn add_trial(
         &self,
         actor: &Caller,
-        study_id: i64,
+        study_id: StudyId,
         parameters: Assignment,
         final_metrics: Option<BTreeMap<String, f64>>,
     ) -> ServiceResult<Trial> {
@@ -62,7 +62,7 @@ impl Service {
 
     pub async fn list_trials(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         state: Option<TrialState>,
         page_size: Option<i64>,
         page_token: Option<&str>,
@@ -85,11 +85,11 @@ impl Service {
     /// instead of reloading every trial.
     pub async fn trial_changes(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         cursor: Option<&str>,
         page_size: Option<i64>,
     ) -> ServiceResult<Changes> {
-        let (limit, _) = page_bounds(page_size, None)?;
+        let (limit, _) = page_bounds::<i64>(page_size, None)?;
         let after = parse_cursor(cursor)?;
         self.study_record(study_id).await?;
         let records = self
@@ -98,7 +98,10 @@ impl Service {
             .await?;
         let has_more = records.len() as i64 > limit;
         let records: Vec<TrialRecord> = records.into_iter().take(limit as usize).collect();
-        let next = records.last().map_or(after, |t| (t.change_seq, t.id));
+        let next = records.last().map_or(after, |t| ChangeCursor {
+            change_seq: t.change_seq,
+            trial: t.id,
+        });
         Ok(Changes {
             trials: self.trial_views(study_id, records).await?,
             cursor: format_cursor(next),
@@ -106,13 +109,17 @@ impl Service {
         })
     }
 
-    pub async fn get_trial(&self, study_id: i64, trial_id: i64) -> ServiceResult<Trial> {
+    pub async fn get_trial(&self, study_id: StudyId, trial_id: TrialId) -> ServiceResult<Trial> {
         let record = self.trial_record(study_id, trial_id).await?;
         self.trial_view(study_id, record).await
     }
 
     /// Whether the trial is still requested, active or stopping.
-    pub async fn trial_unfinished(&self, study_id: i64, trial_id: i64) -> ServiceResult<bool> {
+    pub async fn trial_unfinished(
+        &self,
+        study_id: StudyId,
+        trial_id: TrialId,
+    ) -> ServiceResult<bool> {
         let record = self.trial_record(study_id, trial_id).await?;
         Ok(record.state.is_unfinished())
     }
@@ -122,8 +129,8 @@ impl Service {
     pub async fn add_measurement(
         &self,
         actor: &Caller,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
         measurement: Measurement,
     ) -> ServiceResult<Trial> {
         self.check_reporter(actor, study_id, Some(trial_id)).await?;
@@ -138,9 +145,9 @@ impl Service {
     /// 250 ms and needs no answer.
     pub async fn record_measurement(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         runner: &str,
-        trial_id: i64,
+        trial_id: TrialId,
         measurement: Measurement,
     ) -> ServiceResult<()> {
         self.measurement_command(study_id, trial_id, measurement, Some(runner))
@@ -150,8 +157,8 @@ impl Service {
 
     async fn measurement_command(
         &self,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
         measurement: Measurement,
         runner: Option<&str>,
     ) -> ServiceResult<TrialRecord> {
@@ -172,8 +179,8 @@ impl Service {
     pub async fn complete_trial(
         &self,
         actor: &Caller,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
         outcome: Completion,
     ) -> ServiceResult<Trial> {
         self.check_reporter(actor, study_id, Some(trial_id)).await?;
@@ -198,9 +205,9 @@ impl Service {
     /// `complete_trial` without the trial's view, for `runner` (see `record_measurement`).
     pub async fn record_completion(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         runner: &str,
-        trial_id: i64,
+        trial_id: TrialId,
         outcome: Completion,
     ) -> ServiceResult<()> {
         self.completion_command(study_id, trial_id, outcome, Some(runner))
@@ -210,8 +217,8 @@ impl Service {
 
     async fn completion_command(
         &self,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
         outcome: Completion,
         runner: Option<&str>,
     ) -> ServiceResult<TrialRecord> {
@@ -244,8 +251,8 @@ impl Service {
     pub async fn fail_trial(
         &self,
         actor: &Caller,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
         reason: String,
     ) -> ServiceResult<Trial> {
         self.check_reporter(actor, study_id, Some(trial_id)).await?;
@@ -263,9 +270,9 @@ impl Service {
     /// `fail_trial` without the trial's view, for `runner` (see `record_measurement`).
     pub async fn record_failure(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         runner: &str,
-        trial_id: i64,
+        trial_id: TrialId,
         reason: String,
     ) -> ServiceResult<()> {
         let command = Command::Fail { trial_id, reason }.by_runner(Some(runner));
@@ -277,8 +284,8 @@ impl Service {
     pub async fn heartbeat(
         &self,
         actor: &Caller,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
     ) -> ServiceResult<Trial> {
         self.check_reporter(actor, study_id, Some(trial_id)).await?;
         self.change_trial(study_id, Command::Heartbeat { trial_id })
@@ -290,8 +297,8 @@ impl Service {
     pub async fn report_checkpoint_copied(
         &self,
         actor: &Caller,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
     ) -> ServiceResult<Trial> {
         self.check_reporter(actor, study_id, Some(trial_id)).await?;
         self.change_trial(study_id, Command::CheckpointCopied { trial_id })
@@ -303,8 +310,8 @@ impl Service {
     pub async fn retry_trial(
         &self,
         actor: &Caller,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
     ) -> ServiceResult<Trial> {
         self.check_manager(actor, study_id).await?;
         let trial = self
@@ -321,8 +328,8 @@ impl Service {
     pub async fn set_excluded(
         &self,
         actor: &Caller,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
         excluded: bool,
     ) -> ServiceResult<Trial> {
         self.check_manager(actor, study_id).await?;

@@ -12,13 +12,16 @@ use chrono::{DateTime, Utc};
 
 pub use postgres::PostgresStore;
 pub use records::{
-    AuditEntry, AuditRecord, DeliveryProgress, DeliveryRecord, NewDelivery, PoolUsageRecord,
-    PoolWorkerRecord, PoolWorkerReport, ReplicaRecord, StudyRecord, TokenRecord, TrialRecord,
-    TrialToken,
+    AuditEntry, AuditRecord, ChangeCursor, DeliveryProgress, DeliveryRecord, NewDelivery,
+    PoolUsageRecord, PoolWorkerRecord, PoolWorkerReport, ReplicaRecord, StudyRecord, TokenRecord,
+    TrialRecord, TrialToken,
 };
 pub use sqlite::SqliteStore;
 
-use crate::model::{Measurement, Role, StudySpec, StudyState, TrialCounts, TrialPoint, TrialState};
+use crate::model::{
+    Measurement, Role, StudyId, StudySpec, StudyState, TrialCounts, TrialId, TrialKey, TrialPoint,
+    TrialState,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -142,7 +145,7 @@ pub trait Store: Send + Sync + 'static {
         created_by: Option<&str>,
         now: DateTime<Utc>,
     ) -> StoreResult<StudyRecord>;
-    async fn get_study(&self, study_id: i64) -> StoreResult<Option<StudyRecord>>;
+    async fn get_study(&self, study_id: StudyId) -> StoreResult<Option<StudyRecord>>;
     /// A new active Optuna study: `None`, and nothing inserted, when an Optuna study of
     /// `spec.name` exists (Optuna's names are unique, checked and taken in one statement).
     async fn insert_optuna_study(
@@ -152,11 +155,11 @@ pub trait Store: Send + Sync + 'static {
         now: DateTime<Utc>,
     ) -> StoreResult<Option<StudyRecord>>;
     /// The Optuna study of that name.
-    async fn optuna_study_id(&self, name: &str) -> StoreResult<Option<i64>>;
+    async fn optuna_study_id(&self, name: &str) -> StoreResult<Option<StudyId>>;
     /// The user attribute `name` of the study's first trial (by id) that has one.
     async fn first_trial_attr(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         name: &str,
     ) -> StoreResult<Option<serde_json::Value>>;
 
@@ -165,51 +168,63 @@ pub trait Store: Send + Sync + 'static {
         &self,
         state: Option<StudyState>,
         name_contains: Option<&str>,
-        after_id: i64,
+        after_id: StudyId,
         limit: i64,
     ) -> StoreResult<Vec<StudyRecord>>;
     /// Deletes the study with its trials, measurements and tokens. False if there was none.
-    async fn delete_study(&self, study_id: i64) -> StoreResult<bool>;
+    async fn delete_study(&self, study_id: StudyId) -> StoreResult<bool>;
 
     /// Counts over every study, for `/metrics`: the sum of the studies' `trial_counts`.
     async fn count_all_trials(&self) -> StoreResult<TrialCounts>;
     /// The completed, not excluded trial with the best first-metric value.
-    async fn best_trial(&self, study_id: i64, maximize: bool) -> StoreResult<Option<TrialRecord>>;
+    async fn best_trial(
+        &self,
+        study_id: StudyId,
+        maximize: bool,
+    ) -> StoreResult<Option<TrialRecord>>;
     /// Trials with id > `after_id`, by id, at most `limit`, measurements not loaded.
     async fn list_trials(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         state: Option<TrialState>,
-        after_id: i64,
+        after_id: TrialId,
         limit: i64,
     ) -> StoreResult<Vec<TrialRecord>>;
-    async fn get_trial(&self, study_id: i64, trial_id: i64) -> StoreResult<Option<TrialRecord>>;
+    async fn get_trial(
+        &self,
+        study_id: StudyId,
+        trial_id: TrialId,
+    ) -> StoreResult<Option<TrialRecord>>;
     /// Trials created or changed after the cursor `(change_seq, id)`, in that order.
     async fn changed_trials(
         &self,
-        study_id: i64,
-        after: (i64, i64),
+        study_id: StudyId,
+        after: ChangeCursor,
         limit: i64,
     ) -> StoreResult<Vec<TrialRecord>>;
     /// Every trial of the study (for designers, Pareto sets and exports).
-    async fn all_trials(&self, study_id: i64) -> StoreResult<Vec<TrialRecord>>;
+    async fn all_trials(&self, study_id: StudyId) -> StoreResult<Vec<TrialRecord>>;
     /// The study's `limit` latest completed, not excluded trials, newest first.
-    async fn latest_completed(&self, study_id: i64, limit: i64) -> StoreResult<Vec<TrialRecord>>;
+    async fn latest_completed(
+        &self,
+        study_id: StudyId,
+        limit: i64,
+    ) -> StoreResult<Vec<TrialRecord>>;
     /// The dashboard's light view of the study's trials: all of them by id, or with
     /// `changed_after = Some(seq)` at most `limit` of those changed after `change_seq` seq.
     async fn trial_points(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         changed_after: Option<i64>,
         limit: i64,
     ) -> StoreResult<Vec<TrialPoint>>;
     /// Measurements of trials `first..=last`, by trial then step.
     async fn measurements(
         &self,
-        study_id: i64,
-        first_trial: i64,
-        last_trial: i64,
-    ) -> StoreResult<Vec<(i64, Measurement)>>;
+        study_id: StudyId,
+        first_trial: TrialId,
+        last_trial: TrialId,
+    ) -> StoreResult<Vec<(TrialId, Measurement)>>;
     /// [`Store::measurements`] for the answer to a change already committed: from a read
     /// connection if one is free, else from connections that new requests do not take:
     /// finishing work already done must not queue behind new work when the read
@@ -217,35 +232,38 @@ pub trait Store: Send + Sync + 'static {
     /// was applied).
     async fn answer_measurements(
         &self,
-        study_id: i64,
-        first_trial: i64,
-        last_trial: i64,
-    ) -> StoreResult<Vec<(i64, Measurement)>>;
-    async fn set_designer_state(&self, study_id: i64, state: &serde_json::Value)
-    -> StoreResult<()>;
+        study_id: StudyId,
+        first_trial: TrialId,
+        last_trial: TrialId,
+    ) -> StoreResult<Vec<(TrialId, Measurement)>>;
+    async fn set_designer_state(
+        &self,
+        study_id: StudyId,
+        state: &serde_json::Value,
+    ) -> StoreResult<()>;
 
     /// The notes, tags and user attributes of trials `first..=last` of a study (trial 0:
     /// the study itself), by trial; trials with none are absent.
     async fn annotations(
         &self,
-        study_id: i64,
-        first: i64,
-        last: i64,
-    ) -> StoreResult<std::collections::BTreeMap<i64, crate::model::Annotations>>;
+        study_id: StudyId,
+        first: TrialId,
+        last: TrialId,
+    ) -> StoreResult<std::collections::BTreeMap<TrialId, crate::model::Annotations>>;
     /// The notes, tags and user attributes of studies `first..=last` themselves (their
     /// trial 0), by study: one read for a page of studies.
     async fn study_annotations(
         &self,
-        first: i64,
-        last: i64,
-    ) -> StoreResult<std::collections::BTreeMap<i64, crate::model::Annotations>>;
+        first: StudyId,
+        last: StudyId,
+    ) -> StoreResult<std::collections::BTreeMap<StudyId, crate::model::Annotations>>;
     /// Apply a validated `update` to a trial's annotations (trial 0: the study's) in one
     /// transaction: `false`, and nothing changed, when it would leave more than
     /// `max_user_attrs` user attributes.
     async fn annotate(
         &self,
-        study_id: i64,
-        trial_id: i64,
+        study_id: StudyId,
+        trial_id: TrialId,
         update: &crate::model::AnnotationUpdate,
         max_user_attrs: usize,
         now: DateTime<Utc>,
@@ -257,7 +275,7 @@ pub trait Store: Send + Sync + 'static {
     async fn begin_studies(&self) -> StoreResult<Box<dyn StudiesTx>>;
 
     /// A transaction on one study, waiting for its lock. `None` if the study does not exist.
-    async fn begin_study(&self, study_id: i64) -> StoreResult<Option<Box<dyn StudyTx>>> {
+    async fn begin_study(&self, study_id: StudyId) -> StoreResult<Option<Box<dyn StudyTx>>> {
         match self
             .begin_studies()
             .await?
@@ -273,7 +291,7 @@ pub trait Store: Send + Sync + 'static {
         &self,
         name: &str,
         token_hash: &str,
-        scope: Option<(i64, i64)>,
+        scope: Option<TrialKey>,
         now: DateTime<Utc>,
     ) -> StoreResult<()>;
     async fn find_token(&self, token_hash: &str) -> StoreResult<Option<TokenRecord>>;
@@ -301,7 +319,7 @@ pub trait Store: Send + Sync + 'static {
     /// A study's webhook calls with id > `after_id`, oldest first, at most `limit`.
     async fn list_deliveries(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         after_id: i64,
         limit: i64,
     ) -> StoreResult<Vec<DeliveryRecord>>;
@@ -312,7 +330,7 @@ pub trait Store: Send + Sync + 'static {
         &self,
         name: &str,
         token_hash: &str,
-        scope: Option<(i64, i64)>,
+        scope: Option<TrialKey>,
         now: DateTime<Utc>,
     ) -> StoreResult<()>;
 
@@ -320,12 +338,12 @@ pub trait Store: Send + Sync + 'static {
     /// another owner's lease is unexpired.
     async fn claim_runner(
         &self,
-        study_id: i64,
+        study_id: StudyId,
         owner: &str,
         now: DateTime<Utc>,
         ttl: chrono::Duration,
     ) -> StoreResult<bool>;
-    async fn release_runner(&self, study_id: i64, owner: &str) -> StoreResult<()>;
+    async fn release_runner(&self, study_id: StudyId, owner: &str) -> StoreResult<()>;
     /// Take or renew `replica`'s lease until `now + ttl`; the replicas whose leases are
     /// unexpired (this one among them), by id.
     async fn renew_replica(
@@ -365,11 +383,11 @@ pub trait StudiesTx: Send {
     /// back with [`StudyTx::release`]. With `wait` false, a study another transaction holds
     /// is `Busy` at once (PostgreSQL's `SKIP LOCKED`): a transaction that already holds locks
     /// must never wait for one, or two replicas could deadlock.
-    async fn lock_study(self: Box<Self>, study_id: i64, wait: bool) -> StoreResult<StudyLock>;
+    async fn lock_study(self: Box<Self>, study_id: StudyId, wait: bool) -> StoreResult<StudyLock>;
     /// Lock (without waiting) and read these studies ahead, in as few statements as the
     /// backend can, for the `lock_study` calls that follow. A hint: a backend where a
     /// statement is cheap ignores it.
-    async fn prefetch(&mut self, _study_ids: &[i64]) -> StoreResult<()> {
+    async fn prefetch(&mut self, _study_ids: &[StudyId]) -> StoreResult<()> {
         Ok(())
     }
     /// Send the writes still held (PostgreSQL holds every released study's until here, to
@@ -399,28 +417,28 @@ pub trait StudyTx: Send {
     async fn unfinished_trials(&mut self) -> StoreResult<Vec<TrialRecord>>;
     /// Trials paused at a rung (multi-fidelity), by id.
     async fn paused_trials(&mut self) -> StoreResult<Vec<TrialRecord>>;
-    async fn trials_by_id(&mut self, ids: &[i64]) -> StoreResult<Vec<TrialRecord>>;
+    async fn trials_by_id(&mut self, ids: &[TrialId]) -> StoreResult<Vec<TrialRecord>>;
     /// `(id, objective, completed_at)` of the completed trials that rank (an objective, not
     /// excluded), in the order they completed: study-level stopping's input.
-    async fn completed_objectives(&mut self) -> StoreResult<Vec<(i64, f64, DateTime<Utc>)>>;
+    async fn completed_objectives(&mut self) -> StoreResult<Vec<(TrialId, f64, DateTime<Utc>)>>;
     async fn count_failed(&mut self) -> StoreResult<u64>;
     /// The study's runner lease as this transaction sees it: `(owner, expires_at)`.
     async fn runner_lease(&mut self) -> StoreResult<Option<(String, DateTime<Utc>)>>;
-    async fn measurements(&mut self, trial_id: i64) -> StoreResult<Vec<Measurement>>;
+    async fn measurements(&mut self, trial_id: TrialId) -> StoreResult<Vec<Measurement>>;
     async fn insert_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()>;
     /// Writes every mutable column of each trial.
     async fn update_trials(&mut self, trials: &[TrialRecord]) -> StoreResult<()>;
     /// Inserts, or replaces the measurement at the same (trial, step).
     async fn upsert_measurements(
         &mut self,
-        rows: &[(i64, Measurement)],
+        rows: &[(TrialId, Measurement)],
         now: DateTime<Utc>,
     ) -> StoreResult<()>;
     /// Writes state, state_reason, spec, next_trial_id, change_seq, updated_at and
     /// trial_counts.
     async fn update_study(&mut self, study: &StudyRecord) -> StoreResult<()>;
     /// Delete the tokens scoped to these trials (they finished).
-    async fn revoke_trial_tokens(&mut self, trial_ids: &[i64]) -> StoreResult<()>;
+    async fn revoke_trial_tokens(&mut self, trial_ids: &[TrialId]) -> StoreResult<()>;
     /// Store (replace) trial-scoped tokens, each named after its trial; the trials must be
     /// written already (`insert_trials`/`update_trials` of this transaction).
     async fn replace_trial_tokens(

@@ -9,18 +9,19 @@ use sqlx::types::Json;
 
 use super::{StoreError, StoreResult};
 use crate::model::{
-    Lineage, Measurement, Role, StudySpec, StudyState, TrialCounts, TrialPoint, TrialState,
+    Lineage, Measurement, Role, StudyId, StudySpec, StudyState, TrialCounts, TrialId, TrialKey,
+    TrialPoint, TrialState,
 };
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct StudyRecord {
-    pub id: i64,
+    pub id: StudyId,
     pub name: String,
     pub state: StudyState,
     pub state_reason: Option<String>,
     pub spec: StudySpec,
     /// The id the next new trial gets.
-    pub next_trial_id: i64,
+    pub next_trial_id: TrialId,
     /// Bumped by every committed batch that changed the study or its trials.
     pub change_seq: i64,
     pub designer_state: Option<serde_json::Value>,
@@ -35,8 +36,8 @@ pub struct StudyRecord {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrialRecord {
-    pub study_id: i64,
-    pub id: i64,
+    pub study_id: StudyId,
+    pub id: TrialId,
     pub state: TrialState,
     pub parameters: Assignment,
     pub client_id: Option<String>,
@@ -68,7 +69,7 @@ pub struct TrialRecord {
 pub struct TrialToken {
     pub name: String,
     pub hash: String,
-    pub trial_id: i64,
+    pub trial_id: TrialId,
 }
 
 impl TrialToken {
@@ -76,16 +77,16 @@ impl TrialToken {
     /// create` refuses them): a launch replaces the token of its name.
     pub const NAME_PREFIX: &str = "trial:";
 
-    pub fn name(study_id: i64, trial_id: i64) -> String {
-        format!("{}{study_id}:{trial_id}", Self::NAME_PREFIX)
+    pub fn name(trial: TrialKey) -> String {
+        format!("{}{}:{}", Self::NAME_PREFIX, trial.study, trial.trial)
     }
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenRecord {
     pub name: String,
-    /// `(study, trial)` for a token that may only report to one trial.
-    pub scope: Option<(i64, i64)>,
+    /// The one trial a trial's token may report to.
+    pub scope: Option<TrialKey>,
     /// What a token not scoped to a trial may do (ignored for a trial-scoped one).
     pub role: Role,
     /// Refused after this; `None`: never.
@@ -93,6 +94,14 @@ pub struct TokenRecord {
     pub created_at: DateTime<Utc>,
     /// When it was last seen, to within a minute.
     pub last_used_at: Option<DateTime<Utc>>,
+}
+
+/// A place in a study's order of changes (by `change_seq`, then trial id), as a `/changes`
+/// cursor names it: the trials after it are the changes its reader has not seen yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ChangeCursor {
+    pub change_seq: i64,
+    pub trial: TrialId,
 }
 
 /// One entry of the audit trail, as written.
@@ -104,8 +113,8 @@ pub struct AuditEntry {
     pub actor: String,
     /// What was done, e.g. `study.create`, `trial.exclude`, `token.revoke`.
     pub action: String,
-    pub study_id: Option<i64>,
-    pub trial_id: Option<i64>,
+    pub study_id: Option<StudyId>,
+    pub trial_id: Option<TrialId>,
     /// What else is worth knowing (a study's name, a token's name and role, a change).
     pub detail: Option<String>,
 }
@@ -120,10 +129,10 @@ pub struct AuditRecord {
 /// A webhook call as first written: an event of a study to one URL, no attempt yet.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewDelivery {
-    pub study_id: i64,
+    pub study_id: StudyId,
     /// `study_completed`, `study_failed`, `trial_failed`, `best_improved`.
     pub event: String,
-    pub trial_id: Option<i64>,
+    pub trial_id: Option<TrialId>,
     /// `study` (the study's own webhook) or `server` (the server's default).
     pub target: String,
     /// As shown: the server's default URL is shown without its path (it may hold a token).
@@ -155,9 +164,9 @@ pub struct DeliveryRecord {
 #[derive(sqlx::FromRow)]
 pub(super) struct DeliveryRow {
     pub id: i64,
-    pub study_id: i64,
+    pub study_id: StudyId,
     pub event: String,
-    pub trial_id: Option<i64>,
+    pub trial_id: Option<TrialId>,
     pub target: String,
     pub url: String,
     pub state: String,
@@ -200,12 +209,12 @@ pub struct ReplicaRecord {
 
 #[derive(sqlx::FromRow)]
 pub(super) struct StudyRow {
-    pub id: i64,
+    pub id: StudyId,
     pub name: String,
     pub state: String,
     pub state_reason: Option<String>,
     pub spec: Json<serde_json::Value>,
-    pub next_trial_id: i64,
+    pub next_trial_id: TrialId,
     pub change_seq: i64,
     pub designer_state: Option<Json<serde_json::Value>>,
     pub created_by: Option<String>,
@@ -254,8 +263,8 @@ impl TryFrom<StudyRow> for StudyRecord {
 
 #[derive(sqlx::FromRow)]
 pub(super) struct TrialRow {
-    pub study_id: i64,
-    pub id: i64,
+    pub study_id: StudyId,
+    pub id: TrialId,
     pub state: String,
     pub parameters: Json<serde_json::Value>,
     pub client_id: Option<String>,
@@ -324,8 +333,8 @@ impl TryFrom<TrialRow> for TrialRecord {
 /// straight into their types.
 #[derive(sqlx::FromRow)]
 pub(super) struct TrialPointRow {
-    pub study_id: i64,
-    pub id: i64,
+    pub study_id: StudyId,
+    pub id: TrialId,
     pub state: String,
     pub parameters: String,
     pub final_measurement: Option<String>,
@@ -370,13 +379,13 @@ impl TryFrom<TrialPointRow> for TrialPoint {
 
 #[derive(sqlx::FromRow)]
 pub(super) struct MeasurementRow {
-    pub trial_id: i64,
+    pub trial_id: TrialId,
     pub step: i64,
     pub elapsed_secs: Option<f64>,
     pub metrics: Json<std::collections::BTreeMap<String, f64>>,
 }
 
-impl From<MeasurementRow> for (i64, Measurement) {
+impl From<MeasurementRow> for (TrialId, Measurement) {
     fn from(r: MeasurementRow) -> Self {
         (
             r.trial_id,
@@ -392,8 +401,8 @@ impl From<MeasurementRow> for (i64, Measurement) {
 #[derive(sqlx::FromRow)]
 pub(super) struct TokenRow {
     pub name: String,
-    pub study_id: Option<i64>,
-    pub trial_id: Option<i64>,
+    pub study_id: Option<StudyId>,
+    pub trial_id: Option<TrialId>,
     pub role: String,
     pub expires_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
@@ -407,7 +416,10 @@ impl TryFrom<TokenRow> for TokenRecord {
             .ok_or_else(|| StoreError::Corrupt(format!("token {:?}: role {:?}", r.name, r.role)))?;
         Ok(TokenRecord {
             name: r.name,
-            scope: r.study_id.zip(r.trial_id),
+            scope: r
+                .study_id
+                .zip(r.trial_id)
+                .map(|(study, trial)| TrialKey::new(study, trial)),
             role,
             expires_at: r.expires_at,
             created_at: r.created_at,
@@ -422,8 +434,8 @@ pub(super) struct AuditRow {
     pub at: DateTime<Utc>,
     pub actor: String,
     pub action: String,
-    pub study_id: Option<i64>,
-    pub trial_id: Option<i64>,
+    pub study_id: Option<StudyId>,
+    pub trial_id: Option<TrialId>,
     pub detail: Option<String>,
 }
 
@@ -452,12 +464,12 @@ pub(super) fn to_json<T: serde::Serialize>(v: &T) -> Result<Json<serde_json::Val
 /// Annotations from their rows, by the rows' first column (a trial's id, or a study's):
 /// `(key, note, tags as JSON)` and `(key, name, value as JSON)`. `what` names the key in
 /// the error of a row that does not parse.
-pub(super) fn annotations_by_key(
-    notes: Vec<(i64, Option<String>, String)>,
-    attrs: Vec<(i64, String, String)>,
+pub(super) fn annotations_by_key<K: Ord + Copy + std::fmt::Display>(
+    notes: Vec<(K, Option<String>, String)>,
+    attrs: Vec<(K, String, String)>,
     what: &str,
-) -> StoreResult<std::collections::BTreeMap<i64, crate::model::Annotations>> {
-    let mut out: std::collections::BTreeMap<i64, crate::model::Annotations> = Default::default();
+) -> StoreResult<BTreeMap<K, crate::model::Annotations>> {
+    let mut out: BTreeMap<K, crate::model::Annotations> = Default::default();
     for (key, note, tags) in notes {
         let entry = out.entry(key).or_default();
         entry.note = note;

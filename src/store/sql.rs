@@ -306,7 +306,8 @@ pub(super) const COUNT_USER_ATTRS: &str =
 macro_rules! impl_sql_store {
     ($store:ty, $studies:ident, $db:ty, $backend:literal) => {
         use $crate::model::{
-            Measurement, StudySpec, StudyState, TrialCounts, TrialPoint, TrialState,
+            Measurement, StudyId, StudySpec, StudyState, TrialCounts, TrialId, TrialKey,
+            TrialPoint, TrialState,
         };
         use $crate::store::records::{
             AuditRow, DeliveryRow, MeasurementRow, StudyRow, TokenRow, TrialPointRow, TrialRow,
@@ -314,7 +315,7 @@ macro_rules! impl_sql_store {
         };
         use $crate::store::sql::*;
         use $crate::store::{
-            AuditEntry, AuditRecord, DeliveryProgress, DeliveryRecord, NewDelivery,
+            AuditEntry, AuditRecord, ChangeCursor, DeliveryProgress, DeliveryRecord, NewDelivery,
             PoolUsageRecord, PoolWorkerRecord, PoolWorkerReport, ReplicaRecord, StoreResult,
             StudiesTx, StudyLock, StudyRecord, StudyTx, TokenRecord, TrialRecord, TrialToken,
         };
@@ -328,14 +329,14 @@ macro_rules! impl_sql_store {
             sql: &'static str,
             name: &'q str,
             token_hash: &'q str,
-            scope: Option<(i64, i64)>,
+            scope: Option<TrialKey>,
             now: chrono::DateTime<chrono::Utc>,
         ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments> {
             sqlx::query(sql)
                 .bind(name)
                 .bind(token_hash)
-                .bind(scope.map(|s| s.0))
-                .bind(scope.map(|s| s.1))
+                .bind(scope.map(|s| s.study))
+                .bind(scope.map(|s| s.trial))
                 .bind(now)
         }
 
@@ -396,8 +397,8 @@ macro_rules! impl_sql_store {
             }
 
             #[tracing::instrument(skip_all)]
-            async fn optuna_study_id(&self, name: &str) -> StoreResult<Option<i64>> {
-                let id: Option<(i64,)> = sqlx::query_as(OPTUNA_STUDY_ID)
+            async fn optuna_study_id(&self, name: &str) -> StoreResult<Option<StudyId>> {
+                let id: Option<(StudyId,)> = sqlx::query_as(OPTUNA_STUDY_ID)
                     .bind(name)
                     .fetch_optional(&self.pool)
                     .await?;
@@ -407,7 +408,7 @@ macro_rules! impl_sql_store {
             #[tracing::instrument(skip_all)]
             async fn first_trial_attr(
                 &self,
-                study_id: i64,
+                study_id: StudyId,
                 name: &str,
             ) -> StoreResult<Option<serde_json::Value>> {
                 let value: Option<(String,)> = sqlx::query_as(FIRST_TRIAL_ATTR)
@@ -427,7 +428,7 @@ macro_rules! impl_sql_store {
             }
 
             #[tracing::instrument(skip_all)]
-            async fn get_study(&self, study_id: i64) -> StoreResult<Option<StudyRecord>> {
+            async fn get_study(&self, study_id: StudyId) -> StoreResult<Option<StudyRecord>> {
                 let row: Option<StudyRow> = sqlx::query_as(GET_STUDY)
                     .bind(study_id)
                     .fetch_optional(&self.pool)
@@ -440,7 +441,7 @@ macro_rules! impl_sql_store {
                 &self,
                 state: Option<StudyState>,
                 name_contains: Option<&str>,
-                after_id: i64,
+                after_id: StudyId,
                 limit: i64,
             ) -> StoreResult<Vec<StudyRecord>> {
                 let pattern = name_contains.map(|n| {
@@ -462,7 +463,7 @@ macro_rules! impl_sql_store {
             }
 
             #[tracing::instrument(skip_all)]
-            async fn delete_study(&self, study_id: i64) -> StoreResult<bool> {
+            async fn delete_study(&self, study_id: StudyId) -> StoreResult<bool> {
                 let mut conn = self.pool.acquire().await?;
                 let done = sqlx::query(DELETE_STUDY)
                     .bind(study_id)
@@ -485,7 +486,7 @@ macro_rules! impl_sql_store {
             #[tracing::instrument(skip_all)]
             async fn best_trial(
                 &self,
-                study_id: i64,
+                study_id: StudyId,
                 maximize: bool,
             ) -> StoreResult<Option<TrialRecord>> {
                 let sql = if maximize {
@@ -503,9 +504,9 @@ macro_rules! impl_sql_store {
             #[tracing::instrument(skip_all)]
             async fn list_trials(
                 &self,
-                study_id: i64,
+                study_id: StudyId,
                 state: Option<TrialState>,
-                after_id: i64,
+                after_id: TrialId,
                 limit: i64,
             ) -> StoreResult<Vec<TrialRecord>> {
                 let rows: Vec<TrialRow> = sqlx::query_as(LIST_TRIALS)
@@ -521,14 +522,14 @@ macro_rules! impl_sql_store {
             #[tracing::instrument(skip_all)]
             async fn changed_trials(
                 &self,
-                study_id: i64,
-                after: (i64, i64),
+                study_id: StudyId,
+                after: ChangeCursor,
                 limit: i64,
             ) -> StoreResult<Vec<TrialRecord>> {
                 let rows: Vec<TrialRow> = sqlx::query_as(CHANGED_TRIALS)
                     .bind(study_id)
-                    .bind(after.0)
-                    .bind(after.1)
+                    .bind(after.change_seq)
+                    .bind(after.trial)
                     .bind(limit)
                     .fetch_all(&self.pool)
                     .await?;
@@ -538,8 +539,8 @@ macro_rules! impl_sql_store {
             #[tracing::instrument(skip_all)]
             async fn get_trial(
                 &self,
-                study_id: i64,
-                trial_id: i64,
+                study_id: StudyId,
+                trial_id: TrialId,
             ) -> StoreResult<Option<TrialRecord>> {
                 let row: Option<TrialRow> = sqlx::query_as(GET_TRIAL)
                     .bind(study_id)
@@ -550,7 +551,7 @@ macro_rules! impl_sql_store {
             }
 
             #[tracing::instrument(skip_all)]
-            async fn all_trials(&self, study_id: i64) -> StoreResult<Vec<TrialRecord>> {
+            async fn all_trials(&self, study_id: StudyId) -> StoreResult<Vec<TrialRecord>> {
                 let rows: Vec<TrialRow> = sqlx::query_as(ALL_TRIALS)
                     .bind(study_id)
                     .fetch_all(&self.pool)
@@ -561,7 +562,7 @@ macro_rules! impl_sql_store {
             #[tracing::instrument(skip_all)]
             async fn latest_completed(
                 &self,
-                study_id: i64,
+                study_id: StudyId,
                 limit: i64,
             ) -> StoreResult<Vec<TrialRecord>> {
                 let rows: Vec<TrialRow> = sqlx::query_as(LATEST_COMPLETED)
@@ -575,7 +576,7 @@ macro_rules! impl_sql_store {
             #[tracing::instrument(skip_all)]
             async fn trial_points(
                 &self,
-                study_id: i64,
+                study_id: StudyId,
                 changed_after: Option<i64>,
                 limit: i64,
             ) -> StoreResult<Vec<TrialPoint>> {
@@ -593,10 +594,10 @@ macro_rules! impl_sql_store {
             #[tracing::instrument(skip_all)]
             async fn measurements(
                 &self,
-                study_id: i64,
-                first_trial: i64,
-                last_trial: i64,
-            ) -> StoreResult<Vec<(i64, Measurement)>> {
+                study_id: StudyId,
+                first_trial: TrialId,
+                last_trial: TrialId,
+            ) -> StoreResult<Vec<(TrialId, Measurement)>> {
                 let rows: Vec<MeasurementRow> = sqlx::query_as(MEASUREMENTS_RANGE)
                     .bind(study_id)
                     .bind(first_trial)
@@ -609,10 +610,10 @@ macro_rules! impl_sql_store {
             #[tracing::instrument(skip_all)]
             async fn answer_measurements(
                 &self,
-                study_id: i64,
-                first_trial: i64,
-                last_trial: i64,
-            ) -> StoreResult<Vec<(i64, Measurement)>> {
+                study_id: StudyId,
+                first_trial: TrialId,
+                last_trial: TrialId,
+            ) -> StoreResult<Vec<(TrialId, Measurement)>> {
                 let query = sqlx::query_as::<_, MeasurementRow>(MEASUREMENTS_RANGE)
                     .bind(study_id)
                     .bind(first_trial)
@@ -629,7 +630,7 @@ macro_rules! impl_sql_store {
             #[tracing::instrument(skip_all)]
             async fn set_designer_state(
                 &self,
-                study_id: i64,
+                study_id: StudyId,
                 state: &serde_json::Value,
             ) -> StoreResult<()> {
                 sqlx::query(SET_DESIGNER_STATE)
@@ -643,10 +644,10 @@ macro_rules! impl_sql_store {
             #[tracing::instrument(skip_all)]
             async fn annotations(
                 &self,
-                study_id: i64,
-                first: i64,
-                last: i64,
-            ) -> StoreResult<std::collections::BTreeMap<i64, $crate::model::Annotations>> {
+                study_id: StudyId,
+                first: TrialId,
+                last: TrialId,
+            ) -> StoreResult<std::collections::BTreeMap<TrialId, $crate::model::Annotations>> {
                 let notes = sqlx::query_as(ANNOTATIONS_IN_RANGE)
                     .bind(study_id)
                     .bind(first)
@@ -665,9 +666,9 @@ macro_rules! impl_sql_store {
             #[tracing::instrument(skip_all)]
             async fn study_annotations(
                 &self,
-                first: i64,
-                last: i64,
-            ) -> StoreResult<std::collections::BTreeMap<i64, $crate::model::Annotations>> {
+                first: StudyId,
+                last: StudyId,
+            ) -> StoreResult<std::collections::BTreeMap<StudyId, $crate::model::Annotations>> {
                 let notes = sqlx::query_as(STUDY_ANNOTATIONS_IN_RANGE)
                     .bind(first)
                     .bind(last)
@@ -684,8 +685,8 @@ macro_rules! impl_sql_store {
             #[tracing::instrument(skip_all)]
             async fn annotate(
                 &self,
-                study_id: i64,
-                trial_id: i64,
+                study_id: StudyId,
+                trial_id: TrialId,
                 update: &$crate::model::AnnotationUpdate,
                 max_user_attrs: usize,
                 now: chrono::DateTime<chrono::Utc>,
@@ -754,7 +755,7 @@ macro_rules! impl_sql_store {
                 &self,
                 name: &str,
                 token_hash: &str,
-                scope: Option<(i64, i64)>,
+                scope: Option<TrialKey>,
                 now: chrono::DateTime<chrono::Utc>,
             ) -> StoreResult<()> {
                 token_query(INSERT_TOKEN, name, token_hash, scope, now)
@@ -876,7 +877,7 @@ macro_rules! impl_sql_store {
             #[tracing::instrument(skip_all)]
             async fn list_deliveries(
                 &self,
-                study_id: i64,
+                study_id: StudyId,
                 after_id: i64,
                 limit: i64,
             ) -> StoreResult<Vec<DeliveryRecord>> {
@@ -892,7 +893,7 @@ macro_rules! impl_sql_store {
             #[tracing::instrument(skip_all)]
             async fn claim_runner(
                 &self,
-                study_id: i64,
+                study_id: StudyId,
                 owner: &str,
                 now: chrono::DateTime<chrono::Utc>,
                 ttl: chrono::Duration,
@@ -913,7 +914,7 @@ macro_rules! impl_sql_store {
             }
 
             #[tracing::instrument(skip_all)]
-            async fn release_runner(&self, study_id: i64, owner: &str) -> StoreResult<()> {
+            async fn release_runner(&self, study_id: StudyId, owner: &str) -> StoreResult<()> {
                 sqlx::query(RELEASE_RUNNER)
                     .bind(study_id)
                     .bind(owner)
@@ -1041,7 +1042,7 @@ macro_rules! impl_sql_store {
                 &self,
                 name: &str,
                 token_hash: &str,
-                scope: Option<(i64, i64)>,
+                scope: Option<TrialKey>,
                 now: chrono::DateTime<chrono::Utc>,
             ) -> StoreResult<()> {
                 token_query(REPLACE_TOKEN, name, token_hash, scope, now)
@@ -1107,7 +1108,7 @@ macro_rules! impl_row_writes {
 
             async fn write_measurements(
                 &mut self,
-                rows: &[(i64, Measurement)],
+                rows: &[(TrialId, Measurement)],
                 now: chrono::DateTime<chrono::Utc>,
             ) -> StoreResult<()> {
                 for (trial_id, m) in rows {
@@ -1152,7 +1153,7 @@ macro_rules! impl_row_study_tx {
         impl StudiesTx for $studies {
             async fn lock_study(
                 self: Box<Self>,
-                study_id: i64,
+                study_id: StudyId,
                 _wait: bool,
             ) -> StoreResult<StudyLock> {
                 let $studies { pool, tx } = *self;
@@ -1227,7 +1228,7 @@ macro_rules! impl_row_study_tx {
                 trials_from(rows)
             }
 
-            async fn trials_by_id(&mut self, ids: &[i64]) -> StoreResult<Vec<TrialRecord>> {
+            async fn trials_by_id(&mut self, ids: &[TrialId]) -> StoreResult<Vec<TrialRecord>> {
                 let mut out = Vec::with_capacity(ids.len());
                 for id in ids {
                     let row: Option<TrialRow> = sqlx::query_as(GET_TRIAL)
@@ -1244,7 +1245,7 @@ macro_rules! impl_row_study_tx {
 
             async fn completed_objectives(
                 &mut self,
-            ) -> StoreResult<Vec<(i64, f64, chrono::DateTime<chrono::Utc>)>> {
+            ) -> StoreResult<Vec<(TrialId, f64, chrono::DateTime<chrono::Utc>)>> {
                 Ok(sqlx::query_as(COMPLETED_OBJECTIVES)
                     .bind(self.study.id)
                     .fetch_all(&mut *self.tx)
@@ -1259,7 +1260,7 @@ macro_rules! impl_row_study_tx {
                 Ok(n.max(0) as u64)
             }
 
-            async fn measurements(&mut self, trial_id: i64) -> StoreResult<Vec<Measurement>> {
+            async fn measurements(&mut self, trial_id: TrialId) -> StoreResult<Vec<Measurement>> {
                 let rows: Vec<MeasurementRow> = sqlx::query_as(MEASUREMENTS_RANGE)
                     .bind(self.study.id)
                     .bind(trial_id)
@@ -1268,7 +1269,7 @@ macro_rules! impl_row_study_tx {
                     .await?;
                 Ok(rows
                     .into_iter()
-                    .map(|r| <(i64, Measurement)>::from(r).1)
+                    .map(|r| <(TrialId, Measurement)>::from(r).1)
                     .collect())
             }
 
@@ -1284,7 +1285,7 @@ macro_rules! impl_row_study_tx {
 
             async fn upsert_measurements(
                 &mut self,
-                rows: &[(i64, Measurement)],
+                rows: &[(TrialId, Measurement)],
                 now: chrono::DateTime<chrono::Utc>,
             ) -> StoreResult<()> {
                 self.write_measurements(rows, now).await
@@ -1312,7 +1313,7 @@ macro_rules! impl_row_study_tx {
                 Ok(())
             }
 
-            async fn revoke_trial_tokens(&mut self, trial_ids: &[i64]) -> StoreResult<()> {
+            async fn revoke_trial_tokens(&mut self, trial_ids: &[TrialId]) -> StoreResult<()> {
                 for trial_id in trial_ids {
                     sqlx::query(DELETE_TRIAL_TOKEN)
                         .bind(self.study.id)
@@ -1329,7 +1330,7 @@ macro_rules! impl_row_study_tx {
                 now: chrono::DateTime<chrono::Utc>,
             ) -> StoreResult<()> {
                 for t in tokens {
-                    let scope = Some((self.study.id, t.trial_id));
+                    let scope = Some(TrialKey::new(self.study.id, t.trial_id));
                     token_query(REPLACE_TOKEN, &t.name, &t.hash, scope, now)
                         .execute(&mut *self.tx)
                         .await?;

@@ -4,6 +4,7 @@ use crate::common::{self, routes};
 
 use std::time::Duration;
 
+use augur::model::{StudyId, TrialId, TrialKey};
 use augur::{App, ServerConfig};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
@@ -97,7 +98,7 @@ async fn a_trial_token_reports_only_to_its_own_trial() {
         .insert_token(
             "trial-1",
             &augur::service::hash_token("trial-one"),
-            Some((study, 1)),
+            Some(TrialKey::new(StudyId::new(study), TrialId::new(1))),
             chrono::Utc::now(),
         )
         .await
@@ -436,7 +437,7 @@ async fn a_finished_trials_token_stops_working_at_once() {
         .insert_token(
             "trial:probe",
             &augur::service::hash_token("trial-one"),
-            Some((study, 1)),
+            Some(TrialKey::new(StudyId::new(study), TrialId::new(1))),
             chrono::Utc::now(),
         )
         .await

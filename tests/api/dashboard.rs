@@ -8,7 +8,7 @@ use crate::common::{self, routes};
 
 use std::time::Duration;
 
-use augur::model::{Measurement, TrialState};
+use augur::model::{Measurement, StudyId, TrialId, TrialState};
 use augur::store::TrialRecord;
 use augur_optimizer::Value;
 use chrono::Utc;
@@ -618,7 +618,7 @@ async fn seed_browser_fixture() {
     while next <= large {
         let last = (next + 4999).min(large);
         let mut tx = store
-            .begin_study(big)
+            .begin_study(StudyId::new(big))
             .await
             .expect("begin")
             .expect("study exists");
@@ -650,12 +650,12 @@ async fn seed_browser_fixture() {
                         "accuracy".into(),
                         acc * (1.0 - (-(step as f64) / 2.0).exp()),
                     );
-                    rows.push((id, m));
+                    rows.push((TrialId::new(id), m));
                 }
             }
             trials.push(TrialRecord {
-                study_id: big,
-                id,
+                study_id: StudyId::new(big),
+                id: TrialId::new(id),
                 state: TrialState::Completed,
                 parameters,
                 client_id: None,
@@ -679,7 +679,7 @@ async fn seed_browser_fixture() {
         tx.upsert_measurements(&rows, now)
             .await
             .expect("measurements");
-        study.next_trial_id = last + 1;
+        study.next_trial_id = TrialId::new(last + 1);
         study.updated_at = now;
         // The study keeps its trials' counts (the service does, in every batch).
         for t in &trials {

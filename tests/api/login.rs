@@ -6,6 +6,7 @@ use crate::common::{self, routes};
 
 use std::time::Duration;
 
+use augur::model::{StudyId, TrialId, TrialKey};
 use reqwest::StatusCode;
 
 const TOKEN: &str = "s3cret-token";
@@ -156,7 +157,7 @@ async fn a_trial_token_cannot_sign_in() {
         .insert_token(
             "trial:x",
             &augur::service::hash_token("trial-secret"),
-            Some((study, 1)),
+            Some(TrialKey::new(StudyId::new(study), TrialId::new(1))),
             chrono::Utc::now(),
         )
         .await

@@ -7,10 +7,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use augur::model::TrialPoint;
-use augur::model::{Measurement, Role, StudySpec, StudyState, TrialState};
+use augur::model::{
+    Measurement, Role, StudyId, StudySpec, StudyState, TrialId, TrialKey, TrialState,
+};
 use augur::store::{
-    AuditEntry, DeliveryProgress, NewDelivery, Store, StudiesTx, StudyLock, StudyTx, TrialRecord,
-    TrialToken,
+    AuditEntry, ChangeCursor, DeliveryProgress, NewDelivery, Store, StudiesTx, StudyLock, StudyTx,
+    TrialRecord, TrialToken,
 };
 use augur_optimizer::Value;
 use chrono::{DateTime, Duration, Utc};
@@ -46,7 +48,7 @@ fn now() -> DateTime<Utc> {
 }
 
 /// A transaction on a study that exists.
-async fn begin(store: &dyn Store, study_id: i64) -> Box<dyn StudyTx> {
+async fn begin(store: &dyn Store, study_id: StudyId) -> Box<dyn StudyTx> {
     store
         .begin_study(study_id)
         .await
@@ -54,10 +56,10 @@ async fn begin(store: &dyn Store, study_id: i64) -> Box<dyn StudyTx> {
         .expect("study exists")
 }
 
-fn trial(study_id: i64, id: i64, state: TrialState, x: f64) -> TrialRecord {
+fn trial(study_id: StudyId, id: i64, state: TrialState, x: f64) -> TrialRecord {
     TrialRecord {
         study_id,
-        id,
+        id: TrialId::new(id),
         state,
         parameters: [("x".to_string(), Value::Float(x))].into(),
         client_id: Some(format!("c{id}")),
@@ -91,10 +93,10 @@ fn completed(mut t: TrialRecord, acc: f64) -> TrialRecord {
     t
 }
 
-async fn insert(store: &dyn Store, study: i64, trials: &[TrialRecord]) {
+async fn insert(store: &dyn Store, study: StudyId, trials: &[TrialRecord]) {
     let mut tx = begin(store, study).await;
     let mut s = tx.study().clone();
-    s.next_trial_id += trials.len() as i64;
+    s.next_trial_id = TrialId::new(s.next_trial_id.get() + trials.len() as i64);
     for t in trials {
         s.trial_counts.moved(None, t.state);
     }
@@ -114,13 +116,19 @@ async fn studies_insert_get_list_filter_delete(store: Arc<dyn Store>) {
         .await
         .expect("insert");
     assert_eq!(a.state, StudyState::Active);
-    assert_eq!(a.next_trial_id, 1);
+    assert_eq!(a.next_trial_id, TrialId::new(1));
     assert_eq!(a.spec, spec("Alpha net"));
     assert!(b.id > a.id);
     assert_eq!(store.get_study(a.id).await.expect("get"), Some(a.clone()));
-    assert_eq!(store.get_study(9999).await.expect("get"), None);
+    assert_eq!(
+        store.get_study(StudyId::new(9999)).await.expect("get"),
+        None
+    );
 
-    let all = store.list_studies(None, None, 0, 10).await.expect("list");
+    let all = store
+        .list_studies(None, None, StudyId::new(0), 10)
+        .await
+        .expect("list");
     assert_eq!(
         all.iter().map(|s| s.id).collect::<Vec<_>>(),
         vec![a.id, b.id]
@@ -132,14 +140,14 @@ async fn studies_insert_get_list_filter_delete(store: Arc<dyn Store>) {
     assert_eq!(after.len(), 1);
     assert_eq!(
         store
-            .list_studies(None, None, 0, 1)
+            .list_studies(None, None, StudyId::new(0), 1)
             .await
             .expect("list")
             .len(),
         1
     );
     let by_name = store
-        .list_studies(None, Some("ALPHA"), 0, 10)
+        .list_studies(None, Some("ALPHA"), StudyId::new(0), 10)
         .await
         .expect("list");
     assert_eq!(
@@ -148,7 +156,7 @@ async fn studies_insert_get_list_filter_delete(store: Arc<dyn Store>) {
         "case-insensitive"
     );
     let literal = store
-        .list_studies(None, Some("0%"), 0, 10)
+        .list_studies(None, Some("0%"), StudyId::new(0), 10)
         .await
         .expect("list");
     assert_eq!(
@@ -158,7 +166,7 @@ async fn studies_insert_get_list_filter_delete(store: Arc<dyn Store>) {
     );
     assert!(
         store
-            .list_studies(None, Some("_"), 0, 10)
+            .list_studies(None, Some("_"), StudyId::new(0), 10)
             .await
             .expect("list")
             .iter()
@@ -166,7 +174,7 @@ async fn studies_insert_get_list_filter_delete(store: Arc<dyn Store>) {
     );
     assert!(
         store
-            .list_studies(Some(StudyState::Stopped), None, 0, 10)
+            .list_studies(Some(StudyState::Stopped), None, StudyId::new(0), 10)
             .await
             .expect("list")
             .is_empty()
@@ -183,7 +191,11 @@ async fn study_transaction_inserts_updates_and_commits(store: Arc<dyn Store>) {
         .await
         .expect("insert");
     assert!(
-        store.begin_study(424242).await.expect("begin").is_none(),
+        store
+            .begin_study(StudyId::new(424242))
+            .await
+            .expect("begin")
+            .is_none(),
         "no such study"
     );
     let t1 = trial(study.id, 1, TrialState::Active, 0.1);
@@ -192,11 +204,13 @@ async fn study_transaction_inserts_updates_and_commits(store: Arc<dyn Store>) {
     insert(&*store, study.id, &[t1.clone(), t2.clone(), t3.clone()]).await;
 
     let mut tx = begin(&*store, study.id).await;
-    assert_eq!(tx.study().next_trial_id, 4);
+    assert_eq!(tx.study().next_trial_id, TrialId::new(4));
     let unfinished = tx.unfinished_trials().await.expect("unfinished");
     assert_eq!(unfinished, vec![t1.clone(), t2.clone()]);
     assert_eq!(
-        tx.trials_by_id(&[3, 99]).await.expect("by id"),
+        tx.trials_by_id(&[TrialId::new(3), TrialId::new(99)])
+            .await
+            .expect("by id"),
         vec![t3.clone()]
     );
     assert_eq!(tx.count_failed().await.expect("failed"), 0);
@@ -223,11 +237,17 @@ async fn study_transaction_inserts_updates_and_commits(store: Arc<dyn Store>) {
     tx.commit().await.expect("commit");
 
     assert_eq!(
-        store.get_trial(study.id, 1).await.expect("get"),
+        store
+            .get_trial(study.id, TrialId::new(1))
+            .await
+            .expect("get"),
         Some(failed)
     );
     assert_eq!(
-        store.get_trial(study.id, 3).await.expect("get"),
+        store
+            .get_trial(study.id, TrialId::new(3))
+            .await
+            .expect("get"),
         Some(excluded)
     );
     assert_eq!(store.get_study(study.id).await.expect("get"), Some(s));
@@ -258,7 +278,13 @@ async fn dropped_transaction_rolls_back(store: Arc<dyn Store>) {
             .expect("insert");
         // dropped without commit
     }
-    assert_eq!(store.get_trial(study.id, 1).await.expect("get"), None);
+    assert_eq!(
+        store
+            .get_trial(study.id, TrialId::new(1))
+            .await
+            .expect("get"),
+        None
+    );
     assert_eq!(store.all_trials(study.id).await.expect("all"), vec![]);
 }
 
@@ -281,28 +307,41 @@ async fn measurements_upsert_by_step_and_range(store: Arc<dyn Store>) {
     let mut tx = begin(&*store, study.id).await;
     tx.upsert_measurements(
         &[
-            (1, m(1, 0.1)),
-            (1, m(2, 0.2)),
-            (2, m(1, 0.3)),
-            (3, m(5, 0.4)),
+            (TrialId::new(1), m(1, 0.1)),
+            (TrialId::new(1), m(2, 0.2)),
+            (TrialId::new(2), m(1, 0.3)),
+            (TrialId::new(3), m(5, 0.4)),
         ],
         now(),
     )
     .await
     .expect("upsert");
-    tx.upsert_measurements(&[(1, m(2, 0.25))], now())
+    tx.upsert_measurements(&[(TrialId::new(1), m(2, 0.25))], now())
         .await
         .expect("replace");
     assert_eq!(
-        tx.measurements(1).await.expect("read"),
+        tx.measurements(TrialId::new(1)).await.expect("read"),
         vec![m(1, 0.1), m(2, 0.25)]
     );
     tx.commit().await.expect("commit");
-    let range = store.measurements(study.id, 1, 2).await.expect("range");
-    assert_eq!(range, vec![(1, m(1, 0.1)), (1, m(2, 0.25)), (2, m(1, 0.3))]);
+    let range = store
+        .measurements(study.id, TrialId::new(1), TrialId::new(2))
+        .await
+        .expect("range");
     assert_eq!(
-        store.measurements(study.id, 3, 3).await.expect("one"),
-        vec![(3, m(5, 0.4))]
+        range,
+        vec![
+            (TrialId::new(1), m(1, 0.1)),
+            (TrialId::new(1), m(2, 0.25)),
+            (TrialId::new(2), m(1, 0.3))
+        ]
+    );
+    assert_eq!(
+        store
+            .measurements(study.id, TrialId::new(3), TrialId::new(3))
+            .await
+            .expect("one"),
+        vec![(TrialId::new(3), m(5, 0.4))]
     );
 }
 
@@ -348,7 +387,7 @@ async fn counts_best_and_paging(store: Arc<dyn Store>) {
             .await
             .expect("best")
             .map(|t| t.id),
-        Some(2),
+        Some(TrialId::new(2)),
         "excluded trials are never best"
     );
     assert_eq!(
@@ -357,19 +396,34 @@ async fn counts_best_and_paging(store: Arc<dyn Store>) {
             .await
             .expect("best")
             .map(|t| t.id),
-        Some(5)
+        Some(TrialId::new(5))
     );
     assert_eq!(store.best_trial(other.id, true).await.expect("best"), None);
 
-    let page = store.list_trials(study.id, None, 0, 2).await.expect("page");
-    assert_eq!(page.iter().map(|t| t.id).collect::<Vec<_>>(), vec![1, 2]);
-    let next = store.list_trials(study.id, None, 2, 2).await.expect("page");
-    assert_eq!(next.iter().map(|t| t.id).collect::<Vec<_>>(), vec![3, 4]);
+    let page = store
+        .list_trials(study.id, None, TrialId::new(0), 2)
+        .await
+        .expect("page");
+    assert_eq!(
+        page.iter().map(|t| t.id.get()).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+    let next = store
+        .list_trials(study.id, None, TrialId::new(2), 2)
+        .await
+        .expect("page");
+    assert_eq!(
+        next.iter().map(|t| t.id.get()).collect::<Vec<_>>(),
+        vec![3, 4]
+    );
     let active = store
-        .list_trials(study.id, Some(TrialState::Active), 0, 10)
+        .list_trials(study.id, Some(TrialState::Active), TrialId::new(0), 10)
         .await
         .expect("filter");
-    assert_eq!(active.iter().map(|t| t.id).collect::<Vec<_>>(), vec![3]);
+    assert_eq!(
+        active.iter().map(|t| t.id.get()).collect::<Vec<_>>(),
+        vec![3]
+    );
     assert_eq!(store.all_trials(study.id).await.expect("all"), trials);
 }
 
@@ -384,7 +438,12 @@ async fn tokens_insert_find_delete_count(store: Arc<dyn Store>) {
         .await
         .expect("insert");
     store
-        .insert_token("trial", "hash-trial", Some((study.id, 3)), now())
+        .insert_token(
+            "trial",
+            "hash-trial",
+            Some(TrialKey::new(study.id, TrialId::new(3))),
+            now(),
+        )
         .await
         .expect("insert");
     assert_eq!(
@@ -397,7 +456,7 @@ async fn tokens_insert_find_delete_count(store: Arc<dyn Store>) {
         .await
         .expect("find")
         .expect("token");
-    assert_eq!(found.scope, Some((study.id, 3)));
+    assert_eq!(found.scope, Some(TrialKey::new(study.id, TrialId::new(3))));
     assert_eq!(
         store
             .find_token("hash-ci")
@@ -415,7 +474,12 @@ async fn tokens_insert_find_delete_count(store: Arc<dyn Store>) {
         "names are unique"
     );
     store
-        .replace_token("trial", "hash-trial-2", Some((study.id, 4)), now())
+        .replace_token(
+            "trial",
+            "hash-trial-2",
+            Some(TrialKey::new(study.id, TrialId::new(4))),
+            now(),
+        )
         .await
         .expect("replace");
     assert_eq!(
@@ -428,7 +492,10 @@ async fn tokens_insert_find_delete_count(store: Arc<dyn Store>) {
         .await
         .expect("find")
         .expect("token");
-    assert_eq!(replaced.scope, Some((study.id, 4)));
+    assert_eq!(
+        replaced.scope,
+        Some(TrialKey::new(study.id, TrialId::new(4)))
+    );
     store
         .replace_token("fresh", "hash-fresh", None, now())
         .await
@@ -452,7 +519,7 @@ async fn deleting_a_study_cascades(store: Arc<dyn Store>) {
     let mut tx = begin(&*store, study.id).await;
     tx.upsert_measurements(
         &[(
-            1,
+            TrialId::new(1),
             Measurement {
                 step: 1,
                 elapsed_secs: None,
@@ -465,12 +532,23 @@ async fn deleting_a_study_cascades(store: Arc<dyn Store>) {
     .expect("m");
     tx.commit().await.expect("commit");
     store
-        .insert_token("trial-token", "h", Some((study.id, 1)), now())
+        .insert_token(
+            "trial-token",
+            "h",
+            Some(TrialKey::new(study.id, TrialId::new(1))),
+            now(),
+        )
         .await
         .expect("token");
     assert!(store.delete_study(study.id).await.expect("delete"));
     assert_eq!(store.all_trials(study.id).await.expect("all"), vec![]);
-    assert_eq!(store.measurements(study.id, 1, 1).await.expect("m"), vec![]);
+    assert_eq!(
+        store
+            .measurements(study.id, TrialId::new(1), TrialId::new(1))
+            .await
+            .expect("m"),
+        vec![]
+    );
     assert_eq!(store.find_token("h").await.expect("token"), None);
 }
 
@@ -536,14 +614,21 @@ async fn trial_points_are_the_records_light_view(store: Arc<dyn Store>) {
     }
     tx.insert_trials(&added).await.expect("insert");
     let mut s = tx.study().clone();
-    s.next_trial_id = 7;
+    s.next_trial_id = TrialId::new(7);
     s.change_seq = 2;
     tx.update_study(&s).await.expect("update study");
     tx.commit().await.expect("commit");
 
     // The full records by the `(change_seq, id)` cursor, as `GET …/changes` pages them.
     let records = store
-        .changed_trials(study.id, (1, i64::MAX), 10)
+        .changed_trials(
+            study.id,
+            ChangeCursor {
+                change_seq: 1,
+                trial: TrialId::new(i64::MAX),
+            },
+            10,
+        )
         .await
         .expect("changed records");
     assert_eq!(
@@ -552,7 +637,14 @@ async fn trial_points_are_the_records_light_view(store: Arc<dyn Store>) {
     );
     assert_eq!(
         store
-            .changed_trials(study.id, (2, 5), 10)
+            .changed_trials(
+                study.id,
+                ChangeCursor {
+                    change_seq: 2,
+                    trial: TrialId::new(5)
+                },
+                10
+            )
             .await
             .expect("after trial 5"),
         vec![added[1].clone()]
@@ -588,7 +680,7 @@ async fn trial_points_are_the_records_light_view(store: Arc<dyn Store>) {
     );
     assert!(
         store
-            .trial_points(424242, None, 0)
+            .trial_points(StudyId::new(424242), None, 0)
             .await
             .expect("no study")
             .is_empty()
@@ -622,7 +714,7 @@ async fn postgres_batches_stay_small_on_stale_statistics() {
             .await
             .expect("insert");
         let mut s = tx.study().clone();
-        s.next_trial_id = id + 1;
+        s.next_trial_id = TrialId::new(id + 1);
         tx.update_study(&s).await.expect("study");
         tx.commit().await.expect("commit");
         let mut tx = begin(&*store, big.id).await;
@@ -689,9 +781,10 @@ async fn postgres_batches_stay_small_on_stale_statistics() {
     );
 }
 
-fn token(study_id: i64, trial_id: i64, hash: &str) -> TrialToken {
+fn token(study_id: StudyId, trial_id: i64, hash: &str) -> TrialToken {
+    let trial_id = TrialId::new(trial_id);
     TrialToken {
-        name: TrialToken::name(study_id, trial_id),
+        name: TrialToken::name(TrialKey::new(study_id, trial_id)),
         hash: hash.to_string(),
         trial_id,
     }
@@ -724,15 +817,24 @@ async fn attempts_and_runner_leases(store: Arc<dyn Store>) {
     .await
     .expect("tokens");
     tx.commit().await.expect("commit");
-    let read = store.get_trial(study.id, 1).await.expect("get");
+    let read = store
+        .get_trial(study.id, TrialId::new(1))
+        .await
+        .expect("get");
     assert_eq!(read.map(|t| t.attempts), Some(1));
     let scope_of = |hash: &'static str| {
         let store = store.clone();
         async move { store.find_token(hash).await.expect("find").map(|t| t.scope) }
     };
-    assert_eq!(scope_of("h1").await, Some(Some((study.id, 1))));
+    assert_eq!(
+        scope_of("h1").await,
+        Some(Some(TrialKey::new(study.id, TrialId::new(1))))
+    );
     assert_eq!(scope_of("h2").await, None, "the last of a name wins");
-    assert_eq!(scope_of("h3").await, Some(Some((study.id, 2))));
+    assert_eq!(
+        scope_of("h3").await,
+        Some(Some(TrialKey::new(study.id, TrialId::new(2))))
+    );
 
     let mut tx = begin(&*store, study.id).await;
     let unfinished = tx.unfinished_trials().await.expect("unfinished");
@@ -746,18 +848,26 @@ async fn attempts_and_runner_leases(store: Arc<dyn Store>) {
         .await
         .expect("token");
     tx.commit().await.expect("commit");
-    let read = store.get_trial(study.id, 1).await.expect("get");
+    let read = store
+        .get_trial(study.id, TrialId::new(1))
+        .await
+        .expect("get");
     assert_eq!(read.map(|t| t.attempts), Some(2));
     assert_eq!(scope_of("h1").await, None, "replaced");
-    assert_eq!(scope_of("h4").await, Some(Some((study.id, 1))));
+    assert_eq!(
+        scope_of("h4").await,
+        Some(Some(TrialKey::new(study.id, TrialId::new(1))))
+    );
 
     let mut tx = begin(&*store, study.id).await;
-    tx.revoke_trial_tokens(&[1]).await.expect("revoke");
+    tx.revoke_trial_tokens(&[TrialId::new(1)])
+        .await
+        .expect("revoke");
     tx.commit().await.expect("commit");
     assert_eq!(scope_of("h4").await, None, "revoked");
     assert_eq!(
         scope_of("h3").await,
-        Some(Some((study.id, 2))),
+        Some(Some(TrialKey::new(study.id, TrialId::new(2)))),
         "another trial's"
     );
 
@@ -839,7 +949,12 @@ async fn role_tokens_list_touch_and_expire(store: Arc<dyn Store>) {
         .await
         .expect("insert");
     store
-        .insert_token("trial:1:1", "h-t", Some((study.id, 1)), created)
+        .insert_token(
+            "trial:1:1",
+            "h-t",
+            Some(TrialKey::new(study.id, TrialId::new(1))),
+            created,
+        )
         .await
         .expect("insert");
     let reader = store.find_token("h-r").await.expect("find").expect("token");
@@ -918,7 +1033,10 @@ async fn studies_remember_who_created_them(store: Arc<dyn Store>) {
         .expect("study");
     assert_eq!(tx.study().created_by.as_deref(), Some("alice"));
     drop(tx);
-    let listed = store.list_studies(None, None, 0, 10).await.expect("list");
+    let listed = store
+        .list_studies(None, None, StudyId::new(0), 10)
+        .await
+        .expect("list");
     assert_eq!(listed[0].created_by.as_deref(), Some("alice"));
 }
 
@@ -932,7 +1050,7 @@ async fn audit_entries_are_kept_in_order_and_outlive_their_study(store: Arc<dyn 
         actor: "alice".into(),
         action: action.into(),
         study_id: Some(study.id),
-        trial_id: trial,
+        trial_id: trial.map(TrialId::new),
         detail: Some(format!("{action} detail")),
     };
     let written = [
@@ -966,10 +1084,10 @@ async fn notification_deliveries_record_their_attempts_and_go_with_their_study(
         .insert_study(&spec("other"), Some("alice"), now())
         .await
         .expect("insert");
-    let delivery = |study_id: i64, event: &str, trial_id: Option<i64>| NewDelivery {
+    let delivery = |study_id: StudyId, event: &str, trial_id: Option<i64>| NewDelivery {
         study_id,
         event: event.into(),
-        trial_id,
+        trial_id: trial_id.map(TrialId::new),
         target: "study".into(),
         url: "https://hooks.example.com/a".into(),
         created_at: now(),
@@ -1039,9 +1157,9 @@ fn locked(lock: StudyLock) -> Box<dyn StudyTx> {
 }
 
 /// The ids of a study's trials.
-async fn trial_ids(store: &dyn Store, study_id: i64) -> Vec<i64> {
+async fn trial_ids(store: &dyn Store, study_id: StudyId) -> Vec<i64> {
     let all = store.all_trials(study_id).await.expect("all trials");
-    all.iter().map(|t| t.id).collect()
+    all.iter().map(|t| t.id.get()).collect()
 }
 
 /// One transaction locks several studies, writes to each and commits them together, or rolls
@@ -1063,7 +1181,11 @@ async fn one_transaction_changes_several_studies(store: Arc<dyn Store>) {
         .await
         .expect("insert a");
     let tx = on_a.release().await.expect("release a");
-    let tx: Box<dyn StudiesTx> = match tx.lock_study(424242, false).await.expect("lock") {
+    let tx: Box<dyn StudiesTx> = match tx
+        .lock_study(StudyId::new(424242), false)
+        .await
+        .expect("lock")
+    {
         StudyLock::Missing(tx) => tx,
         _ => panic!("study 424242 should be missing"),
     };
@@ -1100,8 +1222,14 @@ async fn one_transaction_changes_several_studies(store: Arc<dyn Store>) {
         .release()
         .await
         .expect("release a");
-    tx.prefetch(&[424242, b.id]).await.expect("prefetch");
-    let tx: Box<dyn StudiesTx> = match tx.lock_study(424242, false).await.expect("lock") {
+    tx.prefetch(&[StudyId::new(424242), b.id])
+        .await
+        .expect("prefetch");
+    let tx: Box<dyn StudiesTx> = match tx
+        .lock_study(StudyId::new(424242), false)
+        .await
+        .expect("lock")
+    {
         StudyLock::Missing(tx) => tx,
         _ => panic!("study 424242 should be missing"),
     };
@@ -1111,7 +1239,7 @@ async fn one_transaction_changes_several_studies(store: Arc<dyn Store>) {
     assert_eq!(
         unfinished
             .iter()
-            .map(|t| (t.id, t.state))
+            .map(|t| (t.id.get(), t.state))
             .collect::<Vec<_>>(),
         vec![(1, TrialState::Requested)]
     );
@@ -1152,7 +1280,7 @@ async fn one_transaction_changes_several_studies(store: Arc<dyn Store>) {
 }
 
 fn ids(trials: Vec<TrialRecord>) -> Vec<i64> {
-    trials.iter().map(|t| t.id).collect()
+    trials.iter().map(|t| t.id.get()).collect()
 }
 
 /// Multi-fidelity columns on both write paths (one study's transaction, and several studies'
@@ -1168,7 +1296,10 @@ async fn a_paused_trial_keeps_its_budget_and_is_counted(store: Arc<dyn Store>) {
     paused.lease_expires_at = None;
     insert(&*store, study.id, &[paused.clone()]).await;
     assert_eq!(
-        store.get_trial(study.id, 1).await.expect("get"),
+        store
+            .get_trial(study.id, TrialId::new(1))
+            .await
+            .expect("get"),
         Some(paused.clone())
     );
     let counts = store
@@ -1192,7 +1323,7 @@ async fn a_paused_trial_keeps_its_budget_and_is_counted(store: Arc<dyn Store>) {
     let mut fresh = trial(study.id, 2, TrialState::Paused, 0.2);
     fresh.budget = Some(1.0);
     s.trial_counts.moved(None, TrialState::Paused);
-    s.next_trial_id += 1;
+    s.next_trial_id = s.next_trial_id.next();
     on.insert_trials(&[fresh.clone()]).await.expect("insert");
     on.update_study(&s).await.expect("update study");
     on.release()
@@ -1202,11 +1333,17 @@ async fn a_paused_trial_keeps_its_budget_and_is_counted(store: Arc<dyn Store>) {
         .await
         .expect("commit");
     assert_eq!(
-        store.get_trial(study.id, 1).await.expect("get"),
+        store
+            .get_trial(study.id, TrialId::new(1))
+            .await
+            .expect("get"),
         Some(promoted)
     );
     assert_eq!(
-        store.get_trial(study.id, 2).await.expect("get"),
+        store
+            .get_trial(study.id, TrialId::new(2))
+            .await
+            .expect("get"),
         Some(fresh)
     );
     let counts = store
@@ -1234,7 +1371,7 @@ async fn optuna_names_are_taken_once_by_concurrent_creates(store: Arc<dyn Store>
         async move { store.insert_optuna_study(&optuna, None, now()).await }
     }))
     .await;
-    let ids: Vec<i64> = created
+    let ids: Vec<StudyId> = created
         .into_iter()
         .filter_map(|r| r.expect("insert or nothing"))
         .map(|s| s.id)
@@ -1278,7 +1415,7 @@ async fn the_first_trial_attr_of_a_name_is_the_lowest_trials(store: Arc<dyn Stor
             };
             assert!(
                 store
-                    .annotate(study.id, trial_id, &update, 100, now())
+                    .annotate(study.id, TrialId::new(trial_id), &update, 100, now())
                     .await
                     .expect("annotate")
             );

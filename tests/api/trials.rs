@@ -314,7 +314,7 @@ async fn changes_cursor_returns_only_what_changed(backend: &str) {
 /// measurement. Counted from PostgreSQL's statistics on the measurements table.
 #[tokio::test]
 async fn should_stop_reads_a_bounded_number_of_curves() {
-    use augur::model::{Measurement, TrialState};
+    use augur::model::{Measurement, StudyId, TrialId, TrialState};
     use augur::store::TrialRecord;
     use sqlx::Connection;
     let app = spawn_app(common::postgres_db().await).await;
@@ -326,7 +326,11 @@ async fn should_stop_reads_a_bounded_number_of_curves() {
     let now = chrono::Utc::now();
     let completed = 5_000i64;
     for first in (1..=completed).step_by(1_000) {
-        let mut tx = store.begin_study(id).await.expect("begin").expect("study");
+        let mut tx = store
+            .begin_study(StudyId::new(id))
+            .await
+            .expect("begin")
+            .expect("study");
         let mut study = tx.study().clone();
         let mut trials = Vec::new();
         let mut curves = Vec::new();
@@ -336,10 +340,10 @@ async fn should_stop_reads_a_bounded_number_of_curves() {
                 elapsed_secs: None,
                 metrics: [("accuracy".to_string(), 0.5 + 0.08 * step as f64)].into(),
             };
-            curves.extend((1..=5).map(|step| (trial, at(step))));
+            curves.extend((1..=5).map(|step| (TrialId::new(trial), at(step))));
             trials.push(TrialRecord {
-                study_id: id,
-                id: trial,
+                study_id: StudyId::new(id),
+                id: TrialId::new(trial),
                 state: TrialState::Completed,
                 parameters: [
                     ("lr".to_string(), augur_optimizer::Value::Float(0.01)),
@@ -370,7 +374,7 @@ async fn should_stop_reads_a_bounded_number_of_curves() {
         }
         tx.insert_trials(&trials).await.expect("insert");
         tx.upsert_measurements(&curves, now).await.expect("curves");
-        study.next_trial_id = first + 1_000;
+        study.next_trial_id = TrialId::new(first + 1_000);
         study.change_seq += 1;
         for t in &trials {
             study.trial_counts.moved(None, t.state);

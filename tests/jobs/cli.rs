@@ -3,6 +3,7 @@
 
 use crate::common::{self, routes};
 
+use augur::model::{StudyId, TrialId};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -288,11 +289,17 @@ async fn ctrl_c_stops_augur_run_cleanly_and_the_same_command_resumes_the_study()
     }
     {
         let store = augur::store::connect(&db).await.expect("open the database");
-        let studies = store.list_studies(None, None, 0, 10).await.expect("list");
+        let studies = store
+            .list_studies(None, None, StudyId::new(0), 10)
+            .await
+            .expect("list");
         assert_eq!(studies.len(), 1);
         assert_eq!(studies[0].state, augur::model::StudyState::Active);
         for &trial in &interrupted {
-            let t = store.get_trial(studies[0].id, trial).await.expect("get");
+            let t = store
+                .get_trial(studies[0].id, TrialId::new(trial))
+                .await
+                .expect("get");
             assert_eq!(
                 t.map(|t| t.state),
                 Some(augur::model::TrialState::Active),
@@ -317,7 +324,10 @@ async fn ctrl_c_stops_augur_run_cleanly_and_the_same_command_resumes_the_study()
         "{stdout}"
     );
     let store = augur::store::connect(&db).await.expect("open the database");
-    let studies = store.list_studies(None, None, 0, 10).await.expect("list");
+    let studies = store
+        .list_studies(None, None, StudyId::new(0), 10)
+        .await
+        .expect("list");
     assert_eq!(studies.len(), 1, "no duplicate study");
     let counts = &studies[0].trial_counts;
     assert_eq!((counts.total, counts.completed), (6, 6), "{counts:?}");

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use augur::model::StudyId;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -861,7 +862,7 @@ async fn a_study_in_a_fresh_database_finds_none_of_an_earlier_ones_checkpoints()
     let stdout = String::from_utf8_lossy(&out.stdout);
     // Three studies numbered 1 share `runs`: this one's is named by when it was made too.
     let key = augur::model::StudyKey {
-        id,
+        id: StudyId::new(id),
         created_at: done["created_at"]
             .as_str()
             .and_then(|t| t.parse().ok())

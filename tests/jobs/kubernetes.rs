@@ -21,7 +21,9 @@ use augur::dispatch::executor::{Executor, JobExit, JobRequest, RunningJob};
 use augur::dispatch::kubernetes::manifests::{self, AttemptNames};
 use augur::dispatch::kubernetes::{KubeConnection, KubeSettings, KubernetesExecutor};
 use augur::dispatch::trial::replica_requests;
-use augur::model::{OutputLayout, ReplicaId, StudyDir, StudyKey, TrialDirs, TrialJobSpec};
+use augur::model::{
+    OutputLayout, ReplicaId, StudyDir, StudyId, StudyKey, TrialDirs, TrialId, TrialJobSpec,
+};
 use augur_optimizer::Value as Param;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -65,17 +67,17 @@ const STUDY_CREATED: &str = "2026-12-04T09:30:00Z";
 fn request(job: &TrialJobSpec, base: &Path, attempt: u32) -> JobRequest {
     let (study_id, trial_id) = (3, 7);
     let key = StudyKey {
-        id: study_id,
+        id: StudyId::new(study_id),
         created_at: STUDY_CREATED.parse().expect("time"),
     };
     let study = StudyDir::below(base.join("runs"), key, OutputLayout::Study);
-    let dirs = TrialDirs::new(&study, trial_id);
+    let dirs = TrialDirs::new(&study, TrialId::new(trial_id));
     let params = [("x".to_string(), Param::Float(0.25))].into();
-    let replicas = replica_requests(job, &params, trial_id, &dirs);
+    let replicas = replica_requests(job, &params, TrialId::new(trial_id), &dirs);
     let identity = TrialIdentity {
         augur_url: "http://augur.example:8080",
-        study_id,
-        trial_id,
+        study_id: StudyId::new(study_id),
+        trial_id: TrialId::new(trial_id),
         dirs: &dirs,
     };
     // The server's PATH (inherited by local jobs) and a variable it passes on by name
@@ -93,9 +95,9 @@ fn request(job: &TrialJobSpec, base: &Path, attempt: u32) -> JobRequest {
         format!("token-of-attempt-{attempt}"),
     ));
     JobRequest {
-        study_id,
+        study_id: StudyId::new(study_id),
         study_created_at: key.created_at,
-        trial_id,
+        trial_id: TrialId::new(trial_id),
         attempt,
         env,
         workdir: None,
@@ -154,7 +156,7 @@ impl Rig {
 
     /// Every pod of the attempt, ungated and running; by replica.
     async fn run_all(&self, attempt: u32, pools: &[u32]) -> BTreeMap<ReplicaId, String> {
-        let names = AttemptNames::new(3, 7, attempt);
+        let names = AttemptNames::new(StudyId::new(3), TrialId::new(7), attempt);
         let mut pods = BTreeMap::new();
         for (pool, &n) in pools.iter().enumerate() {
             for index in 0..n as usize {
@@ -188,7 +190,7 @@ async fn a_three_pool_trial_is_one_indexed_job_per_pool_and_each_replica_is_told
     let pools = [1, 2, 1];
     let rig = rig(job_spec(&pools, json!({}))).await;
     let (request, mut job, mut stdout) = rig.launch(1).await;
-    let names = AttemptNames::new(3, 7, 1);
+    let names = AttemptNames::new(StudyId::new(3), TrialId::new(7), 1);
     assert_eq!(
         rig.standin.names(Kind::Job),
         [
@@ -229,7 +231,7 @@ async fn a_three_pool_trial_is_one_indexed_job_per_pool_and_each_replica_is_told
     };
     for (id, pod) in &pods {
         let env = rig.standin.container_env(pod);
-        for (name, want) in cluster_env(&layout, &address, *id, 7) {
+        for (name, want) in cluster_env(&layout, &address, *id, TrialId::new(7)) {
             assert_eq!(env.get(&name), Some(&want), "{name} of {}", id.name());
         }
         assert_eq!(env["AUGUR_TRIAL_TOKEN"], "token-of-attempt-1");
@@ -371,7 +373,7 @@ async fn an_image_that_cannot_be_pulled_fails_after_the_bounded_wait() {
     .await;
     let (_, mut job, _stdout) = rig.launch(1).await;
     let started = std::time::Instant::now();
-    let names = AttemptNames::new(3, 7, 1);
+    let names = AttemptNames::new(StudyId::new(3), TrialId::new(7), 1);
     let primary = rig.standin.wait_pod(&names.job(0), 0).await;
     let worker = rig.standin.wait_pod(&names.job(1), 0).await;
     rig.standin.run(&primary);
@@ -511,7 +513,9 @@ async fn clean_up_stale_deletes_a_trials_leftovers_by_label_and_a_new_attempt_cl
     let handle = first.handle();
     // The service died: its attempt is left running in the cluster.
     drop(first);
-    rig.executor.clean_up_stale(&handle, 3, 7).await;
+    rig.executor
+        .clean_up_stale(&handle, StudyId::new(3), TrialId::new(7))
+        .await;
     assert!(rig.standin.names(Kind::Job).is_empty());
     assert!(rig.standin.names(Kind::Pod).is_empty());
     assert!(rig.standin.names(Kind::Service).is_empty());
@@ -626,7 +630,7 @@ fn every_manifest_augur_generates_validates_against_the_official_schemas() {
     ];
     for (name, job, copy_from) in variants {
         let mut request = request(&job, Path::new("/srv/augur"), 1);
-        request.copy_checkpoint_from = copy_from;
+        request.copy_checkpoint_from = copy_from.map(TrialId::new);
         let made = manifests::attempt_manifests(&request, &job, "augur").expect("manifests");
         for (pool, j) in &made.jobs {
             let pod = j.spec.as_ref().and_then(|s| s.template.spec.as_ref());
@@ -956,7 +960,7 @@ async fn a_restarted_service_deletes_the_attempt_it_left_and_runs_the_trial_agai
         "{}",
         created.body
     );
-    let names = AttemptNames::new(1, 1, 1);
+    let names = AttemptNames::new(StudyId::new(1), TrialId::new(1), 1);
     let first = standin.wait_pod(&names.job(0), 0).await;
     standin.wait_pod(&names.job(1), 0).await;
     standin.run(&first);
@@ -1047,7 +1051,7 @@ async fn exec_runs_a_command_in_a_replicas_pod_through_the_pod_api() {
     let (request, job, _stdout) = rig.launch(1).await;
     rig.run_all(1, &pools).await;
     let key = StudyKey {
-        id: 3,
+        id: StudyId::new(3),
         created_at: STUDY_CREATED.parse().expect("time"),
     };
     let study = StudyDir::below(rig.dir.path().join("runs"), key, OutputLayout::Study);
@@ -1055,7 +1059,7 @@ async fn exec_runs_a_command_in_a_replicas_pod_through_the_pod_api() {
         study_id: request.study_id,
         trial_id: request.trial_id,
         job: rig.job.clone(),
-        dirs: TrialDirs::new(&study, 7),
+        dirs: TrialDirs::new(&study, TrialId::new(7)),
         handle: job.handle().to_string(),
     };
     let exec = |replica: ReplicaId| ExecRequest {

@@ -8,6 +8,7 @@ use serde_json::Value as JsonValue;
 
 use super::error::{OptunaError, OptunaResult};
 use super::proto;
+use crate::model::{StudyId, TrialId, TrialKey};
 use crate::service::optuna::{OptunaState, OptunaStudy, OptunaTemplate, OptunaTrial};
 
 /// Optuna names a trial by one id across studies; Augur by its study and its number there.
@@ -17,41 +18,43 @@ const STUDY_SHIFT: u32 = 32;
 const TRIAL_MASK: i64 = (1 << STUDY_SHIFT) - 1;
 
 /// Optuna's trial id of Augur's trial `trial_id` of `study_id`.
-pub fn trial_key(study_id: i64, trial_id: i64) -> OptunaResult<i64> {
-    if !(0..(1 << 31)).contains(&study_id) || !(0..=TRIAL_MASK).contains(&trial_id) {
+pub fn trial_key(study_id: StudyId, trial_id: TrialId) -> OptunaResult<i64> {
+    let (study, trial) = (study_id.get(), trial_id.get());
+    if !(0..(1 << 31)).contains(&study) || !(0..=TRIAL_MASK).contains(&trial) {
         return Err(OptunaError::Api(crate::api::error::ApiError::Internal(
             format!("study {study_id} trial {trial_id} has no Optuna trial id"),
         )));
     }
-    Ok((study_id << STUDY_SHIFT) | trial_id)
+    Ok((study << STUDY_SHIFT) | trial)
 }
 
 /// The study and Augur trial an Optuna trial id names.
-pub fn trial_of_key(key: i64) -> OptunaResult<(i64, i64)> {
+pub fn trial_of_key(key: i64) -> OptunaResult<TrialKey> {
     let (study, trial) = (key >> STUDY_SHIFT, key & TRIAL_MASK);
     if key <= 0 || study == 0 || trial == 0 {
         return Err(OptunaError::not_found(format!("trial {key}")));
     }
-    Ok((study, trial))
+    Ok(TrialKey::new(StudyId::new(study), TrialId::new(trial)))
 }
 
 /// `trial_id_greater_than` as an Augur trial id within `study_id`.
-pub fn after_in_study(study_id: i64, key: i64) -> i64 {
-    if key < (study_id << STUDY_SHIFT) {
+pub fn after_in_study(study_id: StudyId, key: i64) -> TrialId {
+    let study = study_id.get();
+    TrialId::new(if key < (study << STUDY_SHIFT) {
         0
-    } else if key >= ((study_id + 1) << STUDY_SHIFT) {
+    } else if key >= ((study + 1) << STUDY_SHIFT) {
         i64::MAX
     } else {
         key & TRIAL_MASK
-    }
+    })
 }
 
 /// Optuna's `included_trial_ids` that are trials of `study_id`, as Augur's ids.
-pub fn included_in_study(study_id: i64, keys: &[i64]) -> Vec<i64> {
+pub fn included_in_study(study_id: StudyId, keys: &[i64]) -> Vec<TrialId> {
     keys.iter()
         .filter_map(|k| trial_of_key(*k).ok())
-        .filter(|(s, _)| *s == study_id)
-        .map(|(_, t)| t)
+        .filter(|key| key.study == study_id)
+        .map(|key| key.trial)
         .collect()
 }
 
@@ -145,7 +148,7 @@ fn datetime_of(field: &str, text: &str) -> OptunaResult<Option<DateTime<Utc>>> {
 
 pub fn study_message(study: OptunaStudy) -> proto::Study {
     proto::Study {
-        study_id: study.id,
+        study_id: study.id.get(),
         study_name: study.name,
         directions: directions(&study.maximize),
         user_attributes: text_map(study.user_attrs),
@@ -192,8 +195,8 @@ pub fn template_of(trial: proto::Trial) -> OptunaResult<OptunaTemplate> {
         ));
     }
     Ok(OptunaTemplate {
-        study_id: 0,
-        id: 0,
+        study_id: StudyId::new(0),
+        id: TrialId::new(0),
         state,
         // Only a finished trial has values; Optuna sends none as an empty list.
         values: (state.is_finished() && !trial.values.is_empty()).then_some(trial.values),
@@ -213,17 +216,26 @@ mod tests {
 
     #[test]
     fn a_trial_id_names_its_study_and_trial_and_grows_with_the_trial() {
-        let key = trial_key(7, 3).expect("in range");
-        assert_eq!(trial_of_key(key).expect("valid"), (7, 3));
-        assert!(trial_key(7, 4).expect("in range") > key);
-        assert_eq!(after_in_study(7, -1), 0);
-        assert_eq!(after_in_study(7, key), 3);
-        assert_eq!(after_in_study(6, key), i64::MAX);
+        let key = trial_key(StudyId::new(7), TrialId::new(3)).expect("in range");
+        assert_eq!(
+            trial_of_key(key).expect("valid"),
+            TrialKey::new(StudyId::new(7), TrialId::new(3))
+        );
+        assert!(trial_key(StudyId::new(7), TrialId::new(4)).expect("in range") > key);
+        assert_eq!(after_in_study(StudyId::new(7), -1), TrialId::new(0));
+        assert_eq!(after_in_study(StudyId::new(7), key), TrialId::new(3));
+        assert_eq!(after_in_study(StudyId::new(6), key), TrialId::new(i64::MAX));
         assert!(trial_of_key(0).is_err());
         assert!(trial_of_key(7).is_err());
         assert_eq!(
-            included_in_study(7, &[key, trial_key(8, 1).expect("ok")]),
-            vec![3]
+            included_in_study(
+                StudyId::new(7),
+                &[
+                    key,
+                    trial_key(StudyId::new(8), TrialId::new(1)).expect("ok")
+                ]
+            ),
+            vec![TrialId::new(3)]
         );
     }
 
@@ -233,8 +245,8 @@ mod tests {
             .expect("a time")
             .with_timezone(&Utc);
         let trial = OptunaTrial {
-            study_id: 2,
-            id: 5,
+            study_id: StudyId::new(2),
+            id: TrialId::new(5),
             state: OptunaState::Complete,
             values: Some(vec![0.5, -1.25]),
             started_at: Some(at),
@@ -255,8 +267,8 @@ mod tests {
         let back = template_of(message).expect("a template");
         assert_eq!(
             OptunaTrial {
-                study_id: 2,
-                id: 5,
+                study_id: StudyId::new(2),
+                id: TrialId::new(5),
                 ..back
             },
             trial

@@ -12,7 +12,7 @@ use tonic::{Request, Response, Status};
 use super::AppState;
 use super::auth::bearer_caller;
 use super::error::ApiError;
-use crate::model::Role;
+use crate::model::{Role, StudyId, TrialId, TrialKey};
 use crate::service::Caller;
 use convert::{json_of, trial_of_key};
 use error::{OptunaError, OptunaResult};
@@ -122,7 +122,9 @@ impl StorageService for OptunaStorage {
                     .optuna_create_study(&caller, &req.study_name, &maximize)
                     .await?
                 {
-                    Some(study_id) => Ok(proto::CreateNewStudyReply { study_id }),
+                    Some(study_id) => Ok(proto::CreateNewStudyReply {
+                        study_id: study_id.get(),
+                    }),
                     None => Err(OptunaError::AlreadyExists(format!(
                         "a study named {:?} exists",
                         req.study_name
@@ -141,7 +143,7 @@ impl StorageService for OptunaStorage {
             async {
                 let (caller, req) = self.writer(request).await?;
                 self.service()
-                    .optuna_delete_study(&caller, req.study_id)
+                    .optuna_delete_study(&caller, StudyId::new(req.study_id))
                     .await?;
                 Ok(proto::DeleteStudyReply {})
             }
@@ -158,7 +160,13 @@ impl StorageService for OptunaStorage {
                 let (caller, req) = self.writer(request).await?;
                 let value = json_of("value", &req.value)?;
                 self.service()
-                    .optuna_set_study_attr(&caller, req.study_id, false, &req.key, value)
+                    .optuna_set_study_attr(
+                        &caller,
+                        StudyId::new(req.study_id),
+                        false,
+                        &req.key,
+                        value,
+                    )
                     .await?;
                 Ok(proto::SetStudyUserAttributeReply {})
             }
@@ -175,7 +183,13 @@ impl StorageService for OptunaStorage {
                 let (caller, req) = self.writer(request).await?;
                 let value = json_of("value", &req.value)?;
                 self.service()
-                    .optuna_set_study_attr(&caller, req.study_id, true, &req.key, value)
+                    .optuna_set_study_attr(
+                        &caller,
+                        StudyId::new(req.study_id),
+                        true,
+                        &req.key,
+                        value,
+                    )
                     .await?;
                 Ok(proto::SetStudySystemAttributeReply {})
             }
@@ -191,7 +205,9 @@ impl StorageService for OptunaStorage {
             async {
                 let req = self.reader(request).await?;
                 match self.service().optuna_study_id(&req.study_name).await? {
-                    Some(study_id) => Ok(proto::GetStudyIdFromNameReply { study_id }),
+                    Some(study_id) => Ok(proto::GetStudyIdFromNameReply {
+                        study_id: study_id.get(),
+                    }),
                     None => Err(OptunaError::not_found(format!(
                         "no study named {:?}",
                         req.study_name
@@ -209,7 +225,10 @@ impl StorageService for OptunaStorage {
         answer(
             async {
                 let req = self.reader(request).await?;
-                let study = self.service().optuna_study(req.study_id).await?;
+                let study = self
+                    .service()
+                    .optuna_study(StudyId::new(req.study_id))
+                    .await?;
                 Ok(proto::GetStudyNameFromIdReply {
                     study_name: study.name,
                 })
@@ -225,7 +244,10 @@ impl StorageService for OptunaStorage {
         answer(
             async {
                 let req = self.reader(request).await?;
-                let study = self.service().optuna_study(req.study_id).await?;
+                let study = self
+                    .service()
+                    .optuna_study(StudyId::new(req.study_id))
+                    .await?;
                 Ok(proto::GetStudyDirectionsReply {
                     directions: convert::study_directions(&study),
                 })
@@ -241,7 +263,10 @@ impl StorageService for OptunaStorage {
         answer(
             async {
                 let req = self.reader(request).await?;
-                let study = self.service().optuna_study(req.study_id).await?;
+                let study = self
+                    .service()
+                    .optuna_study(StudyId::new(req.study_id))
+                    .await?;
                 Ok(proto::GetStudyUserAttributesReply {
                     user_attributes: convert::attr_texts(study.user_attrs),
                 })
@@ -257,7 +282,10 @@ impl StorageService for OptunaStorage {
         answer(
             async {
                 let req = self.reader(request).await?;
-                let study = self.service().optuna_study(req.study_id).await?;
+                let study = self
+                    .service()
+                    .optuna_study(StudyId::new(req.study_id))
+                    .await?;
                 Ok(proto::GetStudySystemAttributesReply {
                     system_attributes: convert::attr_texts(study.system_attrs),
                 })
@@ -293,12 +321,13 @@ impl StorageService for OptunaStorage {
                     (true, _) | (false, None) => None,
                     (false, Some(trial)) => Some(convert::template_of(trial)?),
                 };
+                let study_id = StudyId::new(req.study_id);
                 let trial_id = self
                     .service()
-                    .optuna_create_trial(&caller, req.study_id, template)
+                    .optuna_create_trial(&caller, study_id, template)
                     .await?;
                 Ok(proto::CreateNewTrialReply {
-                    trial_id: convert::trial_key(req.study_id, trial_id)?,
+                    trial_id: convert::trial_key(study_id, trial_id)?,
                 })
             }
             .await,
@@ -312,7 +341,10 @@ impl StorageService for OptunaStorage {
         answer(
             async {
                 let (caller, req) = self.writer(request).await?;
-                let (study_id, trial_id) = trial_of_key(req.trial_id)?;
+                let TrialKey {
+                    study: study_id,
+                    trial: trial_id,
+                } = trial_of_key(req.trial_id)?;
                 let distribution = json_of("distribution", &req.distribution)?;
                 self.service()
                     .optuna_set_param(
@@ -342,10 +374,12 @@ impl StorageService for OptunaStorage {
                     .trial_number
                     .checked_add(1)
                     .filter(|t| *t > 0)
+                    .map(TrialId::new)
                     .ok_or_else(|| {
                         OptunaError::not_found(format!("trial number {}", req.trial_number))
                     })?;
-                let trial = self.service().optuna_trial(req.study_id, trial_id).await?;
+                let study_id = StudyId::new(req.study_id);
+                let trial = self.service().optuna_trial(study_id, trial_id).await?;
                 Ok(proto::GetTrialIdFromStudyIdTrialNumberReply {
                     trial_id: convert::trial_key(trial.study_id, trial.id)?,
                 })
@@ -361,7 +395,10 @@ impl StorageService for OptunaStorage {
         answer(
             async {
                 let (caller, req) = self.writer(request).await?;
-                let (study_id, trial_id) = trial_of_key(req.trial_id)?;
+                let TrialKey {
+                    study: study_id,
+                    trial: trial_id,
+                } = trial_of_key(req.trial_id)?;
                 let state = convert::state_of(req.state)?;
                 let values = (!req.values.is_empty()).then_some(req.values);
                 let trial_updated = self
@@ -381,7 +418,10 @@ impl StorageService for OptunaStorage {
         answer(
             async {
                 let (caller, req) = self.writer(request).await?;
-                let (study_id, trial_id) = trial_of_key(req.trial_id)?;
+                let TrialKey {
+                    study: study_id,
+                    trial: trial_id,
+                } = trial_of_key(req.trial_id)?;
                 self.service()
                     .optuna_set_intermediate(
                         &caller,
@@ -404,7 +444,10 @@ impl StorageService for OptunaStorage {
         answer(
             async {
                 let (caller, req) = self.writer(request).await?;
-                let (study_id, trial_id) = trial_of_key(req.trial_id)?;
+                let TrialKey {
+                    study: study_id,
+                    trial: trial_id,
+                } = trial_of_key(req.trial_id)?;
                 let value = json_of("value", &req.value)?;
                 self.service()
                     .optuna_set_trial_attr(&caller, study_id, trial_id, false, &req.key, value)
@@ -422,7 +465,10 @@ impl StorageService for OptunaStorage {
         answer(
             async {
                 let (caller, req) = self.writer(request).await?;
-                let (study_id, trial_id) = trial_of_key(req.trial_id)?;
+                let TrialKey {
+                    study: study_id,
+                    trial: trial_id,
+                } = trial_of_key(req.trial_id)?;
                 let value = json_of("value", &req.value)?;
                 self.service()
                     .optuna_set_trial_attr(&caller, study_id, trial_id, true, &req.key, value)
@@ -440,7 +486,10 @@ impl StorageService for OptunaStorage {
         answer(
             async {
                 let req = self.reader(request).await?;
-                let (study_id, trial_id) = trial_of_key(req.trial_id)?;
+                let TrialKey {
+                    study: study_id,
+                    trial: trial_id,
+                } = trial_of_key(req.trial_id)?;
                 let trial = self.service().optuna_trial(study_id, trial_id).await?;
                 Ok(proto::GetTrialReply {
                     trial: Some(convert::trial_message(trial)?),
@@ -457,11 +506,12 @@ impl StorageService for OptunaStorage {
         answer(
             async {
                 let req = self.reader(request).await?;
-                let included = convert::included_in_study(req.study_id, &req.included_trial_ids);
-                let after = convert::after_in_study(req.study_id, req.trial_id_greater_than);
+                let study_id = StudyId::new(req.study_id);
+                let included = convert::included_in_study(study_id, &req.included_trial_ids);
+                let after = convert::after_in_study(study_id, req.trial_id_greater_than);
                 let trials = self
                     .service()
-                    .optuna_trials(req.study_id, &included, after)
+                    .optuna_trials(study_id, &included, after)
                     .await?;
                 Ok(proto::GetTrialsReply {
                     trials: trials

@@ -10,7 +10,7 @@ use serde_json::{Value as Json, json};
 
 use super::types::{MeasurementInput, TrialInput};
 use crate::api::error::ApiError;
-use crate::model::{Measurement, Study, StudySpec, StudyState, Trial, TrialState, vertex};
+use crate::model::{Measurement, Study, StudyId, StudySpec, StudyState, Trial, TrialState, vertex};
 
 /// Vizier studies have no trial budget: this many trials, then the study completes (raise it
 /// with `PATCH /v1/studies/{id}`).
@@ -262,7 +262,7 @@ pub fn is_at(study: &Study, place: &Place<'_>) -> bool {
         .is_some_and(|kept| kept.project == place.project && kept.location == place.location)
 }
 
-pub fn study_name(place: &Place<'_>, id: i64) -> String {
+pub fn study_name(place: &Place<'_>, id: StudyId) -> String {
     format!(
         "projects/{}/locations/{}/studies/{id}",
         place.project, place.location

@@ -19,7 +19,7 @@ use axum::routing::{get, post};
 use super::access::{Access, AccessRouter};
 use super::error::ApiError;
 use super::extract::parse_id;
-use crate::model::Role;
+use crate::model::{Role, StudyId, TrialId};
 pub use convert::{DEFAULT_MAX_TRIALS, DEFAULT_PARALLEL_TRIALS};
 use convert::{Encoding, Place};
 pub use error::{is_vizier_path, vertex_error_bodies};
@@ -155,12 +155,12 @@ impl Call {
         }
     }
 
-    fn study(&self) -> Result<i64, ApiError> {
+    fn study(&self) -> Result<StudyId, ApiError> {
         parse_id(self.param("study"), "study")
     }
 
     /// The trial the path names, and the method after it (`:complete`), if any.
-    fn trial(&self) -> Result<(i64, Option<&str>), ApiError> {
+    fn trial(&self) -> Result<(TrialId, Option<&str>), ApiError> {
         let (trial, verb) = split_verb(self.param("trial"));
         Ok((parse_id(trial, "trial")?, verb))
     }
@@ -171,7 +171,7 @@ impl Call {
     }
 
     /// The study's resource name, under the path's project and location.
-    fn study_name(&self, id: i64) -> String {
+    fn study_name(&self, id: StudyId) -> String {
         convert::study_name(&self.place(), id)
     }
 

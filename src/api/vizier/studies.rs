@@ -16,7 +16,7 @@ use crate::api::AppState;
 use crate::api::auth::Actor;
 use crate::api::error::ApiError;
 use crate::api::extract::{ApiJson, ApiQuery};
-use crate::model::{AnnotationUpdate, Study};
+use crate::model::{AnnotationUpdate, Study, StudyId};
 use crate::service::Service;
 
 pub async fn create_study(
@@ -50,7 +50,7 @@ pub async fn create_study(
         // A study nobody can look up at its place would be made again by the next
         // create_or_load: take it back (it has no trials yet).
         if let Err(undo) = state.service.delete_study(&actor, study.id).await {
-            tracing::warn!(study = study.id, %undo, "could not remove a half-made Vizier study");
+            tracing::warn!(study = %study.id, %undo, "could not remove a half-made Vizier study");
         }
         return Err(e.into());
     }
@@ -67,7 +67,7 @@ pub async fn create_study(
 }
 
 /// 409 `ALREADY_EXISTS`, naming the study that holds the display name.
-fn name_taken(place: &Place<'_>, display_name: &str, holder: i64) -> VizierError {
+fn name_taken(place: &Place<'_>, display_name: &str, holder: StudyId) -> VizierError {
     VizierError::AlreadyExists(format!(
         "a study named {display_name:?} exists already: {}",
         convert::study_name(place, holder)

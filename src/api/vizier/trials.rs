@@ -17,7 +17,7 @@ use crate::api::AppState;
 use crate::api::auth::Actor;
 use crate::api::error::ApiError;
 use crate::api::extract::{ApiJson, ApiQuery, parse_body};
-use crate::model::{ClientId, Step, SuggestCount, Trial, TrialState};
+use crate::model::{ClientId, Step, StudyId, SuggestCount, Trial, TrialId, TrialState};
 use crate::service::Completion;
 
 /// The reason a trial deleted through Vizier fails with, if it was still running.
@@ -48,7 +48,7 @@ pub async fn suggest_trials(
         .service
         .suggest(&actor, study, count, client_id)
         .await?;
-    let ids: Vec<i64> = out.trials.iter().map(|t| t.id).collect();
+    let ids: Vec<TrialId> = out.trials.iter().map(|t| t.id).collect();
     let name = format!(
         "{}/operations/suggest.{}",
         call.study_name(study),
@@ -60,7 +60,7 @@ pub async fn suggest_trials(
 
 fn suggest_response(
     call: &Call,
-    study: i64,
+    study: StudyId,
     trials: &[Trial],
     study_state: crate::model::StudyState,
     started: chrono::DateTime<chrono::Utc>,
@@ -82,13 +82,13 @@ fn done_operation(name: &str, response: Value) -> Value {
 }
 
 /// Trial ids as an operation name holds them: runs as `first-last`, joined by `_`.
-fn encode_ids(ids: &[i64]) -> String {
+fn encode_ids(ids: &[TrialId]) -> String {
     let mut sorted = ids.to_vec();
     sorted.sort_unstable();
-    let mut runs: Vec<(i64, i64)> = Vec::new();
+    let mut runs: Vec<(TrialId, TrialId)> = Vec::new();
     for id in sorted {
         match runs.last_mut() {
-            Some((_, last)) if *last + 1 == id => *last = id,
+            Some((_, last)) if last.next() == id => *last = id,
             _ => runs.push((id, id)),
         }
     }
@@ -105,7 +105,7 @@ fn encode_ids(ids: &[i64]) -> String {
 }
 
 /// [`encode_ids`] read back; `None` for text it never writes (or a run too long to be one).
-fn decode_ids(text: &str) -> Option<Vec<i64>> {
+fn decode_ids(text: &str) -> Option<Vec<TrialId>> {
     let mut ids = Vec::new();
     if text.is_empty() {
         return Some(ids);
@@ -121,7 +121,7 @@ fn decode_ids(text: &str) -> Option<Vec<i64>> {
         if a < 1 || b < a || b - a >= SuggestCount::MAX as i64 {
             return None;
         }
-        ids.extend(a..=b);
+        ids.extend((a..=b).map(TrialId::new));
     }
     Some(ids)
 }
@@ -158,7 +158,11 @@ pub async fn create_trial(
 
 /// A trial deleted through Vizier is kept, excluded (Augur loses nothing it stored); Vizier
 /// no longer sees it.
-async fn visible_trial(state: &AppState, study: i64, trial: i64) -> Result<Trial, ApiError> {
+async fn visible_trial(
+    state: &AppState,
+    study: StudyId,
+    trial: TrialId,
+) -> Result<Trial, ApiError> {
     let found = state.service.get_trial(study, trial).await?;
     if found.excluded {
         return Err(ApiError::NotFound(format!(
@@ -310,7 +314,7 @@ fn completion(request: CompleteTrialRequest) -> Result<Completion, ApiError> {
     }
 }
 
-fn check_operation(call: &Call, study: i64, trial: i64, should_stop: bool) -> Value {
+fn check_operation(call: &Call, study: StudyId, trial: TrialId, should_stop: bool) -> Value {
     let name = format!(
         "{}/trials/{trial}/operations/{CHECK_OPERATION}",
         call.study_name(study)
@@ -410,11 +414,20 @@ mod tests {
     #[test]
     fn trial_ids_survive_an_operation_name() {
         for ids in [vec![], vec![4], vec![1, 2, 3, 7], vec![9, 3, 4, 10]] {
+            let ids: Vec<TrialId> = ids.into_iter().map(TrialId::new).collect();
             let mut sorted = ids.clone();
             sorted.sort_unstable();
             assert_eq!(decode_ids(&encode_ids(&ids)), Some(sorted), "{ids:?}");
         }
-        assert_eq!(encode_ids(&[1, 2, 3, 7]), "1-3_7");
+        assert_eq!(
+            encode_ids(&[
+                TrialId::new(1),
+                TrialId::new(2),
+                TrialId::new(3),
+                TrialId::new(7)
+            ]),
+            "1-3_7"
+        );
         assert_eq!(decode_ids("3-1"), None);
         assert_eq!(decode_ids("x"), None);
         assert_eq!(decode_ids("1-99999999999"), None);

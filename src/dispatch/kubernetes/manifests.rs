@@ -24,7 +24,8 @@ use crate::model::executor::{KubernetesOptions, OutputVolume, Toleration};
 use crate::model::job::CLUSTER_ENV;
 use crate::model::job::is_inherited_env;
 use crate::model::{
-    OutputLayout, ReplicaId, Resources, StudyDir, StudyKey, TrialDirs, TrialJobSpec,
+    OutputLayout, ReplicaId, Resources, StudyDir, StudyId, StudyKey, TrialDirs, TrialId,
+    TrialJobSpec,
 };
 
 /// Every replica listens on this port (each pod has its own address, so one port serves all).
@@ -75,13 +76,13 @@ pub struct AttemptNames {
 }
 
 impl AttemptNames {
-    pub fn new(study_id: i64, trial_id: i64, attempt: u32) -> Self {
+    pub fn new(study_id: StudyId, trial_id: TrialId, attempt: u32) -> Self {
         // Ids are positive; `unsigned_abs` keeps a name valid whatever they are.
         Self {
             base: format!(
                 "augur-s{}-t{}-a{attempt}",
-                study_id.unsigned_abs(),
-                trial_id.unsigned_abs()
+                study_id.get().unsigned_abs(),
+                trial_id.get().unsigned_abs()
             ),
         }
     }
@@ -111,7 +112,11 @@ impl AttemptNames {
 }
 
 /// The labels every object of an attempt carries (the pool's is added on Jobs and pods).
-pub fn attempt_labels(study_id: i64, trial_id: i64, attempt: u32) -> BTreeMap<String, String> {
+pub fn attempt_labels(
+    study_id: StudyId,
+    trial_id: TrialId,
+    attempt: u32,
+) -> BTreeMap<String, String> {
     [
         (LABEL_MANAGED_BY, MANAGED_BY.to_string()),
         (LABEL_STUDY, study_id.to_string()),
@@ -124,12 +129,12 @@ pub fn attempt_labels(study_id: i64, trial_id: i64, attempt: u32) -> BTreeMap<St
 }
 
 /// The label selector of a trial's objects (every attempt's), e.g. for a restarted service.
-pub fn trial_selector(study_id: i64, trial_id: i64) -> String {
+pub fn trial_selector(study_id: StudyId, trial_id: TrialId) -> String {
     format!("{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_STUDY}={study_id},{LABEL_TRIAL}={trial_id}")
 }
 
 /// The label selector of one attempt's objects.
-pub fn attempt_selector(study_id: i64, trial_id: i64, attempt: u32) -> String {
+pub fn attempt_selector(study_id: StudyId, trial_id: TrialId, attempt: u32) -> String {
     format!(
         "{},{LABEL_ATTEMPT}={attempt}",
         trial_selector(study_id, trial_id)
@@ -381,7 +386,12 @@ impl Attempt<'_> {
     /// PBT: the init container that replaces the trial's checkpoint directory on the volume
     /// with `parent`'s before `primary` starts, in the primary's image (which must have
     /// `sh` and `cp`). Only the primary's pod copies: one copy per attempt.
-    fn checkpoint_copy(&self, request: &JobRequest, parent: i64, primary: &Container) -> Container {
+    fn checkpoint_copy(
+        &self,
+        request: &JobRequest,
+        parent: TrialId,
+        primary: &Container,
+    ) -> Container {
         let from = self.output.trial_dirs(request, parent).checkpoints;
         let to = self
             .output
@@ -551,7 +561,7 @@ impl PodOutput {
 
 impl PodOutput {
     /// Trial `trial_id`'s directories (of `request`'s study) as its pods see them.
-    fn trial_dirs(&self, request: &JobRequest, trial_id: i64) -> TrialDirs {
+    fn trial_dirs(&self, request: &JobRequest, trial_id: TrialId) -> TrialDirs {
         let key = StudyKey {
             id: request.study_id,
             created_at: request.study_created_at,
@@ -739,11 +749,15 @@ mod tests {
 
     #[test]
     fn names_are_dns_labels_even_for_the_largest_ids() {
-        let names = AttemptNames::new(i64::MAX, i64::MIN, u32::MAX);
+        let names = AttemptNames::new(StudyId::new(i64::MAX), TrialId::new(i64::MIN), u32::MAX);
         assert!(names.job(3).len() <= 63, "{}", names.job(3));
-        assert_eq!(AttemptNames::new(3, 7, 2).job(1), "augur-s3-t7-a2-wp1");
         assert_eq!(
-            AttemptNames::new(3, 7, 2).replica_host(ReplicaId { pool: 1, index: 4 }),
+            AttemptNames::new(StudyId::new(3), TrialId::new(7), 2).job(1),
+            "augur-s3-t7-a2-wp1"
+        );
+        assert_eq!(
+            AttemptNames::new(StudyId::new(3), TrialId::new(7), 2)
+                .replica_host(ReplicaId { pool: 1, index: 4 }),
             "augur-s3-t7-a2-wp1-4.augur-s3-t7-a2"
         );
     }

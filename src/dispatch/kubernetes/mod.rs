@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use self::watch::{Driver, Followers};
 use super::exec::{ExecVia, forward, refused, refused_replica, terminal_key};
 use super::executor::{Executor, ExecutorError, JobExit, JobRequest, RunningJob};
-use crate::model::{ReplicaId, TrialJobSpec};
+use crate::model::{ReplicaId, StudyId, TrialId, TrialJobSpec};
 use crate::service::exec::{
     ExecExit, ExecInput, ExecOutput, ExecRefused, ExecRequest, ExecSession, ExecTarget,
 };
@@ -399,14 +399,14 @@ impl Executor for KubernetesExecutor {
         false
     }
 
-    async fn clean_up_stale(&self, handle: &JobHandle, study_id: i64, trial_id: i64) {
+    async fn clean_up_stale(&self, handle: &JobHandle, study_id: StudyId, trial_id: TrialId) {
         let JobHandle::Kubernetes { namespace, .. } = handle else {
             return;
         };
         let apis = match self.apis(Some(namespace.as_str())).await {
             Ok(apis) => apis,
             Err(e) => {
-                tracing::warn!(study_id, trial_id, error = %e, "cannot look for leftover Jobs");
+                tracing::warn!(%study_id, %trial_id, error = %e, "cannot look for leftover Jobs");
                 return;
             }
         };
@@ -414,8 +414,8 @@ impl Executor for KubernetesExecutor {
         let deleted = apis.delete_selected(&selector).await;
         if deleted > 0 {
             tracing::info!(
-                study_id,
-                trial_id,
+                %study_id,
+                %trial_id,
                 deleted,
                 "kubernetes: deleted a leftover attempt"
             );

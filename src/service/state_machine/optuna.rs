@@ -10,7 +10,7 @@ use augur_optimizer::{Assignment, Value};
 use chrono::{DateTime, Utc};
 
 use super::{Reply, StudyBatch};
-use crate::model::{Measurement, TrialState};
+use crate::model::{Measurement, TrialId, TrialState};
 use crate::service::optuna::OptunaState;
 use crate::service::{ServiceError, ServiceResult};
 
@@ -27,14 +27,14 @@ pub enum OptunaChange {
     },
     /// Set one parameter of an unfinished trial (Optuna's internal float).
     SetParameter {
-        trial_id: i64,
+        trial_id: TrialId,
         name: String,
         value: f64,
     },
     /// Move an unfinished trial to `state`; with `from_waiting_only`, only a waiting trial
     /// moves (answered `Updated(false)` otherwise).
     SetState {
-        trial_id: i64,
+        trial_id: TrialId,
         state: OptunaState,
         final_metrics: Option<BTreeMap<String, f64>>,
         from_waiting_only: bool,
@@ -42,7 +42,7 @@ pub enum OptunaChange {
         completed_at: Option<DateTime<Utc>>,
     },
     SetIntermediate {
-        trial_id: i64,
+        trial_id: TrialId,
         measurement: Measurement,
     },
 }
@@ -146,7 +146,7 @@ impl StudyBatch {
     /// is this conflict).
     async fn unfinished_optuna_trial(
         &mut self,
-        trial_id: i64,
+        trial_id: TrialId,
     ) -> ServiceResult<&mut crate::store::TrialRecord> {
         let trial = self.trial_mut(trial_id).await?;
         if OptunaState::of(trial.state, trial.early_stopped).is_finished() {

@@ -129,7 +129,7 @@ pub struct PostgresStudiesTx {
     pool: PgPool,
     tx: Option<sqlx::Transaction<'static, sqlx::Postgres>>,
     /// What `prefetch` locked and read, for the `lock_study` calls that follow.
-    prefetched: HashMap<i64, Prefetched>,
+    prefetched: HashMap<StudyId, Prefetched>,
     /// Writes of the studies released so far, sent as one statement at commit.
     pending: Vec<StudyWrites>,
 }
@@ -154,7 +154,7 @@ impl PostgresStudiesTx {
     fn back(
         pool: PgPool,
         tx: sqlx::Transaction<'static, sqlx::Postgres>,
-        outer: (HashMap<i64, Prefetched>, Vec<StudyWrites>),
+        outer: (HashMap<StudyId, Prefetched>, Vec<StudyWrites>),
     ) -> Box<dyn StudiesTx> {
         let (prefetched, pending) = outer;
         Box::new(PostgresStudiesTx {
@@ -214,7 +214,7 @@ fn unfinished_of(row: &sqlx::postgres::PgRow) -> StoreResult<Option<TrialRecord>
 
 #[async_trait::async_trait]
 impl StudiesTx for PostgresStudiesTx {
-    async fn lock_study(self: Box<Self>, study_id: i64, wait: bool) -> StoreResult<StudyLock> {
+    async fn lock_study(self: Box<Self>, study_id: StudyId, wait: bool) -> StoreResult<StudyLock> {
         let PostgresStudiesTx {
             pool,
             tx,
@@ -292,8 +292,8 @@ impl StudiesTx for PostgresStudiesTx {
     /// Two statements for all of them: lock those no other transaction holds, then read
     /// them with their unfinished trials (and a third to tell busy from missing, when some
     /// were skipped). Each study is read after its lock was granted, as in `lock_study`.
-    async fn prefetch(&mut self, study_ids: &[i64]) -> StoreResult<()> {
-        let wanted: Vec<i64> = study_ids
+    async fn prefetch(&mut self, study_ids: &[StudyId]) -> StoreResult<()> {
+        let wanted: Vec<StudyId> = study_ids
             .iter()
             .copied()
             .filter(|id| !self.prefetched.contains_key(id))
@@ -307,17 +307,17 @@ impl StudiesTx for PostgresStudiesTx {
         let Some(tx) = self.tx.as_mut() else {
             return Ok(());
         };
-        let locked: Vec<i64> = sqlx::query_scalar(TRY_LOCK_MANY)
+        let locked: Vec<StudyId> = sqlx::query_scalar(TRY_LOCK_MANY)
             .bind(&wanted)
             .fetch_all(&mut **tx)
             .await?;
-        let skipped: Vec<i64> = wanted
+        let skipped: Vec<StudyId> = wanted
             .iter()
             .copied()
             .filter(|id| !locked.contains(id))
             .collect();
         if !skipped.is_empty() {
-            let existing: Vec<i64> = sqlx::query_scalar(EXISTING)
+            let existing: Vec<StudyId> = sqlx::query_scalar(EXISTING)
                 .bind(&skipped)
                 .fetch_all(&mut **tx)
                 .await?;
@@ -337,9 +337,9 @@ impl StudiesTx for PostgresStudiesTx {
             .bind(&locked)
             .fetch_all(&mut **tx)
             .await?;
-        let mut read: HashMap<i64, (StudyRecord, Vec<TrialRecord>)> = HashMap::new();
+        let mut read: HashMap<StudyId, (StudyRecord, Vec<TrialRecord>)> = HashMap::new();
         for row in &rows {
-            let id: i64 = row.try_get("s_id")?;
+            let id: StudyId = row.try_get("s_id")?;
             if let std::collections::hash_map::Entry::Vacant(entry) = read.entry(id) {
                 entry.insert((study_of(row)?, Vec::new()));
             }
@@ -378,22 +378,22 @@ pub struct PostgresStudyTx {
     pool: PgPool,
     tx: sqlx::Transaction<'static, sqlx::Postgres>,
     /// The transaction's other prefetched studies, handed back on `release`.
-    prefetched: HashMap<i64, Prefetched>,
+    prefetched: HashMap<StudyId, Prefetched>,
     /// Writes of the transaction's studies released before this one, sent at commit.
     pending: Vec<StudyWrites>,
     study: StudyRecord,
     /// Read with the study row; handed out by the first `unfinished_trials`.
     unfinished: Option<Vec<TrialRecord>>,
     /// The ids of the unfinished trials, as of the writes held so far.
-    unfinished_ids: std::collections::BTreeSet<i64>,
+    unfinished_ids: std::collections::BTreeSet<TrialId>,
     /// Writes held until `release` or `commit`.
     new_trials: Vec<TrialRecord>,
     changed_trials: Vec<TrialRecord>,
-    measurements: Vec<(i64, Measurement)>,
+    measurements: Vec<(TrialId, Measurement)>,
     measured_at: Option<Time>,
     study_update: Option<StudyRecord>,
     /// Trials whose tokens to delete.
-    revoked: Vec<i64>,
+    revoked: Vec<TrialId>,
     /// Tokens to store (replace), and when.
     tokens: Vec<TrialToken>,
     tokens_at: Option<Time>,
@@ -404,7 +404,7 @@ impl PostgresStudyTx {
     fn locked(
         pool: PgPool,
         tx: sqlx::Transaction<'static, sqlx::Postgres>,
-        outer: (HashMap<i64, Prefetched>, Vec<StudyWrites>),
+        outer: (HashMap<StudyId, Prefetched>, Vec<StudyWrites>),
         study: StudyRecord,
         unfinished: Vec<TrialRecord>,
     ) -> Box<dyn StudyTx> {
@@ -455,7 +455,7 @@ impl PostgresStudyTx {
         }
         // One statement may not touch a row twice: of two measurements at one (trial, step)
         // the later wins, as it would row by row; of two tokens of one name, the later.
-        let mut latest: std::collections::BTreeMap<(i64, i64), Measurement> =
+        let mut latest: std::collections::BTreeMap<(TrialId, i64), Measurement> =
             std::collections::BTreeMap::new();
         for (trial_id, m) in self.measurements.drain(..) {
             latest.insert((trial_id, m.step), m);
@@ -505,7 +505,7 @@ impl StudyTx for PostgresStudyTx {
         if let Some(trials) = self.unfinished.take() {
             return Ok(trials);
         }
-        let ids: Vec<i64> = self.unfinished_ids.iter().copied().collect();
+        let ids: Vec<TrialId> = self.unfinished_ids.iter().copied().collect();
         let rows: Vec<TrialRow> = sqlx::query_as(TRIALS_BY_ID)
             .bind(self.study.id)
             .bind(ids)
@@ -523,7 +523,7 @@ impl StudyTx for PostgresStudyTx {
         rows.into_iter().map(TrialRecord::try_from).collect()
     }
 
-    async fn trials_by_id(&mut self, ids: &[i64]) -> StoreResult<Vec<TrialRecord>> {
+    async fn trials_by_id(&mut self, ids: &[TrialId]) -> StoreResult<Vec<TrialRecord>> {
         self.flush().await?;
         let rows: Vec<TrialRow> = sqlx::query_as(TRIALS_BY_ID)
             .bind(self.study.id)
@@ -535,7 +535,7 @@ impl StudyTx for PostgresStudyTx {
 
     async fn completed_objectives(
         &mut self,
-    ) -> StoreResult<Vec<(i64, f64, chrono::DateTime<chrono::Utc>)>> {
+    ) -> StoreResult<Vec<(TrialId, f64, chrono::DateTime<chrono::Utc>)>> {
         self.flush().await?;
         Ok(sqlx::query_as(COMPLETED_OBJECTIVES)
             .bind(self.study.id)
@@ -559,7 +559,7 @@ impl StudyTx for PostgresStudyTx {
             .await?)
     }
 
-    async fn measurements(&mut self, trial_id: i64) -> StoreResult<Vec<Measurement>> {
+    async fn measurements(&mut self, trial_id: TrialId) -> StoreResult<Vec<Measurement>> {
         self.flush().await?;
         let rows: Vec<MeasurementRow> = sqlx::query_as(MEASUREMENTS_RANGE)
             .bind(self.study.id)
@@ -569,7 +569,7 @@ impl StudyTx for PostgresStudyTx {
             .await?;
         Ok(rows
             .into_iter()
-            .map(|r| <(i64, Measurement)>::from(r).1)
+            .map(|r| <(TrialId, Measurement)>::from(r).1)
             .collect())
     }
 
@@ -597,7 +597,7 @@ impl StudyTx for PostgresStudyTx {
 
     async fn upsert_measurements(
         &mut self,
-        rows: &[(i64, Measurement)],
+        rows: &[(TrialId, Measurement)],
         now: Time,
     ) -> StoreResult<()> {
         self.measurements.extend_from_slice(rows);
@@ -610,7 +610,7 @@ impl StudyTx for PostgresStudyTx {
         Ok(())
     }
 
-    async fn revoke_trial_tokens(&mut self, trial_ids: &[i64]) -> StoreResult<()> {
+    async fn revoke_trial_tokens(&mut self, trial_ids: &[TrialId]) -> StoreResult<()> {
         self.revoked.extend_from_slice(trial_ids);
         Ok(())
     }

@@ -7,7 +7,7 @@ use sqlx::{Postgres, QueryBuilder};
 
 use super::super::records::to_json;
 use super::super::{StoreResult, StudyRecord, TrialRecord, TrialToken};
-use crate::model::Measurement;
+use crate::model::{Measurement, StudyId, TrialId, TrialKey};
 
 pub(super) type Jsonb = sqlx::types::Json<serde_json::Value>;
 pub(super) type Time = chrono::DateTime<chrono::Utc>;
@@ -46,8 +46,8 @@ macro_rules! row_batch {
 row_batch! {
     /// Trials, every column (in `sql::trial_cols!`'s order).
     TrialRows for t: &TrialRecord {
-        study_id: i64 as "bigint" = t.study_id,
-        id: i64 as "bigint" = t.id,
+        study_id: StudyId as "bigint" = t.study_id,
+        id: TrialId as "bigint" = t.id,
         state: &'static str as "text" = t.state.as_str(),
         parameters: Jsonb as "jsonb" = to_json(&t.parameters)?,
         client_id: Option<String> as "text" = t.client_id.clone(),
@@ -71,9 +71,9 @@ row_batch! {
 
 row_batch! {
     /// Measurements: (study, trial, measurement, when).
-    MeasurementRows for m: (i64, i64, &Measurement, Time) {
-        study_id: i64 as "bigint" = m.0,
-        trial_id: i64 as "bigint" = m.1,
+    MeasurementRows for m: (StudyId, TrialId, &Measurement, Time) {
+        study_id: StudyId as "bigint" = m.0,
+        trial_id: TrialId as "bigint" = m.1,
         step: i64 as "bigint" = m.2.step,
         elapsed_secs: Option<f64> as "float8" = m.2.elapsed_secs,
         metrics: Jsonb as "jsonb" = to_json(&m.2.metrics)?,
@@ -82,20 +82,20 @@ row_batch! {
 }
 
 row_batch! {
-    /// Trials whose tokens go: (study, trial).
-    RevokedRows for r: (i64, i64) {
-        study_id: i64 as "bigint" = r.0,
-        trial_id: i64 as "bigint" = r.1,
+    /// Trials whose tokens go.
+    RevokedRows for r: TrialKey {
+        study_id: StudyId as "bigint" = r.study,
+        trial_id: TrialId as "bigint" = r.trial,
     }
 }
 
 row_batch! {
     /// Trial tokens issued (replacing any of their name): (token, study, when).
-    TokenRows for k: (&TrialToken, i64, Time) {
+    TokenRows for k: (&TrialToken, StudyId, Time) {
         name: String as "text" = k.0.name.clone(),
         token_hash: String as "text" = k.0.hash.clone(),
-        study_id: i64 as "bigint" = k.1,
-        trial_id: i64 as "bigint" = k.0.trial_id,
+        study_id: StudyId as "bigint" = k.1,
+        trial_id: TrialId as "bigint" = k.0.trial_id,
         created_at: Time as "timestamptz" = k.2,
     }
 }
@@ -104,11 +104,11 @@ row_batch! {
     /// Study rows: what a batch changes, with the ids of the unfinished trials (as array text:
     /// arrays of arrays must be rectangular) and the trial counts.
     StudyRows for w: &StudyWrites {
-        id: i64 as "bigint" = w.study.id,
+        id: StudyId as "bigint" = w.study.id,
         state: &'static str as "text" = w.study.state.as_str(),
         state_reason: Option<String> as "text" = w.study.state_reason.clone(),
         spec: Jsonb as "jsonb" = to_json(&w.study.spec)?,
-        next_trial_id: i64 as "bigint" = w.study.next_trial_id,
+        next_trial_id: TrialId as "bigint" = w.study.next_trial_id,
         updated_at: Time as "timestamptz" = w.study.updated_at,
         change_seq: i64 as "bigint" = w.study.change_seq,
         unfinished_ids: String as "text" = array_text(&w.unfinished_ids),
@@ -127,8 +127,8 @@ fn count(n: u64) -> i64 {
 }
 
 /// `{1,2,3}`, PostgreSQL's text form of an array.
-fn array_text(ids: &[i64]) -> String {
-    let ids: Vec<String> = ids.iter().map(i64::to_string).collect();
+fn array_text(ids: &[TrialId]) -> String {
+    let ids: Vec<String> = ids.iter().map(TrialId::to_string).collect();
     format!("{{{}}}", ids.join(","))
 }
 
@@ -147,13 +147,13 @@ fn assignments(columns: &[&str], keys: &[&str], casts: &[(&str, &str)]) -> Strin
 /// One study's writes, ready to be sent with other studies' (`write_studies`).
 pub(super) struct StudyWrites {
     pub study: StudyRecord,
-    pub unfinished_ids: Vec<i64>,
+    pub unfinished_ids: Vec<TrialId>,
     pub new_trials: Vec<TrialRecord>,
     pub changed_trials: Vec<TrialRecord>,
     /// At most one per (trial, step): one statement may not touch a row twice.
-    pub measurements: Vec<(i64, Measurement)>,
+    pub measurements: Vec<(TrialId, Measurement)>,
     pub measured_at: Time,
-    pub revoked: Vec<i64>,
+    pub revoked: Vec<TrialId>,
     /// At most one per name.
     pub tokens: Vec<TrialToken>,
     pub tokens_at: Time,
@@ -187,7 +187,9 @@ pub(super) async fn write_studies(
         for (trial_id, m) in &w.measurements {
             measured.push((id, *trial_id, m, w.measured_at))?;
         }
-        w.revoked.iter().try_for_each(|t| revoked.push((id, *t)))?;
+        w.revoked
+            .iter()
+            .try_for_each(|t| revoked.push(TrialKey::new(id, *t)))?;
         w.tokens
             .iter()
             .try_for_each(|k| issued.push((k, id, w.tokens_at)))?;
