@@ -1,12 +1,7 @@
 //! Study and trial ids as types of their own, so that a trial's id is never passed where a
-//! study's is meant (nor a page cursor, a step or a count where either is). They are plain
-//! integers on the wire and in the database (`serde` and `sqlx` transparent); the raw
+//! study's is meant. They are plain integers on the wire and in the database; the raw
 //! integer is taken out only where one must be written (a URL, a token's name, Optuna's
-//! packed trial key).
-//!
-//! Neither implements `utoipa::ToSchema`, on purpose: a field of one in an API type must say
-//! `#[schema(value_type = i64)]`, which keeps the OpenAPI contract the integer it always was
-//! (a schema of their own would add a component and change every `$ref` to it).
+//! packed trial key, the optimizer's trial number).
 
 use std::fmt;
 use std::str::FromStr;
@@ -14,6 +9,10 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 /// A study's id: assigned by the store, from 1.
+///
+/// Neither id implements `utoipa::ToSchema`, on purpose: an API field of one says
+/// `#[schema(value_type = i64)]`, which keeps the OpenAPI contract the integer it always was
+/// (a schema of their own would add a component and a `$ref` to it).
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, sqlx::Type,
 )]
