@@ -33,8 +33,10 @@ const MAX_BATCH: usize = 512;
 /// How long a lane waits on one PostgreSQL transaction, commit included, before giving it up.
 /// A transaction whose packets were lost in a network cut otherwise waits out TCP's
 /// retransmission back-off after the heal (seconds; `multi_node.rs` saw 4–5 s of a stalled
-/// study), while ours take milliseconds. Not SQLite's: it never crosses a network.
-const POSTGRES_TRANSACTION_DEADLINE: Duration = Duration::from_secs(5);
+/// study). Ours take milliseconds, but seconds on a machine loaded far past its cores (5 s
+/// was reached once in a test run at load 5 on 2 cores): the replica lease (10 s), past
+/// which the replica has lost its studies anyway. Not SQLite's: it never crosses a network.
+const POSTGRES_TRANSACTION_DEADLINE: Duration = Duration::from_secs(10);
 
 /// The deadline of a lane's transactions on `store`, if they have one.
 fn transaction_deadline(store: &dyn Store) -> Option<Duration> {
