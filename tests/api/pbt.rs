@@ -14,6 +14,7 @@ use crate::support::{app, suggest};
 on_both_backends!(
     ask_tell_clients_copy_the_checkpoint_their_segment_starts_from,
     a_client_that_never_reports_its_copy_holds_up_no_parent,
+    a_trial_that_fails_instead_of_copying_holds_up_no_parent,
 );
 
 /// A client's checkpoint of one trial: the epochs it holds, the model state `w`, and which
@@ -118,5 +119,54 @@ async fn run_population(backend: &str, report_copies: bool) {
     assert_eq!(
         copies, exploits,
         "each copy told once, at its segment's end"
+    );
+}
+
+/// A trial told to copy that fails instead ends the wait too: the trial it was to copy from
+/// trains on to the full budget, and the study ends.
+async fn a_trial_that_fails_instead_of_copying_holds_up_no_parent(backend: &str) {
+    let app = app(backend).await;
+    let id = app.create_study(pbt::population_spec(Value::Null)).await;
+    let mut trained: BTreeMap<i64, (u64, f64)> = BTreeMap::new();
+    let mut failed = None;
+    for _round in 0..40 {
+        let answer = suggest(&app, id, 2, Some("w")).await;
+        let trials = answer["trials"].as_array().expect("trials").clone();
+        if trials.is_empty() {
+            let study = app.get(&routes::study(id)).await.body;
+            if study["state"] == "completed" {
+                break;
+            }
+            continue;
+        }
+        for t in trials {
+            let trial = t["id"].as_i64().expect("id");
+            if let Some(parent) = t["lineage"]["copying_from"].as_i64()
+                && failed.is_none()
+            {
+                failed = Some((trial, parent));
+                let path = routes::trial_fail(id, trial);
+                post_ok(&app, &path, json!({"reason": "the copy failed"})).await;
+                continue;
+            }
+            let lr = t["parameters"]["lr"].as_f64().expect("lr");
+            let budget = t["budget"].as_u64().expect("a whole budget");
+            let (from, w) = trained.get(&trial).copied().unwrap_or((0, 1.0));
+            let w = (from..budget).fold(w, |w, _| w * pbt::decay(lr));
+            trained.insert(trial, (budget, w));
+            let path = routes::trial_complete(id, trial);
+            post_ok(&app, &path, json!({"metrics": {"loss": w}})).await;
+        }
+    }
+    let (copier, parent) = failed.expect("a segment told to copy");
+    let study = app.get(&routes::study(id)).await.body;
+    assert_eq!(study["state"], "completed", "the study ends: {study}");
+    assert_eq!(
+        study["trial_counts"]["failed"], 1,
+        "trial {copier}: {study}"
+    );
+    assert_eq!(
+        trained[&parent].0, 6,
+        "trial {parent}, whose copy failed, trained on to the full budget"
     );
 }
